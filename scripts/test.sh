@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test on a fresh Debian 12 machine (this is what CI runs):
+#  1. the CUDA backend compiles (when nvcc is installed; nothing runs it here),
+#  2. each file-format reader is fuzzed briefly with libFuzzer,
+#  3. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
+#  4. the full Release test suite; its ctest summary is the last line printed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+jobs=$(nproc)
+
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
+  echo "== CUDA backend: compile only"
+  cmake --preset cuda >/dev/null
+  cmake --build --preset cuda --target inferx_backend_cuda -j "$jobs"
+fi
+
+echo "== fuzzing the file readers (${INFERX_FUZZ_SECONDS:-30}s each)"
+cmake --preset fuzz >/dev/null
+cmake --build --preset fuzz -j "$jobs"
+for f in build/fuzz/fuzz/fuzz_*; do
+  [ -x "$f" ] || continue
+  name=$(basename "$f")
+  mkdir -p "build/fuzz/corpus/$name"
+  seeds="fuzz/seeds/${name#fuzz_}"
+  [ -d "$seeds" ] || seeds=""
+  "$f" -max_total_time="${INFERX_FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -max_len=65536 \
+    "build/fuzz/corpus/$name" $seeds >"build/fuzz/$name.log" 2>&1 || { tail -50 "build/fuzz/$name.log"; exit 1; }
+  tail -1 "build/fuzz/$name.log"
+done
+
+echo "== unit tests under ASan + UBSan"
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j "$jobs"
+ctest --preset asan -j "$jobs" -L unit --no-tests=error >build/asan/ctest.log 2>&1 || { cat build/asan/ctest.log; exit 1; }
+tail -3 build/asan/ctest.log
+
+echo "== full test suite (Release)"
+cmake --preset cpu >/dev/null
+cmake --build --preset cpu -j "$jobs"
+ctest --preset cpu -j "$jobs" --no-tests=error

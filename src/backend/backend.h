@@ -1,0 +1,90 @@
+#pragma once
+// The device interface the transformer is written against. The CPU backend (backend/cpu) and the CUDA
+// backend (backend/cuda) implement it; fusion lives behind these calls, not in model code.
+// Activations are F32 on the CPU backend. All tensors passed to a backend live in its memory.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/batch.h"
+#include "backend/linear.h"
+#include "core/tensor.h"
+#include "formats/model_config.h"
+
+namespace inferx {
+
+// One layer's paged KV cache: K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
+struct KvCacheLayer {
+  Tensor k;
+  Tensor v;
+  int64_t block_size() const { return k.dim(1); }
+};
+
+struct RopeParams {
+  int64_t head_dim = 0;
+  float theta = 10000.0f;
+  RopeLayout layout = RopeLayout::NeoX;
+  RopeScaling scaling;
+};
+
+struct AttentionParams {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;          // usually 1/sqrt(head_dim)
+  int64_t sliding_window = 0;  // 0: full causal; else a query at p sees keys in (p - window, p]
+};
+
+// Device memory owned by a backend.
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+
+  // Memory -------------------------------------------------------------------------------------------
+  virtual std::unique_ptr<DeviceBuffer> allocate(size_t bytes) = 0;  // zero-filled
+  virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // Ops (shapes: T = batch.num_tokens, D = hidden size) ----------------------------------------------
+  // out[t, :] = table[ids[t], :] converted to F32. table may be any weight dtype.
+  virtual void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) = 0;
+  // out = x / rms(x) * weight, row-wise.
+  virtual void rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // residual += x; out = rmsnorm(residual) (the fused pre-norm of the next sub-layer).
+  virtual void add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                           Tensor& out) = 0;
+  // In-place RMSNorm over each head of x [T, heads * head_dim] with weight [head_dim] (Qwen3 q/k norm).
+  virtual void head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight, float eps) = 0;
+  // out[T, N] = x[T, K] @ W[N, K]^T (+ bias).
+  virtual void matmul(const Tensor& x, const Linear& w, Tensor& out) = 0;
+  // Applies RoPE at batch.positions to q [T, Hq*hd] and k [T, Hkv*hd] in place, then writes k and v
+  // into the paged cache at (block_tables[seq][pos / bs], pos % bs).
+  virtual void rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
+                                 const RopeParams& rope, KvCacheLayer& cache) = 0;
+  // Causal attention of q [T, Hq*hd] over each sequence's cached keys/values (positions < seq_len,
+  // and <= the query's own position) -> out [T, Hq*hd]. GQA: query head h reads kv head h / (Hq/Hkv).
+  virtual void attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
+                         const AttentionParams& params, Tensor& out) = 0;
+  // out = silu(gate) * up, element-wise; gate/up/out [T, F].
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // out[i, :] = x[rows[i], :]
+  virtual void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) = 0;
+};
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // 0: one per hardware thread
+};
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options = {});
+
+}  // namespace inferx

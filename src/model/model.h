@@ -1,0 +1,108 @@
+#pragma once
+// A loaded decoder-only transformer: config + weights on one backend + the forward pass.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "formats/model_config.h"
+#include "formats/tensor_source.h"
+
+namespace inferx {
+
+struct LoadOptions {
+  // Dummy models only: the weight type to generate (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K).
+  DType dummy_dtype = DType::BF16;
+  uint64_t dummy_seed = 0;
+};
+
+// The model's weights, resolved to backend tensors. Per-layer fields are empty when the architecture
+// does not use them (biases, q/k norms).
+struct LayerWeights {
+  Tensor attn_norm, ffn_norm;
+  Linear q, k, v, o;
+  Tensor q_norm, k_norm;
+  Linear gate, up, down;
+};
+struct ModelWeights {
+  Tensor token_embedding;  // [vocab, hidden]
+  Tensor final_norm;
+  Linear lm_head;          // shares token_embedding's memory when tied
+  std::vector<LayerWeights> layers;
+};
+
+class KvCache;
+
+class Model {
+ public:
+  // `spec` is a .gguf file, a Hugging Face folder (config.json + *.safetensors) or dummy:NAME.
+  // Throws inferx::Error naming the file and the problem.
+  static std::unique_ptr<Model> load(const std::string& spec, Backend& backend,
+                                     const LoadOptions& options = {});
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& description() const { return description_; }
+  Backend& backend() const { return backend_; }
+  // The source the weights came from (GGUF metadata holds the tokenizer); nullptr for dummy models.
+  const TensorSource* source() const { return source_.get(); }
+
+  // Runs one flattened step. Writes K/V of the batch's tokens into `cache` and returns the logits of
+  // batch.logits_rows as F32 [num_logits, vocab] in backend memory (valid until the next forward).
+  Tensor forward(const BatchView& batch, KvCache& cache);
+
+  Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource> source,
+        std::string description);
+
+ private:
+  struct Workspace;
+  void ensure_workspace(int64_t num_tokens, int64_t num_logits);
+
+  Backend& backend_;
+  ModelConfig config_;
+  std::unique_ptr<TensorSource> source_;
+  std::string description_;
+  ModelWeights weights_;
+  std::vector<std::unique_ptr<DeviceBuffer>> owned_;  // uploaded / converted weights
+  std::unique_ptr<Workspace> workspace_;
+  friend class WeightLoader;
+};
+
+// The paged KV cache memory of every layer: num_blocks blocks of block_size tokens.
+class KvCache {
+ public:
+  KvCache(Backend& backend, const ModelConfig& config, int64_t num_blocks, int64_t block_size);
+  KvCacheLayer& layer(int64_t i) { return layers_[static_cast<size_t>(i)]; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t block_size() const { return block_size_; }
+  // Bytes one block takes across all layers (K and V), for sizing the pool from a memory budget.
+  static int64_t bytes_per_block(const ModelConfig& config, int64_t block_size);
+
+ private:
+  int64_t num_blocks_, block_size_;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+  std::vector<KvCacheLayer> layers_;
+};
+
+// Feeds one sequence through a model, block table and all, for `inferx generate`, golden tests and
+// benchmarks (the serving engine schedules many sequences instead).
+class SequenceRunner {
+ public:
+  SequenceRunner(Model& model, int64_t max_tokens, int64_t block_size = 16);
+  // Appends tokens to the sequence and returns the logits after the last one (host copy, [vocab]).
+  const std::vector<float>& step(const std::vector<int32_t>& tokens);
+  // Same, but returns logits for every appended token ([tokens.size() * vocab]).
+  std::vector<float> step_all_logits(const std::vector<int32_t>& tokens);
+  int64_t length() const { return length_; }
+
+ private:
+  std::vector<float> run(const std::vector<int32_t>& tokens, bool all_logits);
+  Model& model_;
+  KvCache cache_;
+  int64_t max_tokens_;
+  int64_t length_ = 0;
+  std::vector<int32_t> block_table_;
+  std::vector<float> last_logits_;
+};
+
+}  // namespace inferx
