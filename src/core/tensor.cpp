@@ -38,7 +38,7 @@ Tensor Tensor::reshaped(std::initializer_list<int64_t> dims) const {
 
 std::string Tensor::shape_string() const {
   std::string s = "[";
-  for (int i = 0; i < ndim; ++i) s += fmt::format(i ? ", {}" : "{}", shape[static_cast<size_t>(i)]);
+  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[static_cast<size_t>(i)]);
   return s + "]";
 }
 
