@@ -53,7 +53,9 @@ class SafetensorsModel final : public TensorSource {
   std::map<std::string, const TensorEntry*, std::less<>> index_;
 };
 
-// Writes one safetensors file (tensors sorted by name, as the Python library does; data 8-byte aligned).
+// Writes one safetensors file as the Rust/Python library does: header keys sorted, header padded with
+// spaces so the data starts 8-byte aligned, data ordered by element size (largest first) then name so
+// every tensor is aligned to its element size with no gaps between tensors.
 class SafetensorsWriter {
  public:
   void add_tensor(std::string name, DType dtype, std::vector<int64_t> shape, const void* data,
@@ -64,6 +66,8 @@ class SafetensorsWriter {
   std::vector<uint8_t> to_bytes() const;
 
  private:
+  friend void write_sharded_safetensors(const std::string& folder, const SafetensorsWriter& all,
+                                        uint64_t max_shard_bytes);
   struct Pending {
     std::string name;
     DType dtype;
