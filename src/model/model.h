@@ -103,6 +103,8 @@ class SequenceRunner {
   int64_t length_ = 0;
   std::vector<int32_t> block_table_;
   std::vector<float> last_logits_;
+  std::vector<int32_t> meta_host_;
+  std::unique_ptr<DeviceBuffer> meta_device_;  // grown, never shrunk: no allocation per decode step
 };
 
 }  // namespace inferx

@@ -1,0 +1,70 @@
+#include <numeric>
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace inferx {
+
+namespace {
+int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_size - 1) / block_size; }
+}  // namespace
+
+SequenceRunner::SequenceRunner(Model& model, int64_t max_tokens, int64_t block_size)
+    : model_(model), cache_(model.backend(), model.config(), blocks_for(max_tokens, block_size), block_size),
+      max_tokens_(max_tokens) {
+  block_table_.resize(static_cast<size_t>(cache_.num_blocks()));
+  std::iota(block_table_.begin(), block_table_.end(), 0);
+}
+
+const std::vector<float>& SequenceRunner::step(const std::vector<int32_t>& tokens) {
+  last_logits_ = run(tokens, false);
+  return last_logits_;
+}
+
+std::vector<float> SequenceRunner::step_all_logits(const std::vector<int32_t>& tokens) { return run(tokens, true); }
+
+std::vector<float> SequenceRunner::run(const std::vector<int32_t>& tokens, bool all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  INFERX_CHECK(n > 0, "no tokens to run");
+  INFERX_CHECK(length_ + n <= max_tokens_, "sequence of {} tokens exceeds the runner's limit of {}", length_ + n,
+               max_tokens_);
+  const int64_t vocab = model_.config().vocab_size;
+  for (int32_t id : tokens)
+    INFERX_CHECK(id >= 0 && id < vocab, "token id {} is out of range (vocabulary of {})", id, vocab);
+  // Host-side metadata, laid out in one block and copied to the backend in one transfer.
+  const int32_t num_logits = all_logits ? static_cast<int32_t>(n) : 1;
+  std::vector<int32_t>& meta = meta_host_;
+  meta.clear();
+  meta.insert(meta.end(), tokens.begin(), tokens.end());                        // token_ids
+  for (int64_t i = 0; i < n; ++i) meta.push_back(static_cast<int32_t>(length_ + i));  // positions
+  meta.push_back(0);                                                            // query_start
+  meta.push_back(static_cast<int32_t>(n));
+  meta.push_back(static_cast<int32_t>(length_ + n));                            // seq_lens
+  meta.insert(meta.end(), block_table_.begin(), block_table_.end());            // block_tables
+  for (int32_t i = 0; i < num_logits; ++i) meta.push_back(all_logits ? i : static_cast<int32_t>(n - 1));
+  Backend& be = model_.backend();
+  if (!meta_device_ || meta_device_->size() < meta.size() * sizeof(int32_t))
+    meta_device_ = be.allocate(meta.size() * sizeof(int32_t) * 2);
+  be.copy_to_device(meta_device_->data(), meta.data(), meta.size() * sizeof(int32_t));
+  const int32_t* d = static_cast<const int32_t*>(meta_device_->data());
+  BatchView b;
+  b.num_tokens = static_cast<int32_t>(n);
+  b.num_seqs = 1;
+  b.token_ids = d;
+  b.positions = d + n;
+  b.query_start = d + 2 * n;
+  b.seq_lens = d + 2 * n + 2;
+  b.block_tables = d + 2 * n + 3;
+  b.max_blocks_per_seq = static_cast<int32_t>(block_table_.size());
+  b.logits_rows = b.block_tables + block_table_.size();
+  b.num_logits = num_logits;
+  b.max_query_len = static_cast<int32_t>(n);
+  b.max_seq_len = static_cast<int32_t>(length_ + n);
+  Tensor logits = model_.forward(b, cache_);
+  std::vector<float> host(static_cast<size_t>(num_logits * vocab));
+  be.copy_to_host(host.data(), logits.data, host.size() * sizeof(float));
+  length_ += n;
+  return host;
+}
+
+}  // namespace inferx

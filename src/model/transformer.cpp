@@ -1,0 +1,100 @@
+// The forward pass of every supported architecture, top to bottom (llama2.c's run.c is the model for
+// readability). Fusion and device details live in the backend; the architecture differences are the
+// config switches (qkv bias, q/k norm, RoPE layout and scaling, sliding window).
+#include <cmath>
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace inferx {
+
+// Per-step activations, sized for the largest batch seen so far (no allocation on the steady path).
+struct Model::Workspace {
+  int64_t tokens = 0, logits = 0;
+  std::unique_ptr<DeviceBuffer> memory;
+  Tensor x, h, q, k, v, attn, proj, gate, up, act, last, out;
+};
+
+Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource> source, std::string description)
+    : backend_(backend), config_(std::move(config)), source_(std::move(source)), description_(std::move(description)) {}
+
+Model::~Model() = default;
+
+void Model::ensure_workspace(int64_t num_tokens, int64_t num_logits) {
+  if (workspace_ && workspace_->tokens >= num_tokens && workspace_->logits >= num_logits) return;
+  auto ws = std::make_unique<Workspace>();
+  ws->tokens = std::max<int64_t>(num_tokens, workspace_ ? workspace_->tokens : 0);
+  ws->logits = std::max<int64_t>(num_logits, workspace_ ? workspace_->logits : 0);
+  const ModelConfig& c = config_;
+  const int64_t T = ws->tokens, D = c.hidden_size, F = c.intermediate_size;
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  struct Slot {
+    Tensor* t;
+    int64_t rows, cols;
+  };
+  const Slot slots[] = {{&ws->x, T, D},     {&ws->h, T, D},       {&ws->q, T, qd},     {&ws->k, T, kvd},
+                        {&ws->v, T, kvd},   {&ws->attn, T, qd},   {&ws->proj, T, D},   {&ws->gate, T, F},
+                        {&ws->up, T, F},    {&ws->act, T, F},     {&ws->last, ws->logits, D},
+                        {&ws->out, ws->logits, c.vocab_size}};
+  size_t total = 0;
+  for (const Slot& s : slots) total += static_cast<size_t>(s.rows * s.cols) * 4 + 64;
+  ws->memory = backend_.allocate(total);
+  char* p = static_cast<char*>(ws->memory->data());
+  for (const Slot& s : slots) {
+    *s.t = Tensor(DType::F32, {s.rows, s.cols}, p, backend_.device());
+    p += (static_cast<size_t>(s.rows * s.cols) * 4 + 63) / 64 * 64;
+  }
+  workspace_ = std::move(ws);
+}
+
+Tensor Model::forward(const BatchView& batch, KvCache& cache) {
+  const ModelConfig& c = config_;
+  const int64_t T = batch.num_tokens;
+  INFERX_CHECK(T > 0, "forward: empty batch");
+  ensure_workspace(T, batch.num_logits);
+  Workspace& w = *workspace_;
+  // Views of exactly T rows.
+  Tensor x = w.x.rows_view(0, T), h = w.h.rows_view(0, T), q = w.q.rows_view(0, T), k = w.k.rows_view(0, T),
+         v = w.v.rows_view(0, T), attn = w.attn.rows_view(0, T), proj = w.proj.rows_view(0, T),
+         gate = w.gate.rows_view(0, T), up = w.up.rows_view(0, T), act = w.act.rows_view(0, T);
+
+  const RopeParams rope{c.head_dim, c.rope_theta, c.rope_layout, c.rope_scaling};
+  const AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
+                           1.0f / std::sqrt(static_cast<float>(c.head_dim)), c.sliding_window};
+
+  backend_.embedding(weights_.token_embedding, batch.token_ids, T, x);
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    const LayerWeights& l = weights_.layers[i];
+    // Attention block: x += o(attention(rope(q), rope(k), v)) over the pre-normed input.
+    if (i == 0) {
+      backend_.rmsnorm(x, l.attn_norm, c.rms_norm_eps, h);
+    } else {
+      backend_.add_rmsnorm(x, proj, l.attn_norm, c.rms_norm_eps, h);  // adds the previous MLP output
+    }
+    backend_.matmul(h, l.q, q);
+    backend_.matmul(h, l.k, k);
+    backend_.matmul(h, l.v, v);
+    if (c.qk_norm) {
+      backend_.head_rmsnorm(q, c.head_dim, l.q_norm, c.rms_norm_eps);
+      backend_.head_rmsnorm(k, c.head_dim, l.k_norm, c.rms_norm_eps);
+    }
+    KvCacheLayer& layer_cache = cache.layer(static_cast<int64_t>(i));
+    backend_.rope_and_write_kv(q, k, v, batch, rope, layer_cache);
+    backend_.attention(q, layer_cache, batch, ap, attn);
+    backend_.matmul(attn, l.o, proj);
+    // MLP block: x += down(silu(gate(h)) * up(h)).
+    backend_.add_rmsnorm(x, proj, l.ffn_norm, c.rms_norm_eps, h);
+    backend_.matmul(h, l.gate, gate);
+    backend_.matmul(h, l.up, up);
+    backend_.silu_mul(gate, up, act);
+    backend_.matmul(act, l.down, proj);
+  }
+  // Only the rows that need logits go through the final norm and the vocabulary projection.
+  Tensor last = w.last.rows_view(0, batch.num_logits), out = w.out.rows_view(0, batch.num_logits);
+  backend_.add_rmsnorm(x, proj, weights_.final_norm, c.rms_norm_eps, h);
+  backend_.gather_rows(h, batch.logits_rows, batch.num_logits, last);
+  backend_.matmul(last, weights_.lm_head, out);
+  return out;
+}
+
+}  // namespace inferx
