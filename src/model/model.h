@@ -47,6 +47,10 @@ class Model {
   // The source the weights came from (GGUF metadata holds the tokenizer); nullptr for dummy models.
   const TensorSource* source() const { return source_.get(); }
 
+  // Bytes of weights one decode step reads (every linear layer, the norms and the vocabulary
+  // projection; one embedding row is negligible): the numerator of the decode roofline.
+  int64_t weight_bytes_per_token() const;
+
   // Runs one flattened step. Writes K/V of the batch's tokens into `cache` and returns the logits of
   // batch.logits_rows as F32 [num_logits, vocab] in backend memory (valid until the next forward).
   Tensor forward(const BatchView& batch, KvCache& cache);

@@ -20,6 +20,16 @@ Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource>
 
 Model::~Model() = default;
 
+int64_t Model::weight_bytes_per_token() const {
+  auto lin = [](const Linear& l) { return l.weight.nbytes() + (l.bias.empty() ? 0 : l.bias.nbytes()); };
+  int64_t total = lin(weights_.lm_head) + weights_.final_norm.nbytes();
+  for (const LayerWeights& l : weights_.layers) {
+    total += lin(l.q) + lin(l.k) + lin(l.v) + lin(l.o) + lin(l.gate) + lin(l.up) + lin(l.down);
+    total += l.attn_norm.nbytes() + l.ffn_norm.nbytes();
+  }
+  return total;
+}
+
 void Model::ensure_workspace(int64_t num_tokens, int64_t num_logits) {
   if (workspace_ && workspace_->tokens >= num_tokens && workspace_->logits >= num_logits) return;
   auto ws = std::make_unique<Workspace>();
