@@ -9,6 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 
@@ -63,7 +64,7 @@ std::string type_of(const json& v) {
 // optional fields such as head_dim or sliding_window).
 class Fields {
  public:
-  Fields(const json& obj, const std::string& source) : obj_(obj), source_(source) {}
+  Fields(const json& obj, std::string source) : obj_(obj), source_(std::move(source)) {}
 
   const json* get(const char* name) const {
     auto it = obj_.find(name);
@@ -116,7 +117,7 @@ class Fields {
 
  private:
   const json& obj_;
-  const std::string& source_;
+  std::string source_;  // a copy: callers pass temporaries such as "config.json rope_scaling"
 };
 
 int32_t token_id(const Fields& f, const json& v, const std::string& name) {
