@@ -1,0 +1,318 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/kernels.h"
+#include "backend/rope.h"
+#include "core/error.h"
+
+namespace inferx {
+
+namespace {
+
+class CudaDeviceBuffer final : public DeviceBuffer {
+ public:
+  CudaDeviceBuffer(void* p, size_t bytes) : ptr_(p), size_(bytes) {}
+  ~CudaDeviceBuffer() override {
+    // cudaFree waits for work using the memory; destructors cannot throw, so a failure is only reported.
+    if (ptr_ && cudaFree(ptr_) != cudaSuccess) std::fprintf(stderr, "inferx cuda: cudaFree failed\n");
+  }
+  CudaDeviceBuffer(const CudaDeviceBuffer&) = delete;
+  CudaDeviceBuffer& operator=(const CudaDeviceBuffer&) = delete;
+  void* data() const override { return ptr_; }
+  size_t size() const override { return size_; }
+
+ private:
+  void* ptr_;
+  size_t size_;
+};
+
+void check_device(const Tensor& t, const char* what) {
+  INFERX_CHECK(t.device == Device::CUDA && (!t.empty() || t.numel() == 0),
+               "cuda backend: {} must be a CUDA tensor (got {} {})", what,
+               t.device == Device::CUDA ? "a null" : "a host", t.shape_string());
+}
+
+void check_f32(const Tensor& t, const char* what) {
+  check_device(t, what);
+  INFERX_CHECK(t.dtype == DType::F32, "cuda backend: {} must be F32, got {} {}", what, dtype_name(t.dtype),
+               t.shape_string());
+}
+
+bool is_plain_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+void check_cache(const KvCacheLayer& cache, int64_t kv_heads, int64_t head_dim) {
+  check_device(cache.k, "kv cache k");
+  check_device(cache.v, "kv cache v");
+  INFERX_CHECK(cache.k.ndim == 4 && cache.v.ndim == 4,
+               "cuda backend: kv cache must be [blocks, block_size, heads, "
+               "head_dim], got k {} v {}",
+               cache.k.shape_string(), cache.v.shape_string());
+  INFERX_CHECK(cache.k.shape == cache.v.shape && cache.k.dtype == cache.v.dtype,
+               "cuda backend: kv cache k {} {} and v {} {} differ", dtype_name(cache.k.dtype),
+               cache.k.shape_string(), dtype_name(cache.v.dtype), cache.v.shape_string());
+  INFERX_CHECK(cache.k.dtype == DType::F32 || cache.k.dtype == DType::BF16,
+               "cuda backend: kv cache dtype {} is not supported (F32 or BF16)", dtype_name(cache.k.dtype));
+  INFERX_CHECK(cache.k.dim(2) == kv_heads && cache.k.dim(3) == head_dim,
+               "cuda backend: kv cache layer {} does not match {} kv heads of {}", cache.k.shape_string(),
+               kv_heads, head_dim);
+}
+
+void check_batch(const BatchView& batch, int64_t rows) {
+  if (batch.num_tokens == 0) return;
+  INFERX_CHECK(
+      batch.num_tokens >= 0 && batch.num_tokens <= rows && batch.num_seqs > 0 && batch.max_blocks_per_seq > 0,
+      "cuda backend: batch of {} tokens in {} sequences ({} blocks per sequence) does not fit {} rows",
+      batch.num_tokens, batch.num_seqs, batch.max_blocks_per_seq, rows);
+  INFERX_CHECK(batch.positions && batch.query_start && batch.seq_lens && batch.block_tables,
+               "cuda backend: batch metadata pointers must be set (device memory)");
+}
+
+cuda::PagedKv paged(const KvCacheLayer& cache) {
+  return {cache.k.data, cache.v.data, cache.k.dtype, cache.k.dim(0), cache.k.dim(1)};
+}
+
+cuda::BatchArgs batch_args(const BatchView& b) {
+  return {b.num_tokens, b.num_seqs,     b.positions,         b.query_start,
+          b.seq_lens,   b.block_tables, b.max_blocks_per_seq};
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  const int count = cuda_device_count();
+  INFERX_CHECK(device >= 0 && device < count,
+               "cuda backend: device {} does not exist ({} CUDA devices visible)", device, count);
+  CUDA_CHECK(cudaSetDevice(device_));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  INFERX_CHECK(prop.major >= 9, "cuda backend: device {} ({}) is sm_{}{}; this build targets sm_90a (Hopper)",
+               device_, prop.name, prop.major, prop.minor);
+  name_ = std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+  gemm_ = std::make_unique<cuda::CublasLtGemm>(stream_);
+}
+
+CudaBackend::~CudaBackend() {
+  gemm_.reset();
+  if (stream_) {
+    if (cudaStreamSynchronize(stream_) != cudaSuccess || cudaStreamDestroy(stream_) != cudaSuccess)
+      std::fprintf(stderr, "inferx cuda: releasing the stream failed\n");
+  }
+}
+
+void CudaBackend::use_device() const { CUDA_CHECK(cudaSetDevice(device_)); }
+
+// Memory -----------------------------------------------------------------------------------------------
+
+std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
+  use_device();
+  if (bytes == 0) return std::make_unique<CudaDeviceBuffer>(nullptr, 0);
+  void* p = nullptr;
+  const cudaError_t status = cudaMalloc(&p, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    fail("cuda backend: out of device memory allocating {} MiB on {}", bytes >> 20, name_);
+  }
+  CUDA_CHECK(status);
+  auto buffer = std::make_unique<CudaDeviceBuffer>(p, bytes);
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  return buffer;
+}
+
+// Copies wait for completion: the host source may be pageable and reused by the caller at once.
+void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  use_device();
+  CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  use_device();
+  CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::synchronize() {
+  use_device();
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// Ops --------------------------------------------------------------------------------------------------
+
+void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) {
+  check_device(table, "embedding table");
+  check_f32(out, "embedding output");
+  INFERX_CHECK(is_plain_float(table.dtype),
+               "cuda backend: embedding tables of type {} are not supported on CUDA yet: dequantize at load",
+               dtype_name(table.dtype));
+  const int64_t dim = table.cols();
+  INFERX_CHECK(table.ndim == 2 && out.cols() == dim && out.rows() >= n && n >= 0,
+               "cuda backend: embedding output {} does not fit {} rows of table {}", out.shape_string(), n,
+               table.shape_string());
+  use_device();
+  CUDA_CHECK(
+      cuda::launch_embedding(table.dtype, table.data, table.dim(0), dim, ids, n, out.ptr<float>(), stream_));
+}
+
+void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  check_f32(x, "rmsnorm input");
+  check_f32(weight, "rmsnorm weight");
+  check_f32(out, "rmsnorm output");
+  INFERX_CHECK(weight.numel() == x.cols() && out.numel() == x.numel() && out.cols() == x.cols(),
+               "cuda backend: rmsnorm of {} with weight {} into {}", x.shape_string(), weight.shape_string(),
+               out.shape_string());
+  use_device();
+  CUDA_CHECK(cuda::launch_rmsnorm(x.ptr<float>(), weight.ptr<float>(), eps, x.rows(), x.cols(),
+                                  out.ptr<float>(), stream_));
+}
+
+void CudaBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                              Tensor& out) {
+  check_f32(residual, "residual");
+  check_f32(x, "add_rmsnorm input");
+  check_f32(weight, "add_rmsnorm weight");
+  check_f32(out, "add_rmsnorm output");
+  INFERX_CHECK(x.numel() == residual.numel() && x.cols() == residual.cols() &&
+                   out.numel() == residual.numel() && weight.numel() == residual.cols(),
+               "cuda backend: add_rmsnorm of residual {} + {} with weight {} into {}",
+               residual.shape_string(), x.shape_string(), weight.shape_string(), out.shape_string());
+  use_device();
+  CUDA_CHECK(cuda::launch_add_rmsnorm(residual.ptr<float>(), x.ptr<float>(), weight.ptr<float>(), eps,
+                                      residual.rows(), residual.cols(), out.ptr<float>(), stream_));
+}
+
+void CudaBackend::head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight, float eps) {
+  check_f32(x, "head_rmsnorm input");
+  check_f32(weight, "head_rmsnorm weight");
+  INFERX_CHECK(head_dim > 0 && x.cols() % head_dim == 0 && weight.numel() == head_dim,
+               "cuda backend: head_rmsnorm of {} in heads of {} with weight {}", x.shape_string(), head_dim,
+               weight.shape_string());
+  use_device();
+  CUDA_CHECK(cuda::launch_head_rmsnorm(x.ptr<float>(), x.numel() / head_dim, head_dim, weight.ptr<float>(),
+                                       eps, stream_));
+}
+
+void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
+  check_f32(x, "matmul input");
+  check_f32(out, "matmul output");
+  check_device(w.weight, "matmul weight");
+  INFERX_CHECK(w.weight.ndim == 2 && x.cols() == w.in_features() && out.cols() == w.out_features() &&
+                   out.rows() == x.rows(),
+               "cuda backend: matmul x {} @ W {}^T does not give out {}", x.shape_string(),
+               w.weight.shape_string(), out.shape_string());
+  if (!w.bias.empty()) {
+    check_f32(w.bias, "matmul bias");
+    INFERX_CHECK(w.bias.numel() == w.out_features(), "cuda backend: matmul bias {} for {} outputs",
+                 w.bias.shape_string(), w.out_features());
+  }
+  use_device();
+  gemm_->matmul(x.ptr<float>(), x.rows(), x.cols(), w.weight.dtype, w.weight.data, w.out_features(),
+                out.ptr<float>());
+  // v0: a separate bias kernel; a cuBLASLt BIAS epilogue would fuse it (issue 5).
+  if (!w.bias.empty())
+    CUDA_CHECK(cuda::launch_add_bias(out.ptr<float>(), w.bias.ptr<float>(), out.rows(), out.cols(), stream_));
+}
+
+const std::vector<float>& CudaBackend::inverse_frequencies(const RopeParams& r) {
+  const RopeParams& c = inv_freq_params_;
+  if (inv_freq_.empty() || c.head_dim != r.head_dim || c.theta != r.theta ||
+      c.scaling.kind != r.scaling.kind || c.scaling.factor != r.scaling.factor ||
+      c.scaling.low_freq_factor != r.scaling.low_freq_factor ||
+      c.scaling.high_freq_factor != r.scaling.high_freq_factor ||
+      c.scaling.original_max_position != r.scaling.original_max_position) {
+    inv_freq_ = rope_inverse_frequencies(r.head_dim, r.theta, r.scaling);
+    inv_freq_params_ = r;
+  }
+  return inv_freq_;
+}
+
+void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
+                                    const RopeParams& rope, KvCacheLayer& cache) {
+  check_f32(q, "rope q");
+  check_f32(k, "rope k");
+  check_f32(v, "kv write v");
+  const int64_t hd = rope.head_dim;
+  INFERX_CHECK(hd > 0 && hd % 2 == 0 && hd / 2 <= cuda::kMaxRopePairs,
+               "cuda backend: rope head_dim {} must be even and at most {}", hd, 2 * cuda::kMaxRopePairs);
+  INFERX_CHECK(q.cols() % hd == 0 && k.cols() % hd == 0 && v.cols() == k.cols(),
+               "cuda backend: rope q {} / k {} / v {} are not whole heads of {}", q.shape_string(),
+               k.shape_string(), v.shape_string(), hd);
+  INFERX_CHECK(k.rows() == q.rows() && v.rows() == q.rows(),
+               "cuda backend: rope q {} k {} v {} differ in rows", q.shape_string(), k.shape_string(),
+               v.shape_string());
+  const int64_t hq = q.cols() / hd, hkv = k.cols() / hd;
+  check_cache(cache, hkv, hd);
+  check_batch(batch, q.rows());
+  cuda::RopeFrequencies freqs{};
+  const std::vector<float>& inv = inverse_frequencies(rope);
+  std::memcpy(freqs.inv_freq, inv.data(), inv.size() * sizeof(float));
+  use_device();
+  CUDA_CHECK(cuda::launch_rope_write_kv(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), hq, hkv, hd,
+                                        rope.layout == RopeLayout::Interleaved, freqs, batch_args(batch),
+                                        paged(cache), stream_));
+}
+
+void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
+                            const AttentionParams& p, Tensor& out) {
+  check_f32(q, "attention q");
+  check_f32(out, "attention output");
+  INFERX_CHECK(p.head_dim > 0 && p.head_dim <= cuda::kMaxAttentionHeadDim,
+               "cuda backend: attention head_dim {} is not supported (at most {})", p.head_dim,
+               cuda::kMaxAttentionHeadDim);
+  INFERX_CHECK(p.num_heads > 0 && p.num_kv_heads > 0 && p.num_heads % p.num_kv_heads == 0,
+               "cuda backend: attention with {} query heads and {} kv heads (must divide)", p.num_heads,
+               p.num_kv_heads);
+  INFERX_CHECK(q.cols() == p.num_heads * p.head_dim && out.cols() == q.cols() && out.rows() == q.rows(),
+               "cuda backend: attention q {} / out {} are not {} heads of {}", q.shape_string(),
+               out.shape_string(), p.num_heads, p.head_dim);
+  INFERX_CHECK(p.num_heads <= 65535, "cuda backend: {} attention heads exceed the grid limit", p.num_heads);
+  check_cache(cache, p.num_kv_heads, p.head_dim);
+  check_batch(batch, q.rows());
+  use_device();
+  CUDA_CHECK(cuda::launch_paged_attention(q.ptr<float>(), paged(cache), batch_args(batch), p.num_heads,
+                                          p.num_kv_heads, p.head_dim, p.scale, p.sliding_window,
+                                          out.ptr<float>(), stream_));
+}
+
+void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  check_f32(gate, "silu_mul gate");
+  check_f32(up, "silu_mul up");
+  check_f32(out, "silu_mul output");
+  INFERX_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(),
+               "cuda backend: silu_mul of gate {} and up {} into {}", gate.shape_string(), up.shape_string(),
+               out.shape_string());
+  use_device();
+  CUDA_CHECK(
+      cuda::launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), gate.numel(), out.ptr<float>(), stream_));
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) {
+  check_device(x, "gather_rows input");
+  check_device(out, "gather_rows output");
+  INFERX_CHECK(x.dtype == out.dtype && x.cols() == out.cols() && out.rows() >= n && n >= 0,
+               "cuda backend: gather_rows of {} rows from {} {} into {} {}", n, dtype_name(x.dtype),
+               x.shape_string(), dtype_name(out.dtype), out.shape_string());
+  use_device();
+  CUDA_CHECK(cuda::launch_gather_rows(x.data, x.rows(), x.row_bytes(), rows, n, out.data, stream_));
+}
+
+}  // namespace inferx

@@ -1,0 +1,84 @@
+#pragma once
+// Device helpers shared by the kernels: warp/block reductions and conversions between the storage
+// types (F32, F16, BF16) and float.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace inferx::cuda {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory; the trailing barrier lets callers reuse it at once.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = lane < warps ? scratch[lane] : 0.0f;
+  total = warp_sum(total);
+  __syncthreads();
+  return total;
+}
+
+template <class T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <class T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Launch-size helper: enough blocks of `threads` for n items, capped (kernels use grid-stride loops).
+inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks < cap ? blocks : cap);
+}
+
+// Index of the sequence owning flattened token t: the s with query_start[s] <= t < query_start[s + 1].
+__device__ __forceinline__ int find_sequence(const int32_t* query_start, int num_seqs, int t) {
+  int lo = 0, hi = num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace inferx::cuda

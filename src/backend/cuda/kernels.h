@@ -1,0 +1,74 @@
+#pragma once
+// Host-side launchers of the CUDA kernels (kernels_*.cu). Each enqueues its kernel on `stream` and
+// returns cudaGetLastError(), which the caller wraps in CUDA_CHECK; shapes are validated by the caller
+// (cuda_backend.cpp) before launch. Pointers are device pointers; matrices are row-major and contiguous.
+// This header stays free of fmt and project headers beyond dtype.h so the .cu files compile quickly.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace inferx::cuda {
+
+// kernels_norm.cu -------------------------------------------------------------------------------------
+// out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w for each of `rows` rows of `cols` floats.
+cudaError_t launch_rmsnorm(const float* x, const float* w, float eps, int64_t rows, int64_t cols, float* out,
+                           cudaStream_t stream);
+// residual += x; out = rmsnorm(residual) row-wise.
+cudaError_t launch_add_rmsnorm(float* residual, const float* x, const float* w, float eps, int64_t rows,
+                               int64_t cols, float* out, cudaStream_t stream);
+// In place RMSNorm of each of `heads` contiguous vectors of head_dim floats (weight [head_dim]).
+cudaError_t launch_head_rmsnorm(float* x, int64_t heads, int64_t head_dim, const float* w, float eps,
+                                cudaStream_t stream);
+
+// kernels_elementwise.cu ------------------------------------------------------------------------------
+// out[t, :] = float(table[ids[t], :]); table dtype F32, F16 or BF16. Out-of-range ids give zero rows
+// (the host cannot see device ids without a sync; the engine validates ids before they reach here).
+cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab, int64_t dim,
+                             const int32_t* ids, int64_t n, float* out, cudaStream_t stream);
+// out = silu(gate) * up over n floats.
+cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+// out[i, :] = x[rows[i], :] with rows of row_bytes bytes (any dtype); out-of-range rows give zeros.
+cudaError_t launch_gather_rows(const void* x, int64_t num_rows, int64_t row_bytes, const int32_t* rows,
+                               int64_t n, void* out, cudaStream_t stream);
+// F32 -> BF16 or F16 (round to nearest even), the activation conversion before a 16-bit GEMM.
+cudaError_t launch_convert_f32(const float* x, int64_t n, DType to, void* out, cudaStream_t stream);
+// out[r, :] += bias for rows x cols.
+cudaError_t launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// kernels_rope_kv.cu ----------------------------------------------------------------------------------
+constexpr int kMaxRopePairs = 256;  // head_dim <= 512
+struct RopeFrequencies {
+  float inv_freq[kMaxRopePairs];  // backend/rope.h values, passed by value (kernel parameter space)
+};
+struct PagedKv {
+  void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim] of `dtype`
+  void* v = nullptr;
+  DType dtype = DType::F32;  // F32 or BF16
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+};
+struct BatchArgs {  // device pointers of a BatchView
+  int32_t num_tokens = 0;
+  int32_t num_seqs = 0;
+  const int32_t* positions = nullptr;
+  const int32_t* query_start = nullptr;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  int32_t max_blocks_per_seq = 0;
+};
+// Rotates q [T, hq*hd] and k [T, hkv*hd] in place (interleaved pairs (2i, 2i+1) or NeoX pairs (i, i+hd/2))
+// and writes the rotated k and v [T, hkv*hd] into the paged cache.
+cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
+                                 bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
+                                 const PagedKv& cache, cudaStream_t stream);
+
+// kernels_attention.cu --------------------------------------------------------------------------------
+constexpr int kMaxAttentionHeadDim = 256;
+// Causal paged attention of q [T, hq*hd] -> out [T, hq*hd] (see Backend::attention).
+cudaError_t launch_paged_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
+                                   int64_t hkv, int64_t hd, float scale, int64_t sliding_window, float* out,
+                                   cudaStream_t stream);
+
+}  // namespace inferx::cuda

@@ -1,0 +1,94 @@
+// RoPE (RoFormer, Su et al. 2021, eq. 34) on q and k, fused with the paged KV-cache write.
+// Pair i of a head is rotated by angle = position * inv_freq[i]; the inverse frequencies (with Linear or
+// Llama3 scaling folded in) come from backend/rope.h on the host, exactly the CPU backend's values, and
+// the angle is formed in float as the CPU backend and transformers do. Layouts: interleaved rotates
+// (x[2i], x[2i+1]); NeoX rotates (x[i], x[i + d/2]) (transformers' rotate_half).
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace inferx::cuda {
+namespace {
+
+constexpr int kRopeThreads = 128;
+
+// One block per token: cos/sin of the token's position are computed once into shared memory, then the
+// block rotates every q and k head and writes k (rotated) and v into the token's cache slot.
+template <class CacheT>
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_write_kv_kernel(float* q, float* k, const float* v, int hq, int hkv, int hd, bool interleaved,
+                         const __grid_constant__ RopeFrequencies freqs,
+                         const __grid_constant__ BatchArgs batch, CacheT* k_cache, CacheT* v_cache,
+                         int64_t num_blocks, int64_t block_size) {
+  __shared__ float cos_s[kMaxRopePairs];
+  __shared__ float sin_s[kMaxRopePairs];
+  const int t = blockIdx.x;
+  const int half = hd / 2;
+  const int32_t pos = batch.positions[t];
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = static_cast<float>(pos) * freqs.inv_freq[i];
+    sincosf(angle, &sin_s[i], &cos_s[i]);
+  }
+  __syncthreads();
+
+  // Cache slot of this token: block_tables[seq][pos / bs], offset pos % bs. Invalid entries (which the
+  // engine never produces) skip the write rather than corrupt other blocks.
+  const int s = find_sequence(batch.query_start, batch.num_seqs, t);
+  const int64_t kv_row = static_cast<int64_t>(hkv) * hd;
+  int64_t slot = -1;
+  if (pos >= 0 && pos / block_size < batch.max_blocks_per_seq) {
+    const int32_t block =
+        batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + pos / block_size];
+    if (block >= 0 && block < num_blocks) slot = (block * block_size + pos % block_size) * kv_row;
+  }
+
+  float* q_row = q + static_cast<int64_t>(t) * hq * hd;
+  float* k_row = k + static_cast<int64_t>(t) * kv_row;
+  const int pairs = (hq + hkv) * half;
+  for (int idx = threadIdx.x; idx < pairs; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    const int a = interleaved ? 2 * i : i;
+    const int b = interleaved ? 2 * i + 1 : i + half;
+    const bool is_k = h >= hq;
+    float* head = is_k ? k_row + (h - hq) * hd : q_row + h * hd;
+    const float x0 = head[a], x1 = head[b];
+    const float y0 = x0 * cos_s[i] - x1 * sin_s[i];
+    const float y1 = x1 * cos_s[i] + x0 * sin_s[i];
+    head[a] = y0;
+    head[b] = y1;
+    if (is_k && slot >= 0) {
+      CacheT* dst = k_cache + slot + (h - hq) * hd;
+      dst[a] = from_float<CacheT>(y0);
+      dst[b] = from_float<CacheT>(y1);
+    }
+  }
+  if (slot >= 0) {
+    const float* v_row = v + static_cast<int64_t>(t) * kv_row;
+    for (int64_t i = threadIdx.x; i < kv_row; i += blockDim.x)
+      v_cache[slot + i] = from_float<CacheT>(v_row[i]);
+  }
+}
+
+template <class CacheT>
+cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
+                         bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
+                         const PagedKv& cache, cudaStream_t stream) {
+  rope_write_kv_kernel<CacheT><<<static_cast<unsigned>(batch.num_tokens), kRopeThreads, 0, stream>>>(
+      q, k, v, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(hd), interleaved, freqs, batch,
+      static_cast<CacheT*>(cache.k), static_cast<CacheT*>(cache.v), cache.num_blocks, cache.block_size);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
+                                 bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
+                                 const PagedKv& cache, cudaStream_t stream) {
+  if (batch.num_tokens == 0) return cudaSuccess;
+  if (cache.dtype == DType::F32)
+    return launch_typed<float>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
+  if (cache.dtype == DType::BF16)
+    return launch_typed<__nv_bfloat16>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
+  return cudaErrorInvalidValue;  // the caller validates the cache dtype first
+}
+
+}  // namespace inferx::cuda
