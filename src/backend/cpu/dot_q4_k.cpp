@@ -1,0 +1,147 @@
+// Q4_K weight rows against ActQ8_K activations (one activation scale per 256-element super-block).
+// Per super-block: isum = sum_j sc_j * (sum over sub-block j of q * x) is exact in int32
+// (<= 63 * 15 * 127 * 256 < 2^31), so the float work is one FMA per super-block:
+//   dot = d * dx * isum - dmin * dx * sum_j m_j * xsum_j
+// where xsum_j is the activation sum of sub-block j (precomputed). The nibbles (0..15) are the unsigned
+// operand of vpmaddubsw (pairs <= 2 * 15 * 127 fit int16); the int16 pairs are then multiplied by the
+// sub-block scale and summed into int32 (vpdpwssd / vpmaddwd).
+#include <cstring>
+
+#include "backend/cpu/dot_kernels.h"
+#include "backend/cpu/simd.h"
+#include "core/half.h"
+#include "quant/gguf_block_layouts.h"
+
+namespace inferx::cpu {
+
+namespace {
+
+// The 8 six-bit scales (low 4 bytes of *sc) and mins, unpacked four at a time with 32-bit masks
+// (same bit layout as unpack_q4_k_scales in gguf_block_layouts.h).
+inline void unpack_scales_mins(const uint8_t* packed, uint32_t sc[2], uint32_t m[2]) {
+  uint32_t a, b, c;
+  std::memcpy(&a, packed, 4);
+  std::memcpy(&b, packed + 4, 4);
+  std::memcpy(&c, packed + 8, 4);
+  sc[0] = a & 0x3F3F3F3Fu;
+  m[0] = b & 0x3F3F3F3Fu;
+  sc[1] = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
+  m[1] = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+}
+
+#if defined(INFERX_X86_SIMD)
+// Byte-shuffle mask broadcasting int16 lane j of a 128-bit lane to all eight int16 lanes.
+inline __m256i broadcast_word_mask(int j) {
+  return _mm256_set1_epi16(static_cast<int16_t>((2 * j) | ((2 * j + 1) << 8)));
+}
+
+template <int NR>
+void rows_simd(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* out) {
+  // Independent integer accumulators per row: with one row the vpdpwssd chain would otherwise
+  // serialise the eight sub-block products of a super-block.
+  constexpr int C = NR == 1 ? 4 : (NR == 2 ? 2 : 1);
+  __m256 acc[NR];
+  __m128 macc[NR];
+  for (int r = 0; r < NR; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    macc[r] = _mm_setzero_ps();
+  }
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const BlockQ4_K& bw = w[sb];
+    uint32_t sc[2], m[2];
+    unpack_scales_mins(bw.scales, sc, m);
+    const __m128i sc16 =
+        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc[0]), static_cast<int>(sc[1]), 0, 0));
+    const __m128i m16 =
+        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(m[0]), static_cast<int>(m[1]), 0, 0));
+    const __m256i sc256 = _mm256_broadcastsi128_si256(sc16);
+    const float d = f16_scalar(bw.d), dmin = f16_scalar(bw.dmin);
+    __m256i isum[NR][C];
+    for (int r = 0; r < NR; ++r)
+      for (int i = 0; i < C; ++i) isum[r][i] = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bw.qs + 32 * c));
+      const __m256i lo = _mm256_and_si256(q, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      const __m256i s_lo = _mm256_shuffle_epi8(sc256, broadcast_word_mask(2 * c));
+      const __m256i s_hi = _mm256_shuffle_epi8(sc256, broadcast_word_mask(2 * c + 1));
+      for (int r = 0; r < NR; ++r) {
+        const int8_t* x = a[r].qs + 256 * sb + 64 * c;
+        const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+        const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
+        __m256i& s0 = isum[r][(2 * c) % C];
+        __m256i& s1 = isum[r][(2 * c + 1) % C];
+        s0 = dot_s16_acc(s0, _mm256_maddubs_epi16(lo, xl), s_lo);
+        s1 = dot_s16_acc(s1, _mm256_maddubs_epi16(hi, xh), s_hi);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      __m256i total = isum[r][0];
+      for (int i = 1; i < C; ++i) total = _mm256_add_epi32(total, isum[r][i]);
+      const float dx = a[r].d[sb];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * dx), acc[r]);
+      const __m128i xs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r].sum32 + 8 * sb));
+      const __m128i mins = _mm_madd_epi16(xs, m16);  // |.| <= 2 * 63 * 4064: fits int32
+      macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * dx), macc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) out[r] = hsum(acc[r]) - hsum(macc[r]);
+}
+#else
+template <int NR>
+void rows_scalar(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* out) {
+  for (int r = 0; r < NR; ++r) out[r] = 0;
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    uint32_t scw[2], mw[2];
+    unpack_scales_mins(w[sb].scales, scw, mw);
+    uint8_t sc[8], m[8];
+    std::memcpy(sc, scw, 8);
+    std::memcpy(m, mw, 8);
+    const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+    for (int r = 0; r < NR; ++r) {
+      const int8_t* x = a[r].qs + 256 * sb;
+      int32_t isum = 0, msum = 0;
+      for (int c = 0; c < 4; ++c) {
+        int32_t lo = 0, hi = 0;
+        for (int l = 0; l < 32; ++l) {
+          lo += (w[sb].qs[32 * c + l] & 0xF) * x[64 * c + l];
+          hi += (w[sb].qs[32 * c + l] >> 4) * x[64 * c + 32 + l];
+        }
+        isum += sc[2 * c] * lo + sc[2 * c + 1] * hi;
+      }
+      for (int j = 0; j < 8; ++j) msum += m[j] * a[r].sum32[8 * sb + j];
+      out[r] += d * a[r].d[sb] * static_cast<float>(isum) - dmin * a[r].d[sb] * static_cast<float>(msum);
+    }
+  }
+}
+#endif
+
+template <int NR>
+void rows(const BlockQ4_K* w, const void* act, int64_t stride, int64_t k, float* out) {
+  ActQ8_KView a[NR];
+  for (int r = 0; r < NR; ++r) a[r] = act_q8_k_view(static_cast<const char*>(act) + r * stride, k);
+#if defined(INFERX_X86_SIMD)
+  rows_simd<NR>(w, a, k / 256, out);
+#else
+  rows_scalar<NR>(w, a, k / 256, out);
+#endif
+}
+
+}  // namespace
+
+void dot_q4_k_rows(const void* w, const void* act, int64_t stride, int nrows, int64_t k, float* out) {
+  const auto* b = static_cast<const BlockQ4_K*>(w);
+  switch (nrows) {
+    case 1:
+      return rows<1>(b, act, stride, k, out);
+    case 2:
+      return rows<2>(b, act, stride, k, out);
+    case 3:
+      return rows<3>(b, act, stride, k, out);
+    default:
+      return rows<4>(b, act, stride, k, out);
+  }
+}
+
+}  // namespace inferx::cpu

@@ -1,0 +1,62 @@
+#pragma once
+// Small x86 SIMD helpers shared by the dot_*.cpp kernels. INFERX_X86_SIMD is set when the build
+// targets AVX2 + FMA + F16C (any x86-64-v3 machine); every kernel keeps a scalar path for the rest.
+// The integer dot products use VNNI (vpdpbusd / vpdpwssd) when the target has AVX-512 VNNI with VL or
+// AVX-VNNI, and the AVX2 vpmaddubsw + vpmaddwd pair otherwise.
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define INFERX_X86_SIMD 1
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace inferx::cpu {
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define INFERX_VNNI_ISA "avx512-vnni (256-bit)"
+#elif defined(__AVXVNNI__)
+#define INFERX_VNNI_ISA "avx-vnni"
+#else
+#define INFERX_VNNI_ISA "avx2"
+#endif
+
+// acc + sum over groups of 4 of u[i] * s[i] (u unsigned, s signed bytes) into 8 int32 lanes.
+inline __m256i dot_u8s8_acc(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#else
+  // u * s pairs fit int16 for every caller (|u| <= 128 with |s| <= 127 gives 2 * 16256 < 32768).
+  const __m256i pairs = _mm256_maddubs_epi16(u, s);
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+}
+
+// acc + sum over pairs of a[i] * b[i] (int16) into 8 int32 lanes.
+inline __m256i dot_s16_acc(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hsum(__m128 s) {
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float f16_scalar(uint16_t h) { return _cvtsh_ss(h); }
+
+}  // namespace inferx::cpu
+#endif
