@@ -100,8 +100,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   CUDA_CHECK(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
-  INFERX_CHECK(prop.major >= 9, "cuda backend: device {} ({}) is sm_{}{}; this build targets sm_90a (Hopper)",
-               device_, prop.name, prop.major, prop.minor);
+  // sm_90a machine code runs on compute capability 9.0 only (arch-specific features do not carry forward).
+  INFERX_CHECK(prop.major == 9 && prop.minor == 0,
+               "cuda backend: device {} ({}) is sm_{}{}; this build has sm_90a (Hopper) code only", device_,
+               prop.name, prop.major, prop.minor);
   name_ = std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
