@@ -45,70 +45,109 @@ int32_t argmax(const float* logits, int64_t vocab_size) {
   return best;
 }
 
+// The last token (in `higher` order) of the top-p nucleus: the smallest prefix of the probabilities
+// sorted by `higher` whose mass reaches p (at least one token). Quickselect on mass: expected O(n), and
+// exact because `higher` is a strict total order (ties broken by id), so the set equals the one a full
+// sort gives.
+std::pair<float, int32_t> nucleus_boundary(const std::vector<std::pair<float, int32_t>>& c, double p) {
+  thread_local std::vector<std::pair<float, int32_t>> work;
+  work.assign(c.begin(), c.end());
+  size_t lo = 0, hi = work.size();  // the boundary lies in [lo, hi); everything before lo is kept
+  double need = p;                  // mass still needed from work[lo..)
+  while (hi - lo > 32) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(work.begin() + static_cast<std::ptrdiff_t>(lo),
+                     work.begin() + static_cast<std::ptrdiff_t>(mid),
+                     work.begin() + static_cast<std::ptrdiff_t>(hi), higher);
+    double mass = 0.0;
+    for (size_t i = lo; i < mid; ++i) mass += work[i].first;
+    if (mass >= need) {
+      hi = mid;  // the top (mid - lo) of the range already reach p
+    } else {
+      need -= mass;
+      lo = mid;
+    }
+  }
+  std::sort(work.begin() + static_cast<std::ptrdiff_t>(lo), work.begin() + static_cast<std::ptrdiff_t>(hi),
+            higher);
+  double cumulative = 0.0;
+  for (size_t i = lo; i < hi; ++i) {
+    cumulative += work[i].first;
+    if (cumulative >= need) return work[i];
+  }
+  return work[hi - 1];  // rounding: the whole range is needed
+}
+
 // Fills `c` with the surviving candidates as (probability, id), probabilities summing to 1. The order of
-// `c` is deterministic (sorted by probability when a filter needed sorting, else by id), and it is the
-// order in which the draw walks the cumulative sum.
+// `c` is the order in which the draw walks the cumulative sum; it depends on no library's sort or
+// partition algorithm: `higher` order when top-k applied (a full sort of the k by a strict total order),
+// else id order.
 void build_distribution(const SamplingParams& params, const float* logits, int64_t vocab_size,
                         std::vector<std::pair<float, int32_t>>& c) {
   c.clear();
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  bool any_pos_inf = false;
-  for (int64_t i = 0; i < vocab_size; ++i) {
-    if (logits[i] == kInf) {
-      if (!any_pos_inf) c.clear();
-      any_pos_inf = true;
-      c.emplace_back(0.0f, static_cast<int32_t>(i));
-    } else if (!any_pos_inf && std::isfinite(logits[i])) {
-      c.emplace_back(logits[i], static_cast<int32_t>(i));  // temperature applied in the softmax
+  const auto top_k = static_cast<size_t>(std::max<int32_t>(params.top_k, 0));
+  const bool any_pos_inf = std::find(logits, logits + vocab_size, kInf) != logits + vocab_size;
+  bool sorted = false;
+  if (top_k > 0 && !any_pos_inf) {
+    // Top-k in one pass with a k-sized heap whose front is the weakest kept candidate: O(V log k), and
+    // nearly every logit is rejected by a single comparison.
+    for (int64_t i = 0; i < vocab_size; ++i) {
+      if (!std::isfinite(logits[i])) continue;
+      const std::pair<float, int32_t> e(logits[i], static_cast<int32_t>(i));
+      if (c.size() < top_k) {
+        c.push_back(e);
+        std::push_heap(c.begin(), c.end(), higher);
+      } else if (higher(e, c.front())) {
+        std::pop_heap(c.begin(), c.end(), higher);
+        c.back() = e;
+        std::push_heap(c.begin(), c.end(), higher);
+      }
+    }
+    std::sort(c.begin(), c.end(), higher);
+    sorted = true;
+  } else {
+    for (int64_t i = 0; i < vocab_size; ++i) {
+      if (any_pos_inf ? logits[i] == kInf : std::isfinite(logits[i])) {
+        // +inf tokens all get the same value: the distribution is uniform over them.
+        c.emplace_back(any_pos_inf ? 0.0f : logits[i], static_cast<int32_t>(i));
+      }
+    }
+    if (top_k > 0 && top_k < c.size()) {
+      c.resize(top_k);  // equal values and ascending ids: the first k are the top k
     }
   }
   INFERX_CHECK(!c.empty(), "Sampler: no token can be chosen: all {} logits are NaN or -inf", vocab_size);
-  // With +inf logits every survivor has value 0 here: equal weights, i.e. uniform over the +inf tokens.
 
-  bool sorted = false;
-  const auto top_k = static_cast<size_t>(std::max<int32_t>(params.top_k, 0));
-  if (top_k > 0 && top_k < c.size()) {
-    // O(V + k log k) instead of sorting the whole vocabulary.
-    std::nth_element(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(top_k) - 1, c.end(), higher);
-    c.resize(top_k);
-    std::sort(c.begin(), c.end(), higher);
-    sorted = true;
-  }
-
-  // Softmax of logits / temperature in double, as exp((x - max) / T): dividing the difference (never the
-  // logit) keeps a tiny temperature from overflowing to inf - inf.
+  // Softmax of logits / temperature as exp((x - max) / T), summed in double: dividing the difference
+  // (never the logit) keeps a tiny temperature from overflowing to inf - inf.
   float max_value = c.front().first;
   for (const auto& e : c) max_value = std::max(max_value, e.first);
-  const double temperature = params.temperature;
+  const float inv_temperature = 1.0f / params.temperature;
   double sum = 0.0;
   for (auto& e : c) {
-    const double w = std::exp((static_cast<double>(e.first) - static_cast<double>(max_value)) / temperature);
-    e.first = static_cast<float>(w);
+    const float w = std::exp((e.first - max_value) * inv_temperature);
+    e.first = w;
     sum += w;
   }
   for (auto& e : c) e.first = static_cast<float>(e.first / sum);
 
   if (params.top_p < 1.0f && c.size() > 1) {
-    if (!sorted) {
-      // The nucleus is usually small: sort a growing head instead of the whole vocabulary.
-      size_t head = std::min<size_t>(c.size(), 256);
-      while (true) {
-        std::partial_sort(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(head), c.end(), higher);
-        double mass = 0.0;
-        for (size_t i = 0; i < head; ++i) mass += c[i].first;
-        if (mass >= params.top_p || head == c.size()) break;
-        head = std::min(c.size(), head * 4);
+    if (sorted) {
+      double cumulative = 0.0;
+      size_t keep = 0;
+      while (keep < c.size()) {
+        cumulative += c[keep].first;
+        ++keep;
+        if (cumulative >= params.top_p) break;
       }
-      sorted = true;
+      c.resize(keep);
+    } else {
+      // Expected O(V) without sorting the vocabulary: find the last token of the nucleus, then keep
+      // everything ranked at or above it, leaving `c` in id order.
+      const std::pair<float, int32_t> last = nucleus_boundary(c, params.top_p);
+      std::erase_if(c, [&](const std::pair<float, int32_t>& e) { return higher(last, e); });
     }
-    double cumulative = 0.0;
-    size_t keep = 0;
-    while (keep < c.size()) {
-      cumulative += c[keep].first;
-      ++keep;
-      if (cumulative >= params.top_p) break;
-    }
-    c.resize(std::max<size_t>(keep, 1));
   }
 
   if (params.min_p > 0.0f && c.size() > 1) {
