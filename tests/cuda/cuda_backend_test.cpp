@@ -52,7 +52,8 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   double worst = 0;
   size_t at = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - want[i]) / (atol + rtol * std::fabs(double(want[i])));
+    const double diff = std::fabs(double(got[i]) - want[i]);
+    const double err = diff == 0 ? 0.0 : diff / (atol + rtol * std::fabs(double(want[i])));  // tol 0: exact
     if (!(err <= worst)) {  // also catches NaN
       worst = std::isnan(err) ? INFINITY : err;
       at = i;

@@ -111,7 +111,7 @@ const CublasLtGemm::Plan& CublasLtGemm::plan_for(const PlanKey& key, cudaDataTyp
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->c,
                                                                plan->c, pref, 1, &result, &found);
-  if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
+  if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
     plan->algo = result.algo;
     plan->has_algo = true;
   }
