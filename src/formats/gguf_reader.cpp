@@ -178,11 +178,13 @@ void GgufFile::parse(const uint8_t* data, size_t size) {
   auto tensor_count = in.read<uint64_t>("the tensor count");
   auto kv_count = in.read<uint64_t>("the metadata key/value count");
   if (kv_count > in.left() / kMinKvBytes)
-    in.error("absurd metadata key/value count {}: the {} bytes left can hold at most {}", kv_count, in.left(),
-             in.left() / kMinKvBytes);
+    in.error(
+        "absurd metadata key/value count {} (or a truncated file): the {} bytes left can hold at most {}",
+        kv_count, in.left(), in.left() / kMinKvBytes);
   if (tensor_count > in.left() / kMinTensorInfoBytes)
-    in.error("absurd tensor count {}: the {} bytes left can hold at most {} tensor infos", tensor_count,
-             in.left(), in.left() / kMinTensorInfoBytes);
+    in.error(
+        "absurd tensor count {} (or a truncated file): the {} bytes left can hold at most {} tensor infos",
+        tensor_count, in.left(), in.left() / kMinTensorInfoBytes);
 
   // Metadata.
   for (uint64_t i = 0; i < kv_count; ++i) {
@@ -210,8 +212,10 @@ void GgufFile::parse(const uint8_t* data, size_t size) {
 
   // Tensor infos.
   if (tensor_count > in.left() / kMinTensorInfoBytes)
-    in.error("absurd tensor count {}: the {} bytes left after the metadata can hold at most {} tensor infos",
-             tensor_count, in.left(), in.left() / kMinTensorInfoBytes);
+    in.error(
+        "absurd tensor count {} (or a truncated file): the {} bytes left after the metadata can hold at most "
+        "{} tensor infos",
+        tensor_count, in.left(), in.left() / kMinTensorInfoBytes);
   std::vector<uint64_t> offsets;
   tensors_.reserve(static_cast<size_t>(tensor_count));
   offsets.reserve(static_cast<size_t>(tensor_count));

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 
 namespace inferx {
@@ -30,6 +33,34 @@ TEST(GgufConfig, Stories260K) {
   EXPECT_EQ(c.sliding_window, 0);
   EXPECT_EQ(c.bos_token_id, 1);
   EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{2}));
+}
+
+// The golden fixtures' GGUF exports (tools/reference/gguf_export.py) against the Hugging Face config.json
+// they were exported from.
+TEST(GgufConfig, GoldenFixturesMatchConfigJson) {
+  for (const char* name : {"llama-tiny", "qwen2-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(INFERX_SOURCE_DIR) + "/tests/golden/fixtures/";
+    std::ifstream f(dir + name + "/config.json");
+    ASSERT_TRUE(f) << "missing fixture";
+    nlohmann::json j = nlohmann::json::parse(f);
+    GgufFile g(dir + name + ".gguf");
+    ModelConfig c = read_gguf_config(g);
+    EXPECT_EQ(c.architecture, j.at("model_type").get<std::string>());
+    EXPECT_EQ(c.vocab_size, j.at("vocab_size").get<int64_t>());
+    EXPECT_EQ(c.hidden_size, j.at("hidden_size").get<int64_t>());
+    EXPECT_EQ(c.intermediate_size, j.at("intermediate_size").get<int64_t>());
+    EXPECT_EQ(c.num_layers, j.at("num_hidden_layers").get<int64_t>());
+    EXPECT_EQ(c.num_heads, j.at("num_attention_heads").get<int64_t>());
+    EXPECT_EQ(c.num_kv_heads, j.at("num_key_value_heads").get<int64_t>());
+    EXPECT_EQ(c.head_dim, c.hidden_size / c.num_heads);
+    EXPECT_EQ(c.max_position_embeddings, j.at("max_position_embeddings").get<int64_t>());
+    EXPECT_FLOAT_EQ(c.rms_norm_eps, j.at("rms_norm_eps").get<float>());
+    EXPECT_FLOAT_EQ(c.rope_theta, j.at("rope_theta").get<float>());
+    EXPECT_EQ(c.tie_word_embeddings, j.at("tie_word_embeddings").get<bool>());
+    EXPECT_EQ(c.bos_token_id, j.at("bos_token_id").get<int32_t>());
+    EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{j.at("eos_token_id").get<int32_t>()}));
+  }
 }
 
 // A minimal model file: required keys for `arch`, plus what `extra` adds.

@@ -92,6 +92,25 @@ TEST(GgufWriter, EveryValueTypeRoundTrips) {
   EXPECT_EQ(nested.items[1].as_array().element_type, GgufType::UINT16);
 }
 
+// Cutting a file with every value type anywhere before the end of its last tensor's data must throw.
+TEST(GgufWriter, EveryTruncationOfAWrittenFileThrows) {
+  GgufWriter w = every_value_type();
+  std::vector<uint8_t> f = pattern(34 * 2, 5);
+  w.add_tensor("q", DType::Q8_0, {2, 32}, f.data(), f.size());
+  std::vector<uint8_t> bytes = w.to_bytes();
+  size_t end = 0;
+  {
+    GgufFile g(bytes.data(), bytes.size(), "full.gguf");
+    end = static_cast<size_t>(g.find("q")->data - bytes.data()) + g.find("q")->nbytes;
+  }
+  for (size_t cut = 0; cut < end; ++cut) {
+    std::vector<uint8_t> part(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_THROW(GgufFile(part.data(), part.size(), "cut.gguf"), Error) << "cut at " << cut;
+  }
+  // The writer's trailing padding is not needed to read the file.
+  EXPECT_NO_THROW(GgufFile(bytes.data(), end, "exact.gguf"));
+}
+
 TEST(GgufWriter, LayoutMatchesSpec) {
   GgufWriter w;
   w.set("k", u(GgufType::UINT32, 7));
