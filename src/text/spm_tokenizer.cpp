@@ -14,14 +14,31 @@ namespace {
 // U+2581 LOWER ONE EIGHTH BLOCK: SentencePiece's visible stand-in for a space (its "meta symbol").
 constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";
 
-// Length of the UTF-8 sequence a lead byte announces; 1 for continuation and invalid bytes, so every
-// byte string splits into "characters" (invalid bytes become one-byte symbols that fall back to bytes).
-size_t utf8_sequence_length(uint8_t lead) {
-  if (lead < 0xC0) return 1;
-  if (lead < 0xE0) return 2;
-  if (lead < 0xF0) return 3;
-  if (lead < 0xF8) return 4;
-  return 1;
+// Length of the well-formed UTF-8 character at s[pos] (Unicode 15 table 3-7), or 1 for a byte that does
+// not start one. Ill-formed bytes thus become one-byte symbols that fall back to their byte tokens, so
+// encoding stays lossless and cannot swallow the following character (e.g. a "▁") into a bogus sequence.
+size_t utf8_char_length(std::string_view s, size_t pos) {
+  const auto b = static_cast<uint8_t>(s[pos]);
+  size_t n = 1;
+  uint8_t lo = 0x80, hi = 0xBF;
+  if (b < 0xC2 || b > 0xF4) return 1;  // ASCII, continuation bytes, C0/C1, F5..FF
+  if (b < 0xE0) {
+    n = 2;
+  } else if (b < 0xF0) {
+    n = 3;
+    lo = b == 0xE0 ? 0xA0 : 0x80;
+    hi = b == 0xED ? 0x9F : 0xBF;
+  } else {
+    n = 4;
+    lo = b == 0xF0 ? 0x90 : 0x80;
+    hi = b == 0xF4 ? 0x8F : 0xBF;
+  }
+  if (s.size() - pos < n) return 1;
+  for (size_t k = 1; k < n; ++k) {
+    const auto c = static_cast<uint8_t>(s[pos + k]);
+    if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) return 1;
+  }
+  return n;
 }
 
 // "<0x0A>" -> 0x0A; -1 when the piece is not of that form.
@@ -248,7 +265,7 @@ void SpmTokenizer::encode_fragment(std::string_view raw, std::vector<int32_t>& o
   std::vector<Symbol> symbols;
   symbols.reserve(text.size());
   for (size_t pos = 0; pos < text.size();) {
-    const size_t len = std::min(utf8_sequence_length(static_cast<uint8_t>(text[pos])), text.size() - pos);
+    const size_t len = utf8_char_length(text, pos);
     const auto index = static_cast<int32_t>(symbols.size());
     symbols.push_back({static_cast<uint32_t>(pos), static_cast<uint32_t>(len), index - 1, index + 1});
     pos += len;

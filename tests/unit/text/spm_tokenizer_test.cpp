@@ -193,6 +193,10 @@ TEST(SpmTokenizer, ByteFallbackAndInvalidUtf8) {
   // Invalid UTF-8 (a lone continuation byte, a truncated sequence) still round-trips byte for byte.
   const std::string bad = "a\x80 b\xE4\xBD";
   EXPECT_EQ(tok->decode(tok->encode(bad, true)), bad);
+  // Found by fuzz_tokenizer: a bogus lead byte (F5) must not swallow the following "▁" into one symbol.
+  const std::string bogus_lead = std::string("Onn  uo\0\0\0\xF5 time", 16);
+  EXPECT_EQ(tok->decode(tok->encode(bogus_lead, true)), bogus_lead);
+  EXPECT_EQ(tok->decode(tok->encode("x\xF0\x9F\xA6 y\xED\xA0\x80z", false)), "x\xF0\x9F\xA6 y\xED\xA0\x80z");
 }
 
 TEST(SpmTokenizer, OutOfRangeIdsThrow) {
