@@ -38,7 +38,8 @@ TEST(CpuBackend, RmsnormMatchesReference) {
 TEST(CpuBackend, AddRmsnormUpdatesResidual) {
   auto be = make_cpu_backend({2});
   const int64_t n = 32;
-  auto res = randn(n, 3), x = randn(n, 4), w = randn(n, 5), out(n);
+  auto res = randn(n, 3), x = randn(n, 4), w = randn(n, 5);
+  std::vector<float> out(n);
   auto expect_res = res;
   for (int64_t i = 0; i < n; ++i) expect_res[i] += x[i];
   Tensor tr = view(res, 1, n), tx = view(x, 1, n), tw(DType::F32, {n}, w.data()), to = view(out, 1, n);
@@ -54,7 +55,8 @@ TEST(CpuBackend, AddRmsnormUpdatesResidual) {
 
 TEST(CpuBackend, SiluMul) {
   auto be = make_cpu_backend({2});
-  auto g = randn(10000, 6, 3), u = randn(10000, 7), o(10000);
+  auto g = randn(10000, 6, 3), u = randn(10000, 7);
+  std::vector<float> o(10000);
   Tensor tg = view(g, 100, 100), tu = view(u, 100, 100), to = view(o, 100, 100);
   be->silu_mul(tg, tu, to);
   for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(o[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);

@@ -66,14 +66,15 @@ TEST_P(DummyTiny, PrefillEqualsIncrementalDecode) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, DummyTiny, ::testing::Values("f32", "f16", "bf16", "q8_0", "q4_0"));
+INSTANTIATE_TEST_SUITE_P(Types, DummyTiny,
+                         ::testing::Values("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k"));
 
-TEST(DummyModels, KQuantNeedsWholeSuperBlocks) {
+TEST(DummyModels, DtypeInSpecAndUnknownDtype) {
   auto be = make_cpu_backend({1});
-  LoadOptions lo;
-  lo.dummy_dtype = DType::Q4_K;
-  std::string msg = error_of([&] { Model::load("dummy:tiny", *be, lo); });
-  EXPECT_NE(msg.find("256"), std::string::npos) << msg;
+  auto model = Model::load("dummy:tiny:q6_k", *be);
+  EXPECT_NE(model->description().find("Q6_K"), std::string::npos) << model->description();
+  std::string msg = error_of([&] { Model::load("dummy:tiny:q5_k", *be); });
+  EXPECT_NE(msg.find("unknown weight type 'q5_k'"), std::string::npos) << msg;
 }
 
 class BrokenFolder : public ::testing::Test {
