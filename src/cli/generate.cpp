@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "cli/backend_choice.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/sampler.h"
@@ -28,6 +29,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   int threads = 0;
   std::string dtype = "bf16";
+  std::string device = "cpu";
   bool ignore_eos = false;
   bool no_bos = false;
 };
@@ -51,7 +53,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 void run_generate(const GenerateArgs& a) {
   auto t_load = std::chrono::steady_clock::now();
-  auto backend = make_cpu_backend({a.threads});
+  auto backend = make_backend(a.device, a.threads);
   LoadOptions lo;
   auto dt = dtype_from_name(a.dtype);
   INFERX_CHECK(dt.has_value(), "--dtype: unknown weight type '{}'", a.dtype);
@@ -131,6 +133,7 @@ void register_generate(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>&
   sub->add_option("--seed", args->seed, "Sampling seed (and dummy weight seed)");
   sub->add_option("-t,--threads", args->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 1024));
   sub->add_option("--dtype", args->dtype, "Weight type of dummy models: f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
+  sub->add_option("--device", args->device, "cpu, cuda or cuda:N");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
   sub->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
   out.emplace_back(sub, [args] { run_generate(*args); });
