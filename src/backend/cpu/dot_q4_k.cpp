@@ -29,6 +29,66 @@ inline void unpack_scales_mins(const uint8_t* packed, uint32_t sc[2], uint32_t m
   m[1] = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
 }
 
+#if defined(INFERX_X86_SIMD) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+// AVX-512 path: one 512-bit vector holds a whole 64-element chunk (32 bytes of qs: low nibbles are
+// elements 0-31, high nibbles 32-63), so per chunk and row it is one activation load, one vpmaddubsw
+// and one vpdpwssd against a scale vector whose int16 lanes 0-15 hold sc[2c] and 16-31 sc[2c + 1].
+template <int NR>
+void rows_avx512(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* out) {
+  constexpr int C = NR == 1 ? 2 : 1;
+  __m512 acc[NR];
+  __m128 macc[NR];
+  for (int r = 0; r < NR; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    macc[r] = _mm_setzero_ps();
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i scale_idx[4];
+  for (int c = 0; c < 4; ++c)
+    scale_idx[c] = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(2 * c)),
+                                      _mm256_set1_epi16(static_cast<int16_t>(2 * c + 1)), 1);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const BlockQ4_K& bw = w[sb];
+    uint32_t sc[2], m[2];
+    unpack_scales_mins(bw.scales, sc, m);
+    const __m512i sc16 = _mm512_castsi128_si512(
+        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc[0]), static_cast<int>(sc[1]), 0, 0)));
+    const __m128i m16 =
+        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(m[0]), static_cast<int>(m[1]), 0, 0));
+    const float d = f16_scalar(bw.d), dmin = f16_scalar(bw.dmin);
+    __m512i isum[NR][C];
+    for (int r = 0; r < NR; ++r)
+      for (int i = 0; i < C; ++i) isum[r][i] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i qq =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bw.qs + 32 * c)));
+      // Upper 256 bits: shift the bytes' high nibbles down (16-bit lanes 16-31 only).
+      const __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(qq, 0xFFFF0000u, qq, 4), low4);
+      const __m512i scv = _mm512_permutexvar_epi16(scale_idx[c], sc16);
+      for (int r = 0; r < NR; ++r) {
+        const __m512i x = _mm512_loadu_si512(a[r].qs + 256 * sb + 64 * c);
+        __m512i& s = isum[r][c % C];
+        s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(q, x), scv);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      __m512i total = isum[r][0];
+      for (int i = 1; i < C; ++i) total = _mm512_add_epi32(total, isum[r][i]);
+      const float dx = a[r].d[sb];
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(d * dx), acc[r]);
+      const __m128i xs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r].sum32 + 8 * sb));
+      const __m128i mins = _mm_madd_epi16(xs, m16);
+      macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * dx), macc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const __m256 lo = _mm512_castps512_ps256(acc[r]);
+    const __m256 hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc[r], acc[r], 0xEE));
+    out[r] = hsum(_mm256_add_ps(lo, hi)) - hsum(macc[r]);
+  }
+}
+#endif
+
 #if defined(INFERX_X86_SIMD)
 // Byte-shuffle mask broadcasting int16 lane j of a 128-bit lane to all eight int16 lanes.
 inline __m256i broadcast_word_mask(int j) {
@@ -121,7 +181,9 @@ template <int NR>
 void rows(const BlockQ4_K* w, const void* act, int64_t stride, int64_t k, float* out) {
   ActQ8_KView a[NR];
   for (int r = 0; r < NR; ++r) a[r] = act_q8_k_view(static_cast<const char*>(act) + r * stride, k);
-#if defined(INFERX_X86_SIMD)
+#if defined(INFERX_X86_SIMD) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+  rows_avx512<NR>(w, a, k / 256, out);
+#elif defined(INFERX_X86_SIMD)
   rows_simd<NR>(w, a, k / 256, out);
 #else
   rows_scalar<NR>(w, a, k / 256, out);

@@ -5,6 +5,12 @@
 // AVX-VNNI, and the AVX2 vpmaddubsw + vpmaddwd pair otherwise.
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define INFERX_X86_SIMD 1
+// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics that start from
+// _mm256_undefined_si256() (GCC bug 105593). The state applies by source location, so it must be set
+// before <immintrin.h> is first included in the translation unit: include this header first.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstdint>
