@@ -1,0 +1,139 @@
+#pragma once
+// The public engine API: what the HTTP server, `inferx bench` and embedders talk to.
+//
+// The engine core runs one loop on its own thread: schedule -> prepare batch -> forward -> sample ->
+// update sequences -> emit outputs (docs: ../shared/docs/DESIGN.md). The server never touches the model;
+// it submits EngineRequests and receives RequestOutputs through each request's callback.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace inferx {
+
+class Model;
+class Tokenizer;
+
+// Per-request generation parameters (OpenAI completions/chat semantics).
+struct GenerationParams {
+  float temperature = 1.0f;  // 0: greedy
+  int32_t top_k = 0;         // <= 0: off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;  // CTRL-style, over prompt + generated tokens; 1: off
+  float presence_penalty = 0.0f;    // OpenAI: -2..2, over generated tokens
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to logits before sampling
+  std::optional<uint64_t> seed;     // same seed -> same text whatever else is in the batch
+  std::vector<std::string> stop;    // stop strings: matched across token boundaries, never streamed
+  std::vector<int32_t> stop_token_ids;
+  int32_t max_tokens = 16;          // generated tokens per sequence
+  bool ignore_eos = false;
+  int32_t n = 1;                    // sequences per request; they share the prompt's KV blocks
+  int32_t logprobs = -1;            // -1: none; 0: the sampled token's; k > 0: plus the top k
+  bool skip_special_tokens = true;
+};
+
+enum class FinishReason : uint8_t { None, Stop, Length, Abort };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", ""
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // most likely alternatives, best first
+};
+
+// New output of one of a request's n sequences since the previous RequestOutput.
+struct SequenceDelta {
+  int32_t index = 0;
+  std::vector<int32_t> token_ids;
+  std::string text;  // complete UTF-8 only; text past a matched stop string is never included
+  std::vector<TokenLogprob> logprobs;  // one per token in token_ids, when requested
+  FinishReason finish_reason = FinishReason::None;
+  std::string stop_reason;  // the stop string or token id text that ended the sequence
+};
+
+struct RequestTimes {  // seconds on a steady clock
+  double arrival = 0, scheduled = 0, first_token = 0, finished = 0;
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<SequenceDelta> deltas;  // only sequences with something new
+  bool finished = false;              // all n sequences finished: the last output of this request
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;      // so far, all sequences
+  int32_t cached_prompt_tokens = 0;   // served from the prefix cache
+  RequestTimes times;
+  std::string error;                  // non-empty: the request failed (finished is true)
+};
+
+struct EngineRequest {
+  std::string id;  // unique among live requests
+  std::vector<int32_t> prompt;
+  GenerationParams params;
+  int32_t priority = 0;  // lower value = scheduled first (vLLM convention); FCFS within a priority
+  std::string tenant;
+  // Called on the engine thread, in order, for every RequestOutput of this request; must not block.
+  std::function<void(RequestOutput&&)> on_output;
+};
+
+struct EngineConfig {
+  int32_t max_num_batched_tokens = 2048;  // token budget of one step
+  int32_t max_batch_size = 256;           // max running sequences
+  int32_t block_size = 16;                // tokens per KV block
+  int64_t kv_cache_bytes = 0;             // CPU: KV pool size; 0: 1 GiB or what fits max_model_len x batch
+  float gpu_memory_utilization = 0.9f;    // GPU: fraction of free memory after weights for the KV pool
+  bool enable_prefix_caching = true;
+  bool enable_chunked_prefill = true;
+  int64_t sliding_window = 0;  // --kv-cache-strategy sliding-window-N (0: the model's own / full)
+  int32_t max_model_len = 0;   // 0: the model's max_position_embeddings
+};
+
+struct EngineStats {
+  int32_t running = 0, waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;  // in tokens, like vLLM
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // The model and tokenizer must outlive the engine. tokenizer may be null (ids in, ids out).
+  Engine(Model& model, const Tokenizer* tokenizer, const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Runs the loop on a background thread until stop().
+  void start();
+  void stop();
+
+  // Validates and queues a request; throws inferx::Error with a user-facing message (prompt longer
+  // than max_model_len, n out of range, token ids out of the vocabulary, duplicate id ...).
+  void submit(EngineRequest request);
+  // Aborts a live request (client gone): its blocks are freed and it gets a final output with
+  // finish_reason Abort. Unknown ids are ignored.
+  void abort(const std::string& request_id);
+
+  EngineStats stats() const;
+  int32_t num_unfinished() const;
+  const EngineConfig& config() const;
+  int32_t max_model_len() const;
+
+  // Without start(): runs one step on the calling thread (tests, offline bench). Returns false when
+  // there was nothing to do.
+  bool step();
+  void run_until_idle();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferx
