@@ -3,7 +3,9 @@
 #  1. the CUDA backend compiles (when nvcc is installed; nothing runs it here),
 #  2. each file-format reader is fuzzed briefly with libFuzzer,
 #  3. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
-#  4. the full Release test suite; its ctest summary is the last line printed.
+#  4. the full Release test suite (ctest),
+#  5. Python tests (pytest, pinned tools in tests/requirements.txt): end-to-end tests of the real server
+#     and conformance tests against the reference Python libraries; pytest's summary is the last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -40,3 +42,13 @@ cmake --preset cpu >/dev/null
 cmake --build --preset cpu -j "$jobs"
 # ctest ends with a timing line; drop it so that the pass/fail summary is the last line printed.
 ctest --preset cpu -j "$jobs" --no-tests=error 2>&1 | grep -v -e '^Total Test time' -e '^$'
+
+if compgen -G "tests/e2e/test_*.py" >/dev/null || compgen -G "tests/python/test_*.py" >/dev/null; then
+  echo "== Python tests (pytest)"
+  if [ ! -x build/venv/bin/pytest ] || ! cmp -s tests/requirements.txt build/venv/requirements.txt; then
+    /usr/bin/python3 -m venv build/venv
+    build/venv/bin/pip install -q --disable-pip-version-check -r tests/requirements.txt
+    cp tests/requirements.txt build/venv/requirements.txt
+  fi
+  INFERX_BIN="$PWD/build/cpu/src/cli/inferx" build/venv/bin/pytest -q -p no:cacheprovider tests/
+fi
