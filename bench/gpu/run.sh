@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The one GPU run: correctness first, then every timing, in a single device call.
+# Here:   build with `cmake --preset cuda -DINFERX_NATIVE=OFF`, then stage the binaries:
+#         bench/gpu/stage.sh   (copies inferx, test_cuda_backend, non-CUDA shared libs and
+#                               ../shared/tools into gpu-carry/, which .git/info/exclude ignores)
+# There:  device run, carry ["gpu-carry"], command: bench/gpu/run.sh
+# Writes logs under $OUT (default ./gpu-out) and prints a summary table last.
+set -uo pipefail
+C=gpu-carry
+OUT="${OUT:-gpu-out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+summary=()
+note() { summary+=("$*"); echo "$*"; }
+
+echo "== machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+date -u
+
+echo "== 1. CUDA backend op tests (vs CPU backend and float64 references)"
+INFERX_REQUIRE_GPU=1 "$C/test_cuda_backend" --gtest_color=no --gtest_output="xml:$OUT/cuda_tests.xml" >"$OUT/cuda_tests.log" 2>&1
+rc=$?
+tail -5 "$OUT/cuda_tests.log"
+note "cuda op tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
+
+echo "== 2. greedy generation, CPU vs CUDA backend"
+gen() { "$C/inferx" generate --temperature 0 "$@" 2>>"$OUT/generate.err"; }
+for spec in "tests/golden/fixtures/llama-tiny" "tests/golden/fixtures/llama3-tiny" "tests/golden/fixtures/mistral-tiny" \
+            "tests/golden/fixtures/qwen2-tiny" "tests/golden/fixtures/qwen3-tiny" "tests/golden/fixtures/llama-tiny.gguf" \
+            "tests/golden/fixtures/qwen2-tiny.gguf"; do
+  cpu=$(gen -m "$spec" --prompt-ids 1,5,9,33,70 -n 20 --ignore-eos --device cpu)
+  gpu=$(gen -m "$spec" --prompt-ids 1,5,9,33,70 -n 20 --ignore-eos --device cuda)
+  [[ "$cpu" == "$gpu" && -n "$cpu" ]] && r=same || r="DIFFERENT cpu=[$cpu] gpu=[$gpu]"
+  note "greedy $(basename "$spec"): $r"
+done
+S="$C/stories260K.gguf"
+cpu=$(gen -m "$S" -p "Once upon a time" -n 150 --device cpu)
+gpu=$(gen -m "$S" -p "Once upon a time" -n 150 --device cuda)
+[[ "$cpu" == "$gpu" && -n "$cpu" ]] && r=same || r="DIFFERENT"
+note "greedy stories260K: $r"
+
+echo "== 3. ceilings (shared/tools/gpu_ceilings.py)"
+OUT="$OUT" timeout 300 python3 "$C/tools/gpu_ceilings.py" >"$OUT/ceilings.log" 2>&1
+tail -25 "$OUT/ceilings.log"
+
+echo "== 4. batch-1 decode, Llama-3-8B shape, dummy bf16 weights (v0 backend: no graphs, host sampling)"
+"$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids 1,2,3,4,5,6,7,8 -n 128 \
+  --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_8b.err"
+note "decode 8B bf16: $(tail -1 "$OUT/decode_8b.err")"
+
+echo "== summary"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Stages what bench/gpu/run.sh needs on the GPU machine into gpu-carry/ (ignored by git through
+# .git/info/exclude): the CUDA build's binaries, the shared libraries the GPU image may lack, the
+# shared GPU tools and the small trained model. Build first: cmake --preset cuda -DINFERX_NATIVE=OFF &&
+# cmake --build build/cuda --target inferx test_cuda_backend
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+grep -qx '/gpu-carry/' .git/info/exclude 2>/dev/null || echo '/gpu-carry/' >>.git/info/exclude
+rm -rf gpu-carry && mkdir -p gpu-carry/gpu-libs
+for b in build/cuda/src/cli/inferx build/cuda/tests/cuda/test_cuda_backend; do
+  cp "$b" gpu-carry/
+  ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
+    case "$name" in
+      libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | \
+        libcudart.so* | libcublas.so* | libcublasLt.so* | libcuda.so*) ;;
+      *) cp -L "$path" gpu-carry/gpu-libs/ ;;
+    esac
+  done
+done
+cp -r ../shared/tools gpu-carry/tools
+cp ../shared/testdata/stories260K.gguf gpu-carry/
+du -sh gpu-carry
