@@ -121,7 +121,8 @@ Weights make_weights(DType t, const Shape& s, size_t min_total_bytes) {
   return w;
 }
 
-// Seconds per call, cycling the copies; best of a few timed rounds of at least `min_time` seconds.
+// Seconds per call, cycling the copies: the best of 5 rounds of min_time / 5 seconds each (short rounds
+// so that one of them usually falls in a quiet moment of a shared machine).
 double time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& pool, double min_time) {
   std::vector<float> x(static_cast<size_t>(m * s.k)), out(static_cast<size_t>(m * s.n));
   std::mt19937 rng(2);
@@ -131,7 +132,7 @@ double time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& p
   for (size_t c = 0; c < lins.size(); ++c) lins[c].weight = Tensor(t, {s.n, s.k}, w.copies[c].data());
   for (auto& l : lins) matmul_cpu(x.data(), m, l, out.data(), pool);  // warm-up: pages, workspace
   double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < 5; ++round) {
     int64_t calls = 0;
     const double t0 = now_s();
     double el = 0;
@@ -139,7 +140,7 @@ double time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& p
       matmul_cpu(x.data(), m, lins[static_cast<size_t>(calls) % lins.size()], out.data(), pool);
       ++calls;
       el = now_s() - t0;
-    } while (el < min_time / 3 || calls < static_cast<int64_t>(lins.size()));
+    } while (el < min_time / 5 || calls < static_cast<int64_t>(lins.size()));
     best = std::min(best, el / static_cast<double>(calls));
   }
   return best;

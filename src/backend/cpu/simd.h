@@ -64,5 +64,33 @@ inline float hsum(__m128 s) {
 
 inline float f16_scalar(uint16_t h) { return _cvtsh_ss(h); }
 
+// Two f16 values (lo, hi) -> [f32(lo), f32(hi), 0, 0].
+inline __m128 f16_pair(uint16_t lo, uint16_t hi) {
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(lo | (static_cast<uint32_t>(hi) << 16))));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+// Full-width kernels (two 32-element blocks or one 64-element chunk per vector).
+#define INFERX_X86_AVX512 1
+
+inline float hsum(__m512 v) {
+  // No _mm512_reduce_add_ps: GCC 12 builds it from _mm256_undefined (see the pragma above).
+  const __m256 lo = _mm512_castps512_ps256(v);
+  const __m256 hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, 0xEE));
+  return hsum(_mm256_add_ps(lo, hi));
+}
+
+// [v0 x 8, v1 x 8]: per-block scalars of a two-block vector spread over the blocks' eight lanes.
+inline __m512 spread_pair(__m128 v) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                               _mm512_castps128_ps512(v));
+}
+
+// Two consecutive f32 values as [p0, p1, 0, 0].
+inline __m128 load_pair(const float* p) {
+  return _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
+}
+#endif
+
 }  // namespace inferx::cpu
 #endif
