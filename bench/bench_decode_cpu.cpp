@@ -2,7 +2,6 @@
 // roofline tok/s = bandwidth / weight bytes read per token. Prints one line per weight type.
 // A benchmark, not a test: it asserts nothing.
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdio>
 
@@ -30,8 +29,8 @@ int main(int argc, char** argv) {
     const double memcpy_bw = measure_memcpy_bandwidth_gbs();
     std::printf("threads %d | read bandwidth %.2f GB/s | memcpy bandwidth %.2f GB/s (read+write)\n",
                 backend.pool().size(), read_bw, memcpy_bw);
-    std::printf("%-28s %-6s %10s %9s %10s %10s %10s\n", "model", "dtype", "weights GB", "tok/s", "GB/s", "vs read",
-                "vs memcpy");
+    std::printf("%-28s %-6s %10s %9s %10s %10s %10s\n", "model", "dtype", "weights GB", "tok/s", "GB/s",
+                "vs read", "vs memcpy");
     for (const std::string& dt : dtypes) {
       LoadOptions lo;
       auto parsed = dtype_from_name(dt);
@@ -40,7 +39,8 @@ int main(int argc, char** argv) {
       auto model = Model::load(model_spec, backend, lo);
       SequenceRunner runner(*model, prompt + steps + 8);
       std::vector<int32_t> ids(static_cast<size_t>(prompt));
-      for (int i = 0; i < prompt; ++i) ids[static_cast<size_t>(i)] = (i * 7919 + 1) % static_cast<int32_t>(model->config().vocab_size);
+      for (int i = 0; i < prompt; ++i)
+        ids[static_cast<size_t>(i)] = (i * 7919 + 1) % static_cast<int32_t>(model->config().vocab_size);
       runner.step(ids);
       for (int i = 0; i < 3; ++i) runner.step({5});  // warm-up
       auto t0 = std::chrono::steady_clock::now();

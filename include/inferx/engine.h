@@ -27,13 +27,13 @@ struct GenerationParams {
   float presence_penalty = 0.0f;    // OpenAI: -2..2, over generated tokens
   float frequency_penalty = 0.0f;
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to logits before sampling
-  std::optional<uint64_t> seed;     // same seed -> same text whatever else is in the batch
-  std::vector<std::string> stop;    // stop strings: matched across token boundaries, never streamed
+  std::optional<uint64_t> seed;                       // same seed -> same text whatever else is in the batch
+  std::vector<std::string> stop;  // stop strings: matched across token boundaries, never streamed
   std::vector<int32_t> stop_token_ids;
-  int32_t max_tokens = 16;          // generated tokens per sequence
+  int32_t max_tokens = 16;  // generated tokens per sequence
   bool ignore_eos = false;
-  int32_t n = 1;                    // sequences per request; they share the prompt's KV blocks
-  int32_t logprobs = -1;            // -1: none; 0: the sampled token's; k > 0: plus the top k
+  int32_t n = 1;          // sequences per request; they share the prompt's KV blocks
+  int32_t logprobs = -1;  // -1: none; 0: the sampled token's; k > 0: plus the top k
   bool skip_special_tokens = true;
 };
 
@@ -65,10 +65,10 @@ struct RequestOutput {
   std::vector<SequenceDelta> deltas;  // only sequences with something new
   bool finished = false;              // all n sequences finished: the last output of this request
   int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;      // so far, all sequences
-  int32_t cached_prompt_tokens = 0;   // served from the prefix cache
+  int32_t completion_tokens = 0;     // so far, all sequences
+  int32_t cached_prompt_tokens = 0;  // served from the prefix cache
   RequestTimes times;
-  std::string error;                  // non-empty: the request failed (finished is true)
+  std::string error;  // non-empty: the request failed (finished is true)
 };
 
 struct EngineRequest {

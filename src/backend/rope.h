@@ -15,7 +15,8 @@ inline std::vector<float> rope_inverse_frequencies(int64_t head_dim, float theta
   std::vector<float> inv(static_cast<size_t>(head_dim / 2));
   constexpr double kPi = 3.14159265358979323846;
   for (int64_t i = 0; i < head_dim / 2; ++i) {
-    double f = std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    double f =
+        std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
     if (s.kind == RopeScaling::Kind::Linear) {
       f /= s.factor;
     } else if (s.kind == RopeScaling::Kind::Llama3) {
@@ -26,7 +27,8 @@ inline std::vector<float> rope_inverse_frequencies(int64_t head_dim, float theta
       if (wavelen > low_wavelen) {
         f /= s.factor;
       } else if (wavelen >= high_wavelen) {
-        const double smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        const double smooth =
+            (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
         f = (1 - smooth) * f / s.factor + smooth * f;
       }
     }

@@ -12,7 +12,8 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads
   if (device.rfind("cuda", 0) == 0) {
     int index = 0;
     if (device.size() > 4) {
-      INFERX_CHECK(device[4] == ':' && device.size() > 5 && device.find_first_not_of("0123456789", 5) == std::string::npos,
+      INFERX_CHECK(device[4] == ':' && device.size() > 5 &&
+                       device.find_first_not_of("0123456789", 5) == std::string::npos,
                    "--device: '{}' is not cuda or cuda:N", device);
       index = std::stoi(device.substr(5));
     }

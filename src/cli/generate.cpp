@@ -63,7 +63,8 @@ void run_generate(const GenerateArgs& a) {
   std::fprintf(stderr, "model: %s\nbackend: %s\n", model->description().c_str(), backend->name().c_str());
 
   std::unique_ptr<Tokenizer> tokenizer;
-  if (auto* gguf = dynamic_cast<const GgufFile*>(model->source()); gguf && gguf->find_metadata("tokenizer.ggml.model"))
+  if (auto* gguf = dynamic_cast<const GgufFile*>(model->source());
+      gguf && gguf->find_metadata("tokenizer.ggml.model"))
     tokenizer = load_gguf_tokenizer(*gguf);
 
   std::vector<int32_t> prompt;
@@ -111,25 +112,32 @@ void run_generate(const GenerateArgs& a) {
   auto t2 = std::chrono::steady_clock::now();
   const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
   const double decode_s = std::chrono::duration<double>(t2 - t1).count();
-  std::fprintf(stderr,
-               "load %.2f s | prompt %zu tokens in %.3f s (%.1f tok/s) | generated %d tokens in %.3f s (%.2f tok/s)\n",
-               load_s, prompt.size(), prefill_s, static_cast<double>(prompt.size()) / prefill_s, generated, decode_s,
-               generated > 0 ? generated / decode_s : 0.0);
+  std::fprintf(
+      stderr,
+      "load %.2f s | prompt %zu tokens in %.3f s (%.1f tok/s) | generated %d tokens in %.3f s (%.2f tok/s)\n",
+      load_s, prompt.size(), prefill_s, static_cast<double>(prompt.size()) / prefill_s, generated, decode_s,
+      generated > 0 ? generated / decode_s : 0.0);
 }
 
 }  // namespace
 
 void register_generate(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& out) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* sub = app.add_subcommand("generate", "Generate text from a prompt (streams to stdout; speed on stderr)");
-  sub->add_option("-m,--model", args->model, "A .gguf file, a Hugging Face folder, or dummy:NAME[:DTYPE]")->required();
+  CLI::App* sub =
+      app.add_subcommand("generate", "Generate text from a prompt (streams to stdout; speed on stderr)");
+  sub->add_option("-m,--model", args->model, "A .gguf file, a Hugging Face folder, or dummy:NAME[:DTYPE]")
+      ->required();
   sub->add_option("-p,--prompt", args->prompt, "Prompt text");
-  sub->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids (models without tokenizer)");
+  sub->add_option("--prompt-ids", args->prompt_ids,
+                  "Prompt as comma-separated token ids (models without tokenizer)");
   sub->add_option("-n,--max-tokens", args->n, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--temperature", args->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
-  sub->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::Range(0, 1 << 24));
-  sub->add_option("--top-p", args->top_p, "Nucleus sampling threshold (1 = off)")->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--min-p", args->min_p, "Drop tokens below min_p * p_max (0 = off)")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--top-k", args->top_k, "Keep the k most likely tokens (0 = off)")
+      ->check(CLI::Range(0, 1 << 24));
+  sub->add_option("--top-p", args->top_p, "Nucleus sampling threshold (1 = off)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--min-p", args->min_p, "Drop tokens below min_p * p_max (0 = off)")
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--seed", args->seed, "Sampling seed (and dummy weight seed)");
   sub->add_option("-t,--threads", args->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 1024));
   sub->add_option("--dtype", args->dtype, "Weight type of dummy models: f32 f16 bf16 q8_0 q4_0 q4_k q6_k");

@@ -1,6 +1,5 @@
 // inferx: one binary, one sub-command per file (cli/<name>.cpp registers itself in commands.h).
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <exception>
 

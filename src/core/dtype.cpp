@@ -30,8 +30,8 @@ const DTypeInfo& dtype_info(DType t) {
 int64_t row_bytes(DType t, int64_t n) {
   const DTypeInfo& info = dtype_info(t);
   INFERX_CHECK(n >= 0 && n % info.block_elems == 0,
-               "a row of {} elements is not a whole number of {} blocks ({} elements each)", n,
-               info.name, info.block_elems);
+               "a row of {} elements is not a whole number of {} blocks ({} elements each)", n, info.name,
+               info.block_elems);
   return n / info.block_elems * info.block_bytes;
 }
 

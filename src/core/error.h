@@ -22,7 +22,7 @@ template <class... Args>
 }  // namespace inferx
 
 // INFERX_CHECK(cond, "format {}", args...): throws inferx::Error when cond is false.
-#define INFERX_CHECK(cond, ...)        \
-  do {                                 \
+#define INFERX_CHECK(cond, ...)               \
+  do {                                        \
     if (!(cond)) ::inferx::fail(__VA_ARGS__); \
   } while (0)

@@ -50,7 +50,7 @@ inline uint16_t f32_to_f16(float f) {
   uint32_t u = f32_to_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (u > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (u >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
   if (u < 0x38800000u) {                        // subnormal or zero in fp16
     float a = bits_to_f32(u) + 0.5f;            // uses fp32 rounding to place the bits

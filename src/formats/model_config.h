@@ -42,7 +42,7 @@ struct ModelConfig {
   RopeLayout rope_layout = RopeLayout::NeoX;
   int64_t max_position_embeddings = 4096;
   bool tie_word_embeddings = false;
-  int64_t sliding_window = 0;  // 0: full attention
+  int64_t sliding_window = 0;   // 0: full attention
   bool attention_bias = false;  // bias on q, k, v projections (Qwen2)
   bool qk_norm = false;         // RMSNorm over each q and k head before RoPE (Qwen3)
   int32_t bos_token_id = -1;

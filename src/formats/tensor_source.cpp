@@ -5,8 +5,8 @@
 namespace inferx {
 
 Tensor TensorEntry::view() const {
-  INFERX_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "{}: tensor {} has rank {} (max {})",
-               file, name, shape.size(), kMaxDims);
+  INFERX_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "{}: tensor {} has rank {} (max {})", file,
+               name, shape.size(), kMaxDims);
   Tensor t;
   t.dtype = dtype;
   t.ndim = static_cast<int>(shape.size());

@@ -31,12 +31,12 @@ const TensorNames kHfNames = {
 
 // llama.cpp GGUF names (gguf-py constants.py, MODEL_TENSOR names).
 const TensorNames kGgufNames = {
-    "token_embd.weight",         "output_norm.weight",        "output.weight",
-    "blk.{i}.attn_norm.weight",  "blk.{i}.attn_q.weight",     "blk.{i}.attn_k.weight",
-    "blk.{i}.attn_v.weight",     "blk.{i}.attn_output.weight", "blk.{i}.attn_q.bias",
-    "blk.{i}.attn_k.bias",       "blk.{i}.attn_v.bias",       "blk.{i}.attn_q_norm.weight",
-    "blk.{i}.attn_k_norm.weight", "blk.{i}.ffn_norm.weight",  "blk.{i}.ffn_gate.weight",
-    "blk.{i}.ffn_up.weight",     "blk.{i}.ffn_down.weight",
+    "token_embd.weight",          "output_norm.weight",         "output.weight",
+    "blk.{i}.attn_norm.weight",   "blk.{i}.attn_q.weight",      "blk.{i}.attn_k.weight",
+    "blk.{i}.attn_v.weight",      "blk.{i}.attn_output.weight", "blk.{i}.attn_q.bias",
+    "blk.{i}.attn_k.bias",        "blk.{i}.attn_v.bias",        "blk.{i}.attn_q_norm.weight",
+    "blk.{i}.attn_k_norm.weight", "blk.{i}.ffn_norm.weight",    "blk.{i}.ffn_gate.weight",
+    "blk.{i}.ffn_up.weight",      "blk.{i}.ffn_down.weight",
 };
 
 const std::array<ArchSpec, 4> kArchs = {{

@@ -19,10 +19,10 @@ struct TensorNames {
 };
 
 struct ArchSpec {
-  std::string name;                      // ModelConfig::architecture
-  std::vector<std::string> gguf_names;   // general.architecture values mapped to this spec
-  bool qkv_bias = false;                 // q/k/v projections carry biases (Qwen2)
-  bool qk_norm = false;                  // per-head RMSNorm of q and k before RoPE (Qwen3)
+  std::string name;                                // ModelConfig::architecture
+  std::vector<std::string> gguf_names;             // general.architecture values mapped to this spec
+  bool qkv_bias = false;                           // q/k/v projections carry biases (Qwen2)
+  bool qk_norm = false;                            // per-head RMSNorm of q and k before RoPE (Qwen3)
   RopeLayout gguf_rope_layout = RopeLayout::NeoX;  // llama.cpp permutes Llama q/k rows -> Interleaved
 };
 

@@ -14,8 +14,9 @@ namespace inferx {
 
 namespace {
 
-ModelConfig llama_like(std::string arch, int64_t vocab, int64_t hidden, int64_t ffn, int64_t layers, int64_t heads,
-                       int64_t kv_heads, int64_t head_dim, float theta, int64_t max_pos, bool tied) {
+ModelConfig llama_like(std::string arch, int64_t vocab, int64_t hidden, int64_t ffn, int64_t layers,
+                       int64_t heads, int64_t kv_heads, int64_t head_dim, float theta, int64_t max_pos,
+                       bool tied) {
   ModelConfig c;
   c.architecture = std::move(arch);
   c.vocab_size = vocab;
@@ -108,8 +109,8 @@ class DummySource final : public TensorSource {
   }
 
  private:
-  static void fill(DType dtype, uint8_t* data, int64_t rows, int64_t cols, int64_t rb, float amp, float offset,
-                   uint64_t seed) {
+  static void fill(DType dtype, uint8_t* data, int64_t rows, int64_t cols, int64_t rb, float amp,
+                   float offset, uint64_t seed) {
     const unsigned n_threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
     std::vector<std::thread> threads;
     for (unsigned t = 0; t < n_threads; ++t) {
@@ -124,16 +125,19 @@ class DummySource final : public TensorSource {
     for (auto& th : threads) th.join();
   }
 
-  static void fill_row(DType dtype, uint8_t* row, int64_t cols, int64_t rb, float amp, float offset, uint64_t& s) {
+  static void fill_row(DType dtype, uint8_t* row, int64_t cols, int64_t rb, float amp, float offset,
+                       uint64_t& s) {
     switch (dtype) {
       case DType::F32:
         for (int64_t i = 0; i < cols; ++i) reinterpret_cast<float*>(row)[i] = offset + uniform(s, amp);
         return;
       case DType::F16:
-        for (int64_t i = 0; i < cols; ++i) reinterpret_cast<uint16_t*>(row)[i] = f32_to_f16(offset + uniform(s, amp));
+        for (int64_t i = 0; i < cols; ++i)
+          reinterpret_cast<uint16_t*>(row)[i] = f32_to_f16(offset + uniform(s, amp));
         return;
       case DType::BF16:
-        for (int64_t i = 0; i < cols; ++i) reinterpret_cast<uint16_t*>(row)[i] = f32_to_bf16(offset + uniform(s, amp));
+        for (int64_t i = 0; i < cols; ++i)
+          reinterpret_cast<uint16_t*>(row)[i] = f32_to_bf16(offset + uniform(s, amp));
         return;
       default:
         break;
@@ -153,14 +157,21 @@ class DummySource final : public TensorSource {
     for (int64_t b = 0; b < blocks; ++b) {
       uint8_t* blk = row + b * info.block_bytes;
       switch (dtype) {
-        case DType::Q8_0: put_f16(blk, amp / 127); break;
-        case DType::Q4_0: put_f16(blk, amp / 8); break;
+        case DType::Q8_0:
+          put_f16(blk, amp / 127);
+          break;
+        case DType::Q4_0:
+          put_f16(blk, amp / 8);
+          break;
         case DType::Q4_K:
           put_f16(blk, amp / (15 * 63));
           put_f16(blk + 2, amp / (2 * 63));
           break;
-        case DType::Q6_K: put_f16(blk + 208, amp / (32 * 127)); break;
-        default: fail("dummy weights: cannot generate dtype {}", dtype_name(dtype));
+        case DType::Q6_K:
+          put_f16(blk + 208, amp / (32 * 127));
+          break;
+        default:
+          fail("dummy weights: cannot generate dtype {}", dtype_name(dtype));
       }
     }
   }
@@ -181,7 +192,8 @@ std::vector<std::string> dummy_model_names() {
 
 ModelConfig dummy_model_config(const std::string& name) {
   auto it = table().find(name);
-  if (it == table().end()) fail("dummy:{}: unknown shape (known: {})", name, fmt::join(dummy_model_names(), ", "));
+  if (it == table().end())
+    fail("dummy:{}: unknown shape (known: {})", name, fmt::join(dummy_model_names(), ", "));
   ModelConfig c = it->second;
   apply_arch_spec(c, WeightNaming::HuggingFace);
   return c;

@@ -18,7 +18,7 @@ ModelConfig dummy_model_config(const std::string& name);
 // Generates every tensor of `config` (Hugging Face names) in host memory: linear weights and the
 // embedding in `dtype` (random values of a sane scale; quantized blocks are random bytes with small
 // valid scales), norms = 1, biases small. Parallel and deterministic for a seed.
-std::unique_ptr<TensorSource> make_dummy_source(const std::string& name, const ModelConfig& config, DType dtype,
-                                                uint64_t seed);
+std::unique_ptr<TensorSource> make_dummy_source(const std::string& name, const ModelConfig& config,
+                                                DType dtype, uint64_t seed);
 
 }  // namespace inferx

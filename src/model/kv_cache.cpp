@@ -9,8 +9,10 @@ int64_t KvCache::bytes_per_block(const ModelConfig& c, int64_t block_size) {
 
 KvCache::KvCache(Backend& backend, const ModelConfig& c, int64_t num_blocks, int64_t block_size)
     : num_blocks_(num_blocks), block_size_(block_size) {
-  INFERX_CHECK(num_blocks > 0 && block_size > 0, "kv cache: {} blocks of {} tokens is empty", num_blocks, block_size);
-  const size_t layer_bytes = static_cast<size_t>(num_blocks * block_size * c.num_kv_heads * c.head_dim) * sizeof(float);
+  INFERX_CHECK(num_blocks > 0 && block_size > 0, "kv cache: {} blocks of {} tokens is empty", num_blocks,
+               block_size);
+  const size_t layer_bytes =
+      static_cast<size_t>(num_blocks * block_size * c.num_kv_heads * c.head_dim) * sizeof(float);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     KvCacheLayer layer;
     for (Tensor* t : {&layer.k, &layer.v}) {

@@ -27,7 +27,7 @@ struct LayerWeights {
 struct ModelWeights {
   Tensor token_embedding;  // [vocab, hidden]
   Tensor final_norm;
-  Linear lm_head;          // shares token_embedding's memory when tied
+  Linear lm_head;  // shares token_embedding's memory when tied
   std::vector<LayerWeights> layers;
 };
 
@@ -55,8 +55,7 @@ class Model {
   // batch.logits_rows as F32 [num_logits, vocab] in backend memory (valid until the next forward).
   Tensor forward(const BatchView& batch, KvCache& cache);
 
-  Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource> source,
-        std::string description);
+  Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource> source, std::string description);
 
  private:
   struct Workspace;

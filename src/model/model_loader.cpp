@@ -68,7 +68,8 @@ class WeightLoader {
     INFERX_CHECK(e != nullptr, "{}: tensor '{}' is missing", m_.source_->describe(), name);
     bool same = e->shape == shape;
     // A 1-D weight may be stored as [1, n] by some exporters.
-    if (!same && shape.size() == 1 && e->shape.size() == 2 && e->shape[0] == 1) same = e->shape[1] == shape[0];
+    if (!same && shape.size() == 1 && e->shape.size() == 2 && e->shape[0] == 1)
+      same = e->shape[1] == shape[0];
     if (!same) {
       auto s = [](const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); };
       fail("{}: tensor '{}' has shape {}, expected {} for this config", e->file, name, s(e->shape), s(shape));
@@ -79,8 +80,8 @@ class WeightLoader {
   // Norm weights and biases: always F32 on every backend (they are tiny).
   Tensor vector_f32(const std::string& name, int64_t n) {
     const TensorEntry& e = entry(name, {n});
-    INFERX_CHECK(!is_quantized(e.dtype) || n % dtype_info(e.dtype).block_elems == 0, "{}: tensor '{}' bad", e.file,
-                 name);
+    INFERX_CHECK(!is_quantized(e.dtype) || n % dtype_info(e.dtype).block_elems == 0, "{}: tensor '{}' bad",
+                 e.file, name);
     std::vector<float> host(static_cast<size_t>(n));
     dequantize_row(e.dtype, e.data, host.data(), n);
     return place(DType::F32, {n}, host.data(), static_cast<size_t>(n) * 4);
@@ -89,8 +90,8 @@ class WeightLoader {
   // Matrices keep their stored type when the backend's kernels read it; otherwise convert to BF16.
   Tensor matrix(const std::string& name, const std::vector<int64_t>& shape) {
     const TensorEntry& e = entry(name, shape);
-    const bool native = m_.backend_.device() == Device::CPU || e.dtype == DType::F32 || e.dtype == DType::F16 ||
-                        e.dtype == DType::BF16;
+    const bool native = m_.backend_.device() == Device::CPU || e.dtype == DType::F32 ||
+                        e.dtype == DType::F16 || e.dtype == DType::BF16;
     if (native) {
       if (m_.backend_.device() == Device::CPU) {  // zero-copy view into the mapped file
         Tensor t = e.view();
@@ -105,7 +106,8 @@ class WeightLoader {
     const int64_t rb = row_bytes(e.dtype, cols);
     for (int64_t r = 0; r < rows; ++r) {
       dequantize_row(e.dtype, e.data + r * rb, row.data(), cols);
-      for (int64_t c = 0; c < cols; ++c) host[static_cast<size_t>(r * cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
+      for (int64_t c = 0; c < cols; ++c)
+        host[static_cast<size_t>(r * cols + c)] = f32_to_bf16(row[static_cast<size_t>(c)]);
     }
     return place(DType::BF16, shape, host.data(), host.size() * 2);
   }
@@ -153,8 +155,8 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
     DType dtype = options.dummy_dtype;
     if (auto colon = name.find(':'); colon != std::string::npos) {
       auto parsed = dtype_from_name(name.substr(colon + 1));
-      INFERX_CHECK(parsed.has_value(), "{}: unknown weight type '{}' (known: {})", spec, name.substr(colon + 1),
-                   dtype_list());
+      INFERX_CHECK(parsed.has_value(), "{}: unknown weight type '{}' (known: {})", spec,
+                   name.substr(colon + 1), dtype_list());
       dtype = *parsed;
       name = name.substr(0, colon);
     }
@@ -177,8 +179,9 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
                  "*.safetensors)",
                  spec);
     auto gguf = std::make_unique<GgufFile>(spec);
-    INFERX_CHECK(gguf->find("rope_freqs.weight") == nullptr,
-                 "{}: tensor 'rope_freqs.weight' (GGUF Llama 3.1 RoPE frequency factors) is not supported yet", spec);
+    INFERX_CHECK(
+        gguf->find("rope_freqs.weight") == nullptr,
+        "{}: tensor 'rope_freqs.weight' (GGUF Llama 3.1 RoPE frequency factors) is not supported yet", spec);
     ModelConfig config = read_gguf_config(*gguf);
     apply_arch_spec(config, WeightNaming::Gguf);
     naming = WeightNaming::Gguf;

@@ -10,7 +10,8 @@ int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_
 }  // namespace
 
 SequenceRunner::SequenceRunner(Model& model, int64_t max_tokens, int64_t block_size)
-    : model_(model), cache_(model.backend(), model.config(), blocks_for(max_tokens, block_size), block_size),
+    : model_(model),
+      cache_(model.backend(), model.config(), blocks_for(max_tokens, block_size), block_size),
       max_tokens_(max_tokens) {
   block_table_.resize(static_cast<size_t>(cache_.num_blocks()));
   std::iota(block_table_.begin(), block_table_.end(), 0);
@@ -21,13 +22,15 @@ const std::vector<float>& SequenceRunner::step(const std::vector<int32_t>& token
   return last_logits_;
 }
 
-std::vector<float> SequenceRunner::step_all_logits(const std::vector<int32_t>& tokens) { return run(tokens, true); }
+std::vector<float> SequenceRunner::step_all_logits(const std::vector<int32_t>& tokens) {
+  return run(tokens, true);
+}
 
 std::vector<float> SequenceRunner::run(const std::vector<int32_t>& tokens, bool all_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   INFERX_CHECK(n > 0, "no tokens to run");
-  INFERX_CHECK(length_ + n <= max_tokens_, "sequence of {} tokens exceeds the runner's limit of {}", length_ + n,
-               max_tokens_);
+  INFERX_CHECK(length_ + n <= max_tokens_, "sequence of {} tokens exceeds the runner's limit of {}",
+               length_ + n, max_tokens_);
   const int64_t vocab = model_.config().vocab_size;
   for (int32_t id : tokens)
     INFERX_CHECK(id >= 0 && id < vocab, "token id {} is out of range (vocabulary of {})", id, vocab);
@@ -35,12 +38,12 @@ std::vector<float> SequenceRunner::run(const std::vector<int32_t>& tokens, bool 
   const int32_t num_logits = all_logits ? static_cast<int32_t>(n) : 1;
   std::vector<int32_t>& meta = meta_host_;
   meta.clear();
-  meta.insert(meta.end(), tokens.begin(), tokens.end());                        // token_ids
+  meta.insert(meta.end(), tokens.begin(), tokens.end());                              // token_ids
   for (int64_t i = 0; i < n; ++i) meta.push_back(static_cast<int32_t>(length_ + i));  // positions
-  meta.push_back(0);                                                            // query_start
+  meta.push_back(0);                                                                  // query_start
   meta.push_back(static_cast<int32_t>(n));
-  meta.push_back(static_cast<int32_t>(length_ + n));                            // seq_lens
-  meta.insert(meta.end(), block_table_.begin(), block_table_.end());            // block_tables
+  meta.push_back(static_cast<int32_t>(length_ + n));                  // seq_lens
+  meta.insert(meta.end(), block_table_.begin(), block_table_.end());  // block_tables
   for (int32_t i = 0; i < num_logits; ++i) meta.push_back(all_logits ? i : static_cast<int32_t>(n - 1));
   Backend& be = model_.backend();
   if (!meta_device_ || meta_device_->size() < meta.size() * sizeof(int32_t))

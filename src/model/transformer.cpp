@@ -15,8 +15,12 @@ struct Model::Workspace {
   Tensor x, h, q, k, v, attn, proj, gate, up, act, last, out;
 };
 
-Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource> source, std::string description)
-    : backend_(backend), config_(std::move(config)), source_(std::move(source)), description_(std::move(description)) {}
+Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource> source,
+             std::string description)
+    : backend_(backend),
+      config_(std::move(config)),
+      source_(std::move(source)),
+      description_(std::move(description)) {}
 
 Model::~Model() = default;
 
@@ -42,9 +46,17 @@ void Model::ensure_workspace(int64_t num_tokens, int64_t num_logits) {
     Tensor* t;
     int64_t rows, cols;
   };
-  const Slot slots[] = {{&ws->x, T, D},     {&ws->h, T, D},       {&ws->q, T, qd},     {&ws->k, T, kvd},
-                        {&ws->v, T, kvd},   {&ws->attn, T, qd},   {&ws->proj, T, D},   {&ws->gate, T, F},
-                        {&ws->up, T, F},    {&ws->act, T, F},     {&ws->last, ws->logits, D},
+  const Slot slots[] = {{&ws->x, T, D},
+                        {&ws->h, T, D},
+                        {&ws->q, T, qd},
+                        {&ws->k, T, kvd},
+                        {&ws->v, T, kvd},
+                        {&ws->attn, T, qd},
+                        {&ws->proj, T, D},
+                        {&ws->gate, T, F},
+                        {&ws->up, T, F},
+                        {&ws->act, T, F},
+                        {&ws->last, ws->logits, D},
                         {&ws->out, ws->logits, c.vocab_size}};
   size_t total = 0;
   for (const Slot& s : slots) total += static_cast<size_t>(s.rows * s.cols) * 4 + 64;

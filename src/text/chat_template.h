@@ -3,9 +3,8 @@
 // templates models ship (tokenizer_config.json "chat_template", GGUF tokenizer.chat_template) exactly
 // as transformers renders them with Python jinja2 (trim_blocks, lstrip_blocks).
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace inferx {
 
@@ -15,7 +14,7 @@ struct ChatTemplateInputs {
   nlohmann::json tools;                               // null or array of tool definitions
   bool add_generation_prompt = true;
   std::string bos_token, eos_token;
-  nlohmann::json extra = nlohmann::json::object();    // other variables (e.g. enable_thinking)
+  nlohmann::json extra = nlohmann::json::object();  // other variables (e.g. enable_thinking)
 };
 
 class ChatTemplate {

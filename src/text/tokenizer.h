@@ -11,7 +11,14 @@ namespace inferx {
 
 class GgufFile;
 
-enum class TokenType : uint8_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
+enum class TokenType : uint8_t {
+  Normal = 1,
+  Unknown = 2,
+  Control = 3,
+  UserDefined = 4,
+  Unused = 5,
+  Byte = 6
+};
 
 class Tokenizer {
  public:

@@ -26,8 +26,8 @@ class HostDeviceBuffer final : public DeviceBuffer {
 };
 
 void check_f32(const Tensor& t, const char* what) {
-  INFERX_CHECK(t.dtype == DType::F32 && t.device == Device::CPU, "cpu backend: {} must be an F32 host tensor, got {}",
-               what, dtype_name(t.dtype));
+  INFERX_CHECK(t.dtype == DType::F32 && t.device == Device::CPU,
+               "cpu backend: {} must be an F32 host tensor, got {}", what, dtype_name(t.dtype));
 }
 
 // Row-wise RMSNorm: out = x * rsqrt(mean(x^2) + eps) * w (Zhang & Sennrich 2019). Sums in double so the
@@ -63,8 +63,10 @@ void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, T
                out.shape_string(), n, dim);
   const int64_t rb = table.row_bytes();
   for (int64_t t = 0; t < n; ++t) {
-    INFERX_CHECK(ids[t] >= 0 && ids[t] < vocab, "token id {} is out of range (vocabulary of {})", ids[t], vocab);
-    dequantize_row(table.dtype, static_cast<const char*>(table.data) + ids[t] * rb, out.ptr<float>() + t * dim, dim);
+    INFERX_CHECK(ids[t] >= 0 && ids[t] < vocab, "token id {} is out of range (vocabulary of {})", ids[t],
+                 vocab);
+    dequantize_row(table.dtype, static_cast<const char*>(table.data) + ids[t] * rb,
+                   out.ptr<float>() + t * dim, dim);
   }
 }
 
@@ -81,7 +83,8 @@ void CpuBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tenso
       8);
 }
 
-void CpuBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+void CpuBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
+                             Tensor& out) {
   check_f32(residual, "residual");
   check_f32(x, "add_rmsnorm input");
   const int64_t n = residual.cols();
@@ -102,7 +105,8 @@ void CpuBackend::head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight,
   check_f32(x, "head_rmsnorm input");
   const int64_t heads = x.numel() / head_dim;
   float* p = x.ptr<float>();
-  for (int64_t h = 0; h < heads; ++h) rmsnorm_row(p + h * head_dim, weight.ptr<float>(), eps, head_dim, p + h * head_dim);
+  for (int64_t h = 0; h < heads; ++h)
+    rmsnorm_row(p + h * head_dim, weight.ptr<float>(), eps, head_dim, p + h * head_dim);
 }
 
 void CpuBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
@@ -118,7 +122,8 @@ void CpuBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const 
                                    const RopeParams& rope, KvCacheLayer& cache) {
   const int64_t hd = rope.head_dim, half = hd / 2;
   if (inv_freq_.empty() || inv_freq_params_.head_dim != hd || inv_freq_params_.theta != rope.theta ||
-      inv_freq_params_.scaling.kind != rope.scaling.kind || inv_freq_params_.scaling.factor != rope.scaling.factor ||
+      inv_freq_params_.scaling.kind != rope.scaling.kind ||
+      inv_freq_params_.scaling.factor != rope.scaling.factor ||
       inv_freq_params_.scaling.low_freq_factor != rope.scaling.low_freq_factor ||
       inv_freq_params_.scaling.high_freq_factor != rope.scaling.high_freq_factor ||
       inv_freq_params_.scaling.original_max_position != rope.scaling.original_max_position) {
@@ -127,8 +132,8 @@ void CpuBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const 
   }
   const int64_t hq = q.cols() / hd, hkv = k.cols() / hd;
   const int64_t bs = cache.block_size();
-  INFERX_CHECK(cache.k.dim(2) == hkv && cache.k.dim(3) == hd, "kv cache layer {} does not match {} kv heads of {}",
-               cache.k.shape_string(), hkv, hd);
+  INFERX_CHECK(cache.k.dim(2) == hkv && cache.k.dim(3) == hd,
+               "kv cache layer {} does not match {} kv heads of {}", cache.k.shape_string(), hkv, hd);
   const int64_t kv_row = hkv * hd;  // floats per cached token
   for (int32_t s = 0; s < batch.num_seqs; ++s) {
     for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) {
@@ -156,7 +161,8 @@ void CpuBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const 
       INFERX_CHECK(block >= 0 && block < cache.k.dim(0), "block id {} out of range", block);
       const int64_t slot = (static_cast<int64_t>(block) * bs + pos % bs) * kv_row;
       std::memcpy(cache.k.ptr<float>() + slot, krow, static_cast<size_t>(kv_row) * 4);
-      std::memcpy(cache.v.ptr<float>() + slot, v.ptr<float>() + t * v.cols(), static_cast<size_t>(kv_row) * 4);
+      std::memcpy(cache.v.ptr<float>() + slot, v.ptr<float>() + t * v.cols(),
+                  static_cast<size_t>(kv_row) * 4);
     }
   }
 }
@@ -168,7 +174,8 @@ void CpuBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Bat
   // Token -> sequence map for the flattened batch.
   std::vector<int32_t> seq_of(static_cast<size_t>(batch.num_tokens));
   for (int32_t s = 0; s < batch.num_seqs; ++s)
-    for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) seq_of[static_cast<size_t>(t)] = s;
+    for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t)
+      seq_of[static_cast<size_t>(t)] = s;
   const int64_t work = static_cast<int64_t>(batch.num_tokens) * p.num_heads;
   pool_.parallel_for(work, [&](int64_t begin, int64_t end, int) {
     std::vector<float> scores;
@@ -199,7 +206,8 @@ void CpuBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Bat
         for (int64_t d = 0; d < hd; ++d) acc[static_cast<size_t>(d)] += e * vj[d];
       }
       float* oh = out.ptr<float>() + t * out.cols() + h * hd;
-      for (int64_t d = 0; d < hd; ++d) oh[d] = denom > 0 ? static_cast<float>(acc[static_cast<size_t>(d)] / denom) : 0.f;
+      for (int64_t d = 0; d < hd; ++d)
+        oh[d] = denom > 0 ? static_cast<float>(acc[static_cast<size_t>(d)] / denom) : 0.f;
     }
   });
 }

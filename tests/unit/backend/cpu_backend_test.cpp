@@ -19,7 +19,9 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-Tensor view(std::vector<float>& v, int64_t rows, int64_t cols) { return Tensor(DType::F32, {rows, cols}, v.data()); }
+Tensor view(std::vector<float>& v, int64_t rows, int64_t cols) {
+  return Tensor(DType::F32, {rows, cols}, v.data());
+}
 
 TEST(CpuBackend, RmsnormMatchesReference) {
   auto be = make_cpu_backend({2});
@@ -102,8 +104,10 @@ TEST_P(CpuAttention, PagedMatchesDense) {
   const int32_t max_blocks = 4;
   std::vector<int32_t> tables = {9, 2, 14, 5, 7, 0, 11, 3};  // shuffled physical blocks
   // Full dense q/k/v for every position of both sequences.
-  auto q_all0 = randn(total0 * hq * hd, 10), k_all0 = randn(total0 * hkv * hd, 11), v_all0 = randn(total0 * hkv * hd, 12);
-  auto q_all1 = randn(total1 * hq * hd, 13), k_all1 = randn(total1 * hkv * hd, 14), v_all1 = randn(total1 * hkv * hd, 15);
+  auto q_all0 = randn(total0 * hq * hd, 10), k_all0 = randn(total0 * hkv * hd, 11),
+       v_all0 = randn(total0 * hkv * hd, 12);
+  auto q_all1 = randn(total1 * hq * hd, 13), k_all1 = randn(total1 * hkv * hd, 14),
+       v_all1 = randn(total1 * hkv * hd, 15);
   RopeParams rope{hd, 10000.0f, pc.layout, {}};
   AttentionParams ap{hq, hkv, hd, 1.0f / 4.0f, pc.window};
 
@@ -112,7 +116,9 @@ TEST_P(CpuAttention, PagedMatchesDense) {
     const int32_t n0 = int32_t(pos0.size()), n1 = int32_t(pos1.size()), T = n0 + n1;
     std::vector<float> q(T * hq * hd), k(T * hkv * hd), v(T * hkv * hd);
     auto copy_rows = [&](const std::vector<float>& src, std::vector<float>& dst, int64_t width, int32_t from,
-                         int32_t to_row) { std::copy_n(src.begin() + from * width, width, dst.begin() + to_row * width); };
+                         int32_t to_row) {
+      std::copy_n(src.begin() + from * width, width, dst.begin() + to_row * width);
+    };
     for (int32_t i = 0; i < n0; ++i) {
       copy_rows(q_all0, q, hq * hd, pos0[i], i);
       copy_rows(k_all0, k, hkv * hd, pos0[i], i);
@@ -159,8 +165,8 @@ TEST_P(CpuAttention, PagedMatchesDense) {
       o[b] = x[b] * std::cos(ang) + x[a] * std::sin(ang);
     }
   };
-  auto check_seq = [&](const std::vector<float>& qa, const std::vector<float>& ka, const std::vector<float>& va,
-                       int64_t first_pos, int64_t n, int64_t out_row0) {
+  auto check_seq = [&](const std::vector<float>& qa, const std::vector<float>& ka,
+                       const std::vector<float>& va, int64_t first_pos, int64_t n, int64_t out_row0) {
     for (int64_t t = 0; t < n; ++t) {
       const int64_t p = first_pos + t;
       for (int64_t h = 0; h < hq; ++h) {
@@ -192,7 +198,8 @@ TEST_P(CpuAttention, PagedMatchesDense) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CpuAttention,
-                         ::testing::Values(AttnCase{RopeLayout::NeoX, 0}, AttnCase{RopeLayout::Interleaved, 0},
+                         ::testing::Values(AttnCase{RopeLayout::NeoX, 0},
+                                           AttnCase{RopeLayout::Interleaved, 0},
                                            AttnCase{RopeLayout::NeoX, 3}));
 
 }  // namespace

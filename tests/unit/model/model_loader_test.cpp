@@ -150,7 +150,8 @@ TEST_F(BrokenFolder, NoWeights) {
 
 TEST(ModelLoad, NotAModel) {
   auto be = make_cpu_backend({1});
-  EXPECT_NE(error_of([&] { Model::load("/nonexistent/model.gguf", *be); }).find("no such file"), std::string::npos);
+  EXPECT_NE(error_of([&] { Model::load("/nonexistent/model.gguf", *be); }).find("no such file"),
+            std::string::npos);
   fs::path p = fs::temp_directory_path() / ("inferx_not_a_model_" + std::to_string(::getpid()) + ".bin");
   std::ofstream(p) << "hello";
   std::string msg = error_of([&] { Model::load(p.string(), *be); });
