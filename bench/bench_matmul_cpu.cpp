@@ -121,9 +121,22 @@ Weights make_weights(DType t, const Shape& s, size_t min_total_bytes) {
   return w;
 }
 
-// Seconds per call, cycling the copies: the best of 5 rounds of min_time / 5 seconds each (short rounds
-// so that one of them usually falls in a quiet moment of a shared machine).
-double time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& pool, double min_time) {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Timing {
+  double sec_per_call;  // median over rounds
+  double read_gbs;      // median of the read-bandwidth samples taken between rounds
+  double ratio;         // median over rounds of (this round's GB/s) / (the sample just before it)
+};
+
+// Rounds of matmul calls (cycling the copies) interleaved with read-bandwidth samples: this machine's
+// bandwidth drifts by 2x over seconds with the load of other tenants, so each round is normalised by a
+// sample taken right before it, and medians are reported.
+Timing time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& pool,
+                   ReadBandwidthProbe& probe, double min_time, int rounds) {
   std::vector<float> x(static_cast<size_t>(m * s.k)), out(static_cast<size_t>(m * s.n));
   std::mt19937 rng(2);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -131,8 +144,9 @@ double time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& p
   std::vector<Linear> lins(w.copies.size());
   for (size_t c = 0; c < lins.size(); ++c) lins[c].weight = Tensor(t, {s.n, s.k}, w.copies[c].data());
   for (auto& l : lins) matmul_cpu(x.data(), m, l, out.data(), pool);  // warm-up: pages, workspace
-  double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
+  std::vector<double> secs, bws, ratios;
+  for (int round = 0; round < rounds; ++round) {
+    const double bw = probe.measure(pool);
     int64_t calls = 0;
     const double t0 = now_s();
     double el = 0;
@@ -140,10 +154,13 @@ double time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& p
       matmul_cpu(x.data(), m, lins[static_cast<size_t>(calls) % lins.size()], out.data(), pool);
       ++calls;
       el = now_s() - t0;
-    } while (el < min_time / 5 || calls < static_cast<int64_t>(lins.size()));
-    best = std::min(best, el / static_cast<double>(calls));
+    } while (el < min_time / rounds || calls < static_cast<int64_t>(lins.size()));
+    const double sec = el / static_cast<double>(calls);
+    secs.push_back(sec);
+    bws.push_back(bw);
+    ratios.push_back(static_cast<double>(w.bytes) / sec / 1e9 / bw);
   }
-  return best;
+  return {median(secs), median(bws), median(ratios)};
 }
 
 }  // namespace
@@ -151,14 +168,15 @@ double time_matmul(DType t, const Shape& s, Weights& w, int64_t m, ThreadPool& p
 int main(int argc, char** argv) {
   CLI::App app{"CPU matmul bandwidth benchmark (decode shapes of Llama-3.2-1B)"};
   std::vector<std::string> types = {"q8_0", "q4_k", "q6_k", "q4_0", "bf16", "f16", "f32"};
-  int threads = 2;
+  int threads = 2, rounds = 7;
   double min_time = 0.6;
   int64_t prefill_m = 16;
   bool skip_lm_head_float = true;
   bool in_cache = false;
   app.add_option("--types", types, "Weight types")->delimiter(',');
   app.add_option("--threads", threads, "Threads in the pool");
-  app.add_option("--min-time", min_time, "Seconds timed per shape");
+  app.add_option("--min-time", min_time, "Seconds of matmul calls timed per shape");
+  app.add_option("--rounds", rounds, "Timed rounds per shape, each after a read-bandwidth sample");
   app.add_option("--prefill-m", prefill_m, "Rows for the prefill-shaped line (0: skip)");
   app.add_flag("!--float-lm-head", skip_lm_head_float, "Also time the (1 GB in F32) lm_head for float types");
   app.add_flag("--in-cache", in_cache,
@@ -166,16 +184,21 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     ThreadPool pool(threads);
-    const double read_bw = measure_read_bandwidth_gbs(pool);
+    ReadBandwidthProbe probe(size_t{256} << 20);
+    const double read_bw = probe.measure(pool, 3);
     const double memcpy_bw = measure_memcpy_bandwidth_gbs();
     std::printf("kernels: %s, threads: %d\n", cpu::kernel_isa(), pool.size());
-    std::printf("read bandwidth (roofline): %.1f GB/s   memcpy (read+write, 1 thread): %.1f GB/s\n\n",
-                read_bw, memcpy_bw);
-    std::printf("%-6s %-22s %10s %9s %8s %7s\n", "type", "shape [N x K]", "MB", "us/call", "GB/s", "roof%");
+    std::printf(
+        "read bandwidth (roofline, %d threads): %.1f GB/s   memcpy (read+write, 1 thread): %.1f GB/s\n",
+        pool.size(), read_bw, memcpy_bw);
+    std::printf(
+        "roof%% = median over rounds of matmul GB/s / read bandwidth sampled just before the round\n\n");
+    std::printf("%-6s %-22s %8s %9s %8s %8s %6s\n", "type", "shape [N x K]", "MB", "us/call", "GB/s", "read",
+                "roof%");
     for (const std::string& name : types) {
       const auto t = dtype_from_name(name);
       INFERX_CHECK(t.has_value(), "unknown type '{}'", name);
-      double token_bytes = 0, token_time = 0;
+      double token_bytes = 0, token_time = 0, token_roof_time = 0;
       bool complete = true;
       for (const Shape& s : kShapes) {
         if (!is_quantized(*t) && skip_lm_head_float && s.n > 100000) {
@@ -183,23 +206,27 @@ int main(int argc, char** argv) {
           continue;
         }
         Weights w = make_weights(*t, s, in_cache ? 0 : size_t{256} << 20);
-        const double sec = time_matmul(*t, s, w, 1, pool, min_time);
-        const double gbs = static_cast<double>(w.bytes) / sec / 1e9;
-        std::printf("%-6s %-22s %10.1f %9.1f %8.1f %6.0f%%\n", dtype_name(*t).data(), s.name,
-                    static_cast<double>(w.bytes) / 1e6, sec * 1e6, gbs, 100 * gbs / read_bw);
+        const Timing tm = time_matmul(*t, s, w, 1, pool, probe, min_time, rounds);
+        const double gbs = static_cast<double>(w.bytes) / tm.sec_per_call / 1e9;
+        std::printf("%-6s %-22s %8.1f %9.1f %8.1f %8.1f %5.0f%%\n", dtype_name(*t).data(), s.name,
+                    static_cast<double>(w.bytes) / 1e6, tm.sec_per_call * 1e6, gbs, tm.read_gbs,
+                    100 * tm.ratio);
         token_bytes += static_cast<double>(w.bytes) * s.per_token;
-        token_time += sec * s.per_token;
+        token_time += tm.sec_per_call * s.per_token;
+        // Time this shape would take at exactly the roofline, with the bandwidth seen by its rounds.
+        token_roof_time += tm.sec_per_call * tm.ratio * s.per_token;
         if (prefill_m > 0 && s.n == 2048 && s.k == 2048) {
-          const double psec = time_matmul(*t, s, w, prefill_m, pool, min_time);
-          std::printf("%-6s %-22s %10s %9.1f %8s %7s  (M=%lld: %.1f GFLOP/s)\n", dtype_name(*t).data(),
-                      "  prefill-shaped", "", psec * 1e6, "", "", static_cast<long long>(prefill_m),
-                      2.0 * static_cast<double>(prefill_m * s.n * s.k) / psec / 1e9);
+          const Timing pt = time_matmul(*t, s, w, prefill_m, pool, probe, min_time, 3);
+          std::printf("%-6s %-22s %8s %9.1f %8s %8s %6s  (M=%lld: %.1f GFLOP/s)\n", dtype_name(*t).data(),
+                      "  prefill-shaped", "", pt.sec_per_call * 1e6, "", "", "",
+                      static_cast<long long>(prefill_m),
+                      2.0 * static_cast<double>(prefill_m * s.n * s.k) / pt.sec_per_call / 1e9);
         }
       }
       const double gbs = token_bytes / token_time / 1e9;
-      std::printf("%-6s %-22s %10.1f %9.1f %8.1f %6.0f%%  (%.1f tok/s matmul-only%s)\n\n",
-                  dtype_name(*t).data(), "model (per token)", token_bytes / 1e6, token_time * 1e6, gbs,
-                  100 * gbs / read_bw, 1.0 / token_time, complete ? "" : ", without lm_head");
+      std::printf("%-6s %-22s %8.1f %9.1f %8.1f %8s %5.0f%%  (%.1f tok/s matmul-only%s)\n\n",
+                  dtype_name(*t).data(), "model (per token)", token_bytes / 1e6, token_time * 1e6, gbs, "",
+                  100 * token_roof_time / token_time, 1.0 / token_time, complete ? "" : ", without lm_head");
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

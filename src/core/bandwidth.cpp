@@ -88,35 +88,46 @@ double measure_memcpy_bandwidth_gbs(int passes) {
   return best;
 }
 
-double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes, int passes) {
-  const size_t words = std::max<size_t>(bytes / 8 / 64 * 64, 64);
-  HostBuffer buf(words * 8);
-  uint64_t* p = buf.as<uint64_t>();
-  for (size_t i = 0; i < words; ++i) p[i] = i;
+ReadBandwidthProbe::ReadBandwidthProbe(size_t bytes)
+    : buffer_(std::max<size_t>(bytes / 512, 1) * 512), words_(buffer_.size() / 8) {
+  uint64_t* p = buffer_.as<uint64_t>();
+  // Distinct contents on every page: identical pages could be deduplicated by the hypervisor and then
+  // served from cache.
+  for (size_t i = 0; i < words_; ++i) p[i] = i;
+}
+
+double ReadBandwidthProbe::measure(ThreadPool& pool, int passes) {
+  const uint64_t* p = buffer_.as<uint64_t>();
   const int threads = pool.size();
   std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  const size_t blocks = words_ / 64;  // 512-byte units keep every slice aligned
   double best = 0;
   for (int pass = 0; pass < std::max(passes, 1); ++pass) {
     auto t0 = std::chrono::steady_clock::now();
-    // One contiguous slice per thread, each a multiple of 64 words (512 bytes) so loads stay aligned.
+    // One contiguous slice per thread.
     pool.parallel_for(
         threads,
         [&](int64_t begin, int64_t end, int) {
           for (int64_t t = begin; t < end; ++t) {
-            size_t lo = words / 64 * static_cast<size_t>(t) / static_cast<size_t>(threads) * 64;
-            size_t hi = words / 64 * static_cast<size_t>(t + 1) / static_cast<size_t>(threads) * 64;
+            const size_t lo = blocks * static_cast<size_t>(t) / static_cast<size_t>(threads) * 64;
+            const size_t hi = blocks * static_cast<size_t>(t + 1) / static_cast<size_t>(threads) * 64;
             sums[static_cast<size_t>(t)] = sum_words(p + lo, hi - lo);
           }
         },
         1);
     double s = seconds_since(t0);
-    best = std::max(best, static_cast<double>(words * 8) / s / 1e9);
+    best = std::max(best, static_cast<double>(words_ * 8) / s / 1e9);
   }
   uint64_t total = 0;
-  for (uint64_t s : sums) total += s;
+  for (uint64_t v : sums) total += v;
   volatile uint64_t sink = total;
   (void)sink;
   return best;
+}
+
+double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes, int passes) {
+  ReadBandwidthProbe probe(bytes);
+  return probe.measure(pool, passes);
 }
 
 }  // namespace inferx

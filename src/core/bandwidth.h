@@ -9,6 +9,8 @@
 // so it neither bounds nor predicts a read-only kernel.
 #include <cstddef>
 
+#include "core/buffer.h"
+
 namespace inferx {
 
 class ThreadPool;
@@ -22,5 +24,18 @@ double measure_memcpy_bandwidth_gbs(int passes = 3);
 // L3), split over all of `pool`'s threads. Returns bytes read per second in GB/s. The roofline
 // denominator for memory-bound kernels (see the file comment).
 double measure_read_bandwidth_gbs(ThreadPool& pool, size_t bytes = size_t{512} << 20, int passes = 3);
+
+// The same probe on a buffer allocated (and filled) once, for benchmarks that interleave bandwidth
+// samples with the measurements they normalise (a shared machine's bandwidth drifts over seconds).
+class ReadBandwidthProbe {
+ public:
+  explicit ReadBandwidthProbe(size_t bytes = size_t{512} << 20);
+  // Best of `passes` reductions over the whole buffer with all of pool's threads, in GB/s.
+  double measure(ThreadPool& pool, int passes = 1);
+
+ private:
+  HostBuffer buffer_;
+  size_t words_;
+};
 
 }  // namespace inferx
