@@ -26,6 +26,8 @@ struct RopeParams {
   float theta = 10000.0f;
   RopeLayout layout = RopeLayout::NeoX;
   RopeScaling scaling;
+
+  bool operator==(const RopeParams&) const = default;
 };
 
 struct AttentionParams {

@@ -11,6 +11,7 @@ namespace inferx {
 // inv_freq[i] for pair i of a head of `head_dim`: theta^(-2i/d) (RoFormer, eq. 15), then the
 // scaling of the model: Linear divides positions by factor (folded into inv_freq here); Llama3
 // follows transformers' _compute_llama3_parameters (Llama 3.1 report, section 3.3).
+// freq_factors (when given, head_dim / 2 of them) divide the result.
 inline std::vector<float> rope_inverse_frequencies(int64_t head_dim, float theta, const RopeScaling& s) {
   std::vector<float> inv(static_cast<size_t>(head_dim / 2));
   constexpr double kPi = 3.14159265358979323846;
@@ -32,6 +33,7 @@ inline std::vector<float> rope_inverse_frequencies(int64_t head_dim, float theta
         f = (1 - smooth) * f / s.factor + smooth * f;
       }
     }
+    if (!s.freq_factors.empty()) f /= s.freq_factors[static_cast<size_t>(i)];
     inv[static_cast<size_t>(i)] = static_cast<float>(f);
   }
   return inv;

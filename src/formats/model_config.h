@@ -25,6 +25,11 @@ struct RopeScaling {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int64_t original_max_position = 8192;
+  // Per-frequency divisors of the inverse frequencies (GGUF "rope_freqs.weight", which llama.cpp's
+  // converter writes for Llama 3.1+ instead of scaling keys: the llama3 formula, precomputed). Empty: none.
+  std::vector<float> freq_factors = {};
+
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {

@@ -3,6 +3,7 @@
 // the CPU backend when the kernels read the stored type directly).
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -179,10 +180,19 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
                  "*.safetensors)",
                  spec);
     auto gguf = std::make_unique<GgufFile>(spec);
-    INFERX_CHECK(
-        gguf->find("rope_freqs.weight") == nullptr,
-        "{}: tensor 'rope_freqs.weight' (GGUF Llama 3.1 RoPE frequency factors) is not supported yet", spec);
     ModelConfig config = read_gguf_config(*gguf);
+    if (const TensorEntry* f = gguf->find("rope_freqs.weight")) {
+      // Llama 3.1+ GGUFs: the llama3 RoPE scaling as per-frequency divisors (read_gguf_config leaves the
+      // scaling kind None so that it is not applied twice).
+      INFERX_CHECK(f->shape.size() == 1 && f->shape[0] * 2 == config.head_dim && f->dtype == DType::F32,
+                   "{}: tensor 'rope_freqs.weight' must be F32 [{}], got {} {}", spec, config.head_dim / 2,
+                   dtype_name(f->dtype), fmt::join(f->shape, "x"));
+      const float* v = reinterpret_cast<const float*>(f->data);
+      config.rope_scaling.freq_factors.assign(v, v + f->shape[0]);
+      for (float x : config.rope_scaling.freq_factors)
+        INFERX_CHECK(std::isfinite(x) && x > 0, "{}: rope_freqs.weight holds a non-positive factor {}", spec,
+                     x);
+    }
     apply_arch_spec(config, WeightNaming::Gguf);
     naming = WeightNaming::Gguf;
     std::string desc = fmt::format("{} ({}, GGUF v{})", spec, config.architecture, gguf->version());

@@ -121,12 +121,7 @@ void CpuBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
 void CpuBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
                                    const RopeParams& rope, KvCacheLayer& cache) {
   const int64_t hd = rope.head_dim, half = hd / 2;
-  if (inv_freq_.empty() || inv_freq_params_.head_dim != hd || inv_freq_params_.theta != rope.theta ||
-      inv_freq_params_.scaling.kind != rope.scaling.kind ||
-      inv_freq_params_.scaling.factor != rope.scaling.factor ||
-      inv_freq_params_.scaling.low_freq_factor != rope.scaling.low_freq_factor ||
-      inv_freq_params_.scaling.high_freq_factor != rope.scaling.high_freq_factor ||
-      inv_freq_params_.scaling.original_max_position != rope.scaling.original_max_position) {
+  if (inv_freq_.empty() || !(inv_freq_params_ == rope)) {
     inv_freq_ = rope_inverse_frequencies(hd, rope.theta, rope.scaling);
     inv_freq_params_ = rope;
   }

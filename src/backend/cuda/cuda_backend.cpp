@@ -236,11 +236,7 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
 
 const std::vector<float>& CudaBackend::inverse_frequencies(const RopeParams& r) {
   const RopeParams& c = inv_freq_params_;
-  if (inv_freq_.empty() || c.head_dim != r.head_dim || c.theta != r.theta ||
-      c.scaling.kind != r.scaling.kind || c.scaling.factor != r.scaling.factor ||
-      c.scaling.low_freq_factor != r.scaling.low_freq_factor ||
-      c.scaling.high_freq_factor != r.scaling.high_freq_factor ||
-      c.scaling.original_max_position != r.scaling.original_max_position) {
+  if (inv_freq_.empty() || !(c == r)) {
     inv_freq_ = rope_inverse_frequencies(r.head_dim, r.theta, r.scaling);
     inv_freq_params_ = r;
   }
