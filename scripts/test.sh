@@ -19,7 +19,7 @@ fi
 
 echo "== fuzzing the file readers (${INFERX_FUZZ_SECONDS:-30}s each)"
 cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz -j "$jobs"
+cmake --build --preset fuzz -j "$jobs" --target fuzzers
 for f in build/fuzz/fuzz/fuzz_*; do
   [ -x "$f" ] || continue
   name=$(basename "$f")
