@@ -12,6 +12,67 @@ namespace inferx::cpu {
 
 namespace {
 
+#if defined(INFERX_X86_AVX512)
+// AVX-512 path: a 512-bit vector covers 64 elements = four scale groups. For half h,
+//   z01 = [ql[64h..] & 15 | ql[64h+32..] & 15] + high bits (qh << 4 | qh << 2)  -> elements 128h + 0..63
+//   z23 = [ql[64h..] >> 4 | ql[64h+32..] >> 4] + high bits (qh      | qh >> 2)  -> elements 128h + 64..127
+// with per-16-bit-lane variable shifts giving both halves' high bits from one broadcast of qh.
+template <int NR>
+void rows_avx512(const BlockQ6_K* w, const ActQ8_KView* a, int64_t nsb, float* out) {
+  constexpr int C = NR == 1 ? 2 : 1;
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i bits45 = _mm512_set1_epi8(0x30);
+  const __m512i shl01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i shr23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  // Vector j (= 2h for z01, 2h + 1 for z23) covers scale groups 4j .. 4j + 3, eight int16 lanes each.
+  __m512i scale_idx[4];
+  for (int j = 0; j < 4; ++j) {
+    alignas(64) int16_t idx[32];
+    for (int i = 0; i < 32; ++i) idx[i] = static_cast<int16_t>(4 * j + i / 8);
+    scale_idx[j] = _mm512_load_si512(idx);
+  }
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const BlockQ6_K& bw = w[sb];
+    const __m256i sc256 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bw.scales)));
+    const __m512i sc512 = _mm512_zextsi256_si512(sc256);
+    const float d = f16_scalar(bw.d);
+    __m512i isum[NR][C];
+    for (int r = 0; r < NR; ++r)
+      for (int i = 0; i < C; ++i) isum[r][i] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512i lq = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bw.ql + 64 * h))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bw.ql + 64 * h + 32)), 1);
+      const __m512i hq =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bw.qh + 32 * h)));
+      const __m512i z01 =
+          _mm512_or_si512(_mm512_and_si512(lq, low4), _mm512_and_si512(_mm512_sllv_epi16(hq, shl01), bits45));
+      const __m512i z23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lq, 4), low4),
+                                          _mm512_and_si512(_mm512_srlv_epi16(hq, shr23), bits45));
+      const __m512i sc01 = _mm512_permutexvar_epi16(scale_idx[2 * h], sc512);
+      const __m512i sc23 = _mm512_permutexvar_epi16(scale_idx[2 * h + 1], sc512);
+      for (int r = 0; r < NR; ++r) {
+        const int8_t* x = a[r].qs + 256 * sb + 128 * h;
+        isum[r][0] = _mm512_dpwssd_epi32(isum[r][0], _mm512_maddubs_epi16(z01, _mm512_loadu_si512(x)), sc01);
+        isum[r][C - 1] =
+            _mm512_dpwssd_epi32(isum[r][C - 1], _mm512_maddubs_epi16(z23, _mm512_loadu_si512(x + 64)), sc23);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      __m512i total = isum[r][0];
+      if (C > 1) total = _mm512_add_epi32(total, isum[r][C - 1]);
+      const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[r].sum16 + 16 * sb));
+      const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc256, xs), 5);  // 32 * sum sc * xsum
+      total = _mm512_sub_epi32(total, _mm512_zextsi256_si512(corr));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(d * a[r].d[sb]), acc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) out[r] = hsum(acc[r]);
+}
+#endif
+
 #if defined(INFERX_X86_SIMD)
 template <int NR>
 void rows_simd(const BlockQ6_K* w, const ActQ8_KView* a, int64_t nsb, float* out) {
@@ -100,7 +161,9 @@ template <int NR>
 void rows(const BlockQ6_K* w, const void* act, int64_t stride, int64_t k, float* out) {
   ActQ8_KView a[NR];
   for (int r = 0; r < NR; ++r) a[r] = act_q8_k_view(static_cast<const char*>(act) + r * stride, k);
-#if defined(INFERX_X86_SIMD)
+#if defined(INFERX_X86_AVX512)
+  rows_avx512<NR>(w, a, k / 256, out);
+#elif defined(INFERX_X86_SIMD)
   rows_simd<NR>(w, a, k / 256, out);
 #else
   rows_scalar<NR>(w, a, k / 256, out);
