@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev clang-format
   python3 python3-venv python3-pip
+  libboost-dev prometheus
 )
 missing=()
 for p in "${packages[@]}"; do

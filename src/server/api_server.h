@@ -1,0 +1,75 @@
+#pragma once
+// The OpenAI-compatible API on top of HttpServer and an Engine: routing, auth, admission (queue limit,
+// drain), and the completions / chat completions flow (parse -> tokenize -> submit -> stream back).
+//
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health (process alive),
+// GET /ready (model loaded and not draining), GET /metrics (Prometheus text), GET /version.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "inferx/engine.h"
+#include "server/http_server.h"
+#include "server/server_metrics.h"
+
+namespace inferx {
+class ChatTemplate;
+class Tokenizer;
+}  // namespace inferx
+
+namespace inferx::server {
+
+struct ApiServerOptions {
+  std::string served_model_name;  // the "model" clients must send (404 otherwise)
+  std::string model_version;      // label of inferx_inference_latency_seconds
+  std::string api_key;            // empty: no auth
+  int64_t max_queue = 0;          // requests admitted but not yet generating; 0: unlimited. Over: 429
+  int retry_after_seconds = 1;
+};
+
+// What the server needs of a loaded model (set once it is ready).
+struct ServedModel {
+  Engine* engine = nullptr;
+  const Tokenizer* tokenizer = nullptr;         // null: prompts must be token ids; text is "id id ..."
+  const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions answers 400
+  bool add_bos = true;
+  int64_t vocab_size = 0;
+};
+
+class ApiServer {
+ public:
+  explicit ApiServer(ApiServerOptions options);
+  ~ApiServer();
+
+  // The HttpHandler.
+  void handle(HttpRequest&& request, std::shared_ptr<ResponseSink> sink);
+
+  // Makes the model available (until then /ready and /v1/* answer 503).
+  void set_model(const ServedModel& model);
+  // Refuses new generation requests (503) and reports not ready; in-flight ones continue.
+  void start_draining() { draining_ = true; }
+  // Generation requests admitted and not yet finished.
+  int64_t live_requests() const { return live_.load(); }
+  ServerMetrics& metrics() { return metrics_; }
+
+ private:
+  struct Live;
+  void handle_generate(HttpRequest&& request, std::shared_ptr<ResponseSink> sink, bool chat);
+  void handle_models(const std::shared_ptr<ResponseSink>& sink);
+  void reply_json(const std::shared_ptr<ResponseSink>& sink, const std::string& route, int status,
+                  const std::string& body, HttpHeaders headers = {});
+  std::vector<int32_t> tokenize_chat(const struct ParsedRequest& r) const;
+
+  ApiServerOptions options_;
+  ServerMetrics metrics_;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> draining_{false};
+  ServedModel model_;
+  std::atomic<int64_t> live_{0};
+  std::atomic<int64_t> queued_{0};  // admitted, no output yet (the --max-queue count)
+  int64_t created_ = 0;
+};
+
+}  // namespace inferx::server

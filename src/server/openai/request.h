@@ -1,0 +1,43 @@
+#pragma once
+// Parsing and validation of POST /v1/completions and /v1/chat/completions bodies (OpenAI API reference,
+// "Completions" and "Chat"), plus the extensions vLLM clients send (top_k, min_p, repetition_penalty,
+// ignore_eos). Every problem throws ApiError 400 naming the field.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "inferx/engine.h"
+
+namespace inferx::server {
+
+struct ParsedRequest {
+  bool chat = false;
+  std::string model;
+  // Completions: exactly one prompt, as text or token ids.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
+  nlohmann::json messages;
+  nlohmann::json tools;  // null or array, passed to the chat template
+  GenerationParams params;
+  bool max_tokens_given = false;  // else the default (completions 16, chat: the rest of the context)
+  bool stream = false;
+  bool include_usage = false;
+  // Completions: logprobs = k (params.logprobs). Chat: logprobs bool + top_logprobs.
+  bool chat_logprobs = false;
+  int32_t top_logprobs = 0;
+  int32_t priority = 0;
+  std::string user;
+};
+
+// Upper bounds the server enforces (a request asking for more is rejected, not clamped).
+inline constexpr int32_t kMaxN = 128;
+inline constexpr int32_t kMaxLogprobs = 20;
+inline constexpr size_t kMaxStopStrings = 16;
+
+ParsedRequest parse_completion_request(const nlohmann::json& body);
+ParsedRequest parse_chat_request(const nlohmann::json& body);
+
+}  // namespace inferx::server

@@ -1,0 +1,200 @@
+#include "server/openai/response.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "server/sse.h"
+#include "text/tokenizer.h"
+
+namespace inferx::server {
+
+using nlohmann::json;
+
+std::string make_response_id(const std::string& prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}{:012x}{:012x}", prefix, rng() & 0xffffffffffffULL, rng() & 0xffffffffffffULL);
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json usage_json(int32_t prompt_tokens, int32_t completion_tokens, int32_t cached_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+namespace {
+
+json finish_json(FinishReason r) {
+  if (r == FinishReason::None) return nullptr;
+  return finish_reason_name(r);
+}
+
+std::string token_text(const ResponseContext& ctx, int32_t id) {
+  if (!ctx.tokenizer || id < 0 || id >= ctx.tokenizer->vocab_size()) return fmt::format("token_{}", id);
+  return ctx.tokenizer->token_bytes(id);
+}
+
+// JSON has no -inf: a token the sampler could not pick gets the most negative float-ish value vLLM uses.
+double finite_logprob(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+json bytes_json(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+json chat_logprobs(const ResponseContext& ctx, const std::vector<TokenLogprob>& lps) {
+  json content = json::array();
+  for (const auto& lp : lps) {
+    const std::string t = token_text(ctx, lp.token);
+    json top = json::array();
+    for (const auto& [id, v] : lp.top) {
+      const std::string tt = token_text(ctx, id);
+      top.push_back({{"token", tt}, {"logprob", finite_logprob(v)}, {"bytes", bytes_json(tt)}});
+    }
+    content.push_back({{"token", t},
+                       {"logprob", finite_logprob(lp.logprob)},
+                       {"bytes", bytes_json(t)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}.
+json completion_logprobs(const ResponseContext& ctx, const std::vector<TokenLogprob>& lps, int64_t& offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& lp : lps) {
+    const std::string t = token_text(ctx, lp.token);
+    tokens.push_back(t);
+    token_lps.push_back(finite_logprob(lp.logprob));
+    json top = json::object();
+    for (const auto& [id, v] : lp.top) top[token_text(ctx, id)] = finite_logprob(v);
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(t.size());
+  }
+  return {
+      {"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+}  // namespace
+
+StreamEncoder::StreamEncoder(ResponseContext ctx) : ctx_(std::move(ctx)), text_offset_(ctx_.n, 0) {}
+
+json StreamEncoder::chunk(json choices) const {
+  json c = {{"id", ctx_.id},
+            {"object", ctx_.chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", ctx_.created},
+            {"model", ctx_.model},
+            {"system_fingerprint", nullptr},
+            {"choices", std::move(choices)}};
+  if (ctx_.include_usage) c["usage"] = nullptr;
+  return c;
+}
+
+std::string StreamEncoder::begin() {
+  if (!ctx_.chat) return {};
+  std::string out;
+  for (int32_t i = 0; i < ctx_.n; ++i) {
+    json choice = {{"index", i},
+                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                   {"logprobs", nullptr},
+                   {"finish_reason", nullptr}};
+    out += sse_event(dump_json(chunk(json::array({choice}))));
+  }
+  return out;
+}
+
+std::string StreamEncoder::on_output(const RequestOutput& out) {
+  std::string s;
+  for (const auto& d : out.deltas) {
+    const bool has_lp = ctx_.logprobs >= 0 && !d.logprobs.empty();
+    if (!d.text.empty() || has_lp) {
+      json choice = {{"index", d.index}};
+      json lp = nullptr;
+      if (has_lp) {
+        lp = ctx_.chat ? chat_logprobs(ctx_, d.logprobs)
+                       : completion_logprobs(ctx_, d.logprobs, text_offset_.at(static_cast<size_t>(d.index)));
+      }
+      if (ctx_.chat)
+        choice["delta"] = {{"content", d.text}};
+      else
+        choice["text"] = d.text;
+      choice["logprobs"] = lp;
+      choice["finish_reason"] = nullptr;
+      s += sse_event(dump_json(chunk(json::array({choice}))));
+    }
+    if (d.finish_reason != FinishReason::None) {
+      json choice = {{"index", d.index}};
+      if (ctx_.chat)
+        choice["delta"] = json::object();
+      else
+        choice["text"] = "";
+      choice["logprobs"] = nullptr;
+      choice["finish_reason"] = finish_json(d.finish_reason);
+      if (!d.stop_reason.empty()) choice["stop_reason"] = d.stop_reason;  // vLLM extension
+      s += sse_event(dump_json(chunk(json::array({choice}))));
+    }
+  }
+  return s;
+}
+
+std::string StreamEncoder::end(const RequestOutput& last) {
+  std::string s;
+  if (ctx_.include_usage) {
+    json c = chunk(json::array());
+    c["usage"] = usage_json(last.prompt_tokens, last.completion_tokens, last.cached_prompt_tokens);
+    s += sse_event(dump_json(c));
+  }
+  s += sse_done();
+  return s;
+}
+
+ResponseAccumulator::ResponseAccumulator(ResponseContext ctx)
+    : ctx_(std::move(ctx)), choices_(static_cast<size_t>(ctx_.n)) {}
+
+void ResponseAccumulator::on_output(const RequestOutput& out) {
+  for (const auto& d : out.deltas) {
+    if (d.index < 0 || d.index >= ctx_.n) continue;
+    auto& c = choices_[static_cast<size_t>(d.index)];
+    c.text += d.text;
+    c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+    if (d.finish_reason != FinishReason::None) c.finish = d.finish_reason;
+  }
+}
+
+json ResponseAccumulator::finish(const RequestOutput& last) const {
+  json choices = json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const auto& c = choices_[i];
+    json choice = {{"index", static_cast<int>(i)}};
+    json lp = nullptr;
+    if (ctx_.logprobs >= 0) {
+      int64_t offset = 0;
+      lp = ctx_.chat ? chat_logprobs(ctx_, c.logprobs) : completion_logprobs(ctx_, c.logprobs, offset);
+    }
+    if (ctx_.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = lp;
+    choice["finish_reason"] = finish_json(c.finish == FinishReason::None ? FinishReason::Abort : c.finish);
+    choices.push_back(std::move(choice));
+  }
+  return {{"id", ctx_.id},
+          {"object", ctx_.chat ? "chat.completion" : "text_completion"},
+          {"created", ctx_.created},
+          {"model", ctx_.model},
+          {"system_fingerprint", nullptr},
+          {"choices", choices},
+          {"usage", usage_json(last.prompt_tokens, last.completion_tokens, last.cached_prompt_tokens)}};
+}
+
+}  // namespace inferx::server
