@@ -10,11 +10,19 @@ tested against files that do not come from our own writer.
   llama.cpp's "normal" RoPE (pairs 2i, 2i+1) computes the same thing. The attention scores and therefore
   the logits are unchanged.
 - qwen2: same names, NOT permuted (llama.cpp runs qwen2 with NeoX RoPE), plus attn_q/k/v.bias.
+- llama with rope_scaling rope_type "llama3" (Llama 3.1 and later): no rope scaling keys at all; instead
+  an extra F32 tensor "rope_freqs.weight" of head_dim / 2 per-frequency DIVISORS of theta^(-2i/d)
+  (convert_hf_to_gguf.py LlamaModel.generate_extra_tensors; llama.cpp passes it to ggml_rope_ext as
+  freq_factors). An explicit config head_dim also gives attention.key_length / value_length
+  (TextModel.set_gguf_parameters). Tied embeddings: the checkpoint has no lm_head.weight, so no
+  output.weight is written and llama.cpp (and InferX) fall back to token_embd.
 
 All tensors are written as F32, so expected logits equal those of the HF folder.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import gguf
@@ -79,12 +87,62 @@ def _write(w: gguf.GGUFWriter, tensors: list[tuple[str, np.ndarray]]) -> None:
     w.close()
 
 
-def export_llama(cfg: dict, weights: dict, path: str) -> None:
-    """llama arch, SentencePiece-style ("llama") vocabulary: <unk>, <s>, </s>, then printable pieces."""
+def llama3_rope_freqs(cfg: dict, converter_original_context: bool = False) -> np.ndarray:
+    """The "rope_freqs.weight" tensor for rope_scaling rope_type "llama3": one divisor per frequency i,
+    written from the llama3 rule (Llama 3.1 report section 3.3; transformers
+    _compute_llama3_parameters), in float32 like convert_hf_to_gguf.py, which computes it in torch
+    float32:
+        inv_i   = 1 / theta^(2i/d)                   wavelen_i = 2 pi / inv_i
+        wavelen_i < original / high_freq_factor   -> 1          (high frequencies kept)
+        wavelen_i > original / low_freq_factor    -> factor     (low frequencies slowed down)
+        otherwise                                  -> 1 / ((1 - s) / factor + s),
+                                                      s = (original / wavelen_i - low) / (high - low)
+    so that inv_i / divisor_i equals the HF scaled frequency in every band.
+
+    `original` (original_max_position_embeddings): transformers reads it from rope_scaling, and so do
+    we. convert_hf_to_gguf.py's LlamaModel instead reads the TOP-LEVEL config key and defaults to 8192;
+    real Llama 3.x checkpoints keep 8192 inside rope_scaling, so both agree for them, but for a config
+    whose value differs (our fixture: 64) the converter's tensor would not match the HF model.
+    converter_original_context=True reproduces that lookup (only to show it matters)."""
+    rs = cfg["rope_scaling"]
+    if rs.get("rope_type", rs.get("type")) != "llama3":
+        raise ValueError(f"rope_scaling {rs} is not llama3")
+    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    theta = np.float32(cfg.get("rope_theta", 10000.0))
+    factor = float(rs.get("factor", 8.0))
+    low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+    if converter_original_context:
+        original = cfg.get("original_max_position_embeddings", 8192)
+    else:
+        original = rs.get("original_max_position_embeddings",
+                          cfg.get("original_max_position_embeddings", 8192))
+    low_wavelen, high_wavelen = original / low, original / high
+    inv = np.float32(1.0) / theta ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))
+    out = []
+    for f in inv:  # np.float32 scalars: every step below stays in float32, as in the converter
+        wavelen = np.float32(2 * math.pi) / f
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            s = (np.float32(original) / wavelen - np.float32(low)) / np.float32(high - low)
+            out.append(np.float32(1.0) / ((np.float32(1.0) - s) / np.float32(factor) + s))
+    return np.array(out, dtype=np.float32)
+
+
+def export_llama(cfg: dict, weights: dict, path: str, name: str = "llama-tiny") -> None:
+    """llama arch, SentencePiece-style ("llama") vocabulary: <unk>, <s>, </s>, then printable pieces.
+    With rope_scaling llama3: rope_freqs.weight (first tensor, as the converter yields extra tensors
+    before the checkpoint's); with an explicit head_dim: attention.key_length / value_length."""
     nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     w = gguf.GGUFWriter(path, "llama")
-    _hparams(w, cfg, "llama-tiny")
-    w.add_rope_dimension_count(cfg["hidden_size"] // nh)
+    _hparams(w, cfg, name)
+    head_dim = cfg.get("head_dim")
+    w.add_rope_dimension_count(head_dim or cfg["hidden_size"] // nh)
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     V = cfg["vocab_size"]
     pieces = ["<unk>", "<s>", "</s>"]
     chars = [chr(c) for c in range(0x21, 0x7F)]  # '!'..'~'
@@ -100,10 +158,14 @@ def export_llama(cfg: dict, weights: dict, path: str) -> None:
     w.add_token_types(types)
     w.add_unk_token_id(0)
     w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
+    eos = cfg["eos_token_id"]  # Llama 3 configs list several; the GGUF key holds one id
+    w.add_eos_token_id(eos[0] if isinstance(eos, list) else eos)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     tensors = []
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("rope_type", rs.get("type")) == "llama3":
+        tensors.append(("rope_freqs.weight", llama3_rope_freqs(cfg)))
     for k, t in weights.items():
         if k.endswith("self_attn.q_proj.weight"):
             t = permute(t, nh)

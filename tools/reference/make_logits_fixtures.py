@@ -4,7 +4,8 @@ Each fixture is a Hugging Face style folder: config.json (fields as in real conf
 model.safetensors (fp32, written with the `safetensors` package), expected.json
 ({"input_ids": [...], "shape": [seq, vocab], ...}) and expected_logits.bin (float32 little-endian,
 row-major [seq, vocab]) computed by the fp64 numpy reference tools/reference/transformer_ref.py.
-Two GGUF exports of the same weights (gguf_export.py) share the HF folders' expected logits.
+Three GGUF exports of the same weights (gguf_export.py: llama-tiny.gguf, qwen2-tiny.gguf and
+llama3-tiny.gguf, the last with llama.cpp's rope_freqs.weight) share the HF folders' expected logits.
 
     pip install numpy safetensors gguf
     python3 tools/reference/make_logits_fixtures.py            # writes tests/golden/fixtures/
@@ -205,12 +206,13 @@ def expected_logits(name: str) -> tuple[list, np.ndarray]:
 
 
 def read_gguf_as_hf(path: str) -> dict:
-    """GGUF tensors (read back with gguf.GGUFReader) under their HF names, rows left as stored."""
+    """GGUF tensors (read back with gguf.GGUFReader) under their HF names, rows left as stored. Tensors
+    with no HF counterpart (rope_freqs.weight) keep their GGUF name."""
     back = {gguf_export.gguf_name(k): k for k in (
         [f"model.layers.0.{n}" for n in gguf_export._LAYER_NAMES] +
         [f"model.layers.1.{n}" for n in gguf_export._LAYER_NAMES] + list(gguf_export._GLOBAL_NAMES))}
     reader = gguf.GGUFReader(path)
-    return {back[t.name]: np.array(t.data, dtype=np.float64) for t in reader.tensors}
+    return {back.get(t.name, t.name): np.array(t.data, dtype=np.float64) for t in reader.tensors}
 
 
 def verify(made: dict) -> dict:
@@ -232,6 +234,32 @@ def verify(made: dict) -> dict:
         transformer_ref.forward(made["qwen2-tiny"]["config"], Wg, ids), ref)}
     assert out["llama-tiny.gguf"]["interleaved_rope_on_gguf"] < 1e-6, out
     assert out["qwen2-tiny.gguf"]["neox_rope_on_gguf"] < 1e-6, out
+
+    # GGUF llama3: llama.cpp runs it as plain RoPE (no scaling keys) with the frequencies divided by
+    # the file's rope_freqs.weight; that must reproduce the HF llama3-scaled logits. Ignoring the
+    # tensor, or computing it with the converter's top-level original_max_position_embeddings lookup
+    # (default 8192 instead of the config's 64), must not.
+    ids, ref = expected_logits("llama3-tiny")
+    cfg3 = made["llama3-tiny"]["config"]
+    Wg = read_gguf_as_hf(os.path.join(ROOT, "llama3-tiny.gguf"))
+    factors = Wg.pop("rope_freqs.weight")
+    gcfg = {**cfg3, "rope_scaling": None, "_rope_interleaved": True}
+    out["llama3-tiny.gguf"] = {
+        "rope_freqs": [round(float(x), 6) for x in factors],
+        "interleaved_rope_with_rope_freqs": rel_err(transformer_ref.forward(
+            {**gcfg, "_rope_freq_factors": factors}, Wg, ids), ref),
+        "rope_freqs ignored (must be large)": rel_err(transformer_ref.forward(gcfg, Wg, ids), ref),
+        "rope_freqs with converter's original context 8192 (must be large)": rel_err(
+            transformer_ref.forward({**gcfg, "_rope_freq_factors": gguf_export.llama3_rope_freqs(
+                cfg3, converter_original_context=True)}, Wg, ids), ref),
+    }
+    g3 = out["llama3-tiny.gguf"]
+    assert g3["interleaved_rope_with_rope_freqs"] < 1e-6, out
+    assert g3["rope_freqs ignored (must be large)"] > 1e-2, out
+    assert g3["rope_freqs with converter's original context 8192 (must be large)"] > 1e-2, out
+    # Every band of the llama3 rule is present: kept (1), smoothed (strictly between), divided (factor).
+    f = float(cfg3["rope_scaling"]["factor"])
+    assert factors[0] == 1.0 and 1.0 < factors[1] < f and np.all(factors[2:] == f), factors
 
     def without(name: str, cfg_change: dict, drop=lambda k: False) -> float:
         ids, ref = expected_logits(name)
@@ -271,9 +299,12 @@ def main() -> None:
                              os.path.join(ROOT, "llama-tiny.gguf"))
     gguf_export.export_qwen2(made["qwen2-tiny"]["config"], made["qwen2-tiny"]["weights"],
                              os.path.join(ROOT, "qwen2-tiny.gguf"))
+    gguf_export.export_llama(made["llama3-tiny"]["config"], made["llama3-tiny"]["weights"],
+                             os.path.join(ROOT, "llama3-tiny.gguf"), name="llama3-tiny")
     print(json.dumps(verify(made), indent=1))
     total = 0
-    for name in [s["name"] for s in FIXTURES] + ["llama-tiny.gguf", "qwen2-tiny.gguf"]:
+    for name in [s["name"] for s in FIXTURES] + ["llama-tiny.gguf", "qwen2-tiny.gguf",
+                                                 "llama3-tiny.gguf"]:
         size = folder_bytes(os.path.join(ROOT, name))
         total += size
         print(f"{name:18s} {size:9,d} bytes")

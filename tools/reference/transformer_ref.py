@@ -56,6 +56,15 @@ def rope_inv_freq(cfg: dict) -> np.ndarray:
     d = head_dim_of(cfg)
     theta = float(cfg.get("rope_theta", 10000.0))
     inv_freq = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    if cfg.get("_rope_freq_factors") is not None:
+        # GGUF "rope_freqs.weight" (llama.cpp's form of llama3 scaling): per-frequency divisors. Only
+        # used to check GGUF exports; such a config must not also carry rope_scaling.
+        if cfg.get("rope_scaling"):
+            raise ValueError("_rope_freq_factors and rope_scaling together would scale twice")
+        factors = np.asarray(cfg["_rope_freq_factors"], dtype=np.float64)
+        if factors.shape != inv_freq.shape:
+            raise ValueError(f"_rope_freq_factors has shape {factors.shape}, want {inv_freq.shape}")
+        return inv_freq / factors
     rs = cfg.get("rope_scaling") or {}
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind == "default":
