@@ -42,6 +42,9 @@ class Model {
   ~Model();
 
   const ModelConfig& config() const { return config_; }
+  // The serving engine's --kv-cache-strategy sliding-window-N: attention then reads only the last N
+  // positions, so the engine may free KV blocks that fall out of the window (0: the model's own).
+  void set_sliding_window(int64_t window) { config_.sliding_window = window; }
   const std::string& description() const { return description_; }
   Backend& backend() const { return backend_; }
   // The source the weights came from (GGUF metadata holds the tokenizer); nullptr for dummy models.

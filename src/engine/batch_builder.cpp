@@ -1,0 +1,67 @@
+#include "engine/batch_builder.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace inferx {
+
+BatchView BatchBuilder::build(const SchedulerOutput& out) {
+  INFERX_CHECK(!out.seqs.empty(), "batch builder: empty schedule");
+  const auto S = static_cast<int32_t>(out.seqs.size());
+  const int32_t T = out.num_tokens;
+  int32_t max_blocks = 1, num_logits = 0, max_query = 0, max_seq = 0;
+  for (const ScheduledSequence& s : out.seqs) {
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(s.seq->blocks.size()));
+    num_logits += s.sample ? 1 : 0;
+    max_query = std::max(max_query, s.num_new);
+    max_seq = std::max(max_seq, s.start + s.num_new);
+  }
+  // Layout: token_ids[T] positions[T] query_start[S+1] seq_lens[S] block_tables[S*M] logits_rows[L].
+  const size_t o_pos = static_cast<size_t>(T), o_qs = o_pos + static_cast<size_t>(T);
+  const size_t o_len = o_qs + static_cast<size_t>(S) + 1, o_bt = o_len + static_cast<size_t>(S);
+  const size_t o_rows = o_bt + static_cast<size_t>(S) * static_cast<size_t>(max_blocks);
+  const size_t total = o_rows + static_cast<size_t>(num_logits);
+  host_.resize(total);  // capacity is kept between steps
+  int32_t* h = host_.data();
+  int32_t t = 0, logit = 0;
+  for (int32_t i = 0; i < S; ++i) {
+    const ScheduledSequence& s = out.seqs[static_cast<size_t>(i)];
+    const int32_t* tokens = s.seq->tokens.data() + s.start;
+    h[o_qs + static_cast<size_t>(i)] = t;
+    for (int32_t k = 0; k < s.num_new; ++k, ++t) {
+      h[static_cast<size_t>(t)] = tokens[k];
+      h[o_pos + static_cast<size_t>(t)] = s.start + k;
+    }
+    h[o_len + static_cast<size_t>(i)] = s.start + s.num_new;
+    int32_t* bt = h + o_bt + static_cast<size_t>(i) * static_cast<size_t>(max_blocks);
+    const auto nb = static_cast<int32_t>(s.seq->blocks.size());
+    // Blocks dropped by a sliding window (-1) are never read (attention starts inside the window); 0
+    // keeps every entry a valid block id anyway.
+    for (int32_t j = 0; j < nb; ++j) bt[j] = std::max(s.seq->blocks[static_cast<size_t>(j)], 0);
+    std::fill(bt + nb, bt + max_blocks, 0);
+    if (s.sample) h[o_rows + static_cast<size_t>(logit++)] = t - 1;
+  }
+  h[o_qs + static_cast<size_t>(S)] = t;
+
+  const size_t bytes = total * sizeof(int32_t);
+  if (!device_ || device_->size() < bytes) device_ = backend_.allocate(bytes * 2);  // headroom: grow rarely
+  backend_.copy_to_device(device_->data(), h, bytes);
+  const auto* d = static_cast<const int32_t*>(device_->data());
+  BatchView b;
+  b.num_tokens = T;
+  b.num_seqs = S;
+  b.token_ids = d;
+  b.positions = d + o_pos;
+  b.query_start = d + o_qs;
+  b.seq_lens = d + o_len;
+  b.block_tables = d + o_bt;
+  b.max_blocks_per_seq = max_blocks;
+  b.logits_rows = d + o_rows;
+  b.num_logits = num_logits;
+  b.max_query_len = max_query;
+  b.max_seq_len = max_seq;
+  return b;
+}
+
+}  // namespace inferx

@@ -1,0 +1,30 @@
+#pragma once
+// Scheduler output -> the flattened BatchView the model runs: every scheduled token of every sequence,
+// unpadded, with positions, query offsets, KV lengths, block tables and the rows that need logits. The
+// arrays are laid out in one host buffer and copied to the backend in one transfer; both buffers only
+// grow, so a steady stream of steps allocates nothing.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/scheduler.h"
+
+namespace inferx {
+
+class BatchBuilder {
+ public:
+  explicit BatchBuilder(Backend& backend) : backend_(backend) {}
+  // The view points into backend memory owned by this builder (valid until the next build()).
+  // Row i of the logits belongs to the i-th scheduled sequence with sample == true.
+  BatchView build(const SchedulerOutput& out);
+  // Host copy of the last batch's arrays (tests).
+  const std::vector<int32_t>& host() const { return host_; }
+
+ private:
+  Backend& backend_;
+  std::vector<int32_t> host_;
+  std::unique_ptr<DeviceBuffer> device_;
+};
+
+}  // namespace inferx

@@ -1,0 +1,33 @@
+#pragma once
+// Samples the next token of every sequence that reached the end of its tokens this step, from the logits
+// of the whole batch (one host copy of [num_logits, vocab]). Each sequence has its own generator
+// (Sequence::sampler, seeded per request and sequence), so a seeded request draws the same tokens
+// whatever else shares its batch; processing happens row by row in place:
+//   logprobs of the raw row (if asked) -> logit_bias -> penalties -> temperature/top-k/top-p/min-p -> draw.
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace inferx {
+
+struct SampledToken {
+  Sequence* seq = nullptr;
+  int32_t token = -1;
+  bool has_logprob = false;
+  TokenLogprob logprob;
+};
+
+class BatchSampler {
+ public:
+  // `logits` rows follow the order of the sampled sequences in `out` (BatchBuilder's logits rows).
+  // The rows are modified in place. Appends one SampledToken per sampled sequence to `result`.
+  void sample(const SchedulerOutput& out, float* logits, int64_t vocab, std::vector<SampledToken>& result);
+
+ private:
+  std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<float> raw_;
+};
+
+}  // namespace inferx

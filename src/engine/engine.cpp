@@ -1,0 +1,517 @@
+// Engine::Impl: the serving loop (schedule -> build batch -> forward -> sample -> update -> emit) on its
+// own thread. Other threads only touch the inbox (submit/abort) and the stats snapshot, both under one
+// mutex; every other piece of state belongs to the engine thread (or to step()'s caller without start()).
+#include "inferx/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "engine/batch_builder.h"
+#include "engine/batch_sampler.h"
+#include "engine/block_table.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+#include "model/model.h"
+
+namespace inferx {
+namespace {
+
+constexpr int64_t kDefaultKvBytes = int64_t{1} << 30;
+constexpr int32_t kMaxLogprobs = 20;  // OpenAI's top_logprobs limit
+
+void validate_params(const GenerationParams& p, int64_t vocab, int32_t max_batch_size) {
+  INFERX_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "temperature must be >= 0, got {}",
+               p.temperature);
+  INFERX_CHECK(p.top_p > 0.0f && p.top_p <= 1.0f, "top_p must be in (0, 1], got {}", p.top_p);
+  INFERX_CHECK(p.top_k >= -1, "top_k must be -1, 0 (off) or positive, got {}", p.top_k);
+  INFERX_CHECK(p.min_p >= 0.0f && p.min_p <= 1.0f, "min_p must be in [0, 1], got {}", p.min_p);
+  INFERX_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f,
+               "repetition_penalty must be > 0, got {}", p.repetition_penalty);
+  INFERX_CHECK(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f,
+               "presence_penalty must be in [-2, 2], got {}", p.presence_penalty);
+  INFERX_CHECK(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f,
+               "frequency_penalty must be in [-2, 2], got {}", p.frequency_penalty);
+  INFERX_CHECK(p.max_tokens >= 1, "max_tokens must be >= 1, got {}", p.max_tokens);
+  INFERX_CHECK(p.n >= 1 && p.n <= max_batch_size, "n must be in [1, {}] (the max batch size), got {}",
+               max_batch_size, p.n);
+  INFERX_CHECK(p.logprobs >= -1 && p.logprobs <= kMaxLogprobs, "logprobs must be in [0, {}], got {}",
+               kMaxLogprobs, p.logprobs);
+  for (const auto& [t, b] : p.logit_bias) {
+    INFERX_CHECK(t >= 0 && t < vocab, "logit_bias: token id {} is out of range (vocabulary of {})", t, vocab);
+    INFERX_CHECK(std::isfinite(b) && b >= -100.0f && b <= 100.0f,
+                 "logit_bias: value {} for token {} is not in "
+                 "[-100, 100]",
+                 b, t);
+  }
+  for (int32_t t : p.stop_token_ids) {
+    INFERX_CHECK(t >= 0 && t < vocab, "stop_token_ids: token id {} is out of range (vocabulary of {})", t,
+                 vocab);
+  }
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  Impl(Model& m, const Tokenizer* tok, const EngineConfig& c);
+
+  // Engine-thread state ------------------------------------------------------------------------------
+  Model& model;
+  const Tokenizer* tokenizer;
+  EngineConfig config;
+  int64_t vocab = 0;
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<BlockPool> pool;
+  std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<BatchBuilder> builder;
+  BatchSampler sampler;
+  std::vector<float> logits_host;
+  std::vector<SampledToken> sampled;
+  std::vector<int32_t> eos_ids;
+  std::unordered_map<std::string, std::unique_ptr<RequestState>> requests;
+  std::vector<RequestState*> touched;  // requests with output to emit this step
+  uint64_t next_arrival = 0;
+  std::mt19937_64 seed_source{std::random_device{}()};
+  int64_t prompt_tokens = 0, generation_tokens = 0, steps = 0;
+
+  // Shared with other threads, under mu ---------------------------------------------------------------
+  struct Submitted {
+    EngineRequest req;
+    double arrival;
+  };
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Submitted> inbox;
+  std::vector<std::string> aborts;
+  std::unordered_set<std::string> live_ids;
+  EngineStats snapshot;
+  bool stop_flag = false;
+  std::thread thread;
+  std::mutex step_mu;  // step() from a test thread and the loop never overlap
+
+  // Local copies of the inbox, swapped in under the lock (capacity reused).
+  std::vector<Submitted> new_requests;
+  std::vector<std::string> new_aborts;
+
+  void submit(EngineRequest&& r);
+  bool step();
+  void loop();
+  std::unique_ptr<Sequence> make_sequence(RequestState& r, int32_t index);
+  void accept(Submitted&& s);
+  void handle_token(SampledToken& t, double now);
+  void finish(Sequence& seq, FinishReason reason, double now);
+  void abort_request(RequestState& r, const std::string& error);
+  void touch(RequestState& r);
+  void emit();
+  void publish_stats();
+  bool is_eos(int32_t t) const { return std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end(); }
+};
+
+Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
+    : model(m), tokenizer(tok), config(c) {
+  const ModelConfig& mc = model.config();
+  vocab = mc.vocab_size;
+  INFERX_CHECK(config.block_size > 0 && config.block_size <= 1024,
+               "engine: block_size must be in [1, 1024], got {}", config.block_size);
+  INFERX_CHECK(config.max_batch_size > 0, "engine: max_batch_size must be positive, got {}",
+               config.max_batch_size);
+  INFERX_CHECK(config.max_num_batched_tokens > 0, "engine: max_num_batched_tokens must be positive, got {}",
+               config.max_num_batched_tokens);
+  INFERX_CHECK(config.max_model_len >= 0, "engine: max_model_len must be >= 0, got {}", config.max_model_len);
+  INFERX_CHECK(config.sliding_window >= 0, "engine: sliding window must be >= 0, got {}",
+               config.sliding_window);
+  const bool explicit_len = config.max_model_len > 0;
+  int64_t max_len = explicit_len ? config.max_model_len : mc.max_position_embeddings;
+
+  // KV pool. CPU: --kv-cache-memory, by default 1 GiB or what max_batch_size sequences of max_model_len
+  // need, whichever is smaller. The Backend interface has no free-memory query yet, so a CUDA backend is
+  // sized the same way (from kv_cache_bytes) rather than from gpu_memory_utilization.
+  const int32_t bs = config.block_size;
+  const int64_t bytes_per_block = KvCache::bytes_per_block(mc, bs);
+  int64_t num_blocks = 0;
+  if (config.kv_cache_bytes > 0) {
+    num_blocks = config.kv_cache_bytes / bytes_per_block;
+    INFERX_CHECK(num_blocks > 0,
+                 "engine: kv cache memory of {} bytes is smaller than one KV block ({} bytes for "
+                 "{} tokens)",
+                 config.kv_cache_bytes, bytes_per_block, bs);
+  } else {
+    const int64_t want = int64_t{config.max_batch_size} * blocks_for_tokens(max_len, bs);
+    num_blocks = std::max<int64_t>(1, std::min(want, kDefaultKvBytes / bytes_per_block));
+  }
+  num_blocks = std::min<int64_t>(num_blocks, std::numeric_limits<int32_t>::max() / 2);
+  if (num_blocks * bs < max_len) {
+    INFERX_CHECK(!explicit_len,
+                 "engine: max_model_len {} does not fit the KV cache ({} blocks of {} tokens = {} "
+                 "tokens, {} bytes); raise --kv-cache-memory or lower --max-model-len",
+                 max_len, num_blocks, bs, num_blocks * bs, num_blocks * bytes_per_block);
+    max_len = num_blocks * bs;  // defaulted: the longest sequence the pool can hold
+  }
+  config.max_model_len =
+      static_cast<int32_t>(std::min<int64_t>(max_len, std::numeric_limits<int32_t>::max()));
+  config.kv_cache_bytes = num_blocks * bytes_per_block;
+
+  // --kv-cache-strategy sliding-window-N: the model's attention must see the same window, or freed blocks
+  // would still be read.
+  if (config.sliding_window > 0 && config.sliding_window != mc.sliding_window) {
+    model.set_sliding_window(config.sliding_window);
+  }
+  config.sliding_window = model.config().sliding_window;
+  // Without chunked prefill a whole prompt must fit one step.
+  if (!config.enable_chunked_prefill) {
+    config.max_num_batched_tokens = std::max(config.max_num_batched_tokens, config.max_model_len);
+  }
+
+  kv = std::make_unique<KvCache>(model.backend(), mc, num_blocks, bs);
+  pool = std::make_unique<BlockPool>(static_cast<int32_t>(num_blocks), config.enable_prefix_caching);
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = config.max_num_batched_tokens;
+  sc.max_batch_size = config.max_batch_size;
+  sc.block_size = bs;
+  sc.enable_chunked_prefill = config.enable_chunked_prefill;
+  sc.sliding_window = config.sliding_window;
+  scheduler = std::make_unique<Scheduler>(sc, *pool);
+  builder = std::make_unique<BatchBuilder>(model.backend());
+  eos_ids = mc.eos_token_ids;
+  if (tokenizer && tokenizer->eos_id() >= 0 && !is_eos(tokenizer->eos_id()))
+    eos_ids.push_back(tokenizer->eos_id());
+  publish_stats();
+}
+
+void Engine::Impl::submit(EngineRequest&& r) {
+  INFERX_CHECK(!r.id.empty(), "request id must not be empty");
+  INFERX_CHECK(!r.prompt.empty(), "request {}: the prompt is empty", r.id);
+  INFERX_CHECK(static_cast<int64_t>(r.prompt.size()) <= config.max_model_len,
+               "request {}: the prompt has {} tokens, more than max_model_len {}", r.id, r.prompt.size(),
+               config.max_model_len);
+  for (int32_t t : r.prompt) {
+    INFERX_CHECK(t >= 0 && t < vocab, "request {}: prompt token id {} is out of range (vocabulary of {})",
+                 r.id, t, vocab);
+  }
+  try {
+    validate_params(r.params, vocab, config.max_batch_size);
+  } catch (const Error& e) {
+    fail("request {}: {}", r.id, e.what());
+  }
+  const double arrival = engine_now();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    INFERX_CHECK(live_ids.insert(r.id).second, "request id {} is already in use by a live request", r.id);
+    inbox.push_back({std::move(r), arrival});
+    ++snapshot.waiting;
+  }
+  cv.notify_one();
+}
+
+std::unique_ptr<Sequence> Engine::Impl::make_sequence(RequestState& r, int32_t index) {
+  const GenerationParams& p = r.req.params;
+  auto s = std::make_unique<Sequence>();
+  s->request = &r;
+  s->index = index;
+  s->tokens.reserve(r.req.prompt.size() + static_cast<size_t>(p.max_tokens) + 1);
+  s->tokens = r.req.prompt;
+  s->num_prompt = static_cast<int32_t>(r.req.prompt.size());
+  SamplingParams sp;
+  sp.temperature = p.temperature;
+  sp.top_k = p.top_k;
+  sp.top_p = p.top_p;
+  sp.min_p = p.min_p;
+  sp.seed = p.seed ? derive_sequence_seed(*p.seed, index) : seed_source();
+  s->sampler.emplace(sp);
+  s->penalties = PenaltyState(p, r.req.prompt);
+  if (tokenizer) s->detokenizer.emplace(*tokenizer, p.skip_special_tokens);
+  s->stop = StopChecker(p.stop);
+  s->pending.index = index;
+  return s;
+}
+
+void Engine::Impl::accept(Submitted&& s) {
+  auto r = std::make_unique<RequestState>();
+  r->req = std::move(s.req);
+  r->arrival_order = next_arrival++;
+  r->times.arrival = s.arrival;
+  r->seqs.push_back(make_sequence(*r, 0));
+  scheduler->add_waiting(r->seqs[0].get());
+  const std::string id = r->req.id;
+  requests.emplace(id, std::move(r));
+}
+
+void Engine::Impl::touch(RequestState& r) {
+  if (std::find(touched.begin(), touched.end(), &r) == touched.end()) touched.push_back(&r);
+}
+
+void Engine::Impl::finish(Sequence& seq, FinishReason reason, double now) {
+  seq.status = SequenceStatus::Finished;
+  seq.finish_reason = reason;
+  seq.pending.finish_reason = reason;
+  seq.pending.stop_reason = seq.stop_reason;
+  seq.has_pending = true;
+  scheduler->remove(&seq);
+  RequestState& r = *seq.request;
+  if (++r.num_finished == r.req.params.n) r.times.finished = now;
+  touch(r);
+}
+
+void Engine::Impl::abort_request(RequestState& r, const std::string& error) {
+  const double now = engine_now();
+  r.req.params.n = std::max(r.req.params.n, 1);
+  for (auto& s : r.seqs) {
+    if (!s->finished()) finish(*s, FinishReason::Abort, now);
+  }
+  // Sequences never forked off the prompt end too.
+  for (auto i = static_cast<int32_t>(r.seqs.size()); i < r.req.params.n; ++i) {
+    r.seqs.push_back(make_sequence(r, i));
+    finish(*r.seqs.back(), FinishReason::Abort, now);
+  }
+  r.forked = true;
+  r.times.finished = now;
+  r.error = error;
+  touch(r);
+}
+
+void Engine::Impl::handle_token(SampledToken& t, double now) {
+  Sequence& seq = *t.seq;
+  RequestState& r = *seq.request;
+  const GenerationParams& p = r.req.params;
+  if (r.times.first_token == 0) r.times.first_token = now;
+  seq.tokens.push_back(t.token);
+  seq.penalties.add_generated(t.token);
+  ++generation_tokens;
+  // The prompt is computed: fork the other n - 1 sequences off its blocks.
+  if (seq.index == 0 && !r.forked) {
+    r.forked = true;
+    for (int32_t i = 1; i < p.n; ++i) {
+      r.seqs.push_back(make_sequence(r, i));
+      scheduler->fork(seq, *r.seqs.back());
+    }
+  }
+  seq.pending.token_ids.push_back(t.token);
+  if (t.has_logprob) seq.pending.logprobs.push_back(std::move(t.logprob));
+  seq.has_pending = true;
+  touch(r);
+
+  auto final_text = [&] {  // the sequence ends: release held-back text (it may still complete a stop)
+    if (!seq.detokenizer) return;
+    seq.pending.text += seq.stop.push(seq.detokenizer->flush());
+    if (!seq.stop.matched()) seq.pending.text += seq.stop.flush();
+  };
+  const bool stop_token =
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t.token) != p.stop_token_ids.end();
+  if (stop_token || (!p.ignore_eos && is_eos(t.token))) {
+    final_text();
+    seq.stop_reason = seq.stop.matched() ? seq.stop.matched_stop()
+                      : stop_token       ? std::to_string(t.token)
+                                         : "";
+    finish(seq, FinishReason::Stop, now);
+    return;
+  }
+  if (seq.detokenizer) seq.pending.text += seq.stop.push(seq.detokenizer->push(t.token));
+  if (!seq.stop.matched() && (seq.num_generated() >= p.max_tokens ||
+                              static_cast<int64_t>(seq.tokens.size()) >= config.max_model_len)) {
+    final_text();
+    if (!seq.stop.matched()) {
+      finish(seq, FinishReason::Length, now);
+      return;
+    }
+  }
+  if (seq.stop.matched()) {
+    seq.stop_reason = seq.stop.matched_stop();
+    finish(seq, FinishReason::Stop, now);
+  }
+}
+
+void Engine::Impl::emit() {
+  for (RequestState* r : touched) {
+    RequestOutput out;
+    out.request_id = r->req.id;
+    out.prompt_tokens = static_cast<int32_t>(r->req.prompt.size());
+    out.cached_prompt_tokens = r->cached_prompt_tokens;
+    for (auto& s : r->seqs) {
+      out.completion_tokens += std::max(0, s->num_generated());
+      if (!s->has_pending) continue;
+      out.deltas.push_back(std::move(s->pending));
+      s->pending = SequenceDelta{};
+      s->pending.index = s->index;
+      s->has_pending = false;
+    }
+    out.finished = r->num_finished >= r->req.params.n;
+    out.times = r->times;
+    out.error = r->error;
+    if (r->req.on_output) {
+      try {
+        r->req.on_output(std::move(out));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "inferx engine: output callback of request %s threw: %s\n", r->req.id.c_str(),
+                     e.what());
+      }
+    }
+  }
+  for (RequestState* r : touched) {
+    if (r->num_finished >= r->req.params.n) {
+      const std::string id = r->req.id;
+      requests.erase(id);
+      std::lock_guard<std::mutex> lock(mu);
+      live_ids.erase(id);
+    }
+  }
+  touched.clear();
+}
+
+void Engine::Impl::publish_stats() {
+  EngineStats s;
+  const SchedulerCounters& c = scheduler->counters();
+  s.running = scheduler->num_running();
+  s.kv_blocks_total = pool->num_blocks();
+  s.kv_blocks_used = pool->num_used();
+  s.prefix_cache_queries = c.prefix_cache_queries;
+  s.prefix_cache_hits = c.prefix_cache_hits;
+  s.preemptions = c.preemptions;
+  s.prompt_tokens = prompt_tokens;
+  s.generation_tokens = generation_tokens;
+  s.steps = steps;
+  std::lock_guard<std::mutex> lock(mu);
+  s.waiting = scheduler->num_waiting() + static_cast<int32_t>(inbox.size());
+  snapshot = s;
+}
+
+bool Engine::Impl::step() {
+  std::lock_guard<std::mutex> step_lock(step_mu);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    new_requests.swap(inbox);
+    new_aborts.swap(aborts);
+  }
+  const bool had_input = !new_requests.empty() || !new_aborts.empty();
+  for (Submitted& s : new_requests) accept(std::move(s));
+  new_requests.clear();
+  for (const std::string& id : new_aborts) {
+    auto it = requests.find(id);
+    if (it != requests.end()) abort_request(*it->second, "");
+  }
+  new_aborts.clear();
+
+  const SchedulerOutput& out = scheduler->schedule();
+  if (out.empty()) {
+    emit();
+    publish_stats();
+    return had_input;
+  }
+  const double now = engine_now();
+  for (const ScheduledSequence& s : out.seqs) {
+    RequestState& r = *s.seq->request;
+    if (r.times.scheduled == 0) {
+      r.times.scheduled = now;
+      prompt_tokens += static_cast<int64_t>(r.req.prompt.size());
+    }
+  }
+  try {
+    const BatchView batch = builder->build(out);
+    const Tensor logits = model.forward(batch, *kv);
+    logits_host.resize(static_cast<size_t>(batch.num_logits) * static_cast<size_t>(vocab));
+    if (batch.num_logits > 0) {
+      model.backend().copy_to_host(logits_host.data(), logits.data, logits_host.size() * sizeof(float));
+    }
+    scheduler->on_step_computed(out);
+    sampler.sample(out, logits_host.data(), vocab, sampled);
+  } catch (const std::exception& e) {
+    // The step failed (a backend or sampler error): fail the requests in it rather than the engine.
+    std::vector<RequestState*> failed;
+    for (const ScheduledSequence& s : out.seqs) {
+      if (std::find(failed.begin(), failed.end(), s.seq->request) == failed.end())
+        failed.push_back(s.seq->request);
+    }
+    for (RequestState* r : failed) abort_request(*r, fmt::format("engine step failed: {}", e.what()));
+    emit();
+    publish_stats();
+    return true;
+  }
+  ++steps;
+  const double done = engine_now();
+  for (SampledToken& t : sampled) handle_token(t, done);
+  emit();
+  publish_stats();
+  return true;
+}
+
+void Engine::Impl::loop() {
+  while (true) {
+    bool worked = false;
+    try {
+      worked = step();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "inferx engine: step failed: %s\n", e.what());
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    if (stop_flag) return;
+    if (!worked) {
+      // Idle: sleep until input arrives (bounded, in case work is waiting on something else).
+      cv.wait_for(lock, std::chrono::milliseconds(requests.empty() ? 1000 : 5),
+                  [&] { return stop_flag || !inbox.empty() || !aborts.empty(); });
+      if (stop_flag) return;
+    }
+  }
+}
+
+// Engine --------------------------------------------------------------------------------------------------
+
+Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
+    : impl_(std::make_unique<Impl>(model, tokenizer, config)) {}
+
+Engine::~Engine() { stop(); }
+
+void Engine::start() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->thread.joinable()) return;
+  impl_->stop_flag = false;
+  impl_->thread = std::thread([this] { impl_->loop(); });
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop_flag = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void Engine::submit(EngineRequest request) { impl_->submit(std::move(request)); }
+
+void Engine::abort(const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (!impl_->live_ids.contains(request_id)) return;
+    impl_->aborts.push_back(request_id);
+  }
+  impl_->cv.notify_one();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->snapshot;
+}
+
+int32_t Engine::num_unfinished() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return static_cast<int32_t>(impl_->live_ids.size());
+}
+
+const EngineConfig& Engine::config() const { return impl_->config; }
+int32_t Engine::max_model_len() const { return impl_->config.max_model_len; }
+
+bool Engine::step() { return impl_->step(); }
+
+void Engine::run_until_idle() {
+  while (impl_->step()) {
+  }
+}
+
+}  // namespace inferx
