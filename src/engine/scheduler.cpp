@@ -18,6 +18,10 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockPool& pool) : config_(c
   out_.seqs.reserve(static_cast<size_t>(config.max_batch_size) * 2);
 }
 
+int32_t Scheduler::pending_forks(const Sequence* s) {
+  return (s->index == 0 && !s->request->forked) ? std::max(s->request->req.params.n, 1) - 1 : 0;
+}
+
 Scheduler::WaitingKey Scheduler::key(Sequence* s) {
   return {s->request->req.priority, s->request->arrival_order, s->index, s};
 }
@@ -46,6 +50,7 @@ void Scheduler::fork(const Sequence& parent, Sequence& child) {
                             parent.block_hashes.begin() + static_cast<ptrdiff_t>(hashes));
   child.status = SequenceStatus::Running;
   running_.push_back(&child);
+  if (reserved_ > 0) --reserved_;  // the slot the parent's admission reserved for this child
 }
 
 void Scheduler::release_all_blocks(Sequence* seq) {
@@ -60,13 +65,17 @@ void Scheduler::release_all_blocks(Sequence* seq) {
 }
 
 void Scheduler::remove(Sequence* seq) {
-  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) running_.erase(it);
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) {
+    running_.erase(it);
+    reserved_ -= pending_forks(seq);
+  }
   waiting_.erase(key(seq));
   release_all_blocks(seq);
 }
 
 void Scheduler::preempt(Sequence* seq) {
   running_.erase(std::find(running_.begin(), running_.end(), seq));
+  reserved_ -= pending_forks(seq);
   // Unschedule it if it already got tokens this step: its budget goes back to the others.
   for (auto it = out_.seqs.begin(); it != out_.seqs.end(); ++it) {
     if (it->seq == seq) {
@@ -142,8 +151,8 @@ void Scheduler::schedule_waiting() {
     Sequence* seq = std::get<3>(*waiting_.begin());
     // A request's first admission reserves room for all n sequences it will fork into.
     RequestState& r = *seq->request;
-    const int32_t slots = (seq->index == 0 && !r.forked) ? std::max(r.req.params.n, 1) : 1;
-    if (static_cast<int32_t>(running_.size()) + slots > config_.max_batch_size) return;
+    const int32_t forks = pending_forks(seq);
+    if (static_cast<int32_t>(running_.size()) + reserved_ + 1 + forks > config_.max_batch_size) return;
 
     const auto len = static_cast<int32_t>(seq->tokens.size());
     int32_t hit_blocks = 0;
@@ -181,6 +190,7 @@ void Scheduler::schedule_waiting() {
     if (seq->index == 0 && r.times.scheduled == 0) r.cached_prompt_tokens = computed;  // first admission
     seq->status = SequenceStatus::Running;
     running_.push_back(seq);
+    reserved_ += forks;
     push(seq, num_new);
   }
 }

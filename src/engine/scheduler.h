@@ -74,6 +74,8 @@ class Scheduler {
  private:
   using WaitingKey = std::tuple<int32_t, uint64_t, int32_t, Sequence*>;  // priority, arrival, index
   static WaitingKey key(Sequence* seq);
+  // Running slots a not yet forked first sequence holds for its n - 1 siblings.
+  static int32_t pending_forks(const Sequence* seq);
   void schedule_running(bool decodes);
   void schedule_waiting();
   // Gives `seq` blocks up to `total_tokens`, preempting others (or itself: returns false) when short.
@@ -90,6 +92,7 @@ class Scheduler {
   SchedulerOutput out_;
   std::vector<Sequence*> order_;  // scratch: the running set at the start of a pass
   int32_t budget_ = 0;
+  int32_t reserved_ = 0;  // sum of pending_forks over running sequences
   SchedulerCounters counters_;
 };
 
