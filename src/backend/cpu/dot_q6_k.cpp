@@ -107,7 +107,9 @@ void rows_simd(const BlockQ6_K* w, const ActQ8_KView* a, int64_t nsb, float* out
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45));
       // Both 128-bit lanes hold this half's eight scales (groups 8h .. 8h + 7).
-      const __m256i sch = _mm256_permute2x128_si256(sc16, sc16, h == 0 ? 0x00 : 0x11);
+      // The lane selector must be an immediate (unoptimised builds do not fold a ternary into one).
+      const __m256i sch =
+          h == 0 ? _mm256_permute2x128_si256(sc16, sc16, 0x00) : _mm256_permute2x128_si256(sc16, sc16, 0x11);
       for (int s = 0; s < 4; ++s) {
         const __m256i scv = _mm256_shuffle_epi8(sch, scale_mask[s]);
         for (int r = 0; r < NR; ++r) {
