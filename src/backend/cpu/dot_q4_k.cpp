@@ -29,6 +29,32 @@ inline void unpack_scales_mins(const uint8_t* packed, uint32_t sc[2], uint32_t m
   m[1] = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
 }
 
+#if defined(INFERX_X86_SIMD)
+// Vector form of unpack_scales_mins: 8 scales and 8 mins as int16 lanes. Reads 16 bytes from the
+// 12-byte scales field (the 4 extra bytes are the block's qs: in bounds, ignored). With a, b, c the
+// bytes 0-3, 4-7, 8-11: sc = [a & 63, (c & 15) | (a >> 6) << 4], m = [b & 63, (c >> 4) | (b >> 6) << 4].
+inline void scales_mins_16(const uint8_t* packed, __m128i* sc16, __m128i* m16) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+  // [a, c, b, c] and [0, a, 0, b] (32-bit groups); 0x80 selects zero.
+  const __m128i acbc = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i z = _mm_setr_epi8(-128, -128, -128, -128, 0, 1, 2, 3, -128, -128, -128, -128, 4, 5, 6, 7);
+  const __m128i zazb = _mm_shuffle_epi8(v, z);
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(acbc, _mm_setr_epi32(0, 0, 0, 4)),
+                                    _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(zazb, 2), _mm_set1_epi8(0x30));
+  const __m128i scm = _mm_or_si128(low, high);  // bytes: sc0..sc7, m0..m7
+  *sc16 = _mm_cvtepu8_epi16(scm);
+  *m16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
+}
+
+// [d, dmin, 0, 0] of a Q4_K block (adjacent f16 fields) with one conversion.
+inline __m128 d_dmin(const BlockQ4_K& b) {
+  uint32_t both;
+  std::memcpy(&both, &b.d, 4);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(both)));
+}
+#endif
+
 #if defined(INFERX_X86_SIMD) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 // AVX-512 path: one 512-bit vector holds a whole 64-element chunk (32 bytes of qs: low nibbles are
 // elements 0-31, high nibbles 32-63), so per chunk and row it is one activation load, one vpmaddubsw
@@ -49,13 +75,10 @@ void rows_avx512(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* o
                                       _mm256_set1_epi16(static_cast<int16_t>(2 * c + 1)), 1);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const BlockQ4_K& bw = w[sb];
-    uint32_t sc[2], m[2];
-    unpack_scales_mins(bw.scales, sc, m);
-    const __m512i sc16 = _mm512_castsi128_si512(
-        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc[0]), static_cast<int>(sc[1]), 0, 0)));
-    const __m128i m16 =
-        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(m[0]), static_cast<int>(m[1]), 0, 0));
-    const float d = f16_scalar(bw.d), dmin = f16_scalar(bw.dmin);
+    __m128i sc8, m16;
+    scales_mins_16(bw.scales, &sc8, &m16);
+    const __m512i sc16 = _mm512_zextsi128_si512(sc8);
+    const __m128 dd = d_dmin(bw);
     __m512i isum[NR][C];
     for (int r = 0; r < NR; ++r)
       for (int i = 0; i < C; ++i) isum[r][i] = _mm512_setzero_si512();
@@ -74,11 +97,11 @@ void rows_avx512(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* o
     for (int r = 0; r < NR; ++r) {
       __m512i total = isum[r][0];
       for (int i = 1; i < C; ++i) total = _mm512_add_epi32(total, isum[r][i]);
-      const float dx = a[r].d[sb];
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_set1_ps(d * dx), acc[r]);
+      const __m128 scale = _mm_mul_ps(dd, _mm_set1_ps(a[r].d[sb]));  // [d dx, dmin dx]
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_broadcastss_ps(scale), acc[r]);
       const __m128i xs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r].sum32 + 8 * sb));
       const __m128i mins = _mm_madd_epi16(xs, m16);
-      macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * dx), macc[r]);
+      macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_shuffle_ps(scale, scale, 0x55), macc[r]);
     }
   }
   for (int r = 0; r < NR; ++r) {
@@ -109,14 +132,10 @@ void rows_simd(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* out
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const BlockQ4_K& bw = w[sb];
-    uint32_t sc[2], m[2];
-    unpack_scales_mins(bw.scales, sc, m);
-    const __m128i sc16 =
-        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(sc[0]), static_cast<int>(sc[1]), 0, 0));
-    const __m128i m16 =
-        _mm_cvtepu8_epi16(_mm_setr_epi32(static_cast<int>(m[0]), static_cast<int>(m[1]), 0, 0));
+    __m128i sc16, m16;
+    scales_mins_16(bw.scales, &sc16, &m16);
     const __m256i sc256 = _mm256_broadcastsi128_si256(sc16);
-    const float d = f16_scalar(bw.d), dmin = f16_scalar(bw.dmin);
+    const __m128 dd = d_dmin(bw);
     __m256i isum[NR][C];
     for (int r = 0; r < NR; ++r)
       for (int i = 0; i < C; ++i) isum[r][i] = _mm256_setzero_si256();
@@ -139,11 +158,11 @@ void rows_simd(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* out
     for (int r = 0; r < NR; ++r) {
       __m256i total = isum[r][0];
       for (int i = 1; i < C; ++i) total = _mm256_add_epi32(total, isum[r][i]);
-      const float dx = a[r].d[sb];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_set1_ps(d * dx), acc[r]);
+      const __m128 scale = _mm_mul_ps(dd, _mm_set1_ps(a[r].d[sb]));  // [d dx, dmin dx]
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_broadcastss_ps(scale), acc[r]);
       const __m128i xs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[r].sum32 + 8 * sb));
       const __m128i mins = _mm_madd_epi16(xs, m16);  // |.| <= 2 * 63 * 4064: fits int32
-      macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * dx), macc[r]);
+      macc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_shuffle_ps(scale, scale, 0x55), macc[r]);
     }
   }
   for (int r = 0; r < NR; ++r) out[r] = hsum(acc[r]) - hsum(macc[r]);
