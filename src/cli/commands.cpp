@@ -9,7 +9,14 @@ std::vector<std::pair<CLI::App*, Action>>& registry() {
 }
 }  // namespace
 
-void register_all(CLI::App& app) { register_generate(app, registry()); }
+void register_all(CLI::App& app) {
+  register_generate(app, registry());
+  register_chat_template(app, registry());
+  register_tokenize(app, registry());
+  register_detokenize(app, registry());
+  register_serve(app, registry());
+  register_bench(app, registry());
+}
 
 void run_selected(CLI::App& app) {
   for (auto& [sub, action] : registry())

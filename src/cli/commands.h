@@ -10,6 +10,11 @@ namespace inferx::cli {
 using Action = std::function<void()>;
 
 void register_generate(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& out);
+void register_chat_template(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& out);
+void register_tokenize(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& out);
+void register_detokenize(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& out);
+void register_serve(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& out);
+void register_bench(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& out);
 
 void register_all(CLI::App& app);
 void run_selected(CLI::App& app);

@@ -32,6 +32,15 @@ void ApiServer::set_model(const ServedModel& model) {
   ready_ = true;
 }
 
+void ApiServer::abort_all() {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard lock(ids_mu_);
+    ids.assign(live_ids_.begin(), live_ids_.end());
+  }
+  for (const auto& id : ids) model_.engine->abort(id);
+}
+
 void ApiServer::reply_json(const std::shared_ptr<ResponseSink>& sink, const std::string& route, int status,
                            const std::string& body, HttpHeaders headers) {
   metrics_.http_response(route, status);

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 
 #include "inferx/engine.h"
 #include "server/http_server.h"
@@ -53,6 +55,8 @@ class ApiServer {
   // Generation requests admitted and not yet finished.
   int64_t live_requests() const { return live_.load(); }
   ServerMetrics& metrics() { return metrics_; }
+  // Aborts every live generation request (drain timeout): each gets a final output with reason abort.
+  void abort_all();
 
  private:
   struct Live;
@@ -68,6 +72,8 @@ class ApiServer {
   std::atomic<bool> draining_{false};
   ServedModel model_;
   std::atomic<int64_t> live_{0};
+  std::mutex ids_mu_;
+  std::unordered_set<std::string> live_ids_;
   std::atomic<int64_t> queued_{0};  // admitted, no output yet (the --max-queue count)
   int64_t created_ = 0;
 };

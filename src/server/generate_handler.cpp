@@ -195,6 +195,10 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
       const double queue_s =
           out.times.scheduled > 0 && out.times.arrival > 0 ? out.times.scheduled - out.times.arrival : -1.0;
       metrics_.request_finished(reason, out.prompt_tokens, out.completion_tokens, t - live->arrival, queue_s);
+      {
+        std::lock_guard lock(ids_mu_);
+        live_ids_.erase(live->id);
+      }
       live_ -= 1;
     }
     auto shared = std::make_shared<RequestOutput>(std::move(out));
@@ -225,9 +229,17 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
   };
 
   live_ += 1;
+  {
+    std::lock_guard lock(ids_mu_);
+    live_ids_.insert(live->id);
+  }
   try {
     model_.engine->submit(std::move(er));
   } catch (const Error& e) {
+    {
+      std::lock_guard lock(ids_mu_);
+      live_ids_.erase(live->id);
+    }
     live_ -= 1;
     queued_ -= 1;
     throw ApiError(400, e.what(), "", "invalid_request");

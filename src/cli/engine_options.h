@@ -1,0 +1,54 @@
+#pragma once
+// The engine flags `inferx serve` and `inferx bench offline` share (the product quick start's names),
+// and loading model + tokenizer + engine from them.
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "inferx/engine.h"
+#include "model/model.h"
+#include "text/tokenizer_loader.h"
+
+namespace inferx::cli {
+
+struct EngineArgs {
+  std::string model;  // empty: default_model()
+  std::string device = "cpu";
+  int threads = 0;
+  std::string dtype = "bf16";  // dummy models
+  int32_t max_batch_size = 256;
+  int32_t max_num_batched_tokens = 2048;
+  int32_t block_size = 16;
+  std::string kv_cache_memory;  // "4GiB", "512MiB", bytes; empty: engine default
+  float gpu_memory_utilization = 0.9f;
+  int32_t max_model_len = 0;
+  std::string kv_cache_strategy = "full";
+  bool no_prefix_caching = false;
+  bool enable_alp = true;  // chunked prefill (on by default; the flag exists for the quick start)
+  bool no_chunked_prefill = false;
+  std::string quantize = "none";
+};
+
+void add_engine_options(CLI::App& sub, EngineArgs& a);
+
+// ../shared/testdata/stories260K.gguf next to the repository when present, else dummy:tiny.
+std::string default_model();
+// "path/to/stories260K.gguf" -> "stories260K"; "dummy:tiny" stays.
+std::string default_served_name(const std::string& model_spec);
+// --quantize: none/auto are accepted (weights as stored); any other value is refused until the
+// quantization issue lands, so nobody benchmarks an unquantized model believing it is quantized.
+void check_quantize(const std::string& value);
+// "4GiB" / "512MiB" / "1.5GB" / "1000000" -> bytes; throws naming --kv-cache-memory.
+int64_t parse_memory_size(const std::string& text);
+EngineConfig engine_config(const EngineArgs& a);
+
+struct LoadedEngine {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  ModelText text;
+  std::unique_ptr<Engine> engine;
+};
+LoadedEngine load_engine(const EngineArgs& a);
+
+}  // namespace inferx::cli
