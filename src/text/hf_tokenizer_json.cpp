@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -141,6 +142,32 @@ std::vector<AddedToken> parse_added_tokens(const json& list, const std::string& 
   return out;
 }
 
+// tokenizers does not take an added token's "id" from the file: AddedVocabulary::add_tokens gives it the
+// model's id when the content is in the vocabulary, else the next id after the vocabulary and the added
+// tokens so far. Real files agree with that; a file that does not is read the way tokenizers reads it.
+void assign_added_ids(BpeSpec& spec) {
+  std::unordered_map<std::string_view, int32_t> model;
+  int32_t model_size = 0;
+  for (size_t i = 0; i < spec.vocab.size(); ++i) {
+    if (spec.vocab[i].empty()) continue;
+    model.emplace(spec.vocab[i], static_cast<int32_t>(i));
+    ++model_size;
+  }
+  std::unordered_map<std::string, int32_t> added;
+  int32_t max_added = -1;
+  for (AddedToken& t : spec.added_tokens) {
+    if (const auto it = added.find(t.content); it != added.end()) {
+      t.id = it->second;
+    } else if (const auto m = model.find(t.content); m != model.end()) {
+      t.id = m->second;
+    } else {
+      t.id = max_added >= model_size ? max_added + 1 : model_size;
+    }
+    added.emplace(t.content, t.id);
+    max_added = std::max(max_added, t.id);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<BpeTokenizer> parse_hf_tokenizer_json(const json& doc, const std::string& source,
@@ -177,6 +204,7 @@ std::unique_ptr<BpeTokenizer> parse_hf_tokenizer_json(const json& doc, const std
   spec.ignore_merges = model.value("ignore_merges", false);
   spec.fuse_unk = model.value("fuse_unk", false);
   spec.added_tokens = parse_added_tokens(doc.value("added_tokens", json()), source);
+  assign_added_ids(spec);
   spec.normalizer = Normalizer::from_json(doc.value("normalizer", json()), source);
   spec.pre_tokenizer = PreTokenizer::from_json(doc.value("pre_tokenizer", json()), source);
   spec.decoder = Decoder::from_json(doc.value("decoder", json()), source);

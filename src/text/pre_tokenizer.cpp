@@ -337,7 +337,8 @@ void PreTokenizer::split(std::string_view text, bool at_start, PreTokenized& out
           const bool prepend =
               step.prepend == Prepend::Always ||
               (step.prepend == Prepend::First && at_start && i == 0 && out.spans[0].first == 0);
-          if (prepend && s.substr(0, step.replacement.size()) != step.replacement)
+          // Spaces are replaced first, so a leading space already counts as the prefix.
+          if (prepend && !s.starts_with(' ') && !s.starts_with(step.replacement))
             dst.append(step.replacement);
           for (char c : s) {
             if (c == ' ') {
