@@ -3,7 +3,8 @@
 // tests/golden/README.md). One fixture per supported family and feature: Llama 2 (GQA), Llama 3 (llama3
 // RoPE scaling, tied embeddings, explicit head_dim), Mistral (sliding window), Qwen2 (qkv bias, disabled
 // window), Qwen3 (q/k norm, head_dim != hidden / heads), and GGUF exports of llama (permuted q/k,
-// interleaved RoPE) and qwen2 made with llama.cpp's gguf-py.
+// interleaved RoPE), qwen2 and Llama 3 (llama3 scaling as llama.cpp's rope_freqs.weight divisors, tied
+// embeddings, key_length) made with llama.cpp's gguf-py.
 //
 // Metric, per position (row of [seq, vocab] logits):
 //   rel = max_v |inferx[v] - reference[v]| / max(max_v |reference[v]|, 1e-6)   must be <= 1e-4,
@@ -143,19 +144,18 @@ TEST_P(GoldenLogits, TokenByTokenLastRowMatchesReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenLogits,
-                         ::testing::Values(Case{"llama-tiny", "llama-tiny"},
-                                           Case{"llama3-tiny", "llama3-tiny"},
-                                           Case{"mistral-tiny", "mistral-tiny"},
-                                           Case{"qwen2-tiny", "qwen2-tiny"}, Case{"qwen3-tiny", "qwen3-tiny"},
-                                           Case{"llama-tiny.gguf", "llama-tiny"},
-                                           Case{"qwen2-tiny.gguf", "qwen2-tiny"}),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string n = info.param.model;
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           std::replace(n.begin(), n.end(), '.', '_');
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GoldenLogits,
+    ::testing::Values(Case{"llama-tiny", "llama-tiny"}, Case{"llama3-tiny", "llama3-tiny"},
+                      Case{"mistral-tiny", "mistral-tiny"}, Case{"qwen2-tiny", "qwen2-tiny"},
+                      Case{"qwen3-tiny", "qwen3-tiny"}, Case{"llama-tiny.gguf", "llama-tiny"},
+                      Case{"qwen2-tiny.gguf", "qwen2-tiny"}, Case{"llama3-tiny.gguf", "llama3-tiny"}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string n = info.param.model;
+      std::replace(n.begin(), n.end(), '-', '_');
+      std::replace(n.begin(), n.end(), '.', '_');
+      return n;
+    });
 
 }  // namespace
 }  // namespace inferx
