@@ -1,0 +1,205 @@
+#include <gtest/gtest.h>
+
+#include "server/auth.h"
+#include "server/openai/api_error.h"
+#include "server/openai/request.h"
+#include "server/openai/response.h"
+#include "server/sse.h"
+
+namespace inferx::server {
+namespace {
+
+using nlohmann::json;
+
+std::string param_of(const json& body, bool chat = false) {
+  try {
+    chat ? parse_chat_request(body) : parse_completion_request(body);
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.body()["error"]["type"], "invalid_request_error");
+    return e.param;
+  }
+  return "<accepted>";
+}
+
+TEST(OpenAIRequest, CompletionFields) {
+  auto r = parse_completion_request(json::parse(R"({"model": "m", "prompt": "hi", "max_tokens": 5,
+      "temperature": 0.5, "top_p": 0.9, "top_k": 7, "min_p": 0.1, "n": 2, "seed": 3, "stop": "x",
+      "logprobs": 2, "presence_penalty": 1, "frequency_penalty": -1, "repetition_penalty": 1.1,
+      "logit_bias": {"17": -100}, "ignore_eos": true, "user": "u", "stream": true,
+      "stream_options": {"include_usage": true}})"));
+  EXPECT_EQ(*r.prompt_text, "hi");
+  EXPECT_EQ(r.params.max_tokens, 5);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_EQ(r.params.top_k, 7);
+  EXPECT_EQ(r.params.n, 2);
+  EXPECT_EQ(*r.params.seed, 3u);
+  EXPECT_EQ(r.params.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(r.params.logprobs, 2);
+  ASSERT_EQ(r.params.logit_bias.size(), 1u);
+  EXPECT_EQ(r.params.logit_bias[0].first, 17);
+  EXPECT_TRUE(r.params.ignore_eos && r.stream && r.include_usage);
+  EXPECT_EQ(r.user, "u");
+}
+
+TEST(OpenAIRequest, PromptForms) {
+  EXPECT_EQ(parse_completion_request(json::parse(R"({"model": "m", "prompt": [1, 2, 3]})")).prompt_ids,
+            (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(*parse_completion_request(json::parse(R"({"model": "m", "prompt": ["one"]})")).prompt_text,
+            "one");
+  EXPECT_EQ(parse_completion_request(json::parse(R"({"model": "m", "prompt": [[4, 5]]})")).prompt_ids,
+            (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": ["a", "b"]})")), "prompt");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": [-1]})")), "prompt");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m"})")), "prompt");
+  EXPECT_EQ(param_of(json::parse(R"({"prompt": "x"})")), "model");
+}
+
+TEST(OpenAIRequest, InvalidFieldsNamed) {
+  const json base = {{"model", "m"}, {"prompt", "p"}};
+  const std::vector<std::pair<std::string, json>> bad = {{"temperature", 2.5},
+                                                         {"temperature", "x"},
+                                                         {"top_p", 0},
+                                                         {"top_k", -2},
+                                                         {"min_p", 2},
+                                                         {"n", 0},
+                                                         {"n", 1000},
+                                                         {"max_tokens", 0},
+                                                         {"max_tokens", 1.5},
+                                                         {"seed", "s"},
+                                                         {"stop", json::array({1})},
+                                                         {"stop", json::array({""})},
+                                                         {"logprobs", 21},
+                                                         {"logit_bias", {{"a", 1}}},
+                                                         {"logit_bias", {{"5", 200}}},
+                                                         {"presence_penalty", -3},
+                                                         {"frequency_penalty", 2.5},
+                                                         {"stream", "yes"},
+                                                         {"ignore_eos", 1},
+                                                         {"stream_options", {{"include_usage", true}}},
+                                                         {"best_of", 3},
+                                                         {"echo", true}};
+  for (const auto& [k, v] : bad) {
+    json b = base;
+    b[k] = v;
+    EXPECT_EQ(param_of(b), k) << k << "=" << v.dump();
+  }
+  json nulls = base;
+  nulls["temperature"] = nullptr;  // null means "not given"
+  EXPECT_EQ(param_of(nulls), "<accepted>");
+}
+
+TEST(OpenAIRequest, ChatFields) {
+  auto r = parse_chat_request(json::parse(R"({"model": "m", "messages": [
+      {"role": "system", "content": "s"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+      "max_tokens": 9, "max_completion_tokens": 4, "logprobs": true, "top_logprobs": 3})"));
+  EXPECT_EQ(r.messages[1]["content"], "ab");
+  EXPECT_EQ(r.params.max_tokens, 4);  // max_completion_tokens wins
+  EXPECT_EQ(r.params.logprobs, 3);
+  auto d =
+      parse_chat_request(json::parse(R"({"model": "m", "messages": [{"role": "user", "content": "x"}]})"));
+  EXPECT_EQ(d.params.max_tokens, 0);  // filled from the context later
+  EXPECT_FALSE(d.max_tokens_given);
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "messages": []})"), true), "messages");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "messages": [{"role": "bot", "content": "x"}]})"), true),
+            "messages[0].role");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "messages": [{"role": "user"}]})"), true),
+            "messages[0].content");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "messages": [{"role": "user", "content": "x"}],
+      "top_logprobs": 2})"),
+                     true),
+            "top_logprobs");
+}
+
+TEST(OpenAIResponse, ChatStreamSequence) {
+  ResponseContext ctx;
+  ctx.chat = true;
+  ctx.id = "chatcmpl-1";
+  ctx.created = 42;
+  ctx.model = "m";
+  ctx.include_usage = true;
+  StreamEncoder enc(ctx);
+  RequestOutput o;
+  o.deltas.push_back({0, {5}, "Hel", {}, FinishReason::None, ""});
+  RequestOutput last;
+  last.deltas.push_back({0, {6}, "lo", {}, FinishReason::Stop, ""});
+  last.finished = true;
+  last.prompt_tokens = 3;
+  last.completion_tokens = 2;
+  const std::string s = enc.begin() + enc.on_output(o) + enc.on_output(last) + enc.end(last);
+  const std::string common = R"("created":42,"id":"chatcmpl-1","model":"m","object":"chat.completion.chunk",)"
+                             R"("system_fingerprint":null,)";
+  EXPECT_EQ(
+      s,
+      "data: {\"choices\":[{\"delta\":{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null,"
+      "\"index\":0,\"logprobs\":null}]," +
+          common +
+          "\"usage\":null}\n\n"
+          "data: "
+          "{\"choices\":[{\"delta\":{\"content\":\"Hel\"},\"finish_reason\":null,\"index\":0,\"logprobs\":"
+          "null}]," +
+          common +
+          "\"usage\":null}\n\n"
+          "data: "
+          "{\"choices\":[{\"delta\":{\"content\":\"lo\"},\"finish_reason\":null,\"index\":0,\"logprobs\":"
+          "null}]," +
+          common +
+          "\"usage\":null}\n\n"
+          "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null}]," +
+          common +
+          "\"usage\":null}\n\n"
+          "data: {\"choices\":[]," +
+          common +
+          "\"usage\":{\"completion_tokens\":2,\"prompt_tokens\":3,\"prompt_tokens_details\":{\"cached_"
+          "tokens\":0},"
+          "\"total_tokens\":5}}\n\n"
+          "data: [DONE]\n\n");
+}
+
+TEST(OpenAIResponse, CompletionAccumulates) {
+  ResponseContext ctx;
+  ctx.id = "cmpl-1";
+  ctx.model = "m";
+  ctx.n = 2;
+  ResponseAccumulator acc(ctx);
+  RequestOutput a;
+  a.deltas.push_back({1, {1}, "b", {}, FinishReason::None, ""});
+  a.deltas.push_back({0, {2}, "a", {}, FinishReason::Length, ""});
+  RequestOutput b;
+  b.deltas.push_back({1, {3}, "c", {}, FinishReason::Stop, ""});
+  b.finished = true;
+  b.prompt_tokens = 4;
+  b.completion_tokens = 3;
+  acc.on_output(a);
+  acc.on_output(b);
+  json r = acc.finish(b);
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], "a");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["choices"][1]["text"], "bc");
+  EXPECT_EQ(r["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["total_tokens"], 7);
+}
+
+TEST(Sse, Framing) {
+  EXPECT_EQ(sse_event("{}"), "data: {}\n\n");
+  EXPECT_EQ(sse_event("a\nb"), "data: a\ndata: b\n\n");
+  EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
+}
+
+TEST(Auth, Bearer) {
+  HttpRequest r;
+  EXPECT_TRUE(is_authorized(r, ""));
+  EXPECT_FALSE(is_authorized(r, "k"));
+  r.headers["authorization"] = "Bearer k";
+  EXPECT_TRUE(is_authorized(r, "k"));
+  EXPECT_FALSE(is_authorized(r, "kk"));
+  r.headers["authorization"] = "Bearer kx";
+  EXPECT_FALSE(is_authorized(r, "k"));
+  r.headers["authorization"] = "Basic k";
+  EXPECT_FALSE(is_authorized(r, "k"));
+}
+
+}  // namespace
+}  // namespace inferx::server
