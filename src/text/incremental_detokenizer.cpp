@@ -3,6 +3,7 @@
 // Maximal Subparts"; also what WHATWG's UTF-8 decoder and Python's errors="replace" do). Because that
 // practice decides left to right and never looks past the first byte that breaks a sequence, holding back
 // a trailing prefix that may still complete gives the same output as sanitising the whole text at once.
+#include <string_view>
 #include <utility>
 
 #include "text/tokenizer.h"
@@ -84,9 +85,14 @@ std::string IncrementalDetokenizer::push(int32_t id) {
     if (skip_special_ || tokenizer_.token_type(id) != TokenType::Control) return {};
     bytes = tokenizer_.piece(id);
   } else if (first_) {
-    // The first piece of text is decoded exactly as decode() decodes a sequence that starts with it,
-    // which applies the tokenizer's own leading-space rule.
-    bytes = tokenizer_.decode({id});
+    // The first piece of text follows the tokenizer's own leading-space rule (SentencePiece's dummy
+    // prefix, HF's Strip decoder): when decode() of this token alone drops the leading space, so does the
+    // stream. Only that rule is taken from decode(), which would turn a first token holding part of a
+    // multi-byte character into U+FFFD; the bytes themselves stay raw so they can still be completed.
+    if (bytes[0] == ' ') {
+      const std::string alone = tokenizer_.decode({id});
+      if (std::string_view(alone) == std::string_view(bytes).substr(1)) bytes.erase(0, 1);
+    }
     first_ = false;
   }
   pending_ += bytes;
