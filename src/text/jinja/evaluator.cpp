@@ -170,27 +170,36 @@ void Evaluator::exec_for(const Node& n, Scope& scope) {
     items = std::move(kept);
   }
   const int64_t len = static_cast<int64_t>(items.size());
+  // One loop object per loop, updated in place each iteration (jinja2's LoopContext is one object too).
+  Value loop = Value::dict();
+  auto& entries = loop.dict_data().entries;
+  auto index = std::make_shared<int64_t>(0);
+  for (const char* k : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+                        "depth0", "previtem", "nextitem"})
+    entries.emplace_back(Value(k), Value());
+  entries.emplace_back(Value("cycle"), Value::callable("loop.cycle", [index](CallArgs& a) -> Value {
+                         INFERX_CHECK(!a.args.empty(), "no items for cycling given");
+                         return a.args[static_cast<size_t>(*index) % a.args.size()];
+                       }));
   for (int64_t i = 0; i < len; ++i) {
     step();
+    *index = i;
+    entries[0].second = Value(i + 1);
+    entries[1].second = Value(i);
+    entries[2].second = Value(len - i);
+    entries[3].second = Value(len - i - 1);
+    entries[4].second = Value(i == 0);
+    entries[5].second = Value(i == len - 1);
+    entries[6].second = Value(len);
+    entries[7].second = Value(int64_t{1});
+    entries[8].second = Value(int64_t{0});
+    entries[9].second =
+        i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item");
+    entries[10].second =
+        i + 1 < len ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item");
     Scope s{{}, &scope};
-    Value loop = Value::dict();
-    auto& d = loop.dict_data();
-    d.set("index", Value(i + 1));
-    d.set("index0", Value(i));
-    d.set("revindex", Value(len - i));
-    d.set("revindex0", Value(len - i - 1));
-    d.set("first", Value(i == 0));
-    d.set("last", Value(i == len - 1));
-    d.set("length", Value(len));
-    d.set("depth", Value(int64_t{1}));
-    d.set("depth0", Value(int64_t{0}));
-    if (i > 0) d.set("previtem", items[static_cast<size_t>(i - 1)]);
-    if (i + 1 < len) d.set("nextitem", items[static_cast<size_t>(i + 1)]);
-    d.set("cycle", Value::callable("loop.cycle", [i](CallArgs& a) -> Value {
-            INFERX_CHECK(!a.args.empty(), "no items for cycling given");
-            return a.args[static_cast<size_t>(i) % a.args.size()];
-          }));
-    s.set("loop", loop);
+    s.vars.reserve(2);
+    s.vars.emplace_back("loop", loop);
     assign(*n.target, items[static_cast<size_t>(i)], s);
     if (exec_body(n.body, s) == Flow::Break) break;
   }
@@ -206,6 +215,8 @@ void Evaluator::assign(const Node& target, const Value& v, Scope& scope) {
       scope.set(target.name, v);
       return;
     case NodeKind::TupleLit: {
+      if (!v.is_sequence() && !v.is_string() && !v.is_mapping() && !v.is_undefined())
+        fail("cannot unpack non-iterable {} object", v.type_name());
       std::vector<Value> parts = v.iterate();
       if (parts.size() != target.args.size())
         fail("{} values to unpack (expected {}, got {})",
@@ -271,7 +282,7 @@ Value Evaluator::make_macro(const Node& n, Scope& scope, const std::string& name
                            ? eval(*dflt, s)
                            : Value::undefined(fmt::format("parameter '{}' was not provided", params[i])));
     }
-    s.set("varargs", Value::list(std::move(extra)));
+    s.set("varargs", Value::tuple(std::move(extra)));
     s.set("kwargs", kwargs);
     return Value(capture(def->body, s));
   });

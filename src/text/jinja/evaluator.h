@@ -18,7 +18,7 @@ namespace inferx::jinja {
 // Bounds that keep hostile templates from hanging or exhausting memory. Exceeding one is an error.
 struct Limits {
   size_t max_output = size_t{64} << 20;  // bytes of rendered text (also caps any one string value)
-  uint64_t max_steps = 20'000'000;       // statements + expressions + loop iterations
+  uint64_t max_steps = 5'000'000;        // statements + expressions + loop iterations
   int max_call_depth = 256;              // nested macro calls
   size_t max_items = size_t{1} << 22;    // elements of one list built by the template
 };

@@ -249,6 +249,9 @@ class Lexer {
       return e;
     };
     auto dec = [](char ch) { return is_digit(ch); };
+    if (src_[p] == '0' && p + 1 < src_.size() && std::strchr("xXoObB", src_[p + 1]) != nullptr &&
+        src_[p + 1] != 0)
+      return lex_prefixed_int(p);
     size_t e = digits(p, dec);
     bool is_float = false;
     if (e + 1 < src_.size() && src_[e] == '.' && is_digit(src_[e + 1]) && (p == 0 || src_[p - 1] != '.')) {
@@ -273,31 +276,35 @@ class Lexer {
       toks_.push_back(t);
       return e;
     }
-    int base = 10;
-    size_t start = 0;
-    if (text.size() > 1 && text[0] == '0' &&
-        (text[1] == 'x' || text[1] == 'X' || text[1] == 'o' || text[1] == 'O' || text[1] == 'b' ||
-         text[1] == 'B')) {
-      char b = static_cast<char>(text[1] | 0x20);
-      base = b == 'x' ? 16 : b == 'o' ? 8 : 2;
-      e = p + 2;
-      auto ok = [base](char ch) {
-        ch = static_cast<char>(ch | 0x20);
-        return base == 16 ? (is_digit(ch) || (ch >= 'a' && ch <= 'f')) : (ch >= '0' && ch < '0' + base);
-      };
-      while (e < src_.size() && (ok(src_[e]) || (src_[e] == '_' && e + 1 < src_.size() && ok(src_[e + 1]))))
-        ++e;
-      text.clear();
-      for (size_t i = p + 2; i < e; ++i)
-        if (src_[i] != '_') text.push_back(src_[i]);
-      if (text.empty()) error(p, "invalid integer literal");
-    } else if (text.size() > 1 && text[0] == '0') {
+    if (text.size() > 1 && text[0] == '0') {
       for (char ch : text)
         if (ch != '0') error(p, "leading zeros in decimal integer literals are not permitted");
     }
+    return push_int(p, e, text, 10);
+  }
+
+  // 0x.., 0o.., 0b.. integer literals (underscores allowed between digits).
+  size_t lex_prefixed_int(size_t p) {
+    char b = static_cast<char>(src_[p + 1] | 0x20);
+    int base = b == 'x' ? 16 : b == 'o' ? 8 : 2;
+    auto ok = [base](char ch) {
+      ch = static_cast<char>(ch | 0x20);
+      return base == 16 ? (is_digit(ch) || (ch >= 'a' && ch <= 'f')) : (ch >= '0' && ch < '0' + base);
+    };
+    size_t e = p + 2;
+    while (e < src_.size() && (ok(src_[e]) || (src_[e] == '_' && e + 1 < src_.size() && ok(src_[e + 1]))))
+      ++e;
+    std::string text;
+    for (size_t i = p + 2; i < e; ++i)
+      if (src_[i] != '_') text.push_back(src_[i]);
+    if (text.empty()) error(p, "invalid integer literal");
+    return push_int(p, e, text, base);
+  }
+
+  size_t push_int(size_t p, size_t e, const std::string& text, int base) {
     errno = 0;
     char* endp = nullptr;
-    unsigned long long v = std::strtoull(text.c_str() + start, &endp, base);
+    unsigned long long v = std::strtoull(text.c_str(), &endp, base);
     if (errno == ERANGE || v > static_cast<unsigned long long>(INT64_MAX))
       error(p, "integer literal too large");
     Token t{Tok::Integer, src_.substr(p, e - p)};

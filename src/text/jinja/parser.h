@@ -11,6 +11,6 @@ namespace inferx::jinja {
 // Parses `source` into a Scope node holding the top-level statements. Throws inferx::Error
 // "NAME:LINE:COL: message" on syntax errors. Nesting deeper than `max_depth` is a syntax error too, so
 // hostile templates cannot overflow the stack.
-NodePtr parse_template(const std::string& source, const std::string& name, int max_depth = 200);
+NodePtr parse_template(const std::string& source, const std::string& name, int max_depth = 500);
 
 }  // namespace inferx::jinja

@@ -1,0 +1,89 @@
+// Jinja errors and limits: syntax errors carry "NAME:LINE:COL", runtime errors and raise_exception()
+// become inferx::Error with the template location, the sandbox's refusals (mutating methods, huge
+// ranges) hold, and hostile templates (endless recursion, loops, output) stop with an error instead of
+// hanging or exhausting memory.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "jinja_test_util.h"
+
+namespace inferx {
+namespace {
+
+std::string error_of(const std::string& tmpl) {
+  try {
+    jinja_test::render(tmpl);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(JinjaErrors, SyntaxErrorsNameLineAndColumn) {
+  EXPECT_EQ(error_of("line one\n  {% if %}x{% endif %}").rfind("t:2:", 0), 0u)
+      << error_of("line one\n  {% if %}");
+  EXPECT_NE(error_of("{% for x in l %}x").find("expected 'endfor'"), std::string::npos);
+  EXPECT_NE(error_of("{% if true %}x").find("endif"), std::string::npos);
+  EXPECT_EQ(error_of("ab\ncd {{ 1 + }}"), "t:2:11: unexpected end of print statement");
+  EXPECT_NE(error_of("{% frobnicate %}").find("Encountered unknown tag 'frobnicate'"), std::string::npos);
+  EXPECT_EQ(error_of("{{ x | nosuchfilter }}"), "t:1:8: No filter named 'nosuchfilter'.");
+  EXPECT_NE(error_of("{{ x is nosuchtest }}").find("No test named 'nosuchtest'"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'abc }}").find("t:1:4:"), std::string::npos);
+  EXPECT_NE(error_of("{# never closed").find("Missing end of comment tag"), std::string::npos);
+  EXPECT_NE(error_of("{% raw %} never closed").find("Missing end of raw directive"), std::string::npos);
+  EXPECT_NE(error_of("{{ (1 }}").find("t:1:"), std::string::npos);
+  EXPECT_NE(error_of("{% break %}").find("outside of a loop"), std::string::npos);
+  EXPECT_NE(error_of("{% include 'x' %}").find("not supported"), std::string::npos);
+}
+
+TEST(JinjaErrors, RuntimeErrorsCarryLocation) {
+  EXPECT_EQ(error_of("ok\n{{ raise_exception('Roles must alternate') }}"), "t:2:4: Roles must alternate");
+  EXPECT_EQ(error_of("{{ missing.attr }}"), "t:1:11: 'missing' is undefined");
+  EXPECT_EQ(error_of("{{ d.nope.deeper }}"), "t:1:10: 'dict object' has no attribute 'nope'");
+  EXPECT_NE(error_of("{{ 'a' + 1 }}").find("can only concatenate str"), std::string::npos);
+  EXPECT_NE(error_of("{{ 1 / 0 }}").find("division by zero"), std::string::npos);
+  EXPECT_NE(error_of("{{ none | length }}").find("has no len()"), std::string::npos);
+  EXPECT_NE(error_of("{{ 1 < 'a' }}").find("not supported between"), std::string::npos);
+  EXPECT_NE(error_of("{% for a, b in [1] %}{% endfor %}").find("unpack"), std::string::npos);
+  EXPECT_NE(error_of("{% set x = 1 %}{% set x.y = 2 %}").find("non-namespace"), std::string::npos);
+  EXPECT_NE(error_of("{{ l | tojson }}{{ raise_exception }}{{ raise_exception | tojson }}")
+                .find("not JSON serializable"),
+            std::string::npos);
+}
+
+TEST(JinjaErrors, SandboxRefusesMutationAndHugeRanges) {
+  EXPECT_NE(error_of("{{ l.append(4) }}").find("unsafe"), std::string::npos);
+  EXPECT_NE(error_of("{{ d.update({'z': 1}) }}").find("unsafe"), std::string::npos);
+  EXPECT_NE(error_of("{{ range(100001) | length }}").find("Range too big"), std::string::npos);
+  EXPECT_EQ(jinja_test::render("{{ range(100000) | length }}"), "100000");
+}
+
+TEST(JinjaErrors, HostileTemplatesStop) {
+  EXPECT_NE(error_of("{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}").find("recursion"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+                .find("evaluation steps"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of("{% set s = 'x' * 1000000 %}{% for i in range(100) %}{{ s }}{% endfor %}").find("exceeds"),
+      std::string::npos);
+  EXPECT_NE(error_of("{{ 'x' * 1000000000000 }}").find("too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}")
+                .find("nested too deeply"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 99999999999999999999 }}").find("too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("overflow"), std::string::npos);
+}
+
+TEST(JinjaErrors, TransformersExtensions) {
+  // transformers' AssistantTracker adds {% generation %}; rendering outputs its body unchanged.
+  EXPECT_EQ(jinja_test::render("a{% generation %}b {{ n }}{% endgeneration %}c"), "ab 7c");
+  // tools/documents are passed (as None) even when absent, so `is defined` holds and they are falsy.
+  EXPECT_EQ(jinja_test::render("{{ tools is defined }}{{ tools is none }}{{ documents is none }}"),
+            "TrueTrueTrue");
+}
+
+}  // namespace
+}  // namespace inferx
