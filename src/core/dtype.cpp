@@ -18,6 +18,9 @@ constexpr std::array<DTypeInfo, static_cast<size_t>(DType::kCount)> kInfo = {{
     {"Q6_K", 256, 210, true},
     {"I32", 1, 4, false},
     {"I8", 1, 1, false},
+    {"F8_E4M3", 1, 1, false},
+    {"U8", 1, 1, false},
+    {"INT4", 32, 16, true},
 }};
 }  // namespace
 

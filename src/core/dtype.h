@@ -17,6 +17,10 @@ enum class DType : uint8_t {
   Q6_K,  // 256 elems: 128 B low 4 bits, 64 B high 2 bits, 16 x int8 scales, f16 d (210 bytes)
   I32,
   I8,
+  // Appended by the quantization engine (existing ids unchanged; formats described in src/quant/):
+  F8_E4M3,  // 1 byte: OCP FP8 E4M3 (bias 7, no infinities, max 448); scales live in Linear::scale
+  U8,       // 1 byte unsigned (packed payloads and zero points in checkpoints)
+  INT4,     // 32 elems: 16 bytes of 4-bit codes (quant/int4.h layout); group scales in Linear::scale
   kCount
 };
 

@@ -54,17 +54,23 @@ constexpr std::array<std::string_view, 40> kGgmlNames = {
     "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",   "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
 };
 
+// DTypes with no GGML counterpart (InferX's own quantized formats).
+constexpr uint32_t kNoGgmlType = 0xFFFFFFFFu;
+
 // The GGML ids of the types we read, in DType order.
 constexpr std::array<uint32_t, static_cast<size_t>(DType::kCount)> kGgmlIds = {
-    0,   // F32
-    1,   // F16
-    30,  // BF16
-    8,   // Q8_0
-    2,   // Q4_0
-    12,  // Q4_K
-    14,  // Q6_K
-    26,  // I32
-    24,  // I8
+    0,            // F32
+    1,            // F16
+    30,           // BF16
+    8,            // Q8_0
+    2,            // Q4_0
+    12,           // Q4_K
+    14,           // Q6_K
+    26,           // I32
+    24,           // I8
+    kNoGgmlType,  // F8_E4M3
+    kNoGgmlType,  // U8
+    kNoGgmlType,  // INT4
 };
 
 }  // namespace
@@ -111,7 +117,7 @@ std::optional<DType> dtype_from_ggml(uint32_t ggml_type) {
 
 uint32_t dtype_to_ggml(DType t) {
   auto i = static_cast<size_t>(t);
-  INFERX_CHECK(i < kGgmlIds.size(), "dtype id {} has no GGML type", i);
+  INFERX_CHECK(i < kGgmlIds.size() && kGgmlIds[i] != kNoGgmlType, "dtype {} has no GGML type", dtype_name(t));
   return kGgmlIds[i];
 }
 

@@ -27,9 +27,8 @@ constexpr size_t kMaxRank = 8;
 
 // dtypes of the safetensors spec that InferX does not load (named so the error says "unsupported",
 // not "unknown").
-constexpr const char* kUnsupportedDtypes[] = {"BOOL",    "U8",  "U16",     "U32",     "U64",
-                                              "I16",     "I64", "F64",     "F8_E4M3", "F8_E5M2",
-                                              "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
+constexpr const char* kUnsupportedDtypes[] = {"BOOL",    "U16",     "U32", "U64",     "I16",     "I64", "F64",
+                                              "F8_E5M2", "F8_E8M0", "F4",  "F6_E2M3", "F6_E3M2", "C64"};
 
 std::optional<DType> parse_dtype(const std::string& s) {
   if (s == "F32") return DType::F32;
@@ -37,6 +36,8 @@ std::optional<DType> parse_dtype(const std::string& s) {
   if (s == "BF16") return DType::BF16;
   if (s == "I32") return DType::I32;
   if (s == "I8") return DType::I8;
+  if (s == "U8") return DType::U8;            // packed quantized payloads (quant/ checkpoints)
+  if (s == "F8_E4M3") return DType::F8_E4M3;  // FP8 weights (compressed-tensors, our checkpoints)
   return std::nullopt;
 }
 

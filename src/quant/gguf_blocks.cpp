@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "quant/fp8.h"
 #include "quant/gguf_block_layouts.h"
 
 namespace inferx {
@@ -310,6 +311,10 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return dequantize_q4_k(static_cast<const BlockQ4_K*>(src), dst, nb);
     case DType::Q6_K:
       return dequantize_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb);
+    case DType::F8_E4M3:  // the codes' values; the layer's scale lives in Linear::scale (quant/fp8.h)
+      return dequantize_fp8_row(static_cast<const uint8_t*>(src), 1.0f, dst, n);
+    case DType::INT4:
+      fail("dequantize_row: INT4 rows need their group scales (quant/int4.h dequantize_int4_row)");
     default:
       fail("dequantize_row: {} is not a weight type", dtype_name(t));
   }

@@ -63,6 +63,23 @@ void dot_q4_0_rows(const void* w, const void* act, int64_t act_stride, int nrows
 void dot_q4_k_rows(const void* w, const void* act, int64_t act_stride, int nrows, int64_t k, float* out);
 void dot_q6_k_rows(const void* w, const void* act, int64_t act_stride, int nrows, int64_t k, float* out);
 
+// FP8 E4M3 weights (W8A8, quant/fp8.h): activations rounded per row to E4M3 values.
+//   ActF8 row: f32 q[k] (E4M3 values, exact in f32) | f32 scale (the row's x ~ q * scale).
+// out[r] = scale_r * sum w_code * q_r; the layer's weight scale is applied by the caller.
+int64_t act_f8_row_bytes(int64_t k);
+void quantize_act_f8(const float* x, int64_t k, void* row);
+void dot_f8_rows(const void* w, const void* act, int64_t act_stride, int nrows, int64_t k, float* out);
+
+// INT4 group-quantized weights (quant/int4.h) against ActQ8_0 activations: one weight row and its
+// group scales / zero points (zero nullptr: symmetric, zero point 8).
+struct Int4Row {
+  const uint8_t* codes;
+  const uint16_t* scale;  // f16, k / group entries
+  const uint8_t* zero;
+  int64_t group;
+};
+void dot_int4_rows(const Int4Row& w, const void* act, int64_t act_stride, int nrows, int64_t k, float* out);
+
 // Name of the instruction-set path the kernels were compiled for ("avx512-vnni", "avx2", "scalar"...).
 const char* kernel_isa();
 

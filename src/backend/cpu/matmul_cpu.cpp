@@ -22,7 +22,7 @@ namespace inferx {
 
 namespace {
 
-enum class ActKind { F32, Q8_0, Q8_K };
+enum class ActKind { F32, Q8_0, Q8_K, F8 };
 
 struct TypeKernel {
   cpu::RowKernel kernel;
@@ -45,6 +45,10 @@ TypeKernel kernel_for(DType t) {
       return {cpu::dot_q4_k_rows, ActKind::Q8_K};
     case DType::Q6_K:
       return {cpu::dot_q6_k_rows, ActKind::Q8_K};
+    case DType::F8_E4M3:
+      return {cpu::dot_f8_rows, ActKind::F8};
+    case DType::INT4:  // the row kernel takes the group scales too: run_range calls dot_int4_rows
+      return {nullptr, ActKind::Q8_0};
     default:
       fail("matmul_cpu: weight type {} has no CPU kernel", dtype_name(t));
   }
@@ -88,6 +92,13 @@ struct MatmulJob {
   const float* x;
   uint8_t* act_rows;
   ActKind act_kind;
+  // F8_E4M3: the weight scale of output column j is col_scale[col_scale_step * j].
+  const float* col_scale;
+  int64_t col_scale_step;
+  // INT4: per-row group scales / zero points (groups_per_row entries per row).
+  const uint16_t* group_scale;
+  const uint8_t* group_zero;
+  int64_t group_size, groups_per_row;
 };
 
 void run_range(const MatmulJob& job, int64_t begin, int64_t end) {
@@ -98,9 +109,17 @@ void run_range(const MatmulJob& job, int64_t begin, int64_t end) {
       const int rows = static_cast<int>(std::min<int64_t>(cpu::kMaxRows, job.m - m0));
       const void* act = static_cast<const uint8_t*>(job.act) + m0 * job.act_stride;
       for (int64_t j = n0; j < n1; ++j) {
-        job.kernel(job.w + j * job.w_row_bytes, act, job.act_stride, rows, job.k, res);
+        if (job.kernel != nullptr) {
+          job.kernel(job.w + j * job.w_row_bytes, act, job.act_stride, rows, job.k, res);
+        } else {
+          const cpu::Int4Row w{job.w + j * job.w_row_bytes, job.group_scale + j * job.groups_per_row,
+                               job.group_zero ? job.group_zero + j * job.groups_per_row : nullptr,
+                               job.group_size};
+          cpu::dot_int4_rows(w, act, job.act_stride, rows, job.k, res);
+        }
         const float b = job.bias ? job.bias[j] : 0.0f;
-        for (int r = 0; r < rows; ++r) job.out[(m0 + r) * job.n + j] = res[r] + b;
+        const float ws = job.col_scale ? job.col_scale[j * job.col_scale_step] : 1.0f;
+        for (int r = 0; r < rows; ++r) job.out[(m0 + r) * job.n + j] = res[r] * ws + b;
       }
     }
   }
@@ -111,9 +130,55 @@ void quantize_rows(const MatmulJob& job, int64_t begin, int64_t end) {
     void* row = job.act_rows + i * job.act_stride;
     if (job.act_kind == ActKind::Q8_0)
       cpu::quantize_act_q8_0(job.x + i * job.k, job.k, row);
+    else if (job.act_kind == ActKind::F8)
+      cpu::quantize_act_f8(job.x + i * job.k, job.k, row);
     else
       cpu::quantize_act_q8_k(job.x + i * job.k, job.k, row);
   }
+}
+
+thread_local std::vector<float> t_permuted;
+
+// Checks the scale / zero-point tensors of F8_E4M3 and INT4 weights and points the job at them.
+void bind_quant_params(const Linear& w, int64_t n, int64_t k, MatmulJob& job) {
+  const DType t = w.weight.dtype;
+  if (t == DType::F8_E4M3) {
+    INFERX_CHECK(w.scale.dtype == DType::F32 && w.scale.data != nullptr &&
+                     (w.scale.numel() == 1 || w.scale.numel() == n),
+                 "matmul_cpu: F8_E4M3 weight needs an F32 scale of 1 or {} elements, got {} {}", n,
+                 dtype_name(w.scale.dtype), w.scale.shape_string());
+    job.col_scale = w.scale.ptr<float>();
+    job.col_scale_step = w.scale.numel() == 1 ? 0 : 1;
+  } else if (t == DType::INT4) {
+    const int64_t g = w.group_size;
+    INFERX_CHECK((g == 32 || g == 64 || g == 128) && k % g == 0,
+                 "matmul_cpu: INT4 group size {} does not divide {} input columns", g, k);
+    INFERX_CHECK(w.scale.dtype == DType::F16 && w.scale.data != nullptr && w.scale.numel() == n * (k / g),
+                 "matmul_cpu: INT4 weight needs an F16 scale [{}, {}], got {} {}", n, k / g,
+                 dtype_name(w.scale.dtype), w.scale.shape_string());
+    INFERX_CHECK(w.zero.empty() || (w.zero.dtype == DType::U8 && w.zero.numel() == n * (k / g)),
+                 "matmul_cpu: INT4 zero points must be U8 [{}, {}], got {} {}", n, k / g,
+                 dtype_name(w.zero.dtype), w.zero.shape_string());
+    job.group_scale = w.scale.ptr<uint16_t>();
+    job.group_zero = w.zero.empty() ? nullptr : w.zero.ptr<uint8_t>();
+    job.group_size = g;
+    job.groups_per_row = k / g;
+  }
+}
+
+// GPTQ act-order: the layer reads x[:, perm[i]] as its column i.
+const float* permute_columns(const float* x, int64_t m, int64_t k, const Tensor& perm) {
+  INFERX_CHECK(perm.dtype == DType::I32 && perm.numel() == k,
+               "matmul_cpu: input_perm must be I32 [{}], got {} {}", k, dtype_name(perm.dtype),
+               perm.shape_string());
+  t_permuted.resize(static_cast<size_t>(m * k));
+  const int32_t* p = perm.ptr<int32_t>();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      INFERX_CHECK(p[i] >= 0 && p[i] < k, "matmul_cpu: input_perm[{}] = {} is out of range", i, p[i]);
+      t_permuted[static_cast<size_t>(r * k + i)] = x[r * k + p[i]];
+    }
+  return t_permuted.data();
 }
 
 }  // namespace
@@ -146,6 +211,8 @@ void matmul_cpu(const float* x, int64_t m, const Linear& w, float* out, ThreadPo
   job.bias = bias;
   job.out = out;
   job.kernel = tk.kernel;
+  bind_quant_params(w, n, k, job);
+  if (!w.input_perm.empty()) x = permute_columns(x, m, k, w.input_perm);
   job.x = x;
   job.act_kind = tk.act;
   // ~256 KB of weights per tile: a quarter of this machine's per-core L2, leaving room for activations.
@@ -156,7 +223,9 @@ void matmul_cpu(const float* x, int64_t m, const Linear& w, float* out, ThreadPo
     job.act = x;
     job.act_stride = k * static_cast<int64_t>(sizeof(float));
   } else {
-    job.act_stride = tk.act == ActKind::Q8_0 ? cpu::act_q8_0_row_bytes(k) : cpu::act_q8_k_row_bytes(k);
+    job.act_stride = tk.act == ActKind::Q8_0 ? cpu::act_q8_0_row_bytes(k)
+                     : tk.act == ActKind::F8 ? cpu::act_f8_row_bytes(k)
+                                             : cpu::act_q8_k_row_bytes(k);
     job.act_rows = t_workspace.reserve(static_cast<size_t>(m * job.act_stride));
     job.act = job.act_rows;
     if (m >= 8)

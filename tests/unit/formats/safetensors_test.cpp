@@ -442,7 +442,7 @@ TEST(SafetensorsMalformedTest, UnknownDtype) {
 }
 
 TEST(SafetensorsMalformedTest, UnsupportedDtype) {
-  for (const char* d : {"F64", "I64", "U8", "BOOL", "F8_E4M3"}) {
+  for (const char* d : {"F64", "I64", "U16", "BOOL", "F8_E5M2"}) {
     std::string h = fmt::format(R"({{"t":{{"dtype":"{}","shape":[1],"data_offsets":[0,8]}}}})", d);
     EXPECT_TRUE(is_error(header_error(h, std::vector<uint8_t>(8)), fmt::format("unsupported dtype '{}'", d)));
   }
