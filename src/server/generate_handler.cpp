@@ -72,9 +72,9 @@ std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r) const {
 
 void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink> sink, bool chat) {
   const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
-  json body;
+  nlohmann::ordered_json body;
   try {
-    body = json::parse(req.body);
+    body = nlohmann::ordered_json::parse(req.body);
   } catch (const json::parse_error& e) {
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "", "invalid_json");
   }

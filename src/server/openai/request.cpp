@@ -11,7 +11,8 @@ namespace inferx::server {
 
 namespace {
 
-using nlohmann::json;
+// ordered_json: the chat template must see messages and tool schemas in the order the client sent them.
+using json = nlohmann::ordered_json;
 
 const char* type_name(const json& v) {
   switch (v.type()) {

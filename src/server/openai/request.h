@@ -19,8 +19,8 @@ struct ParsedRequest {
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_ids;
   // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
-  nlohmann::json messages;
-  nlohmann::json tools;  // null or array, passed to the chat template
+  nlohmann::ordered_json messages;  // key order kept: templates print tool schemas as given
+  nlohmann::ordered_json tools;     // null or array, passed to the chat template
   GenerationParams params;
   bool max_tokens_given = false;  // else the default (completions 16, chat: the rest of the context)
   bool stream = false;
@@ -37,7 +37,7 @@ inline constexpr int32_t kMaxN = 128;
 inline constexpr int32_t kMaxLogprobs = 20;
 inline constexpr size_t kMaxStopStrings = 16;
 
-ParsedRequest parse_completion_request(const nlohmann::json& body);
-ParsedRequest parse_chat_request(const nlohmann::json& body);
+ParsedRequest parse_completion_request(const nlohmann::ordered_json& body);
+ParsedRequest parse_chat_request(const nlohmann::ordered_json& body);
 
 }  // namespace inferx::server

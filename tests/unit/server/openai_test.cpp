@@ -89,6 +89,16 @@ TEST(OpenAIRequest, InvalidFieldsNamed) {
   EXPECT_EQ(param_of(nulls), "<accepted>");
 }
 
+// Chat templates print tool schemas with tojson: their keys must reach the template in the client's order.
+TEST(OpenAIRequest, ChatKeepsToolSchemaKeyOrder) {
+  auto r = parse_chat_request(nlohmann::ordered_json::parse(R"({"model": "m",
+      "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                 "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}}}}}]})"));
+  EXPECT_EQ(r.tools[0]["function"]["parameters"]["properties"].dump(),
+            R"({"zeta":{"type":"string"},"alpha":{"type":"integer"}})");
+}
+
 TEST(OpenAIRequest, ChatFields) {
   auto r = parse_chat_request(json::parse(R"({"model": "m", "messages": [
       {"role": "system", "content": "s"},
