@@ -82,6 +82,24 @@ class Backend {
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out[i, :] = x[rows[i], :]
   virtual void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) = 0;
+
+  // Optional capabilities (defaults: what the CPU backend does) ---------------------------------------
+  // The element type KvCache allocates (F32 everywhere today; the CUDA backend stores BF16).
+  virtual DType kv_cache_dtype() const { return DType::F32; }
+  // Fills a F32/F16/BF16 tensor with offset + uniform(-amplitude, amplitude) values generated in device
+  // memory (dummy weights without a host copy). Returns false when the backend cannot: the caller then
+  // generates on the host and copies.
+  virtual bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) { return false; }
+  // Graph capture of a whole step (CUDA graphs). Between begin_graph_capture() returning true and
+  // end_graph_capture, ops are recorded, not run: every pointer they use (weights, workspace, the batch
+  // metadata buffers) must stay the same for later replays, and no call may copy or synchronize.
+  // end_graph_capture(key, false) discards the recording (after an error). replay_graph(key) runs a
+  // recording and returns false when there is none (or the backend's own buffers moved since: capture
+  // again). The caller rewrites the metadata buffers in place before each replay.
+  virtual bool begin_graph_capture() { return false; }
+  virtual void end_graph_capture(uint64_t key, bool keep = true) {}
+  virtual bool replay_graph(uint64_t key) { return false; }
+  virtual void clear_graphs() {}
 };
 
 struct CpuBackendOptions {

@@ -81,8 +81,9 @@ class KvCache {
   KvCacheLayer& layer(int64_t i) { return layers_[static_cast<size_t>(i)]; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
-  // Bytes one block takes across all layers (K and V), for sizing the pool from a memory budget.
-  static int64_t bytes_per_block(const ModelConfig& config, int64_t block_size);
+  // Bytes one block takes across all layers (K and V), for sizing the pool from a memory budget; pass
+  // the backend's kv_cache_dtype().
+  static int64_t bytes_per_block(const ModelConfig& config, int64_t block_size, DType dtype = DType::F32);
 
  private:
   int64_t num_blocks_, block_size_;

@@ -1,5 +1,6 @@
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -91,9 +92,17 @@ int cuda_device_count() {
   return n;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  return std::make_unique<CudaBackend>(device, cuda_options_from_environment());
+}
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(device, options);
+}
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device_(device), options_(options) {
+  INFERX_CHECK(options.kv_cache_dtype == DType::F32 || options.kv_cache_dtype == DType::BF16,
+               "cuda backend: kv cache dtype {} is not supported (F32 or BF16)",
+               dtype_name(options.kv_cache_dtype));
   const int count = cuda_device_count();
   INFERX_CHECK(device >= 0 && device < count,
                "cuda backend: device {} does not exist ({} CUDA devices visible)", device, count);
@@ -105,6 +114,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                "cuda backend: device {} ({}) is sm_{}{}; this build has sm_90a (Hopper) code only", device_,
                prop.name, prop.major, prop.minor);
   name_ = std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
+  sm_count_ = prop.multiProcessorCount;
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
@@ -112,6 +122,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 }
 
 CudaBackend::~CudaBackend() {
+  clear_graphs();
+  for (Scratch* s : {&decode_partials_, &shadow_, &sample_params_, &sample_ids_}) release(*s);
+  for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
   gemm_.reset();
   if (stream_) {
     if (cudaStreamSynchronize(stream_) != cudaSuccess || cudaStreamDestroy(stream_) != cudaSuccess)
@@ -141,6 +154,7 @@ std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
 // Copies wait for completion: the host source may be pageable and reused by the caller at once.
 void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
+  drop_bf16_copy();  // the destination may be the tensor the BF16 copy mirrors
   use_device();
   CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -171,6 +185,7 @@ void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, 
                "cuda backend: embedding output {} does not fit {} rows of table {}", out.shape_string(), n,
                table.shape_string());
   use_device();
+  drop_bf16_copy();
   CUDA_CHECK(
       cuda::launch_embedding(table.dtype, table.data, table.dim(0), dim, ids, n, out.ptr<float>(), stream_));
 }
@@ -183,8 +198,10 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
                "cuda backend: rmsnorm of {} with weight {} into {}", x.shape_string(), weight.shape_string(),
                out.shape_string());
   use_device();
+  drop_bf16_copy();
+  void* bf16 = bf16_copy_for(out);
   CUDA_CHECK(cuda::launch_rmsnorm(x.ptr<float>(), weight.ptr<float>(), eps, x.rows(), x.cols(),
-                                  out.ptr<float>(), stream_));
+                                  out.ptr<float>(), bf16, stream_));
 }
 
 void CudaBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
@@ -198,8 +215,10 @@ void CudaBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& w
                "cuda backend: add_rmsnorm of residual {} + {} with weight {} into {}",
                residual.shape_string(), x.shape_string(), weight.shape_string(), out.shape_string());
   use_device();
+  drop_bf16_copy();
+  void* bf16 = bf16_copy_for(out);
   CUDA_CHECK(cuda::launch_add_rmsnorm(residual.ptr<float>(), x.ptr<float>(), weight.ptr<float>(), eps,
-                                      residual.rows(), residual.cols(), out.ptr<float>(), stream_));
+                                      residual.rows(), residual.cols(), out.ptr<float>(), bf16, stream_));
 }
 
 void CudaBackend::head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight, float eps) {
@@ -209,6 +228,7 @@ void CudaBackend::head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight
                "cuda backend: head_rmsnorm of {} in heads of {} with weight {}", x.shape_string(), head_dim,
                weight.shape_string());
   use_device();
+  drop_bf16_copy();
   CUDA_CHECK(cuda::launch_head_rmsnorm(x.ptr<float>(), x.numel() / head_dim, head_dim, weight.ptr<float>(),
                                        eps, stream_));
 }
@@ -227,11 +247,17 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
                  w.bias.shape_string(), w.out_features());
   }
   use_device();
-  gemm_->matmul(x.ptr<float>(), x.rows(), x.cols(), w.weight.dtype, w.weight.data, w.out_features(),
-                out.ptr<float>());
-  // v0: a separate bias kernel; a cuBLASLt BIAS epilogue would fuse it (issue 5).
-  if (!w.bias.empty())
-    CUDA_CHECK(cuda::launch_add_bias(out.ptr<float>(), w.bias.ptr<float>(), out.rows(), out.cols(), stream_));
+  // The BF16 copy written by the norm / SiLU that produced x, when it is still current (class comment).
+  const bool from_copy = shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == x.rows() &&
+                         shadow_cols_ == x.cols() && w.weight.dtype == DType::BF16;
+  gemm_->matmul(from_copy ? shadow_.data : x.data, from_copy ? DType::BF16 : DType::F32, x.rows(), x.cols(),
+                w.weight.dtype, w.weight.data, w.out_features(),
+                w.bias.empty() ? nullptr : w.bias.ptr<float>(), out.ptr<float>());
+  last_matmul_bf16_ = w.weight.dtype == DType::BF16;
+  // Writing over the mirrored tensor makes the copy stale.
+  const auto* o = static_cast<const char*>(out.data);
+  const auto* src = static_cast<const char*>(shadow_src_);
+  if (src && o < src + shadow_rows_ * shadow_cols_ * 4 && src < o + out.nbytes()) drop_bf16_copy();
 }
 
 const std::vector<float>& CudaBackend::inverse_frequencies(const RopeParams& r) {
@@ -264,6 +290,7 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   const std::vector<float>& inv = inverse_frequencies(rope);
   std::memcpy(freqs.inv_freq, inv.data(), inv.size() * sizeof(float));
   use_device();
+  drop_bf16_copy();
   CUDA_CHECK(cuda::launch_rope_write_kv(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), hq, hkv, hd,
                                         rope.layout == RopeLayout::Interleaved, freqs, batch_args(batch),
                                         paged(cache), stream_));
@@ -286,9 +313,55 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
   check_cache(cache, p.num_kv_heads, p.head_dim);
   check_batch(batch, q.rows());
   use_device();
-  CUDA_CHECK(cuda::launch_paged_attention(q.ptr<float>(), paged(cache), batch_args(batch), p.num_heads,
-                                          p.num_kv_heads, p.head_dim, p.scale, p.sliding_window,
-                                          out.ptr<float>(), stream_));
+  drop_bf16_copy();
+  const cuda::PagedKv kv = paged(cache);
+  const cuda::BatchArgs args = batch_args(batch);
+  CudaAttentionKernel kernel = attention_kernel_;
+  if (kernel == CudaAttentionKernel::Auto) {
+    // One-token queries read K/V once per group with the split-KV kernel; anything with longer queries
+    // goes to the tensor-core kernel; shapes neither handles to the v0 kernel.
+    if (batch.max_query_len == 1 && cuda::decode_attention_supported(kv, p.head_dim))
+      kernel = CudaAttentionKernel::Decode;
+    else if (cuda::prefill_attention_supported(kv, p.head_dim))
+      kernel = CudaAttentionKernel::Prefill;
+    else
+      kernel = CudaAttentionKernel::Reference;
+  }
+  if (kernel == CudaAttentionKernel::Decode) {
+    INFERX_CHECK(
+        cuda::decode_attention_supported(kv, p.head_dim),
+        "cuda backend: the decode attention kernel needs a BF16 cache and head_dim 64 or 128 (got {} "
+        "and {})",
+        dtype_name(kv.dtype), p.head_dim);
+    // The split count depends on the batch's block-table capacity, not its current lengths, so that a
+    // captured graph stays valid as the sequences grow (the kernel cuts the actual keys on the device).
+    const int64_t capacity = static_cast<int64_t>(batch.max_blocks_per_seq) * kv.block_size;
+    const int splits = forced_splits_ > 0 ? std::min(forced_splits_, cuda::kDecodeMaxSplits)
+                                          : cuda::decode_attention_splits(batch.num_tokens, p.num_kv_heads,
+                                                                          p.num_heads, capacity, sm_count_);
+    const size_t bytes =
+        cuda::decode_attention_scratch_bytes(batch.num_tokens, p.num_heads, p.head_dim, splits);
+    void* partials = bytes > 0 ? scratch(decode_partials_, bytes) : nullptr;
+    CUDA_CHECK(cuda::launch_decode_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads,
+                                             p.head_dim, p.scale, p.sliding_window, splits, partials,
+                                             out.ptr<float>(), stream_));
+    return;
+  }
+  if (kernel == CudaAttentionKernel::Prefill) {
+    INFERX_CHECK(
+        cuda::prefill_attention_supported(kv, p.head_dim),
+        "cuda backend: the prefill attention kernel needs a BF16 cache and head_dim 64 or 128 (got {} "
+        "and {})",
+        dtype_name(kv.dtype), p.head_dim);
+    // max_query_len is a host hint; without it every sequence may hold all the tokens.
+    const int64_t max_q = batch.max_query_len > 0 ? batch.max_query_len : batch.num_tokens;
+    CUDA_CHECK(cuda::launch_prefill_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads,
+                                              p.head_dim, p.scale, p.sliding_window, max_q, out.ptr<float>(),
+                                              stream_));
+    return;
+  }
+  CUDA_CHECK(cuda::launch_paged_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads, p.head_dim,
+                                          p.scale, p.sliding_window, out.ptr<float>(), stream_));
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
@@ -299,8 +372,10 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
                "cuda backend: silu_mul of gate {} and up {} into {}", gate.shape_string(), up.shape_string(),
                out.shape_string());
   use_device();
-  CUDA_CHECK(
-      cuda::launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), gate.numel(), out.ptr<float>(), stream_));
+  drop_bf16_copy();
+  void* bf16 = bf16_copy_for(out);
+  CUDA_CHECK(cuda::launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), gate.numel(), out.ptr<float>(), bf16,
+                                   stream_));
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) {
@@ -310,6 +385,7 @@ void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, T
                "cuda backend: gather_rows of {} rows from {} {} into {} {}", n, dtype_name(x.dtype),
                x.shape_string(), dtype_name(out.dtype), out.shape_string());
   use_device();
+  drop_bf16_copy();
   CUDA_CHECK(cuda::launch_gather_rows(x.data, x.rows(), x.row_bytes(), rows, n, out.data, stream_));
 }
 

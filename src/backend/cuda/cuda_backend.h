@@ -3,13 +3,25 @@
 // matrix products through cuBLASLt. This header includes no CUDA header, so code above backend/ (the
 // CLI, tests) can create the backend without the CUDA toolkit's headers on its include path.
 // All work is enqueued on the backend's stream in call order; copy_to_host and synchronize wait for it.
+//
+// Beyond the Backend interface (cuda_backend.cpp, cuda_backend_extras.cpp):
+//   - the KV cache is BF16 by default (kv_cache_dtype); attention reads it with the split-KV decode
+//     kernel (one-token queries) or the tensor-core prefill kernel, head_dim 64/128; other shapes and
+//     F32 caches use the v0 kernel;
+//   - BF16 activations: when the last matmul had BF16 weights, rmsnorm/add_rmsnorm/silu_mul also write
+//     their output as BF16 into a backend buffer, and the next matmul whose input is that same tensor
+//     reads the BF16 copy (no conversion pass). Any other op, or a write over the tensor, drops the copy;
+//   - CUDA graphs (begin/end_graph_capture, replay_graph), GPU sampling (argmax, sample), fill_random.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/sampling_params.h"
 
-struct CUstream_st;  // = cudaStream_t's pointee (cuda_runtime_api.h)
+struct CUstream_st;     // = cudaStream_t's pointee (cuda_runtime_api.h)
+struct CUgraphExec_st;  // = cudaGraphExec_t's pointee
 
 namespace inferx {
 
@@ -17,15 +29,28 @@ namespace cuda {
 class CublasLtGemm;
 }
 
+// Which attention kernel runs (tests and benchmarks force one; Auto picks per batch).
+enum class CudaAttentionKernel { Auto, Reference, Decode, Prefill };
+
+struct CudaBackendOptions {
+  DType kv_cache_dtype = DType::BF16;  // F32 for bit-for-bit comparisons with the CPU backend
+  bool bf16_activations = true;        // the fused BF16 outputs of the norms / SiLU described above
+};
+
+// Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16, INFERX_CUDA_BF16_ACT=0|1.
+CudaBackendOptions cuda_options_from_environment();
+
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
 int cuda_device_count();
 
-// A backend on CUDA device `device`; throws inferx::Error when the device cannot be used.
+// A backend on CUDA device `device`; throws inferx::Error when the device cannot be used. The first form
+// takes its options from the environment.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& options);
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device);
+  explicit CudaBackend(int device, const CudaBackendOptions& options = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -50,19 +75,73 @@ class CudaBackend final : public Backend {
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override;
 
+  DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
+  bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
+  bool begin_graph_capture() override;
+  void end_graph_capture(uint64_t key, bool keep = true) override;
+  bool replay_graph(uint64_t key) override;
+  void clear_graphs() override;
+
+  // GPU sampling (engine-facing, not yet in Backend): token ids of each row of logits [rows, vocab] F32
+  // in device memory, written to host memory; one small device-to-host copy. sample() takes one
+  // SampleParams per row (host memory).
+  void argmax(const Tensor& logits, int32_t* host_ids);
+  void sample(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
+
+  // Tests and benchmarks: force an attention kernel and (0: automatic) the decode split count.
+  void set_attention_kernel(CudaAttentionKernel kernel, int decode_splits = 0) {
+    attention_kernel_ = kernel;
+    forced_splits_ = decode_splits;
+  }
+  int sm_count() const { return sm_count_; }
+
  private:
+  // Device scratch grown on demand (stream-ordered); growth bumps generation_ so that graphs captured
+  // with the old pointer are not replayed.
+  struct Scratch {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  void* scratch(Scratch& s, size_t bytes);
+  void release(Scratch& s);
+  void* pinned(Scratch& s, size_t bytes);  // page-locked host staging
+  void release_pinned(Scratch& s);
+  uint64_t generation() const;
+  // The BF16 copy of `out` that rmsnorm/add_rmsnorm/silu_mul should also write (null: none).
+  void* bf16_copy_for(const Tensor& out);
+  void drop_bf16_copy() { shadow_src_ = nullptr; }
+  void run_sampler(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
+
   // Makes device_ current on the calling thread (the engine loop may run on another thread than the one
   // that created the backend; the current device is per thread).
   void use_device() const;
   const std::vector<float>& inverse_frequencies(const RopeParams& rope);
 
   int device_ = 0;
+  CudaBackendOptions options_;
+  int sm_count_ = 0;
   CUstream_st* stream_ = nullptr;
   std::string name_;
   std::unique_ptr<cuda::CublasLtGemm> gemm_;
   // RoPE inverse frequencies (backend/rope.h), recomputed only when the parameters change.
   std::vector<float> inv_freq_;
   RopeParams inv_freq_params_;
+
+  CudaAttentionKernel attention_kernel_ = CudaAttentionKernel::Auto;
+  int forced_splits_ = 0;
+  Scratch decode_partials_, shadow_, sample_params_, sample_ids_, pinned_params_, pinned_ids_;
+  // The tensor whose BF16 copy shadow_ holds (null: none), and its shape.
+  const void* shadow_src_ = nullptr;
+  int64_t shadow_rows_ = 0, shadow_cols_ = 0;
+  bool last_matmul_bf16_ = false;  // produce BF16 copies only for models whose matmuls take them
+  uint64_t generation_ = 0;
+  bool capturing_ = false;
+  uint64_t capture_generation_ = 0;
+  struct Graph {
+    CUgraphExec_st* exec = nullptr;
+    uint64_t generation = 0;
+  };
+  std::map<uint64_t, Graph> graphs_;
 };
 
 }  // namespace inferx

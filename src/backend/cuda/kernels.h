@@ -7,17 +7,20 @@
 
 #include <cstdint>
 
+#include "backend/cuda/sampling_params.h"
 #include "core/dtype.h"
 
 namespace inferx::cuda {
 
 // kernels_norm.cu -------------------------------------------------------------------------------------
 // out[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w for each of `rows` rows of `cols` floats.
+// When out_bf16 is not null the same values are also written there rounded to BF16 (the input of the
+// next BF16 GEMM, so no separate conversion pass reads the F32 copy again).
 cudaError_t launch_rmsnorm(const float* x, const float* w, float eps, int64_t rows, int64_t cols, float* out,
-                           cudaStream_t stream);
-// residual += x; out = rmsnorm(residual) row-wise.
+                           void* out_bf16, cudaStream_t stream);
+// residual += x; out = rmsnorm(residual) row-wise (and the BF16 copy as above).
 cudaError_t launch_add_rmsnorm(float* residual, const float* x, const float* w, float eps, int64_t rows,
-                               int64_t cols, float* out, cudaStream_t stream);
+                               int64_t cols, float* out, void* out_bf16, cudaStream_t stream);
 // In place RMSNorm of each of `heads` contiguous vectors of head_dim floats (weight [head_dim]).
 cudaError_t launch_head_rmsnorm(float* x, int64_t heads, int64_t head_dim, const float* w, float eps,
                                 cudaStream_t stream);
@@ -27,8 +30,14 @@ cudaError_t launch_head_rmsnorm(float* x, int64_t heads, int64_t head_dim, const
 // (the host cannot see device ids without a sync; the engine validates ids before they reach here).
 cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab, int64_t dim,
                              const int32_t* ids, int64_t n, float* out, cudaStream_t stream);
-// out = silu(gate) * up over n floats.
-cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+// out = silu(gate) * up over n floats (16-byte accesses when n and the pointers allow); out_bf16, when
+// not null, receives the same values rounded to BF16.
+cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, void* out_bf16,
+                            cudaStream_t stream);
+// t[i] = offset + uniform(-amp, amp) for n elements of dtype F32/F16/BF16, a counter-based hash of
+// (seed, i): deterministic, and no host buffer.
+cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
+                               cudaStream_t stream);
 // out[i, :] = x[rows[i], :] with rows of row_bytes bytes (any dtype); out-of-range rows give zeros.
 cudaError_t launch_gather_rows(const void* x, int64_t num_rows, int64_t row_bytes, const int32_t* rows,
                                int64_t n, void* out, cudaStream_t stream);
@@ -66,9 +75,45 @@ cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq,
 
 // kernels_attention.cu --------------------------------------------------------------------------------
 constexpr int kMaxAttentionHeadDim = 256;
-// Causal paged attention of q [T, hq*hd] -> out [T, hq*hd] (see Backend::attention).
+// Causal paged attention of q [T, hq*hd] -> out [T, hq*hd] (see Backend::attention). The v0 kernel: any
+// head_dim up to 256, F32 or BF16 cache; the fallback of the two fast kernels below.
 cudaError_t launch_paged_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                    int64_t hkv, int64_t hd, float scale, int64_t sliding_window, float* out,
                                    cudaStream_t stream);
+
+// kernels_decode_attention.cu -------------------------------------------------------------------------
+// Split-KV ("flash decoding") attention for BF16 caches and head_dim 64 or 128: one CTA per (token, kv
+// head, group of up to 8 query heads, split) reads its slice of the keys once for all the query heads of
+// the group. Any token works (a prefill token too), but it pays for one-token queries.
+constexpr int kDecodeMaxSplits = 64;
+// Split count for `tokens` queries of `kv_heads` groups over up to `max_keys` keys on `sms` SMs: enough
+// CTAs to fill the chip twice, at least 64 keys per split.
+int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms);
+// Bytes of scratch the split partials need (0 when splits == 1).
+size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, int splits);
+bool decode_attention_supported(const PagedKv& cache, int64_t hd);
+cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
+                                    int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
+                                    void* scratch, float* out, cudaStream_t stream);
+
+// kernels_prefill_attention.cu ------------------------------------------------------------------------
+// FlashAttention-2 style tiled attention on tensor cores (mma.sync m16n8k16, BF16 operands, F32
+// accumulation) for BF16 caches and head_dim 64 or 128: one CTA per (64-query tile of a sequence, query
+// head), 64-key tiles gathered from the paged cache. `max_query_len` bounds the tiles per sequence.
+bool prefill_attention_supported(const PagedKv& cache, int64_t hd);
+cudaError_t launch_prefill_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
+                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window,
+                                     int64_t max_query_len, float* out, cudaStream_t stream);
+
+// kernels_sampling.cu ---------------------------------------------------------------------------------
+// Per-row parameters: SampleParams (sampling_params.h), an array in device memory.
+// ids[r] = argmax of logits[r, :vocab] (the lowest index among equal maxima).
+cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
+                          cudaStream_t stream);
+// ids[r] = a token drawn from softmax(logits[r] / temperature) after top-k, then top-p over the
+// renormalised top-k set, then min-p (relative to the most likely token): the first index, in vocabulary
+// order, where the running sum of the kept weights exceeds uniform * their total.
+cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
+                          int32_t* ids, cudaStream_t stream);
 
 }  // namespace inferx::cuda

@@ -1,6 +1,7 @@
 // Element-wise and row-copy kernels: embedding gather, SwiGLU's silu(gate) * up (Shazeer 2020),
 // gather_rows, the F32 -> 16-bit activation conversion before a GEMM, and the bias add after one.
-// Grid-stride loops over scalars: memory-bound and correct, not yet vectorised (16-byte accesses).
+// Grid-stride loops; silu_mul and the BF16 conversion use 16-byte accesses when sizes and alignment allow.
+// fill_random generates dummy weights in device memory.
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -21,11 +22,50 @@ __global__ void embedding_kernel(const T* table, int64_t vocab, int64_t dim, con
   }
 }
 
-__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// Scalar form: any n, any alignment.
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out,
+                                __nv_bfloat16* out_bf16) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    const float y = silu(gate[i]) * up[i];
+    out[i] = y;
+    if (out_bf16) out_bf16[i] = __float2bfloat16_rn(y);
+  }
+}
+
+// 16-byte form: n4 groups of 4 floats, every pointer 16-byte aligned (8 for the BF16 output).
+__global__ void silu_mul_vec_kernel(const float4* gate, const float4* up, int64_t n4, float4* out,
+                                    uint2* out_bf16) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 g = gate[i], u = up[i];
+    const float4 y = make_float4(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w);
+    out[i] = y;
+    if (out_bf16) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(y.x, y.y), hi = __floats2bfloat162_rn(y.z, y.w);
+      out_bf16[i] =
+          make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    }
+  }
+}
+
+// splitmix64 finaliser (Steele et al. 2014) of (seed, index): independent uniform bits per element, so
+// the fill is deterministic and needs no generator state.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+template <class T>
+__global__ void fill_random_kernel(T* t, int64_t n, uint64_t seed, float amp, float offset) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t bits = mix64(seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1));
+    const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+    t[i] = from_float<T>(offset + (2.0f * u - 1.0f) * amp);
   }
 }
 
@@ -51,6 +91,16 @@ __global__ void convert_kernel(const float* x, int64_t n, T* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = from_float<T>(x[i]);
+}
+
+// F32 -> BF16, 4 elements (16 bytes in, 8 out) per thread and step.
+__global__ void convert_bf16_vec_kernel(const float4* x, int64_t n4, uint2* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    out[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
 }
 
 __global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int64_t cols) {
@@ -85,9 +135,38 @@ cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab
   return cudaGetLastError();
 }
 
-cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, void* out_bf16,
+                            cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  silu_mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(gate, up, n, out);
+  const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (n % 4 == 0 && aligned(gate, 16) && aligned(up, 16) && aligned(out, 16) && aligned(out_bf16, 8)) {
+    silu_mul_vec_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n / 4,
+        reinterpret_cast<float4*>(out), static_cast<uint2*>(out_bf16));
+  } else {
+    silu_mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(gate, up, n, out,
+                                                                    static_cast<__nv_bfloat16*>(out_bf16));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const unsigned grid = grid_for(n, kThreads, 1 << 16);
+  switch (dtype) {
+    case DType::F32:
+      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float*>(t), n, seed, amp, offset);
+      break;
+    case DType::F16:
+      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__half*>(t), n, seed, amp, offset);
+      break;
+    case DType::BF16:
+      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(t), n, seed, amp, offset);
+      break;
+    default:
+      return cudaErrorInvalidValue;  // the caller validates the dtype first
+  }
   return cudaGetLastError();
 }
 
@@ -102,7 +181,11 @@ cudaError_t launch_gather_rows(const void* x, int64_t num_rows, int64_t row_byte
 cudaError_t launch_convert_f32(const float* x, int64_t n, DType to, void* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const unsigned grid = grid_for(n, kThreads);
-  if (to == DType::BF16)
+  if (to == DType::BF16 && n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(out) % 8 == 0)
+    convert_bf16_vec_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), n / 4, static_cast<uint2*>(out));
+  else if (to == DType::BF16)
     convert_kernel<<<grid, kThreads, 0, stream>>>(x, n, static_cast<__nv_bfloat16*>(out));
   else if (to == DType::F16)
     convert_kernel<<<grid, kThreads, 0, stream>>>(x, n, static_cast<__half*>(out));

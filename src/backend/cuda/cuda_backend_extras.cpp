@@ -1,0 +1,196 @@
+// CudaBackend beyond the per-op kernels: scratch buffers, the BF16 activation copies, CUDA graphs, GPU
+// sampling, device-side random fill, and options from the environment.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace inferx {
+
+CudaBackendOptions cuda_options_from_environment() {
+  CudaBackendOptions o;
+  if (const char* kv = std::getenv("INFERX_CUDA_KV_DTYPE")) {
+    const std::string v = kv;
+    if (v == "f32" || v == "F32")
+      o.kv_cache_dtype = DType::F32;
+    else if (v == "bf16" || v == "BF16")
+      o.kv_cache_dtype = DType::BF16;
+    else
+      fail("INFERX_CUDA_KV_DTYPE={}: expected f32 or bf16", v);
+  }
+  if (const char* act = std::getenv("INFERX_CUDA_BF16_ACT")) o.bf16_activations = std::strcmp(act, "0") != 0;
+  return o;
+}
+
+// Scratch ----------------------------------------------------------------------------------------------
+
+void* CudaBackend::scratch(Scratch& s, size_t bytes) {
+  if (bytes <= s.bytes) return s.data;
+  INFERX_CHECK(
+      !capturing_,
+      "cuda backend: a scratch buffer must grow to {} bytes while a CUDA graph is captured; run the same "
+      "step once without capture first",
+      bytes);
+  use_device();
+  ++generation_;
+  if (s.data) CUDA_CHECK(cudaFreeAsync(s.data, stream_));
+  s.data = nullptr;
+  s.bytes = 0;
+  const size_t rounded = (bytes + 4095) / 4096 * 4096;
+  CUDA_CHECK(cudaMallocAsync(&s.data, rounded, stream_));
+  s.bytes = rounded;
+  return s.data;
+}
+
+void CudaBackend::release(Scratch& s) {
+  if (s.data && cudaFreeAsync(s.data, stream_) != cudaSuccess)
+    std::fprintf(stderr, "inferx cuda: releasing a scratch buffer failed\n");
+  s = {};
+}
+
+void* CudaBackend::pinned(Scratch& s, size_t bytes) {
+  if (bytes <= s.bytes) return s.data;
+  release_pinned(s);
+  CUDA_CHECK(cudaHostAlloc(&s.data, bytes, cudaHostAllocDefault));
+  s.bytes = bytes;
+  return s.data;
+}
+
+void CudaBackend::release_pinned(Scratch& s) {
+  // cudaFreeHost waits for the device; pinned buffers are only released at destruction.
+  if (s.data && cudaFreeHost(s.data) != cudaSuccess)
+    std::fprintf(stderr, "inferx cuda: releasing a pinned buffer failed\n");
+  s = {};
+}
+
+uint64_t CudaBackend::generation() const { return generation_ + (gemm_ ? gemm_->buffer_generation() : 0); }
+
+void* CudaBackend::bf16_copy_for(const Tensor& out) {
+  shadow_src_ = nullptr;
+  if (!options_.bf16_activations || !last_matmul_bf16_ || out.numel() == 0) return nullptr;
+  void* p = scratch(shadow_, static_cast<size_t>(out.numel()) * 2);
+  shadow_src_ = out.data;
+  shadow_rows_ = out.rows();
+  shadow_cols_ = out.cols();
+  return p;
+}
+
+// Random fill -------------------------------------------------------------------------------------------
+
+bool CudaBackend::fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) {
+  if (t.device != Device::CUDA || !(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16))
+    return false;
+  use_device();
+  drop_bf16_copy();
+  CUDA_CHECK(cuda::launch_fill_random(t.dtype, t.data, t.numel(), seed, amplitude, offset, stream_));
+  return true;
+}
+
+// CUDA graphs -------------------------------------------------------------------------------------------
+
+bool CudaBackend::begin_graph_capture() {
+  INFERX_CHECK(!capturing_, "cuda backend: a graph capture is already in progress");
+  use_device();
+  // Thread-local mode: a forbidden call (allocation, synchronisation) from this thread fails loudly
+  // instead of silently breaking the recording.
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  capturing_ = true;
+  gemm_->set_capturing(true);
+  capture_generation_ = generation();
+  return true;
+}
+
+void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
+  if (!capturing_) return;
+  capturing_ = false;
+  gemm_->set_capturing(false);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t status = cudaStreamEndCapture(stream_, &graph);
+  if (!keep || status != cudaSuccess) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // an invalidated capture leaves a sticky-free error: clear it
+    if (keep) CUDA_CHECK(status);
+    return;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  CUDA_CHECK(inst);
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
+    graphs_.erase(it);
+  }
+  graphs_[key] = Graph{exec, capture_generation_};
+  // A recording made while a buffer grew would point at freed memory; generation() changed then.
+  if (generation() != capture_generation_) {
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    graphs_.erase(key);
+  }
+}
+
+bool CudaBackend::replay_graph(uint64_t key) {
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) return false;
+  use_device();
+  if (it->second.generation != generation()) {
+    CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
+    graphs_.erase(it);
+    return false;
+  }
+  drop_bf16_copy();  // the replayed ops wrote over the tensors the host-side state describes
+  CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
+  return true;
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [key, g] : graphs_)
+    if (cudaGraphExecDestroy(g.exec) != cudaSuccess)
+      std::fprintf(stderr, "inferx cuda: destroying a graph failed\n");
+  graphs_.clear();
+}
+
+// Sampling ----------------------------------------------------------------------------------------------
+
+void CudaBackend::argmax(const Tensor& logits, int32_t* host_ids) { run_sampler(logits, nullptr, host_ids); }
+
+void CudaBackend::sample(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids) {
+  INFERX_CHECK(host_params != nullptr, "cuda backend: sample() needs one SampleParams per row");
+  run_sampler(logits, host_params, host_ids);
+}
+
+void CudaBackend::run_sampler(const Tensor& logits, const cuda::SampleParams* host_params,
+                              int32_t* host_ids) {
+  INFERX_CHECK(logits.device == Device::CUDA && logits.dtype == DType::F32 && logits.ndim == 2,
+               "cuda backend: sampling needs F32 [rows, vocab] logits on the GPU, got {} {}",
+               dtype_name(logits.dtype), logits.shape_string());
+  INFERX_CHECK(!capturing_, "cuda backend: sampling copies to the host and cannot be captured");
+  const int64_t rows = logits.rows(), vocab = logits.cols();
+  if (rows == 0) return;
+  INFERX_CHECK(vocab > 0 && vocab < (int64_t{1} << 31), "cuda backend: sampling over a vocabulary of {}",
+               vocab);
+  use_device();
+  const size_t id_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
+  auto* ids_dev = static_cast<int32_t*>(scratch(sample_ids_, id_bytes));
+  auto* ids_host = static_cast<int32_t*>(pinned(pinned_ids_, id_bytes));
+  if (host_params) {
+    const size_t param_bytes = static_cast<size_t>(rows) * sizeof(cuda::SampleParams);
+    auto* staged = static_cast<cuda::SampleParams*>(pinned(pinned_params_, param_bytes));
+    std::memcpy(staged, host_params, param_bytes);
+    auto* params_dev = static_cast<cuda::SampleParams*>(scratch(sample_params_, param_bytes));
+    CUDA_CHECK(cudaMemcpyAsync(params_dev, staged, param_bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cuda::launch_sample(logits.ptr<float>(), rows, vocab, params_dev, ids_dev, stream_));
+  } else {
+    CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_));
+  }
+  CUDA_CHECK(cudaMemcpyAsync(ids_host, ids_dev, id_bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(host_ids, ids_host, id_bytes);
+}
+
+}  // namespace inferx

@@ -1,0 +1,237 @@
+// Token selection on the GPU, so a decode step copies only one int per sequence back to the host.
+// One CTA of 1024 threads per row of logits.
+//   argmax: the lowest index among equal maxima (as std::max_element).
+//   sample: z = logits / temperature; keep z >= theta where theta is raised by, in this order,
+//     top-k:  the k-th largest z (ties at the threshold are all kept),
+//     top-p:  the largest value v such that the kept tokens with z >= v carry at least top_p of the kept
+//             softmax mass (the smallest nucleus, Holtzman et al. 2020, over the top-k set),
+//     min-p:  z >= max z + ln(min_p) (probability at least min_p times the most likely token's);
+//   then the first index, in vocabulary order, whose running sum of kept exp(z - max z) exceeds
+//   uniform * total. Thresholds are found by a 4-pass radix select over the order-preserving integer
+//   image of z, with 256-bin histograms of counts (top-k) or softmax mass (top-p) in shared memory:
+//   no sort, and the row is read from L2 a few times.
+#include <math_constants.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace inferx::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+
+// float -> uint32 preserving order (larger float, larger key).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// Block-wide max of (value, index), lowest index on ties; every thread gets the result.
+__device__ void block_argmax(float& v, int& idx) {
+  __shared__ float s_v[kWarp];
+  __shared__ int s_i[kWarp];
+  const auto better = [](float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); };
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+    if (better(ov, oi, v, idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) {
+    s_v[warp] = v;
+    s_i[warp] = idx;
+  }
+  __syncthreads();
+  v = lane < blockDim.x / kWarp ? s_v[lane] : -CUDART_INF_F;
+  idx = lane < blockDim.x / kWarp ? s_i[lane] : INT_MAX;
+#pragma unroll
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+    if (better(ov, oi, v, idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  __syncthreads();
+}
+
+__device__ int row_argmax(const float* row, int64_t vocab) {
+  float best = -CUDART_INF_F;
+  int idx = INT_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = row[i];
+    if (v > best || (v == best && i < idx)) {  // NaN never wins
+      best = v;
+      idx = static_cast<int>(i);
+    }
+  }
+  block_argmax(best, idx);
+  return idx == INT_MAX ? 0 : idx;
+}
+
+__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) {
+  const int id = row_argmax(logits + blockIdx.x * vocab, vocab);
+  if (threadIdx.x == 0) ids[blockIdx.x] = id;
+}
+
+// The largest key K such that the weight of eligible elements with key >= K reaches `target`.
+// kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z.
+template <bool kMass>
+__device__ float radix_threshold(const float* row, int64_t vocab, float inv_t, float zmax, float floor_z,
+                                 float target) {
+  __shared__ float hist[256];
+  __shared__ uint32_t s_bin;
+  __shared__ float s_remaining;
+  uint32_t prefix = 0, mask = 0;
+  float remaining = target;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0.0f;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float z = row[i] * inv_t;
+      if (!(z >= floor_z)) continue;
+      const uint32_t key = order_key(z);
+      if ((key & mask) != prefix) continue;
+      atomicAdd(&hist[(key >> shift) & 255u], kMass ? exp2f((z - zmax) * 1.4426950408889634f) : 1.0f);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float cum = 0.0f;
+      int bin = -1, lowest_nonempty = 0;
+      for (int b = 255; b >= 0; --b) {
+        if (hist[b] > 0.0f) lowest_nonempty = b;
+        if (hist[b] > 0.0f && cum + hist[b] >= remaining) {
+          bin = b;
+          break;
+        }
+        cum += hist[b];
+      }
+      if (bin < 0) {  // rounding left the target just out of reach: take everything that is left
+        bin = lowest_nonempty;
+        cum -= hist[bin];
+      }
+      s_bin = static_cast<uint32_t>(bin);
+      s_remaining = remaining - cum;
+    }
+    __syncthreads();
+    prefix |= s_bin << shift;
+    mask |= 255u << shift;
+    remaining = s_remaining;
+    __syncthreads();
+  }
+  return key_value(prefix);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(const float* logits, int64_t vocab, const SampleParams* params, int32_t* ids) {
+  __shared__ float s_scan[kWarp];
+  __shared__ int s_pick, s_last;
+  const float* row = logits + blockIdx.x * vocab;
+  const SampleParams p = params[blockIdx.x];
+  if (!(p.temperature > 0.0f)) {
+    const int id = row_argmax(row, vocab);
+    if (threadIdx.x == 0) ids[blockIdx.x] = id;
+    return;
+  }
+  const float inv_t = 1.0f / p.temperature;
+  float zmax = -CUDART_INF_F;
+  int unused = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) zmax = fmaxf(zmax, row[i] * inv_t);
+  block_argmax(zmax, unused);
+
+  float theta = -CUDART_INF_F;
+  if (p.top_k > 0 && p.top_k < vocab)
+    theta = radix_threshold<false>(row, vocab, inv_t, zmax, theta, static_cast<float>(p.top_k));
+  if (p.top_p < 1.0f) {
+    float mass = 0.0f;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float z = row[i] * inv_t;
+      if (z >= theta) mass += exp2f((z - zmax) * 1.4426950408889634f);
+    }
+    mass = block_sum(mass, s_scan);
+    theta = fmaxf(theta, radix_threshold<true>(row, vocab, inv_t, zmax, theta, fmaxf(p.top_p, 0.0f) * mass));
+  }
+  if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
+
+  // Contiguous ranges per thread, so "first index in vocabulary order" is a block scan of range sums.
+  const int64_t per = (vocab + blockDim.x - 1) / blockDim.x;
+  const int64_t begin = min(vocab, threadIdx.x * per), end = min(vocab, begin + per);
+  float local = 0.0f;
+  int last_kept = -1;
+  for (int64_t i = begin; i < end; ++i) {
+    const float z = row[i] * inv_t;
+    if (z >= theta) {
+      local += exp2f((z - zmax) * 1.4426950408889634f);
+      last_kept = static_cast<int>(i);
+    }
+  }
+  // Inclusive scan across the block: warp scan, then the warp totals.
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  float incl = local;
+#pragma unroll
+  for (int off = 1; off < kWarp; off *= 2) {
+    const float o = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += o;
+  }
+  if (threadIdx.x == 0) {
+    s_pick = INT_MAX;
+    s_last = -1;
+  }
+  if (lane == kWarp - 1) s_scan[warp] = incl;
+  __syncthreads();
+  float warp_offset = 0.0f, total = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+    if (w < warp) warp_offset += s_scan[w];
+    total += s_scan[w];
+  }
+  // The ranges [lo, hi) tile [0, total) exactly: a thread's hi is computed by the same float operations
+  // as the next thread's lo.
+  float prev = __shfl_up_sync(0xffffffffu, incl, 1);
+  if (lane == 0) prev = 0.0f;
+  const float lo = warp_offset + prev, hi = warp_offset + incl;
+  const float target = p.uniform * total;
+  if (last_kept >= 0) atomicMax(&s_last, last_kept);
+  if (local > 0.0f && lo <= target && target < hi) {
+    float cum = lo;
+    int pick = last_kept;
+    for (int64_t i = begin; i < end; ++i) {
+      const float z = row[i] * inv_t;
+      if (z >= theta) {
+        cum += exp2f((z - zmax) * 1.4426950408889634f);
+        if (cum > target) {
+          pick = static_cast<int>(i);
+          break;
+        }
+      }
+    }
+    atomicMin(&s_pick, pick);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) ids[blockIdx.x] = s_pick != INT_MAX ? s_pick : (s_last >= 0 ? s_last : 0);
+}
+
+}  // namespace
+
+cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
+                          cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, ids);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
+                          int32_t* ids, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, params, ids);
+  return cudaGetLastError();
+}
+
+}  // namespace inferx::cuda
