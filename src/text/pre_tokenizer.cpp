@@ -4,6 +4,8 @@
 
 #include <pcre2.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "text/unicode.h"
 
@@ -273,7 +275,10 @@ void apply_behavior(Behavior behavior, std::vector<Part>& parts,
       }
       break;
   }
-  std::erase_if(out, [&](const auto& s) { return s.first == s.second; });
+  // Drop empty parts of this span only (the vector holds every span so far).
+  out.erase(std::remove_if(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+                           [](const auto& s) { return s.first == s.second; }),
+            out.end());
 }
 
 }  // namespace
