@@ -95,10 +95,12 @@ class Backend {
   // metadata buffers) must stay the same for later replays, and no call may copy or synchronize.
   // end_graph_capture(key, false) discards the recording (after an error). replay_graph(key) runs a
   // recording and returns false when there is none (or the backend's own buffers moved since: capture
-  // again). The caller rewrites the metadata buffers in place before each replay.
+  // again; any allocate() counts as such a move). The caller rewrites the metadata buffers in place
+  // before each replay.
   virtual bool begin_graph_capture() { return false; }
   virtual void end_graph_capture(uint64_t key, bool keep = true) {}
   virtual bool replay_graph(uint64_t key) { return false; }
+  virtual void drop_graph(uint64_t key) {}
   virtual void clear_graphs() {}
 };
 

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "formats/model_config.h"
 #include "formats/tensor_source.h"
+#include "quant/plan.h"
 
 namespace inferx {
 
@@ -14,6 +15,11 @@ struct LoadOptions {
   // Dummy models only: the weight type to generate (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K).
   DType dummy_dtype = DType::BF16;
   uint64_t dummy_seed = 0;
+  // Weight quantization at load (quant/plan.h): `plan` when given (from calibration, model/calibration.h),
+  // else the fixed rule in `quantize` (fp8, int4, fp8-int4; auto needs a plan). Layers a checkpoint
+  // stores pre-quantized keep their stored format.
+  QuantOptions quantize;
+  std::shared_ptr<const QuantPlan> plan;
 };
 
 // The model's weights, resolved to backend tensors. Per-layer fields are empty when the architecture
@@ -54,6 +60,12 @@ class Model {
   // projection; one embedding row is negligible): the numerator of the decode roofline.
   int64_t weight_bytes_per_token() const;
 
+  // The resolved weights (for `inferx quantize`, calibration and tests).
+  const ModelWeights& weights() const { return weights_; }
+  // The quantization plan the weights were loaded with (kind "none" and no layers when none applied;
+  // pre-quantized checkpoints report the formats they hold).
+  const QuantPlan& quant_plan() const { return quant_plan_; }
+
   // Runs one flattened step. Writes K/V of the batch's tokens into `cache` and returns the logits of
   // batch.logits_rows as F32 [num_logits, vocab] in backend memory (valid until the next forward).
   Tensor forward(const BatchView& batch, KvCache& cache);
@@ -71,6 +83,7 @@ class Model {
   ModelWeights weights_;
   std::vector<std::unique_ptr<DeviceBuffer>> owned_;  // uploaded / converted weights
   std::unique_ptr<Workspace> workspace_;
+  QuantPlan quant_plan_;
   friend class WeightLoader;
 };
 
@@ -96,6 +109,9 @@ class KvCache {
 class SequenceRunner {
  public:
   SequenceRunner(Model& model, int64_t max_tokens, int64_t block_size = 16);
+  ~SequenceRunner();
+  SequenceRunner(const SequenceRunner&) = delete;
+  SequenceRunner& operator=(const SequenceRunner&) = delete;
   // Appends tokens to the sequence and returns the logits after the last one (host copy, [vocab]).
   const std::vector<float>& step(const std::vector<int32_t>& tokens);
   // Same, but returns logits for every appended token ([tokens.size() * vocab]).
@@ -104,6 +120,8 @@ class SequenceRunner {
 
  private:
   std::vector<float> run(const std::vector<int32_t>& tokens, bool all_logits);
+  Tensor forward(const BatchView& batch, bool decode);
+  uint64_t graph_key() const { return reinterpret_cast<uintptr_t>(this); }
   Model& model_;
   KvCache cache_;
   int64_t max_tokens_;
@@ -112,6 +130,10 @@ class SequenceRunner {
   std::vector<float> last_logits_;
   std::vector<int32_t> meta_host_;
   std::unique_ptr<DeviceBuffer> meta_device_;  // grown, never shrunk: no allocation per decode step
+  // One-token steps replay a recorded graph where the backend has them (CUDA); see sequence_runner.cpp.
+  bool use_graphs_ = true;
+  bool decode_graph_ = false;
+  Tensor graph_logits_;
 };
 
 }  // namespace inferx

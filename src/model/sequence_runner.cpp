@@ -1,3 +1,5 @@
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
@@ -15,6 +17,12 @@ SequenceRunner::SequenceRunner(Model& model, int64_t max_tokens, int64_t block_s
       max_tokens_(max_tokens) {
   block_table_.resize(static_cast<size_t>(cache_.num_blocks()));
   std::iota(block_table_.begin(), block_table_.end(), 0);
+  // INFERX_GRAPHS=0 runs every step eagerly (for comparisons and debugging).
+  if (const char* g = std::getenv("INFERX_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
+}
+
+SequenceRunner::~SequenceRunner() {
+  if (decode_graph_) model_.backend().drop_graph(graph_key());
 }
 
 const std::vector<float>& SequenceRunner::step(const std::vector<int32_t>& tokens) {
@@ -63,11 +71,44 @@ std::vector<float> SequenceRunner::run(const std::vector<int32_t>& tokens, bool 
   b.num_logits = num_logits;
   b.max_query_len = static_cast<int32_t>(n);
   b.max_seq_len = static_cast<int32_t>(length_ + n);
-  Tensor logits = model_.forward(b, cache_);
+  Tensor logits = forward(b, n == 1 && !all_logits);
   std::vector<float> host(static_cast<size_t>(num_logits * vocab));
   be.copy_to_host(host.data(), logits.data, host.size() * sizeof(float));
   length_ += n;
   return host;
+}
+
+// Decode steps (one token, one logits row) have the same shapes and, since the metadata buffer keeps its
+// address and layout, the same pointers every time: the first is run eagerly (which also sizes every
+// workspace and picks the GEMM algorithms) and then recorded once; later ones rewrite the metadata in
+// place (copy_to_device above, before the replay on the same stream) and replay the recording. Any other
+// step may move the workspaces, so it drops the recording; the backend itself refuses a replay after any
+// allocation (another runner growing the shared workspace), and the step then runs eagerly again.
+Tensor SequenceRunner::forward(const BatchView& b, bool decode) {
+  Backend& be = model_.backend();
+  const uint64_t kDecodeKey = graph_key();  // runners sharing a backend keep their own recordings
+  if (!decode || !use_graphs_) {
+    if (decode_graph_) {
+      be.drop_graph(kDecodeKey);
+      decode_graph_ = false;
+    }
+    return model_.forward(b, cache_);
+  }
+  if (decode_graph_ && be.replay_graph(kDecodeKey)) return graph_logits_;
+  Tensor logits = model_.forward(b, cache_);
+  decode_graph_ = false;
+  if (be.begin_graph_capture()) {
+    try {
+      // Recorded, not run: the eager step above already wrote this token's KV and logits.
+      graph_logits_ = model_.forward(b, cache_);
+      be.end_graph_capture(kDecodeKey);
+      decode_graph_ = graph_logits_.data == logits.data;
+    } catch (const Error&) {
+      be.end_graph_capture(kDecodeKey, false);
+      use_graphs_ = false;  // e.g. a workspace that could not be recorded: stay eager
+    }
+  }
+  return logits;
 }
 
 }  // namespace inferx

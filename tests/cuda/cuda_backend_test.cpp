@@ -98,6 +98,9 @@ class CudaBackendTest : public ::testing::Test {
     }
     gpu_ = make_cuda_backend(0);
     cpu_ = make_cpu_backend();
+    // These tests pin the v0 attention kernel (float math, tight tolerances); the v1 kernels are checked
+    // in cuda_kernels_test.cpp with BF16-appropriate tolerances.
+    static_cast<CudaBackend&>(*gpu_).set_attention_kernel(CudaAttentionKernel::Reference);
   }
 
   // The same bytes as a tensor in each backend: first the CPU one, then the CUDA one.

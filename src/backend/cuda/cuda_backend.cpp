@@ -146,6 +146,8 @@ std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
     fail("cuda backend: out of device memory allocating {} MiB on {}", bytes >> 20, name_);
   }
   CUDA_CHECK(status);
+  // A new buffer may replace one a captured graph points at (a grown workspace): retire the graphs.
+  ++generation_;
   auto buffer = std::make_unique<CudaDeviceBuffer>(p, bytes);
   CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   return buffer;

@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
   bool begin_graph_capture() override;
   void end_graph_capture(uint64_t key, bool keep = true) override;
   bool replay_graph(uint64_t key) override;
+  void drop_graph(uint64_t key) override;
   void clear_graphs() override;
 
   // GPU sampling (engine-facing, not yet in Backend): token ids of each row of logits [rows, vocab] F32

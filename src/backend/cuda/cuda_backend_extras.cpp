@@ -148,6 +148,13 @@ bool CudaBackend::replay_graph(uint64_t key) {
   return true;
 }
 
+void CudaBackend::drop_graph(uint64_t key) {
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
+    graphs_.erase(it);
+  }
+}
+
 void CudaBackend::clear_graphs() {
   for (auto& [key, g] : graphs_)
     if (cudaGraphExecDestroy(g.exec) != cudaSuccess)
