@@ -29,13 +29,14 @@ for spec in "tests/golden/fixtures/llama-tiny" "tests/golden/fixtures/llama3-tin
             "tests/golden/fixtures/qwen2-tiny" "tests/golden/fixtures/qwen3-tiny" "tests/golden/fixtures/llama-tiny.gguf" \
             "tests/golden/fixtures/qwen2-tiny.gguf"; do
   cpu=$(gen -m "$spec" --prompt-ids 1,5,9,33,70 -n 20 --ignore-eos --device cpu)
-  gpu=$(gen -m "$spec" --prompt-ids 1,5,9,33,70 -n 20 --ignore-eos --device cuda)
+  # fp32 mode (F32 KV cache) for the token-for-token comparison; the BF16 default is checked by the tests.
+  gpu=$(INFERX_CUDA_KV_DTYPE=f32 gen -m "$spec" --prompt-ids 1,5,9,33,70 -n 20 --ignore-eos --device cuda)
   [[ "$cpu" == "$gpu" && -n "$cpu" ]] && r=same || r="DIFFERENT cpu=[$cpu] gpu=[$gpu]"
   note "greedy $(basename "$spec"): $r"
 done
 S="$C/stories260K.gguf"
 cpu=$(gen -m "$S" -p "Once upon a time" -n 150 --device cpu)
-gpu=$(gen -m "$S" -p "Once upon a time" -n 150 --device cuda)
+gpu=$(INFERX_CUDA_KV_DTYPE=f32 gen -m "$S" -p "Once upon a time" -n 150 --device cuda)
 [[ "$cpu" == "$gpu" && -n "$cpu" ]] && r=same || r="DIFFERENT"
 note "greedy stories260K: $r"
 
@@ -43,10 +44,24 @@ echo "== 3. ceilings (shared/tools/gpu_ceilings.py)"
 OUT="$OUT" timeout 300 python3 "$C/tools/gpu_ceilings.py" >"$OUT/ceilings.log" 2>&1
 tail -25 "$OUT/ceilings.log"
 
-echo "== 4. batch-1 decode, Llama-3-8B shape, dummy bf16 weights (v0 backend: no graphs, host sampling)"
+echo "== 4. batch-1 decode, Llama-3-8B shape, dummy bf16 weights (v1: BF16 KV, CUDA graph replay; host sampling)"
 "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids 1,2,3,4,5,6,7,8 -n 128 \
   --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_8b.err"
-note "decode 8B bf16: $(tail -1 "$OUT/decode_8b.err")"
+note "decode 8B bf16 (graphs): $(tail -1 "$OUT/decode_8b.err")"
+INFERX_GRAPHS=0 "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids 1,2,3,4,5,6,7,8 \
+  -n 128 --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_8b_eager.err"
+note "decode 8B bf16 (eager): $(tail -1 "$OUT/decode_8b_eager.err")"
+
+echo "== 5. kernel micro-benchmarks vs ceilings measured in the same run (bench/gpu/bench_kernels.cpp)"
+if [[ -x "$C/bench_cuda_kernels" ]]; then
+  timeout 300 "$C/bench_cuda_kernels" >"$OUT/bench_kernels.log" 2>&1
+  rc=$?
+  cat "$OUT/bench_kernels.log"
+  note "kernel bench: rc=$rc (table in bench_kernels.log)"
+  while IFS= read -r line; do summary+=("  $line"); done < <(grep -E '^(ceiling|decode|prefill|add_rms|silu|argmax|sample)' "$OUT/bench_kernels.log")
+else
+  note "kernel bench: missing ($C/bench_cuda_kernels; rebuild and rerun stage.sh)"
+fi
 
 echo "== summary"
 printf '%s\n' "${summary[@]}"

@@ -2,12 +2,12 @@
 # Stages what bench/gpu/run.sh needs on the GPU machine into gpu-carry/ (ignored by git through
 # .git/info/exclude): the CUDA build's binaries, the shared libraries the GPU image may lack, the
 # shared GPU tools and the small trained model. Build first: cmake --preset cuda -DINFERX_NATIVE=OFF &&
-# cmake --build build/cuda --target inferx test_cuda_backend
+# cmake --build build/cuda --target inferx test_cuda_backend bench_cuda_kernels
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/gpu-carry/' .git/info/exclude 2>/dev/null || echo '/gpu-carry/' >>.git/info/exclude
 rm -rf gpu-carry && mkdir -p gpu-carry/gpu-libs
-for b in build/cuda/src/cli/inferx build/cuda/tests/cuda/test_cuda_backend; do
+for b in build/cuda/src/cli/inferx build/cuda/tests/cuda/test_cuda_backend build/cuda/tests/cuda/bench_cuda_kernels; do
   cp "$b" gpu-carry/
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
     case "$name" in
