@@ -140,10 +140,8 @@ std::string Normalizer::apply(std::string_view text) const {
         size_t b = 0, e = s.size();
         if (step->strip_left) {
           for (size_t pos = 0; pos < s.size();) {
-            const size_t start = pos;
             if (!unicode::is_whitespace(unicode::next_code_point(s, pos))) break;
             b = pos;
-            (void)start;
           }
         }
         if (step->strip_right) {

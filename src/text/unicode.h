@@ -22,8 +22,8 @@ std::string to_valid_utf8(std::string_view s);
 
 // Rust char::is_whitespace: the White_Space property.
 bool is_whitespace(char32_t c);
-// Rust char::is_alphanumeric (Alphabetic or Numeric), approximated by general categories L*, N*, Mn/Mc
-// of letters' scripts not included (only L* and N*).
+// Rust char::is_alphanumeric (Alphabetic or Numeric), approximated by the general categories L* and N*
+// (Alphabetic also holds some marks and symbols; they do not occur next to added tokens in practice).
 bool is_alphanumeric(char32_t c);
 // Rust char::is_numeric: general categories Nd, Nl, No.
 bool is_numeric(char32_t c);
