@@ -16,6 +16,8 @@ void register_all(CLI::App& app) {
   register_detokenize(app, registry());
   register_serve(app, registry());
   register_bench(app, registry());
+  register_perplexity(app, registry());
+  register_quantize(app, registry());
 }
 
 void run_selected(CLI::App& app) {

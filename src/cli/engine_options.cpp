@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "cli/backend_choice.h"
+#include "cli/quantize_options.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -38,8 +39,7 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_flag("--no-prefix-caching", a.no_prefix_caching, "Disable automatic prefix caching");
   sub.add_flag("--enable-alp", a.enable_alp, "Chunked prefill (on by default)");
   sub.add_flag("--no-chunked-prefill", a.no_chunked_prefill, "Prefill whole prompts in one step");
-  sub.add_option("--quantize", a.quantize,
-                 "Weight quantization: none or auto for now (others: not supported yet)");
+  add_quantize_options(sub, a.quantize, a.calibration);
 }
 
 std::string default_model() {
@@ -56,13 +56,7 @@ std::string default_served_name(const std::string& spec) {
   return p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
 }
 
-void check_quantize(const std::string& value) {
-  if (value == "none" || value == "auto" || value.empty()) return;
-  fail(
-      "--quantize {}: not supported yet (weights are served as stored; quantization comes with the "
-      "quantization issue). Use --quantize none, or a pre-quantized GGUF file.",
-      value);
-}
+void check_quantize(const std::string& value) { (void)parse_quant_options(value); }
 
 int64_t parse_memory_size(const std::string& text) {
   size_t used = 0;
@@ -133,7 +127,9 @@ LoadedEngine load_engine(const EngineArgs& a) {
   auto dt = dtype_from_name(a.dtype);
   INFERX_CHECK(dt.has_value(), "--dtype: unknown weight type '{}'", a.dtype);
   lo.dummy_dtype = *dt;
+  apply_quantize(a.quantize, a.calibration, a.model, a.threads, lo);
   l.model = Model::load(a.model, *l.backend, lo);
+  print_quant_plan(*l.model);
   l.text = load_model_text(a.model, l.model->source());
   l.engine = std::make_unique<Engine>(*l.model, l.text.tokenizer.get(), config);
   return l;

@@ -28,6 +28,7 @@ struct EngineArgs {
   bool enable_alp = true;  // chunked prefill (on by default; the flag exists for the quick start)
   bool no_chunked_prefill = false;
   std::string quantize = "none";
+  std::string calibration;  // --quantize auto
 };
 
 void add_engine_options(CLI::App& sub, EngineArgs& a);
@@ -36,8 +37,7 @@ void add_engine_options(CLI::App& sub, EngineArgs& a);
 std::string default_model();
 // "path/to/stories260K.gguf" -> "stories260K"; "dummy:tiny" stays.
 std::string default_served_name(const std::string& model_spec);
-// --quantize: none/auto are accepted (weights as stored); any other value is refused until the
-// quantization issue lands, so nobody benchmarks an unquantized model believing it is quantized.
+// --quantize: throws on a plan parse_quant_options (quant/plan.h) does not know.
 void check_quantize(const std::string& value);
 // "4GiB" / "512MiB" / "1.5GB" / "1000000" -> bytes; throws naming --kv-cache-memory.
 int64_t parse_memory_size(const std::string& text);

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "cli/backend_choice.h"
 #include "cli/commands.h"
+#include "cli/quantize_options.h"
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "formats/gguf.h"
@@ -32,6 +33,8 @@ struct GenerateArgs {
   std::string device = "cpu";
   bool ignore_eos = false;
   bool no_bos = false;
+  std::string quantize = "none";
+  std::string calibration;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -59,8 +62,10 @@ void run_generate(const GenerateArgs& a) {
   INFERX_CHECK(dt.has_value(), "--dtype: unknown weight type '{}'", a.dtype);
   lo.dummy_dtype = *dt;
   lo.dummy_seed = a.seed;
+  apply_quantize(a.quantize, a.calibration, a.model, a.threads, lo);
   auto model = Model::load(a.model, *backend, lo);
   std::fprintf(stderr, "model: %s\nbackend: %s\n", model->description().c_str(), backend->name().c_str());
+  print_quant_plan(*model);
 
   std::unique_ptr<Tokenizer> tokenizer;
   if (auto* gguf = dynamic_cast<const GgufFile*>(model->source());
@@ -144,6 +149,7 @@ void register_generate(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>&
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
   sub->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
+  add_quantize_options(*sub, args->quantize, args->calibration);
   out.emplace_back(sub, [args] { run_generate(*args); });
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -16,19 +17,22 @@
 #include "model/arch_registry.h"
 #include "model/dummy_models.h"
 #include "model/model.h"
+#include "model/quantized_linear.h"
 #include "quant/gguf_blocks.h"
 
 namespace inferx {
 
 class WeightLoader {
  public:
-  WeightLoader(Model& model, WeightNaming naming) : m_(model), names_(tensor_names(naming)) {}
+  WeightLoader(Model& model, WeightNaming naming, const LoadOptions& options, HfQuantConfig hf = {})
+      : m_(model), names_(tensor_names(naming)), options_(options), hf_(std::move(hf)) {}
 
   void load_all() {
     const ModelConfig& c = m_.config_;
     const int64_t D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
     const int64_t qd = c.num_heads * hd, kvd = c.num_kv_heads * hd;
     ModelWeights& w = m_.weights_;
+    prepare_plan();
     w.token_embedding = matrix(names_.token_embedding, {c.vocab_size, D});
     w.final_norm = vector_f32(names_.final_norm, D);
     if (m_.source_->find(names_.lm_head) != nullptr) {
@@ -44,10 +48,10 @@ class WeightLoader {
       auto N = [&](const std::string& p) { return layer_tensor_name(p, i); };
       l.attn_norm = vector_f32(N(names_.attn_norm), D);
       l.ffn_norm = vector_f32(N(names_.ffn_norm), D);
-      l.q.weight = matrix(N(names_.q), {qd, D});
-      l.k.weight = matrix(N(names_.k), {kvd, D});
-      l.v.weight = matrix(N(names_.v), {kvd, D});
-      l.o.weight = matrix(N(names_.o), {D, qd});
+      l.q = linear(N(names_.q), {qd, D});
+      l.k = linear(N(names_.k), {kvd, D});
+      l.v = linear(N(names_.v), {kvd, D});
+      l.o = linear(N(names_.o), {D, qd});
       if (c.attention_bias) {
         l.q.bias = vector_f32(N(names_.q_bias), qd);
         l.k.bias = vector_f32(N(names_.k_bias), kvd);
@@ -57,10 +61,16 @@ class WeightLoader {
         l.q_norm = vector_f32(N(names_.q_norm), hd);
         l.k_norm = vector_f32(N(names_.k_norm), hd);
       }
-      l.gate.weight = matrix(N(names_.gate), {F, D});
-      l.up.weight = matrix(N(names_.up), {F, D});
-      l.down.weight = matrix(N(names_.down), {D, F});
+      l.gate = linear(N(names_.gate), {F, D});
+      l.up = linear(N(names_.up), {F, D});
+      l.down = linear(N(names_.down), {D, F});
     }
+    m_.quant_plan_ = std::move(applied_);
+    if (!m_.quant_plan_.empty() && m_.backend_.device() != Device::CPU)
+      std::fprintf(stderr,
+                   "note: %s has no FP8/INT4 kernels yet: quantized layers are dequantized to BF16 at load "
+                   "(quantized values, unquantized memory and speed)\n",
+                   m_.backend_.name().c_str());
   }
 
  private:
@@ -113,6 +123,65 @@ class WeightLoader {
     return place(DType::BF16, shape, host.data(), host.size() * 2);
   }
 
+  // The plan for this model's layers: given, or built from the rule; checkpoint plans are replaced by
+  // what the checkpoint stores (resolved per layer below).
+  void prepare_plan() {
+    descs_ = linear_layers(m_.config_);
+    if (options_.plan) {
+      plan_ = *options_.plan;
+    } else if (options_.quantize.kind != PlanKind::None) {
+      plan_ = make_plan(options_.quantize, descs_);
+    } else {
+      plan_ = make_plan(QuantOptions{}, descs_);
+    }
+    applied_.kind = plan_.kind;
+    if (hf_.method != HfQuantConfig::Method::None) applied_.kind = "checkpoint";
+    if (hf_.method != HfQuantConfig::Method::None && options_.quantize.kind != PlanKind::None)
+      std::fprintf(stderr,
+                   "note: %s is pre-quantized: its quantized layers keep their format (--quantize %s "
+                   "applies to the others)\n",
+                   m_.source_->describe().c_str(), options_.quantize.text.c_str());
+    next_ = 0;
+  }
+
+  // The next linear layer in linear_layers() order: pre-quantized in the checkpoint, quantized per the
+  // plan, or as stored.
+  Linear linear(const std::string& name, const std::vector<int64_t>& shape) {
+    INFERX_CHECK(next_ < descs_.size(), "internal: more linear layers than the config describes");
+    const LinearDesc& d = descs_[next_++];
+    const LayerQuant* q = plan_.find(d.name);
+    LayerQuant want = q ? *q : LayerQuant{};
+    const bool stored_quantized = m_.source_->find(name) == nullptr || is_prequantized(*m_.source_, name);
+    if (stored_quantized) {
+      Linear l =
+          resolve_quantized_linear(*m_.source_, name, shape[0], shape[1], hf_, want, m_.backend_.device(),
+                                   [this](DType t, const std::vector<int64_t>& s, const void* p, size_t b) {
+                                     return place(t, s, p, b);
+                                   });
+      LayerQuant got;
+      got.format =
+          l.weight.dtype == DType::INT4 || !l.input_perm.empty() ? WeightFormat::Int4 : WeightFormat::Fp8;
+      if (l.weight.dtype == DType::BF16) got.format = want.format;  // dequantized on a GPU
+      got.group = l.group_size ? l.group_size : 128;
+      got.symmetric = l.zero.empty();
+      got.fp8 = l.scale.numel() == 1 ? Fp8Granularity::PerTensor : Fp8Granularity::PerChannel;
+      got.note = "stored pre-quantized";
+      applied_.layers.emplace_back(d.name, got);
+      return l;
+    }
+    applied_.layers.emplace_back(d.name, want);
+    if (want.format == WeightFormat::Keep) {
+      Linear l;
+      l.weight = matrix(name, shape);
+      return l;
+    }
+    entry(name, shape);  // shape check with the usual message
+    return resolve_quantized_linear(*m_.source_, name, shape[0], shape[1], hf_, want, m_.backend_.device(),
+                                    [this](DType t, const std::vector<int64_t>& s, const void* p, size_t b) {
+                                      return place(t, s, p, b);
+                                    });
+  }
+
   Tensor place(DType dtype, const std::vector<int64_t>& shape, const void* host, size_t bytes) {
     auto buf = m_.backend_.allocate(bytes);
     m_.backend_.copy_to_device(buf->data(), host, bytes);
@@ -128,6 +197,11 @@ class WeightLoader {
 
   Model& m_;
   const TensorNames& names_;
+  const LoadOptions& options_;
+  HfQuantConfig hf_;
+  std::vector<LinearDesc> descs_;
+  QuantPlan plan_, applied_;
+  size_t next_ = 0;
 };
 
 namespace {
@@ -150,6 +224,7 @@ std::string dtype_list() { return "f32, f16, bf16, q8_0, q4_0, q4_k, q6_k"; }
 std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, const LoadOptions& options) {
   std::unique_ptr<Model> model;
   WeightNaming naming = WeightNaming::HuggingFace;
+  HfQuantConfig hf_quant;
   if (spec.rfind("dummy:", 0) == 0) {
     // dummy:NAME or dummy:NAME:DTYPE
     std::string name = spec.substr(6);
@@ -169,6 +244,7 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
   } else if (is_directory(spec)) {
     ModelConfig config = read_hf_config(spec);
     apply_arch_spec(config, WeightNaming::HuggingFace);
+    hf_quant = read_hf_quant_config(spec);
     auto source = std::make_unique<SafetensorsModel>(spec);
     std::string desc = fmt::format("{} ({}, Hugging Face safetensors)", spec, config.architecture);
     model = std::make_unique<Model>(backend, std::move(config), std::move(source), desc);
@@ -199,7 +275,7 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
     model = std::make_unique<Model>(backend, std::move(config), std::move(gguf), desc);
   }
   model->config_.validate(model->source_->describe());
-  WeightLoader(*model, naming).load_all();
+  WeightLoader(*model, naming, options, std::move(hf_quant)).load_all();
   return model;
 }
 

@@ -201,8 +201,19 @@ std::string QuantPlan::summary() const {
   }
   std::string s = fmt::format("quantization plan '{}':", kind);
   for (const auto& [k, c] : counts) s += fmt::format(" {} x {};", c, k);
-  for (const auto& [name, q] : layers)
-    if (!q.note.empty()) s += fmt::format("\n  {}: {}", name, q.note);
+  // Notes grouped by text (one line per distinct note, with how many layers share it).
+  std::vector<std::pair<std::string, std::vector<std::string>>> notes;
+  for (const auto& [name, q] : layers) {
+    if (q.note.empty()) continue;
+    auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == q.note; });
+    if (it == notes.end())
+      notes.push_back({q.note, {name}});
+    else
+      it->second.push_back(name);
+  }
+  for (const auto& [note, names] : notes)
+    s += names.size() == 1 ? fmt::format("\n  {}: {}", names[0], note)
+                           : fmt::format("\n  {} and {} more: {}", names[0], names.size() - 1, note);
   return s;
 }
 
