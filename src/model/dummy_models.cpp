@@ -76,7 +76,11 @@ float uniform(uint64_t& s, float amp) {
 
 class DummySource final : public TensorSource {
  public:
-  explicit DummySource(std::string name) : name_(std::move(name)) {}
+  DummySource(std::string name, bool host_data) : name_(std::move(name)), host_data_(host_data) {}
+  const DummyFill* fill_of(const std::string& n) const {
+    auto it = device_fill_.find(n);
+    return it == device_fill_.end() ? nullptr : &it->second;
+  }
   const TensorEntry* find(std::string_view n) const override {
     auto it = index_.find(std::string(n));
     return it == index_.end() ? nullptr : &entries_[it->second];
@@ -99,6 +103,14 @@ class DummySource final : public TensorSource {
     int64_t rows = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
     const int64_t rb = row_bytes(dtype, cols);
+    if (!host_data_ && (dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16)) {
+      device_fill_[tname] = DummyFill{amp, offset, seed};  // generated in device memory by the loader
+      e.data = nullptr;
+      e.nbytes = static_cast<uint64_t>(rows * rb);
+      index_[tname] = entries_.size();
+      entries_.push_back(std::move(e));
+      return;
+    }
     buffers_.emplace_back(static_cast<size_t>(rows * rb));
     uint8_t* data = buffers_.back().as<uint8_t>();
     fill(dtype, data, rows, cols, rb, amp, offset, seed);
@@ -180,6 +192,8 @@ class DummySource final : public TensorSource {
   std::vector<TensorEntry> entries_;
   std::vector<HostBuffer> buffers_;
   std::map<std::string, size_t> index_;
+  bool host_data_ = true;
+  std::map<std::string, DummyFill> device_fill_;
 };
 
 }  // namespace
@@ -199,9 +213,14 @@ ModelConfig dummy_model_config(const std::string& name) {
   return c;
 }
 
+const DummyFill* dummy_fill(const TensorSource& source, const std::string& name) {
+  const auto* dummy = dynamic_cast<const DummySource*>(&source);
+  return dummy ? dummy->fill_of(name) : nullptr;
+}
+
 std::unique_ptr<TensorSource> make_dummy_source(const std::string& name, const ModelConfig& c, DType dtype,
-                                                uint64_t seed) {
-  auto src = std::make_unique<DummySource>(name);
+                                                uint64_t seed, bool host_data) {
+  auto src = std::make_unique<DummySource>(name, host_data);
   const TensorNames& n = tensor_names(WeightNaming::HuggingFace);
   const int64_t D = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t qd = c.num_heads * hd, kvd = c.num_kv_heads * hd;

@@ -19,6 +19,15 @@ ModelConfig dummy_model_config(const std::string& name);
 // embedding in `dtype` (random values of a sane scale; quantized blocks are random bytes with small
 // valid scales), norms = 1, biases small. Parallel and deterministic for a seed.
 std::unique_ptr<TensorSource> make_dummy_source(const std::string& name, const ModelConfig& config,
-                                                DType dtype, uint64_t seed);
+                                                DType dtype, uint64_t seed, bool host_data = true);
+
+// host_data = false (a GPU backend): F32/F16/BF16 tensors get no host bytes (data == nullptr); the loader
+// asks for their generator parameters and fills device memory with Backend::fill_random instead, so an
+// 8B model needs no 16 GB host buffer. The values differ from the host generator's (both are random).
+struct DummyFill {
+  float amplitude = 0, offset = 0;
+  uint64_t seed = 0;
+};
+const DummyFill* dummy_fill(const TensorSource& source, const std::string& name);
 
 }  // namespace inferx
