@@ -76,10 +76,10 @@ Int4Conversion convert_gptq(const int32_t* qweight, const int32_t* qzeros, const
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t col = 0; col < n; ++col) {
       sc[static_cast<size_t>(col * groups + g)] = scales[g * n + col];
-      int z = nibble(qzeros[g * zwords + col / 8], static_cast<int>(col % 8)) + (zero_plus_one ? 1 : 0);
-      // A stored 15 + 1 wraps to 0 in AutoGPTQ's int32 arithmetic only for 2-bit tricks; for 4 bits a
-      // zero point of 16 cannot come from its quantizer.
-      INFERX_CHECK(z <= 15, "GPTQ: zero point {} of group {} column {} is outside 0..15", z, g, col);
+      // "gptq" stores z - 1 in 4 bits, so a zero point of 0 is stored as 15 (-1 masked): adding 1
+      // modulo 16 recovers every z in 0..15.
+      const int stored = nibble(qzeros[g * zwords + col / 8], static_cast<int>(col % 8));
+      const int z = zero_plus_one ? (stored + 1) & 0xF : stored;
       zero[static_cast<size_t>(col * groups + g)] = static_cast<uint8_t>(z);
     }
   Int4Conversion out{int4_from_codes(codes, std::move(sc), std::move(zero), n, k, group), {}};
