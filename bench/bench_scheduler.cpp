@@ -1,16 +1,19 @@
 // Prints the engine's per-step CPU overhead outside the model: scheduler + batch building + sampling +
 // token bookkeeping, with 256 running decode sequences and a fake model (fixed random logits, so the
 // forward pass costs nothing). Target (issue 4): under 100 microseconds per step on the CPU.
-// Usage: bench_scheduler [num_seqs=256] [steps=2000]
+// Usage: bench_scheduler [num_seqs=256] [steps=2000] [sampler_threads=1]
+// sampler_threads > 1 samples the rows on a ThreadPool of that many threads (BatchSampler::set_thread_pool).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/thread_pool.h"
 #include "engine/batch_builder.h"
 #include "engine/batch_sampler.h"
 #include "engine/scheduler.h"
@@ -20,10 +23,19 @@ namespace {
 
 struct Result {
   double schedule_us = 0, build_us = 0, sample_us = 0, total_us = 0;
+  // On a shared machine the mean wall time counts the time other processes hold the core; the fastest
+  // step and the calling thread's CPU time per step do not.
+  double min_total_us = 1e300, cpu_us = 0;
 };
 
+double thread_cpu_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) * 1e-3;
+}
+
 // One configuration: `vocab` logits per row; temperature 0 (greedy) or 0.8 with top-p 0.95 and a seed.
-Result run(int32_t num_seqs, int32_t steps, int64_t vocab, bool random_sampling) {
+Result run(int32_t num_seqs, int32_t steps, int64_t vocab, bool random_sampling, ThreadPool* sampler_pool) {
   using clock = std::chrono::steady_clock;
   constexpr int32_t kPrompt = 128, kBlock = 16;
   const int32_t max_len = kPrompt + steps + 64;
@@ -35,7 +47,7 @@ Result run(int32_t num_seqs, int32_t steps, int64_t vocab, bool random_sampling)
   Scheduler scheduler(sc, pool);
   auto backend = make_cpu_backend({1});
   BatchBuilder builder(*backend);
-  BatchSampler sampler;
+  BatchSampler sampler(sampler_pool);
 
   std::vector<std::unique_ptr<RequestState>> reqs;
   std::mt19937 rng(1);
@@ -68,6 +80,7 @@ Result run(int32_t num_seqs, int32_t steps, int64_t vocab, bool random_sampling)
   Result res;
   const int32_t warmup = 20;
   for (int32_t step = 0; step < warmup + steps; ++step) {
+    const double c0 = thread_cpu_us();
     const auto t0 = clock::now();
     const SchedulerOutput& out = scheduler.schedule();
     const auto t1 = clock::now();
@@ -78,7 +91,11 @@ Result run(int32_t num_seqs, int32_t steps, int64_t vocab, bool random_sampling)
     sampler.sample(out, logits.data(), vocab, sampled);
     for (const SampledToken& t : sampled) t.seq->tokens.push_back(t.token);
     const auto t3 = clock::now();
+    const double c1 = thread_cpu_us();
     if (step >= warmup) {
+      res.cpu_us += c1 - c0;
+      res.min_total_us =
+          std::min(res.min_total_us, std::chrono::duration<double, std::micro>(t3 - t0).count());
       res.schedule_us += std::chrono::duration<double, std::micro>(t1 - t0).count();
       res.build_us += std::chrono::duration<double, std::micro>(t2 - t1).count();
       res.sample_us += std::chrono::duration<double, std::micro>(t3 - t2).count();
@@ -91,6 +108,7 @@ Result run(int32_t num_seqs, int32_t steps, int64_t vocab, bool random_sampling)
   res.schedule_us /= steps;
   res.build_us /= steps;
   res.sample_us /= steps;
+  res.cpu_us /= steps;
   res.total_us = res.schedule_us + res.build_us + res.sample_us;
   return res;
 }
@@ -101,10 +119,16 @@ Result run(int32_t num_seqs, int32_t steps, int64_t vocab, bool random_sampling)
 int main(int argc, char** argv) {
   const int32_t num_seqs = argc > 1 ? std::atoi(argv[1]) : 256;
   const int32_t steps = argc > 2 ? std::atoi(argv[2]) : 2000;
+  const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
+  std::unique_ptr<inferx::ThreadPool> pool;
+  if (threads > 1) pool = std::make_unique<inferx::ThreadPool>(threads);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::printf("engine step overhead without the model: %d running decode sequences, %d steps, block 16\n",
-              num_seqs, steps);
-  std::printf("%-34s %10s %10s %10s %10s\n", "sampling", "schedule", "batch", "sample", "total(us)");
+  std::printf(
+      "engine step overhead without the model: %d running decode sequences, %d steps, block 16, %d sampler "
+      "thread(s)\n",
+      num_seqs, steps, threads);
+  std::printf("%-34s %10s %10s %10s %10s %10s %10s\n", "sampling", "schedule", "batch", "sample", "total(us)",
+              "min total", "cpu total");
   struct Case {
     const char* name;
     int64_t vocab;
@@ -115,10 +139,10 @@ int main(int argc, char** argv) {
         Case{"T=0.8 top-p 0.95 seeded, vocab 512", 512, true}, Case{"greedy, vocab 32000", 32000, false},
         Case{"T=0.8 top-p 0.95 seeded, vocab 32000", 32000, true}}) {
     // The large vocabulary is dominated by the per-row scan: fewer steps give the same average.
-    const inferx::Result r =
-        inferx::run(num_seqs, c.vocab > 512 ? std::max(steps / 20, 10) : steps, c.vocab, c.random);
-    std::printf("%-34s %10.1f %10.1f %10.1f %10.1f\n", c.name, r.schedule_us, r.build_us, r.sample_us,
-                r.total_us);
+    const inferx::Result r = inferx::run(num_seqs, c.vocab > 512 ? std::max(steps / 20, 10) : steps, c.vocab,
+                                         c.random, pool.get());
+    std::printf("%-34s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", c.name, r.schedule_us, r.build_us,
+                r.sample_us, r.total_us, r.min_total_us, r.cpu_us);
   }
   return 0;
 }

@@ -1,38 +1,50 @@
 #include "engine/batch_sampler.h"
 
 #include <algorithm>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-#include <cmath>
-#include <limits>
+#include <vector>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/sampling_kernels.h"
 
 namespace inferx {
 namespace {
 
-// Greedy: the first index of the largest logit, NaN and -inf never chosen, exactly as Sampler's argmax,
-// in two branch-free passes (max, then the first index holding it) instead of one branchy pass: greedy
-// decoding of a large batch is otherwise dominated by this scan. maxps(x, m) returns m when x is NaN
-// (Intel SDM, MAXPS: "if either value is a NaN, the second operand is returned"), so NaN never wins.
-int32_t fast_argmax(const float* row, int64_t vocab) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float best = kNegInf;
-  int64_t i = 0;
-#if defined(__AVX2__)
-  __m256 m0 = _mm256_set1_ps(kNegInf), m1 = m0;
-  for (; i + 16 <= vocab; i += 16) {
-    m0 = _mm256_max_ps(_mm256_loadu_ps(row + i), m0);
-    m1 = _mm256_max_ps(_mm256_loadu_ps(row + i + 8), m1);
+// Below this many logits per chunk a parallel loop costs more in hand-off than it saves (a row of a
+// small vocabulary takes well under a microsecond).
+constexpr int64_t kLogitsPerChunk = 32768;
+
+// One sequence's row: processors, draw, logprobs. Touches only this row and this sequence's state.
+SampledToken sample_row(Sequence& seq, float* row, int64_t vocab) {
+  const GenerationParams& p = seq.request->req.params;
+  INFERX_CHECK(seq.sampler.has_value(), "batch sampler: sequence {} has no sampler", seq.index);
+  const bool processed = !p.logit_bias.empty() || seq.penalties.active();
+  // Logprobs describe the model's own distribution (vLLM's default: raw logprobs), so the raw row is
+  // kept when processing is about to change it in place.
+  thread_local std::vector<float> raw_copy;
+  thread_local std::vector<std::pair<float, int32_t>> scratch;
+  const float* raw = row;
+  if (p.logprobs >= 0 && processed) {
+    raw_copy.assign(row, row + vocab);
+    raw = raw_copy.data();
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
-  for (float v : lanes) best = v > best ? v : best;
-#endif
-  for (; i < vocab; ++i) best = row[i] > best ? row[i] : best;
-  INFERX_CHECK(best > kNegInf, "sampler: no token can be chosen: all {} logits are NaN or -inf", vocab);
-  return static_cast<int32_t>(std::find(row, row + vocab, best) - row);
+  if (!p.logit_bias.empty()) apply_logit_bias(row, vocab, p.logit_bias);
+  seq.penalties.apply(row, vocab);
+  SampledToken r;
+  r.seq = &seq;
+  if (p.temperature > 0.0f) {
+    r.token = seq.sampler->sample(row, vocab);
+  } else {
+    // Greedy: the first index of the largest logit, NaN and -inf never chosen (Sampler's argmax).
+    const int64_t best = sampling_kernels::argmax(row, vocab);
+    INFERX_CHECK(best >= 0, "sampler: no token can be chosen: all {} logits are NaN or -inf", vocab);
+    r.token = static_cast<int32_t>(best);
+  }
+  if (p.logprobs >= 0) {
+    r.has_logprob = true;
+    r.logprob = compute_logprobs(raw, vocab, r.token, p.logprobs, scratch);
+  }
+  return r;
 }
 
 }  // namespace
@@ -40,31 +52,24 @@ int32_t fast_argmax(const float* row, int64_t vocab) {
 void BatchSampler::sample(const SchedulerOutput& out, float* logits, int64_t vocab,
                           std::vector<SampledToken>& result) {
   result.clear();
-  int64_t row_index = 0;
+  rows_.clear();
   for (const ScheduledSequence& s : out.seqs) {
     if (!s.sample) continue;
-    Sequence& seq = *s.seq;
-    float* row = logits + row_index++ * vocab;
-    const GenerationParams& p = seq.request->req.params;
-    INFERX_CHECK(seq.sampler.has_value(), "batch sampler: sequence {} has no sampler", seq.index);
-    const bool processed = !p.logit_bias.empty() || seq.penalties.active();
-    // Logprobs describe the model's own distribution (vLLM's default: raw logprobs), so the raw row is
-    // kept when processing is about to change it in place.
-    const float* raw = row;
-    if (p.logprobs >= 0 && processed) {
-      raw_.assign(row, row + vocab);
-      raw = raw_.data();
+    result.emplace_back().seq = s.seq;
+    rows_.push_back(logits + static_cast<int64_t>(rows_.size()) * vocab);
+  }
+  const auto n = static_cast<int64_t>(rows_.size());
+  auto run = [&](int64_t begin, int64_t end, int /*thread*/) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto k = static_cast<size_t>(i);
+      result[k] = sample_row(*result[k].seq, rows_[k], vocab);
     }
-    if (!p.logit_bias.empty()) apply_logit_bias(row, vocab, p.logit_bias);
-    seq.penalties.apply(row, vocab);
-    SampledToken r;
-    r.seq = &seq;
-    r.token = p.temperature > 0.0f ? seq.sampler->sample(row, vocab) : fast_argmax(row, vocab);
-    if (p.logprobs >= 0) {
-      r.has_logprob = true;
-      r.logprob = compute_logprobs(raw, vocab, r.token, p.logprobs, scratch_);
-    }
-    result.push_back(std::move(r));
+  };
+  const int64_t grain = std::max<int64_t>(1, kLogitsPerChunk / std::max<int64_t>(vocab, 1));
+  if (pool_ != nullptr && n > grain) {
+    pool_->parallel_for(n, run, grain);
+  } else {
+    run(0, n, 0);
   }
 }
 

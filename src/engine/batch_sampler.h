@@ -4,8 +4,9 @@
 // (Sequence::sampler, seeded per request and sequence), so a seeded request draws the same tokens
 // whatever else shares its batch; processing happens row by row in place:
 //   logprobs of the raw row (if asked) -> logit_bias -> penalties -> temperature/top-k/top-p/min-p -> draw.
+// Rows are independent (each touches only its own row, penalty state and generator), so they may be
+// sampled in parallel on a ThreadPool with results identical to sampling them one after another.
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "engine/scheduler.h"
@@ -19,15 +20,22 @@ struct SampledToken {
   TokenLogprob logprob;
 };
 
+class ThreadPool;
+
 class BatchSampler {
  public:
+  BatchSampler() = default;
+  // `pool` (not owned, may be null: rows on the calling thread) runs the rows of large batches.
+  explicit BatchSampler(ThreadPool* pool) : pool_(pool) {}
+  void set_thread_pool(ThreadPool* pool) { pool_ = pool; }
+
   // `logits` rows follow the order of the sampled sequences in `out` (BatchBuilder's logits rows).
   // The rows are modified in place. Appends one SampledToken per sampled sequence to `result`.
   void sample(const SchedulerOutput& out, float* logits, int64_t vocab, std::vector<SampledToken>& result);
 
  private:
-  std::vector<std::pair<float, int32_t>> scratch_;
-  std::vector<float> raw_;
+  ThreadPool* pool_ = nullptr;
+  std::vector<float*> rows_;
 };
 
 }  // namespace inferx

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/sampling_kernels.h"
+
 namespace inferx {
 
 PenaltyState::PenaltyState(const GenerationParams& p, const std::vector<int32_t>& prompt)
@@ -37,17 +39,38 @@ void apply_logit_bias(float* row, int64_t vocab, const std::vector<std::pair<int
   }
 }
 
-TokenLogprob compute_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top,
-                              std::vector<std::pair<float, int32_t>>& scratch) {
-  float max_value = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (!std::isnan(row[i])) max_value = std::max(max_value, row[i]);
+namespace {
+
+bool better(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+  return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
+
+// log-sum-exp of the non-NaN values: with every value finite or -inf (the usual case), max plus the log
+// of the vectorised softmax weights' sum (sampling_kernels::exp_nonpositive, ~3 ulp per weight, so the
+// result is within ~1e-7 of the double-precision sum); otherwise in double, one value at a time.
+double log_sum_exp(const float* row, int64_t vocab) {
+  const sampling_kernels::RowScan scan = sampling_kernels::scan_row(row, vocab);
+  if (!scan.has_nan && std::isfinite(scan.max)) {
+    thread_local std::vector<float> w;
+    thread_local std::vector<double> blocks;
+    w.resize(static_cast<size_t>(vocab));
+    blocks.resize(static_cast<size_t>((vocab + sampling_kernels::kBlock - 1) / sampling_kernels::kBlock));
+    const double sum = sampling_kernels::softmax_weights(row, vocab, scan.max, 1.0f, w.data(), blocks.data());
+    return static_cast<double>(scan.max) + std::log(sum);
   }
+  const float max_value = scan.max;
   double sum = 0.0;
   for (int64_t i = 0; i < vocab; ++i) {
     if (!std::isnan(row[i])) sum += std::exp(static_cast<double>(row[i]) - max_value);
   }
-  const double lse = static_cast<double>(max_value) + std::log(sum);
+  return static_cast<double>(max_value) + std::log(sum);
+}
+
+}  // namespace
+
+TokenLogprob compute_logprobs(const float* row, int64_t vocab, int32_t token, int32_t top,
+                              std::vector<std::pair<float, int32_t>>& scratch) {
+  const double lse = log_sum_exp(row, vocab);
   auto lp = [&](int64_t i) {
     return std::isnan(row[i]) ? -std::numeric_limits<float>::infinity()
                               : static_cast<float>(static_cast<double>(row[i]) - lse);
@@ -56,17 +79,28 @@ TokenLogprob compute_logprobs(const float* row, int64_t vocab, int32_t token, in
   out.token = token;
   out.logprob = lp(token);
   if (top > 0) {
+    // The `top` best by (value desc, id asc), NaN as -inf: a heap of `top` whose front is the weakest
+    // kept; once full, only a value strictly above the front can enter (later equal values have higher
+    // ids), and the scan jumps to the next such value 16 at a time.
     const auto k = static_cast<size_t>(std::min<int64_t>(top, vocab));
     scratch.clear();
     for (int64_t i = 0; i < vocab; ++i) {
-      scratch.emplace_back(std::isnan(row[i]) ? -std::numeric_limits<float>::infinity() : row[i],
-                           static_cast<int32_t>(i));
+      if (scratch.size() == k) {
+        i += sampling_kernels::first_greater(row + i, vocab - i, scratch.front().first);
+        if (i >= vocab) break;
+      }
+      const std::pair<float, int32_t> e(std::isnan(row[i]) ? -std::numeric_limits<float>::infinity() : row[i],
+                                        static_cast<int32_t>(i));
+      if (scratch.size() < k) {
+        scratch.push_back(e);
+        std::push_heap(scratch.begin(), scratch.end(), better);
+      } else if (better(e, scratch.front())) {
+        std::pop_heap(scratch.begin(), scratch.end(), better);
+        scratch.back() = e;
+        std::push_heap(scratch.begin(), scratch.end(), better);
+      }
     }
-    auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    };
-    std::partial_sort(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(k), scratch.end(),
-                      better);
+    std::sort(scratch.begin(), scratch.end(), better);
     out.top.reserve(k);
     for (size_t i = 0; i < k; ++i) out.top.emplace_back(scratch[i].second, lp(scratch[i].second));
   }

@@ -112,18 +112,46 @@ TEST(Sampler, ProbabilitiesMatchTheFullSortReference) {
       {.temperature = 1e-20f},                 // extreme scaling must not produce NaN
   };
   for (size_t n : {7u, 1000u, 152064u}) {
-    const auto logits = random_logits(n, static_cast<uint32_t>(n), 2.0f);
-    for (const auto& params : cases) {
-      const auto got = Sampler(params).probabilities(logits.data(), static_cast<int64_t>(n));
-      const auto want = reference(logits, params);
-      double max_err = 0, sum = 0;
-      for (size_t i = 0; i < n; ++i) {
-        max_err = std::max(max_err, std::abs(got[i] - want[i]));
-        sum += got[i];
+    auto logits = random_logits(n, static_cast<uint32_t>(n), 2.0f);
+    for (int ties = 0; ties < 2; ++ties) {
+      // Second round: logits rounded to 1/4, so the top-p boundary falls inside groups of equal values
+      // (taken in id order) and weights repeat.
+      if (ties == 1)
+        for (auto& x : logits) x = std::round(x * 4.0f) / 4.0f;
+      for (const auto& params : cases) {
+        const auto got = Sampler(params).probabilities(logits.data(), static_cast<int64_t>(n));
+        const auto want = reference(logits, params);
+        double max_err = 0, sum = 0;
+        for (size_t i = 0; i < n; ++i) {
+          max_err = std::max(max_err, std::abs(got[i] - want[i]));
+          sum += got[i];
+        }
+        EXPECT_LT(max_err, 1e-5) << "n=" << n << " T=" << params.temperature << " k=" << params.top_k
+                                 << " p=" << params.top_p << " min_p=" << params.min_p;
+        EXPECT_NEAR(sum, 1.0, 1e-4);
       }
-      EXPECT_LT(max_err, 1e-5) << "n=" << n << " T=" << params.temperature << " k=" << params.top_k
-                               << " p=" << params.top_p << " min_p=" << params.min_p;
-      EXPECT_NEAR(sum, 1.0, 1e-4);
+    }
+  }
+}
+
+TEST(Sampler, FastPathAgreesWithTheGeneralPath) {
+  // top_k = vocab keeps every token but goes through the general path (heap, std::exp, sorted walk);
+  // top_k = 0 takes the vectorised path. Same distribution up to float rounding, -inf tokens excluded.
+  for (size_t n : {5u, 300u, 40000u}) {
+    auto logits = random_logits(n, static_cast<uint32_t>(n) + 1, 3.0f);
+    logits[n / 2] = -kInf;
+    for (float top_p : {1.0f, 0.9f, 0.5f}) {
+      for (float min_p : {0.0f, 0.05f}) {
+        SamplingParams fast{.temperature = 0.8f, .top_p = top_p, .min_p = min_p};
+        SamplingParams general = fast;
+        general.top_k = static_cast<int32_t>(n);
+        const auto a = Sampler(fast).probabilities(logits.data(), static_cast<int64_t>(n));
+        const auto b = Sampler(general).probabilities(logits.data(), static_cast<int64_t>(n));
+        EXPECT_EQ(a[n / 2], 0.0f);
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_NEAR(a[i], b[i], 1e-6)
+              << "n=" << n << " top_p=" << top_p << " min_p=" << min_p << " i=" << i;
+      }
     }
   }
 }
@@ -167,6 +195,11 @@ TEST(Sampler, DrawsFollowTheDistribution) {
   expect_draws_follow(random_logits(50, 3, 1.0f), {.temperature = 0.9f, .top_k = 12, .seed = 11});
   expect_draws_follow(random_logits(3000, 5, 2.0f), {.temperature = 0.6f, .top_p = 0.8f, .seed = 13});
   expect_draws_follow(random_logits(300, 9, 1.5f), {.temperature = 1.0f, .min_p = 0.1f, .seed = 17});
+  // Plain temperature over several 256-token blocks: the draw skips whole blocks by their sums.
+  expect_draws_follow(random_logits(1000, 19, 0.5f), {.temperature = 1.0f, .seed = 19});
+  // Top-p with min-p on a vocabulary large enough for the candidate gathering and quickselect.
+  expect_draws_follow(random_logits(20000, 23, 3.0f),
+                      {.temperature = 0.7f, .top_p = 0.9f, .min_p = 0.01f, .seed = 23});
 }
 
 TEST(Sampler, UniformDrawIsTheTop53BitsOfMt19937_64) {
