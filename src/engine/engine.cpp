@@ -135,7 +135,7 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   // need, whichever is smaller. The Backend interface has no free-memory query yet, so a CUDA backend is
   // sized the same way (from kv_cache_bytes) rather than from gpu_memory_utilization.
   const int32_t bs = config.block_size;
-  const int64_t bytes_per_block = KvCache::bytes_per_block(mc, bs);
+  const int64_t bytes_per_block = KvCache::bytes_per_block(mc, bs, model.backend().kv_cache_dtype());
   int64_t num_blocks = 0;
   if (config.kv_cache_bytes > 0) {
     num_blocks = config.kv_cache_bytes / bytes_per_block;

@@ -91,6 +91,7 @@ class WeightLoader {
   // Norm weights and biases: always F32 on every backend (they are tiny).
   Tensor vector_f32(const std::string& name, int64_t n) {
     const TensorEntry& e = entry(name, {n});
+    if (e.data == nullptr) return device_random(name, DType::F32, {n});
     INFERX_CHECK(!is_quantized(e.dtype) || n % dtype_info(e.dtype).block_elems == 0, "{}: tensor '{}' bad",
                  e.file, name);
     std::vector<float> host(static_cast<size_t>(n));
@@ -101,6 +102,7 @@ class WeightLoader {
   // Matrices keep their stored type when the backend's kernels read it; otherwise convert to BF16.
   Tensor matrix(const std::string& name, const std::vector<int64_t>& shape) {
     const TensorEntry& e = entry(name, shape);
+    if (e.data == nullptr) return device_random(name, e.dtype, shape);
     const bool native = m_.backend_.device() == Device::CPU || e.dtype == DType::F32 ||
                         e.dtype == DType::F16 || e.dtype == DType::BF16;
     if (native) {
@@ -182,6 +184,23 @@ class WeightLoader {
                                     });
   }
 
+  // dummy:NAME on a GPU: the source holds no host bytes, the backend generates the values in place.
+  Tensor device_random(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+    const DummyFill* f = dummy_fill(*m_.source_, name);
+    INFERX_CHECK(f != nullptr, "{}: tensor '{}' has no data", m_.source_->describe(), name);
+    Tensor t;
+    t.dtype = dtype;
+    t.ndim = static_cast<int>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+    auto buf = m_.backend_.allocate(static_cast<size_t>(t.nbytes()));
+    t.data = buf->data();
+    t.device = m_.backend_.device();
+    INFERX_CHECK(m_.backend_.fill_random(t, f->seed, f->amplitude, f->offset),
+                 "{}: backend {} cannot generate random weights", m_.source_->describe(), m_.backend_.name());
+    m_.owned_.push_back(std::move(buf));
+    return t;
+  }
+
   Tensor place(DType dtype, const std::vector<int64_t>& shape, const void* host, size_t bytes) {
     auto buf = m_.backend_.allocate(bytes);
     m_.backend_.copy_to_device(buf->data(), host, bytes);
@@ -237,7 +256,11 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
       name = name.substr(0, colon);
     }
     ModelConfig config = dummy_model_config(name);
-    auto source = make_dummy_source(name, config, dtype, options.dummy_seed);
+    // On a GPU, plain-typed dummy weights are generated in device memory (no host copy of an 8B model),
+    // unless a quantization plan needs the host values.
+    const bool on_device = backend.device() != Device::CPU && !is_quantized(dtype) &&
+                           options.quantize.kind == PlanKind::None && !options.plan;
+    auto source = make_dummy_source(name, config, dtype, options.dummy_seed, !on_device);
     std::string desc = fmt::format("{} in {} — RANDOM WEIGHTS, outputs are meaningless", source->describe(),
                                    dtype_name(dtype));
     model = std::make_unique<Model>(backend, std::move(config), std::move(source), desc);
