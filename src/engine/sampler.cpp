@@ -223,20 +223,22 @@ int64_t nucleus(FastScratch& s, int64_t n, double need) {
   int64_t m = n;
   double above = 0.0;     // mass of the weights above the working set = mass(w > b) at the end
   float boundary = 0.0f;  // 0 keeps every candidate (rounding left them all short of need)
+  int64_t ties = 0;       // how many candidates weigh exactly `boundary`
   while (m > 32) {
     float a = work[0], b = work[m / 2], c = work[m - 1];
     if (a > b) std::swap(a, b);
     const float v = std::max(a, std::min(b, c));  // median of three
-    const float v_up = std::nextafter(v, std::numeric_limits<float>::infinity());
-    const double mass_above = above + sampling_kernels::sum_at_least(work, m, v_up);
+    int64_t equal = 0;
+    const double mass_above = above + sampling_kernels::sum_above(work, m, v, &equal);
     if (mass_above >= need) {
-      m = sampling_kernels::keep_at_least(work, m, v_up);
+      m = sampling_kernels::keep_at_least(work, m, std::nextafter(v, std::numeric_limits<float>::infinity()));
       continue;
     }
-    const double mass_at = above + sampling_kernels::sum_at_least(work, m, v);
+    const double mass_at = mass_above + static_cast<double>(equal) * v;
     if (mass_at >= need) {
       boundary = v;
       above = mass_above;
+      ties = equal;
       m = 0;
       break;
     }
@@ -252,6 +254,7 @@ int64_t nucleus(FastScratch& s, int64_t n, double need) {
       for (; j < m && work[j] == work[i]; ++j) group += work[j];
       if (above + group >= need) {
         boundary = work[i];
+        ties = j - i;
         break;
       }
       above += group;
@@ -262,8 +265,6 @@ int64_t nucleus(FastScratch& s, int64_t n, double need) {
   // among equals) until the mass reaches need, at least one. Ties at the boundary are rare: the walk
   // over the kept tokens only runs when there are several.
   int64_t kept = sampling_kernels::keep_pairs_at_least(s.ids.data(), s.ws.data(), n, boundary);
-  int64_t ties = 0;
-  for (int64_t i = 0; i < kept; ++i) ties += s.ws[static_cast<size_t>(i)] == boundary;
   if (ties > 1) {
     int64_t out = 0;
     ties = 0;

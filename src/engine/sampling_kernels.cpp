@@ -154,9 +154,10 @@ double softmax_weights(const float* x, int64_t n, float max, float inv_t, float*
   auto weights16 = [&](__m512 v) { return exp_nonpositive16(_mm512_mul_ps(_mm512_sub_ps(v, vmax), vinv)); };
   // Candidates compressed in registers and stored as whole vectors (ids/ws have 16 entries of room): the
   // memory-destination compress is microcoded and slow on some cores.
+  // Branch-free: whether a vector holds candidates is unpredictable on flat distributions, and a
+  // mispredicted branch per vector cost more than the two stores.
   auto gather16 = [&](__m512 e, int64_t i) {
     const __mmask16 k = _mm512_cmp_ps_mask(e, vt, _CMP_GE_OQ);
-    if (k == 0) return;
     const __m512i idx =
         _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(i)),
                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -221,13 +222,11 @@ int64_t gather_at_least(const float* w, int64_t n, float t, int32_t* ids, float*
   for (; i + 16 <= n; i += 16) {
     const __m512 e = _mm512_loadu_ps(w + i);
     const __mmask16 k = _mm512_cmp_ps_mask(e, vt, _CMP_GE_OQ);
-    if (k != 0) {
-      // Compress in registers and store whole vectors (the callers leave 16 entries of room): the
-      // memory-destination compress is microcoded and slow on some cores.
-      _mm512_storeu_ps(ws + count, _mm512_maskz_compress_ps(k, e));
-      _mm512_storeu_si512(ids + count, _mm512_maskz_compress_epi32(k, idx));
-      count += std::popcount(static_cast<unsigned>(k));
-    }
+    // Compress in registers and store whole vectors (the callers leave 16 entries of room; branch-free,
+    // as in softmax_weights): the memory-destination compress is microcoded and slow on some cores.
+    _mm512_storeu_ps(ws + count, _mm512_maskz_compress_ps(k, e));
+    _mm512_storeu_si512(ids + count, _mm512_maskz_compress_epi32(k, idx));
+    count += std::popcount(static_cast<unsigned>(k));
     idx = _mm512_add_epi32(idx, _mm512_set1_epi32(16));
   }
 #endif
@@ -259,6 +258,29 @@ double sum_at_least(const float* ws, int64_t n, float t) {
   for (; i < n; ++i) {
     if (ws[i] >= t) sum += ws[i];
   }
+  return sum;
+}
+
+double sum_above(const float* ws, int64_t n, float t, int64_t* equal) {
+  int64_t i = 0, eq = 0;
+  double sum = 0.0;
+#if defined(__AVX512F__)
+  const __m512 vt = _mm512_set1_ps(t);
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = _mm512_loadu_ps(ws + i);
+    const __mmask16 gt = _mm512_cmp_ps_mask(e, vt, _CMP_GT_OQ);
+    eq += std::popcount(static_cast<unsigned>(_mm512_cmp_ps_mask(e, vt, _CMP_EQ_OQ)));
+    s0 = _mm512_mask_add_pd(s0, static_cast<__mmask8>(gt), s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    s1 = _mm512_mask_add_pd(s1, static_cast<__mmask8>(gt >> 8), s1, _mm512_cvtps_pd(high_half(e)));
+  }
+  sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+#endif
+  for (; i < n; ++i) {
+    if (ws[i] > t) sum += ws[i];
+    eq += ws[i] == t;
+  }
+  *equal = eq;
   return sum;
 }
 

@@ -39,6 +39,8 @@ int64_t gather_at_least(const float* w, int64_t n, float t, int32_t* ids, float*
 
 // Sum in double of the ws[i] >= t.
 double sum_at_least(const float* ws, int64_t n, float t);
+// Sum in double of the ws[i] > t, and in *equal how many ws[i] == t.
+double sum_above(const float* ws, int64_t n, float t, int64_t* equal);
 
 // In place, keeps the ws[i] >= t (keep_at_least) or the ws[i] < t (keep_below) in order; returns how
 // many. `ws` has room for n + 16 entries.
