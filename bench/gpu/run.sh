@@ -51,6 +51,10 @@ note "decode 8B bf16 (graphs): $(tail -1 "$OUT/decode_8b.err")"
 INFERX_GRAPHS=0 "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids 1,2,3,4,5,6,7,8 \
   -n 128 --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_8b_eager.err"
 note "decode 8B bf16 (eager): $(tail -1 "$OUT/decode_8b_eager.err")"
+# The issue's setting: batch-1 decode at 1k context (1000-token prompt, then 128 tokens).
+"$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids "$(seq -s, 1 1000)" -n 128 \
+  --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_8b_1k.err"
+note "decode 8B bf16 at 1k context (graphs): $(tail -1 "$OUT/decode_8b_1k.err")"
 
 echo "== 5. kernel micro-benchmarks vs ceilings measured in the same run (bench/gpu/bench_kernels.cpp)"
 if [[ -x "$C/bench_cuda_kernels" ]]; then
