@@ -93,9 +93,9 @@ TEST(LlamaCppVectors, EveryVocabInTestdataIsCovered) {
     if (e.path().extension() == ".gguf") found.push_back(e.path().stem().string());
   std::sort(found.begin(), found.end());
   const std::vector<std::string> expected = {
-      "ggml-vocab-bert-bge",  "ggml-vocab-deepseek-coder", "ggml-vocab-deepseek-llm", "ggml-vocab-falcon",
-      "ggml-vocab-gpt-2",     "ggml-vocab-llama-spm",      "ggml-vocab-mpt",          "ggml-vocab-phi-3",
-      "ggml-vocab-refact",    "ggml-vocab-starcoder"};
+      "ggml-vocab-bert-bge", "ggml-vocab-deepseek-coder", "ggml-vocab-deepseek-llm", "ggml-vocab-falcon",
+      "ggml-vocab-gpt-2",    "ggml-vocab-llama-spm",      "ggml-vocab-mpt",          "ggml-vocab-phi-3",
+      "ggml-vocab-refact",   "ggml-vocab-starcoder"};
   EXPECT_EQ(found, expected);
 }
 
@@ -122,12 +122,14 @@ TEST(LlamaCppVectors, Llama3BpeWithVocabAndMerges) {
       {"type":"Split","pattern":{"Regex":"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
        "behavior":"Isolated","invert":false},
       {"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":false}]})");
-  const auto tok = load_hf_vocab_merges(dir + "/encoder.json", dir + "/vocab.bpe", pre, /*ignore_merges=*/true);
+  const auto tok =
+      load_hf_vocab_merges(dir + "/encoder.json", dir + "/vocab.bpe", pre, /*ignore_merges=*/true);
   EXPECT_EQ(count_passing(*tok, dir + "/ggml-vocab-llama-bpe.gguf"), 46);
   // Without ignore_merges exactly one case ("Cửa Việt") differs, as SOURCES.md records: the flag matters.
   const auto plain = load_hf_vocab_merges(dir + "/encoder.json", dir + "/vocab.bpe", pre, false);
   int same = 0;
-  for (const auto& c : read_cases(dir + "/ggml-vocab-llama-bpe.gguf")) same += plain->encode(c.text, false) == c.ids;
+  for (const auto& c : read_cases(dir + "/ggml-vocab-llama-bpe.gguf"))
+    same += plain->encode(c.text, false) == c.ids;
   EXPECT_EQ(same, 45);
 }
 
