@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "text/jinja/value.h"
+#include "text/unicode.h"
 
 namespace inferx::jinja {
 
@@ -44,20 +45,8 @@ std::vector<uint32_t> utf8_decode(std::string_view s) {
 void utf8_append(std::string& out, uint32_t cp) {
   if (cp >= 0xDC80u && cp <= 0xDCFFu) {  // a raw byte carried through decode
     out.push_back(static_cast<char>(cp - 0xDC00u));
-  } else if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    unicode::append_utf8(static_cast<char32_t>(cp), out);
   }
 }
 
