@@ -64,16 +64,7 @@ void rows(const void* w, const void* act, int64_t stride, int64_t k, float* out)
 
 template <class W>
 void dispatch(const void* w, const void* act, int64_t stride, int nrows, int64_t k, float* out) {
-  switch (nrows) {
-    case 1:
-      return rows<W, 1>(w, act, stride, k, out);
-    case 2:
-      return rows<W, 2>(w, act, stride, k, out);
-    case 3:
-      return rows<W, 3>(w, act, stride, k, out);
-    default:
-      return rows<W, 4>(w, act, stride, k, out);
-  }
+  dispatch_rows(nrows, [&](auto nr) { rows<W, decltype(nr)::value>(w, act, stride, k, out); });
 }
 
 }  // namespace

@@ -60,16 +60,7 @@ void rows(const Int4Row& w, const void* act, int64_t stride, int64_t k, float* o
 }  // namespace
 
 void dot_int4_rows(const Int4Row& w, const void* act, int64_t stride, int nrows, int64_t k, float* out) {
-  switch (nrows) {
-    case 1:
-      return rows<1>(w, act, stride, k, out);
-    case 2:
-      return rows<2>(w, act, stride, k, out);
-    case 3:
-      return rows<3>(w, act, stride, k, out);
-    default:
-      return rows<4>(w, act, stride, k, out);
-  }
+  dispatch_rows(nrows, [&](auto nr) { rows<decltype(nr)::value>(w, act, stride, k, out); });
 }
 
 }  // namespace inferx::cpu

@@ -13,10 +13,28 @@
 //                          for the offset terms (Q4_K's mins, Q6_K's -32).
 // Both use scale d = max|x| / 127 and q = round-to-nearest-even(x * 127 / max|x|).
 #include <cstdint>
+#include <type_traits>
 
 namespace inferx::cpu {
 
 constexpr int kMaxRows = 4;
+
+// Calls f(std::integral_constant<int, NR>) for NR = nrows (1..kMaxRows; larger counts take kMaxRows):
+// each kernel is a template on its row count so that its accumulators stay in registers.
+template <class F>
+void dispatch_rows(int nrows, F&& f) {
+  static_assert(kMaxRows == 4);
+  switch (nrows) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
+}
 
 // Row layouts in the activation workspace (each row starts 64-byte aligned):
 //   ActQ8_0: int8 qs[k] | f32 d[k/32] | f32 dsum[k/32] (= d * sum of the block's qs)

@@ -213,16 +213,7 @@ void rows(const BlockQ4_K* w, const void* act, int64_t stride, int64_t k, float*
 
 void dot_q4_k_rows(const void* w, const void* act, int64_t stride, int nrows, int64_t k, float* out) {
   const auto* b = static_cast<const BlockQ4_K*>(w);
-  switch (nrows) {
-    case 1:
-      return rows<1>(b, act, stride, k, out);
-    case 2:
-      return rows<2>(b, act, stride, k, out);
-    case 3:
-      return rows<3>(b, act, stride, k, out);
-    default:
-      return rows<4>(b, act, stride, k, out);
-  }
+  dispatch_rows(nrows, [&](auto nr) { rows<decltype(nr)::value>(b, act, stride, k, out); });
 }
 
 }  // namespace inferx::cpu
