@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace inferx::cpu {
 
@@ -88,7 +89,10 @@ inline __m512 spread_pair(__m128 v) {
 
 // Two consecutive f32 values as [p0, p1, 0, 0].
 inline __m128 load_pair(const float* p) {
-  return _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
+  // memcpy, not a double* cast: p is only 4-byte aligned (UBSan flags the misaligned double load).
+  double d;
+  std::memcpy(&d, p, sizeof d);
+  return _mm_castpd_ps(_mm_set_sd(d));
 }
 #endif
 
