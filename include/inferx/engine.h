@@ -85,12 +85,20 @@ struct EngineConfig {
   int32_t max_num_batched_tokens = 2048;  // token budget of one step
   int32_t max_batch_size = 256;           // max running sequences
   int32_t block_size = 16;                // tokens per KV block
-  int64_t kv_cache_bytes = 0;             // CPU: KV pool size; 0: 1 GiB or what fits max_model_len x batch
-  float gpu_memory_utilization = 0.9f;    // GPU: fraction of free memory after weights for the KV pool
+  // KV pool size; 0: on a GPU backend gpu_memory_utilization * total device memory minus what is already
+  // in use (weights) and a reserve for activations (vLLM's meaning); on the CPU 1 GiB or what fits
+  // max_model_len x batch, whichever is smaller.
+  int64_t kv_cache_bytes = 0;
+  float gpu_memory_utilization = 0.9f;
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   int64_t sliding_window = 0;  // --kv-cache-strategy sliding-window-N (0: the model's own / full)
   int32_t max_model_len = 0;   // 0: the model's max_position_embeddings
+  // GPU: decode-only steps replay CUDA graphs captured per padded batch size; true runs every step
+  // eagerly (--enforce-eager; INFERX_GRAPHS=0 does the same).
+  bool enforce_eager = false;
+  // Threads sampling host-side rows of large batches; 0: min(4, hardware threads); 1: the engine thread.
+  int32_t sampler_threads = 0;
 };
 
 struct EngineStats {
@@ -100,6 +108,8 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0;
   int64_t steps = 0;
+  int64_t decode_graph_steps = 0;     // decode steps padded to a bucket (replayed from a graph on a GPU)
+  int64_t device_sampled_tokens = 0;  // tokens chosen by Backend::sample_tokens (the rest on the host)
 };
 
 class Engine {

@@ -9,6 +9,7 @@
 
 #include "backend/batch.h"
 #include "backend/linear.h"
+#include "backend/token_sampling.h"
 #include "core/tensor.h"
 #include "formats/model_config.h"
 
@@ -90,6 +91,16 @@ class Backend {
   // memory (dummy weights without a host copy). Returns false when the backend cannot: the caller then
   // generates on the host and copies.
   virtual bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) { return false; }
+  // Token selection where the logits are: one id per row of logits [rows, vocab] F32 (backend memory)
+  // written to host_ids, with one small copy back. params: one per row (host memory), or null for greedy
+  // on every row. Returns false when the backend cannot (the caller copies the logits and samples on the
+  // host).
+  virtual bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) {
+    return false;
+  }
+  // Free and total bytes of the backend's own device memory (cudaMemGetInfo); false when it has none of
+  // its own (CPU: the engine then sizes the KV cache from --kv-cache-memory).
+  virtual bool memory_info(size_t& free_bytes, size_t& total_bytes) { return false; }
   // Graph capture of a whole step (CUDA graphs). Between begin_graph_capture() returning true and
   // end_graph_capture, ops are recorded, not run: every pointer they use (weights, workspace, the batch
   // metadata buffers) must stay the same for later replays, and no call may copy or synchronize.

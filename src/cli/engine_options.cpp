@@ -29,9 +29,12 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_option("--max-num-batched-tokens", a.max_num_batched_tokens, "Token budget of one engine step")
       ->check(CLI::Range(1, 1 << 24));
   sub.add_option("--block-size", a.block_size, "Tokens per KV cache block")->check(CLI::Range(1, 1024));
-  sub.add_option("--kv-cache-memory", a.kv_cache_memory, "CPU KV cache size, e.g. 2GiB or 512MiB");
+  sub.add_option("--kv-cache-memory", a.kv_cache_memory,
+                 "KV cache size, e.g. 2GiB or 512MiB (default: CPU 1 GiB at most; GPU from "
+                 "--gpu-memory-utilization)");
   sub.add_option("--gpu-memory-utilization", a.gpu_memory_utilization,
-                 "GPU: fraction of free memory after weights for the KV cache")
+                 "GPU: fraction of the device's total memory for weights, activations and the KV cache "
+                 "(the KV cache takes what is left)")
       ->check(CLI::Range(0.01, 1.0));
   sub.add_option("--max-model-len", a.max_model_len, "Max prompt + completion tokens (0: the model's)")
       ->check(CLI::Range(0, 1 << 24));
@@ -39,6 +42,7 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_flag("--no-prefix-caching", a.no_prefix_caching, "Disable automatic prefix caching");
   sub.add_flag("--enable-alp", a.enable_alp, "Chunked prefill (on by default)");
   sub.add_flag("--no-chunked-prefill", a.no_chunked_prefill, "Prefill whole prompts in one step");
+  sub.add_flag("--enforce-eager", a.enforce_eager, "GPU: run every step eagerly (no CUDA graphs)");
   add_quantize_options(sub, a.quantize, a.calibration);
 }
 
@@ -98,6 +102,7 @@ EngineConfig engine_config(const EngineArgs& a) {
   c.enable_prefix_caching = !a.no_prefix_caching;
   c.enable_chunked_prefill = a.enable_alp && !a.no_chunked_prefill;
   c.max_model_len = a.max_model_len;
+  c.enforce_eager = a.enforce_eager;
   const std::string sw = "sliding-window-";
   if (a.kv_cache_strategy == "full") {
     c.sliding_window = 0;

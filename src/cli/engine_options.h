@@ -27,6 +27,7 @@ struct EngineArgs {
   bool no_prefix_caching = false;
   bool enable_alp = true;  // chunked prefill (on by default; the flag exists for the quick start)
   bool no_chunked_prefill = false;
+  bool enforce_eager = false;  // GPU: no CUDA graphs for decode steps
   std::string quantize = "none";
   std::string calibration;  // --quantize auto
 };

@@ -51,11 +51,19 @@ SampledToken sample_row(Sequence& seq, float* row, int64_t vocab) {
 
 void BatchSampler::sample(const SchedulerOutput& out, float* logits, int64_t vocab,
                           std::vector<SampledToken>& result) {
+  seqs_.clear();
+  for (const ScheduledSequence& s : out.seqs) {
+    if (s.sample) seqs_.push_back(s.seq);
+  }
+  sample_rows(seqs_, logits, vocab, result);
+}
+
+void BatchSampler::sample_rows(const std::vector<Sequence*>& seqs, float* logits, int64_t vocab,
+                               std::vector<SampledToken>& result) {
   result.clear();
   rows_.clear();
-  for (const ScheduledSequence& s : out.seqs) {
-    if (!s.sample) continue;
-    result.emplace_back().seq = s.seq;
+  for (Sequence* seq : seqs) {
+    result.emplace_back().seq = seq;
     rows_.push_back(logits + static_cast<int64_t>(rows_.size()) * vocab);
   }
   const auto n = static_cast<int64_t>(rows_.size());

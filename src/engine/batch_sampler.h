@@ -32,10 +32,14 @@ class BatchSampler {
   // `logits` rows follow the order of the sampled sequences in `out` (BatchBuilder's logits rows).
   // The rows are modified in place. Appends one SampledToken per sampled sequence to `result`.
   void sample(const SchedulerOutput& out, float* logits, int64_t vocab, std::vector<SampledToken>& result);
+  // The same for an explicit list: row i of `logits` belongs to seqs[i]. Replaces `result`'s contents.
+  void sample_rows(const std::vector<Sequence*>& seqs, float* logits, int64_t vocab,
+                   std::vector<SampledToken>& result);
 
  private:
   ThreadPool* pool_ = nullptr;
   std::vector<float*> rows_;
+  std::vector<Sequence*> seqs_;
 };
 
 }  // namespace inferx

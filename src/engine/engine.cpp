@@ -7,6 +7,8 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -15,11 +17,14 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "engine/batch_builder.h"
 #include "engine/batch_sampler.h"
 #include "engine/block_table.h"
+#include "engine/decode_graphs.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/step_sampler.h"
 #include "model/model.h"
 
 namespace inferx {
@@ -27,6 +32,25 @@ namespace {
 
 constexpr int64_t kDefaultKvBytes = int64_t{1} << 30;
 constexpr int32_t kMaxLogprobs = 20;  // OpenAI's top_logprobs limit
+
+// Device memory a GPU backend needs besides weights and KV cache, so that sizing the KV pool from
+// gpu_memory_utilization leaves room for it: the forward pass's activations at the step token budget
+// (residual, norms, q/k/v, attention output, gate/up, BF16 copies; F32, doubled for slack), the logits of
+// a full batch, and a fixed margin for cuBLASLt workspaces, attention partials, sampler and graphs.
+int64_t activation_reserve(const ModelConfig& mc, const EngineConfig& c) {
+  const int64_t tokens = std::max<int64_t>(c.max_num_batched_tokens, c.max_batch_size);
+  const int64_t q = mc.num_heads * mc.head_dim, kv = mc.num_kv_heads * mc.head_dim;
+  const int64_t per_token = 4 * mc.hidden_size + 2 * q + 2 * kv + 3 * mc.intermediate_size;
+  const int64_t logits = int64_t{c.max_batch_size} * mc.vocab_size * 4;
+  return 2 * tokens * per_token * 4 + 2 * logits + (int64_t{512} << 20);
+}
+
+// INFERX_GRAPHS: "0" runs every step eagerly; "pad" pads decode steps even where the backend has no
+// graphs (tests of the padded path on the CPU); anything else (or unset): graphs on GPU backends.
+const char* graphs_env() {
+  const char* g = std::getenv("INFERX_GRAPHS");
+  return g ? g : "";
+}
 
 void validate_params(const GenerationParams& p, int64_t vocab, int32_t max_batch_size) {
   INFERX_CHECK(std::isfinite(p.temperature) && p.temperature >= 0.0f, "temperature must be >= 0, got {}",
@@ -72,15 +96,17 @@ struct Engine::Impl {
   std::unique_ptr<BlockPool> pool;
   std::unique_ptr<Scheduler> scheduler;
   std::unique_ptr<BatchBuilder> builder;
-  BatchSampler sampler;
-  std::vector<float> logits_host;
+  std::unique_ptr<ThreadPool> sampler_pool;     // host-side sampling of large batches (null: one thread)
+  std::unique_ptr<StepSampler> step_sampler;    // device sampling where the backend and request allow
+  std::unique_ptr<DecodeGraphs> decode_graphs;  // null: every step eager
+  bool defer_emit = false;  // GPU: emit a step's outputs while the next step runs on the device
   std::vector<SampledToken> sampled;
   std::vector<int32_t> eos_ids;
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests;
   std::vector<RequestState*> touched;  // requests with output to emit this step
   uint64_t next_arrival = 0;
   std::mt19937_64 seed_source{std::random_device{}()};
-  int64_t prompt_tokens = 0, generation_tokens = 0, steps = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0, steps = 0, graph_steps = 0;
 
   // Shared with other threads, under mu ---------------------------------------------------------------
   struct Submitted {
@@ -131,13 +157,33 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   const bool explicit_len = config.max_model_len > 0;
   int64_t max_len = explicit_len ? config.max_model_len : mc.max_position_embeddings;
 
-  // KV pool. CPU: --kv-cache-memory, by default 1 GiB or what max_batch_size sequences of max_model_len
-  // need, whichever is smaller. The Backend interface has no free-memory query yet, so a CUDA backend is
-  // sized the same way (from kv_cache_bytes) rather than from gpu_memory_utilization.
+  // KV pool: --kv-cache-memory when given. Else a GPU backend takes gpu_memory_utilization of the
+  // device's total memory minus what is in use already (the weights) and the activation reserve (vLLM's
+  // meaning); the CPU takes 1 GiB or what max_batch_size sequences of max_model_len need, whichever is
+  // smaller.
   const int32_t bs = config.block_size;
   const int64_t bytes_per_block = KvCache::bytes_per_block(mc, bs, model.backend().kv_cache_dtype());
   int64_t num_blocks = 0;
-  if (config.kv_cache_bytes > 0) {
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool device_memory = model.backend().memory_info(free_bytes, total_bytes);
+  if (config.kv_cache_bytes <= 0 && device_memory) {
+    const float util = config.gpu_memory_utilization;
+    INFERX_CHECK(util > 0.0f && util <= 1.0f, "engine: gpu_memory_utilization must be in (0, 1], got {}",
+                 util);
+    const auto total = static_cast<int64_t>(total_bytes);
+    const int64_t in_use = total - static_cast<int64_t>(free_bytes);
+    const int64_t reserve = activation_reserve(mc, config);
+    const auto allowed = static_cast<int64_t>(static_cast<double>(util) * static_cast<double>(total));
+    const int64_t budget = std::min(allowed - in_use - reserve, static_cast<int64_t>(free_bytes) - reserve);
+    INFERX_CHECK(budget >= bytes_per_block,
+                 "engine: no device memory left for the KV cache: --gpu-memory-utilization {} of {} MiB "
+                 "is {} MiB, {} MiB are in use already (weights), {} MiB are reserved for activations "
+                 "(--max-num-batched-tokens {}, --max-batch-size {}), one KV block takes {} bytes; raise "
+                 "--gpu-memory-utilization, lower those limits, or use a smaller or quantized model",
+                 util, total >> 20, allowed >> 20, in_use >> 20, reserve >> 20, config.max_num_batched_tokens,
+                 config.max_batch_size, bytes_per_block);
+    num_blocks = budget / bytes_per_block;
+  } else if (config.kv_cache_bytes > 0) {
     num_blocks = config.kv_cache_bytes / bytes_per_block;
     INFERX_CHECK(num_blocks > 0,
                  "engine: kv cache memory of {} bytes is smaller than one KV block ({} bytes for "
@@ -151,7 +197,8 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   if (num_blocks * bs < max_len) {
     INFERX_CHECK(!explicit_len,
                  "engine: max_model_len {} does not fit the KV cache ({} blocks of {} tokens = {} "
-                 "tokens, {} bytes); raise --kv-cache-memory or lower --max-model-len",
+                 "tokens, {} bytes); raise --kv-cache-memory (GPU: --gpu-memory-utilization) or lower "
+                 "--max-model-len",
                  max_len, num_blocks, bs, num_blocks * bs, num_blocks * bytes_per_block);
     max_len = num_blocks * bs;  // defaulted: the longest sequence the pool can hold
   }
@@ -170,7 +217,8 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
     config.max_num_batched_tokens = std::max(config.max_num_batched_tokens, config.max_model_len);
   }
 
-  kv = std::make_unique<KvCache>(model.backend(), mc, num_blocks, bs);
+  // One block more than the pool hands out: the scratch block padded decode rows write to and read.
+  kv = std::make_unique<KvCache>(model.backend(), mc, num_blocks + 1, bs);
   pool = std::make_unique<BlockPool>(static_cast<int32_t>(num_blocks), config.enable_prefix_caching);
   SchedulerConfig sc;
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
@@ -180,6 +228,31 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   sc.sliding_window = config.sliding_window;
   scheduler = std::make_unique<Scheduler>(sc, *pool);
   builder = std::make_unique<BatchBuilder>(model.backend());
+
+  // Host-side sampling threads (rows that need the host, or every row on the CPU backend).
+  int32_t threads = config.sampler_threads;
+  if (threads <= 0)
+    threads =
+        std::min<int32_t>(4, std::max<int32_t>(1, static_cast<int32_t>(std::thread::hardware_concurrency())));
+  config.sampler_threads = threads;
+  if (threads > 1) sampler_pool = std::make_unique<ThreadPool>(threads);
+  const char* ds = std::getenv("INFERX_DEVICE_SAMPLING");
+  step_sampler =
+      std::make_unique<StepSampler>(model.backend(), !(ds && std::strcmp(ds, "0") == 0), sampler_pool.get());
+  // Decode steps from CUDA graphs on GPU backends (padded eagerly elsewhere only for tests).
+  const bool gpu = model.backend().device() != Device::CPU;
+  const std::string genv = graphs_env();
+  const bool pad = genv == "pad" || (gpu && genv != "0" && !config.enforce_eager);
+  if (genv == "0") config.enforce_eager = true;
+  if (pad) {
+    DecodeGraphConfig gc;
+    gc.max_batch_size = config.max_batch_size;
+    gc.max_blocks_per_seq = static_cast<int32_t>(blocks_for_tokens(config.max_model_len, bs));
+    gc.scratch_block = static_cast<int32_t>(num_blocks);
+    gc.capture = gpu;
+    decode_graphs = std::make_unique<DecodeGraphs>(model, *kv, gc);
+  }
+  defer_emit = gpu;
   eos_ids = mc.eos_token_ids;
   if (tokenizer && tokenizer->eos_id() >= 0 && !is_eos(tokenizer->eos_id()))
     eos_ids.push_back(tokenizer->eos_id());
@@ -225,6 +298,7 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(RequestState& r, int32_t i
   sp.top_p = p.top_p;
   sp.min_p = p.min_p;
   sp.seed = p.seed ? derive_sequence_seed(*p.seed, index) : seed_source();
+  s->seed = sp.seed;
   s->sampler.emplace(sp);
   s->penalties = PenaltyState(p, r.req.prompt);
   if (tokenizer) s->detokenizer.emplace(*tokenizer, p.skip_special_tokens);
@@ -377,6 +451,8 @@ void Engine::Impl::publish_stats() {
   s.prompt_tokens = prompt_tokens;
   s.generation_tokens = generation_tokens;
   s.steps = steps;
+  s.decode_graph_steps = graph_steps;
+  s.device_sampled_tokens = step_sampler->device_rows();
   std::lock_guard<std::mutex> lock(mu);
   s.waiting = scheduler->num_waiting() + static_cast<int32_t>(inbox.size());
   snapshot = s;
@@ -413,14 +489,18 @@ bool Engine::Impl::step() {
     }
   }
   try {
-    const BatchView batch = builder->build(out);
-    const Tensor logits = model.forward(batch, *kv);
-    logits_host.resize(static_cast<size_t>(batch.num_logits) * static_cast<size_t>(vocab));
-    if (batch.num_logits > 0) {
-      model.backend().copy_to_host(logits_host.data(), logits.data, logits_host.size() * sizeof(float));
+    Tensor logits;
+    if (decode_graphs && decode_graphs->accepts(out)) {
+      logits = decode_graphs->run(out);
+      ++graph_steps;
+    } else {
+      logits = model.forward(builder->build(out), *kv);
     }
+    // The device runs this step asynchronously until sampling waits for it: deliver the previous step's
+    // outputs meanwhile.
+    if (defer_emit) emit();
     scheduler->on_step_computed(out);
-    sampler.sample(out, logits_host.data(), vocab, sampled);
+    step_sampler->sample(out, logits, sampled);
   } catch (const std::exception& e) {
     // The step failed (a backend or sampler error): fail the requests in it rather than the engine.
     std::vector<RequestState*> failed;
@@ -436,7 +516,8 @@ bool Engine::Impl::step() {
   ++steps;
   const double done = engine_now();
   for (SampledToken& t : sampled) handle_token(t, done);
-  emit();
+  // Deferred outputs wait for the next step only while there is one to overlap with.
+  if (!defer_emit || (scheduler->num_running() == 0 && scheduler->num_waiting() == 0)) emit();
   publish_stats();
   return true;
 }

@@ -42,8 +42,10 @@ struct Sequence {
   int32_t num_cached_blocks = 0;    // leading blocks already offered to the prefix cache
   std::vector<uint64_t> block_hashes;
 
-  // Sampling and output.
+  // Sampling and output. `seed` keys the device sampler's draws (engine/step_sampler.h): the draw of the
+  // k-th generated token depends only on (seed, k), never on the batch or on preemption.
   std::optional<Sampler> sampler;
+  uint64_t seed = 0;
   PenaltyState penalties;
   std::optional<IncrementalDetokenizer> detokenizer;
   StopChecker stop;

@@ -77,6 +77,8 @@ class CudaBackend final : public Backend {
 
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
   bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
+  bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override;
+  bool memory_info(size_t& free_bytes, size_t& total_bytes) override;
   bool begin_graph_capture() override;
   void end_graph_capture(uint64_t key, bool keep = true) override;
   bool replay_graph(uint64_t key) override;

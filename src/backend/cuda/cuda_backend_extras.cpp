@@ -171,6 +171,17 @@ void CudaBackend::sample(const Tensor& logits, const cuda::SampleParams* host_pa
   run_sampler(logits, host_params, host_ids);
 }
 
+bool CudaBackend::sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) {
+  run_sampler(logits, params, host_ids);  // null params: greedy on every row
+  return true;
+}
+
+bool CudaBackend::memory_info(size_t& free_bytes, size_t& total_bytes) {
+  use_device();
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return true;
+}
+
 void CudaBackend::run_sampler(const Tensor& logits, const cuda::SampleParams* host_params,
                               int32_t* host_ids) {
   INFERX_CHECK(logits.device == Device::CUDA && logits.dtype == DType::F32 && logits.ndim == 2,

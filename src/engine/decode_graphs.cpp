@@ -1,0 +1,154 @@
+#include "engine/decode_graphs.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace inferx {
+
+std::vector<int32_t> decode_buckets(int32_t max_batch_size) {
+  std::vector<int32_t> b;
+  for (int32_t v : {1, 2, 4, 8, 16, 24, 32}) {
+    if (v < max_batch_size) b.push_back(v);
+  }
+  for (int32_t v = 48; v < max_batch_size; v += v < 256 ? 16 : 32) b.push_back(v);
+  b.push_back(max_batch_size);
+  return b;
+}
+
+namespace {
+// Layout for bucket B with M blocks per sequence:
+//   token_ids[B] positions[B] query_start[B+1] seq_lens[B] block_tables[B*M] logits_rows[B].
+size_t meta_ints(int32_t bucket, int32_t max_blocks) {
+  const auto b = static_cast<size_t>(bucket);
+  return 5 * b + 1 + b * static_cast<size_t>(max_blocks);
+}
+}  // namespace
+
+DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, const DecodeGraphConfig& config)
+    : model_(model), kv_(kv), config_(config), buckets_(decode_buckets(config.max_batch_size)) {
+  INFERX_CHECK(config_.max_blocks_per_seq > 0, "decode graphs: max_blocks_per_seq must be positive");
+  INFERX_CHECK(config_.scratch_block >= 0 && config_.scratch_block < kv.num_blocks(),
+               "decode graphs: scratch block {} is not in the cache of {} blocks", config_.scratch_block,
+               kv.num_blocks());
+  const size_t ints = meta_ints(buckets_.back(), config_.max_blocks_per_seq);
+  host_.resize(ints);
+  // Allocated once, before any recording: its address never changes.
+  device_ = model_.backend().allocate(ints * sizeof(int32_t));
+  state_.assign(buckets_.size(), 0);
+  graph_logits_.resize(buckets_.size());
+}
+
+DecodeGraphs::~DecodeGraphs() {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    if (state_[i] == 1) {
+      try {
+        model_.backend().drop_graph(key(buckets_[i]));
+      } catch (const std::exception&) {  // never throw from a destructor
+      }
+    }
+  }
+}
+
+int32_t DecodeGraphs::bucket_for(int32_t num_seqs) const {
+  auto it = std::lower_bound(buckets_.begin(), buckets_.end(), num_seqs);
+  INFERX_CHECK(it != buckets_.end(), "decode graphs: {} sequences exceed the largest bucket {}", num_seqs,
+               buckets_.back());
+  return *it;
+}
+
+bool DecodeGraphs::accepts(const SchedulerOutput& out) const {
+  if (out.seqs.empty() || static_cast<int32_t>(out.seqs.size()) > buckets_.back()) return false;
+  for (const ScheduledSequence& s : out.seqs) {
+    if (s.num_new != 1 || !s.sample) return false;
+    if (static_cast<int64_t>(s.seq->blocks.size()) > config_.max_blocks_per_seq) return false;
+  }
+  return true;
+}
+
+BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
+  const auto S = static_cast<int32_t>(out.seqs.size());
+  const int32_t B = bucket, M = config_.max_blocks_per_seq;
+  INFERX_CHECK(S > 0 && S <= B && B <= buckets_.back(), "decode graphs: {} sequences in a bucket of {}", S,
+               B);
+  const size_t b = static_cast<size_t>(B);
+  const size_t o_pos = b, o_qs = 2 * b, o_len = 3 * b + 1, o_bt = 4 * b + 1;
+  const size_t o_rows = o_bt + b * static_cast<size_t>(M);
+  const size_t total = meta_ints(B, M);
+  int32_t* h = host_.data();
+  const int32_t scratch = config_.scratch_block;
+  for (int32_t i = 0; i < B; ++i) {
+    const auto k = static_cast<size_t>(i);
+    int32_t* bt = h + o_bt + k * static_cast<size_t>(M);
+    h[o_qs + k] = i;
+    h[o_rows + k] = i;
+    if (i < S) {
+      const ScheduledSequence& s = out.seqs[k];
+      h[k] = s.seq->tokens[static_cast<size_t>(s.start)];
+      h[o_pos + k] = s.start;
+      h[o_len + k] = s.start + 1;
+      const auto nb = static_cast<int32_t>(s.seq->blocks.size());
+      // Blocks a sliding window dropped (-1) are never read; the scratch block keeps the entry valid.
+      for (int32_t j = 0; j < nb; ++j) {
+        const int32_t id = s.seq->blocks[static_cast<size_t>(j)];
+        bt[j] = id >= 0 ? id : scratch;
+      }
+      std::fill(bt + nb, bt + M, scratch);
+    } else {  // padding: a one-token sequence at position 0 living in the scratch block
+      h[k] = 0;
+      h[o_pos + k] = 0;
+      h[o_len + k] = 1;
+      std::fill(bt, bt + M, scratch);
+    }
+  }
+  h[o_qs + b] = B;
+  model_.backend().copy_to_device(device_->data(), h, total * sizeof(int32_t));
+  const auto* d = static_cast<const int32_t*>(device_->data());
+  BatchView v;
+  v.num_tokens = B;
+  v.num_seqs = B;
+  v.token_ids = d;
+  v.positions = d + o_pos;
+  v.query_start = d + o_qs;
+  v.seq_lens = d + o_len;
+  v.block_tables = d + o_bt;
+  v.max_blocks_per_seq = M;
+  v.logits_rows = d + o_rows;
+  v.num_logits = B;
+  v.max_query_len = 1;
+  // A host hint frozen into a recording: the largest length any replay may see.
+  v.max_seq_len = M * static_cast<int32_t>(kv_.block_size());
+  return v;
+}
+
+Tensor DecodeGraphs::run(const SchedulerOutput& out) {
+  const auto S = static_cast<int32_t>(out.seqs.size());
+  const int32_t B = bucket_for(S);
+  const auto bi =
+      static_cast<size_t>(std::lower_bound(buckets_.begin(), buckets_.end(), B) - buckets_.begin());
+  const BatchView batch = build(out, B);
+  Backend& be = model_.backend();
+  if (state_[bi] == 1) {
+    if (be.replay_graph(key(B))) {
+      ++replays_;
+      return graph_logits_[bi].rows_view(0, S);
+    }
+    state_[bi] = 0;  // the backend dropped it (a buffer moved): record again below
+  }
+  const Tensor logits = model_.forward(batch, kv_);
+  if (config_.capture && state_[bi] == 0 && be.begin_graph_capture()) {
+    try {
+      // Recorded, not run: the eager step above already computed this step.
+      graph_logits_[bi] = model_.forward(batch, kv_);
+      be.end_graph_capture(key(B));
+      state_[bi] = graph_logits_[bi].data == logits.data ? 1 : 0;
+      if (state_[bi] == 1) ++captures_;
+    } catch (const Error&) {
+      be.end_graph_capture(key(B), false);
+      state_[bi] = -1;  // e.g. an op that cannot be recorded: this bucket stays eager
+    }
+  }
+  return logits.rows_view(0, S);
+}
+
+}  // namespace inferx

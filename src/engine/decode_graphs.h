@@ -1,0 +1,75 @@
+#pragma once
+// Decode-only engine steps replayed from CUDA graphs (Backend::begin_graph_capture / replay_graph).
+//
+// A step where every scheduled sequence feeds one token and samples one is padded to a bucket size
+// (decode_buckets: 1, 2, 4, 8, 16, 24, 32, 48, 64, 80, ... up to max_batch_size), its metadata written in
+// place into one fixed device buffer laid out per bucket with a fixed max_blocks_per_seq (from
+// max_model_len), so every pointer a recording holds stays the same from step to step. Padding rows are
+// one-token sequences at position 0 whose block table points only at a scratch KV block that the block
+// pool never hands out, so their K/V writes land nowhere that matters and their attention reads only
+// that block; their logits rows are computed and ignored. Real rows see exactly the metadata an unpadded
+// batch gives them (tokens, positions, lengths, blocks), and every kernel computes a row from its own
+// metadata only, so their logits equal the eager path's.
+//
+// The first step of a bucket runs eagerly (sizing every workspace) and is then recorded; later ones
+// replay the recording. A backend without graphs (CPU) runs the padded batch eagerly: tests use that to
+// check the padded metadata. Any allocation in the backend (a larger prefill growing a workspace) makes
+// it refuse the old recordings, which are then captured again.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace inferx {
+
+// The padded batch sizes, ascending, the last one max_batch_size.
+std::vector<int32_t> decode_buckets(int32_t max_batch_size);
+
+struct DecodeGraphConfig {
+  int32_t max_batch_size = 256;
+  int32_t max_blocks_per_seq = 1;  // ceil(max_model_len / block_size)
+  int32_t scratch_block = 0;       // a KV block id the block pool never hands out
+  bool capture = true;             // false: pad and run eagerly (tests; backends without graphs)
+};
+
+class DecodeGraphs {
+ public:
+  DecodeGraphs(Model& model, KvCache& kv, const DecodeGraphConfig& config);
+  ~DecodeGraphs();
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+
+  // Whether `out` is a step this runs: decode-only (one token and a sample per sequence), at most
+  // max_batch_size sequences, each within max_blocks_per_seq blocks.
+  bool accepts(const SchedulerOutput& out) const;
+  // Runs the step padded to its bucket; returns the logits of the real rows ([num_seqs, vocab] F32 in
+  // backend memory, valid until the next forward).
+  Tensor run(const SchedulerOutput& out);
+  // Writes the padded metadata of `out` into the fixed buffer (tests inspect it through the view).
+  BatchView build(const SchedulerOutput& out, int32_t bucket);
+  int32_t bucket_for(int32_t num_seqs) const;
+
+  int64_t replays() const { return replays_; }
+  int64_t captures() const { return captures_; }
+
+ private:
+  uint64_t key(int32_t bucket) const {
+    return reinterpret_cast<uintptr_t>(this) + static_cast<uint64_t>(bucket);
+  }
+
+  Model& model_;
+  KvCache& kv_;
+  DecodeGraphConfig config_;
+  std::vector<int32_t> buckets_;
+  std::vector<int32_t> host_;
+  std::unique_ptr<DeviceBuffer> device_;
+  // Per bucket index: 0 nothing recorded, 1 recorded, -1 recording failed (stay eager).
+  std::vector<int8_t> state_;
+  std::vector<Tensor> graph_logits_;
+  int64_t replays_ = 0, captures_ = 0;
+};
+
+}  // namespace inferx

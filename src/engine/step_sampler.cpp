@@ -1,0 +1,104 @@
+#include "engine/step_sampler.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace inferx {
+
+bool samples_on_device(const Sequence& seq) {
+  const GenerationParams& p = seq.request->req.params;
+  return p.logprobs < 0 && p.logit_bias.empty() && !seq.penalties.active();
+}
+
+float device_uniform(uint64_t seed, int64_t token_index) {
+  // splitmix64 (Steele et al. 2014) over the seed advanced by the token index.
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(token_index) + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // top 24 bits / 2^24
+}
+
+TokenSampleParams device_sample_params(const Sequence& seq) {
+  const GenerationParams& p = seq.request->req.params;
+  TokenSampleParams t;
+  t.temperature = p.temperature;
+  t.top_k = p.top_k;
+  t.top_p = p.top_p;
+  t.min_p = p.min_p;
+  t.uniform = p.temperature > 0.0f ? device_uniform(seq.seed, seq.num_generated()) : 0.0f;
+  return t;
+}
+
+StepSampler::StepSampler(Backend& backend, bool allow_device, ThreadPool* pool)
+    : backend_(backend), device_ok_(allow_device), host_(pool) {}
+
+void StepSampler::sample_on_host(const Tensor& logits, std::vector<SampledToken>& result) {
+  const int64_t vocab = logits.cols();
+  logits_host_.resize(seqs_.size() * static_cast<size_t>(vocab));
+  if (!logits_host_.empty())
+    backend_.copy_to_host(logits_host_.data(), logits.data, logits_host_.size() * sizeof(float));
+  host_.sample_rows(seqs_, logits_host_.data(), vocab, result);
+  host_rows_ += static_cast<int64_t>(seqs_.size());
+}
+
+void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
+                         std::vector<SampledToken>& result) {
+  seqs_.clear();
+  for (const ScheduledSequence& s : out.seqs) {
+    if (s.sample) seqs_.push_back(s.seq);
+  }
+  result.clear();
+  if (seqs_.empty()) return;
+  const auto rows = static_cast<int64_t>(seqs_.size());
+  INFERX_CHECK(logits.dtype == DType::F32 && logits.rows() == rows,
+               "step sampler: {} sampled sequences but logits {} {}", rows, dtype_name(logits.dtype),
+               logits.shape_string());
+  if (!device_ok_) return sample_on_host(logits, result);
+
+  params_.resize(seqs_.size());
+  host_index_.clear();
+  bool all_greedy = true;
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    if (samples_on_device(*seqs_[i])) {
+      params_[i] = device_sample_params(*seqs_[i]);
+      all_greedy = all_greedy && !(params_[i].temperature > 0.0f);
+    } else {
+      params_[i] = TokenSampleParams{};
+      params_[i].temperature = 0.0f;  // computed and ignored: the host samples this row
+      host_index_.push_back(static_cast<int32_t>(i));
+    }
+  }
+  if (host_index_.size() == seqs_.size()) return sample_on_host(logits, result);
+  ids_.resize(seqs_.size());
+  if (!backend_.sample_tokens(logits, all_greedy ? nullptr : params_.data(), ids_.data())) {
+    device_ok_ = false;
+    return sample_on_host(logits, result);
+  }
+  result.resize(seqs_.size());
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    result[i].seq = seqs_[i];
+    result[i].token = ids_[i];
+  }
+  device_rows_ += rows - static_cast<int64_t>(host_index_.size());
+  if (host_index_.empty()) return;
+
+  // Rows that need the host: one copy each (rare: logprobs, logit_bias or penalties).
+  const int64_t vocab = logits.cols();
+  const size_t row_bytes = static_cast<size_t>(vocab) * sizeof(float);
+  logits_host_.resize(host_index_.size() * static_cast<size_t>(vocab));
+  host_seqs_.clear();
+  for (size_t k = 0; k < host_index_.size(); ++k) {
+    const auto i = static_cast<size_t>(host_index_[k]);
+    backend_.copy_to_host(logits_host_.data() + k * static_cast<size_t>(vocab),
+                          static_cast<const char*>(logits.data) + i * row_bytes, row_bytes);
+    host_seqs_.push_back(seqs_[i]);
+  }
+  host_.sample_rows(host_seqs_, logits_host_.data(), vocab, host_result_);
+  for (size_t k = 0; k < host_index_.size(); ++k)
+    result[static_cast<size_t>(host_index_[k])] = std::move(host_result_[k]);
+  host_rows_ += static_cast<int64_t>(host_index_.size());
+}
+
+}  // namespace inferx

@@ -1,0 +1,59 @@
+#pragma once
+// Token selection for one engine step, where the logits are when possible.
+//
+// A row is sampled on the device (Backend::sample_tokens: greedy, temperature, top-k, top-p, min-p, one
+// small copy of the ids back) when the backend can and the request needs nothing the device sampler
+// lacks: no logprobs, no logit_bias, no repetition/presence/frequency penalty. Other rows are copied to
+// the host one by one and go through BatchSampler (every processor). Without device sampling (CPU
+// backend) the whole [rows, vocab] block is copied and sampled on the host, as before.
+//
+// The choice depends only on the request's own parameters, so a request always takes the same path
+// whatever else shares its batch. Device draws are keyed by (sequence seed, generated-token index):
+// seeded requests give the same text in any batch, after a preemption, and between runs. Greedy rows
+// pick the lowest index among equal maxima on both paths, so greedy output is identical either way.
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/batch_sampler.h"
+#include "engine/scheduler.h"
+
+namespace inferx {
+
+// True when every processing step `seq` needs runs on the device sampler.
+bool samples_on_device(const Sequence& seq);
+// The draw in [0, 1) for the token at generated index `token_index` of a sequence seeded `seed`
+// (splitmix64 of both; 24 bits, so exactly representable and below 1).
+float device_uniform(uint64_t seed, int64_t token_index);
+// The device sampler's parameters for the next token of `seq`.
+TokenSampleParams device_sample_params(const Sequence& seq);
+
+class StepSampler {
+ public:
+  // allow_device false: always the host path (INFERX_DEVICE_SAMPLING=0, comparisons). `pool` (may be
+  // null) runs the host rows of large batches.
+  StepSampler(Backend& backend, bool allow_device, ThreadPool* pool);
+
+  // `logits` [rows, vocab] F32 in backend memory: one row per sampled sequence of `out`, in order.
+  // Replaces `result` with one SampledToken per sampled sequence, in the same order.
+  void sample(const SchedulerOutput& out, const Tensor& logits, std::vector<SampledToken>& result);
+
+  // Rows sampled on each path so far (tests, stats).
+  int64_t device_rows() const { return device_rows_; }
+  int64_t host_rows() const { return host_rows_; }
+
+ private:
+  void sample_on_host(const Tensor& logits, std::vector<SampledToken>& result);
+
+  Backend& backend_;
+  bool device_ok_;  // cleared for good the first time the backend answers that it cannot
+  BatchSampler host_;
+  std::vector<Sequence*> seqs_, host_seqs_;
+  std::vector<int32_t> host_index_, ids_;
+  std::vector<TokenSampleParams> params_;
+  std::vector<float> logits_host_;
+  std::vector<SampledToken> host_result_;
+  int64_t device_rows_ = 0, host_rows_ = 0;
+};
+
+}  // namespace inferx
