@@ -1,0 +1,167 @@
+// DecodeGraphs on the CPU backend (no graphs: the padded batch runs eagerly): bucket sizes, the padded
+// metadata, logits of the real rows identical to the unpadded batch, and the engine with padded decode
+// steps (INFERX_GRAPHS=pad) giving the same greedy text as without.
+#include "engine/decode_graphs.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+#include "engine/batch_builder.h"
+#include "engine/block_table.h"
+#include "inferx/engine.h"
+
+namespace inferx {
+namespace {
+
+TEST(DecodeGraphs, BucketsArePowersOfTwoThenSteps) {
+  EXPECT_EQ(decode_buckets(1), (std::vector<int32_t>{1}));
+  EXPECT_EQ(decode_buckets(20), (std::vector<int32_t>{1, 2, 4, 8, 16, 20}));
+  const std::vector<int32_t> b = decode_buckets(256);
+  EXPECT_EQ(std::vector<int32_t>(b.begin(), b.begin() + 10),
+            (std::vector<int32_t>{1, 2, 4, 8, 16, 24, 32, 48, 64, 80}));
+  EXPECT_EQ(b.back(), 256);
+  EXPECT_TRUE(std::is_sorted(b.begin(), b.end()));
+  EXPECT_EQ(std::adjacent_find(b.begin(), b.end()), b.end());
+  EXPECT_EQ(decode_buckets(300).back(), 300);
+  EXPECT_EQ(decode_buckets(300)[decode_buckets(300).size() - 2], 288);
+}
+
+class DecodeGraphsCpu : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = make_cpu_backend({2}).release();
+    model_ = Model::load("dummy:tiny", *backend_).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete backend_;
+  }
+  static Backend* backend_;
+  static Model* model_;
+};
+Backend* DecodeGraphsCpu::backend_ = nullptr;
+Model* DecodeGraphsCpu::model_ = nullptr;
+
+TEST_F(DecodeGraphsCpu, PaddedDecodeGivesTheUnpaddedLogitsForRealRows) {
+  constexpr int32_t kBlocks = 64, kBs = 16, kMaxLen = 256;
+  const int64_t vocab = model_->config().vocab_size;
+  KvCache kv(*backend_, model_->config(), kBlocks + 1, kBs);
+  BlockPool pool(kBlocks, false);
+  SchedulerConfig sc;
+  sc.block_size = kBs;
+  sc.max_batch_size = 8;
+  Scheduler scheduler(sc, pool);
+  BatchBuilder builder(*backend_);
+  DecodeGraphConfig gc;
+  gc.max_batch_size = 8;
+  gc.max_blocks_per_seq = blocks_for_tokens(kMaxLen, kBs);
+  gc.scratch_block = kBlocks;
+  gc.capture = false;
+  DecodeGraphs graphs(*model_, kv, gc);
+
+  std::vector<std::unique_ptr<RequestState>> reqs;
+  for (int i = 0; i < 5; ++i) {  // 5 sequences: bucket 8, three padding rows
+    auto r = std::make_unique<RequestState>();
+    r->req.id = fmt::format("r{}", i);
+    for (int t = 0; t < 7 + 13 * i; ++t) r->req.prompt.push_back((t * 31 + i * 7 + 3) % 512);
+    r->forked = true;
+    auto s = std::make_unique<Sequence>();
+    s->request = r.get();
+    s->tokens = r->req.prompt;
+    s->num_prompt = static_cast<int32_t>(s->tokens.size());
+    scheduler.add_waiting(s.get());
+    r->seqs.push_back(std::move(s));
+    reqs.push_back(std::move(r));
+  }
+  std::vector<float> host(static_cast<size_t>(8 * vocab)), padded(static_cast<size_t>(8 * vocab));
+  int decode_steps = 0;
+  for (int step = 0; step < 12; ++step) {
+    const SchedulerOutput& out = scheduler.schedule();
+    ASSERT_FALSE(out.empty());
+    const auto rows = static_cast<int64_t>(out.seqs.size());
+    const bool decode = graphs.accepts(out);
+    if (decode) {
+      // The padded run first (its K/V writes for the real rows are the same values the unpadded run
+      // writes next), then the unpadded one.
+      const Tensor p = graphs.run(out);
+      ASSERT_EQ(p.rows(), rows);
+      backend_->copy_to_host(padded.data(), p.data, static_cast<size_t>(rows * vocab) * sizeof(float));
+      // The padded metadata: padding rows live in the scratch block only.
+      const BatchView v = graphs.build(out, graphs.bucket_for(static_cast<int32_t>(rows)));
+      EXPECT_EQ(v.num_seqs, 8);
+      const int32_t* bt = v.block_tables;
+      for (int32_t r = static_cast<int32_t>(rows); r < 8; ++r) {
+        for (int32_t j = 0; j < v.max_blocks_per_seq; ++j)
+          ASSERT_EQ(bt[r * v.max_blocks_per_seq + j], kBlocks);
+        EXPECT_EQ(v.seq_lens[r], 1);
+        EXPECT_EQ(v.positions[r], 0);
+      }
+      for (int32_t r = 0; r < static_cast<int32_t>(rows); ++r) {
+        const Sequence& s = *out.seqs[static_cast<size_t>(r)].seq;
+        for (size_t j = 0; j < s.blocks.size(); ++j)
+          ASSERT_EQ(bt[r * v.max_blocks_per_seq + static_cast<int32_t>(j)], s.blocks[j]);
+        EXPECT_EQ(v.seq_lens[r], static_cast<int32_t>(s.tokens.size()));
+      }
+    }
+    const Tensor logits = model_->forward(builder.build(out), kv);
+    const int64_t n = logits.rows();
+    backend_->copy_to_host(host.data(), logits.data, static_cast<size_t>(n * vocab) * sizeof(float));
+    if (decode) {
+      ++decode_steps;
+      ASSERT_EQ(n, rows);
+      for (int64_t i = 0; i < rows * vocab; ++i)
+        ASSERT_EQ(padded[static_cast<size_t>(i)], host[static_cast<size_t>(i)])
+            << "step " << step << " element " << i;
+    }
+    scheduler.on_step_computed(out);
+    int64_t row = 0;
+    for (const ScheduledSequence& s : out.seqs) {
+      if (!s.sample) continue;
+      const float* lr = host.data() + row++ * vocab;
+      s.seq->tokens.push_back(static_cast<int32_t>(std::max_element(lr, lr + vocab) - lr));
+    }
+  }
+  EXPECT_GE(decode_steps, 8);
+}
+
+TEST_F(DecodeGraphsCpu, EngineWithPaddedDecodeStepsGivesTheSameGreedyText) {
+  auto run = [&](bool pad) {
+    if (pad) setenv("INFERX_GRAPHS", "pad", 1);
+    EngineConfig cfg;
+    cfg.max_model_len = 256;
+    cfg.max_num_batched_tokens = 64;
+    cfg.max_batch_size = 6;
+    Engine engine(*model_, nullptr, cfg);
+    if (pad) unsetenv("INFERX_GRAPHS");
+    std::vector<std::vector<int32_t>> tokens(7);
+    for (int i = 0; i < 7; ++i) {  // 7 requests, 6 at a time: the batch size changes as they finish
+      EngineRequest r;
+      r.id = fmt::format("r{}", i);
+      for (int t = 0; t < 5 + 11 * i; ++t) r.prompt.push_back((t * 17 + i) % 512);
+      r.params.temperature = 0.0f;
+      r.params.max_tokens = 6 + 3 * i;
+      r.params.ignore_eos = true;
+      r.on_output = [&tokens, i](RequestOutput&& o) {
+        for (const SequenceDelta& d : o.deltas)
+          tokens[static_cast<size_t>(i)].insert(tokens[static_cast<size_t>(i)].end(), d.token_ids.begin(),
+                                                d.token_ids.end());
+      };
+      engine.submit(std::move(r));
+    }
+    engine.run_until_idle();
+    EXPECT_EQ(engine.stats().decode_graph_steps > 0, pad);
+    EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+    return tokens;
+  };
+  const auto eager = run(false);
+  const auto padded = run(true);
+  EXPECT_EQ(padded, eager);
+  EXPECT_EQ(padded[6].size(), 24u);
+}
+
+}  // namespace
+}  // namespace inferx
