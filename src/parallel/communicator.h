@@ -1,0 +1,42 @@
+#pragma once
+// Collectives between the ranks of one tensor-parallel group (model/tensor_parallel.h). Each rank owns one
+// Communicator and calls it from its own thread; every rank must call the same collectives in the same
+// order with tensors of the same shape (the usual MPI/NCCL contract). Tensors are contiguous and live in
+// the memory of the rank's device.
+//
+// Two implementations: an in-process CPU group (cpu_communicator.cpp: N ranks = N threads of one process,
+// shared memory, a fixed summation order so every run and every rank gets bit-identical sums) and NCCL
+// (nccl/nccl_communicator.h, only with the cuda preset).
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace inferx {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Where the collectives' tensors must live.
+  virtual Device device() const = 0;
+
+  // x (F32) = the element-wise sum of every rank's x, in place.
+  virtual void all_reduce_sum(Tensor& x) = 0;
+  // out = every rank's `in` concatenated in rank order (any dtype; `in` has the same number of bytes on
+  // every rank, out holds size() times that).
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  // Returns when every rank has called it.
+  virtual void barrier() = 0;
+  // A rank that fails between collectives will never arrive at the next one: abort() wakes the ranks
+  // blocked in (or later entering) a collective of this group with inferx::Error instead of a hang. The
+  // group stays unusable afterwards.
+  virtual void abort() = 0;
+};
+
+// The N ranks of one in-process CPU group; element r is rank r's. Collectives block until all N ranks
+// have arrived (use one thread per rank).
+std::vector<std::unique_ptr<Communicator>> make_cpu_communicators(int size);
+
+}  // namespace inferx

@@ -1,0 +1,161 @@
+// NCCL collectives for the tensor-parallel ranks of one process (see nccl_communicator.h).
+#include "parallel/nccl/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+
+namespace inferx {
+namespace {
+
+void check_nccl(ncclResult_t status, const char* call, const char* file, int line) {
+  if (status != ncclSuccess)
+    fail("NCCL error {} ({}) in {} at {}:{}", static_cast<int>(status), ncclGetErrorString(status), call,
+         file, line);
+}
+
+void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status != cudaSuccess)
+    fail("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(status), cudaGetErrorString(status), call,
+         file, line);
+}
+
+// Destructors cannot throw: report and go on.
+void warn_cuda(cudaError_t status, const char* call) {
+  if (status != cudaSuccess)
+    std::fprintf(stderr, "warning: %s failed: %s\n", call, cudaGetErrorString(status));
+}
+
+}  // namespace
+}  // namespace inferx
+
+#define NCCL_CHECK(call) ::inferx::check_nccl((call), #call, __FILE__, __LINE__)
+#define NCCL_CUDA_CHECK(call) ::inferx::check_cuda((call), #call, __FILE__, __LINE__)
+
+namespace inferx {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::BF16:
+      return ncclBfloat16;
+    default:
+      fail("nccl all_reduce_sum: unsupported dtype {} (F32, F16, BF16)", dtype_name(t));
+  }
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int device, int rank, int size)
+      : comm_(comm), device_(device), rank_(rank), size_(size) {
+    NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    NCCL_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+  }
+
+  ~NcclCommunicator() override {
+    warn_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (comm_ != nullptr) {
+      const ncclResult_t r = aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+      if (r != ncclSuccess)
+        std::fprintf(stderr, "warning: NCCL communicator teardown: %s\n", ncclGetErrorString(r));
+    }
+    if (scratch_ != nullptr) warn_cuda(cudaFree(scratch_), "cudaFree");
+    if (stream_ != nullptr) warn_cuda(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+  }
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return Device::CUDA; }
+
+  void all_reduce_sum(Tensor& x) override {
+    check_usable();
+    INFERX_CHECK(x.device == Device::CUDA, "nccl all_reduce_sum: the tensor is not in GPU memory");
+    NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    NCCL_CHECK(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), ncclSum,
+                             comm_, stream_));
+    NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void all_gather(const Tensor& in, Tensor& out) override {
+    check_usable();
+    INFERX_CHECK(in.device == Device::CUDA && out.device == Device::CUDA,
+                 "nccl all_gather: the tensors are not in GPU memory");
+    const int64_t bytes = in.nbytes();
+    INFERX_CHECK(out.nbytes() == bytes * size_,
+                 "nccl all_gather: out has {} bytes, expected {} ranks x {} bytes", out.nbytes(), size_,
+                 bytes);
+    NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    NCCL_CHECK(ncclAllGather(in.data, out.data, static_cast<size_t>(bytes), ncclChar, comm_, stream_));
+    NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void barrier() override {
+    check_usable();
+    NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    NCCL_CHECK(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_));
+    NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // NCCL cannot wake a peer that already waits inside a collective from here; the peers' own collectives
+  // fail or hang until the communicators are aborted in teardown. Marks this rank unusable.
+  void abort() override { aborted_ = true; }
+
+ private:
+  void check_usable() const {
+    INFERX_CHECK(!aborted_, "tensor parallel: NCCL rank {} was aborted after an earlier error", rank_);
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int device_, rank_, size_;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+int nccl_version() {
+  int v = 0;
+  return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+}
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices) {
+  const int n = static_cast<int>(devices.size());
+  INFERX_CHECK(n >= 1, "nccl: no devices given");
+  int count = 0;
+  NCCL_CUDA_CHECK(cudaGetDeviceCount(&count));
+  for (int d : devices)
+    INFERX_CHECK(d >= 0 && d < count, "nccl: CUDA device {} does not exist ({} visible)", d, count);
+  // NVLink SHARP (NVLS) multicast stays off on the machines we are lent; overwrite any other value.
+  INFERX_CHECK(::setenv("NCCL_NVLS_ENABLE", "0", 1) == 0, "nccl: cannot set NCCL_NVLS_ENABLE=0");
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
+  NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
+  std::vector<std::unique_ptr<Communicator>> out;
+  try {
+    for (int r = 0; r < n; ++r) {
+      out.push_back(std::make_unique<NcclCommunicator>(comms[static_cast<size_t>(r)],
+                                                       devices[static_cast<size_t>(r)], r, n));
+      comms[static_cast<size_t>(r)] = nullptr;  // owned by the communicator now
+    }
+  } catch (...) {
+    for (ncclComm_t c : comms)
+      if (c != nullptr && ncclCommDestroy(c) != ncclSuccess)
+        std::fprintf(stderr, "warning: ncclCommDestroy failed while unwinding\n");
+    throw;
+  }
+  return out;
+}
+
+}  // namespace inferx
