@@ -14,8 +14,9 @@ export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:
 N_REQ="${N_REQ:-1000}"
 N_BASE="${N_BASE:-256}"
 CASES="${CASES:-1024:256 1000:1000}"
-BASELINES="${BASELINES:-manual hf}"
+BASELINES="${BASELINES-manual hf}"
 MODEL="${MODEL:-dummy:llama-3-8b}"
+DEVICE="${DEVICE:-cuda}"
 SERVE_ARGS="${SERVE_ARGS:-}"
 PORT=18080
 summary=()
@@ -41,9 +42,10 @@ first_token() {  # seconds for a 1-token completion
   python3 - "$1" <<'EOF'
 import json, sys, time, urllib.request
 t0 = time.time()
+model = json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models", timeout=10))["data"][0]["id"]
 req = urllib.request.Request(sys.argv[1] + "/v1/completions", method="POST",
                              headers={"Content-Type": "application/json"},
-                             data=json.dumps({"model": "", "prompt": [1, 2, 3, 4], "max_tokens": 1}).encode())
+                             data=json.dumps({"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 1}).encode())
 try:
     json.load(urllib.request.urlopen(req, timeout=120))
     print(f"{time.time() - t0:.3f}")
@@ -56,7 +58,7 @@ echo "== served throughput: $MODEL $SERVE_ARGS"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 t0=$(date +%s.%N)
 # shellcheck disable=SC2086
-"$C/inferx" serve -m "$MODEL" --dtype bf16 --device cuda --max-batch-size 256 --max-model-len 4096 \
+"$C/inferx" serve -m "$MODEL" --dtype bf16 --device "$DEVICE" --max-batch-size 256 --max-model-len 4096 \
   --port $PORT $SERVE_ARGS >"$OUT/serve.log" 2>&1 &
 pid=$!
 if ready=$(wait_http "http://127.0.0.1:$PORT/ready" 300); then
