@@ -46,14 +46,15 @@ class CudaEngine : public ::testing::Test {
     }
   }
 
+  using Vars = std::vector<std::pair<const char*, const char*>>;
   struct Env {  // sets environment variables for one engine construction
-    explicit Env(std::vector<std::pair<const char*, const char*>> vars) : vars_(std::move(vars)) {
+    explicit Env(Vars vars) : vars_(std::move(vars)) {
       for (auto& [k, v] : vars_) setenv(k, v, 1);
     }
     ~Env() {
       for (auto& [k, v] : vars_) unsetenv(k);
     }
-    std::vector<std::pair<const char*, const char*>> vars_;
+    Vars vars_;
   };
 
   static std::vector<int32_t> prompt(int32_t len, int32_t salt) {
@@ -105,8 +106,8 @@ TEST_F(CudaEngine, DeviceSamplingGreedyEqualsTheHostPath) {
   std::vector<GenerationParams> ps(10, greedy(16));
   ps[4].logprobs = 2;  // one host row in the batch
   EngineStats dev_stats, host_stats;
-  const auto dev = run(ps, Env({{"INFERX_GRAPHS", "0"}}), &dev_stats);
-  const auto host = run(ps, Env({{"INFERX_GRAPHS", "0"}, {"INFERX_DEVICE_SAMPLING", "0"}}), &host_stats);
+  const auto dev = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}}), &dev_stats);
+  const auto host = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}, {"INFERX_DEVICE_SAMPLING", "0"}}), &host_stats);
   EXPECT_EQ(dev, host);
   EXPECT_EQ(dev_stats.device_sampled_tokens, 9 * 16);
   EXPECT_EQ(host_stats.device_sampled_tokens, 0);
@@ -228,8 +229,8 @@ TEST_F(CudaEngine, EngineWithGraphsMatchesEagerGreedyText) {
   std::vector<GenerationParams> ps;
   for (int i = 0; i < 12; ++i) ps.push_back(greedy(8 + 3 * i));
   EngineStats gs;
-  const auto graphs = run(ps, Env({}), &gs);
-  const auto eager = run(ps, Env({{"INFERX_GRAPHS", "0"}}));
+  const auto graphs = run(ps, Env(Vars{}), &gs);
+  const auto eager = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}}));
   EXPECT_GT(gs.decode_graph_steps, 10);
   size_t same = 0, total = 0;
   for (size_t i = 0; i < ps.size(); ++i) {
