@@ -45,8 +45,9 @@ int64_t activation_reserve(const ModelConfig& mc, const EngineConfig& c) {
   return 2 * tokens * per_token * 4 + 2 * logits + (int64_t{512} << 20);
 }
 
-// INFERX_GRAPHS: "0" runs every step eagerly; "pad" pads decode steps even where the backend has no
-// graphs (tests of the padded path on the CPU); anything else (or unset): graphs on GPU backends.
+// INFERX_GRAPHS: "0" runs every step eagerly; "pad" pads decode steps to their buckets but runs them
+// eagerly, on any backend (tests: the padded path on the CPU, graph replay against it on a GPU); anything
+// else (or unset): graphs on GPU backends.
 const char* graphs_env() {
   const char* g = std::getenv("INFERX_GRAPHS");
   return g ? g : "";
@@ -249,7 +250,7 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
     gc.max_batch_size = config.max_batch_size;
     gc.max_blocks_per_seq = static_cast<int32_t>(blocks_for_tokens(config.max_model_len, bs));
     gc.scratch_block = static_cast<int32_t>(num_blocks);
-    gc.capture = gpu;
+    gc.capture = gpu && genv != "pad";
     decode_graphs = std::make_unique<DecodeGraphs>(model, *kv, gc);
   }
   defer_emit = gpu;
