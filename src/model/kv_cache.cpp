@@ -1,5 +1,6 @@
 #include "core/error.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 namespace inferx {
 
@@ -23,6 +24,24 @@ KvCache::KvCache(Backend& backend, const ModelConfig& c, int64_t num_blocks, int
                   backend.device());
     }
     layers_.push_back(layer);
+  }
+}
+
+namespace {
+// A tensor-parallel model's own cache holds no layers: its ranks' caches do.
+ModelConfig layers_held_by(const Model& model) {
+  ModelConfig c = model.config();
+  if (model.tensor_parallel() != nullptr) c.num_layers = 0;
+  return c;
+}
+}  // namespace
+
+KvCache::KvCache(const Model& model, int64_t num_blocks, int64_t block_size)
+    : KvCache(model.backend(), layers_held_by(model), num_blocks, block_size) {
+  if (const TensorParallel* tp = model.tensor_parallel()) {
+    for (int r = 0; r < tp->size(); ++r)
+      shards_.push_back(std::make_unique<KvCache>(tp->rank_backend(r), tp->rank_model(r).config(), num_blocks,
+                                                  block_size));
   }
 }
 

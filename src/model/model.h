@@ -1,5 +1,6 @@
 #pragma once
 // A loaded decoder-only transformer: config + weights on one backend + the forward pass.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "backend/backend.h"
 #include "formats/model_config.h"
 #include "formats/tensor_source.h"
+#include "parallel/communicator.h"
 #include "quant/plan.h"
 
 namespace inferx {
@@ -20,6 +22,12 @@ struct LoadOptions {
   // stores pre-quantized keep their stored format.
   QuantOptions quantize;
   std::shared_ptr<const QuantPlan> plan;
+  // --tensor-parallel-size N (model/tensor_parallel.h): the weights split over N ranks. Rank 0 runs on
+  // the backend given to Model::load, ranks 1..N-1 on make_rank_backend(rank), the collectives on
+  // make_communicators(N); both default to the CPU (CPU backends, the in-process CPU group).
+  int tensor_parallel_size = 1;
+  std::function<std::unique_ptr<Backend>(int rank)> make_rank_backend;
+  std::function<std::vector<std::unique_ptr<Communicator>>(int size)> make_communicators;
 };
 
 // The model's weights, resolved to backend tensors. Per-layer fields are empty when the architecture
@@ -38,6 +46,8 @@ struct ModelWeights {
 };
 
 class KvCache;
+class TensorParallel;
+class TensorParallelRank;
 
 class Model {
  public:
@@ -50,7 +60,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   // The serving engine's --kv-cache-strategy sliding-window-N: attention then reads only the last N
   // positions, so the engine may free KV blocks that fall out of the window (0: the model's own).
-  void set_sliding_window(int64_t window) { config_.sliding_window = window; }
+  void set_sliding_window(int64_t window);
   const std::string& description() const { return description_; }
   Backend& backend() const { return backend_; }
   // The source the weights came from (GGUF metadata holds the tokenizer); nullptr for dummy models.
@@ -65,6 +75,9 @@ class Model {
   // The quantization plan the weights were loaded with (kind "none" and no layers when none applied;
   // pre-quantized checkpoints report the formats they hold).
   const QuantPlan& quant_plan() const { return quant_plan_; }
+
+  // The ranks of a --tensor-parallel-size model (nullptr when the model is not split).
+  TensorParallel* tensor_parallel() const { return tp_.get(); }
 
   // Runs one flattened step. Writes K/V of the batch's tokens into `cache` and returns the logits of
   // batch.logits_rows as F32 [num_logits, vocab] in backend memory (valid until the next forward).
@@ -84,14 +97,22 @@ class Model {
   std::vector<std::unique_ptr<DeviceBuffer>> owned_;  // uploaded / converted weights
   std::unique_ptr<Workspace> workspace_;
   QuantPlan quant_plan_;
+  std::unique_ptr<TensorParallel> tp_;  // the top model of a split model: its replicas run forward
+  TensorParallelRank* rank_ = nullptr;  // a replica: where forward meets the other ranks
   friend class WeightLoader;
+  friend class TensorParallel;
 };
 
 // The paged KV cache memory of every layer: num_blocks blocks of block_size tokens.
 class KvCache {
  public:
   KvCache(Backend& backend, const ModelConfig& config, int64_t num_blocks, int64_t block_size);
+  // The cache `model` runs with: one KvCache per rank (its KV heads, on its backend) for a
+  // tensor-parallel model, else the constructor above.
+  KvCache(const Model& model, int64_t num_blocks, int64_t block_size);
   KvCacheLayer& layer(int64_t i) { return layers_[static_cast<size_t>(i)]; }
+  int num_shards() const { return static_cast<int>(shards_.size()); }
+  KvCache& shard(int rank) { return *shards_[static_cast<size_t>(rank)]; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t block_size() const { return block_size_; }
   // Bytes one block takes across all layers (K and V), for sizing the pool from a memory budget; pass
@@ -102,6 +123,7 @@ class KvCache {
   int64_t num_blocks_, block_size_;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
   std::vector<KvCacheLayer> layers_;
+  std::vector<std::unique_ptr<KvCache>> shards_;  // tensor parallel: rank r's cache
 };
 
 // Feeds one sequence through a model, block table and all, for `inferx generate`, golden tests and

@@ -18,6 +18,7 @@
 #include "model/dummy_models.h"
 #include "model/model.h"
 #include "model/quantized_linear.h"
+#include "model/tensor_parallel.h"
 #include "quant/gguf_blocks.h"
 
 namespace inferx {
@@ -240,10 +241,11 @@ std::string dtype_list() { return "f32, f16, bf16, q8_0, q4_0, q4_k, q6_k"; }
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, const LoadOptions& options) {
-  std::unique_ptr<Model> model;
-  WeightNaming naming = WeightNaming::HuggingFace;
-  HfQuantConfig hf_quant;
+OpenedModel open_model(const std::string& spec, Backend& backend, const LoadOptions& options) {
+  OpenedModel opened;
+  std::unique_ptr<Model>& model = opened.model;
+  WeightNaming& naming = opened.naming;
+  HfQuantConfig& hf_quant = opened.hf_quant;
   if (spec.rfind("dummy:", 0) == 0) {
     // dummy:NAME or dummy:NAME:DTYPE
     std::string name = spec.substr(6);
@@ -259,7 +261,8 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
     // On a GPU, plain-typed dummy weights are generated in device memory (no host copy of an 8B model),
     // unless a quantization plan needs the host values.
     const bool on_device = backend.device() != Device::CPU && !is_quantized(dtype) &&
-                           options.quantize.kind == PlanKind::None && !options.plan;
+                           options.quantize.kind == PlanKind::None && !options.plan &&
+                           options.tensor_parallel_size <= 1;  // ranks slice host values
     auto source = make_dummy_source(name, config, dtype, options.dummy_seed, !on_device);
     std::string desc = fmt::format("{} in {} — RANDOM WEIGHTS, outputs are meaningless", source->describe(),
                                    dtype_name(dtype));
@@ -297,9 +300,19 @@ std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, co
     std::string desc = fmt::format("{} ({}, GGUF v{})", spec, config.architecture, gguf->version());
     model = std::make_unique<Model>(backend, std::move(config), std::move(gguf), desc);
   }
-  model->config_.validate(model->source_->describe());
-  WeightLoader(*model, naming, options, std::move(hf_quant)).load_all();
-  return model;
+  model->config().validate(model->source()->describe());
+  return opened;
+}
+
+void load_weights(Model& model, WeightNaming naming, const LoadOptions& options, HfQuantConfig hf_quant) {
+  WeightLoader(model, naming, options, std::move(hf_quant)).load_all();
+}
+
+std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, const LoadOptions& options) {
+  if (options.tensor_parallel_size > 1) return TensorParallel::load(spec, backend, options);
+  OpenedModel opened = open_model(spec, backend, options);
+  load_weights(*opened.model, opened.naming, options, std::move(opened.hf_quant));
+  return std::move(opened.model);
 }
 
 }  // namespace inferx

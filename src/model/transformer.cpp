@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 namespace inferx {
 
@@ -25,6 +26,7 @@ Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource>
 Model::~Model() = default;
 
 int64_t Model::weight_bytes_per_token() const {
+  if (tp_) return tp_->weight_bytes_per_token();  // every rank's share
   auto lin = [](const Linear& l) { return l.weight.nbytes() + (l.bias.empty() ? 0 : l.bias.nbytes()); };
   int64_t total = lin(weights_.lm_head) + weights_.final_norm.nbytes();
   for (const LayerWeights& l : weights_.layers) {
@@ -70,6 +72,7 @@ void Model::ensure_workspace(int64_t num_tokens, int64_t num_logits) {
 }
 
 Tensor Model::forward(const BatchView& batch, KvCache& cache) {
+  if (tp_) return tp_->forward(batch, cache);  // runs each rank's replica of this function
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens;
   INFERX_CHECK(T > 0, "forward: empty batch");
@@ -84,7 +87,11 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   const AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
                            1.0f / std::sqrt(static_cast<float>(c.head_dim)), c.sliding_window};
 
-  backend_.embedding(weights_.token_embedding, batch.token_ids, T, x);
+  if (rank_) {
+    rank_->embedding(weights_.token_embedding, batch, x);  // tensor parallel: this rank's vocabulary rows
+  } else {
+    backend_.embedding(weights_.token_embedding, batch.token_ids, T, x);
+  }
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];
     // Attention block: x += o(attention(rope(q), rope(k), v)) over the pre-normed input.
@@ -104,12 +111,14 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     backend_.rope_and_write_kv(q, k, v, batch, rope, layer_cache);
     backend_.attention(q, layer_cache, batch, ap, attn);
     backend_.matmul(attn, l.o, proj);
+    if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: o is row-parallel
     // MLP block: x += down(silu(gate(h)) * up(h)).
     backend_.add_rmsnorm(x, proj, l.ffn_norm, c.rms_norm_eps, h);
     backend_.matmul(h, l.gate, gate);
     backend_.matmul(h, l.up, up);
     backend_.silu_mul(gate, up, act);
     backend_.matmul(act, l.down, proj);
+    if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: down is row-parallel
   }
   // Only the rows that need logits go through the final norm and the vocabulary projection.
   Tensor last = w.last.rows_view(0, batch.num_logits), out = w.out.rows_view(0, batch.num_logits);

@@ -1,0 +1,454 @@
+// Tensor parallelism at run time: loading the N replicas, the threads that run them in lock step, the
+// vocabulary-parallel embedding and the logits gather (see tensor_parallel.h for the partitioning).
+#include "model/tensor_parallel.h"
+
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+
+namespace inferx {
+namespace {
+
+// Rank 0's backend as the top model's: every call goes to it, except that graph capture is declined (the
+// replicas, the other ranks' threads and the collectives are outside what one backend can record).
+class PrimaryBackend final : public Backend {
+ public:
+  PrimaryBackend(Backend& inner, int size) : inner_(inner), size_(size) {}
+  Device device() const override { return inner_.device(); }
+  std::string name() const override {
+    return fmt::format("{} (rank 0 of {} tensor-parallel ranks)", inner_.name(), size_);
+  }
+  std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_host(dst, src, bytes);
+  }
+  void synchronize() override { inner_.synchronize(); }
+  void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override {
+    inner_.embedding(table, ids, n, out);
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    inner_.rmsnorm(x, w, eps, out);
+  }
+  void add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    inner_.add_rmsnorm(residual, x, w, eps, out);
+  }
+  void head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& w, float eps) override {
+    inner_.head_rmsnorm(x, head_dim, w, eps);
+  }
+  void matmul(const Tensor& x, const Linear& w, Tensor& out) override { inner_.matmul(x, w, out); }
+  void rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
+                         const RopeParams& rope, KvCacheLayer& cache) override {
+    inner_.rope_and_write_kv(q, k, v, batch, rope, cache);
+  }
+  void attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch, const AttentionParams& p,
+                 Tensor& out) override {
+    inner_.attention(q, cache, batch, p, out);
+  }
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    inner_.silu_mul(gate, up, out);
+  }
+  void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
+    inner_.gather_rows(x, rows, n, out);
+  }
+  DType kv_cache_dtype() const override { return inner_.kv_cache_dtype(); }
+  bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override {
+    return inner_.fill_random(t, seed, amplitude, offset);
+  }
+  bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override {
+    return inner_.sample_tokens(logits, params, host_ids);  // the gathered logits are in rank 0's memory
+  }
+  // Rank 0's memory: the engine sizes its KV pool from it at the full model's bytes per block, while each
+  // rank holds only its KV heads (conservative by up to the number of ranks).
+  bool memory_info(size_t& free_bytes, size_t& total_bytes) override {
+    return inner_.memory_info(free_bytes, total_bytes);
+  }
+  // begin_graph_capture stays the default `false`: callers then run every step eagerly.
+
+ private:
+  Backend& inner_;
+  int size_;
+};
+
+// Persistent threads for ranks 1..N-1; rank 0 runs on the caller's thread.
+class RankThreads {
+ public:
+  RankThreads() = default;
+  ~RankThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  void start(int size) {
+    for (int r = 1; r < size; ++r) threads_.emplace_back(&RankThreads::loop, this, r);
+  }
+  // job(rank) on every rank at once; returns when all have returned. job must not throw.
+  void run(const std::function<void(int)>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      pending_ = static_cast<int>(threads_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    job(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void loop(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      (*job)(rank);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  const std::function<void(int)>* job_ = nullptr;
+  std::vector<std::thread> threads_;
+};
+
+// int32 metadata staged on the host and, where the rank's memory is not the host's, uploaded.
+struct StagedInts {
+  std::vector<int32_t> host;
+  std::unique_ptr<DeviceBuffer> device;
+  const int32_t* upload(Backend& be) {
+    if (be.device() == Device::CPU) return host.data();
+    const size_t bytes = host.size() * sizeof(int32_t);
+    if (!device || device->size() < bytes) device = be.allocate(std::max<size_t>(bytes * 2, 256));
+    if (bytes > 0) be.copy_to_device(device->data(), host.data(), bytes);
+    return static_cast<const int32_t*>(device->data());
+  }
+};
+
+// A buffer of at least `bytes`, grown (never shrunk) in the backend's memory.
+void* grown(Backend& be, std::unique_ptr<DeviceBuffer>& buf, size_t bytes) {
+  if (!buf || buf->size() < bytes) buf = be.allocate(std::max<size_t>(bytes, 64));
+  return buf->data();
+}
+
+}  // namespace
+
+// TensorParallelRank ----------------------------------------------------------------------------------
+
+TensorParallelRank::TensorParallelRank(Backend& backend, Communicator& comm, const TensorParallelPlan& plan,
+                                       int64_t hidden)
+    : backend_(backend), comm_(comm), plan_(plan), hidden_(hidden), rank_(comm.rank()) {}
+
+TensorParallelRank::~TensorParallelRank() = default;
+
+void TensorParallelRank::all_reduce_sum(Tensor& x) {
+  if (backend_.device() != Device::CPU) backend_.synchronize();  // the collective reads x on its own stream
+  comm_.all_reduce_sum(x);
+}
+
+void TensorParallelRank::prepare(const int32_t* ids, int32_t n) {
+  if (!plan_.vocab_parallel) return;
+  if (n > capacity_) {
+    capacity_ = n;
+    // Zero-filled; row capacity_ is never written, so it stays the zero row.
+    embedded_ = backend_.allocate(static_cast<size_t>((capacity_ + 1) * hidden_) * sizeof(float));
+  }
+  const int64_t first = plan_.first_vocab_row(rank_), count = plan_.vocab_per_rank;
+  host_meta_.resize(static_cast<size_t>(2 * n));
+  for (int32_t t = 0; t < n; ++t) {
+    const bool mine = ids[t] >= first && ids[t] < first + count;
+    host_meta_[static_cast<size_t>(t)] = mine ? static_cast<int32_t>(ids[t] - first) : 0;
+    host_meta_[static_cast<size_t>(n + t)] = mine ? t : static_cast<int32_t>(capacity_);
+  }
+  const int32_t* p = host_meta_.data();
+  if (backend_.device() != Device::CPU) {
+    const size_t bytes = host_meta_.size() * sizeof(int32_t);
+    grown(backend_, meta_, bytes);
+    backend_.copy_to_device(meta_->data(), host_meta_.data(), bytes);
+    p = static_cast<const int32_t*>(meta_->data());
+  }
+  local_ids_ = p;
+  keep_rows_ = p + n;
+}
+
+void TensorParallelRank::embedding(const Tensor& table, const BatchView& batch, Tensor& x) {
+  const int64_t n = batch.num_tokens;
+  if (!plan_.vocab_parallel) {  // replicated table
+    backend_.embedding(table, batch.token_ids, n, x);
+    return;
+  }
+  INFERX_CHECK(n <= capacity_ && local_ids_ != nullptr, "internal: tensor-parallel embedding not prepared");
+  // Rows of our tokens from our table slice (other tokens read local row 0), then every token keeps its
+  // row or the zero row, and the all-reduce adds exact zeros from the ranks that do not hold it.
+  Tensor all(DType::F32, {capacity_ + 1, hidden_}, embedded_->data(), backend_.device());
+  Tensor mine = all.rows_view(0, n);
+  backend_.embedding(table, local_ids_, n, mine);
+  backend_.gather_rows(all, keep_rows_, n, x);
+  all_reduce_sum(x);
+}
+
+// TensorParallel --------------------------------------------------------------------------------------
+
+struct TensorParallel::State {
+  // Declaration order is teardown order reversed: threads stop first, backends go last.
+  std::vector<std::unique_ptr<Backend>> owned_backends;  // ranks 1..N-1
+  std::vector<Backend*> backends;                        // rank r's
+  std::unique_ptr<Backend> primary;                      // what the top model runs on
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::unique_ptr<TensorParallelRank>> ranks;
+  std::vector<std::unique_ptr<Model>> replicas;
+  // Per-step buffers: batch metadata mirrored into ranks 1..N-1 (GPUs), the all-gathered logits of
+  // every rank, rank 0's row order for the [num_logits, vocab] result and that result.
+  std::vector<StagedInts> batch_meta;
+  std::vector<BatchView> views;
+  std::vector<std::unique_ptr<DeviceBuffer>> gathered;
+  StagedInts order;
+  std::unique_ptr<DeviceBuffer> logits;
+  std::mutex error_mu;
+  std::exception_ptr error;
+  std::string failure;  // set once a step failed: the ranks may be out of step, no more steps run
+  RankThreads threads;
+};
+
+TensorParallel::TensorParallel() : s_(std::make_unique<State>()) {}
+TensorParallel::~TensorParallel() = default;
+
+Backend& TensorParallel::rank_backend(int rank) const { return *s_->backends.at(static_cast<size_t>(rank)); }
+Model& TensorParallel::rank_model(int rank) const { return *s_->replicas.at(static_cast<size_t>(rank)); }
+
+int64_t TensorParallel::weight_bytes_per_token() const {
+  int64_t total = 0;
+  for (const auto& m : s_->replicas) total += m->weight_bytes_per_token();
+  return total;
+}
+
+void TensorParallel::set_sliding_window(int64_t window) {
+  for (const auto& m : s_->replicas) m->set_sliding_window(window);
+}
+
+std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& backend,
+                                            const LoadOptions& options) {
+  const int n = options.tensor_parallel_size;
+  std::unique_ptr<TensorParallel> tp(new TensorParallel());
+  State& s = *tp->s_;
+  s.backends.push_back(&backend);
+  for (int r = 1; r < n; ++r) {
+    std::unique_ptr<Backend> b;
+    if (options.make_rank_backend) {
+      b = options.make_rank_backend(r);
+    } else {
+      INFERX_CHECK(backend.device() == Device::CPU,
+                   "--tensor-parallel-size {}: no backend for rank {} on {} (LoadOptions::make_rank_backend)",
+                   n, r, backend.name());
+      b = make_cpu_backend({});
+    }
+    INFERX_CHECK(
+        b != nullptr && b->device() == backend.device(),
+        "--tensor-parallel-size {}: rank {}'s backend is not on the same kind of device as rank 0 ({})", n, r,
+        backend.name());
+    s.backends.push_back(b.get());
+    s.owned_backends.push_back(std::move(b));
+  }
+  s.primary = std::make_unique<PrimaryBackend>(backend, n);
+
+  OpenedModel opened = open_model(spec, *s.primary, options);
+  Model& top = *opened.model;
+  const ModelConfig& c = top.config();
+  INFERX_CHECK(
+      opened.hf_quant.method == HfQuantConfig::Method::None,
+      "{}: --tensor-parallel-size {} cannot split pre-quantized checkpoints yet (FP8/AWQ/GPTQ scales "
+      "would need slicing too); load the unquantized weights, optionally with --quantize",
+      top.source()->describe(), n);
+  tp->plan_ = plan_tensor_parallel(c, n);
+  const TensorParallelPlan& plan = tp->plan_;
+  if (!plan.vocab_parallel)
+    std::fprintf(
+        stderr,
+        "note: the vocabulary of %lld tokens does not split over %d ranks: the embedding and lm_head are "
+        "replicated on every rank\n",
+        static_cast<long long>(c.vocab_size), n);
+
+  if (options.make_communicators) {
+    s.comms = options.make_communicators(n);
+  } else {
+    INFERX_CHECK(backend.device() == Device::CPU,
+                 "--tensor-parallel-size {}: no communicator for {} (LoadOptions::make_communicators)", n,
+                 backend.name());
+    s.comms = make_cpu_communicators(n);
+  }
+  INFERX_CHECK(static_cast<int>(s.comms.size()) == n, "tensor parallel: {} communicators for {} ranks",
+               s.comms.size(), n);
+  for (int r = 0; r < n; ++r) {
+    const Communicator& comm = *s.comms[static_cast<size_t>(r)];
+    INFERX_CHECK(comm.rank() == r && comm.size() == n && comm.device() == backend.device(),
+                 "tensor parallel: communicator {} is rank {} of {} on another device kind", r, comm.rank(),
+                 comm.size());
+  }
+
+  LoadOptions rank_options = options;
+  rank_options.tensor_parallel_size = 1;
+  for (int r = 0; r < n; ++r) {
+    Backend& be = *s.backends[static_cast<size_t>(r)];
+    auto source = make_rank_source(*top.source(), c, opened.naming, plan, r);
+    auto replica = std::make_unique<Model>(be, plan.rank_config(c), std::move(source),
+                                           fmt::format("{} [rank {} of {}]", top.description(), r, n));
+    load_weights(*replica, opened.naming, rank_options, opened.hf_quant);
+    s.ranks.push_back(
+        std::make_unique<TensorParallelRank>(be, *s.comms[static_cast<size_t>(r)], plan, c.hidden_size));
+    replica->rank_ = s.ranks.back().get();
+    s.replicas.push_back(std::move(replica));
+  }
+  s.batch_meta.resize(static_cast<size_t>(n));
+  s.views.resize(static_cast<size_t>(n));
+  s.gathered.resize(static_cast<size_t>(n));
+  s.threads.start(n);
+
+  top.quant_plan_ = s.replicas[0]->quant_plan();
+  top.description_ +=
+      fmt::format(", tensor parallel over {} ranks ({} heads, {} KV heads{}, {} MLP columns{} each)", n,
+                  plan.heads_per_rank, plan.kv_heads_per_rank, plan.kv_replicated ? " replicated" : "",
+                  plan.intermediate_per_rank,
+                  plan.vocab_parallel ? fmt::format(", {} vocabulary rows", plan.vocab_per_rank)
+                                      : std::string(", replicated vocabulary"));
+  top.tp_ = std::move(tp);
+  return std::move(opened.model);
+}
+
+Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
+  State& s = *s_;
+  const int n = size();
+  INFERX_CHECK(s.failure.empty(), "tensor parallel: no further steps after a failed one ({})", s.failure);
+  INFERX_CHECK(
+      cache.num_shards() == n,
+      "tensor parallel: the KV cache holds {} rank caches for {} ranks (build it with KvCache(model, "
+      "num_blocks, block_size))",
+      cache.num_shards(), n);
+  const int32_t T = batch.num_tokens, L = batch.num_logits;
+  INFERX_CHECK(T > 0 && L > 0, "forward: empty batch");
+  Backend& be0 = *s.backends[0];
+  const Device device = be0.device();
+
+  // Every rank reads the batch in its own memory: the same pointers on the CPU; on GPUs a host copy of
+  // rank 0's metadata uploaded to ranks 1..N-1.
+  const int32_t* host_ids = batch.token_ids;
+  for (int r = 0; r < n; ++r) s.views[static_cast<size_t>(r)] = batch;
+  if (device != Device::CPU) {
+    const int64_t S = batch.num_seqs;
+    const std::pair<const int32_t*, int64_t> parts[] = {{batch.token_ids, T},
+                                                        {batch.positions, T},
+                                                        {batch.query_start, S + 1},
+                                                        {batch.seq_lens, S},
+                                                        {batch.block_tables, S * batch.max_blocks_per_seq},
+                                                        {batch.logits_rows, L}};
+    std::vector<int32_t>& host = s.batch_meta[0].host;
+    host.clear();
+    for (const auto& [ptr, count] : parts) {
+      const size_t at = host.size();
+      host.resize(at + static_cast<size_t>(count));
+      if (count > 0) be0.copy_to_host(host.data() + at, ptr, static_cast<size_t>(count) * sizeof(int32_t));
+    }
+    host_ids = host.data();
+    for (int r = 1; r < n; ++r) {
+      StagedInts& m = s.batch_meta[static_cast<size_t>(r)];
+      m.host = host;
+      const int32_t* d = m.upload(*s.backends[static_cast<size_t>(r)]);
+      BatchView& v = s.views[static_cast<size_t>(r)];
+      v.token_ids = d;
+      v.positions = d + T;
+      v.query_start = d + 2 * T;
+      v.seq_lens = v.query_start + S + 1;
+      v.block_tables = v.seq_lens + S;
+      v.logits_rows = v.block_tables + S * batch.max_blocks_per_seq;
+    }
+  }
+  for (int r = 0; r < n; ++r) s.ranks[static_cast<size_t>(r)]->prepare(host_ids, T);
+
+  // The logits: each rank's [L, V/N] all-gathered into [N * L, V/N] (rank-major); row l of the result is
+  // the concatenation of rows r * L + l, i.e. [L * N, V/N] rows in the order l * N + r.
+  const int64_t Vr = plan_.vocab_per_rank, V = Vr * n;
+  const bool gather = plan_.vocab_parallel;
+  if (gather) {
+    for (int r = 0; r < n; ++r)
+      grown(*s.backends[static_cast<size_t>(r)], s.gathered[static_cast<size_t>(r)],
+            static_cast<size_t>(n * L * Vr) * sizeof(float));
+    if (L > 1) {
+      s.order.host.resize(static_cast<size_t>(L * n));
+      for (int32_t l = 0; l < L; ++l)
+        for (int r = 0; r < n; ++r) s.order.host[static_cast<size_t>(l * n + r)] = r * L + l;
+      grown(be0, s.logits, static_cast<size_t>(L * V) * sizeof(float));
+    }
+  }
+  const int32_t* order = gather && L > 1 ? s.order.upload(be0) : nullptr;
+
+  Tensor result;
+  s.error = nullptr;
+  s.threads.run([&](int r) {
+    const size_t ri = static_cast<size_t>(r);
+    try {
+      Tensor local = s.replicas[ri]->forward(s.views[ri], cache.shard(r));
+      if (!gather) {
+        if (r == 0) result = local;  // every rank computed the full logits
+        return;
+      }
+      Backend& be = *s.backends[ri];
+      Tensor all(DType::F32, {n * L, Vr}, s.gathered[ri]->data(), device);
+      if (device != Device::CPU) be.synchronize();
+      s.comms[ri]->all_gather(local, all);
+      if (r != 0) return;
+      if (L == 1) {
+        result = all.reshaped({1, V});
+      } else {
+        Tensor rows(DType::F32, {L * n, Vr}, s.logits->data(), device);
+        be.gather_rows(all, order, L * n, rows);
+        result = Tensor(DType::F32, {L, V}, s.logits->data(), device);
+      }
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(s.error_mu);
+        if (!s.error) s.error = std::current_exception();  // the first failure, not the aborts it causes
+      }
+      s.comms[ri]->abort();
+    }
+  });
+  if (s.error) {
+    s.failure = "a rank failed";
+    try {
+      std::rethrow_exception(s.error);
+    } catch (const std::exception& e) {
+      s.failure = e.what();
+    } catch (...) {
+    }
+    std::rethrow_exception(s.error);
+  }
+  return result;
+}
+
+// Model members whose tensor-parallel part lives here.
+void Model::set_sliding_window(int64_t window) {
+  config_.sliding_window = window;
+  if (tp_) tp_->set_sliding_window(window);
+}
+
+}  // namespace inferx

@@ -1,0 +1,308 @@
+// --tensor-parallel-size on the CPU backend (in-process communicator): TP=2 and TP=4 against TP=1 for
+// every golden fixture (tests/golden/fixtures: Llama 2 GQA, Llama 3 with RoPE scaling / rope_freqs,
+// Mistral's sliding window, Qwen2's qkv bias, Qwen3's q/k norm, and the GGUF exports), prefill and decode;
+// a two-sequence step; Q8_0 weights; the shapes each rank holds; the vocabulary replicated when it does
+// not split; and the errors for shapes that do not split.
+//
+// Tolerance: the ranks' o/down partial sums are added by the all-reduce instead of inside one dot
+// product, so results differ from TP=1 by float32 rounding only:
+//   max_v |tp[v] - ref[v]| <= kTol * max(max_v |ref[v]|, 1) per logits row, kTol = 1e-5 (about 80 float32
+// ulps of the row's largest logit), and the argmax of every row agrees.
+#include "model/tensor_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "formats/safetensors.h"
+#include "model/model.h"
+
+namespace fs = std::filesystem;
+
+namespace inferx {
+namespace {
+
+constexpr double kTol = 1e-5;
+const std::string kFixtures = std::string(INFERX_SOURCE_DIR) + "/tests/golden/fixtures/";
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// One backend thread per rank keeps the test light on small CI machines.
+struct Loaded {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+Loaded load(const std::string& spec, int tp, LoadOptions options = {}) {
+  Loaded l;
+  l.backend = make_cpu_backend({1});
+  options.tensor_parallel_size = tp;
+  options.make_rank_backend = [](int) { return make_cpu_backend({1}); };
+  l.model = Model::load(spec, *l.backend, options);
+  return l;
+}
+
+std::vector<int32_t> fixture_ids(const std::string& dir) {
+  std::ifstream f(kFixtures + dir + "/expected.json");
+  EXPECT_TRUE(f.good()) << dir;
+  return nlohmann::json::parse(f).at("input_ids").get<std::vector<int32_t>>();
+}
+
+// Worst relative difference over rows of [rows, vocab]; fails on a non-finite value or an argmax flip.
+double compare(const std::vector<float>& ref, const std::vector<float>& got, int64_t vocab,
+               const std::string& what) {
+  EXPECT_EQ(ref.size(), got.size()) << what;
+  if (ref.size() != got.size() || vocab <= 0) return INFINITY;
+  double worst = 0;
+  for (size_t row = 0; row < ref.size() / static_cast<size_t>(vocab); ++row) {
+    const float* a = ref.data() + row * static_cast<size_t>(vocab);
+    const float* b = got.data() + row * static_cast<size_t>(vocab);
+    double max_ref = 1.0, max_diff = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      EXPECT_TRUE(std::isfinite(b[v])) << what << " row " << row;
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(a[v])));
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(b[v]) - a[v]));
+    }
+    worst = std::max(worst, max_diff / max_ref);
+    EXPECT_EQ(std::max_element(a, a + vocab) - a, std::max_element(b, b + vocab) - b)
+        << what << " row " << row;
+  }
+  return worst;
+}
+
+// Prefill of the first half of `ids` (every row's logits), then one decode step per remaining id.
+void expect_same_as_single_rank(const std::string& spec, const std::vector<int32_t>& ids, int tp,
+                                const LoadOptions& options = {}) {
+  Loaded one = load(spec, 1, options), many = load(spec, tp, options);
+  ASSERT_NE(many.model->tensor_parallel(), nullptr);
+  const int64_t vocab = one.model->config().vocab_size;
+  ASSERT_EQ(many.model->config().vocab_size, vocab);
+  SequenceRunner r1(*one.model, static_cast<int64_t>(ids.size())),
+      rn(*many.model, static_cast<int64_t>(ids.size()));
+  const size_t half = ids.size() / 2;
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(half));
+  const std::string what = spec + " tp=" + std::to_string(tp);
+  double worst = compare(r1.step_all_logits(prompt), rn.step_all_logits(prompt), vocab, what + " prefill");
+  for (size_t i = half; i < ids.size(); ++i) {
+    const std::vector<float> a = r1.step({ids[i]}), b = rn.step({ids[i]});
+    worst = std::max(worst, compare(a, b, vocab, what + " decode " + std::to_string(i)));
+  }
+  std::printf("%-28s tp=%d  worst relative difference %.3g\n", spec.substr(spec.rfind('/') + 1).c_str(), tp,
+              worst);
+  EXPECT_LE(worst, kTol) << what;
+}
+
+struct FixtureCase {
+  std::string file;    // folder or .gguf under tests/golden/fixtures
+  std::string folder;  // whose expected.json holds the input ids
+};
+
+void PrintTo(const FixtureCase& c, std::ostream* os) { *os << c.file; }
+
+class TensorParallelFixture : public ::testing::TestWithParam<std::tuple<FixtureCase, int>> {};
+
+TEST_P(TensorParallelFixture, LogitsMatchSingleRank) {
+  const auto& [c, tp] = GetParam();
+  expect_same_as_single_rank(kFixtures + c.file, fixture_ids(c.folder), tp);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelFixture,
+                         ::testing::Combine(::testing::Values(FixtureCase{"llama-tiny", "llama-tiny"},
+                                                              FixtureCase{"llama3-tiny", "llama3-tiny"},
+                                                              FixtureCase{"mistral-tiny", "mistral-tiny"},
+                                                              FixtureCase{"qwen2-tiny", "qwen2-tiny"},
+                                                              FixtureCase{"qwen3-tiny", "qwen3-tiny"},
+                                                              FixtureCase{"llama-tiny.gguf", "llama-tiny"},
+                                                              FixtureCase{"qwen2-tiny.gguf", "qwen2-tiny"},
+                                                              FixtureCase{"llama3-tiny.gguf", "llama3-tiny"}),
+                                            ::testing::Values(2, 4)),
+                         [](const auto& info) {
+                           std::string name =
+                               std::get<0>(info.param).file + "_tp" + std::to_string(std::get<1>(info.param));
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
+
+TEST(TensorParallel, LlamaThreeSplitsEightWays) {
+  // 8 heads, 2 KV heads (each on 4 ranks), MLP 96 = 8 x 12, vocabulary 128 = 8 x 16.
+  expect_same_as_single_rank(kFixtures + "llama3-tiny", fixture_ids("llama3-tiny"), 8);
+}
+
+TEST(TensorParallel, QuantizedWeightsSplitOnBlockBoundaries) {
+  // dummy:tiny: 4 heads of 64, MLP 512; Q8_0 blocks of 32 columns.
+  const std::vector<int32_t> ids = {1, 17, 300, 42, 511, 7, 99, 256, 3, 128};
+  expect_same_as_single_rank("dummy:tiny:q8_0", ids, 2);
+  expect_same_as_single_rank("dummy:tiny:q4_0", ids, 4);
+}
+
+TEST(TensorParallel, BlockFormatThatWouldBeCutIsRefused) {
+  // Q4_K blocks hold 256 columns; o's 256 input columns over 2 ranks are 128 each.
+  const std::string msg = error_of([] { load("dummy:tiny:q4_k", 2); });
+  EXPECT_NE(msg.find("blocks of 256"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--tensor-parallel-size 2"), std::string::npos) << msg;
+}
+
+// A step's metadata in host memory (the CPU backend's), one block table row per sequence.
+struct HostBatch {
+  std::vector<int32_t> ids, pos, qs, lens, tables, rows;
+  int32_t max_blocks = 4;
+  BatchView view() const {
+    BatchView b;
+    b.num_tokens = static_cast<int32_t>(ids.size());
+    b.num_seqs = static_cast<int32_t>(lens.size());
+    b.token_ids = ids.data();
+    b.positions = pos.data();
+    b.query_start = qs.data();
+    b.seq_lens = lens.data();
+    b.block_tables = tables.data();
+    b.max_blocks_per_seq = max_blocks;
+    b.logits_rows = rows.data();
+    b.num_logits = static_cast<int32_t>(rows.size());
+    b.max_query_len = 0;
+    for (size_t s = 0; s + 1 < qs.size(); ++s) b.max_query_len = std::max(b.max_query_len, qs[s + 1] - qs[s]);
+    b.max_seq_len = *std::max_element(lens.begin(), lens.end());
+    return b;
+  }
+};
+
+std::vector<float> run_step(Model& m, KvCache& cache, const HostBatch& hb) {
+  Tensor t = m.forward(hb.view(), cache);
+  return std::vector<float>(t.ptr<float>(), t.ptr<float>() + t.numel());
+}
+
+TEST(TensorParallel, TwoSequencesInOneStep) {
+  // Sequence 1 prefills 3 tokens into blocks 4..7; then one step prefills sequence 0 (5 tokens, blocks
+  // 0..3, logits of 2 of them) next to sequence 1's decode of its 4th token: 3 logits rows gathered
+  // from the ranks in order.
+  Loaded one = load(kFixtures + "llama-tiny", 1), two = load(kFixtures + "llama-tiny", 2);
+  const int64_t vocab = one.model->config().vocab_size;
+  KvCache c1(*one.model, 8, 4), c2(*two.model, 8, 4);
+  const HostBatch first{{9, 8, 7}, {0, 1, 2}, {0, 3}, {3}, {4, 5, 6, 7}, {2}};
+  double worst = compare(run_step(*one.model, c1, first), run_step(*two.model, c2, first), vocab, "prefill");
+  const HostBatch mixed{{5, 6, 7, 8, 9, 33},      {0, 1, 2, 3, 4, 3}, {0, 5, 6}, {5, 4},
+                        {0, 1, 2, 3, 4, 5, 6, 7}, {2, 4, 5}};
+  const std::vector<float> a = run_step(*one.model, c1, mixed), b = run_step(*two.model, c2, mixed);
+  ASSERT_EQ(a.size(), static_cast<size_t>(3 * vocab));
+  worst = std::max(worst, compare(a, b, vocab, "mixed step"));
+  EXPECT_LE(worst, kTol);
+}
+
+TEST(TensorParallel, RanksHoldTheirSlices) {
+  // llama-tiny: hidden 64, 4 heads x 16, 2 KV heads, MLP 96, vocabulary 256.
+  for (int tp : {2, 4}) {
+    Loaded l = load(kFixtures + "llama-tiny", tp);
+    const TensorParallel& p = *l.model->tensor_parallel();
+    ASSERT_EQ(p.size(), tp);
+    EXPECT_EQ(p.plan().kv_replicated, tp == 4);
+    KvCache cache(*l.model, 2, 16);
+    ASSERT_EQ(cache.num_shards(), tp);
+    for (int r = 0; r < tp; ++r) {
+      const ModelWeights& w = p.rank_model(r).weights();
+      const LayerWeights& l0 = w.layers[0];
+      EXPECT_EQ(l0.q.weight.dim(0), 64 / tp);
+      EXPECT_EQ(l0.k.weight.dim(0), tp == 4 ? 16 : 16);  // 1 KV head each: split (tp 2) or shared (tp 4)
+      EXPECT_EQ(l0.o.weight.dim(1), 64 / tp);
+      EXPECT_EQ(l0.gate.weight.dim(0), 96 / tp);
+      EXPECT_EQ(l0.down.weight.dim(1), 96 / tp);
+      EXPECT_EQ(w.token_embedding.dim(0), 256 / tp);
+      EXPECT_EQ(cache.shard(r).layer(0).k.dim(2), 1);  // this rank's KV heads only
+      EXPECT_EQ(p.plan().first_kv_head(r), tp == 4 ? r / 2 : r);
+    }
+  }
+}
+
+TEST(TensorParallel, SlidingWindowReachesEveryRank) {
+  LoadOptions o;
+  Loaded one = load(kFixtures + "llama-tiny", 1, o), two = load(kFixtures + "llama-tiny", 2, o);
+  one.model->set_sliding_window(4);
+  two.model->set_sliding_window(4);
+  EXPECT_EQ(two.model->tensor_parallel()->rank_model(1).config().sliding_window, 4);
+  const std::vector<int32_t> ids = fixture_ids("llama-tiny");
+  SequenceRunner r1(*one.model, 16), r2(*two.model, 16);
+  EXPECT_LE(compare(r1.step_all_logits(ids), r2.step_all_logits(ids), 256, "window 4"), kTol);
+}
+
+TEST(TensorParallel, KvCacheMustComeFromTheModel) {
+  Loaded l = load(kFixtures + "llama-tiny", 2);
+  KvCache wrong(l.model->backend(), l.model->config(), 2, 16);
+  const HostBatch hb{{1}, {0}, {0, 1}, {1}, {0, 1}, {0}, 2};
+  const std::string msg = error_of([&] { l.model->forward(hb.view(), wrong); });
+  EXPECT_NE(msg.find("KvCache(model"), std::string::npos) << msg;
+}
+
+TEST(TensorParallel, ShapesThatDoNotSplitAreNamed) {
+  std::string msg = error_of([] { load(kFixtures + "llama-tiny", 3); });
+  EXPECT_NE(msg.find("4 attention heads"), std::string::npos) << msg;
+  ModelConfig c;
+  c.num_heads = 12;
+  c.num_kv_heads = 3;
+  c.intermediate_size = 96;
+  c.vocab_size = 100;
+  msg = error_of([&] { plan_tensor_parallel(c, 2); });  // 3 KV heads over 2 ranks
+  EXPECT_NE(msg.find("3 KV heads"), std::string::npos) << msg;
+  c.num_kv_heads = 4;
+  c.intermediate_size = 90;
+  msg = error_of([&] { plan_tensor_parallel(c, 4); });
+  EXPECT_NE(msg.find("intermediate (MLP) size 90"), std::string::npos) << msg;
+  c.intermediate_size = 96;
+  c.vocab_size = 101;
+  const TensorParallelPlan p = plan_tensor_parallel(c, 4);  // an odd vocabulary is replicated, not refused
+  EXPECT_FALSE(p.vocab_parallel);
+  EXPECT_EQ(p.vocab_per_rank, 101);
+  EXPECT_EQ(p.kv_heads_per_rank, 1);
+  msg = error_of([&] { plan_tensor_parallel(c, 0); });
+  EXPECT_NE(msg.find("[1, 64]"), std::string::npos) << msg;
+}
+
+// llama-tiny with its vocabulary cut to 255 rows: does not split over 2 ranks, so the embedding and the
+// lm_head are replicated (and the logits still match).
+TEST(TensorParallel, OddVocabularyIsReplicated) {
+  const fs::path dir = fs::temp_directory_path() / ("inferx_tp_vocab_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    SafetensorsModel src(kFixtures + "llama-tiny");
+    SafetensorsWriter w;
+    for (const std::string& name : src.tensor_names()) {
+      const TensorEntry& e = *src.find(name);
+      std::vector<int64_t> shape = e.shape;
+      uint64_t bytes = e.nbytes;
+      if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+        bytes = bytes / static_cast<uint64_t>(shape[0]) * 255;
+        shape[0] = 255;
+      }
+      w.add_tensor(name, e.dtype, shape, e.data, bytes);
+    }
+    w.write((dir / "model.safetensors").string());
+    std::ifstream in(kFixtures + "llama-tiny/config.json");
+    nlohmann::json config = nlohmann::json::parse(in);
+    config["vocab_size"] = 255;
+    std::ofstream(dir / "config.json") << config.dump();
+  }
+  Loaded l = load(dir.string(), 2);
+  EXPECT_FALSE(l.model->tensor_parallel()->plan().vocab_parallel);
+  EXPECT_EQ(l.model->tensor_parallel()->rank_model(1).weights().token_embedding.dim(0), 255);
+  std::vector<int32_t> ids = fixture_ids("llama-tiny");
+  for (int32_t& id : ids) id = std::min(id, 254);
+  expect_same_as_single_rank(dir.string(), ids, 2);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace inferx
