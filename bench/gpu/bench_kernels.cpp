@@ -153,6 +153,67 @@ int run(bool quick) {
     const double bytes = 2.0 * ds.batch * ds.context * hkv * hd * 2;
     row("decode attention", fmt_shape("b%lld ctx%lld 32/8x128", ds.batch, ds.context), s, bytes, false,
         copy_gbs);
+    if (ds.context == 1024 && (ds.batch == 1 || ds.batch == 256)) {
+      // The same bytes read as an FP8 cache (half the bytes; a few random codes are NaN, which costs the
+      // same time as any other value).
+      KvCacheLayer fp8 = cache;  // same shape, 1-byte elements: the first half of each buffer
+      fp8.k.dtype = fp8.v.dtype = DType::F8_E4M3;
+      auto fp8_backend = make_cuda_backend(0, [] {
+        CudaBackendOptions o;
+        o.kv_cache_dtype = DType::F8_E4M3;
+        return o;
+      }());
+      auto& g8 = static_cast<CudaBackend&>(*fp8_backend);
+      g8.set_attention_kernel(CudaAttentionKernel::Decode);
+      Bench b8{g8, {}};
+      const double s8 = b8.time([&] { g8.attention(q, fp8, view, p, out); }, reps);
+      row("decode attention fp8", fmt_shape("b%lld ctx%lld 32/8x128", ds.batch, ds.context), s8, bytes / 2,
+          false, copy_gbs);
+    }
+    b.keep.resize(mark);
+  }
+
+  // Batch-1 decode attention of a whole 8B step: 32 layers (32 distinct caches, 128 MB, more than the L2)
+  // at 1k context, captured once in a CUDA graph as the engine runs it; time per step.
+  {
+    const int64_t ctx = 1024, layers = 32, blocks = ctx / bs;
+    std::vector<int32_t> table(static_cast<size_t>(blocks)), positions = {static_cast<int32_t>(ctx - 1)},
+                                                             qs = {0, 1}, lens = {static_cast<int32_t>(ctx)};
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(5));
+    BatchView view;
+    view.num_tokens = view.num_seqs = 1;
+    view.positions = b.ints(positions);
+    view.query_start = b.ints(qs);
+    view.seq_lens = b.ints(lens);
+    view.block_tables = b.ints(table);
+    view.max_blocks_per_seq = static_cast<int32_t>(blocks);
+    view.max_query_len = 1;
+    view.max_seq_len = static_cast<int32_t>(ctx);
+    const size_t mark = b.keep.size();
+    const size_t cache_bytes = static_cast<size_t>(blocks * bs * hkv * hd) * 2;
+    std::vector<KvCacheLayer> caches;
+    for (int64_t l = 0; l < layers; ++l)
+      caches.push_back(
+          {Tensor(DType::BF16, {blocks, bs, hkv, hd}, b.random(cache_bytes, 40 + 2 * l), Device::CUDA),
+           Tensor(DType::BF16, {blocks, bs, hkv, hd}, b.random(cache_bytes, 41 + 2 * l), Device::CUDA)});
+    Tensor q = b.f32(1, hq * hd, 8), out = b.f32(1, hq * hd, 9);
+    const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+    gpu.set_attention_kernel(CudaAttentionKernel::Decode);
+    const auto step = [&] {
+      for (const KvCacheLayer& c : caches) gpu.attention(q, c, view, p, out);
+    };
+    step();  // scratch allocated outside the capture
+    gpu.synchronize();
+    constexpr uint64_t kKey = 0xa77e;
+    if (gpu.begin_graph_capture()) {
+      step();
+      gpu.end_graph_capture(kKey);
+      const double s = b.time([&] { gpu.replay_graph(kKey); }, 50);
+      row("decode attn 32 layers", "b1 ctx1024 graph, per step", s, 2.0 * layers * ctx * hkv * hd * 2, false,
+          copy_gbs);
+      gpu.drop_graph(kKey);
+    }
     b.keep.resize(mark);
   }
 
@@ -183,7 +244,73 @@ int run(bool quick) {
     const double s = b.time([&] { gpu.attention(q, cache, view, p, out); }, quick ? 2 : 5);
     row("prefill attention", fmt_shape("T%lld causal 32/8x128", T), s, 4.0 * hd * hq * T * T / 2, true,
         gemm_tflops);
+    if (T == 8192) {
+      // FP8 cache (the BF16 bytes reinterpreted: the kernel's speed does not depend on the values).
+      auto fp8_backend = make_cuda_backend(0, [] {
+        CudaBackendOptions o;
+        o.kv_cache_dtype = DType::F8_E4M3;
+        return o;
+      }());
+      auto& g8 = static_cast<CudaBackend&>(*fp8_backend);
+      g8.set_attention_kernel(CudaAttentionKernel::Prefill);
+      KvCacheLayer fp8 = cache;  // same shape, 1-byte elements: the first half of each buffer
+      fp8.k.dtype = fp8.v.dtype = DType::F8_E4M3;
+      Bench b8{g8, {}};
+      const double s8 = b8.time([&] { g8.attention(q, fp8, view, p, out); }, quick ? 2 : 5);
+      row("prefill attention fp8", fmt_shape("T%lld causal 32/8x128", T), s8, 4.0 * hd * hq * T * T / 2, true,
+          gemm_tflops);
+      // Chunked prefill: the last 2048 queries after 6144 cached keys (the shape of a later chunk).
+      const int64_t C = 2048, start = T - C;
+      std::vector<int32_t> cpos(static_cast<size_t>(C)), cqs = {0, static_cast<int32_t>(C)};
+      std::iota(cpos.begin(), cpos.end(), static_cast<int32_t>(start));
+      BatchView chunk = view;
+      chunk.num_tokens = static_cast<int32_t>(C);
+      chunk.positions = b.ints(cpos);
+      chunk.query_start = b.ints(cqs);
+      chunk.max_query_len = static_cast<int32_t>(C);
+      Tensor qc(DType::F32, {C, hq * hd}, q.data, Device::CUDA),
+          oc(DType::F32, {C, hq * hd}, out.data, Device::CUDA);
+      const double sc = b.time([&] { gpu.attention(qc, cache, chunk, p, oc); }, quick ? 2 : 5);
+      row("prefill attn chunk", "2048 after 6144 cached", sc, 4.0 * hd * hq * C * (start + C / 2.0), true,
+          gemm_tflops);
+    }
     b.keep.resize(mark);
+  }
+
+  // The GEMMs of an 8B prefill (BF16 activations as the fused norms / SiLU provide them), per chunk size.
+  {
+    cudaStream_t gs = nullptr;
+    CUDA_CHECK(cudaStreamCreate(&gs));
+    cuda::CublasLtGemm gemm(gs);
+    const int64_t shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 14336}, {14336, 4096}, {4096, 128256}};
+    const char* names[] = {"qkv", "o", "gate|up", "down", "lm_head"};
+    for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
+      for (int i = 0; i < 5; ++i) {
+        if (i == 4 && t != 2048) continue;  // only the logits rows are computed in the engine; one check
+        const int64_t k = shapes[i][0], n = shapes[i][1];
+        const size_t mark = b.keep.size();
+        void* x = b.random(static_cast<size_t>(t * k) * 2, 50);
+        void* w = b.random(static_cast<size_t>(n * k) * 2, 51);
+        Tensor o = b.f32(t, n, 52);
+        gpu.synchronize();
+        const auto once = [&] {
+          gemm.matmul(x, DType::BF16, t, k, DType::BF16, w, n, nullptr, o.ptr<float>());
+        };
+        for (int r = 0; r < 3; ++r) once();
+        CUDA_CHECK(cudaStreamSynchronize(gs));
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < reps; ++r) once();
+        CUDA_CHECK(cudaStreamSynchronize(gs));
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
+                      static_cast<long long>(k), static_cast<long long>(n));
+        row("gemm bf16->f32", shape, sec, 2.0 * t * k * n, true, gemm_tflops);
+        b.keep.resize(mark);
+      }
+    }
+    CUDA_CHECK(cudaStreamDestroy(gs));
   }
   gpu.set_attention_kernel(CudaAttentionKernel::Auto);
 

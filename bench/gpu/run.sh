@@ -23,6 +23,20 @@ rc=$?
 tail -5 "$OUT/cuda_tests.log"
 note "cuda op tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
 
+echo "== 1b. compute-sanitizer memcheck + racecheck on the attention kernel tests (RoPE/FP8 write, decode, prefill)"
+SAN=/usr/local/cuda/bin/compute-sanitizer
+SAN_FILTER='CudaAttentionTest.RopeWrites*:CudaAttentionTest.Fp8CacheEndToEnd*:CudaKernelsTest.DecodeAttentionLongContexts'
+if [[ -x "$SAN" ]]; then
+  for tool in memcheck racecheck; do
+    INFERX_REQUIRE_GPU=1 timeout 150 "$SAN" --tool "$tool" --error-exitcode 1 "$C/test_cuda_backend" --gtest_color=no \
+      --gtest_filter="$SAN_FILTER" >"$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool: rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY|^\[  (PASSED|FAILED)' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+  done
+else
+  note "compute-sanitizer: not found at $SAN"
+fi
+
 echo "== 2. greedy generation, CPU vs CUDA backend"
 gen() { "$C/inferx" generate --temperature 0 "$@" 2>>"$OUT/generate.err"; }
 for spec in "tests/golden/fixtures/llama-tiny" "tests/golden/fixtures/llama3-tiny" "tests/golden/fixtures/mistral-tiny" \

@@ -7,8 +7,16 @@
 
 namespace inferx::cli {
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads) {
-  if (device == "cpu") return make_cpu_backend({cpu_threads});
+std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads,
+                                      const std::string& kv_cache_dtype) {
+  const std::string& kv = kv_cache_dtype;
+  INFERX_CHECK(kv == "auto" || kv == "bf16" || kv == "fp8" || kv == "f32",
+               "--kv-cache-dtype: '{}' is not auto, bf16, fp8 or f32", kv);
+  if (device == "cpu") {
+    INFERX_CHECK(kv == "auto" || kv == "f32",
+                 "--kv-cache-dtype {}: the CPU backend keeps an F32 KV cache (use auto or f32)", kv);
+    return make_cpu_backend({cpu_threads});
+  }
   if (device.rfind("cuda", 0) == 0) {
     int index = 0;
     if (device.size() > 4) {
@@ -18,7 +26,11 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads
       index = std::stoi(device.substr(5));
     }
 #if defined(INFERX_HAVE_CUDA)
-    return make_cuda_backend(index);
+    CudaBackendOptions options = cuda_options_from_environment();
+    if (kv == "bf16") options.kv_cache_dtype = DType::BF16;
+    if (kv == "fp8") options.kv_cache_dtype = DType::F8_E4M3;
+    if (kv == "f32") options.kv_cache_dtype = DType::F32;
+    return make_cuda_backend(index, options);
 #else
     (void)index;
     fail("--device {}: this inferx was built without the CUDA backend (build with the cuda preset)", device);

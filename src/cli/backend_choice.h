@@ -1,5 +1,7 @@
 #pragma once
 // --device cpu|cuda[:N] -> a Backend. CUDA is available when the binary was built with the cuda preset.
+// --kv-cache-dtype auto|bf16|fp8|f32: the CUDA backend's KV cache element type (auto: its default, or
+// INFERX_CUDA_KV_DTYPE); the CPU backend keeps an F32 cache and accepts only auto and f32.
 #include <memory>
 #include <string>
 
@@ -7,6 +9,7 @@
 
 namespace inferx::cli {
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads);
+std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads,
+                                      const std::string& kv_cache_dtype = "auto");
 
 }  // namespace inferx::cli

@@ -24,6 +24,7 @@ struct EngineArgs {
   float gpu_memory_utilization = 0.9f;
   int32_t max_model_len = 0;
   std::string kv_cache_strategy = "full";
+  std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 | f32 (backend_choice.h)
   bool no_prefix_caching = false;
   bool enable_alp = true;  // chunked prefill (on by default; the flag exists for the quick start)
   bool no_chunked_prefill = false;

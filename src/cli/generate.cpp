@@ -31,6 +31,7 @@ struct GenerateArgs {
   int threads = 0;
   std::string dtype = "bf16";
   std::string device = "cpu";
+  std::string kv_cache_dtype = "auto";
   bool ignore_eos = false;
   bool no_bos = false;
   std::string quantize = "none";
@@ -56,7 +57,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 void run_generate(const GenerateArgs& a) {
   auto t_load = std::chrono::steady_clock::now();
-  auto backend = make_backend(a.device, a.threads);
+  auto backend = make_backend(a.device, a.threads, a.kv_cache_dtype);
   LoadOptions lo;
   auto dt = dtype_from_name(a.dtype);
   INFERX_CHECK(dt.has_value(), "--dtype: unknown weight type '{}'", a.dtype);
@@ -147,6 +148,8 @@ void register_generate(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>&
   sub->add_option("-t,--threads", args->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 1024));
   sub->add_option("--dtype", args->dtype, "Weight type of dummy models: f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N");
+  sub->add_option("--kv-cache-dtype", args->kv_cache_dtype,
+                  "KV cache element type: auto (CUDA bf16, CPU f32), bf16, fp8 (E4M3, scale 1.0; CUDA) or f32");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
   sub->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
   add_quantize_options(*sub, args->quantize, args->calibration);

@@ -55,8 +55,9 @@ void check_cache(const KvCacheLayer& cache, int64_t kv_heads, int64_t head_dim) 
   INFERX_CHECK(cache.k.shape == cache.v.shape && cache.k.dtype == cache.v.dtype,
                "cuda backend: kv cache k {} {} and v {} {} differ", dtype_name(cache.k.dtype),
                cache.k.shape_string(), dtype_name(cache.v.dtype), cache.v.shape_string());
-  INFERX_CHECK(cache.k.dtype == DType::F32 || cache.k.dtype == DType::BF16,
-               "cuda backend: kv cache dtype {} is not supported (F32 or BF16)", dtype_name(cache.k.dtype));
+  INFERX_CHECK(cache.k.dtype == DType::F32 || cache.k.dtype == DType::BF16 || cache.k.dtype == DType::F8_E4M3,
+               "cuda backend: kv cache dtype {} is not supported (F32, BF16 or F8_E4M3)",
+               dtype_name(cache.k.dtype));
   INFERX_CHECK(cache.k.dim(2) == kv_heads && cache.k.dim(3) == head_dim,
                "cuda backend: kv cache layer {} does not match {} kv heads of {}", cache.k.shape_string(),
                kv_heads, head_dim);
@@ -72,8 +73,8 @@ void check_batch(const BatchView& batch, int64_t rows) {
                "cuda backend: batch metadata pointers must be set (device memory)");
 }
 
-cuda::PagedKv paged(const KvCacheLayer& cache) {
-  return {cache.k.data, cache.v.data, cache.k.dtype, cache.k.dim(0), cache.k.dim(1)};
+cuda::PagedKv paged(const KvCacheLayer& cache, const CudaBackendOptions& o) {
+  return {cache.k.data, cache.v.data, cache.k.dtype, cache.k.dim(0), cache.k.dim(1), o.kv_k_scale, o.kv_v_scale};
 }
 
 cuda::BatchArgs batch_args(const BatchView& b) {
@@ -100,8 +101,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions&
 }
 
 CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device_(device), options_(options) {
-  INFERX_CHECK(options.kv_cache_dtype == DType::F32 || options.kv_cache_dtype == DType::BF16,
-               "cuda backend: kv cache dtype {} is not supported (F32 or BF16)",
+  INFERX_CHECK(options.kv_cache_dtype == DType::F32 || options.kv_cache_dtype == DType::BF16 ||
+                   options.kv_cache_dtype == DType::F8_E4M3,
+               "cuda backend: kv cache dtype {} is not supported (F32, BF16 or F8_E4M3)",
                dtype_name(options.kv_cache_dtype));
   const int count = cuda_device_count();
   INFERX_CHECK(device >= 0 && device < count,
@@ -123,7 +125,7 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
 
 CudaBackend::~CudaBackend() {
   clear_graphs();
-  for (Scratch* s : {&decode_partials_, &shadow_, &sample_params_, &sample_ids_}) release(*s);
+  for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_}) release(*s);
   for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
   gemm_.reset();
   if (stream_) {
@@ -299,7 +301,7 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   drop_bf16_copy();
   CUDA_CHECK(cuda::launch_rope_write_kv(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), hq, hkv, hd,
                                         rope.layout == RopeLayout::Interleaved, freqs, batch_args(batch),
-                                        paged(cache), stream_));
+                                        paged(cache, options_), stream_));
 }
 
 void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
@@ -320,7 +322,7 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
   check_batch(batch, q.rows());
   use_device();
   drop_bf16_copy();
-  const cuda::PagedKv kv = paged(cache);
+  const cuda::PagedKv kv = paged(cache, options_);
   const cuda::BatchArgs args = batch_args(batch);
   CudaAttentionKernel kernel = attention_kernel_;
   if (kernel == CudaAttentionKernel::Auto) {
@@ -336,7 +338,7 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
   if (kernel == CudaAttentionKernel::Decode) {
     INFERX_CHECK(
         cuda::decode_attention_supported(kv, p.head_dim),
-        "cuda backend: the decode attention kernel needs a BF16 cache and head_dim 64 or 128 (got {} "
+        "cuda backend: the decode attention kernel needs a BF16 or FP8 cache and head_dim 64 or 128 (got {} "
         "and {})",
         dtype_name(kv.dtype), p.head_dim);
     // The split count depends on the batch's block-table capacity, not its current lengths, so that a
@@ -348,15 +350,26 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
     const size_t bytes =
         cuda::decode_attention_scratch_bytes(batch.num_tokens, p.num_heads, p.head_dim, splits);
     void* partials = bytes > 0 ? scratch(decode_partials_, bytes) : nullptr;
+    // The merge tickets: zeroed when (re)allocated; every launch leaves them zero.
+    int* counters = nullptr;
+    if (splits > 1) {
+      const void* old_data = decode_counters_.data;
+      const size_t old_bytes = decode_counters_.bytes;
+      const size_t n = static_cast<size_t>(cuda::decode_attention_counters(batch.num_tokens, p.num_heads,
+                                                                           p.num_kv_heads));
+      counters = static_cast<int*>(scratch(decode_counters_, n * sizeof(int)));
+      if (decode_counters_.data != old_data || decode_counters_.bytes != old_bytes)
+        CUDA_CHECK(cudaMemsetAsync(counters, 0, decode_counters_.bytes, stream_));
+    }
     CUDA_CHECK(cuda::launch_decode_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads,
                                              p.head_dim, p.scale, p.sliding_window, splits, partials,
-                                             out.ptr<float>(), stream_));
+                                             counters, out.ptr<float>(), stream_));
     return;
   }
   if (kernel == CudaAttentionKernel::Prefill) {
     INFERX_CHECK(
         cuda::prefill_attention_supported(kv, p.head_dim),
-        "cuda backend: the prefill attention kernel needs a BF16 cache and head_dim 64 or 128 (got {} "
+        "cuda backend: the prefill attention kernel needs a BF16 or FP8 cache and head_dim 64 or 128 (got {} "
         "and {})",
         dtype_name(kv.dtype), p.head_dim);
     // max_query_len is a host hint; without it every sequence may hold all the tokens.

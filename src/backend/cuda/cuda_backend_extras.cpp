@@ -21,8 +21,10 @@ CudaBackendOptions cuda_options_from_environment() {
       o.kv_cache_dtype = DType::F32;
     else if (v == "bf16" || v == "BF16")
       o.kv_cache_dtype = DType::BF16;
+    else if (v == "fp8" || v == "FP8" || v == "fp8_e4m3")
+      o.kv_cache_dtype = DType::F8_E4M3;
     else
-      fail("INFERX_CUDA_KV_DTYPE={}: expected f32 or bf16", v);
+      fail("INFERX_CUDA_KV_DTYPE={}: expected f32, bf16 or fp8", v);
   }
   if (const char* act = std::getenv("INFERX_CUDA_BF16_ACT")) o.bf16_activations = std::strcmp(act, "0") != 0;
   return o;

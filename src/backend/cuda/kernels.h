@@ -54,9 +54,12 @@ struct RopeFrequencies {
 struct PagedKv {
   void* k = nullptr;  // [num_blocks, block_size, num_kv_heads, head_dim] of `dtype`
   void* v = nullptr;
-  DType dtype = DType::F32;  // F32 or BF16
+  DType dtype = DType::F32;  // F32, BF16 or F8_E4M3
   int64_t num_blocks = 0;
   int64_t block_size = 0;
+  // F8_E4M3 only: the cache holds k / k_scale and v / v_scale (saturated to +-448), per tensor.
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 };
 struct BatchArgs {  // device pointers of a BatchView
   int32_t num_tokens = 0;
@@ -68,7 +71,8 @@ struct BatchArgs {  // device pointers of a BatchView
   int32_t max_blocks_per_seq = 0;
 };
 // Rotates q [T, hq*hd] and k [T, hkv*hd] in place (interleaved pairs (2i, 2i+1) or NeoX pairs (i, i+hd/2))
-// and writes the rotated k and v [T, hkv*hd] into the paged cache.
+// and writes the rotated k and v [T, hkv*hd] into the paged cache (F32, BF16, or FP8 E4M3 of k / k_scale
+// and v / v_scale, rounded to nearest and saturated to +-448).
 cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
                                  bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
                                  const PagedKv& cache, cudaStream_t stream);
@@ -76,30 +80,35 @@ cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq,
 // kernels_attention.cu --------------------------------------------------------------------------------
 constexpr int kMaxAttentionHeadDim = 256;
 // Causal paged attention of q [T, hq*hd] -> out [T, hq*hd] (see Backend::attention). The v0 kernel: any
-// head_dim up to 256, F32 or BF16 cache; the fallback of the two fast kernels below.
+// head_dim up to 256, F32, BF16 or FP8 cache; the fallback of the two fast kernels below.
 cudaError_t launch_paged_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                    int64_t hkv, int64_t hd, float scale, int64_t sliding_window, float* out,
                                    cudaStream_t stream);
 
 // kernels_decode_attention.cu -------------------------------------------------------------------------
-// Split-KV ("flash decoding") attention for BF16 caches and head_dim 64 or 128: one CTA per (token, kv
-// head, group of up to 8 query heads, split) reads its slice of the keys once for all the query heads of
-// the group. Any token works (a prefill token too), but it pays for one-token queries.
+// Split-KV ("flash decoding") attention on tensor cores for BF16 or FP8 caches and head_dim 64 or 128:
+// one CTA per (token, kv head, group of up to 16 query heads, split) reads its slice of the keys once
+// for all the query heads of the group; the last CTA of a (token, group) merges the splits' partials.
+// Any token works (a prefill token too), but it pays for one-token queries.
 constexpr int kDecodeMaxSplits = 64;
 // Split count for `tokens` queries of `kv_heads` groups over up to `max_keys` keys on `sms` SMs: enough
-// CTAs to fill the chip twice, at least 64 keys per split.
+// CTAs to give every SM three, at least 64 keys per split.
 int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms);
 // Bytes of scratch the split partials need (0 when splits == 1).
 size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, int splits);
+// int32 tickets the merge needs when splits > 1: zero before the first launch; each launch leaves them
+// zero again.
+int64_t decode_attention_counters(int64_t tokens, int64_t hq, int64_t hkv);
 bool decode_attention_supported(const PagedKv& cache, int64_t hd);
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
-                                    void* scratch, float* out, cudaStream_t stream);
+                                    void* scratch, int* counters, float* out, cudaStream_t stream);
 
 // kernels_prefill_attention.cu ------------------------------------------------------------------------
 // FlashAttention-2 style tiled attention on tensor cores (mma.sync m16n8k16, BF16 operands, F32
-// accumulation) for BF16 caches and head_dim 64 or 128: one CTA per (64-query tile of a sequence, query
-// head), 64-key tiles gathered from the paged cache. `max_query_len` bounds the tiles per sequence.
+// accumulation) for BF16 or FP8 caches and head_dim 64 or 128: one CTA per (64-query tile of a sequence,
+// query head), double-buffered 64-key tiles gathered from the paged cache. `max_query_len` bounds the
+// tiles per sequence (at most 65535 tiles).
 bool prefill_attention_supported(const PagedKv& cache, int64_t hd);
 cudaError_t launch_prefill_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                      int64_t hkv, int64_t hd, float scale, int64_t sliding_window,

@@ -5,6 +5,7 @@
 // Visible keys of token t (sequence s, position p): j in [max(0, p - window + 1) if window > 0 else 0,
 // min(p, seq_len[s] - 1)], read from block_tables[s][j / bs] slot j % bs. GQA: head h reads kv head
 // h / (hq / hkv). A token with no visible key gets a zero output (as the CPU backend).
+#include <cuda_fp8.h>
 #include <math_constants.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -16,11 +17,22 @@ namespace {
 constexpr int kAttnWarps = 4;
 constexpr int kDimsPerLane = kMaxAttentionHeadDim / kWarp;  // registers per lane for q and the accumulator
 
+// A cache element as float; FP8 (E4M3 bytes) is unscaled here: the scales are folded into q and the output.
+template <class CacheT>
+__device__ __forceinline__ float cache_float(CacheT v) {
+  return to_float(v);
+}
+template <>
+__device__ __forceinline__ float cache_float<uint8_t>(uint8_t v) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
 template <class CacheT>
 __global__ void __launch_bounds__(kAttnWarps* kWarp)
     paged_attention_kernel(const float* q, const CacheT* k_cache, const CacheT* v_cache, int64_t num_blocks,
                            int64_t block_size, const __grid_constant__ BatchArgs batch, int hq, int hkv,
-                           int hd, float scale, int64_t window, float* out) {
+                           int hd, float scale, float out_scale, int64_t window, float* out) {
   __shared__ float warp_max[kAttnWarps];
   __shared__ float warp_den[kAttnWarps];
   __shared__ float warp_acc[kAttnWarps][kMaxAttentionHeadDim];
@@ -58,7 +70,7 @@ __global__ void __launch_bounds__(kAttnWarps* kWarp)
 #pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c) {
       const int d = lane + c * kWarp;
-      if (d < hd) dot += qr[c] * to_float(kj[d]);
+      if (d < hd) dot += qr[c] * cache_float(kj[d]);
     }
     dot = warp_sum(dot);
     const float m_new = fmaxf(m, dot);
@@ -68,7 +80,7 @@ __global__ void __launch_bounds__(kAttnWarps* kWarp)
 #pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c) {
       const int d = lane + c * kWarp;
-      if (d < hd) acc[c] = acc[c] * correction + p * to_float(vj[d]);
+      if (d < hd) acc[c] = acc[c] * correction + p * cache_float(vj[d]);
     }
     m = m_new;
   }
@@ -98,7 +110,7 @@ __global__ void __launch_bounds__(kAttnWarps* kWarp)
         den += warp_den[w] * f;
       }
     }
-    out_head[d] = den > 0.0f ? num / den : 0.0f;
+    out_head[d] = den > 0.0f ? num / den * out_scale : 0.0f;
   }
 }
 
@@ -107,10 +119,11 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
                          int64_t hkv, int64_t hd, float scale, int64_t sliding_window, float* out,
                          cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(hq));
+  const bool fp8 = cache.dtype == DType::F8_E4M3;
   paged_attention_kernel<CacheT><<<grid, kAttnWarps * kWarp, 0, stream>>>(
       q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v), cache.num_blocks,
-      cache.block_size, batch, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(hd), scale,
-      sliding_window, out);
+      cache.block_size, batch, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(hd),
+      scale * (fp8 ? cache.k_scale : 1.0f), fp8 ? cache.v_scale : 1.0f, sliding_window, out);
   return cudaGetLastError();
 }
 
@@ -124,6 +137,8 @@ cudaError_t launch_paged_attention(const float* q, const PagedKv& cache, const B
     return launch_typed<float>(q, cache, batch, hq, hkv, hd, scale, sliding_window, out, stream);
   if (cache.dtype == DType::BF16)
     return launch_typed<__nv_bfloat16>(q, cache, batch, hq, hkv, hd, scale, sliding_window, out, stream);
+  if (cache.dtype == DType::F8_E4M3)
+    return launch_typed<uint8_t>(q, cache, batch, hq, hkv, hd, scale, sliding_window, out, stream);
   return cudaErrorInvalidValue;  // the caller validates the cache dtype first
 }
 

@@ -1,174 +1,260 @@
 // Split-KV decode attention ("flash decoding": Dao et al. 2023, the FlashAttention-2 online softmax split
-// along the keys, partial results merged by a second kernel) over a paged BF16 KV cache.
+// along the keys, the partial results merged at the end) over a paged BF16 or FP8 KV cache, on tensor
+// cores.
 //
-// Decode is memory-bound: every step reads each visible K/V row once. So
-//   - one CTA serves all query heads of one KV head (GQA group, up to 8 per CTA): K/V are read once;
-//   - each K/V row of head_dim BF16 is read by head_dim/8 lanes with one 16-byte load each, and every
-//     thread keeps kUnroll keys' loads in flight before it uses the first;
-//   - the keys of a token are cut into `splits` slices, one CTA each, so a batch of one sequence still
-//     fills the chip; the slice bounds are computed on the device from seq_lens, so a CUDA graph captured
-//     once works for any length.
+// Decode is memory-bound: every step reads each visible K/V row once, and the whole of it must be in
+// flight to reach the memory bandwidth. So
+//   - one CTA serves all query heads of one KV head (a GQA group, up to 16 heads): those heads are the 16
+//     rows of the m16n8k16 A fragment (rows past the group are zeros), so K and V are read once per
+//     group and S = Q K^T, O += P V run on the tensor cores like the prefill kernel's. Unlike prefill,
+//     decode keeps F32 accuracy: Q and P are each split into three BF16 terms (hi + mid + lo carry the
+//     24 bits of a float; the cache values are exact BF16/E4M3) and every product is summed in F32, so
+//     the tensor cores do 3x the minimal work, which a memory-bound kernel has to spare;
+//   - keys come in 64-key tiles gathered through the block table into a double-buffered shared tile
+//     (attention_tiles.cuh: 16-byte cp.async for BF16, register loads converted to BF16 for FP8), the
+//     next tile in flight while the current one is used; each of the 4 warps takes 16 keys of a tile
+//     with its own online-softmax state, merged through shared memory at the end;
+//   - the keys of a token are cut into `splits` slices (one CTA each, whole tiles), enough CTAs to fill
+//     the chip; the slice bounds are computed on the device from seq_lens, so a CUDA graph captured once
+//     works for any length. With splits > 1 each CTA writes its partial (max, denominator, numerator);
+//     the last CTA of a (token, group) to finish (an atomic ticket, the threadFenceReduction pattern of
+//     the CUDA samples) merges them, so there is no second kernel launch. The tickets return to zero.
 // Scores are kept in the log2 domain (q pre-scaled by scale * log2(e), exp2f), as FlashAttention does.
 // Visible keys of token t at position p in sequence s: j in [max(0, p - window + 1) or 0, min(p,
 // seq_len - 1)], block_tables[s][j / bs] slot j % bs; a token with no visible key gets a zero output.
 #include <math_constants.h>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace inferx::cuda {
 namespace {
 
+using attn::KvTileLoader;
+using attn::KvTileSmem;
+
 constexpr int kThreads = 128;
-constexpr int kMaxGroup = 8;  // query heads per CTA
-constexpr int kUnroll = 4;    // keys per lane group per iteration (loads in flight)
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kTile = 64;  // keys per tile, 16 per warp
+constexpr int kRows = 16;  // query heads per CTA (the mma M dimension)
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ void unpack_bf16x8(const uint4& v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(w[i] << 16);  // the lower address holds the lower half
-    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
+constexpr int kTerms = 3;  // BF16 terms of a float (8 + 8 + 8 significant bits)
+
+// Dynamic shared memory: the K/V tiles (reused for the warps' merge at the end), then Q's three terms.
+template <int HD>
+constexpr int tile_bytes() {
+  constexpr int tiles = static_cast<int>(sizeof(KvTileSmem<HD, kTile>));
+  constexpr int merge = (kWarps * kRows * HD + 2 * kWarps * kRows) * 4;
+  return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
+}
+template <int HD>
+constexpr int smem_bytes() {
+  return tile_bytes<HD>() + kTerms * kRows * (HD + 8) * 2;
 }
 
-// Grid: (token, kv head * head chunks, split). Block: kThreads = (128 / (HD / 8)) lane groups of HD / 8
-// lanes; lane group g handles keys k_begin + g, + kKeyGroups, ... of the CTA's slice.
-template <int HD>
+// x = hi + mid + lo with each term rounded to BF16 (the remainder is below 2^-24 |x|).
+__device__ __forceinline__ void split3(float x, __nv_bfloat16& hi, __nv_bfloat16& mid, __nv_bfloat16& lo) {
+  hi = __float2bfloat16_rn(x);
+  const float r1 = x - __bfloat162float(hi);
+  mid = __float2bfloat16_rn(r1);
+  lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+}
+__device__ __forceinline__ uint32_t pack2(__nv_bfloat16 lo_addr, __nv_bfloat16 hi_addr) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(lo_addr)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(hi_addr)) << 16);
+}
+
+// Grid: (token, kv head * head chunks, split).
+template <class CacheT, int HD>
 __global__ void __launch_bounds__(kThreads)
-    decode_attention_kernel(const float* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
-                            const __nv_bfloat16* __restrict__ v_cache, int64_t num_blocks, int block_size,
+    decode_attention_kernel(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
+                            const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
                             const __grid_constant__ BatchArgs batch, int hq, int hkv, float scale_log2,
-                            int64_t window, float* __restrict__ part_acc, float* __restrict__ part_ml,
+                            float out_scale, int64_t window, float* __restrict__ part_acc,
+                            float* __restrict__ part_ml, int* __restrict__ counters,
                             float* __restrict__ out) {
-  constexpr int kLanesPerKey = HD / 8;
-  constexpr int kKeyGroups = kThreads / kLanesPerKey;
-  __shared__ float s_m[kKeyGroups][kMaxGroup];
-  __shared__ float s_l[kKeyGroups][kMaxGroup];
-  __shared__ __align__(16) float s_acc[kKeyGroups][kMaxGroup][HD];
+  constexpr int kLd = HD + 8;
+  constexpr bool kFp8 = sizeof(CacheT) == 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<KvTileSmem<HD, kTile>*>(smem_raw);
+  __shared__ float s_w[kRows][kDecodeMaxSplits];
+  __shared__ float s_den[kRows];
+  __shared__ bool s_last;
 
   const int t = blockIdx.x, split = blockIdx.z, splits = gridDim.z;
   const int group = hq / hkv;
-  const int chunks = (group + kMaxGroup - 1) / kMaxGroup;
+  const int chunks = (group + kRows - 1) / kRows;
   const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
-  const int h0 = kvh * group + chunk * kMaxGroup;
-  const int nh = min(kMaxGroup, group - chunk * kMaxGroup);
-  const int sub = threadIdx.x % kLanesPerKey, key_group = threadIdx.x / kLanesPerKey;
+  const int h0 = kvh * group + chunk * kRows;
+  const int nh = min(kRows, group - chunk * kRows);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int gid = lane / 4, tig = lane % 4;
 
   const int s = find_sequence(batch.query_start, batch.num_seqs, t);
   const int64_t pos = batch.positions[t];
   const int64_t last = min(pos, static_cast<int64_t>(batch.seq_lens[s]) - 1);
   const int64_t first = window > 0 ? max(static_cast<int64_t>(0), pos - window + 1) : 0;
   const int64_t n_keys = last >= first ? last - first + 1 : 0;
-  const int64_t per_split = (n_keys + splits - 1) / splits;
+  const int64_t per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
   const int64_t k_begin = first + split * per_split;
   const int64_t k_end = min(last + 1, k_begin + per_split);
 
-  float qr[kMaxGroup][8];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (g < nh) {
-      const float4* src =
-          reinterpret_cast<const float4*>(q + (static_cast<int64_t>(t) * hq + h0 + g) * HD + sub * 8);
-      const float4 a = src[0], b = src[1];
-      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qr[g][i] = v[i] * scale_log2;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qr[g][i] = 0.0f;
-    }
-  }
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][8];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    m[g] = -CUDART_INF_F;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+  // Q of the group's heads (row r = head h0 + r; rows past the group are zeros), pre-scaled into the log2
+  // domain, as three BF16 terms in shared memory; the warps read A fragments with ldmatrix.
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw + tile_bytes<HD>());  // [term][row][kLd]
+  for (int idx = threadIdx.x; idx < kRows * HD; idx += kThreads) {
+    const int r = idx / HD, d = idx % HD;
+    const float x = r < nh ? q[(static_cast<int64_t>(t) * hq + h0 + r) * HD + d] * scale_log2 : 0.0f;
+    split3(x, q_s[r * kLd + d], q_s[(kRows + r) * kLd + d], q_s[(2 * kRows + r) * kLd + d]);
   }
 
-  const int32_t* table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
-  const int64_t kv_row = static_cast<int64_t>(hkv) * HD;
-  const int64_t head_offset = static_cast<int64_t>(kvh) * HD + sub * 8;
-  // Every lane of a warp runs the same number of iterations (the loop bound is uniform per warp only
-  // when all its lane groups agree, so iterate to the CTA-wide bound and mask), because the dot-product
-  // reduction below shuffles across the whole warp.
-  for (int64_t j0 = k_begin; j0 < k_end; j0 += kKeyGroups * kUnroll) {
-    uint4 kv[kUnroll], vv[kUnroll];
-    bool ok[kUnroll];
+  float o[HD / 8][4];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t j = j0 + key_group + u * kKeyGroups;
-      ok[u] = false;
-      kv[u] = make_uint4(0, 0, 0, 0);
-      vv[u] = make_uint4(0, 0, 0, 0);
-      if (j < k_end && j / block_size < batch.max_blocks_per_seq) {
-        const int32_t block = table[j / block_size];
-        if (block >= 0 && block < num_blocks) {  // never otherwise from the engine: skip, do not fault
-          const int64_t offset =
-              (block * static_cast<int64_t>(block_size) + j % block_size) * kv_row + head_offset;
-          kv[u] = *reinterpret_cast<const uint4*>(k_cache + offset);
-          vv[u] = *reinterpret_cast<const uint4*>(v_cache + offset);
-          ok[u] = true;
-        }
+  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.0f, l1 = 0.0f;
+
+  KvTileLoader<CacheT, HD, kTile, kThreads> loader{
+      k_cache,
+      v_cache,
+      batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq,
+      batch.max_blocks_per_seq,
+      num_blocks,
+      block_size,
+      static_cast<int64_t>(hkv) * HD,
+      static_cast<int64_t>(kvh) * HD};
+  const int64_t n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
+  if (n_tiles > 0) {
+    loader.begin(sm, 0, k_begin, k_end);
+    if constexpr (kFp8) loader.store_fp8(sm, 0);
+  }
+  const int k_row = warp * 16 + (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
+  const int q_row = lane & 15, q_col = (lane >> 4) * 8;
+  const int v_row = warp * 16 + (lane & 15), v_col = (lane >> 4) * 8;
+  for (int64_t it = 0; it < n_tiles; ++it) {
+    const int st = static_cast<int>(it & 1);
+    const bool more = it + 1 < n_tiles;
+    if (more) loader.begin(sm, st ^ 1, k_begin + (it + 1) * kTile, k_end);
+    if constexpr (!kFp8) {
+      if (more)
+        attn::cp_async_wait<1>();
+      else
+        attn::cp_async_wait<0>();
+    }
+    __syncthreads();  // (the first time also publishes q_s)
+    const __nv_bfloat16* k_s = sm.k[st];
+    const __nv_bfloat16* v_s = sm.v[st];
+
+    // S = Q K^T for the 16 heads x this warp's 16 keys, smallest Q term first.
+    float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+    for (int kt = 0; kt < HD / 16; ++kt) {
+      uint32_t b[4];
+      attn::ldmatrix_x4(b, &k_s[k_row * kLd + kt * 16 + k_col]);
+#pragma unroll
+      for (int term = kTerms - 1; term >= 0; --term) {
+        uint32_t a[4];
+        attn::ldmatrix_x4(a, &q_s[(term * kRows + q_row) * kLd + kt * 16 + q_col]);
+        attn::mma_bf16(sc[0], a, b[0], b[1]);
+        attn::mma_bf16(sc[1], a, b[2], b[3]);
       }
     }
+    // Keys past the slice or in invalid blocks were loaded as zeros and are not ok: mask them.
+    float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[8], vf[8];
-      unpack_bf16x8(kv[u], kf);
-      unpack_bf16x8(vv[u], vf);
+    for (int nt = 0; nt < 2; ++nt) {
+      const int key = warp * 16 + nt * 8 + tig * 2;
+      if (!sm.ok[st][key]) sc[nt][0] = sc[nt][2] = -CUDART_INF_F;
+      if (!sm.ok[st][key + 1]) sc[nt][1] = sc[nt][3] = -CUDART_INF_F;
+      mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+    }
+    mx0 = attn::quad_max(mx0);
+    mx1 = attn::quad_max(mx1);
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float base0 = mn0 == -CUDART_INF_F ? 0.0f : mn0, base1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+    const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+    m0 = mn0;
+    m1 = mn1;
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g >= nh) continue;  // uniform across the CTA
-        float dot = 0.0f;
+    for (int nt = 0; nt < 2; ++nt) {
+      sc[nt][0] = exp2f(sc[nt][0] - base0);
+      sc[nt][1] = exp2f(sc[nt][1] - base0);
+      sc[nt][2] = exp2f(sc[nt][2] - base1);
+      sc[nt][3] = exp2f(sc[nt][3] - base1);
+    }
+    l0 = l0 * corr0 + sc[0][0] + sc[0][1] + sc[1][0] + sc[1][1];
+    l1 = l1 * corr1 + sc[0][2] + sc[0][3] + sc[1][2] + sc[1][3];
+    // P as three BF16 terms (A fragments: two adjacent C tiles of P are one 16-key step).
+    uint32_t pa[kTerms][4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot += qr[g][i] * kf[i];
+    for (int i = 0; i < 4; ++i) {
+      const float x0 = sc[i / 2][(i % 2) * 2], x1 = sc[i / 2][(i % 2) * 2 + 1];
+      __nv_bfloat16 h0b, m0b, l0b, h1b, m1b, l1b;
+      split3(x0, h0b, m0b, l0b);
+      split3(x1, h1b, m1b, l1b);
+      pa[0][i] = pack2(h0b, h1b);
+      pa[1][i] = pack2(m0b, m1b);
+      pa[2][i] = pack2(l0b, l1b);
+    }
 #pragma unroll
-        for (int off = kLanesPerKey / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        if (!ok[u]) continue;
-        const float m_new = fmaxf(m[g], dot);
-        const float corr = exp2f(m[g] - m_new);  // 0 for the first key (m = -inf)
-        const float p = exp2f(dot - m_new);
-        l[g] = l[g] * corr + p;
+    for (int np = 0; np < HD / 16; ++np) {
+      uint32_t b[4];
+      attn::ldmatrix_x4_trans(b, &v_s[v_row * kLd + np * 16 + v_col]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = acc[g][i] * corr + p * vf[i];
-        m[g] = m_new;
+      for (int e = 0; e < 4; ++e) {
+        o[2 * np][e] *= e < 2 ? corr0 : corr1;
+        o[2 * np + 1][e] *= e < 2 ? corr0 : corr1;
+      }
+#pragma unroll
+      for (int term = kTerms - 1; term >= 0; --term) {
+        attn::mma_bf16(o[2 * np], pa[term], b[0], b[1]);
+        attn::mma_bf16(o[2 * np + 1], pa[term], b[2], b[3]);
       }
     }
+    if constexpr (kFp8) {
+      if (more) loader.store_fp8(sm, st ^ 1);
+    }
+    __syncthreads();  // the next iteration overwrites this stage; the merge below reuses the tiles
   }
 
-  // Merge the lane groups' states, then write the split's partial (or the final output).
+  // Merge the 4 warps' states through shared memory (over the tile buffers: the loop ended on a barrier).
+  l0 = attn::quad_sum(l0);
+  l1 = attn::quad_sum(l1);
+  float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][row][HD]
+  float* s_m = s_o + kWarps * kRows * HD;           // [warp][row]
+  float* s_l = s_m + kWarps * kRows;
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    if (sub == 0) {
-      s_m[key_group][g] = m[g];
-      s_l[key_group][g] = l[g];
-    }
-    float4* dst = reinterpret_cast<float4*>(&s_acc[key_group][g][sub * 8]);
-    dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-    dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+  for (int nt = 0; nt < HD / 8; ++nt) {
+    const int c = nt * 8 + tig * 2;
+    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid) * HD + c]) = make_float2(o[nt][0], o[nt][1]);
+    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid + 8) * HD + c]) = make_float2(o[nt][2], o[nt][3]);
+  }
+  if (tig == 0) {
+    s_m[warp * kRows + gid] = m0;
+    s_l[warp * kRows + gid] = l0;
+    s_m[warp * kRows + gid + 8] = m1;
+    s_l[warp * kRows + gid + 8] = l1;
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
-    const int g = idx / HD, d = idx % HD;
+    const int r = idx / HD, d = idx % HD;
     float mx = -CUDART_INF_F;
 #pragma unroll
-    for (int kg = 0; kg < kKeyGroups; ++kg) mx = fmaxf(mx, s_m[kg][g]);
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + r]);
     float den = 0.0f, num = 0.0f;
     if (mx != -CUDART_INF_F) {
 #pragma unroll
-      for (int kg = 0; kg < kKeyGroups; ++kg) {
-        const float f = s_m[kg][g] == -CUDART_INF_F ? 0.0f : exp2f(s_m[kg][g] - mx);
-        den += s_l[kg][g] * f;
-        num += s_acc[kg][g][d] * f;
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = s_m[w * kRows + r];
+        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
+        den += s_l[w * kRows + r] * f;
+        num += s_o[(w * kRows + r) * HD + d] * f;
       }
     }
-    const int64_t row = static_cast<int64_t>(t) * hq + h0 + g;
+    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
     if (splits == 1) {
-      out[row * HD + d] = den > 0.0f ? num / den : 0.0f;
+      out[row * HD + d] = den > 0.0f ? num / den * out_scale : 0.0f;
     } else {
       part_acc[(row * splits + split) * HD + d] = num;
       if (d == 0) {
@@ -177,64 +263,78 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-}
+  if (splits == 1) return;
 
-// One CTA of HD threads per (token, query head): rescales the splits' partials to a common maximum.
-__global__ void decode_combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                      int splits, int hd, float* __restrict__ out) {
-  __shared__ float s_w[kDecodeMaxSplits];
-  __shared__ float s_den;
-  const int64_t row = blockIdx.x;
-  const float* ml = part_ml + row * splits * 2;
+  // The last CTA of this (token, group chunk) merges the splits' partials.
+  __threadfence();
+  __syncthreads();
   if (threadIdx.x == 0) {
-    float mx = -CUDART_INF_F;
-    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, ml[2 * i]);
-    float den = 0.0f;
-    for (int i = 0; i < splits; ++i) {
-      const float w = (mx == -CUDART_INF_F || ml[2 * i] == -CUDART_INF_F) ? 0.0f : exp2f(ml[2 * i] - mx);
-      s_w[i] = w;
-      den += w * ml[2 * i + 1];
-    }
-    s_den = den;
+    int* ticket = counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
+    s_last = atomicAdd(ticket, 1) == splits - 1;
+    if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
   }
   __syncthreads();
-  const float* acc = part_acc + row * splits * hd;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+  if (!s_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < nh * splits; idx += kThreads) {
+    const int r = idx / splits, i = idx % splits;
+    s_w[r][i] = __ldcg(&part_ml[((static_cast<int64_t>(t) * hq + h0 + r) * splits + i) * 2]);
+  }
+  __syncthreads();
+  if (threadIdx.x < nh) {
+    const int r = threadIdx.x;
+    const float* ml = part_ml + (static_cast<int64_t>(t) * hq + h0 + r) * splits * 2;
+    float mx = -CUDART_INF_F;
+    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, s_w[r][i]);
+    float den = 0.0f;
+    for (int i = 0; i < splits; ++i) {
+      const float w = (mx == -CUDART_INF_F || s_w[r][i] == -CUDART_INF_F) ? 0.0f : exp2f(s_w[r][i] - mx);
+      s_w[r][i] = w;
+      den += w * __ldcg(&ml[2 * i + 1]);
+    }
+    s_den[r] = den;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
+    const int r = idx / HD, d = idx % HD;
+    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
+    const float* acc = part_acc + row * splits * HD + d;
     float num = 0.0f;
-    for (int i = 0; i < splits; ++i) num += s_w[i] * acc[static_cast<int64_t>(i) * hd + d];
-    out[row * hd + d] = s_den > 0.0f ? num / s_den : 0.0f;
+    for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
+    out[row * HD + d] = s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f;
   }
 }
 
-template <int HD>
+template <class CacheT, int HD>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
-                         float scale, int64_t window, int splits, void* scratch, float* out,
+                         float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          cudaStream_t stream) {
-  const int chunks = (hq / hkv + kMaxGroup - 1) / kMaxGroup;
+  static unsigned smem_set = 0;
+  constexpr int kSmem = smem_bytes<HD>();
+  const cudaError_t st = attn::allow_dynamic_smem(decode_attention_kernel<CacheT, HD>, kSmem, smem_set);
+  if (st != cudaSuccess) return st;
+  const int chunks = (hq / hkv + kRows - 1) / kRows;
   const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(hkv * chunks),
                   static_cast<unsigned>(splits));
   float* part_acc = static_cast<float*>(scratch);
   float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
-  decode_attention_kernel<HD><<<grid, kThreads, 0, stream>>>(
-      q, static_cast<const __nv_bfloat16*>(cache.k), static_cast<const __nv_bfloat16*>(cache.v),
-      cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, scale * kLog2e, window, part_acc,
-      part_ml, out);
-  if (splits > 1) {
-    const cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess) return status;
-    decode_combine_kernel<<<static_cast<unsigned>(static_cast<int64_t>(batch.num_tokens) * hq), HD, 0,
-                            stream>>>(part_acc, part_ml, splits, HD, out);
-  }
+  const bool fp8 = cache.dtype == DType::F8_E4M3;
+  decode_attention_kernel<CacheT, HD><<<grid, kThreads, kSmem, stream>>>(
+      q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v), cache.num_blocks,
+      static_cast<int>(cache.block_size), batch, hq, hkv, scale * kLog2e * (fp8 ? cache.k_scale : 1.0f),
+      fp8 ? cache.v_scale : 1.0f, window, part_acc, part_ml, counters, out);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms) {
-  const int64_t chunks = (hq / kv_heads + kMaxGroup - 1) / kMaxGroup;
+  const int64_t chunks = (hq / kv_heads + kRows - 1) / kRows;
   const int64_t ctas = tokens * kv_heads * chunks;
-  int64_t want = (2 * static_cast<int64_t>(sms) + ctas - 1) / ctas;  // fill every SM twice
-  const int64_t by_len = max_keys / 64;                              // a split of fewer keys is all overhead
+  // About three CTAs fit on an SM (a double-buffered 64-key tile of K and V for head_dim 128 is 68 KiB):
+  // enough splits to give every SM three, and at least one full tile of keys per split.
+  int64_t want = (3 * static_cast<int64_t>(sms) + ctas - 1) / ctas;
+  const int64_t by_len = max_keys / kTile;
   want = want < by_len ? want : by_len;
   if (want < 1) want = 1;
   return static_cast<int>(want < kDecodeMaxSplits ? want : kDecodeMaxSplits);
@@ -245,22 +345,34 @@ size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, in
   return static_cast<size_t>(tokens * hq * splits * (hd + 2)) * sizeof(float);
 }
 
+int64_t decode_attention_counters(int64_t tokens, int64_t hq, int64_t hkv) {
+  return tokens * hkv * ((hq / hkv + kRows - 1) / kRows);
+}
+
 bool decode_attention_supported(const PagedKv& cache, int64_t hd) {
-  return cache.dtype == DType::BF16 && (hd == 64 || hd == 128);
+  return (cache.dtype == DType::BF16 || cache.dtype == DType::F8_E4M3) && (hd == 64 || hd == 128);
 }
 
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
-                                    void* scratch, float* out, cudaStream_t stream) {
+                                    void* scratch, int* counters, float* out, cudaStream_t stream) {
   if (batch.num_tokens == 0 || hq == 0) return cudaSuccess;
   if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits ||
-      (splits > 1 && scratch == nullptr))
+      (splits > 1 && (scratch == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;  // the caller checks these first
+  const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
+  if (cache.dtype == DType::F8_E4M3) {
+    if (hd == 64)
+      return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
+                                       counters, out, stream);
+    return launch_typed<uint8_t, 128>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
+                                      counters, out, stream);
+  }
   if (hd == 64)
-    return launch_typed<64>(q, cache, batch, static_cast<int>(hq), static_cast<int>(hkv), scale,
-                            sliding_window, splits, scratch, out, stream);
-  return launch_typed<128>(q, cache, batch, static_cast<int>(hq), static_cast<int>(hkv), scale,
-                           sliding_window, splits, scratch, out, stream);
+    return launch_typed<__nv_bfloat16, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
+                                           counters, out, stream);
+  return launch_typed<__nv_bfloat16, 128>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
+                                          counters, out, stream);
 }
 
 }  // namespace inferx::cuda

@@ -3,6 +3,10 @@
 // Llama3 scaling folded in) come from backend/rope.h on the host, exactly the CPU backend's values, and
 // the angle is formed in float as the CPU backend and transformers do. Layouts: interleaved rotates
 // (x[2i], x[2i+1]); NeoX rotates (x[i], x[i + d/2]) (transformers' rotate_half).
+// FP8 caches store E4M3 of k / k_scale and v / v_scale, rounded to nearest even and saturated to +-448
+// (the per-tensor scheme of vLLM's fp8 KV cache; scale 1.0 by default).
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -11,6 +15,15 @@ namespace {
 
 constexpr int kRopeThreads = 128;
 
+template <class CacheT>
+__device__ __forceinline__ void store_kv(CacheT* dst, float v, float /*inv_scale*/) {
+  *dst = from_float<CacheT>(v);
+}
+template <>
+__device__ __forceinline__ void store_kv<uint8_t>(uint8_t* dst, float v, float inv_scale) {
+  *dst = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
+}
+
 // One block per token: cos/sin of the token's position are computed once into shared memory, then the
 // block rotates every q and k head and writes k (rotated) and v into the token's cache slot.
 template <class CacheT>
@@ -18,7 +31,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     rope_write_kv_kernel(float* q, float* k, const float* v, int hq, int hkv, int hd, bool interleaved,
                          const __grid_constant__ RopeFrequencies freqs,
                          const __grid_constant__ BatchArgs batch, CacheT* k_cache, CacheT* v_cache,
-                         int64_t num_blocks, int64_t block_size) {
+                         int64_t num_blocks, int64_t block_size, float inv_k_scale, float inv_v_scale) {
   __shared__ float cos_s[kMaxRopePairs];
   __shared__ float sin_s[kMaxRopePairs];
   const int t = blockIdx.x;
@@ -57,14 +70,14 @@ __global__ void __launch_bounds__(kRopeThreads)
     head[b] = y1;
     if (is_k && slot >= 0) {
       CacheT* dst = k_cache + slot + (h - hq) * hd;
-      dst[a] = from_float<CacheT>(y0);
-      dst[b] = from_float<CacheT>(y1);
+      store_kv(dst + a, y0, inv_k_scale);
+      store_kv(dst + b, y1, inv_k_scale);
     }
   }
   if (slot >= 0) {
     const float* v_row = v + static_cast<int64_t>(t) * kv_row;
     for (int64_t i = threadIdx.x; i < kv_row; i += blockDim.x)
-      v_cache[slot + i] = from_float<CacheT>(v_row[i]);
+      store_kv(v_cache + slot + i, v_row[i], inv_v_scale);
   }
 }
 
@@ -74,7 +87,8 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                          const PagedKv& cache, cudaStream_t stream) {
   rope_write_kv_kernel<CacheT><<<static_cast<unsigned>(batch.num_tokens), kRopeThreads, 0, stream>>>(
       q, k, v, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(hd), interleaved, freqs, batch,
-      static_cast<CacheT*>(cache.k), static_cast<CacheT*>(cache.v), cache.num_blocks, cache.block_size);
+      static_cast<CacheT*>(cache.k), static_cast<CacheT*>(cache.v), cache.num_blocks, cache.block_size,
+      1.0f / cache.k_scale, 1.0f / cache.v_scale);
   return cudaGetLastError();
 }
 
@@ -88,6 +102,8 @@ cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq,
     return launch_typed<float>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
   if (cache.dtype == DType::BF16)
     return launch_typed<__nv_bfloat16>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
+  if (cache.dtype == DType::F8_E4M3)
+    return launch_typed<uint8_t>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
   return cudaErrorInvalidValue;  // the caller validates the cache dtype first
 }
 

@@ -1,0 +1,437 @@
+// The attention kernels over every cache element type, against float64 references: the FP8 E4M3 KV
+// cache (RoPE + cache write with per-tensor scales, then the split-KV decode, tensor-core prefill and v0
+// kernels reading it) and the BF16 cache over the shape grid of issue 5 (GQA ratios 1/4/8/16, head_dim
+// 64/128, batch mixes of prefill chunks, chunks after many cached keys and decodes, shuffled block
+// tables, sliding windows). Fresh random inputs every run (the seed is printed on failure); outputs are
+// poisoned with NaN first, so an unwritten element fails.
+//
+// Tolerances: the reference uses exactly the values the cache holds (BF16, or E4M3 code * scale), so a
+// kernel's own error is its arithmetic: F32 in the v0 kernel (rel 1e-5), BF16 Q and P on the tensor
+// cores (rel 1e-2, abs 3e-2). The end-to-end FP8 check compares against unquantized K/V: E4M3 keeps 3
+// mantissa bits (rounding error up to 2^-4 relative, ~1.8% RMS), so the output may differ by a few
+// percent (rel norm <= 0.06).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/rope.h"
+#include "core/half.h"
+#include "quant/fp8.h"
+
+namespace inferx {
+namespace {
+
+std::vector<float> uniform(size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+struct Errors {
+  double rel_norm = 0, max_abs = 0;
+  bool all_finite = true;
+};
+Errors compare(const std::vector<float>& got, const std::vector<double>& want) {
+  Errors e;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) e.all_finite = false;
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += want[i] * want[i];
+    e.max_abs = std::max(e.max_abs, std::fabs(d));
+  }
+  e.rel_norm = std::sqrt(num / std::max(den, 1e-30));
+  return e;
+}
+
+// One batch: per sequence, `start` cached tokens before this step and `count` new ones.
+struct Case {
+  int64_t hq, hkv, hd, window, bs;
+  std::vector<int32_t> start, count;
+};
+
+struct Layout {
+  std::vector<int32_t> positions, query_start{0}, seq_lens, tables, seq_of;
+  int32_t max_blocks = 0, num_blocks = 0, max_q = 0, max_len = 0;
+};
+
+Layout make_layout(const Case& c, std::mt19937& rng) {
+  Layout d;
+  for (size_t s = 0; s < c.start.size(); ++s) {
+    for (int32_t i = 0; i < c.count[s]; ++i) {
+      d.positions.push_back(c.start[s] + i);
+      d.seq_of.push_back(static_cast<int32_t>(s));
+    }
+    d.query_start.push_back(static_cast<int32_t>(d.positions.size()));
+    d.seq_lens.push_back(c.start[s] + c.count[s]);
+    d.max_q = std::max(d.max_q, c.count[s]);
+    d.max_len = std::max(d.max_len, c.start[s] + c.count[s]);
+  }
+  d.max_blocks = static_cast<int32_t>((d.max_len + c.bs - 1) / c.bs) + 1;
+  d.num_blocks = d.max_blocks * static_cast<int32_t>(c.start.size()) + 2;
+  std::vector<int32_t> blocks(static_cast<size_t>(d.num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  d.tables.assign(blocks.begin(), blocks.begin() + d.max_blocks * static_cast<int64_t>(c.start.size()));
+  return d;
+}
+
+// out[t, h, :] = softmax over the visible keys of q . k * scale, times v; k/v [blocks, bs, hkv, hd].
+std::vector<double> reference(const Case& c, const Layout& d, const std::vector<float>& q,
+                              const std::vector<double>& k, const std::vector<double>& v, double scale) {
+  const int64_t T = static_cast<int64_t>(d.positions.size());
+  std::vector<double> out(static_cast<size_t>(T * c.hq * c.hd), 0.0), sc;
+  std::vector<int64_t> slots;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t s = d.seq_of[t], pos = d.positions[t];
+    for (int64_t h = 0; h < c.hq; ++h) {
+      const int64_t kvh = h / (c.hq / c.hkv);
+      sc.clear();
+      slots.clear();
+      for (int64_t j = 0; j < d.seq_lens[s]; ++j) {
+        if (j > pos || (c.window > 0 && j <= pos - c.window)) continue;
+        const int64_t slot =
+            ((int64_t(d.tables[s * d.max_blocks + j / c.bs]) * c.bs + j % c.bs) * c.hkv + kvh) * c.hd;
+        double dot = 0;
+        for (int64_t i = 0; i < c.hd; ++i) dot += double(q[(t * c.hq + h) * c.hd + i]) * k[slot + i];
+        sc.push_back(dot * scale);
+        slots.push_back(slot);
+      }
+      if (sc.empty()) continue;
+      const double mx = *std::max_element(sc.begin(), sc.end());
+      double den = 0;
+      for (double& x : sc) den += (x = std::exp(x - mx));
+      for (int64_t i = 0; i < c.hd; ++i) {
+        double acc = 0;
+        for (size_t j = 0; j < sc.size(); ++j) acc += sc[j] * v[slots[j] + i];
+        out[(t * c.hq + h) * c.hd + i] = acc / den;
+      }
+    }
+  }
+  return out;
+}
+
+class CudaAttentionTest : public ::testing::Test {
+ public:  // the free helpers below drive the fixture
+  void SetUp() override {
+    if (cuda_device_count() == 0) {
+      if (std::getenv("INFERX_REQUIRE_GPU"))
+        FAIL() << "INFERX_REQUIRE_GPU is set but no CUDA device is visible";
+      GTEST_SKIP() << "no CUDA device visible";
+    }
+    seed_ = std::random_device{}();
+    rng_.seed(seed_);
+  }
+  CudaBackend& backend(DType kv, float k_scale = 1.0f, float v_scale = 1.0f) {
+    CudaBackendOptions o;
+    o.kv_cache_dtype = kv;
+    o.kv_k_scale = k_scale;
+    o.kv_v_scale = v_scale;
+    buffers_.clear();
+    backend_ = make_cuda_backend(0, o);
+    return static_cast<CudaBackend&>(*backend_);
+  }
+  template <class T>
+  void* upload(const std::vector<T>& v) {
+    buffers_.push_back(backend_->allocate(std::max<size_t>(v.size() * sizeof(T), 4)));
+    backend_->copy_to_device(buffers_.back()->data(), v.data(), v.size() * sizeof(T));
+    return buffers_.back()->data();
+  }
+  template <class T>
+  std::vector<T> download(const void* p, size_t n) {
+    std::vector<T> v(n);
+    backend_->synchronize();
+    backend_->copy_to_host(v.data(), p, n * sizeof(T));
+    return v;
+  }
+  Tensor f32(const std::vector<float>& v, int64_t rows, int64_t cols) {
+    return Tensor(DType::F32, {rows, cols}, upload(v), Device::CUDA);
+  }
+  BatchView view(const Layout& d) {
+    BatchView b;
+    b.num_tokens = static_cast<int32_t>(d.positions.size());
+    b.num_seqs = static_cast<int32_t>(d.seq_lens.size());
+    b.positions = static_cast<const int32_t*>(upload(d.positions));
+    b.query_start = static_cast<const int32_t*>(upload(d.query_start));
+    b.seq_lens = static_cast<const int32_t*>(upload(d.seq_lens));
+    b.block_tables = static_cast<const int32_t*>(upload(d.tables));
+    b.max_blocks_per_seq = d.max_blocks;
+    b.max_query_len = d.max_q;
+    b.max_seq_len = d.max_len;
+    return b;
+  }
+
+  uint32_t seed_ = 0;
+  std::mt19937 rng_;
+  std::unique_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+};
+
+// A cache of random values held exactly (codes uploaded, the reference gets their values).
+struct Cache {
+  KvCacheLayer layer;
+  std::vector<double> k, v;
+};
+
+Cache random_cache(CudaAttentionTest& f, const Case& c, const Layout& d, DType dtype, float k_scale,
+                   float v_scale, std::mt19937& rng) {
+  const size_t n = static_cast<size_t>(d.num_blocks * c.bs * c.hkv * c.hd);
+  Cache out;
+  out.k.resize(n);
+  out.v.resize(n);
+  const auto tensor = [&](void* data) {
+    return Tensor(dtype, {d.num_blocks, c.bs, c.hkv, c.hd}, data, Device::CUDA);
+  };
+  const auto kf = uniform(n, rng, -2.0f, 2.0f), vf = uniform(n, rng, -1.0f, 1.0f);
+  if (dtype == DType::F8_E4M3) {
+    std::vector<uint8_t> kc(n), vc(n);
+    for (size_t i = 0; i < n; ++i) {
+      kc[i] = f32_to_fp8_e4m3(kf[i] / k_scale);
+      vc[i] = f32_to_fp8_e4m3(vf[i] / v_scale);
+      out.k[i] = double(fp8_e4m3_to_f32(kc[i])) * k_scale;
+      out.v[i] = double(fp8_e4m3_to_f32(vc[i])) * v_scale;
+    }
+    out.layer = {tensor(f.upload(kc)), tensor(f.upload(vc))};
+  } else {
+    std::vector<uint16_t> kc(n), vc(n);
+    for (size_t i = 0; i < n; ++i) {
+      kc[i] = f32_to_bf16(kf[i]);
+      vc[i] = f32_to_bf16(vf[i]);
+      out.k[i] = bf16_to_f32(kc[i]);
+      out.v[i] = bf16_to_f32(vc[i]);
+    }
+    out.layer = {tensor(f.upload(kc)), tensor(f.upload(vc))};
+  }
+  return out;
+}
+
+// The case grid: GQA ratios 1/4/8/16, head_dim 64/128, windows, block sizes, mixes of decodes, fresh
+// prefills, chunks after cached keys, and (long) one long chunk after many cached keys.
+std::vector<Case> cases(std::mt19937& rng, bool decode_only, bool long_chunks) {
+  std::vector<Case> out;
+  const int64_t shapes[][3] = {{8, 8, 64}, {32, 8, 128}, {16, 2, 128}, {32, 4, 64}, {16, 1, 128}};
+  std::uniform_int_distribution<int32_t> ctx(0, 1200), chunk(2, 120);
+  for (const auto& sh : shapes) {
+    for (int64_t window : {int64_t{0}, int64_t{100}}) {
+      const int64_t bs = rng() % 2 ? 16 : 32;
+      Case c{sh[0], sh[1], sh[2], window, bs, {}, {}};
+      const int seqs = 1 + static_cast<int>(rng() % 4);
+      for (int s = 0; s < seqs; ++s) {
+        const bool prefill = !decode_only && rng() % 2 == 0;
+        c.start.push_back(prefill && rng() % 3 == 0 ? 0 : ctx(rng));
+        c.count.push_back(prefill ? chunk(rng) : 1);
+      }
+      if (long_chunks && !decode_only && c.hq <= 16) {  // a 130-token chunk after 1000-2000 cached tokens
+        c.start.push_back(1000 + static_cast<int32_t>(rng() % 1000));
+        c.count.push_back(130);
+      }
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_scale, float v_scale,
+                   const Case& c, std::mt19937& rng,
+                   const std::vector<std::pair<CudaAttentionKernel, int>>& kernels) {
+  const Layout d = make_layout(c, rng);
+  const Cache cache = random_cache(f, c, d, dtype, k_scale, v_scale, rng);
+  const int64_t T = static_cast<int64_t>(d.positions.size());
+  const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng, -1.0f, 1.0f);
+  const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+  const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
+  const BatchView b = f.view(d);
+  const Tensor q = f.f32(qv, T, c.hq * c.hd);
+  for (const auto& [kernel, splits] : kernels) {
+    SCOPED_TRACE(::testing::Message() << "kernel " << static_cast<int>(kernel) << " splits " << splits);
+    Tensor out = f.f32(std::vector<float>(qv.size(), std::nanf("")), T, c.hq * c.hd);
+    gpu.set_attention_kernel(kernel, splits);
+    gpu.attention(q, cache.layer, b, p, out);
+    const Errors e = compare(f.download<float>(out.data, qv.size()), want);
+    const bool exact = kernel == CudaAttentionKernel::Reference;
+    EXPECT_TRUE(e.all_finite) << "unwritten or NaN outputs";
+    EXPECT_LE(e.rel_norm, exact ? 1e-5 : 1e-2) << "max abs " << e.max_abs;
+    EXPECT_LE(e.max_abs, exact ? 1e-4 : 3e-2) << "rel norm " << e.rel_norm;
+  }
+  gpu.set_attention_kernel(CudaAttentionKernel::Auto);
+}
+
+// (a Message, not string concatenation: GCC 12 -O3 warns spuriously on operator+ with to_string)
+::testing::Message describe(const Case& c, DType dt) {
+  ::testing::Message m;
+  m << "hq " << c.hq << " hkv " << c.hkv << " hd " << c.hd << " window " << c.window << " bs " << c.bs
+    << " dtype " << dtype_name(dt) << " seqs";
+  for (size_t i = 0; i < c.start.size(); ++i) m << " " << c.start[i] << "+" << c.count[i];
+  return m;
+}
+
+TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
+    CudaBackend& gpu = backend(dt, ks, vs);
+    for (const Case& c : cases(rng_, /*decode_only=*/true, false)) {
+      SCOPED_TRACE(describe(c, dt));
+      check_kernels(*this, gpu, dt, ks, vs, c, rng_,
+                    {{CudaAttentionKernel::Decode, 0},
+                     {CudaAttentionKernel::Decode, 1},
+                     {CudaAttentionKernel::Decode, 5},
+                     {CudaAttentionKernel::Decode, 64},
+                     {CudaAttentionKernel::Reference, 0}});
+    }
+  }
+}
+
+TEST_F(CudaAttentionTest, PrefillKernelOverBf16AndFp8CachesMatchesFloat64) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const float ks = dt == DType::F8_E4M3 ? 0.5f : 1.0f, vs = dt == DType::F8_E4M3 ? 0.01f : 1.0f;
+    CudaBackend& gpu = backend(dt, ks, vs);
+    for (const Case& c : cases(rng_, /*decode_only=*/false, /*long_chunks=*/true)) {
+      SCOPED_TRACE(describe(c, dt));
+      check_kernels(*this, gpu, dt, ks, vs, c, rng_,
+                    {{CudaAttentionKernel::Prefill, 0},
+                     {CudaAttentionKernel::Auto, 0},
+                     {CudaAttentionKernel::Decode, 0},
+                     {CudaAttentionKernel::Reference, 0}});
+    }
+  }
+}
+
+// RoPE + cache write into an FP8 cache with scales: every code is the E4M3 rounding of the rotated k / v
+// over the scale (at most one code away where the GPU's rotation differs from the host's in the last
+// bit), saturated at +-448, and nothing outside the written slots changes.
+TEST_F(CudaAttentionTest, RopeWritesScaledE4M3CodesIntoTheCache) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  const float ks = 0.05f, vs = 0.004f;  // v / 0.004 exceeds 448 for |v| > 1.79: saturation is exercised
+  CudaBackend& gpu = backend(DType::F8_E4M3, ks, vs);
+  const Case c{16, 4, 128, 0, 16, {0, 37, 200}, {50, 1, 9}};
+  const Layout d = make_layout(c, rng_);
+  const int64_t T = static_cast<int64_t>(d.positions.size());
+  const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -3.0f, 3.0f);
+  const auto kv = uniform(static_cast<size_t>(T * c.hkv * c.hd), rng_, -3.0f, 3.0f);
+  const auto vv = uniform(kv.size(), rng_, -3.0f, 3.0f);
+  const size_t n = static_cast<size_t>(d.num_blocks * c.bs * c.hkv * c.hd);
+  const std::vector<uint8_t> fill(n, 0x5a);
+  KvCacheLayer layer{Tensor(DType::F8_E4M3, {d.num_blocks, c.bs, c.hkv, c.hd}, upload(fill), Device::CUDA),
+                     Tensor(DType::F8_E4M3, {d.num_blocks, c.bs, c.hkv, c.hd}, upload(fill), Device::CUDA)};
+  Tensor q = f32(qv, T, c.hq * c.hd), k = f32(kv, T, c.hkv * c.hd), v = f32(vv, T, c.hkv * c.hd);
+  const RopeParams rope{c.hd, 500000.0f, RopeLayout::NeoX, {}};
+  gpu.rope_and_write_kv(q, k, v, view(d), rope, layer);
+  const auto kc = download<uint8_t>(layer.k.data, n), vc = download<uint8_t>(layer.v.data, n);
+  const std::vector<float> inv = rope_inverse_frequencies(c.hd, rope.theta, rope.scaling);
+  std::vector<bool> written(n, false);
+  int64_t exact = 0, total = 0;
+  const auto check = [&](uint8_t code, double x, float scale) {
+    const double want = x / scale;
+    const double got = fp8_e4m3_to_f32(code);
+    const double mag = std::min(std::fabs(want), 448.0);
+    const double ulp =
+        std::ldexp(1.0, std::max(-9, static_cast<int>(std::floor(std::log2(std::max(mag, 1e-30)))) - 3));
+    EXPECT_LE(std::fabs(got - std::clamp(want, -448.0, 448.0)), ulp * 1.001)
+        << "want " << want << " code " << int(code);
+    exact += code == f32_to_fp8_e4m3(static_cast<float>(want));
+    ++total;
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t s = d.seq_of[t], pos = d.positions[t];
+    const int64_t base =
+        (int64_t(d.tables[s * d.max_blocks + pos / c.bs]) * c.bs + pos % c.bs) * c.hkv * c.hd;
+    for (int64_t h = 0; h < c.hkv; ++h) {
+      for (int64_t i = 0; i < c.hd / 2; ++i) {
+        const double angle = double(float(pos) * inv[i]);
+        const double x0 = kv[(t * c.hkv + h) * c.hd + i], x1 = kv[(t * c.hkv + h) * c.hd + i + c.hd / 2];
+        const int64_t a = base + h * c.hd + i, b2 = a + c.hd / 2;
+        check(kc[a], x0 * std::cos(angle) - x1 * std::sin(angle), ks);
+        check(kc[b2], x1 * std::cos(angle) + x0 * std::sin(angle), ks);
+        written[a] = written[b2] = true;
+      }
+      for (int64_t i = 0; i < c.hd; ++i) check(vc[base + h * c.hd + i], vv[(t * c.hkv + h) * c.hd + i], vs);
+    }
+  }
+  EXPECT_GE(exact, total * 99 / 100) << "codes differing from the host's rounding: " << total - exact;
+  for (size_t i = 0; i < n; ++i) {
+    if (written[i]) continue;
+    ASSERT_EQ(kc[i], 0x5a) << "k slot " << i << " was not to be written";
+    ASSERT_EQ(vc[i], 0x5a) << "v slot " << i << " was not to be written";
+  }
+}
+
+// Whole path, FP8 against exact K/V: write the cache with the RoPE kernel (a prefill of 3 sequences),
+// then attention with the prefill and the decode kernels (the latter per token); the outputs stay within
+// the stated E4M3 error of the float64 result over the unquantized rotated keys and values.
+TEST_F(CudaAttentionTest, Fp8CacheEndToEndStaysWithinE4M3Error) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  for (int64_t hd : {int64_t{64}, int64_t{128}}) {
+    CudaBackend& gpu = backend(DType::F8_E4M3, 1.0f, 1.0f);
+    const Case c{32, 8, hd, 0, 16, {0, 0, 0}, {700, 130, 257}};
+    const Layout d = make_layout(c, rng_);
+    const int64_t T = static_cast<int64_t>(d.positions.size());
+    const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
+    const auto kv = uniform(static_cast<size_t>(T * c.hkv * c.hd), rng_, -2.0f, 2.0f);
+    const auto vv = uniform(kv.size(), rng_, -1.0f, 1.0f);
+    const size_t n = static_cast<size_t>(d.num_blocks * c.bs * c.hkv * c.hd);
+    KvCacheLayer layer{Tensor(DType::F8_E4M3, {d.num_blocks, c.bs, c.hkv, c.hd},
+                              upload(std::vector<uint8_t>(n)), Device::CUDA),
+                       Tensor(DType::F8_E4M3, {d.num_blocks, c.bs, c.hkv, c.hd},
+                              upload(std::vector<uint8_t>(n)), Device::CUDA)};
+    Tensor q = f32(qv, T, c.hq * c.hd), k = f32(kv, T, c.hkv * c.hd), v = f32(vv, T, c.hkv * c.hd);
+    const RopeParams rope{c.hd, 10000.0f, RopeLayout::NeoX, {}};
+    const BatchView b = view(d);
+    gpu.rope_and_write_kv(q, k, v, b, rope, layer);
+    // The exact rotated q and k (float64 rotation of the inputs) in the reference's cache layout.
+    const std::vector<float> inv = rope_inverse_frequencies(c.hd, rope.theta, rope.scaling);
+    std::vector<double> kref(n, 0.0), vref(n, 0.0);
+    std::vector<float> qrot(qv.size());
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t s = d.seq_of[t], pos = d.positions[t];
+      const int64_t base =
+          (int64_t(d.tables[s * d.max_blocks + pos / c.bs]) * c.bs + pos % c.bs) * c.hkv * c.hd;
+      const auto rot = [&](const float* x, double* y_d, float* y_f) {
+        for (int64_t i = 0; i < c.hd / 2; ++i) {
+          const double angle = double(float(pos) * inv[i]);
+          const double a = x[i] * std::cos(angle) - x[i + c.hd / 2] * std::sin(angle);
+          const double bb = x[i + c.hd / 2] * std::cos(angle) + x[i] * std::sin(angle);
+          if (y_d) {
+            y_d[i] = a;
+            y_d[i + c.hd / 2] = bb;
+          }
+          if (y_f) {
+            y_f[i] = float(a);
+            y_f[i + c.hd / 2] = float(bb);
+          }
+        }
+      };
+      for (int64_t h = 0; h < c.hkv; ++h) {
+        rot(&kv[(t * c.hkv + h) * c.hd], &kref[base + h * c.hd], nullptr);
+        for (int64_t i = 0; i < c.hd; ++i) vref[base + h * c.hd + i] = vv[(t * c.hkv + h) * c.hd + i];
+      }
+      for (int64_t h = 0; h < c.hq; ++h)
+        rot(&qv[(t * c.hq + h) * c.hd], nullptr, &qrot[(t * c.hq + h) * c.hd]);
+    }
+    const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), 0};
+    const std::vector<double> want = reference(c, d, qrot, kref, vref, p.scale);
+    for (CudaAttentionKernel kernel : {CudaAttentionKernel::Prefill, CudaAttentionKernel::Decode}) {
+      Tensor out = f32(std::vector<float>(qv.size(), std::nanf("")), T, c.hq * c.hd);
+      gpu.set_attention_kernel(kernel);
+      gpu.attention(q, layer, b, p, out);  // q was rotated in place by the RoPE kernel
+      const Errors e = compare(download<float>(out.data, qv.size()), want);
+      EXPECT_TRUE(e.all_finite);
+      EXPECT_LE(e.rel_norm, 0.06) << "hd " << hd << " kernel " << int(kernel) << " max abs " << e.max_abs;
+    }
+    gpu.set_attention_kernel(CudaAttentionKernel::Auto);
+  }
+}
+
+}  // namespace
+}  // namespace inferx
