@@ -6,6 +6,7 @@
 
 #include "cli/backend_choice.h"
 #include "cli/quantize_options.h"
+#include "cli/tensor_parallel_options.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -46,6 +47,7 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_flag("--no-chunked-prefill", a.no_chunked_prefill, "Prefill whole prompts in one step");
   sub.add_flag("--enforce-eager", a.enforce_eager, "GPU: run every step eagerly (no CUDA graphs)");
   add_quantize_options(sub, a.quantize, a.calibration);
+  add_tensor_parallel_option(sub, a.tensor_parallel_size);
 }
 
 std::string default_model() {
@@ -135,6 +137,7 @@ LoadedEngine load_engine(const EngineArgs& a) {
   INFERX_CHECK(dt.has_value(), "--dtype: unknown weight type '{}'", a.dtype);
   lo.dummy_dtype = *dt;
   apply_quantize(a.quantize, a.calibration, a.model, a.threads, lo);
+  apply_tensor_parallel(a.device, a.threads, a.tensor_parallel_size, lo);
   l.model = Model::load(a.model, *l.backend, lo);
   print_quant_plan(*l.model);
   l.text = load_model_text(a.model, l.model->source());

@@ -31,6 +31,7 @@ struct EngineArgs {
   bool enforce_eager = false;  // GPU: no CUDA graphs for decode steps
   std::string quantize = "none";
   std::string calibration;  // --quantize auto
+  int tensor_parallel_size = 1;
 };
 
 void add_engine_options(CLI::App& sub, EngineArgs& a);

@@ -8,6 +8,7 @@
 #include "cli/backend_choice.h"
 #include "cli/commands.h"
 #include "cli/quantize_options.h"
+#include "cli/tensor_parallel_options.h"
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "formats/gguf.h"
@@ -36,6 +37,7 @@ struct GenerateArgs {
   bool no_bos = false;
   std::string quantize = "none";
   std::string calibration;
+  int tensor_parallel_size = 1;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -64,6 +66,7 @@ void run_generate(const GenerateArgs& a) {
   lo.dummy_dtype = *dt;
   lo.dummy_seed = a.seed;
   apply_quantize(a.quantize, a.calibration, a.model, a.threads, lo);
+  apply_tensor_parallel(a.device, a.threads, a.tensor_parallel_size, lo);
   auto model = Model::load(a.model, *backend, lo);
   std::fprintf(stderr, "model: %s\nbackend: %s\n", model->description().c_str(), backend->name().c_str());
   print_quant_plan(*model);
@@ -153,6 +156,7 @@ void register_generate(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>&
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
   sub->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
   add_quantize_options(*sub, args->quantize, args->calibration);
+  add_tensor_parallel_option(*sub, args->tensor_parallel_size);
   out.emplace_back(sub, [args] { run_generate(*args); });
 }
 

@@ -219,7 +219,7 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   }
 
   // One block more than the pool hands out: the scratch block padded decode rows write to and read.
-  kv = std::make_unique<KvCache>(model.backend(), mc, num_blocks + 1, bs);
+  kv = std::make_unique<KvCache>(model, num_blocks + 1, bs);  // per-rank caches when tensor parallel
   pool = std::make_unique<BlockPool>(static_cast<int32_t>(num_blocks), config.enable_prefix_caching);
   SchedulerConfig sc;
   sc.max_num_batched_tokens = config.max_num_batched_tokens;

@@ -1,0 +1,57 @@
+#include "cli/tensor_parallel_options.h"
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#if defined(INFERX_HAVE_CUDA)
+#include "backend/cuda/cuda_backend.h"
+#endif
+#if defined(INFERX_HAVE_NCCL)
+#include "parallel/nccl/nccl_communicator.h"
+#endif
+
+namespace inferx::cli {
+
+void add_tensor_parallel_option(CLI::App& sub, int& size) {
+  sub.add_option("--tensor-parallel-size", size,
+                 "Split the model over N ranks (CPU: N backends in this process; cuda:K: GPUs K..K+N-1 "
+                 "with NCCL)")
+      ->check(CLI::Range(1, 64));
+}
+
+void apply_tensor_parallel(const std::string& device, int threads, int size, LoadOptions& lo) {
+  lo.tensor_parallel_size = size;
+  if (size <= 1) return;
+  if (device == "cpu") {
+    const int all =
+        threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int per_rank = std::max(1, all / size);
+    lo.make_rank_backend = [per_rank](int) { return make_cpu_backend({per_rank}); };
+    return;  // the in-process CPU communicator is the default
+  }
+  INFERX_CHECK(device.rfind("cuda", 0) == 0, "--tensor-parallel-size: unknown device '{}'", device);
+  int first = 0;
+  if (device.size() > 5 && device[4] == ':') first = std::stoi(device.substr(5));
+#if defined(INFERX_HAVE_CUDA) && defined(INFERX_HAVE_NCCL)
+  const int count = cuda_device_count();
+  INFERX_CHECK(first + size <= count,
+               "--tensor-parallel-size {} on {}: needs CUDA devices {}..{}, {} visible", size, device, first,
+               first + size - 1, count);
+  lo.make_rank_backend = [first](int rank) { return make_cuda_backend(first + rank); };
+  lo.make_communicators = [first](int n) {
+    std::vector<int> devices;
+    for (int r = 0; r < n; ++r) devices.push_back(first + r);
+    return make_nccl_communicators(devices);
+  };
+#else
+  (void)first;
+  fail(
+      "--tensor-parallel-size {} on {}: this inferx was built without CUDA and NCCL (build with the cuda "
+      "preset)",
+      size, device);
+#endif
+}
+
+}  // namespace inferx::cli
