@@ -1,0 +1,54 @@
+#pragma once
+// Kernels of the quantized GEMM path (quantized_gemm.h) and of dummy quantized weights: per-token FP8
+// activation quantization, the W8A8 scaling epilogue, tile-wise dequantization of FP8 / INT4 / Q8_0 /
+// Q4_K weight rows to BF16, the BF16 activation copy (with an INT4 input permutation), and random codes.
+// Launchers return cudaGetLastError(); the caller (quantized_gemm.cpp) validates shapes first.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace inferx::cuda {
+
+// W8A8 activations (quant/fp8.h convention, the same codes as the CPU backend): per row r of x [t, k] F32,
+// s = amax / 448 (1 for an all-zero row), q[r, :] = e4m3(x / s) (IEEE division, round to nearest even,
+// saturating); scale[r] = s. When q_bf16 is not null it also receives bf16(e4m3 value * s) (the W8A8
+// values for the BF16 fallback GEMM). q may be null then.
+cudaError_t launch_quantize_fp8_rows(const float* x, int64_t t, int64_t k, uint8_t* q, float* scale,
+                                     void* q_bf16, cudaStream_t stream);
+
+// out[r, c] = acc[r, c] * x_scale[r] * w_scale[per_channel ? c : 0] + (bias ? bias[c] : 0) for r < t,
+// c < n (acc F32 [t, n]; may alias out).
+cudaError_t launch_fp8_scale_epilogue(const float* acc, int64_t t, int64_t n, const float* x_scale,
+                                      const float* w_scale, bool per_channel, const float* bias, float* out,
+                                      cudaStream_t stream);
+
+// A quantized weight as the dequantizer reads it (layouts: quant/fp8.h, quant/int4.h,
+// quant/gguf_block_layouts.h). Pointers are to row 0 of the whole weight.
+struct DequantWeight {
+  DType dtype = DType::F8_E4M3;  // F8_E4M3, INT4, Q8_0 or Q4_K
+  const void* data = nullptr;
+  int64_t k = 0;                     // input columns (F8_E4M3: multiple of 8; others: of the block size)
+  const float* fp8_scale = nullptr;  // F8_E4M3: [1] or [n]
+  bool per_channel = false;
+  const uint16_t* int4_scale = nullptr;  // INT4: F16 [n, k / group]
+  const uint8_t* int4_zero = nullptr;    // INT4: U8 [n, k / group] or null (zero point 8)
+  int64_t group = 0;
+};
+// out[i, :] (BF16 [rows, k], contiguous) = dequantized weight row row0 + i.
+cudaError_t launch_dequantize_rows_bf16(const DequantWeight& w, int64_t row0, int64_t rows, void* out,
+                                        cudaStream_t stream);
+
+// out[r, i] = bf16(x[r, perm ? perm[i] : i]) for x F32 [t, k].
+cudaError_t launch_activations_bf16(const float* x, const int32_t* perm, int64_t t, int64_t k, void* out,
+                                    cudaStream_t stream);
+
+// Random quantized payloads for dummy weights (a counter hash of (seed, i), as launch_fill_random):
+//   F8_E4M3: n codes of e4m3(offset + uniform(-amp, amp)) (saturating);
+//   INT4:    n elements = n / 2 uniformly random bytes (every code 0..15 equally likely);
+//   U8:      n bytes of clamp(rint(offset + uniform(-amp, amp)), 0, 255).
+cudaError_t launch_fill_random_codes(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
+                                     cudaStream_t stream);
+
+}  // namespace inferx::cuda

@@ -1,0 +1,82 @@
+#pragma once
+// out[T, N] = x[T, K] @ W[N, K]^T (+ bias) for quantized weights when T is too large for the decode GEMV
+// (kernels_gemv.h streams the weight once per 16 rows; a GEMM reads it once):
+//   F8_E4M3 (per-tensor or per-channel F32 scale): W8A8. The activations are quantized per token on the
+//     fly (kernels_quant.h: E4M3 + one F32 scale per row, the CPU backend's codes), the FP8 x FP8 GEMM
+//     runs on Hopper's FP8 tensor cores through cuBLASLt with F32 accumulation and F32 output in the TN
+//     layout cuBLASLt requires for FP8 (A = W transposed, B = x not transposed, K a multiple of 16), and
+//     one epilogue pass applies the row scale, the weight scale(s) and the bias. When cuBLASLt offers no
+//     FP8 algorithm for a shape, the same W8A8 values run as BF16 through the dequantizing path below.
+//   INT4 (F16 group scales, optional zero points, optional act-order permutation), GGUF Q8_0 and Q4_K:
+//     the weight is dequantized tile by tile (rows of at most kTileBytes of BF16) into a reused scratch
+//     buffer and each tile runs through a BF16 cuBLASLt GEMM writing its columns of the F32 output. The
+//     dequantization costs about 2 bytes written + 2 read per weight per call, independent of T, so it
+//     is amortised over the rows: it pays from about kDequantMinRows rows on (below, the GEMV's repeated
+//     weight reads cost less); a fused dequantizing GEMM would remove it.
+// Scratch comes from the caller (CudaBackend's stream-ordered scratch, which also guards graph capture).
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "backend/linear.h"
+
+namespace inferx::cuda {
+
+class QuantizedGemm {
+ public:
+  // Rows from which the dequantize + BF16 GEMM path beats the GEMV for 4-/8-bit block formats.
+  static constexpr int64_t kDequantMinRows = 128;
+  // Largest BF16 weight tile (bytes) dequantized at once.
+  static constexpr size_t kTileBytes = size_t{64} << 20;
+
+  enum class Path { None, Fp8, Fp8ViaBf16, Dequant };
+
+  explicit QuantizedGemm(cudaStream_t stream);
+  ~QuantizedGemm();
+  QuantizedGemm(const QuantizedGemm&) = delete;
+  QuantizedGemm& operator=(const QuantizedGemm&) = delete;
+
+  // Whether this class can run the weight's format at all (scales of the right shape and type, shapes
+  // the kernels take). Device pointers are not read.
+  static bool supports(const Linear& w);
+  // Whether it should take a product of `rows` activation rows (FP8: above 16 rows; the block formats:
+  // from kDequantMinRows rows), given that supports(w).
+  static bool prefers(const Linear& w, int64_t rows);
+
+  // x F32 [t, k], out F32 [t, n] contiguous, device memory; workspace(bytes) returns device scratch of at
+  // least that many bytes (256-byte aligned), valid until the next call.
+  void matmul(const float* x, int64_t t, const Linear& w, float* out,
+              const std::function<void*(size_t)>& workspace);
+
+  // The path the last matmul took (tests and benchmarks).
+  Path last_path() const { return last_path_; }
+  // Tests: force the dequantizing path for FP8 weights too.
+  void set_force_dequant(bool force) { force_dequant_ = force; }
+
+ private:
+  // A cuBLASLt plan for D (F32, n x t, ld ldd) = op(A) B with A [k, n] transposed (W rows), B [k, t].
+  // kind: 0 = FP8 x FP8, 1 = BF16 x BF16.
+  using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int>;
+  struct Plan;
+  const Plan& plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd, const void* a, const float* d);
+  void run(const Plan& plan, const void* a, const void* b, float* d);
+  void fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
+                  const std::function<void*(size_t)>& workspace);
+  void dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,
+                      const std::function<void*(size_t)>& workspace);
+
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  size_t lt_workspace_bytes_ = 0;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+  Path last_path_ = Path::None;
+  bool force_dequant_ = false;
+};
+
+}  // namespace inferx::cuda
