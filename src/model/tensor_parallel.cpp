@@ -346,7 +346,7 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
       "num_blocks, block_size))",
       cache.num_shards(), n);
   const int32_t T = batch.num_tokens, L = batch.num_logits;
-  INFERX_CHECK(T > 0 && L > 0, "forward: empty batch");
+  INFERX_CHECK(T > 0, "forward: empty batch");  // L may be 0: a prefill chunk that samples nothing
   Backend& be0 = *s.backends[0];
   const Device device = be0.device();
 
@@ -408,8 +408,9 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
     const size_t ri = static_cast<size_t>(r);
     try {
       Tensor local = s.replicas[ri]->forward(s.views[ri], cache.shard(r));
-      if (!gather) {
-        if (r == 0) result = local;  // every rank computed the full logits
+      if (!gather || L == 0) {
+        // Replicated lm_head: every rank computed the full logits. No logits rows: nothing to gather.
+        if (r == 0) result = L == 0 ? Tensor(DType::F32, {0, gather ? V : Vr}, local.data, device) : local;
         return;
       }
       Backend& be = *s.backends[ri];

@@ -204,6 +204,18 @@ TEST(TensorParallel, TwoSequencesInOneStep) {
   EXPECT_LE(worst, kTol);
 }
 
+TEST(TensorParallel, ChunkWithoutLogitsThenRest) {
+  // Chunked prefill: the first chunk samples nothing (num_logits 0), the second gives every row.
+  Loaded one = load(kFixtures + "qwen2-tiny", 1), two = load(kFixtures + "qwen2-tiny", 4);
+  const int64_t vocab = one.model->config().vocab_size;
+  KvCache c1(*one.model, 4, 4), c2(*two.model, 4, 4);
+  const HostBatch chunk{{11, 12, 13, 14, 15}, {0, 1, 2, 3, 4}, {0, 5}, {5}, {0, 1, 2, 3}, {}};
+  EXPECT_EQ(run_step(*two.model, c2, chunk).size(), 0u);
+  run_step(*one.model, c1, chunk);
+  const HostBatch rest{{16, 17, 18}, {5, 6, 7}, {0, 3}, {8}, {0, 1, 2, 3}, {0, 1, 2}};
+  EXPECT_LE(compare(run_step(*one.model, c1, rest), run_step(*two.model, c2, rest), vocab, "rest"), kTol);
+}
+
 TEST(TensorParallel, RanksHoldTheirSlices) {
   // llama-tiny: hidden 64, 4 heads x 16, 2 KV heads, MLP 96, vocabulary 256.
   for (int tp : {2, 4}) {
