@@ -281,7 +281,8 @@ int run(bool quick) {
   {
     cudaStream_t gs = nullptr;
     CUDA_CHECK(cudaStreamCreate(&gs));
-    cuda::CublasLtGemm gemm(gs);
+    auto gemm_owner = std::make_unique<cuda::CublasLtGemm>(gs);  // destroyed before its stream, below
+    cuda::CublasLtGemm& gemm = *gemm_owner;
     const int64_t shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 14336}, {14336, 4096}, {4096, 128256}};
     const char* names[] = {"qkv", "o", "gate|up", "down", "lm_head"};
     for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
@@ -310,6 +311,7 @@ int run(bool quick) {
         b.keep.resize(mark);
       }
     }
+    gemm_owner.reset();
     CUDA_CHECK(cudaStreamDestroy(gs));
   }
   gpu.set_attention_kernel(CudaAttentionKernel::Auto);
@@ -350,6 +352,7 @@ int run(bool quick) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows printed before a crash survive a redirected stdout
   try {
     if (inferx::cuda_device_count() == 0) {
       std::fprintf(stderr, "bench_cuda_kernels: no CUDA device\n");

@@ -23,9 +23,9 @@ rc=$?
 tail -5 "$OUT/cuda_tests.log"
 note "cuda op tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
 
-echo "== 1b. compute-sanitizer memcheck + racecheck on the attention kernel tests (RoPE/FP8 write, decode, prefill)"
+echo "== 1b. compute-sanitizer memcheck + racecheck on attention kernel tests (FP8 RoPE write, decode, prefill)"
 SAN=/usr/local/cuda/bin/compute-sanitizer
-SAN_FILTER='CudaAttentionTest.RopeWrites*:CudaAttentionTest.Fp8CacheEndToEnd*:CudaKernelsTest.DecodeAttentionLongContexts'
+SAN_FILTER='CudaAttentionTest.RopeWrites*:CudaKernelsTest.DecodeAttentionLongContexts:CudaKernelsTest.PrefillAttentionLongChunks'
 if [[ -x "$SAN" ]]; then
   for tool in memcheck racecheck; do
     INFERX_REQUIRE_GPU=1 timeout 150 "$SAN" --tool "$tool" --error-exitcode 1 "$C/test_cuda_backend" --gtest_color=no \

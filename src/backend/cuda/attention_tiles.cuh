@@ -111,19 +111,23 @@ struct KvTileLoader {
     return (block * static_cast<int64_t>(block_size) + j % block_size) * kv_row + head_off + c * 8;
   }
 
-  // BF16: cp.async of the whole tile into `stage` (no commit).
-  __device__ __forceinline__ void issue_bf16(KvTileSmem<HD, kKeys>& s, int stage, int64_t j0, int64_t end) {
+  // BF16: cp.async of the whole tile into `stage` (no commit). Returns whether every chunk this thread
+  // copied came from a valid key.
+  __device__ __forceinline__ bool issue_bf16(KvTileSmem<HD, kKeys>& s, int stage, int64_t j0, int64_t end) {
+    bool all = true;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int idx = threadIdx.x + i * kThreads;
       const int key = idx / kChunks, c = idx % kChunks;
       const int64_t off = offset_of(j0 + key, end, c);
+      all = all && off >= 0;
       if (c == 0) s.ok[stage][key] = off >= 0;
       const auto* kc = reinterpret_cast<const __nv_bfloat16*>(k_cache);
       const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache);
       cp_async16(&s.k[stage][key * (HD + 8) + c * 8], off >= 0 ? kc + off : kc, off >= 0 ? 16 : 0);
       cp_async16(&s.v[stage][key * (HD + 8) + c * 8], off >= 0 ? vc + off : vc, off >= 0 ? 16 : 0);
     }
+    return all;
   }
   // FP8: loads into registers.
   __device__ __forceinline__ void fetch_fp8(int64_t j0, int64_t end) {
@@ -154,14 +158,17 @@ struct KvTileLoader {
   }
 
   // Starts the tile's loads: BF16 issues and commits one cp.async group (complete after cp_async_wait
-  // and a barrier); FP8 loads into registers (complete after store_fp8 and a barrier).
+  // and a barrier); FP8 loads into registers (complete after store_fp8 and a barrier). Returns whether
+  // every key this thread loads is valid (a CTA-wide AND of it says the tile needs no validity mask).
   static constexpr bool kFp8 = sizeof(CacheT) == 1;
-  __device__ __forceinline__ void begin(KvTileSmem<HD, kKeys>& s, int stage, int64_t j0, int64_t end) {
+  __device__ __forceinline__ bool begin(KvTileSmem<HD, kKeys>& s, int stage, int64_t j0, int64_t end) {
     if constexpr (kFp8) {
       fetch_fp8(j0, end);
+      return okbits == (kPerThread == 32 ? ~0u : (1u << kPerThread) - 1u);
     } else {
-      issue_bf16(s, stage, j0, end);
+      const bool all = issue_bf16(s, stage, j0, end);
       cp_async_commit();
+      return all;
     }
   }
 };

@@ -112,8 +112,9 @@ __global__ void __launch_bounds__(kThreads)
       static_cast<int64_t>(hkv) * HD,
       static_cast<int64_t>(kvh) * HD};
   const int64_t n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBN - 1) / kBN : 0;
+  bool ok_cur = true, ok_next = true;  // this thread's loads of the current / next tile were all valid
   if (n_tiles > 0) {
-    loader.begin(sm, 0, kv_begin, kv_end);
+    ok_cur = loader.begin(sm, 0, kv_begin, kv_end);
     if constexpr (kFp8) loader.store_fp8(sm, 0);
   }
   // ldmatrix row addresses of this lane (see attention_tiles.cuh for the fragment mapping).
@@ -123,14 +124,18 @@ __global__ void __launch_bounds__(kThreads)
     const int st = static_cast<int>(it & 1);
     const int64_t kt0 = kv_begin + it * kBN;
     const bool more = it + 1 < n_tiles;
-    if (more) loader.begin(sm, st ^ 1, kt0 + kBN, kv_end);
+    if (more) ok_next = loader.begin(sm, st ^ 1, kt0 + kBN, kv_end);
     if constexpr (!kFp8) {
       if (more)
         attn::cp_async_wait<1>();
       else
         attn::cp_async_wait<0>();
     }
-    __syncthreads();
+    // Every key of the tile valid and visible to every query row of the CTA: no mask needed (most tiles
+    // of a long causal prefill).
+    const bool all_ok = __syncthreads_and(ok_cur);
+    const bool full = all_ok && kt0 + kBN - 1 <= s_min_pos && (window <= 0 || kt0 > s_max_pos - window);
+    ok_cur = ok_next;
     const __nv_bfloat16* k_s = sm.k[st];
     const __nv_bfloat16* v_s = sm.v[st];
 
@@ -153,13 +158,15 @@ __global__ void __launch_bounds__(kThreads)
     float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
 #pragma unroll
     for (int nt = 0; nt < kBN / 8; ++nt) {
+      if (!full) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = nt * 8 + tig * 2 + (e & 1);
-        const int64_t j = kt0 + key;
-        const int64_t p = e < 2 ? pos0 : pos1;
-        const bool visible = sm.ok[st][key] && j <= p && (window <= 0 || j > p - window);
-        if (!visible) sc[nt][e] = -CUDART_INF_F;
+        for (int e = 0; e < 4; ++e) {
+          const int key = nt * 8 + tig * 2 + (e & 1);
+          const int64_t j = kt0 + key;
+          const int64_t p = e < 2 ? pos0 : pos1;
+          const bool visible = sm.ok[st][key] && j <= p && (window <= 0 || j > p - window);
+          if (!visible) sc[nt][e] = -CUDART_INF_F;
+        }
       }
       mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
       mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
