@@ -74,7 +74,8 @@ void check_batch(const BatchView& batch, int64_t rows) {
 }
 
 cuda::PagedKv paged(const KvCacheLayer& cache, const CudaBackendOptions& o) {
-  return {cache.k.data, cache.v.data, cache.k.dtype, cache.k.dim(0), cache.k.dim(1), o.kv_k_scale, o.kv_v_scale};
+  return {cache.k.data,   cache.v.data, cache.k.dtype, cache.k.dim(0),
+          cache.k.dim(1), o.kv_k_scale, o.kv_v_scale};
 }
 
 cuda::BatchArgs batch_args(const BatchView& b) {
@@ -125,7 +126,8 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
 
 CudaBackend::~CudaBackend() {
   clear_graphs();
-  for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_}) release(*s);
+  for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
+    release(*s);
   for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
   gemm_.reset();
   if (stream_) {
@@ -355,8 +357,8 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
     if (splits > 1) {
       const void* old_data = decode_counters_.data;
       const size_t old_bytes = decode_counters_.bytes;
-      const size_t n = static_cast<size_t>(cuda::decode_attention_counters(batch.num_tokens, p.num_heads,
-                                                                           p.num_kv_heads));
+      const size_t n =
+          static_cast<size_t>(cuda::decode_attention_counters(batch.num_tokens, p.num_heads, p.num_kv_heads));
       counters = static_cast<int*>(scratch(decode_counters_, n * sizeof(int)));
       if (decode_counters_.data != old_data || decode_counters_.bytes != old_bytes)
         CUDA_CHECK(cudaMemsetAsync(counters, 0, decode_counters_.bytes, stream_));
