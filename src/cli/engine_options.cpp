@@ -40,8 +40,9 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_option("--max-model-len", a.max_model_len, "Max prompt + completion tokens (0: the model's)")
       ->check(CLI::Range(0, 1 << 24));
   sub.add_option("--kv-cache-strategy", a.kv_cache_strategy, "full or sliding-window-N");
-  sub.add_option("--kv-cache-dtype", a.kv_cache_dtype,
-                 "KV cache element type: auto (CUDA bf16, CPU f32), bf16, fp8 (E4M3, scale 1.0; CUDA) or f32");
+  sub.add_option(
+      "--kv-cache-dtype", a.kv_cache_dtype,
+      "KV cache element type: auto (CUDA bf16, CPU f32), bf16, fp8 (E4M3, scale 1.0; CUDA) or f32");
   sub.add_flag("--no-prefix-caching", a.no_prefix_caching, "Disable automatic prefix caching");
   sub.add_flag("--enable-alp", a.enable_alp, "Chunked prefill (on by default)");
   sub.add_flag("--no-chunked-prefill", a.no_chunked_prefill, "Prefill whole prompts in one step");

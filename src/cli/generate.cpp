@@ -151,8 +151,9 @@ void register_generate(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>&
   sub->add_option("-t,--threads", args->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 1024));
   sub->add_option("--dtype", args->dtype, "Weight type of dummy models: f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N");
-  sub->add_option("--kv-cache-dtype", args->kv_cache_dtype,
-                  "KV cache element type: auto (CUDA bf16, CPU f32), bf16, fp8 (E4M3, scale 1.0; CUDA) or f32");
+  sub->add_option(
+      "--kv-cache-dtype", args->kv_cache_dtype,
+      "KV cache element type: auto (CUDA bf16, CPU f32), bf16, fp8 (E4M3, scale 1.0; CUDA) or f32");
   sub->add_flag("--ignore-eos", args->ignore_eos, "Keep generating past end-of-sequence");
   sub->add_flag("--no-bos", args->no_bos, "Do not prepend the BOS token");
   add_quantize_options(*sub, args->quantize, args->calibration);

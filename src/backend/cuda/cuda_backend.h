@@ -37,7 +37,7 @@ struct CudaBackendOptions {
   // FP8 caches store k / kv_k_scale and v / kv_v_scale as E4M3 (per tensor; 1.0 as vLLM's default).
   float kv_k_scale = 1.0f;
   float kv_v_scale = 1.0f;
-  bool bf16_activations = true;        // the fused BF16 outputs of the norms / SiLU described above
+  bool bf16_activations = true;  // the fused BF16 outputs of the norms / SiLU described above
 };
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1.
@@ -135,7 +135,8 @@ class CudaBackend final : public Backend {
 
   CudaAttentionKernel attention_kernel_ = CudaAttentionKernel::Auto;
   int forced_splits_ = 0;
-  Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_, pinned_ids_;
+  Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,
+      pinned_ids_;
   // The tensor whose BF16 copy shadow_ holds (null: none), and its shape.
   const void* shadow_src_ = nullptr;
   int64_t shadow_rows_ = 0, shadow_cols_ = 0;
