@@ -89,7 +89,8 @@ class Backend {
   virtual DType kv_cache_dtype() const { return DType::F32; }
   // Fills a F32/F16/BF16 tensor with offset + uniform(-amplitude, amplitude) values generated in device
   // memory (dummy weights without a host copy). Returns false when the backend cannot: the caller then
-  // generates on the host and copies.
+  // generates on the host and copies. Quantized payloads (CUDA): F8_E4M3 codes of the same values,
+  // INT4 uniformly random codes, U8 clamp(round(value)).
   virtual bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) { return false; }
   // Token selection where the logits are: one id per row of logits [rows, vocab] F32 (backend memory)
   // written to host_ids, with one small copy back. params: one per row (host memory), or null for greedy

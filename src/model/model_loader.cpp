@@ -19,7 +19,9 @@
 #include "model/model.h"
 #include "model/quantized_linear.h"
 #include "model/tensor_parallel.h"
+#include "quant/fp8.h"
 #include "quant/gguf_blocks.h"
+#include "quant/int4.h"
 
 namespace inferx {
 
@@ -178,17 +180,52 @@ class WeightLoader {
       l.weight = matrix(name, shape);
       return l;
     }
-    entry(name, shape);  // shape check with the usual message
+    if (entry(name, shape).data == nullptr) return random_quantized_linear(name, shape, want);  // dummy, GPU
     return resolve_quantized_linear(*m_.source_, name, shape[0], shape[1], hf_, want, m_.backend_.device(),
                                     [this](DType t, const std::vector<int64_t>& s, const void* p, size_t b) {
                                       return place(t, s, p, b);
                                     });
   }
 
+  // dummy:NAME on a GPU with --quantize: random codes and scales generated in device memory (no host
+  // values, no host quantization: a 70B model loads in seconds). FP8: codes of uniform(-448, 448), scale
+  // amplitude / 448; INT4: uniform codes, scale amplitude / 7.5 (symmetric) or / 15 with zero point 8.
+  Linear random_quantized_linear(const std::string& name, const std::vector<int64_t>& shape,
+                                 const LayerQuant& q) {
+    const DummyFill* f = dummy_fill(*m_.source_, name);
+    INFERX_CHECK(f != nullptr, "{}: tensor '{}' has no data", m_.source_->describe(), name);
+    const int64_t n = shape[0], k = shape[1];
+    auto filled = [&](DType t, const std::vector<int64_t>& s, uint64_t seed, float amp, float offset) {
+      DummyFill fill{amp, offset, seed};
+      return device_random_with(name, t, s, fill);
+    };
+    Linear l;
+    if (q.format == WeightFormat::Fp8) {
+      l.weight = filled(DType::F8_E4M3, {n, k}, f->seed, kFp8E4M3Max, 0.0f);
+      const int64_t scales = q.fp8 == Fp8Granularity::PerTensor ? 1 : n;
+      l.scale = filled(DType::F32, {scales}, f->seed + 1, 0.0f, f->amplitude / kFp8E4M3Max);
+      return l;
+    }
+    INFERX_CHECK(q.format == WeightFormat::Int4 && int4_group_fits(k, q.group),
+                 "{}: cannot generate {} input columns in INT4 groups of {}", m_.source_->describe(), k,
+                 q.group);
+    l.weight = filled(DType::INT4, {n, k}, f->seed, 0.0f, 0.0f);
+    l.scale =
+        filled(DType::F16, {n, k / q.group}, f->seed + 1, 0.0f, f->amplitude / (q.symmetric ? 7.5f : 15.0f));
+    if (!q.symmetric) l.zero = filled(DType::U8, {n, k / q.group}, f->seed + 2, 0.0f, 8.0f);
+    l.group_size = q.group;
+    return l;
+  }
+
   // dummy:NAME on a GPU: the source holds no host bytes, the backend generates the values in place.
   Tensor device_random(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
     const DummyFill* f = dummy_fill(*m_.source_, name);
     INFERX_CHECK(f != nullptr, "{}: tensor '{}' has no data", m_.source_->describe(), name);
+    return device_random_with(name, dtype, shape, *f);
+  }
+  Tensor device_random_with(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            const DummyFill& fill) {
+    const DummyFill* f = &fill;
     Tensor t;
     t.dtype = dtype;
     t.ndim = static_cast<int>(shape.size());
@@ -260,9 +297,12 @@ OpenedModel open_model(const std::string& spec, Backend& backend, const LoadOpti
     ModelConfig config = dummy_model_config(name);
     // On a GPU, plain-typed dummy weights are generated in device memory (no host copy of an 8B model),
     // unless a quantization plan needs the host values.
-    const bool on_device = backend.device() != Device::CPU && !is_quantized(dtype) &&
-                           options.quantize.kind == PlanKind::None && !options.plan &&
-                           options.tensor_parallel_size <= 1;  // ranks slice host values
+    const bool on_device =
+        backend.device() != Device::CPU && !is_quantized(dtype) &&
+        !options.plan &&  // fixed rules need no host values (random codes on the device)
+        (options.quantize.kind == PlanKind::None || options.quantize.kind == PlanKind::Fp8 ||
+         options.quantize.kind == PlanKind::Int4 || options.quantize.kind == PlanKind::Fp8Int4) &&
+        options.tensor_parallel_size <= 1;  // ranks slice host values
     auto source = make_dummy_source(name, config, dtype, options.dummy_seed, !on_device);
     std::string desc = fmt::format("{} in {} — RANDOM WEIGHTS, outputs are meaningless", source->describe(),
                                    dtype_name(dtype));

@@ -27,7 +27,11 @@ Model::~Model() = default;
 
 int64_t Model::weight_bytes_per_token() const {
   if (tp_) return tp_->weight_bytes_per_token();  // every rank's share
-  auto lin = [](const Linear& l) { return l.weight.nbytes() + (l.bias.empty() ? 0 : l.bias.nbytes()); };
+  // Quantized layers count their stored bytes (codes, scales, zero points), as the kernels read them.
+  auto bytes = [](const Tensor& t) { return t.empty() ? int64_t{0} : t.nbytes(); };
+  auto lin = [&](const Linear& l) {
+    return bytes(l.weight) + bytes(l.bias) + bytes(l.scale) + bytes(l.zero);
+  };
   int64_t total = lin(weights_.lm_head) + weights_.final_norm.nbytes();
   for (const LayerWeights& l : weights_.layers) {
     total += lin(l.q) + lin(l.k) + lin(l.v) + lin(l.o) + lin(l.gate) + lin(l.up) + lin(l.down);
