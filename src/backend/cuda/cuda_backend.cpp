@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/quantized_gemm.h"
 #include "backend/rope.h"
 #include "core/error.h"
 
@@ -122,12 +123,15 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
   gemm_ = std::make_unique<cuda::CublasLtGemm>(stream_);
+  qgemm_ = std::make_unique<cuda::QuantizedGemm>(stream_);
 }
 
 CudaBackend::~CudaBackend() {
   clear_graphs();
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);
+  release(qgemm_ws_);
+  qgemm_.reset();
   for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
   gemm_.reset();
   if (stream_) {
@@ -257,6 +261,16 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
                  w.bias.shape_string(), w.out_features());
   }
   use_device();
+  // Quantized weights with more rows than the GEMV pays for, or that it cannot take (quantized_gemm.h).
+  if (cuda::QuantizedGemm::supports(w)) {
+    qgemm_->matmul(x.ptr<float>(), x.rows(), w, out.ptr<float>(),
+                   [this](size_t bytes) { return scratch(qgemm_ws_, bytes); });
+    last_matmul_bf16_ = false;  // it reads F32 activations: the norms need not write BF16 copies
+    const auto* o = static_cast<const char*>(out.data);
+    const auto* src = static_cast<const char*>(shadow_src_);
+    if (src && o < src + shadow_rows_ * shadow_cols_ * 4 && src < o + out.nbytes()) drop_bf16_copy();
+    return;
+  }
   // The BF16 copy written by the norm / SiLU that produced x, when it is still current (class comment).
   const bool from_copy = shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == x.rows() &&
                          shadow_cols_ == x.cols() && w.weight.dtype == DType::BF16;

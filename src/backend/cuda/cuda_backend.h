@@ -27,6 +27,7 @@ namespace inferx {
 
 namespace cuda {
 class CublasLtGemm;
+class QuantizedGemm;
 }
 
 // Which attention kernel runs (tests and benchmarks force one; Auto picks per batch).
@@ -100,6 +101,8 @@ class CudaBackend final : public Backend {
     forced_splits_ = decode_splits;
   }
   int sm_count() const { return sm_count_; }
+  // The quantized GEMM of large row counts (quantized_gemm.h), for tests and benchmarks.
+  cuda::QuantizedGemm& quantized_gemm() { return *qgemm_; }
 
  private:
   // Device scratch grown on demand (stream-ordered); growth bumps generation_ so that graphs captured
@@ -129,6 +132,8 @@ class CudaBackend final : public Backend {
   CUstream_st* stream_ = nullptr;
   std::string name_;
   std::unique_ptr<cuda::CublasLtGemm> gemm_;
+  std::unique_ptr<cuda::QuantizedGemm> qgemm_;  // FP8 W8A8 / dequantizing GEMM (quantized_gemm.h)
+  Scratch qgemm_ws_;
   // RoPE inverse frequencies (backend/rope.h), recomputed only when the parameters change.
   std::vector<float> inv_freq_;
   RopeParams inv_freq_params_;

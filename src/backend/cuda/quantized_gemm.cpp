@@ -183,8 +183,13 @@ void QuantizedGemm::matmul(const float* x, int64_t t, const Linear& w, float* ou
 void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
                                const std::function<void*(size_t)>& workspace) {
   const int64_t n = w.out_features(), k = w.in_features();
-  const Plan& plan = plan_for(0, n, t, k, n, w.weight.data, out);
-  if (!plan.has_algo) {  // no FP8 kernel for this shape / alignment: the same W8A8 values in BF16
+  // cuBLASLt's FP8 kernels want M (our output features) and K multiples of 16 and 16-byte aligned
+  // operands (as PyTorch's _scaled_mm checks); otherwise, or when the heuristic offers no FP8 kernel for
+  // the shape, the same W8A8 values run in BF16.
+  const bool fp8_shape = n % 16 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(w.weight.data) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const Plan* plan = fp8_shape ? &plan_for(0, n, t, k, n, w.weight.data, out) : nullptr;
+  if (plan == nullptr || !plan->has_algo) {
     dequant_matmul(x, t, w, out, workspace);
     return;
   }
@@ -193,7 +198,7 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   auto* xq = reinterpret_cast<uint8_t*>(ws);
   auto* xs = reinterpret_cast<float*>(ws + q_bytes);
   CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, xq, xs, nullptr, stream_));
-  run(plan, w.weight.data, xq, out);
+  run(*plan, w.weight.data, xq, out);
   CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data),
                                        w.scale.numel() > 1, w.bias.empty() ? nullptr : w.bias.ptr<float>(),
                                        out, stream_));
@@ -204,7 +209,7 @@ void QuantizedGemm::dequant_matmul(const float* x, int64_t t, const Linear& w, f
                                    const std::function<void*(size_t)>& workspace) {
   const int64_t n = w.out_features(), k = w.in_features();
   const bool fp8 = w.weight.dtype == DType::F8_E4M3;
-  int64_t tile = std::max<int64_t>(1, static_cast<int64_t>(kTileBytes / static_cast<size_t>(k * 2)));
+  int64_t tile = std::max<int64_t>(1, static_cast<int64_t>(tile_bytes_ / static_cast<size_t>(k * 2)));
   if (tile >= 128) tile = tile / 128 * 128;  // whole output tiles of the GEMM
   tile = std::min(tile, n);
   const size_t x_bytes = round_up(static_cast<size_t>(t * k) * 2);

@@ -57,6 +57,8 @@ class QuantizedGemm {
   Path last_path() const { return last_path_; }
   // Tests: force the dequantizing path for FP8 weights too.
   void set_force_dequant(bool force) { force_dequant_ = force; }
+  // Tests: a smaller dequantization tile (bytes of BF16), so that small weights span several tiles.
+  void set_tile_bytes(size_t bytes) { tile_bytes_ = bytes > 0 ? bytes : kTileBytes; }
 
  private:
   // A cuBLASLt plan for D (F32, n x t, ld ldd) = op(A) B with A [k, n] transposed (W rows), B [k, t].
@@ -77,6 +79,7 @@ class QuantizedGemm {
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
   Path last_path_ = Path::None;
   bool force_dequant_ = false;
+  size_t tile_bytes_ = kTileBytes;
 };
 
 }  // namespace inferx::cuda

@@ -1,0 +1,394 @@
+// The quantized GEMM of large row counts (backend/cuda/quantized_gemm.h): FP8 W8A8 through cuBLASLt and
+// the dequantizing BF16 path for INT4 / Q8_0 / Q4_K, each against the CPU backend on the same quantized
+// weights and against a double-precision product of the dequantized weights written here; then whole tiny
+// models quantized at load (fp8, int4, fp8-int4) against the CPU backend's quantized model, and a dummy
+// model generated quantized on the device. GPU tests skip without a GPU (fail with INFERX_REQUIRE_GPU=1).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/quantized_gemm.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "quant/fp8.h"
+#include "quant/gguf_blocks.h"
+#include "quant/int4.h"
+#include "quant/plan.h"
+
+namespace inferx {
+namespace {
+
+using cuda::QuantizedGemm;
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// max |got - want| <= rel * max |want| (+ a tiny floor), with the worst element reported.
+void expect_close_to_scale(const std::vector<float>& got, const std::vector<double>& want, double rel,
+                           const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0, worst = 0;
+  size_t at = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  ASSERT_GT(scale, 0.0) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - want[i]);
+    if (!(d <= worst)) {  // NaN counts as the worst
+      worst = std::isnan(d) ? INFINITY : d;
+      at = i;
+    }
+  }
+  EXPECT_LE(worst, rel * scale + 1e-6) << what << ": element " << at << " got " << got[at] << " want "
+                                       << want[at] << " (output scale " << scale << ")";
+}
+
+// Host Tensors for the supports()/prefers() checks: never dereferenced.
+Tensor fake(DType t, std::initializer_list<int64_t> shape, Device d = Device::CUDA) {
+  static char byte;
+  return Tensor(t, shape, &byte, d);
+}
+
+TEST(QuantizedGemmDispatch, SupportsTheFormatsWithValidScales) {
+  const int64_t n = 48, k = 256;
+  Linear fp8;
+  fp8.weight = fake(DType::F8_E4M3, {n, k});
+  fp8.scale = fake(DType::F32, {n});
+  EXPECT_TRUE(QuantizedGemm::supports(fp8));
+  fp8.scale = fake(DType::F32, {1});
+  EXPECT_TRUE(QuantizedGemm::supports(fp8));
+  fp8.scale = fake(DType::F32, {n - 1});  // neither per tensor nor per channel
+  EXPECT_FALSE(QuantizedGemm::supports(fp8));
+  fp8.scale = fake(DType::F16, {n});
+  EXPECT_FALSE(QuantizedGemm::supports(fp8));
+  Linear fp8_odd;  // cuBLASLt FP8 needs K a multiple of 16
+  fp8_odd.weight = fake(DType::F8_E4M3, {n, 40});
+  fp8_odd.scale = fake(DType::F32, {1});
+  EXPECT_FALSE(QuantizedGemm::supports(fp8_odd));
+  Linear host = fp8;  // host memory is never taken
+  host.scale = fake(DType::F32, {1});
+  host.weight = fake(DType::F8_E4M3, {n, k}, Device::CPU);
+  EXPECT_FALSE(QuantizedGemm::supports(host));
+
+  Linear int4;
+  int4.weight = fake(DType::INT4, {n, k});
+  int4.group_size = 64;
+  int4.scale = fake(DType::F16, {n, k / 64});
+  EXPECT_TRUE(QuantizedGemm::supports(int4));
+  int4.zero = fake(DType::U8, {n, k / 64});
+  EXPECT_TRUE(QuantizedGemm::supports(int4));
+  int4.input_perm = fake(DType::I32, {k});
+  EXPECT_TRUE(QuantizedGemm::supports(int4));
+  int4.group_size = 48;
+  EXPECT_FALSE(QuantizedGemm::supports(int4));
+  int4.group_size = 64;
+  int4.zero = fake(DType::U8, {n, k / 32});
+  EXPECT_FALSE(QuantizedGemm::supports(int4));
+
+  for (DType t : {DType::Q8_0, DType::Q4_K}) {
+    Linear q;
+    q.weight = fake(t, {n, k});
+    EXPECT_TRUE(QuantizedGemm::supports(q)) << dtype_name(t);
+  }
+  Linear q40;  // no CUDA kernel reads Q4_0 / Q6_K
+  q40.weight = fake(DType::Q4_0, {n, k});
+  EXPECT_FALSE(QuantizedGemm::supports(q40));
+  Linear bf16;
+  bf16.weight = fake(DType::BF16, {n, k});
+  EXPECT_FALSE(QuantizedGemm::supports(bf16));
+}
+
+TEST(QuantizedGemmDispatch, TakesFp8AboveTheGemvRowsAndBlockFormatsFromTheDequantThreshold) {
+  Linear fp8;
+  fp8.weight = fake(DType::F8_E4M3, {32, 64});
+  EXPECT_FALSE(QuantizedGemm::prefers(fp8, 16));
+  EXPECT_TRUE(QuantizedGemm::prefers(fp8, 17));
+  Linear q;
+  q.weight = fake(DType::INT4, {32, 256});
+  EXPECT_FALSE(QuantizedGemm::prefers(q, QuantizedGemm::kDequantMinRows - 1));
+  EXPECT_TRUE(QuantizedGemm::prefers(q, QuantizedGemm::kDequantMinRows));
+}
+
+// GPU tests --------------------------------------------------------------------------------------------
+
+class QuantizedGemmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) {
+      if (std::getenv("INFERX_REQUIRE_GPU"))
+        FAIL() << "INFERX_REQUIRE_GPU is set but no CUDA device is visible";
+      GTEST_SKIP() << "no CUDA device visible";
+    }
+    CudaBackendOptions o;
+    o.kv_cache_dtype = DType::F32;
+    gpu_ = make_cuda_backend(0, o);
+    cpu_ = make_cpu_backend({1});
+  }
+
+  Tensor on(Backend& b, DType t, std::initializer_list<int64_t> shape, const void* bytes, size_t n) {
+    buffers_.push_back(b.allocate(std::max<size_t>(n, 1)));
+    if (bytes) b.copy_to_device(buffers_.back()->data(), bytes, n);
+    return Tensor(t, shape, buffers_.back()->data(), b.device());
+  }
+  std::vector<float> read(Backend& b, const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    b.synchronize();
+    b.copy_to_host(v.data(), t.data, v.size() * 4);
+    return v;
+  }
+  QuantizedGemm& qgemm() { return static_cast<CudaBackend&>(*gpu_).quantized_gemm(); }
+
+  // A quantized layer in host bytes plus its dequantized weight (the reference).
+  struct HostLinear {
+    DType dtype = DType::F32;
+    int64_t n = 0, k = 0, group = 0;
+    std::vector<uint8_t> weight, scale, zero;  // raw bytes
+    std::vector<int32_t> perm;
+    std::vector<float> bias;
+    std::vector<double> dequant;  // [n, k], in the layer's column order
+  };
+
+  static HostLinear make_layer(DType t, int64_t n, int64_t k, uint32_t seed, bool per_channel = true,
+                               int64_t group = 0, bool symmetric = true) {
+    HostLinear h;
+    h.dtype = t;
+    h.n = n;
+    h.k = k;
+    h.group = group;
+    const std::vector<float> w = random_floats(static_cast<size_t>(n * k), seed, -0.5f, 0.5f);
+    std::vector<float> row(static_cast<size_t>(k));
+    h.dequant.resize(static_cast<size_t>(n * k));
+    auto keep_row = [&](int64_t r) {
+      for (int64_t c = 0; c < k; ++c) h.dequant[static_cast<size_t>(r * k + c)] = row[static_cast<size_t>(c)];
+    };
+    if (t == DType::F8_E4M3) {
+      const Fp8Weight q = quantize_fp8_weight(
+          w.data(), n, k, per_channel ? Fp8Granularity::PerChannel : Fp8Granularity::PerTensor);
+      h.weight = q.codes;
+      h.scale.resize(q.scale.size() * 4);
+      std::memcpy(h.scale.data(), q.scale.data(), h.scale.size());
+      for (int64_t r = 0; r < n; ++r) {
+        dequantize_fp8_row(q.codes.data() + r * k, q.scale[q.scale.size() == 1 ? 0 : static_cast<size_t>(r)],
+                           row.data(), k);
+        keep_row(r);
+      }
+    } else if (t == DType::INT4) {
+      const Int4Weight q = quantize_int4_weight(w.data(), n, k, group, symmetric);
+      h.weight = q.codes;
+      h.scale.resize(q.scale.size() * 2);
+      std::memcpy(h.scale.data(), q.scale.data(), h.scale.size());
+      h.zero = q.zero;
+      const int64_t groups = k / group;
+      for (int64_t r = 0; r < n; ++r) {
+        dequantize_int4_row(q.codes.data() + r * k / 2, q.scale.data() + r * groups,
+                            q.symmetric() ? nullptr : q.zero.data() + r * groups, group, row.data(), k);
+        keep_row(r);
+      }
+    } else {
+      const int64_t rb = row_bytes(t, k);
+      h.weight.resize(static_cast<size_t>(n * rb));
+      for (int64_t r = 0; r < n; ++r) {
+        quantize_row(t, w.data() + r * k, h.weight.data() + r * rb, k);
+        dequantize_row(t, h.weight.data() + r * rb, row.data(), k);
+        keep_row(r);
+      }
+    }
+    return h;
+  }
+
+  Linear upload(Backend& b, const HostLinear& h) {
+    Linear l;
+    l.weight = on(b, h.dtype, {h.n, h.k}, h.weight.data(), h.weight.size());
+    if (h.dtype == DType::F8_E4M3)
+      l.scale = on(b, DType::F32, {static_cast<int64_t>(h.scale.size() / 4)}, h.scale.data(), h.scale.size());
+    if (h.dtype == DType::INT4) {
+      l.scale = on(b, DType::F16, {h.n, h.k / h.group}, h.scale.data(), h.scale.size());
+      if (!h.zero.empty()) l.zero = on(b, DType::U8, {h.n, h.k / h.group}, h.zero.data(), h.zero.size());
+      l.group_size = h.group;
+    }
+    if (!h.perm.empty()) l.input_perm = on(b, DType::I32, {h.k}, h.perm.data(), h.perm.size() * 4);
+    if (!h.bias.empty()) l.bias = on(b, DType::F32, {h.n}, h.bias.data(), h.bias.size() * 4);
+    return l;
+  }
+
+  // Runs x [t, k] through both backends and the double reference; checks the GPU path taken.
+  void check(const HostLinear& h, int64_t t, QuantizedGemm::Path want_path, double rel_exact, double rel_cpu,
+             const std::string& what) {
+    const std::vector<float> x = random_floats(static_cast<size_t>(t * h.k), 1000 + static_cast<uint32_t>(t));
+    std::vector<double> ref(static_cast<size_t>(t * h.n));
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t j = 0; j < h.n; ++j) {
+        double s = h.bias.empty() ? 0.0 : h.bias[static_cast<size_t>(j)];
+        for (int64_t i = 0; i < h.k; ++i) {
+          const int64_t src = h.perm.empty() ? i : h.perm[static_cast<size_t>(i)];
+          s += h.dequant[static_cast<size_t>(j * h.k + i)] * x[static_cast<size_t>(r * h.k + src)];
+        }
+        ref[static_cast<size_t>(r * h.n + j)] = s;
+      }
+    const Linear wg = upload(*gpu_, h), wc = upload(*cpu_, h);
+    const Tensor xg = on(*gpu_, DType::F32, {t, h.k}, x.data(), x.size() * 4);
+    const Tensor xc = on(*cpu_, DType::F32, {t, h.k}, x.data(), x.size() * 4);
+    Tensor og = on(*gpu_, DType::F32, {t, h.n}, nullptr, static_cast<size_t>(t * h.n) * 4);
+    Tensor oc = on(*cpu_, DType::F32, {t, h.n}, nullptr, static_cast<size_t>(t * h.n) * 4);
+    gpu_->matmul(xg, wg, og);
+    cpu_->matmul(xc, wc, oc);
+    const std::vector<float> got = read(*gpu_, og), cpu = read(*cpu_, oc);
+    const std::string label =
+        what + " t=" + std::to_string(t) + " n=" + std::to_string(h.n) + " k=" + std::to_string(h.k);
+    const QuantizedGemm::Path path = qgemm().last_path();
+    if (want_path == QuantizedGemm::Path::None) {  // FP8 with a shape cuBLASLt's FP8 kernels may refuse
+      EXPECT_TRUE(path == QuantizedGemm::Path::Fp8 || path == QuantizedGemm::Path::Fp8ViaBf16) << label;
+      if (path == QuantizedGemm::Path::Fp8ViaBf16) rel_cpu = std::max(rel_cpu, 1e-2);
+    } else {
+      EXPECT_EQ(path, want_path) << label;
+    }
+    expect_close_to_scale(got, std::vector<double>(cpu.begin(), cpu.end()), rel_cpu,
+                          label + " vs CPU backend");
+    expect_close_to_scale(got, ref, rel_exact, label + " vs dequantized reference");
+  }
+
+  std::unique_ptr<Backend> gpu_, cpu_;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+};
+
+// FP8 W8A8: the same E4M3 codes as the CPU backend (weights and per-token activations), so the only
+// differences are summation order (tolerance 2e-3 of the output scale). Against the unquantized-activation
+// double reference the FP8 rounding of x (3 mantissa bits) dominates: 5e-2 (the CPU backend is at 2.6e-2).
+TEST_F(QuantizedGemmTest, Fp8MatchesTheCpuW8A8OnOddShapes) {
+  // Output features a multiple of 16 (cuBLASLt FP8's requirement) with odd row counts and K = 13 * 16;
+  // then 77 outputs, which may run through the BF16 fallback (either path is accepted there).
+  for (bool per_channel : {true, false})
+    for (int64_t t : {17, 61, 300}) {
+      HostLinear h = make_layer(DType::F8_E4M3, 80, 208, 7 + static_cast<uint32_t>(t), per_channel);
+      if (t == 61) h.bias = random_floats(80, 3);
+      check(h, t, QuantizedGemm::Path::Fp8, 5e-2, 2e-3, per_channel ? "fp8 per-channel" : "fp8 per-tensor");
+    }
+  HostLinear odd = make_layer(DType::F8_E4M3, 77, 208, 8, true);
+  odd.bias = random_floats(77, 3);
+  check(odd, 33, QuantizedGemm::Path::None, 5e-2, 2e-3, "fp8 77 outputs");
+}
+
+// The BF16 fallback of FP8 (used when cuBLASLt has no FP8 algorithm): the same W8A8 values rounded to
+// BF16 (2^-9 relative): 1e-2 of the output scale against the CPU backend.
+TEST_F(QuantizedGemmTest, Fp8FallbackThroughBf16MatchesTheCpuW8A8) {
+  qgemm().set_force_dequant(true);
+  HostLinear h = make_layer(DType::F8_E4M3, 130, 96, 21, true);
+  h.bias = random_floats(130, 4);
+  check(h, 45, QuantizedGemm::Path::Fp8ViaBf16, 5e-2, 1e-2, "fp8 via bf16");
+  qgemm().set_force_dequant(false);
+}
+
+// INT4 / Q8_0 / Q4_K: BF16 activations and BF16-rounded weights (2^-9 relative each): 1e-2 of the output
+// scale against the exact product; the CPU backend quantizes activations to int8 blocks (4e-3 from the
+// exact product on these shapes): 1.5e-2.
+TEST_F(QuantizedGemmTest, Int4MatchesOnOddShapes) {
+  for (int64_t g : {32, 64, 128})
+    for (bool sym : {true, false}) {
+      HostLinear h = make_layer(DType::INT4, 91, 3 * g, 11 + static_cast<uint32_t>(g), true, g, sym);
+      h.bias = random_floats(91, 5);
+      check(h, 133, QuantizedGemm::Path::Dequant, 1e-2, 1.5e-2,
+            "int4 g" + std::to_string(g) + (sym ? " sym" : " asym"));
+    }
+}
+
+TEST_F(QuantizedGemmTest, Int4WithActOrderPermutation) {
+  HostLinear h = make_layer(DType::INT4, 64, 256, 31, true, 128, false);
+  h.perm.resize(256);
+  std::iota(h.perm.begin(), h.perm.end(), 0);
+  std::shuffle(h.perm.begin(), h.perm.end(), std::mt19937(9));
+  check(h, 128, QuantizedGemm::Path::Dequant, 1e-2, 1.5e-2, "int4 act-order");
+}
+
+TEST_F(QuantizedGemmTest, GgufBlocksMatchOnOddShapes) {
+  check(make_layer(DType::Q8_0, 75, 224, 41), 150, QuantizedGemm::Path::Dequant, 1e-2, 1.5e-2, "q8_0");
+  check(make_layer(DType::Q4_K, 75, 512, 43), 129, QuantizedGemm::Path::Dequant, 1e-2, 1.5e-2, "q4_k");
+}
+
+// A weight taller than one dequantized tile runs in several tiles (the last one partial).
+TEST_F(QuantizedGemmTest, Int4SpansSeveralTiles) {
+  const int64_t k = 256;
+  qgemm().set_tile_bytes(static_cast<size_t>(64 * k * 2));  // 64 rows per tile
+  HostLinear h = make_layer(DType::INT4, 200, k, 51, true, 128, true);
+  h.bias = random_floats(200, 6);
+  check(h, 128, QuantizedGemm::Path::Dequant, 1e-2, 1.5e-2, "int4 4 tiles");
+  qgemm().set_tile_bytes(0);
+}
+
+// Whole models ------------------------------------------------------------------------------------------
+
+const std::string kLlamaTiny = std::string(INFERX_SOURCE_DIR) + "/tests/golden/fixtures/llama-tiny";
+
+// llama-tiny (hidden 64, ffn 96, vocab 256) quantized at load on both backends, a 150-token prompt (every
+// product takes the quantized GEMM: FP8 above 16 rows, INT4 from 128), logits of every position. The CPU
+// backend is the reference: tolerance 3e-2 of the largest |logit| (FP8: an activation that differs in the
+// last bits between the backends may round to a neighbouring E4M3 value; INT4: BF16 vs int8 activations).
+TEST_F(QuantizedGemmTest, TinyModelQuantizedAtLoadMatchesTheCpuBackend) {
+  std::vector<int32_t> prompt(150);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 250);
+  for (const char* plan : {"fp8", "int4", "fp8-int4"}) {
+    LoadOptions lo;
+    lo.quantize = parse_quant_options(plan);
+    auto gm = Model::load(kLlamaTiny, *gpu_, lo);
+    auto cm = Model::load(kLlamaTiny, *cpu_, lo);
+    const DType attn = std::string(plan) == "int4" ? DType::INT4 : DType::F8_E4M3;
+    EXPECT_EQ(gm->weights().layers[0].q.weight.dtype, attn) << plan << ": kept quantized on the GPU";
+    EXPECT_EQ(gm->weight_bytes_per_token(), cm->weight_bytes_per_token()) << plan;
+    SequenceRunner gr(*gm, 256), cr(*cm, 256);
+    const std::vector<float> got = gr.step_all_logits(prompt), want = cr.step_all_logits(prompt);
+    EXPECT_NE(qgemm().last_path(), QuantizedGemm::Path::None) << plan;
+    expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), 3e-2, plan);
+  }
+}
+
+// dummy:tiny --quantize fp8 / int4 on the GPU: codes generated on the device; the weights stay quantized,
+// weight_bytes_per_token counts codes + scales, and a 40-token prefill gives finite logits.
+TEST_F(QuantizedGemmTest, DummyModelGeneratesQuantizedWeightsOnTheDevice) {
+  for (const char* plan : {"fp8", "int4"}) {
+    LoadOptions lo;
+    lo.quantize = parse_quant_options(plan);
+    auto m = Model::load("dummy:tiny", *gpu_, lo);
+    const ModelConfig& c = m->config();
+    const bool fp8 = std::string(plan) == "fp8";
+    EXPECT_EQ(m->weights().layers[0].down.weight.dtype, fp8 ? DType::F8_E4M3 : DType::INT4) << plan;
+    const int64_t D = c.hidden_size, F = c.intermediate_size, kvd = c.num_kv_heads * c.head_dim,
+                  qd = c.num_heads * c.head_dim;
+    const int64_t shapes[7][2] = {{qd, D}, {kvd, D}, {kvd, D}, {D, qd}, {F, D}, {F, D}, {D, F}};
+    int64_t want = c.vocab_size * D * 2 + D * 4;  // BF16 lm_head, F32 final norm
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      want += 2 * D * 4;  // norms
+      for (const auto& s : shapes) {
+        const int64_t group = 128;  // the int4 plan's default; tiny's columns are multiples of it
+        want += fp8 ? s[0] * s[1] + s[0] * 4 : s[0] * s[1] / 2 + s[0] * (s[1] / group) * 2;
+      }
+    }
+    EXPECT_EQ(m->weight_bytes_per_token(), want) << plan;
+    SequenceRunner r(*m, 64);
+    std::vector<int32_t> prompt(40);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1 + i * 7 % 500);
+    const std::vector<float>& logits = r.step(prompt);
+    ASSERT_EQ(static_cast<int64_t>(logits.size()), c.vocab_size);
+    float amax = 0;
+    for (float v : logits) {
+      ASSERT_TRUE(std::isfinite(v)) << plan;
+      amax = std::max(amax, std::fabs(v));
+    }
+    EXPECT_GT(amax, 0.0f) << plan;
+  }
+}
+
+}  // namespace
+}  // namespace inferx
