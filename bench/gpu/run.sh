@@ -81,5 +81,37 @@ else
   note "kernel bench: missing ($C/bench_cuda_kernels; rebuild and rerun stage.sh)"
 fi
 
+echo "== 6. quantized weights on the GPU (issue 6): quantized GEMM tests, FP8/INT4 8B decode + 4000-token prefill, 70B FP8"
+if [[ -x "$C/test_cuda_qgemm" ]]; then
+  INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_qgemm" --gtest_color=no >"$OUT/qgemm_tests.log" 2>&1
+  rc=$?
+  tail -5 "$OUT/qgemm_tests.log"
+  note "qgemm tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/qgemm_tests.log" | tr '\n' ' ')"
+else
+  note "qgemm tests: missing ($C/test_cuda_qgemm; rebuild and rerun stage.sh)"
+fi
+for q in fp8 int4 fp8-int4; do
+  timeout 180 "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --quantize "$q" --device cuda \
+    --prompt-ids 1,2,3,4,5,6,7,8 -n 64 --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_8b_$q.err"
+  note "decode 8B $q: rc=$? $(tail -1 "$OUT/decode_8b_$q.err")"
+done
+P4K=$(seq -s, 1 4000)
+for q in none fp8 int4; do
+  qa=()
+  [[ "$q" != none ]] && qa=(--quantize "$q")
+  timeout 180 "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda --prompt-ids "$P4K" \
+    -n 2 --temperature 0 --ignore-eos >/dev/null 2>"$OUT/prefill4k_8b_$q.err"
+  note "prefill 4000 tokens 8B $q: rc=$? $(tail -1 "$OUT/prefill4k_8b_$q.err")"
+done
+(while sleep 1; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done) >"$OUT/mem_70b_fp8.log" 2>&1 &
+mon=$!
+tv=()
+[[ -x /usr/bin/time ]] && tv=(/usr/bin/time -v)  # host max RSS when available
+"${tv[@]}" timeout 300 "$C/inferx" generate -m dummy:llama-3-70b --dtype bf16 --quantize fp8 --device cuda \
+  --prompt-ids 1,2,3,4,5,6,7,8 -n 64 --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_70b_fp8.err"
+rc=$?
+kill "$mon" 2>/dev/null
+note "70B fp8: rc=$rc $(grep -E 'load .* s \|' "$OUT/decode_70b_fp8.err" | tail -1) | peak GPU MiB $(sort -n "$OUT/mem_70b_fp8.log" | tail -1) | host max RSS kB $(grep -o 'Maximum resident set size.*' "$OUT/decode_70b_fp8.err" | grep -o '[0-9]*$')"
+
 echo "== summary"
 printf '%s\n' "${summary[@]}"

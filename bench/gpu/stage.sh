@@ -17,6 +17,8 @@ for b in build/cuda/src/cli/inferx build/cuda/tests/cuda/test_cuda_backend build
     esac
   done
 done
+# test_cuda_qgemm (quantized GEMM, issue 6): same libraries as test_cuda_backend; optional.
+[[ -x build/cuda/tests/cuda/test_cuda_qgemm ]] && cp build/cuda/tests/cuda/test_cuda_qgemm gpu-carry/
 cp -r ../shared/tools gpu-carry/tools
 cp ../shared/testdata/stories260K.gguf gpu-carry/
 du -sh gpu-carry
