@@ -132,6 +132,7 @@ CudaBackend::~CudaBackend() {
     release(*s);
   release(qgemm_ws_);
   qgemm_.reset();
+  release_upload_staging();
   for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
   gemm_.reset();
   if (stream_) {
@@ -170,6 +171,10 @@ void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) 
   if (bytes == 0) return;
   drop_bf16_copy();  // the destination may be the tensor the BF16 copy mirrors
   use_device();
+  if (bytes >= kUploadChunk && !capturing_) {  // weights at load: pinned, double-buffered
+    upload_staged(dst, host_src, bytes);
+    return;
+  }
   CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

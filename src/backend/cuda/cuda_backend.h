@@ -22,6 +22,7 @@
 
 struct CUstream_st;     // = cudaStream_t's pointee (cuda_runtime_api.h)
 struct CUgraphExec_st;  // = cudaGraphExec_t's pointee
+struct CUevent_st;      // = cudaEvent_t's pointee
 
 namespace inferx {
 
@@ -115,6 +116,11 @@ class CudaBackend final : public Backend {
   void release(Scratch& s);
   void* pinned(Scratch& s, size_t bytes);  // page-locked host staging
   void release_pinned(Scratch& s);
+  // Host-to-device copies of at least kUploadChunk bytes go through two pinned staging buffers
+  // (cuda_backend_upload.cpp); released with the backend.
+  static constexpr size_t kUploadChunk = size_t{32} << 20;
+  void upload_staged(void* dst, const void* host_src, size_t bytes);
+  void release_upload_staging();
   uint64_t generation() const;
   // The BF16 copy of `out` that rmsnorm/add_rmsnorm/silu_mul should also write (null: none).
   void* bf16_copy_for(const Tensor& out);
@@ -154,6 +160,8 @@ class CudaBackend final : public Backend {
     uint64_t generation = 0;
   };
   std::map<uint64_t, Graph> graphs_;
+  Scratch upload_[2];
+  CUevent_st* upload_events_[2] = {nullptr, nullptr};
 };
 
 }  // namespace inferx
