@@ -5,9 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "backend/batch.h"
+#include "backend/fused_linear.h"
 #include "backend/linear.h"
 #include "backend/token_sampling.h"
 #include "core/tensor.h"
@@ -114,6 +117,32 @@ class Backend {
   virtual bool replay_graph(uint64_t key) { return false; }
   virtual void drop_graph(uint64_t key) {}
   virtual void clear_graphs() {}
+
+  // Fused projections (model/fused_projections.h stacks q/k/v and gate/up at load when asked) --------
+  virtual bool prefers_fused_projections() const { return false; }
+  // outs[i] = x @ W_i^T (+ b_i), where W_i is the i-th row range of w (ranges in order, each as many rows
+  // as outs[i] has columns). Default: one matmul per row slice.
+  virtual void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
+    int64_t begin = 0;
+    for (Tensor* o : outs) {
+      matmul(x, linear_rows(w, begin, o->cols()), *o);
+      begin += o->cols();
+    }
+  }
+  // out = silu(x @ G^T + bg) * (x @ U^T + bu) for w = [G; U] stacked (2F rows); gate and up [T, F] are
+  // workspace for the default (two matmuls, then silu_mul).
+  virtual void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) {
+    const int64_t f = w.out_features() / 2;
+    matmul(x, linear_rows(w, 0, f), gate);
+    matmul(x, linear_rows(w, f, f), up);
+    silu_mul(gate, up, out);
+  }
+  // Copies between two places of this backend's memory (default: staged through the host).
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) {
+    std::vector<uint8_t> host(bytes);
+    copy_to_host(host.data(), src, bytes);
+    copy_to_device(dst, host.data(), bytes);
+  }
 };
 
 struct CpuBackendOptions {

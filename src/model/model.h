@@ -37,6 +37,9 @@ struct LayerWeights {
   Linear q, k, v, o;
   Tensor q_norm, k_norm;
   Linear gate, up, down;
+  // Fused projections (model/fused_projections.h), empty unless the backend asks for them: q/k/v
+  // stacked, gate over up; q/k/v/gate/up are then row views of these.
+  Linear qkv, gate_up;
 };
 struct ModelWeights {
   Tensor token_embedding;  // [vocab, hidden]

@@ -16,6 +16,7 @@
 #include "formats/safetensors.h"
 #include "model/arch_registry.h"
 #include "model/dummy_models.h"
+#include "model/fused_projections.h"
 #include "model/model.h"
 #include "model/quantized_linear.h"
 #include "model/tensor_parallel.h"
@@ -39,7 +40,7 @@ class WeightLoader {
     w.token_embedding = matrix(names_.token_embedding, {c.vocab_size, D});
     w.final_norm = vector_f32(names_.final_norm, D);
     if (m_.source_->find(names_.lm_head) != nullptr) {
-      w.lm_head.weight = matrix(names_.lm_head, {c.vocab_size, D});
+      w.lm_head.weight = matrix(names_.lm_head, {c.vocab_size, D}, true);
     } else {
       INFERX_CHECK(c.tie_word_embeddings, "{}: tensor '{}' is missing and the config does not tie embeddings",
                    m_.source_->describe(), names_.lm_head);
@@ -68,8 +69,11 @@ class WeightLoader {
       l.up = linear(N(names_.up), {F, D});
       l.down = linear(N(names_.down), {D, F});
     }
+    // Stacked q/k/v and gate/up for backends that run them as one product (after quantization and any
+    // tensor-parallel slicing: the parts are this rank's final weights).
+    if (m_.backend_.prefers_fused_projections()) fuse_projections(m_.backend_, m_.owned_, w.layers);
     m_.quant_plan_ = std::move(applied_);
-    if (!m_.quant_plan_.empty() && m_.backend_.device() != Device::CPU)
+    if (!m_.quant_plan_.empty() && quant_device() != Device::CPU)
       std::fprintf(stderr,
                    "note: %s has no FP8/INT4 kernels yet: quantized layers are dequantized to BF16 at load "
                    "(quantized values, unquantized memory and speed)\n",
@@ -102,12 +106,21 @@ class WeightLoader {
     return place(DType::F32, {n}, host.data(), static_cast<size_t>(n) * 4);
   }
 
+  // The device resolve_quantized_linear dequantizes FP8/INT4 for (CPU: kept quantized). CUDA reads FP8,
+  // INT4 (and GGUF Q8_0 / Q4_K linear weights) natively through its GEMV (backend/cuda/kernels_gemv.h).
+  Device quant_device() const {
+    return m_.backend_.device() == Device::CUDA ? Device::CPU : m_.backend_.device();
+  }
+
   // Matrices keep their stored type when the backend's kernels read it; otherwise convert to BF16.
-  Tensor matrix(const std::string& name, const std::vector<int64_t>& shape) {
+  // `linear`: a matmul weight (not the embedding table, which CUDA reads only as F32/F16/BF16).
+  Tensor matrix(const std::string& name, const std::vector<int64_t>& shape, bool linear = false) {
     const TensorEntry& e = entry(name, shape);
     if (e.data == nullptr) return device_random(name, e.dtype, shape);
     const bool native = m_.backend_.device() == Device::CPU || e.dtype == DType::F32 ||
-                        e.dtype == DType::F16 || e.dtype == DType::BF16;
+                        e.dtype == DType::F16 || e.dtype == DType::BF16 ||
+                        (linear && m_.backend_.device() == Device::CUDA &&
+                         (e.dtype == DType::Q8_0 || e.dtype == DType::Q4_K));
     if (native) {
       if (m_.backend_.device() == Device::CPU) {  // zero-copy view into the mapped file
         Tensor t = e.view();
@@ -158,11 +171,9 @@ class WeightLoader {
     LayerQuant want = q ? *q : LayerQuant{};
     const bool stored_quantized = m_.source_->find(name) == nullptr || is_prequantized(*m_.source_, name);
     if (stored_quantized) {
-      Linear l =
-          resolve_quantized_linear(*m_.source_, name, shape[0], shape[1], hf_, want, m_.backend_.device(),
-                                   [this](DType t, const std::vector<int64_t>& s, const void* p, size_t b) {
-                                     return place(t, s, p, b);
-                                   });
+      Linear l = resolve_quantized_linear(*m_.source_, name, shape[0], shape[1], hf_, want, quant_device(),
+                                          [this](DType t, const std::vector<int64_t>& s, const void* p,
+                                                 size_t b) { return place(t, s, p, b); });
       LayerQuant got;
       got.format =
           l.weight.dtype == DType::INT4 || !l.input_perm.empty() ? WeightFormat::Int4 : WeightFormat::Fp8;
@@ -177,11 +188,11 @@ class WeightLoader {
     applied_.layers.emplace_back(d.name, want);
     if (want.format == WeightFormat::Keep) {
       Linear l;
-      l.weight = matrix(name, shape);
+      l.weight = matrix(name, shape, true);
       return l;
     }
     if (entry(name, shape).data == nullptr) return random_quantized_linear(name, shape, want);  // dummy, GPU
-    return resolve_quantized_linear(*m_.source_, name, shape[0], shape[1], hf_, want, m_.backend_.device(),
+    return resolve_quantized_linear(*m_.source_, name, shape[0], shape[1], hf_, want, quant_device(),
                                     [this](DType t, const std::vector<int64_t>& s, const void* p, size_t b) {
                                       return place(t, s, p, b);
                                     });

@@ -104,9 +104,14 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     } else {
       backend_.add_rmsnorm(x, proj, l.attn_norm, c.rms_norm_eps, h);  // adds the previous MLP output
     }
-    backend_.matmul(h, l.q, q);
-    backend_.matmul(h, l.k, k);
-    backend_.matmul(h, l.v, v);
+    if (!l.qkv.weight.empty()) {
+      Tensor* qkv[] = {&q, &k, &v};
+      backend_.matmul_split(h, l.qkv, qkv);
+    } else {
+      backend_.matmul(h, l.q, q);
+      backend_.matmul(h, l.k, k);
+      backend_.matmul(h, l.v, v);
+    }
     if (c.qk_norm) {
       backend_.head_rmsnorm(q, c.head_dim, l.q_norm, c.rms_norm_eps);
       backend_.head_rmsnorm(k, c.head_dim, l.k_norm, c.rms_norm_eps);
@@ -118,9 +123,13 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: o is row-parallel
     // MLP block: x += down(silu(gate(h)) * up(h)).
     backend_.add_rmsnorm(x, proj, l.ffn_norm, c.rms_norm_eps, h);
-    backend_.matmul(h, l.gate, gate);
-    backend_.matmul(h, l.up, up);
-    backend_.silu_mul(gate, up, act);
+    if (!l.gate_up.weight.empty()) {
+      backend_.matmul_silu_mul(h, l.gate_up, gate, up, act);
+    } else {
+      backend_.matmul(h, l.gate, gate);
+      backend_.matmul(h, l.up, up);
+      backend_.silu_mul(gate, up, act);
+    }
     backend_.matmul(act, l.down, proj);
     if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: down is row-parallel
   }

@@ -130,6 +130,7 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);
+  for (Scratch* s : {&gemv_x_, &gemv_out_}) release(*s);
   release(qgemm_ws_);
   qgemm_.reset();
   release_upload_staging();
@@ -267,13 +268,18 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
   }
   use_device();
   // Quantized weights with more rows than the GEMV pays for, or that it cannot take (quantized_gemm.h).
-  if (cuda::QuantizedGemm::supports(w)) {
+  if (cuda::QuantizedGemm::supports(w) && (cuda::QuantizedGemm::prefers(w, x.rows()) || !gemv_takes(x, w))) {
     qgemm_->matmul(x.ptr<float>(), x.rows(), w, out.ptr<float>(),
                    [this](size_t bytes) { return scratch(qgemm_ws_, bytes); });
     last_matmul_bf16_ = false;  // it reads F32 activations: the norms need not write BF16 copies
     const auto* o = static_cast<const char*>(out.data);
     const auto* src = static_cast<const char*>(shadow_src_);
     if (src && o < src + shadow_rows_ * shadow_cols_ * 4 && src < o + out.nbytes()) drop_bf16_copy();
+    return;
+  }
+  if (gemv_takes(x, w)) {  // decode-sized batches and formats cuBLASLt cannot take (cuda_backend_gemv.cpp)
+    Tensor* outs[] = {&out};
+    run_gemv(x, w, outs);
     return;
   }
   // The BF16 copy written by the norm / SiLU that produced x, when it is still current (class comment).

@@ -40,9 +40,11 @@ struct CudaBackendOptions {
   float kv_k_scale = 1.0f;
   float kv_v_scale = 1.0f;
   bool bf16_activations = true;  // the fused BF16 outputs of the norms / SiLU described above
+  bool gemv = true;  // false: every matmul through cuBLASLt and no fused projections (A/B measurements)
 };
 
-// Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1.
+// Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
+// INFERX_CUDA_GEMV=0|1.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -79,6 +81,11 @@ class CudaBackend final : public Backend {
                  const AttentionParams& params, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override;
+  // Decode GEMV and fused projections (cuda_backend_gemv.cpp, kernels_gemv.h).
+  bool prefers_fused_projections() const override { return options_.gemv; }
+  void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;
+  void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
+  void copy_on_device(void* dst, const void* src, size_t bytes) override;
 
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
   bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
@@ -126,6 +133,12 @@ class CudaBackend final : public Backend {
   void* bf16_copy_for(const Tensor& out);
   void drop_bf16_copy() { shadow_src_ = nullptr; }
   void run_sampler(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
+  // The GEMV path (cuda_backend_gemv.cpp): whether it takes this product (BF16 with one row, or a format
+  // cuBLASLt cannot take), x as BF16 (the current copy, or converted / permuted into gemv_x_), and the
+  // launch of a product split over `outs`.
+  bool gemv_takes(const Tensor& x, const Linear& w) const;
+  const void* gemv_input(const Tensor& x, const Linear& w);
+  void run_gemv(const Tensor& x, const Linear& w, std::span<Tensor* const> outs);
 
   // Makes device_ current on the calling thread (the engine loop may run on another thread than the one
   // that created the backend; the current device is per thread).
@@ -160,8 +173,10 @@ class CudaBackend final : public Backend {
     uint64_t generation = 0;
   };
   std::map<uint64_t, Graph> graphs_;
+  // The GEMV's BF16 input; the fused SiLU product's BF16 copy (then swapped with shadow_).
   Scratch upload_[2];
   CUevent_st* upload_events_[2] = {nullptr, nullptr};
+  Scratch gemv_x_, gemv_out_;
 };
 
 }  // namespace inferx

@@ -28,6 +28,7 @@ CudaBackendOptions cuda_options_from_environment() {
       fail("INFERX_CUDA_KV_DTYPE={}: expected f32, bf16 or fp8", v);
   }
   if (const char* act = std::getenv("INFERX_CUDA_BF16_ACT")) o.bf16_activations = std::strcmp(act, "0") != 0;
+  if (const char* gemv = std::getenv("INFERX_CUDA_GEMV")) o.gemv = std::strcmp(gemv, "0") != 0;
   return o;
 }
 

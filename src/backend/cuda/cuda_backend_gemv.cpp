@@ -1,0 +1,161 @@
+// CudaBackend's GEMV path (kernels_gemv.h): BF16 products of one activation row (decode at batch 1), and
+// any product whose weight format cuBLASLt cannot take (FP8 with our scales, INT4, Q8_0, Q4_K: these go
+// through the GEMV in chunks of kGemvMaxRows rows unless the quantized GEMM of matmul's earlier branch
+// takes them), and the fused projections (one launch for q/k/v, one for silu(gate) * up); products the
+// GEMV does not take run the fused weights as row slices (Backend's defaults).
+#include <algorithm>
+#include <utility>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels_gemv.h"
+#include "core/error.h"
+
+namespace inferx {
+
+namespace {
+
+bool gemv_format(const Linear& w) {
+  const Tensor& t = w.weight;
+  switch (t.dtype) {
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_K:
+      return w.scale.empty();
+    case DType::F8_E4M3:
+      return w.scale.dtype == DType::F32 && (w.scale.numel() == 1 || w.scale.numel() == w.out_features());
+    case DType::INT4:
+      return w.scale.dtype == DType::F16 && w.scale.numel() * w.group_size == t.numel() &&
+             (w.zero.empty() || (w.zero.dtype == DType::U8 && w.zero.numel() == w.scale.numel()));
+    default:
+      return false;
+  }
+}
+
+cuda::GemvWeight gemv_weight(const Linear& w) {
+  cuda::GemvWeight g;
+  g.dtype = w.weight.dtype;
+  g.data = w.weight.data;
+  g.scale = w.scale.empty() ? nullptr : w.scale.data;
+  g.per_channel = w.weight.dtype == DType::F8_E4M3 && w.scale.numel() > 1;
+  g.zero = w.zero.empty() ? nullptr : static_cast<const uint8_t*>(w.zero.data);
+  g.group = w.group_size;
+  return g;
+}
+
+void check_out(const Tensor& x, const Tensor& out, const char* what) {
+  INFERX_CHECK(out.device == Device::CUDA && out.dtype == DType::F32 && out.rows() == x.rows(),
+               "cuda backend: {} output {} {} must be F32 with {} rows", what, dtype_name(out.dtype),
+               out.shape_string(), x.rows());
+}
+
+}  // namespace
+
+bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
+  // BF16: one row only. Measured on the H200 (bench_cuda_kernels, graph-launched, 4096x4096): GEMV 12.6
+  // us at M=1 against cuBLASLt's 14.3, but 31.5 us at M=4 and 73 us at M=16 against 13.6 / 14.4 (each
+  // weight load is matched by M loads of x from L1, which then bounds it). Other float types: cuBLASLt.
+  const DType t = w.weight.dtype;
+  const bool cublas_takes = t == DType::F32 || t == DType::F16 || t == DType::BF16;
+  if (cublas_takes && (!options_.gemv || t != DType::BF16 || x.rows() > 1)) return false;
+  return gemv_format(w) && cuda::gemv_supports(w.weight.dtype, w.in_features(), w.group_size) &&
+         cuda::gemv_aligned(w.weight.dtype, w.weight.data) &&
+         (w.input_perm.empty() || (w.input_perm.dtype == DType::I32 && w.input_perm.numel() == x.cols()));
+}
+
+const void* CudaBackend::gemv_input(const Tensor& x, const Linear& w) {
+  const bool from_copy =
+      shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == x.rows() && shadow_cols_ == x.cols();
+  if (from_copy && w.input_perm.empty()) return shadow_.data;
+  INFERX_CHECK(from_copy || x.dtype == DType::F32, "cuda backend: matmul input must be F32, got {}",
+               dtype_name(x.dtype));
+  void* buf = scratch(gemv_x_, static_cast<size_t>(x.numel()) * 2);
+  CUDA_CHECK(cuda::launch_gemv_prepare_x(from_copy ? shadow_.data : x.data, from_copy,
+                                         w.input_perm.empty() ? nullptr : w.input_perm.ptr<int32_t>(),
+                                         x.rows(), x.cols(), buf, stream_));
+  return buf;
+}
+
+void CudaBackend::run_gemv(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
+  INFERX_CHECK(!outs.empty() && outs.size() <= static_cast<size_t>(cuda::kGemvMaxOutputs),
+               "cuda backend: a split matmul has 1 to {} outputs, got {}", cuda::kGemvMaxOutputs,
+               outs.size());
+  cuda::GemvOutput o[cuda::kGemvMaxOutputs];
+  int64_t total = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    check_out(x, *outs[i], "matmul");
+    o[i] = {outs[i]->ptr<float>(), outs[i]->cols(), outs[i]->cols()};
+    total += outs[i]->cols();
+  }
+  INFERX_CHECK(total == w.out_features(), "cuda backend: split matmul outputs of {} columns for W {}", total,
+               w.weight.shape_string());
+  const void* xb = gemv_input(x, w);
+  CUDA_CHECK(cuda::launch_gemv(gemv_weight(w), xb, x.rows(), x.cols(),
+                               w.bias.empty() ? nullptr : w.bias.ptr<float>(), o,
+                               static_cast<int>(outs.size()), stream_));
+  last_matmul_bf16_ = true;   // the norms / SiLU then write the BF16 copies this path reads
+  for (Tensor* out : outs) {  // writing over the mirrored tensor makes the copy stale
+    const auto* p = static_cast<const char*>(out->data);
+    const auto* src = static_cast<const char*>(shadow_src_);
+    if (src && p < src + shadow_rows_ * shadow_cols_ * 4 && src < p + out->nbytes()) drop_bf16_copy();
+  }
+}
+
+void CudaBackend::matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
+  INFERX_CHECK(
+      x.device == Device::CUDA && x.dtype == DType::F32 && w.weight.ndim == 2 && x.cols() == w.in_features(),
+      "cuda backend: split matmul of x {} {} with W {}", dtype_name(x.dtype), x.shape_string(),
+      w.weight.shape_string());
+  if (w.weight.device != Device::CUDA || outs.size() > static_cast<size_t>(cuda::kGemvMaxOutputs) ||
+      !gemv_takes(x, w)) {
+    Backend::matmul_split(x, w, outs);
+    return;
+  }
+  if (!w.bias.empty())
+    INFERX_CHECK(w.bias.dtype == DType::F32 && w.bias.numel() == w.out_features(),
+                 "cuda backend: matmul bias {} for {} outputs", w.bias.shape_string(), w.out_features());
+  use_device();
+  run_gemv(x, w, outs);
+}
+
+void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) {
+  INFERX_CHECK(x.device == Device::CUDA && x.dtype == DType::F32 && w.weight.ndim == 2 &&
+                   x.cols() == w.in_features() && w.out_features() % 2 == 0,
+               "cuda backend: gate/up matmul of x {} {} with W {}", dtype_name(x.dtype), x.shape_string(),
+               w.weight.shape_string());
+  const int64_t f = w.out_features() / 2;
+  if (w.weight.device != Device::CUDA || !gemv_takes(x, w)) {
+    Backend::matmul_silu_mul(x, w, gate, up, out);
+    return;
+  }
+  check_out(x, out, "gate/up");
+  INFERX_CHECK(out.cols() == f && out.numel() == x.rows() * f, "cuda backend: gate/up output {} for W {}",
+               out.shape_string(), w.weight.shape_string());
+  if (!w.bias.empty())
+    INFERX_CHECK(w.bias.dtype == DType::F32 && w.bias.numel() == w.out_features(),
+                 "cuda backend: matmul bias {} for {} outputs", w.bias.shape_string(), w.out_features());
+  use_device();
+  const void* xb = gemv_input(x, w);  // may be shadow_: the product's own copy goes to gemv_out_
+  void* ob = options_.bf16_activations ? scratch(gemv_out_, static_cast<size_t>(out.numel()) * 2) : nullptr;
+  CUDA_CHECK(cuda::launch_gemv_silu_mul(gemv_weight(w), xb, x.rows(), x.cols(), f,
+                                        w.bias.empty() ? nullptr : w.bias.ptr<float>(), out.ptr<float>(), ob,
+                                        stream_));
+  last_matmul_bf16_ = true;
+  if (ob) {  // out's BF16 copy is now current; the old copy's buffer becomes the next product's
+    std::swap(shadow_, gemv_out_);
+    shadow_src_ = out.data;
+    shadow_rows_ = out.rows();
+    shadow_cols_ = out.cols();
+  } else {
+    drop_bf16_copy();
+  }
+}
+
+void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  use_device();
+  drop_bf16_copy();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+}  // namespace inferx

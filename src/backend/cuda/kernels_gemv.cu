@@ -1,0 +1,434 @@
+// Weight-streaming GEMV for decode (kernels_gemv.h). Memory-bound: the weight is read once, so the kernel
+// is built around keeping enough bytes in flight per SM (each lane issues kUnroll independent 16-byte
+// weight loads before it converts any) and around not spending L1 on the weights (ld.global.nc with
+// L1::no_allocate), so that x, which every warp re-reads, stays in L1. One warp per output row, four
+// warps per CTA: the 8B shapes give 256 (k/v) to 32064 (lm_head) CTAs, so every SM is busy without a
+// split over K. A weight format is a decoder: its granule (elements one lane expands from one load
+// group), its raw load (issued early) and its expansion to floats (after all loads of a batch are out).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels_gemv.h"
+
+namespace inferx::cuda {
+namespace {
+
+constexpr int kGemvWarps = 4;
+constexpr int kGemvThreads = kGemvWarps * kWarp;
+
+struct GemvParams {
+  const uint8_t* w = nullptr;
+  int64_t row_bytes = 0;
+  const void* scale = nullptr;
+  const uint8_t* zero = nullptr;
+  bool per_channel = false;
+  int64_t groups_per_row = 0;  // INT4: k / group
+  int group_shift = 0;         // INT4: log2(group / 32), the 32-column granules per group
+  const __nv_bfloat16* x = nullptr;
+  int m = 0;
+  int64_t k = 0;
+  const float* bias = nullptr;
+  GemvOutput outs[kGemvMaxOutputs];
+  int num_outs = 0;
+  int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
+  int64_t f = 0;
+  __nv_bfloat16* out_bf16 = nullptr;
+};
+
+// 16 bytes of a streamed weight: not kept in L1 (x is).
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float* out) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+struct DecodeBf16 {
+  static constexpr int kElems = 8, kUnroll = 8;
+  struct Raw {
+    uint4 v;
+  };
+  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t g) {
+    return {load_stream(row + g * 16)};
+  }
+  __device__ static void expand(const GemvParams&, const Raw& r, float* w) { bf16x8_to_float(r.v, w); }
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+};
+
+struct DecodeFp8 {
+  static constexpr int kElems = 16, kUnroll = 8;
+  struct Raw {
+    uint4 v;
+  };
+  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t g) {
+    return {load_stream(row + g * 16)};
+  }
+  __device__ static void expand(const GemvParams&, const Raw& r, float* w) {
+    const uint32_t words[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const auto pair = static_cast<__nv_fp8x2_storage_t>((words[i] >> (16 * h)) & 0xffffu);
+        const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+        const float2 f = __half22float2(__half2(raw));
+        w[4 * i + 2 * h] = f.x;
+        w[4 * i + 2 * h + 1] = f.y;
+      }
+    }
+  }
+  __device__ static float row_scale(const GemvParams& p, int64_t n) {
+    const float* s = static_cast<const float*>(p.scale);
+    return p.per_channel ? __ldg(s + n) : __ldg(s);
+  }
+};
+
+// 32 columns per 16 bytes: byte j holds column j (low nibble) and column 16 + j (high nibble).
+struct DecodeInt4 {
+  static constexpr int kElems = 32, kUnroll = 8;
+  struct Raw {
+    uint4 v;
+    float scale, zero;
+  };
+  __device__ static Raw load(const GemvParams& p, const uint8_t* row, int64_t n, int64_t g) {
+    Raw r;
+    r.v = load_stream(row + g * 16);
+    const int64_t at = n * p.groups_per_row + (g >> p.group_shift);
+    r.scale = __half2float(__ldg(static_cast<const __half*>(p.scale) + at));
+    r.zero = p.zero ? static_cast<float>(__ldg(p.zero + at)) : 8.0f;
+    return r;
+  }
+  __device__ static void expand(const GemvParams&, const Raw& r, float* w) {
+    const uint32_t words[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t byte = (words[j / 4] >> (8 * (j % 4))) & 0xffu;
+      w[j] = (static_cast<float>(byte & 15u) - r.zero) * r.scale;
+      w[16 + j] = (static_cast<float>(byte >> 4) - r.zero) * r.scale;
+    }
+  }
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+};
+
+// GGUF Q8_0: 34-byte blocks (f16 d, 32 x int8), 2-byte aligned: read as 17 halfwords.
+struct DecodeQ8_0 {
+  static constexpr int kElems = 32, kUnroll = 4;
+  struct Raw {
+    uint16_t h[17];
+  };
+  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t g) {
+    Raw r;
+    const auto* b = reinterpret_cast<const unsigned short*>(row + g * 34);
+#pragma unroll
+    for (int i = 0; i < 17; ++i) r.h[i] = __ldg(b + i);
+    return r;
+  }
+  __device__ static void expand(const GemvParams&, const Raw& r, float* w) {
+    const float d = __half2float(__ushort_as_half(r.h[0]));
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      w[2 * i] = d * static_cast<float>(static_cast<int8_t>(r.h[1 + i] & 0xffu));
+      w[2 * i + 1] = d * static_cast<float>(static_cast<int8_t>(r.h[1 + i] >> 8));
+    }
+  }
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+};
+
+// GGUF Q4_K: 144-byte super-blocks of 256 (16-byte aligned in a row). Granule = a quarter c of a block:
+// elements 64c + l (low nibbles of qs[32c + l], sub-block 2c) and 64c + 32 + l (high nibbles, 2c + 1).
+struct DecodeQ4K {
+  static constexpr int kElems = 64, kUnroll = 4;
+  struct Raw {
+    uint4 head, q0, q1;
+    int c;
+  };
+  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t g) {
+    const uint8_t* block = row + (g >> 2) * 144;
+    const int c = static_cast<int>(g & 3);
+    Raw r;
+    r.head = __ldg(reinterpret_cast<const uint4*>(block));  // shared by the block's four granules: cached
+    r.q0 = load_stream(block + 16 + 32 * c);
+    r.q1 = load_stream(block + 32 + 32 * c);
+    r.c = c;
+    return r;
+  }
+  __device__ static void expand(const GemvParams&, const Raw& r, float* w) {
+    const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(r.head.x & 0xffffu)));
+    const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(r.head.x >> 16)));
+    const uint32_t sw[3] = {r.head.y, r.head.z, r.head.w};  // the 12 scale bytes
+    auto s = [&](int i) { return (sw[i / 4] >> (8 * (i % 4))) & 0xffu; };
+    float sc[2], mn[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = 2 * r.c + h;
+      uint32_t a, b;
+      if (j < 4) {
+        a = s(j) & 63u;
+        b = s(j + 4) & 63u;
+      } else {
+        a = (s(j + 4) & 15u) | ((s(j - 4) >> 6) << 4);
+        b = (s(j + 4) >> 4) | ((s(j) >> 6) << 4);
+      }
+      sc[h] = d * static_cast<float>(a);
+      mn[h] = dmin * static_cast<float>(b);
+    }
+    const uint32_t words[8] = {r.q0.x, r.q0.y, r.q0.z, r.q0.w, r.q1.x, r.q1.y, r.q1.z, r.q1.w};
+#pragma unroll
+    for (int l = 0; l < 32; ++l) {
+      const uint32_t byte = (words[l / 4] >> (8 * (l % 4))) & 0xffu;
+      w[l] = sc[0] * static_cast<float>(byte & 15u) - mn[0];
+      w[32 + l] = sc[1] * static_cast<float>(byte >> 4) - mn[1];
+    }
+  }
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+};
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+// R = 1: warp row n of the weight; R = 2: rows n (gate) and f + n (up), written as silu(g) * u.
+template <class Dec, int MR, int R>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
+  constexpr int E = Dec::kElems, U = Dec::kUnroll;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  if (n >= p.rows) return;
+  int64_t wrow[R];
+  wrow[0] = n;
+  if constexpr (R == 2) wrow[1] = n + p.f;
+  float acc[R][MR];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < MR; ++i) acc[r][i] = 0.0f;
+
+  const int64_t granules = p.k / E;
+  for (int64_t g0 = lane; g0 < granules; g0 += kWarp * U) {
+    typename Dec::Raw raw[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
+      if (g < granules) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(p, p.w + wrow[r] * p.row_bytes, wrow[r], g);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
+      if (g >= granules) break;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float w[E];
+        Dec::expand(p, raw[r][u], w);
+#pragma unroll
+        for (int i = 0; i < MR; ++i) {
+          if (i < p.m) {
+            const uint4* xp = reinterpret_cast<const uint4*>(p.x + i * p.k + g * E);
+#pragma unroll
+            for (int c = 0; c < E / 8; ++c) {
+              float xv[8];
+              bf16x8_to_float(__ldg(xp + c), xv);
+#pragma unroll
+              for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(w[8 * c + e], xv[e], acc[r][i]);
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < MR; ++i) acc[r][i] = warp_sum(acc[r][i]);
+  if (lane != 0) return;
+  float scale[R], bias[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    scale[r] = Dec::row_scale(p, wrow[r]);
+    bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
+  }
+  if constexpr (R == 1) {
+    int o = 0;
+    int64_t col = n;
+    while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
+    const GemvOutput out = p.outs[o];
+#pragma unroll
+    for (int i = 0; i < MR; ++i)
+      if (i < p.m) out.data[i * out.ld + col] = acc[0][i] * scale[0] + bias[0];
+  } else {
+    const GemvOutput out = p.outs[0];
+#pragma unroll
+    for (int i = 0; i < MR; ++i) {
+      if (i < p.m) {
+        const float g = acc[0][i] * scale[0] + bias[0], u = acc[1][i] * scale[1] + bias[1];
+        const float v = silu(g) * u;
+        out.data[i * out.ld + n] = v;
+        if (p.out_bf16) p.out_bf16[i * p.f + n] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
+template <class Dec, int R>
+cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.rows + kGemvWarps - 1) / kGemvWarps));
+  if (p.m <= 1)
+    gemv_kernel<Dec, 1, R><<<grid, kGemvThreads, 0, stream>>>(p);
+  else if (p.m <= 2)
+    gemv_kernel<Dec, 2, R><<<grid, kGemvThreads, 0, stream>>>(p);
+  else if (p.m <= 4)
+    gemv_kernel<Dec, 4, R><<<grid, kGemvThreads, 0, stream>>>(p);
+  else if (p.m <= 8)
+    gemv_kernel<Dec, 8, R><<<grid, kGemvThreads, 0, stream>>>(p);
+  else
+    gemv_kernel<Dec, 16, R><<<grid, kGemvThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int R>
+cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::BF16:
+      return launch_dec<DecodeBf16, R>(p, stream);
+    case DType::F8_E4M3:
+      return launch_dec<DecodeFp8, R>(p, stream);
+    case DType::INT4:
+      return launch_dec<DecodeInt4, R>(p, stream);
+    case DType::Q8_0:
+      return launch_dec<DecodeQ8_0, R>(p, stream);
+    case DType::Q4_K:
+      return launch_dec<DecodeQ4K, R>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+int64_t weight_row_bytes(DType dtype, int64_t k) {
+  switch (dtype) {
+    case DType::BF16:
+      return 2 * k;
+    case DType::F8_E4M3:
+      return k;
+    case DType::INT4:
+      return k / 2;
+    case DType::Q8_0:
+      return k / 32 * 34;
+    case DType::Q4_K:
+      return k / 256 * 144;
+    default:
+      return 0;
+  }
+}
+
+GemvParams base_params(const GemvWeight& w, int64_t k) {
+  GemvParams p;
+  p.w = static_cast<const uint8_t*>(w.data);
+  p.row_bytes = weight_row_bytes(w.dtype, k);
+  p.scale = w.scale;
+  p.zero = w.zero;
+  p.per_channel = w.per_channel;
+  if (w.dtype == DType::INT4) {
+    p.groups_per_row = k / w.group;
+    p.group_shift = w.group == 32 ? 0 : w.group == 64 ? 1 : 2;
+  }
+  p.k = k;
+  return p;
+}
+
+__global__ void prepare_x_kernel(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
+                                 __nv_bfloat16* out) {
+  const int64_t total = m * k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / k, c = i % k;
+    const int64_t src = r * k + (perm ? perm[c] : c);
+    out[i] = x_bf16 ? static_cast<const __nv_bfloat16*>(x)[src]
+                    : __float2bfloat16_rn(static_cast<const float*>(x)[src]);
+  }
+}
+
+}  // namespace
+
+bool gemv_supports(DType dtype, int64_t k, int64_t group) {
+  if (k <= 0) return false;
+  switch (dtype) {
+    case DType::BF16:
+      return k % 8 == 0;
+    case DType::F8_E4M3:
+      return k % 16 == 0;
+    case DType::INT4:
+      return (group == 32 || group == 64 || group == 128) && k % group == 0;
+    case DType::Q8_0:
+      return k % 32 == 0;
+    case DType::Q4_K:
+      return k % 256 == 0;
+    default:
+      return false;
+  }
+}
+
+bool gemv_aligned(DType dtype, const void* weight) {
+  const auto a = reinterpret_cast<uintptr_t>(weight);
+  return dtype == DType::Q8_0 ? a % 2 == 0 : a % 16 == 0;
+}
+
+cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
+                                  void* out, cudaStream_t stream) {
+  if (m * k == 0) return cudaSuccess;
+  prepare_x_kernel<<<grid_for(m * k, 256, 4096), 256, 0, stream>>>(x, x_bf16, perm, m, k,
+                                                                   static_cast<__nv_bfloat16*>(out));
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,
+                        const GemvOutput* outs, int num_outs, cudaStream_t stream) {
+  if (num_outs < 1 || num_outs > kGemvMaxOutputs) return cudaErrorInvalidValue;
+  GemvParams p = base_params(w, k);
+  p.bias = bias;
+  p.num_outs = num_outs;
+  for (int i = 0; i < num_outs; ++i) {
+    p.outs[i] = outs[i];
+    p.rows += outs[i].count;
+  }
+  if (p.rows == 0) return cudaSuccess;
+  for (int64_t r0 = 0; r0 < m; r0 += kGemvMaxRows) {
+    p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
+    p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
+    for (int i = 0; i < num_outs; ++i) p.outs[i].data = outs[i].data + r0 * outs[i].ld;
+    const cudaError_t e = launch_format<1>(w.dtype, p, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, int64_t k, int64_t f,
+                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream) {
+  GemvParams p = base_params(w, k);
+  p.bias = bias;
+  p.num_outs = 1;
+  p.rows = p.f = f;
+  if (f == 0) return cudaSuccess;
+  for (int64_t r0 = 0; r0 < m; r0 += kGemvMaxRows) {
+    p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
+    p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
+    p.outs[0] = {out + r0 * f, f, f};
+    p.out_bf16 = out_bf16 ? static_cast<__nv_bfloat16*>(out_bf16) + r0 * f : nullptr;
+    const cudaError_t e = launch_format<2>(w.dtype, p, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace inferx::cuda

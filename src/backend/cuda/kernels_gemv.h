@@ -1,0 +1,62 @@
+#pragma once
+// Weight-streaming GEMV / skinny GEMM for few rows of activations (decode): out[m, n] = x[m, :] . W[n, :]
+// (+ bias[n]) with x in BF16, fp32 accumulation and F32 outputs. One warp per output row (two for the
+// fused SiLU product) walks the row in 16-byte granules with several loads in flight per lane; the weight
+// format is a template parameter of the kernel (kernels_gemv.cu):
+//   BF16;  F8_E4M3 with a per-tensor or per-channel F32 scale;  INT4 (quant/int4.h: 32-column runs of 16
+//   bytes, F16 group scales, optional U8 zero points, group 32/64/128);  GGUF Q8_0 and Q4_K blocks
+//   (quant/gguf_block_layouts.h), read as stored.
+// Rows of x beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each).
+// Pointers are device pointers; x is [m, k] contiguous BF16 (launch_gemv_prepare_x makes it from F32, and
+// applies an INT4 input permutation).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace inferx::cuda {
+
+constexpr int64_t kGemvMaxRows = 16;
+constexpr int kGemvMaxOutputs = 3;
+
+struct GemvWeight {
+  DType dtype = DType::BF16;   // BF16, F8_E4M3, INT4, Q8_0 or Q4_K
+  const void* data = nullptr;  // [n, k]: rows of row_bytes(dtype, k) bytes, 16-byte aligned (Q8_0: 2)
+  // F8_E4M3: F32, one value (per tensor) or one per output row (per_channel).
+  // INT4: F16 [n, k / group].
+  const void* scale = nullptr;
+  bool per_channel = false;
+  const uint8_t* zero = nullptr;  // INT4: U8 [n, k / group] zero points; null: symmetric (zero point 8)
+  int64_t group = 0;              // INT4: 32, 64 or 128
+};
+
+// One destination of a row range of the weight: weight rows [begin, begin + count) go to columns
+// [0, count) of data ([m, ld] F32), where begin is the sum of the counts of the outputs before it.
+struct GemvOutput {
+  float* data = nullptr;
+  int64_t ld = 0;
+  int64_t count = 0;
+};
+
+// Whether the kernels take this format with k input columns (and, INT4, group size); the caller also
+// checks alignment with gemv_aligned.
+bool gemv_supports(DType dtype, int64_t k, int64_t group);
+bool gemv_aligned(DType dtype, const void* weight);
+
+// out[m, k] BF16 = x[m, perm ? perm[i] : i] from x F32 (x_bf16 false) or BF16.
+cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
+                                  void* out, cudaStream_t stream);
+
+// out_i[r, c] = x[r, :] . W[begin_i + c, :] + bias[begin_i + c] for the row ranges of `outs` (their
+// counts sum to the weight's rows). bias: F32 [sum of counts] or null.
+cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,
+                        const GemvOutput* outs, int num_outs, cudaStream_t stream);
+
+// Fused gate/up projection: W holds 2f rows, gate rows [0, f) stacked over up rows [f, 2f) (bias the
+// same, or null); out[r, j] = silu(g) * u with g = x[r] . W[j] + b[j], u = x[r] . W[f + j] + b[f + j].
+// out is [m, f] contiguous; out_bf16 (null: none) receives the same values rounded to BF16.
+cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, int64_t k, int64_t f,
+                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream);
+
+}  // namespace inferx::cuda
