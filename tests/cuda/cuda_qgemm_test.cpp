@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -251,8 +252,16 @@ class QuantizedGemmTest : public ::testing::Test {
         what + " t=" + std::to_string(t) + " n=" + std::to_string(h.n) + " k=" + std::to_string(h.k);
     const QuantizedGemm::Path path = qgemm().last_path();
     if (want_path == QuantizedGemm::Path::None) {  // FP8 with a shape cuBLASLt's FP8 kernels may refuse
-      EXPECT_TRUE(path == QuantizedGemm::Path::Fp8 || path == QuantizedGemm::Path::Fp8ViaBf16) << label;
+      EXPECT_TRUE(path == QuantizedGemm::Path::Fp8 || path == QuantizedGemm::Path::Fp8OuterScale ||
+                  path == QuantizedGemm::Path::Fp8ViaBf16)
+          << label;
       if (path == QuantizedGemm::Path::Fp8ViaBf16) rel_cpu = std::max(rel_cpu, 1e-2);
+    } else if (want_path == QuantizedGemm::Path::Fp8OuterScale) {  // taken when cuBLASLt offers it
+      EXPECT_TRUE(path == QuantizedGemm::Path::Fp8 || path == QuantizedGemm::Path::Fp8OuterScale) << label;
+      std::printf("[ path     ] %s: %s\n", label.c_str(),
+                  path == QuantizedGemm::Path::Fp8OuterScale
+                      ? "FP8 GEMM with outer-vector scales"
+                      : "FP8 GEMM + epilogue (no outer-vector algorithm)");
     } else {
       EXPECT_EQ(path, want_path) << label;
     }
@@ -271,12 +280,20 @@ class QuantizedGemmTest : public ::testing::Test {
 TEST_F(QuantizedGemmTest, Fp8MatchesTheCpuW8A8OnOddShapes) {
   // Output features a multiple of 16 (cuBLASLt FP8's requirement) with odd row counts and K = 13 * 16;
   // then 77 outputs, which may run through the BF16 fallback (either path is accepted there).
-  for (bool per_channel : {true, false})
-    for (int64_t t : {17, 61, 300}) {
-      HostLinear h = make_layer(DType::F8_E4M3, 80, 208, 7 + static_cast<uint32_t>(t), per_channel);
-      if (t == 61) h.bias = random_floats(80, 3);
-      check(h, t, QuantizedGemm::Path::Fp8, 5e-2, 2e-3, per_channel ? "fp8 per-channel" : "fp8 per-tensor");
-    }
+  // Both FP8 variants: cuBLASLt's outer-vector scales when offered (the default), and the plain FP8 GEMM
+  // with the epilogue kernel.
+  for (bool outer : {true, false}) {
+    qgemm().set_outer_scale(outer);
+    for (bool per_channel : {true, false})
+      for (int64_t t : {17, 61, 300}) {
+        HostLinear h = make_layer(DType::F8_E4M3, 80, 208, 7 + static_cast<uint32_t>(t), per_channel);
+        if (t == 61) h.bias = random_floats(80, 3);
+        check(h, t, outer ? QuantizedGemm::Path::Fp8OuterScale : QuantizedGemm::Path::Fp8, 5e-2, 2e-3,
+              std::string(per_channel ? "fp8 per-channel" : "fp8 per-tensor") +
+                  (outer ? " outer" : " epilogue"));
+      }
+  }
+  qgemm().set_outer_scale(true);
   HostLinear odd = make_layer(DType::F8_E4M3, 77, 208, 8, true);
   odd.bias = random_floats(77, 3);
   check(odd, 33, QuantizedGemm::Path::None, 5e-2, 2e-3, "fp8 77 outputs");

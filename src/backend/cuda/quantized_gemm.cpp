@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -63,6 +65,7 @@ struct QuantizedGemm::Plan {
 };
 
 QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream) {
+  if (const char* v = std::getenv("INFERX_CUDA_FP8_OUTER_SCALE")) outer_scale_ = std::strcmp(v, "0") != 0;
   CUBLAS_CHECK(cublasLtCreate(&lt_));
   CUDA_CHECK(cudaMalloc(&lt_workspace_, kLtWorkspaceBytes));
   lt_workspace_bytes_ = kLtWorkspaceBytes;
@@ -113,7 +116,7 @@ const QuantizedGemm::Plan& QuantizedGemm::plan_for(int kind, int64_t n, int64_t 
   const PlanKey key{kind, n, t, k, ldd, pointer_alignment(a), pointer_alignment(d)};
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
   if (plans_.size() >= kMaxPlans) plans_.clear();
-  const cudaDataType_t ab_type = kind == 0 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const cudaDataType_t ab_type = kind == 1 ? CUDA_R_16BF : CUDA_R_8F_E4M3;
   auto plan = std::make_unique<Plan>();
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // TN: the only layout cuBLASLt's FP8 kernels take (cuBLAS docs, cublasLtMatmul FP8 requirements).
@@ -122,6 +125,15 @@ const QuantizedGemm::Plan& QuantizedGemm::plan_for(int kind, int64_t n, int64_t 
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  if (kind >= 2) {  // scales applied inside the GEMM (cublasLt.h, cublasLtMatmulMatrixScale_t)
+    const int32_t a_mode =
+        kind == 2 ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode,
+                                                sizeof(a_mode)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode,
+                                                sizeof(b_mode)));
+  }
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab_type, u(k), u(n), k));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab_type, u(k), u(t), k));
@@ -188,8 +200,12 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   // the shape, the same W8A8 values run in BF16.
   const bool fp8_shape = n % 16 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(w.weight.data) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  const Plan* plan = fp8_shape ? &plan_for(0, n, t, k, n, w.weight.data, out) : nullptr;
-  if (plan == nullptr || !plan->has_algo) {
+  const bool per_channel = w.scale.numel() > 1;
+  const Plan* scaled =
+      fp8_shape && outer_scale_ ? &plan_for(per_channel ? 2 : 3, n, t, k, n, w.weight.data, out) : nullptr;
+  if (scaled != nullptr && !scaled->has_algo) scaled = nullptr;
+  const Plan* plan = fp8_shape && scaled == nullptr ? &plan_for(0, n, t, k, n, w.weight.data, out) : nullptr;
+  if (scaled == nullptr && (plan == nullptr || !plan->has_algo)) {
     dequant_matmul(x, t, w, out, workspace);
     return;
   }
@@ -198,10 +214,22 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   auto* xq = reinterpret_cast<uint8_t*>(ws);
   auto* xs = reinterpret_cast<float*>(ws + q_bytes);
   CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, xq, xs, nullptr, stream_));
+  if (scaled != nullptr) {
+    // The scale pointers live in the descriptor: set per call (host-side only, as a bias pointer).
+    const void* a_scale = w.scale.data;
+    const void* b_scale = xs;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(scaled->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                                sizeof(a_scale)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(scaled->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
+                                                sizeof(b_scale)));
+    run(*scaled, w.weight.data, xq, out);
+    if (!w.bias.empty()) CUDA_CHECK(launch_add_bias(out, w.bias.ptr<float>(), t, n, stream_));
+    last_path_ = Path::Fp8OuterScale;
+    return;
+  }
   run(*plan, w.weight.data, xq, out);
-  CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data),
-                                       w.scale.numel() > 1, w.bias.empty() ? nullptr : w.bias.ptr<float>(),
-                                       out, stream_));
+  CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data), per_channel,
+                                       w.bias.empty() ? nullptr : w.bias.ptr<float>(), out, stream_));
   last_path_ = Path::Fp8;
 }
 

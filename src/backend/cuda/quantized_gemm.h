@@ -34,7 +34,10 @@ class QuantizedGemm {
   // Largest BF16 weight tile (bytes) dequantized at once.
   static constexpr size_t kTileBytes = size_t{64} << 20;
 
-  enum class Path { None, Fp8, Fp8ViaBf16, Dequant };
+  // Fp8: FP8 GEMM + scaling epilogue kernel; Fp8OuterScale: FP8 GEMM with cuBLASLt's outer-vector scales
+  // (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: per-row A scale x per-column B scale, applied in the
+  // GEMM; no epilogue pass), taken when the heuristic offers it; Fp8ViaBf16: the BF16 fallback.
+  enum class Path { None, Fp8, Fp8OuterScale, Fp8ViaBf16, Dequant };
 
   explicit QuantizedGemm(cudaStream_t stream);
   ~QuantizedGemm();
@@ -57,12 +60,15 @@ class QuantizedGemm {
   Path last_path() const { return last_path_; }
   // Tests: force the dequantizing path for FP8 weights too.
   void set_force_dequant(bool force) { force_dequant_ = force; }
+  // Whether FP8 tries cuBLASLt's outer-vector scaling first (default on; INFERX_CUDA_FP8_OUTER_SCALE=0: off).
+  void set_outer_scale(bool on) { outer_scale_ = on; }
   // Tests: a smaller dequantization tile (bytes of BF16), so that small weights span several tiles.
   void set_tile_bytes(size_t bytes) { tile_bytes_ = bytes > 0 ? bytes : kTileBytes; }
 
  private:
   // A cuBLASLt plan for D (F32, n x t, ld ldd) = op(A) B with A [k, n] transposed (W rows), B [k, t].
-  // kind: 0 = FP8 x FP8, 1 = BF16 x BF16.
+  // kind: 0 = FP8 x FP8, 1 = BF16 x BF16, 2 / 3 = FP8 with outer-vector B scales and outer-vector (2) or
+  // scalar (3) A scales.
   using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int>;
   struct Plan;
   const Plan& plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd, const void* a, const float* d);
@@ -79,6 +85,7 @@ class QuantizedGemm {
   std::map<PlanKey, std::unique_ptr<Plan>> plans_;
   Path last_path_ = Path::None;
   bool force_dequant_ = false;
+  bool outer_scale_ = true;
   size_t tile_bytes_ = kTileBytes;
 };
 
