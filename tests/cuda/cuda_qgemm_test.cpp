@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels_quant_math.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
 #include "model/model.h"
@@ -124,6 +125,122 @@ TEST(QuantizedGemmDispatch, TakesFp8AboveTheGemvRowsAndBlockFormatsFromTheDequan
   EXPECT_TRUE(QuantizedGemm::prefers(q, QuantizedGemm::kDequantMinRows));
 }
 
+// A quantized layer in host bytes plus its dequantized weight (the reference).
+struct HostLinear {
+  DType dtype = DType::F32;
+  int64_t n = 0, k = 0, group = 0;
+  std::vector<uint8_t> weight, scale, zero;  // raw bytes
+  std::vector<int32_t> perm;
+  std::vector<float> bias;
+  std::vector<double> dequant;  // [n, k], in the layer's column order
+};
+
+HostLinear make_layer(DType t, int64_t n, int64_t k, uint32_t seed, bool per_channel = true,
+                      int64_t group = 0, bool symmetric = true) {
+  HostLinear h;
+  h.dtype = t;
+  h.n = n;
+  h.k = k;
+  h.group = group;
+  const std::vector<float> w = random_floats(static_cast<size_t>(n * k), seed, -0.5f, 0.5f);
+  std::vector<float> row(static_cast<size_t>(k));
+  h.dequant.resize(static_cast<size_t>(n * k));
+  auto keep_row = [&](int64_t r) {
+    for (int64_t c = 0; c < k; ++c) h.dequant[static_cast<size_t>(r * k + c)] = row[static_cast<size_t>(c)];
+  };
+  if (t == DType::F8_E4M3) {
+    const Fp8Weight q = quantize_fp8_weight(
+        w.data(), n, k, per_channel ? Fp8Granularity::PerChannel : Fp8Granularity::PerTensor);
+    h.weight = q.codes;
+    h.scale.resize(q.scale.size() * 4);
+    std::memcpy(h.scale.data(), q.scale.data(), h.scale.size());
+    for (int64_t r = 0; r < n; ++r) {
+      dequantize_fp8_row(q.codes.data() + r * k, q.scale[q.scale.size() == 1 ? 0 : static_cast<size_t>(r)],
+                         row.data(), k);
+      keep_row(r);
+    }
+  } else if (t == DType::INT4) {
+    const Int4Weight q = quantize_int4_weight(w.data(), n, k, group, symmetric);
+    h.weight = q.codes;
+    h.scale.resize(q.scale.size() * 2);
+    std::memcpy(h.scale.data(), q.scale.data(), h.scale.size());
+    h.zero = q.zero;
+    const int64_t groups = k / group;
+    for (int64_t r = 0; r < n; ++r) {
+      dequantize_int4_row(q.codes.data() + r * k / 2, q.scale.data() + r * groups,
+                          q.symmetric() ? nullptr : q.zero.data() + r * groups, group, row.data(), k);
+      keep_row(r);
+    }
+  } else {
+    const int64_t rb = row_bytes(t, k);
+    h.weight.resize(static_cast<size_t>(n * rb));
+    for (int64_t r = 0; r < n; ++r) {
+      quantize_row(t, w.data() + r * k, h.weight.data() + r * rb, k);
+      dequantize_row(t, h.weight.data() + r * rb, row.data(), k);
+      keep_row(r);
+    }
+  }
+  return h;
+}
+
+// The element formats on the host: kernels_quant_math.h is the code the kernels run (host+device), so
+// its decoding can be checked here without a GPU against quant/'s reference functions.
+TEST(QuantizedGemmFormats, Fp8ConversionsMatchQuantFp8) {
+  for (int c = 0; c < 256; ++c) {
+    const float want = fp8_e4m3_to_f32(static_cast<uint8_t>(c)),
+                got = cuda::fp8_to_float(static_cast<uint8_t>(c));
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(got)) << c;
+    else
+      EXPECT_EQ(got, want) << c;
+  }
+  std::vector<float> xs = random_floats(20000, 77, -600.0f, 600.0f);
+  for (int c = 0; c < 255; ++c) {  // exact values and the midpoints between neighbours (ties to even)
+    const float a = fp8_e4m3_to_f32(static_cast<uint8_t>(c)),
+                b = fp8_e4m3_to_f32(static_cast<uint8_t>(c + 1));
+    if (std::isnan(a) || std::isnan(b)) continue;
+    xs.push_back(a);
+    xs.push_back(0.5f * (a + b));
+  }
+  for (float x : {0.0f, -0.0f, 1e-30f, 448.0f, 464.0f, 1e9f, -1e9f}) xs.push_back(x);
+  for (float x : xs) EXPECT_EQ(cuda::float_to_fp8(x), f32_to_fp8_e4m3(x)) << x;
+}
+
+TEST(QuantizedGemmFormats, DequantizeMatchesQuantReferences) {
+  std::vector<HostLinear> layers;
+  layers.push_back(make_layer(DType::F8_E4M3, 5, 96, 1, true));
+  layers.push_back(make_layer(DType::F8_E4M3, 5, 96, 2, false));
+  for (int64_t g : {32, 64, 128})
+    for (bool sym : {true, false}) layers.push_back(make_layer(DType::INT4, 5, 2 * g, 3, true, g, sym));
+  layers.push_back(make_layer(DType::Q8_0, 5, 96, 4));
+  layers.push_back(make_layer(DType::Q4_K, 5, 512, 5));
+  for (const HostLinear& h : layers) {
+    cuda::DequantWeight w;
+    w.dtype = h.dtype;
+    w.data = h.weight.data();
+    w.k = h.k;
+    if (h.dtype == DType::F8_E4M3) {
+      w.fp8_scale = reinterpret_cast<const float*>(h.scale.data());
+      w.per_channel = h.scale.size() / 4 > 1;
+    } else if (h.dtype == DType::INT4) {
+      w.int4_scale = reinterpret_cast<const uint16_t*>(h.scale.data());
+      w.int4_zero = h.zero.empty() ? nullptr : h.zero.data();
+      w.group = h.group;
+    }
+    double worst = 0;
+    for (int64_t r = 0; r < h.n; ++r)
+      for (int64_t c0 = 0; c0 < h.k; c0 += 8) {
+        float v[8];
+        cuda::dequantize8(w, r, c0, v);
+        for (int e = 0; e < 8; ++e) {
+          const double want = h.dequant[static_cast<size_t>(r * h.k + c0 + e)];
+          worst = std::max(worst, std::fabs(v[e] - want) / (1e-6 + std::fabs(want)));
+        }
+      }
+    EXPECT_LE(worst, 1e-6) << dtype_name(h.dtype) << " group " << h.group << (h.zero.empty() ? "" : " asym");
+  }
+}
+
 // GPU tests --------------------------------------------------------------------------------------------
 
 class QuantizedGemmTest : public ::testing::Test {
@@ -152,64 +269,6 @@ class QuantizedGemmTest : public ::testing::Test {
     return v;
   }
   QuantizedGemm& qgemm() { return static_cast<CudaBackend&>(*gpu_).quantized_gemm(); }
-
-  // A quantized layer in host bytes plus its dequantized weight (the reference).
-  struct HostLinear {
-    DType dtype = DType::F32;
-    int64_t n = 0, k = 0, group = 0;
-    std::vector<uint8_t> weight, scale, zero;  // raw bytes
-    std::vector<int32_t> perm;
-    std::vector<float> bias;
-    std::vector<double> dequant;  // [n, k], in the layer's column order
-  };
-
-  static HostLinear make_layer(DType t, int64_t n, int64_t k, uint32_t seed, bool per_channel = true,
-                               int64_t group = 0, bool symmetric = true) {
-    HostLinear h;
-    h.dtype = t;
-    h.n = n;
-    h.k = k;
-    h.group = group;
-    const std::vector<float> w = random_floats(static_cast<size_t>(n * k), seed, -0.5f, 0.5f);
-    std::vector<float> row(static_cast<size_t>(k));
-    h.dequant.resize(static_cast<size_t>(n * k));
-    auto keep_row = [&](int64_t r) {
-      for (int64_t c = 0; c < k; ++c) h.dequant[static_cast<size_t>(r * k + c)] = row[static_cast<size_t>(c)];
-    };
-    if (t == DType::F8_E4M3) {
-      const Fp8Weight q = quantize_fp8_weight(
-          w.data(), n, k, per_channel ? Fp8Granularity::PerChannel : Fp8Granularity::PerTensor);
-      h.weight = q.codes;
-      h.scale.resize(q.scale.size() * 4);
-      std::memcpy(h.scale.data(), q.scale.data(), h.scale.size());
-      for (int64_t r = 0; r < n; ++r) {
-        dequantize_fp8_row(q.codes.data() + r * k, q.scale[q.scale.size() == 1 ? 0 : static_cast<size_t>(r)],
-                           row.data(), k);
-        keep_row(r);
-      }
-    } else if (t == DType::INT4) {
-      const Int4Weight q = quantize_int4_weight(w.data(), n, k, group, symmetric);
-      h.weight = q.codes;
-      h.scale.resize(q.scale.size() * 2);
-      std::memcpy(h.scale.data(), q.scale.data(), h.scale.size());
-      h.zero = q.zero;
-      const int64_t groups = k / group;
-      for (int64_t r = 0; r < n; ++r) {
-        dequantize_int4_row(q.codes.data() + r * k / 2, q.scale.data() + r * groups,
-                            q.symmetric() ? nullptr : q.zero.data() + r * groups, group, row.data(), k);
-        keep_row(r);
-      }
-    } else {
-      const int64_t rb = row_bytes(t, k);
-      h.weight.resize(static_cast<size_t>(n * rb));
-      for (int64_t r = 0; r < n; ++r) {
-        quantize_row(t, w.data() + r * k, h.weight.data() + r * rb, k);
-        dequantize_row(t, h.weight.data() + r * rb, row.data(), k);
-        keep_row(r);
-      }
-    }
-    return h;
-  }
 
   Linear upload(Backend& b, const HostLinear& h) {
     Linear l;
