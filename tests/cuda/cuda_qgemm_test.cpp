@@ -114,15 +114,17 @@ TEST(QuantizedGemmDispatch, SupportsTheFormatsWithValidScales) {
   EXPECT_FALSE(QuantizedGemm::supports(bf16));
 }
 
-TEST(QuantizedGemmDispatch, TakesFp8AboveTheGemvRowsAndBlockFormatsFromTheDequantThreshold) {
-  Linear fp8;
-  fp8.weight = fake(DType::F8_E4M3, {32, 64});
-  EXPECT_FALSE(QuantizedGemm::prefers(fp8, 16));
-  EXPECT_TRUE(QuantizedGemm::prefers(fp8, 17));
-  Linear q;
-  q.weight = fake(DType::INT4, {32, 256});
-  EXPECT_FALSE(QuantizedGemm::prefers(q, QuantizedGemm::kDequantMinRows - 1));
-  EXPECT_TRUE(QuantizedGemm::prefers(q, QuantizedGemm::kDequantMinRows));
+TEST(QuantizedGemmDispatch, LeavesDecodeSizedProductsToTheGemv) {
+  for (DType t : {DType::F8_E4M3, DType::INT4, DType::Q8_0, DType::Q4_K}) {
+    Linear w;
+    w.weight = fake(t, {32, 256});
+    EXPECT_FALSE(QuantizedGemm::prefers(w, 1)) << dtype_name(t);
+    EXPECT_FALSE(QuantizedGemm::prefers(w, 16)) << dtype_name(t);  // one GEMV launch
+    EXPECT_TRUE(QuantizedGemm::prefers(w, 17)) << dtype_name(t);
+    EXPECT_FALSE(QuantizedGemm::prefers_fused(w, 20)) << dtype_name(t);
+    EXPECT_TRUE(QuantizedGemm::prefers_fused(w, 64)) << dtype_name(t);
+    EXPECT_TRUE(QuantizedGemm::prefers_fused(w, 4000)) << dtype_name(t);
+  }
 }
 
 // A quantized layer in host bytes plus its dequantized weight (the reference).
@@ -409,7 +411,7 @@ TEST_F(QuantizedGemmTest, Int4SpansSeveralTiles) {
 const std::string kLlamaTiny = std::string(INFERX_SOURCE_DIR) + "/tests/golden/fixtures/llama-tiny";
 
 // llama-tiny (hidden 64, ffn 96, vocab 256) quantized at load on both backends, a 150-token prompt (every
-// product takes the quantized GEMM: FP8 above 16 rows, INT4 from 128), logits of every position. The CPU
+// product takes the quantized GEMM, fused projections included), logits of every position. The CPU
 // backend is the reference: tolerance 3e-2 of the largest |logit| (FP8: an activation that differs in the
 // last bits between the backends may round to a neighbouring E4M3 value; INT4: BF16 vs int8 activations).
 TEST_F(QuantizedGemmTest, TinyModelQuantizedAtLoadMatchesTheCpuBackend) {

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels_gemv.h"
+#include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
 
 namespace inferx {
@@ -58,6 +59,9 @@ bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
   const DType t = w.weight.dtype;
   const bool cublas_takes = t == DType::F32 || t == DType::F16 || t == DType::BF16;
   if (cublas_takes && (!options_.gemv || t != DType::BF16 || x.rows() > 1)) return false;
+  // Prefill-sized products of quantized weights (fused parts too) go to the quantized GEMM.
+  if (!cublas_takes && cuda::QuantizedGemm::supports(w) && cuda::QuantizedGemm::prefers_fused(w, x.rows()))
+    return false;
   return gemv_format(w) && cuda::gemv_supports(w.weight.dtype, w.in_features(), w.group_size) &&
          cuda::gemv_aligned(w.weight.dtype, w.weight.data) &&
          (w.input_perm.empty() || (w.input_perm.dtype == DType::I32 && w.input_perm.numel() == x.cols()));

@@ -16,8 +16,6 @@ namespace {
 // 32 MiB: NVIDIA's recommended cuBLASLt workspace on Hopper (cuBLAS docs, cublasSetWorkspace).
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 constexpr size_t kMaxPlans = 4096;  // prefill sees many row counts; past this the cache starts over
-// The decode GEMV's row limit (kernels_gemv.h kGemvMaxRows): FP8 products with more rows come here.
-constexpr int64_t kGemvRows = 16;
 
 int pointer_alignment(const void* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);
@@ -104,11 +102,6 @@ bool QuantizedGemm::supports(const Linear& w) {
     default:
       return false;
   }
-}
-
-bool QuantizedGemm::prefers(const Linear& w, int64_t rows) {
-  if (w.weight.dtype == DType::F8_E4M3) return rows > kGemvRows;
-  return rows >= kDequantMinRows;
 }
 
 const QuantizedGemm::Plan& QuantizedGemm::plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd,

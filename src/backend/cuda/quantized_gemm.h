@@ -1,6 +1,6 @@
 #pragma once
-// out[T, N] = x[T, K] @ W[N, K]^T (+ bias) for quantized weights when T is too large for the decode GEMV
-// (kernels_gemv.h streams the weight once per 16 rows; a GEMM reads it once):
+// out[T, N] = x[T, K] @ W[N, K]^T (+ bias) for quantized weights when T is more than a few rows (the
+// decode GEMV, kernels_gemv.h, takes batch-1 decode; see the thresholds below):
 //   F8_E4M3 (per-tensor or per-channel F32 scale): W8A8. The activations are quantized per token on the
 //     fly (kernels_quant.h: E4M3 + one F32 scale per row, the CPU backend's codes), the FP8 x FP8 GEMM
 //     runs on Hopper's FP8 tensor cores through cuBLASLt with F32 accumulation and F32 output in the TN
@@ -11,8 +11,12 @@
 //     the weight is dequantized tile by tile (rows of at most kTileBytes of BF16) into a reused scratch
 //     buffer and each tile runs through a BF16 cuBLASLt GEMM writing its columns of the F32 output. The
 //     dequantization costs about 2 bytes written + 2 read per weight per call, independent of T, so it
-//     is amortised over the rows: it pays from about kDequantMinRows rows on (below, the GEMV's repeated
-//     weight reads cost less); a fused dequantizing GEMM would remove it.
+//     is amortised over the rows (prefill: a few % of the GEMM); a fused dequantizing GEMM would remove it.
+// Row thresholds: matmul hands a product over from kMinRows rows (one GEMV launch takes 16); the fused
+// projections (matmul_split / matmul_silu_mul) from kFusedMinRows, so that decode-sized batches keep
+// the GEMV's one-launch split (its tests pin that up to 20 rows). Lower may be faster: the GEMV is bound
+// by its x loads beyond a few rows (H200, 4096 x 4096 BF16: 12.6 us at M=1, 31.5 at M=4, 73 at M=16,
+// cuBLASLt about 14 throughout; cuda_backend_gemv.cpp) - to be measured for FP8 / INT4.
 // Scratch comes from the caller (CudaBackend's stream-ordered scratch, which also guards graph capture).
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -29,8 +33,9 @@ namespace inferx::cuda {
 
 class QuantizedGemm {
  public:
-  // Rows from which the dequantize + BF16 GEMM path beats the GEMV for 4-/8-bit block formats.
-  static constexpr int64_t kDequantMinRows = 128;
+  // Rows from which products leave the decode GEMV (see the thresholds above).
+  static constexpr int64_t kMinRows = 17;
+  static constexpr int64_t kFusedMinRows = 64;
   // Largest BF16 weight tile (bytes) dequantized at once.
   static constexpr size_t kTileBytes = size_t{64} << 20;
 
@@ -47,9 +52,10 @@ class QuantizedGemm {
   // Whether this class can run the weight's format at all (scales of the right shape and type, shapes
   // the kernels take). Device pointers are not read.
   static bool supports(const Linear& w);
-  // Whether it should take a product of `rows` activation rows (FP8: above 16 rows; the block formats:
-  // from kDequantMinRows rows), given that supports(w).
-  static bool prefers(const Linear& w, int64_t rows);
+  // Whether it should take a product of `rows` activation rows, given that supports(w): a plain matmul
+  // from kMinRows rows, a part of a fused projection from kFusedMinRows.
+  static bool prefers(const Linear& w, int64_t rows) { return rows >= kMinRows; }
+  static bool prefers_fused(const Linear& w, int64_t rows) { return rows >= kFusedMinRows; }
 
   // x F32 [t, k], out F32 [t, n] contiguous, device memory; workspace(bytes) returns device scratch of at
   // least that many bytes (256-byte aligned), valid until the next call.
