@@ -104,11 +104,10 @@ bool QuantizedGemm::supports(const Linear& w) {
   }
 }
 
-const QuantizedGemm::Plan& QuantizedGemm::plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd,
-                                                   const void* a, const float* d) {
+QuantizedGemm::Plan& QuantizedGemm::plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd,
+                                             const void* a, const float* d) {
   const PlanKey key{kind, n, t, k, ldd, pointer_alignment(a), pointer_alignment(d)};
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
-  if (plans_.size() >= kMaxPlans) plans_.clear();
   const cudaDataType_t ab_type = kind == 1 ? CUDA_R_16BF : CUDA_R_8F_E4M3;
   auto plan = std::make_unique<Plan>();
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -172,12 +171,30 @@ void QuantizedGemm::run(const Plan& plan, const void* a, const void* b, float* d
                               &plan.algo, lt_workspace_, lt_workspace_bytes_, stream_));
 }
 
+bool QuantizedGemm::try_run(Plan& plan, const void* a, const void* b, float* d) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t status =
+      cublasLtMatmul(lt_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d, &plan.algo,
+                     lt_workspace_, lt_workspace_bytes_, stream_);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
+    std::fprintf(stderr,
+                 "inferx cuda: cuBLASLt refused an FP8 GEMM its heuristic offered (%s); falling back\n",
+                 cublasLtGetStatusString(status));
+    plan.has_algo = false;
+    return false;
+  }
+  CUBLAS_CHECK(status);
+  return true;
+}
+
 void QuantizedGemm::matmul(const float* x, int64_t t, const Linear& w, float* out,
                            const std::function<void*(size_t)>& workspace) {
   INFERX_CHECK(supports(w), "cuda backend: the quantized GEMM does not take a {} weight {} (scale {} {})",
                dtype_name(w.weight.dtype), w.weight.shape_string(), dtype_name(w.scale.dtype),
                w.scale.shape_string());
   if (t <= 0) return;
+  // Evicted here, between calls: a call holds pointers to the (at most a few) plans it looks up.
+  if (plans_.size() >= kMaxPlans) plans_.clear();
   if (w.weight.dtype == DType::F8_E4M3 && !force_dequant_) {
     fp8_matmul(x, t, w, out, workspace);
     return;
@@ -194,11 +211,12 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   const bool fp8_shape = n % 16 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(w.weight.data) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const bool per_channel = w.scale.numel() > 1;
-  const Plan* scaled =
+  Plan* scaled =
       fp8_shape && outer_scale_ ? &plan_for(per_channel ? 2 : 3, n, t, k, n, w.weight.data, out) : nullptr;
   if (scaled != nullptr && !scaled->has_algo) scaled = nullptr;
-  const Plan* plan = fp8_shape && scaled == nullptr ? &plan_for(0, n, t, k, n, w.weight.data, out) : nullptr;
-  if (scaled == nullptr && (plan == nullptr || !plan->has_algo)) {
+  Plan* plain = fp8_shape ? &plan_for(0, n, t, k, n, w.weight.data, out) : nullptr;
+  if (plain != nullptr && !plain->has_algo) plain = nullptr;
+  if (scaled == nullptr && plain == nullptr) {
     dequant_matmul(x, t, w, out, workspace);
     return;
   }
@@ -215,15 +233,19 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
                                                 sizeof(a_scale)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(scaled->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
                                                 sizeof(b_scale)));
-    run(*scaled, w.weight.data, xq, out);
-    if (!w.bias.empty()) CUDA_CHECK(launch_add_bias(out, w.bias.ptr<float>(), t, n, stream_));
-    last_path_ = Path::Fp8OuterScale;
+    if (try_run(*scaled, w.weight.data, xq, out)) {
+      if (!w.bias.empty()) CUDA_CHECK(launch_add_bias(out, w.bias.ptr<float>(), t, n, stream_));
+      last_path_ = Path::Fp8OuterScale;
+      return;
+    }
+  }
+  if (plain != nullptr && try_run(*plain, w.weight.data, xq, out)) {
+    CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data), per_channel,
+                                         w.bias.empty() ? nullptr : w.bias.ptr<float>(), out, stream_));
+    last_path_ = Path::Fp8;
     return;
   }
-  run(*plan, w.weight.data, xq, out);
-  CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data), per_channel,
-                                       w.bias.empty() ? nullptr : w.bias.ptr<float>(), out, stream_));
-  last_path_ = Path::Fp8;
+  dequant_matmul(x, t, w, out, workspace);
 }
 
 void QuantizedGemm::dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,

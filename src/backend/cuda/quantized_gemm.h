@@ -77,8 +77,11 @@ class QuantizedGemm {
   // scalar (3) A scales.
   using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int>;
   struct Plan;
-  const Plan& plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd, const void* a, const float* d);
+  Plan& plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd, const void* a, const float* d);
   void run(const Plan& plan, const void* a, const void* b, float* d);
+  // run() for the FP8 plans: false (and the plan marked unusable) when cuBLASLt refuses the call itself
+  // (NOT_SUPPORTED / INVALID_VALUE), so that the caller falls back; other failures throw.
+  bool try_run(Plan& plan, const void* a, const void* b, float* d);
   void fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
                   const std::function<void*(size_t)>& workspace);
   void dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,
