@@ -2,7 +2,7 @@
 # Stages what bench/gpu/run.sh needs on the GPU machine into gpu-carry/ (ignored by git through
 # .git/info/exclude): the CUDA build's binaries, the shared libraries the GPU image may lack, the
 # shared GPU tools and the small trained model. Build first: cmake --preset cuda -DINFERX_NATIVE=OFF &&
-# cmake --build build/cuda --target inferx test_cuda_backend bench_cuda_kernels
+# cmake --build build/cuda --target inferx test_cuda_backend bench_cuda_kernels test_cuda_qgemm
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/gpu-carry/' .git/info/exclude 2>/dev/null || echo '/gpu-carry/' >>.git/info/exclude
