@@ -23,6 +23,16 @@ rc=$?
 tail -5 "$OUT/cuda_tests.log"
 note "cuda op tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/cuda_tests.log" | tr '\n' ' ')"
 
+echo "== 1a. engine on the GPU (device sampling, decode graphs, KV sizing) and tensor-parallel tests (skip on 1 GPU)"
+for t in test_cuda_engine test_cuda_tensor_parallel; do
+  if [[ -x "$C/$t" ]]; then
+    INFERX_REQUIRE_GPU=1 timeout 240 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
+    note "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$OUT/$t.log" | tr '\n' ' ')"
+  else
+    note "$t: missing"
+  fi
+done
+
 echo "== 1b. compute-sanitizer memcheck + racecheck on attention kernel tests (FP8 RoPE write, decode, prefill)"
 SAN=/usr/local/cuda/bin/compute-sanitizer
 SAN_FILTER='CudaAttentionTest.RopeWrites*:CudaKernelsTest.DecodeAttentionLongContexts:CudaKernelsTest.PrefillAttentionLongChunks'
@@ -69,6 +79,19 @@ note "decode 8B bf16 (eager): $(tail -1 "$OUT/decode_8b_eager.err")"
 "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids "$(seq -s, 1 1000)" -n 128 \
   --temperature 0 --ignore-eos >/dev/null 2>"$OUT/decode_8b_1k.err"
 note "decode 8B bf16 at 1k context (graphs): $(tail -1 "$OUT/decode_8b_1k.err")"
+
+echo "== 4b. the same through the engine (inferx bench offline): batch-1 decode at 1k context, 8k prefill"
+"$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --device cuda --max-batch-size 1 --num-prompts 1 \
+  --input-len 1000 --output-len 256 --max-model-len 2048 --no-progress --json >"$OUT/bench_b1_1k.json" 2>"$OUT/bench_b1_1k.err"
+note "bench offline batch-1 1000 in/256 out: rc=$? $(python3 -c "
+import json; j=json.load(open('$OUT/bench_b1_1k.json')); t=j['tpot_ms']
+print(f\"TPOT p50 {t['p50']:.3f} ms = {1000/t['p50']:.1f} tok/s; TTFT p50 {j['ttft_ms']['p50']:.0f} ms\")" 2>&1 | tail -1)"
+"$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --device cuda --max-batch-size 1 --num-prompts 1 \
+  --input-len 8192 --output-len 1 --max-model-len 9000 --max-num-batched-tokens 8192 --no-progress --json \
+  >"$OUT/bench_prefill_8k.json" 2>"$OUT/bench_prefill_8k.err"
+note "bench offline 8192-token prefill: rc=$? $(python3 -c "
+import json; j=json.load(open('$OUT/bench_prefill_8k.json')); t=j['ttft_ms']
+print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s\")" 2>&1 | tail -1)"
 
 echo "== 5. kernel micro-benchmarks vs ceilings measured in the same run (bench/gpu/bench_kernels.cpp)"
 if [[ -x "$C/bench_cuda_kernels" ]]; then

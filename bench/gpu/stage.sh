@@ -12,13 +12,15 @@ for b in build/cuda/src/cli/inferx build/cuda/tests/cuda/test_cuda_backend build
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
     case "$name" in
       libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | \
-        libcudart.so* | libcublas.so* | libcublasLt.so* | libcuda.so*) ;;
+        libcudart.so* | libcublas.so* | libcublasLt.so* | libcuda.so* | libnccl.so*) ;; # the GPU image has these
       *) cp -L "$path" gpu-carry/gpu-libs/ ;;
     esac
   done
 done
-# test_cuda_qgemm (quantized GEMM, issue 6): same libraries as test_cuda_backend; optional.
-[[ -x build/cuda/tests/cuda/test_cuda_qgemm ]] && cp build/cuda/tests/cuda/test_cuda_qgemm gpu-carry/
+# The other GPU test binaries (engine, quantized GEMM, tensor parallel): same libraries as test_cuda_backend.
+for t in test_cuda_engine test_cuda_qgemm test_cuda_tensor_parallel; do
+  [[ -x build/cuda/tests/cuda/$t ]] && cp build/cuda/tests/cuda/$t gpu-carry/
+done
 cp -r ../shared/tools gpu-carry/tools
 cp ../shared/testdata/stories260K.gguf gpu-carry/
 du -sh gpu-carry

@@ -22,6 +22,7 @@ namespace {
 struct BenchOfflineArgs {
   EngineArgs engine;
   int64_t num_prompts = 64;
+  int64_t warmup = 1;  // untimed requests first (kernel/algorithm choice, graph capture, allocations)
   int input_len = 128, output_len = 128;
   uint64_t seed = 0;
   bool json = false;
@@ -51,6 +52,30 @@ void run_bench_offline(BenchOfflineArgs a) {
   std::condition_variable cv;
   int64_t finished = 0;
   l.engine->start();
+  // Warm-up: the same prompt length, a few output tokens (first-use costs stay out of the figures).
+  if (a.warmup > 0) {
+    std::mutex wmu;
+    std::condition_variable wcv;
+    int64_t wdone = 0;
+    for (int64_t i = 0; i < a.warmup; ++i) {
+      EngineRequest r;
+      r.id = fmt::format("warmup-{}", i);
+      r.prompt.resize(static_cast<size_t>(a.input_len));
+      for (auto& t : r.prompt) t = tok(rng);
+      r.params.max_tokens = std::min(a.output_len, 8);
+      r.params.ignore_eos = true;
+      r.params.temperature = 0;
+      r.on_output = [&](RequestOutput&& out) {
+        if (!out.finished) return;
+        std::lock_guard lock(wmu);
+        ++wdone;
+        wcv.notify_all();
+      };
+      l.engine->submit(std::move(r));
+    }
+    std::unique_lock lock(wmu);
+    wcv.wait(lock, [&] { return wdone == a.warmup; });
+  }
   const double t0 = now_s();
   for (int64_t i = 0; i < a.num_prompts; ++i) {
     EngineRequest r;
@@ -98,6 +123,7 @@ void run_bench_offline(BenchOfflineArgs a) {
   nlohmann::json setup = {{"mode", "offline"},
                           {"model", a.engine.model},
                           {"num_prompts", a.num_prompts},
+                          {"warmup", a.warmup},
                           {"input_len", a.input_len},
                           {"output_len", a.output_len},
                           {"max_batch_size", a.engine.max_batch_size},
@@ -125,6 +151,8 @@ void register_bench(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& ou
   o->add_option("--output-len", off->output_len, "Generated tokens (ignore_eos)")
       ->check(CLI::Range(1, 1 << 24));
   o->add_option("--seed", off->seed, "Prompt sampling seed");
+  o->add_option("--warmup", off->warmup, "Untimed warm-up requests before the timed ones (default 1)")
+      ->check(CLI::Range(0, 1 << 20));
   o->add_flag("--json", off->json, "Print the results as JSON on stdout");
   o->add_flag("--no-progress", off->no_progress, "No progress bar");
   out.emplace_back(o, [off] { run_bench_offline(*off); });
