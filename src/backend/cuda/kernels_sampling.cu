@@ -87,20 +87,32 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, i
 template <bool kMass>
 __device__ float radix_threshold(const float* row, int64_t vocab, float inv_t, float zmax, float floor_z,
                                  float target) {
+  // One private histogram per warp: logits of one row share a few exponents, so the first pass puts most
+  // of the 128k entries into two or three bins, and one shared histogram serialised every warp of the
+  // block on them (1.2 ms per row measured on the H200). Private copies leave only intra-warp conflicts.
+  constexpr int kWarps = kThreads / kWarp;
+  __shared__ float warp_hist[kWarps][256];
   __shared__ float hist[256];
   __shared__ uint32_t s_bin;
   __shared__ float s_remaining;
+  float* my_hist = warp_hist[threadIdx.x / kWarp];
   uint32_t prefix = 0, mask = 0;
   float remaining = target;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0.0f;
+    for (int b = threadIdx.x; b < kWarps * 256; b += blockDim.x) (&warp_hist[0][0])[b] = 0.0f;
     __syncthreads();
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
       const float z = row[i] * inv_t;
       if (!(z >= floor_z)) continue;
       const uint32_t key = order_key(z);
       if ((key & mask) != prefix) continue;
-      atomicAdd(&hist[(key >> shift) & 255u], kMass ? exp2f((z - zmax) * 1.4426950408889634f) : 1.0f);
+      atomicAdd(&my_hist[(key >> shift) & 255u], kMass ? exp2f((z - zmax) * 1.4426950408889634f) : 1.0f);
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      float sum = 0.0f;
+      for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) sum += warp_hist[w][b];
+      hist[b] = sum;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
