@@ -91,8 +91,9 @@ cudaError_t launch_paged_attention(const float* q, const PagedKv& cache, const B
 // for all the query heads of the group; the last CTA of a (token, group) merges the splits' partials.
 // Any token works (a prefill token too), but it pays for one-token queries.
 constexpr int kDecodeMaxSplits = 64;
-// Split count for `tokens` queries of `kv_heads` groups over up to `max_keys` keys on `sms` SMs: enough
-// CTAs to give every SM three, at least 64 keys per split.
+// Split count for `tokens` queries of `kv_heads` groups over up to `max_keys` keys on `sms` SMs: the count
+// with the fewest estimated waves x tiles per split (v2; v1: enough CTAs to give every SM three), at least
+// 64 keys per split.
 int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms);
 // Bytes of scratch the split partials need (0 when splits == 1).
 size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, int splits);

@@ -19,10 +19,16 @@
 //     works for any length. With splits > 1 each CTA writes its partial (max, denominator, numerator);
 //     the last CTA of a (token, group) to finish (an atomic ticket, the threadFenceReduction pattern of
 //     the CUDA samples) merges them, so there is no second kernel launch. The tickets return to zero.
+// Two versions: v1 below as described, and v2 (the default, described above its code) with two BF16 terms,
+// Q in registers, three BF16 tile stages and the block table read a tile ahead; INFERX_CUDA_DECODE_ATTN=v1
+// selects v1 (and its split count) without a rebuild.
 // Scores are kept in the log2 domain (q pre-scaled by scale * log2(e), exp2f), as FlashAttention does.
 // Visible keys of token t at position p in sequence s: j in [max(0, p - window + 1) or 0, min(p,
 // seq_len - 1)], block_tables[s][j / bs] slot j % bs; a token with no visible key gets a zero output.
 #include <math_constants.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/kernels.h"
@@ -40,6 +46,16 @@ constexpr int kRows = 16;  // query heads per CTA (the mma M dimension)
 constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kTerms = 3;  // BF16 terms of a float (8 + 8 + 8 significant bits)
+
+// INFERX_CUDA_DECODE_ATTN=v1 selects the first kernel (three-term splits, 64-bit index math) and its split
+// count, so a regression of v2 can be switched off without a rebuild. Read once.
+bool decode_attention_v1() {
+  static const bool v1 = [] {
+    const char* e = std::getenv("INFERX_CUDA_DECODE_ATTN");
+    return e != nullptr && std::strcmp(e, "v1") == 0;
+  }();
+  return v1;
+}
 
 // Dynamic shared memory: the K/V tiles (reused for the warps' merge at the end), then Q's three terms.
 template <int HD>
@@ -305,13 +321,432 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- v2 (the default; INFERX_CUDA_DECODE_ATTN=v1 selects the kernel above) -----------------------------
+// The same algorithm with less serial work per CTA and per tile:
+//   - two BF16 terms of Q and P instead of three (hi + lo carry 16 significant bits, a residual below
+//     2^-17 |x|; a float64 simulation of the test grid gives a relative output error near 3e-6, under the
+//     tests' 1e-5), so 2/3 of the tensor-core work; the terms of S accumulate in separate registers (two
+//     independent mma chains instead of one);
+//   - Q's fragments stay in registers for the whole loop (no ldmatrix of Q per tile), staged once through
+//     the second tile stage, whose loads are only issued after that;
+//   - the first tile's loads are issued before Q is read (Q with 16-byte loads), and the block-table
+//     entries of tile i + 2 are loaded while tile i is computed, so a tile's data loads never wait on a
+//     dependent table load; key indices are 32-bit (no 64-bit division per chunk).
+constexpr int kTerms2 = 2;
+
+// Tile stages: BF16 has kStages - 1 tiles in flight (cp.async) while one is computed; FP8 stages the next
+// tile in registers, so two stages serve it.
+template <class CacheT>
+constexpr int stages_v2() {
+  return sizeof(CacheT) == 1 ? 2 : 3;
+}
+template <int HD, int kStages>
+struct DecodeSmem {
+  static constexpr int kLd = HD + 8;
+  __nv_bfloat16 k[kStages][kTile * kLd];
+  __nv_bfloat16 v[kStages][kTile * kLd];
+  bool ok[kStages][kTile];
+};
+
+template <class CacheT, int HD>
+struct DecodeLoader {
+  static constexpr int kChunks = HD / 8;  // 8 elements per chunk: 16 bytes of BF16, 8 bytes of FP8
+  static constexpr int kKeyStep = kThreads / kChunks;
+  static constexpr int kPerThread = kTile / kKeyStep;
+  static_assert(kThreads % kChunks == 0 && kTile % kKeyStep == 0, "chunks must divide among threads");
+  static constexpr bool kFp8 = sizeof(CacheT) == 1;
+
+  const CacheT* k_cache;
+  const CacheT* v_cache;
+  const int32_t* table;  // this sequence's block table row
+  int max_blocks;
+  int64_t num_blocks;
+  int block_size;
+  int64_t kv_row;                            // hkv * HD elements per token slot
+  int64_t head_off;                          // kvh * HD
+  int key0, c;                               // this thread's first key of a tile and its chunk
+  int32_t blk[kPerThread];                   // block of each key of the next tile to issue (-1: none)
+  uint2 kreg[kPerThread], vreg[kPerThread];  // FP8 staging
+  uint32_t okbits = 0;
+
+  // Loads the block-table entries of the tile at j0 (plain loads, consumed by the next begin()).
+  __device__ __forceinline__ void prefetch(int j0, int end) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int j = j0 + key0 + i * kKeyStep;
+      const int b = j / block_size;
+      blk[i] = j < end && b < max_blocks ? __ldg(&table[b]) : -1;
+    }
+  }
+  __device__ __forceinline__ int64_t offset(int i, int j0) const {
+    const int32_t b = blk[i];
+    if (b < 0 || b >= num_blocks) return -1;  // past the slice, or an invalid block: zeros, masked
+    const int j = j0 + key0 + i * kKeyStep;
+    return (static_cast<int64_t>(b) * block_size + j % block_size) * kv_row + head_off + c * 8;
+  }
+  // BF16: one committed cp.async group into `stage`; FP8: loads into registers (store_fp8 converts).
+  template <class Smem>
+  __device__ __forceinline__ void begin(Smem& s, int stage, int j0) {
+    if constexpr (kFp8) {
+      okbits = 0;
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const int64_t off = offset(i, j0);
+        kreg[i] = make_uint2(0, 0);
+        vreg[i] = make_uint2(0, 0);
+        if (off >= 0) {
+          okbits |= 1u << i;
+          kreg[i] = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const uint8_t*>(k_cache) + off));
+          vreg[i] = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const uint8_t*>(v_cache) + off));
+        }
+      }
+    } else {
+      const auto* kc = reinterpret_cast<const __nv_bfloat16*>(k_cache);
+      const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache);
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const int64_t off = offset(i, j0);
+        const int key = key0 + i * kKeyStep;
+        if (c == 0) s.ok[stage][key] = off >= 0;
+        attn::cp_async16(&s.k[stage][key * (HD + 8) + c * 8], off >= 0 ? kc + off : kc, off >= 0 ? 16 : 0);
+        attn::cp_async16(&s.v[stage][key * (HD + 8) + c * 8], off >= 0 ? vc + off : vc, off >= 0 ? 16 : 0);
+      }
+      attn::cp_async_commit();
+    }
+  }
+  template <class Smem>
+  __device__ __forceinline__ void store_fp8(Smem& s, int stage) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int key = key0 + i * kKeyStep;
+      if (c == 0) s.ok[stage][key] = (okbits >> i) & 1u;
+      *reinterpret_cast<uint4*>(&s.k[stage][key * (HD + 8) + c * 8]) = attn::e4m3x8_to_bf16x8(kreg[i]);
+      *reinterpret_cast<uint4*>(&s.v[stage][key * (HD + 8) + c * 8]) = attn::e4m3x8_to_bf16x8(vreg[i]);
+    }
+  }
+};
+
+// x = hi + lo, each rounded to BF16 (the remainder is below 2^-17 |x|).
+__device__ __forceinline__ void split2(float x, __nv_bfloat16& hi, __nv_bfloat16& lo) {
+  hi = __float2bfloat16_rn(x);
+  lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+}
+
+template <class CacheT, int HD>
+constexpr int smem_bytes_v2() {
+  static_assert(kTerms2 * kRows * (HD + 8) <= kTile * (HD + 8), "Q's staging fits one K stage");
+  constexpr int tiles = static_cast<int>(sizeof(DecodeSmem<HD, stages_v2<CacheT>()>));
+  constexpr int merge = (kWarps * kRows * HD + 2 * kWarps * kRows) * 4;
+  return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
+}
+
+// Grid: (token, kv head * head chunks, split).
+template <class CacheT, int HD>
+__global__ void __launch_bounds__(kThreads, 2)
+    decode_attention_kernel_v2(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
+                               const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
+                               const __grid_constant__ BatchArgs batch, int hq, int hkv, float scale_log2,
+                               float out_scale, int64_t window, float* __restrict__ part_acc,
+                               float* __restrict__ part_ml, int* __restrict__ counters,
+                               float* __restrict__ out) {
+  constexpr int kLd = HD + 8;
+  constexpr bool kFp8 = sizeof(CacheT) == 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kStages = stages_v2<CacheT>(), kAhead = kStages - 1;
+  static_assert(kAhead >= 1 && kAhead <= 2, "the cp.async waits below handle one or two tiles ahead");
+  auto& sm = *reinterpret_cast<DecodeSmem<HD, kStages>*>(smem_raw);
+  __shared__ float s_w[kRows][kDecodeMaxSplits];
+  __shared__ float s_den[kRows];
+  __shared__ bool s_last;
+
+  const int t = blockIdx.x, split = blockIdx.z, splits = gridDim.z;
+  const int group = hq / hkv;
+  const int chunks = (group + kRows - 1) / kRows;
+  const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  const int h0 = kvh * group + chunk * kRows;
+  const int nh = min(kRows, group - chunk * kRows);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int gid = lane / 4, tig = lane % 4;
+
+  const int s = find_sequence(batch.query_start, batch.num_seqs, t);
+  const int pos = batch.positions[t];
+  const int last = min(pos, batch.seq_lens[s] - 1);
+  const int first = window > 0 ? static_cast<int>(max(static_cast<int64_t>(0), pos - window + 1)) : 0;
+  const int n_keys = last >= first ? last - first + 1 : 0;
+  const int per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
+  const int k_begin = first + split * per_split;
+  const int k_end = min(last + 1, k_begin + per_split);
+  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
+
+  using Loader = DecodeLoader<CacheT, HD>;
+  Loader loader;
+  loader.k_cache = k_cache;
+  loader.v_cache = v_cache;
+  loader.table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+  loader.max_blocks = batch.max_blocks_per_seq;
+  loader.num_blocks = num_blocks;
+  loader.block_size = block_size;
+  loader.kv_row = static_cast<int64_t>(hkv) * HD;
+  loader.head_off = static_cast<int64_t>(kvh) * HD;
+  loader.key0 = threadIdx.x / Loader::kChunks;
+  loader.c = threadIdx.x % Loader::kChunks;
+  // The first kAhead tiles into stages 0 .. kAhead - 1 (the last stage holds Q's staging for now).
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i < n_tiles) {
+      loader.prefetch(k_begin + i * kTile, k_end);
+      loader.begin(sm, i, k_begin + i * kTile);
+    }
+  }
+  if (kAhead < n_tiles) loader.prefetch(k_begin + kAhead * kTile, k_end);
+
+  // Q of the group's heads (row r = head h0 + r; rows past the group are zeros), pre-scaled into the log2
+  // domain, as two BF16 terms staged in the last stage's K tile, then held as A fragments in registers.
+  {
+    __nv_bfloat16* q_s = sm.k[kStages - 1];  // [term][row][kLd]
+    constexpr int kVecs = kRows * HD / 4 / kThreads;
+    float4 qv[kVecs];
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int r = idx / (HD / 4), d4 = idx % (HD / 4);
+      qv[i] =
+          r < nh
+              ? __ldg(reinterpret_cast<const float4*>(q + (static_cast<int64_t>(t) * hq + h0 + r) * HD) + d4)
+              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      const int r = idx / (HD / 4), d = idx % (HD / 4) * 4;
+      const float x[4] = {qv[i].x * scale_log2, qv[i].y * scale_log2, qv[i].z * scale_log2,
+                          qv[i].w * scale_log2};
+      __nv_bfloat16 hi[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) split2(x[e], hi[e], lo[e]);
+      *reinterpret_cast<uint2*>(&q_s[r * kLd + d]) = make_uint2(pack2(hi[0], hi[1]), pack2(hi[2], hi[3]));
+      *reinterpret_cast<uint2*>(&q_s[(kRows + r) * kLd + d]) =
+          make_uint2(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]));
+    }
+  }
+  if constexpr (kFp8) {
+    if (n_tiles > 0) loader.store_fp8(sm, 0);
+  }
+  __syncthreads();
+  uint32_t qf[kTerms2][HD / 16][4];
+  {
+    const int q_row = lane & 15, q_col = (lane >> 4) * 8;
+    const __nv_bfloat16* q_s = sm.k[kStages - 1];
+#pragma unroll
+    for (int term = 0; term < kTerms2; ++term)
+#pragma unroll
+      for (int kt = 0; kt < HD / 16; ++kt)
+        attn::ldmatrix_x4(qf[term][kt], &q_s[(term * kRows + q_row) * kLd + kt * 16 + q_col]);
+  }
+  __syncthreads();  // the last stage is free for tile kAhead
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.0f, l1 = 0.0f;
+
+  const int k_row = warp * 16 + (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
+  const int v_row = warp * 16 + (lane & 15), v_col = (lane >> 4) * 8;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int st = it % kStages, st_ahead = (it + kAhead) % kStages;
+    const bool more = it + kAhead < n_tiles;  // tile it + kAhead goes into the stage computed last time
+    if (more) {
+      loader.begin(sm, st_ahead, k_begin + (it + kAhead) * kTile);
+      if (it + kAhead + 1 < n_tiles) loader.prefetch(k_begin + (it + kAhead + 1) * kTile, k_end);
+    }
+    if constexpr (!kFp8) {
+      // Groups committed after tile it's: the tiles up to it + kAhead that exist.
+      const int after = min(kAhead, n_tiles - 1 - it);
+      if (after >= 2)
+        attn::cp_async_wait<2>();
+      else if (after == 1)
+        attn::cp_async_wait<1>();
+      else
+        attn::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const __nv_bfloat16* k_s = sm.k[st];
+    const __nv_bfloat16* v_s = sm.v[st];
+
+    // S = Q K^T for the 16 heads x this warp's 16 keys, one accumulator per term.
+    float sc[kTerms2][2][4] = {};
+#pragma unroll
+    for (int kt = 0; kt < HD / 16; ++kt) {
+      uint32_t b[4];
+      attn::ldmatrix_x4(b, &k_s[k_row * kLd + kt * 16 + k_col]);
+#pragma unroll
+      for (int term = 0; term < kTerms2; ++term) {
+        attn::mma_bf16(sc[term][0], qf[term][kt], b[0], b[1]);
+        attn::mma_bf16(sc[term][1], qf[term][kt], b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[0][nt][e] = sc[1][nt][e] + sc[0][nt][e];
+    float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int key = warp * 16 + nt * 8 + tig * 2;
+      if (!sm.ok[st][key]) sc[0][nt][0] = sc[0][nt][2] = -CUDART_INF_F;
+      if (!sm.ok[st][key + 1]) sc[0][nt][1] = sc[0][nt][3] = -CUDART_INF_F;
+      mx0 = fmaxf(mx0, fmaxf(sc[0][nt][0], sc[0][nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(sc[0][nt][2], sc[0][nt][3]));
+    }
+    mx0 = attn::quad_max(mx0);
+    mx1 = attn::quad_max(mx1);
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float base0 = mn0 == -CUDART_INF_F ? 0.0f : mn0, base1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+    const float corr0 = exp2f(m0 - base0), corr1 = exp2f(m1 - base1);
+    m0 = mn0;
+    m1 = mn1;
+    float p[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      p[nt][0] = exp2f(sc[0][nt][0] - base0);
+      p[nt][1] = exp2f(sc[0][nt][1] - base0);
+      p[nt][2] = exp2f(sc[0][nt][2] - base1);
+      p[nt][3] = exp2f(sc[0][nt][3] - base1);
+    }
+    l0 = l0 * corr0 + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+    l1 = l1 * corr1 + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+    // P as two BF16 terms (A fragments: two adjacent C tiles of P are one 16-key step).
+    uint32_t pa[kTerms2][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float x0 = p[i / 2][(i % 2) * 2], x1 = p[i / 2][(i % 2) * 2 + 1];
+      __nv_bfloat16 h0b, l0b, h1b, l1b;
+      split2(x0, h0b, l0b);
+      split2(x1, h1b, l1b);
+      pa[0][i] = pack2(h0b, h1b);
+      pa[1][i] = pack2(l0b, l1b);
+    }
+#pragma unroll
+    for (int np = 0; np < HD / 16; ++np) {
+      uint32_t b[4];
+      attn::ldmatrix_x4_trans(b, &v_s[v_row * kLd + np * 16 + v_col]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        o[2 * np][e] *= e < 2 ? corr0 : corr1;
+        o[2 * np + 1][e] *= e < 2 ? corr0 : corr1;
+      }
+#pragma unroll
+      for (int term = kTerms2 - 1; term >= 0; --term) {
+        attn::mma_bf16(o[2 * np], pa[term], b[0], b[1]);
+        attn::mma_bf16(o[2 * np + 1], pa[term], b[2], b[3]);
+      }
+    }
+    if constexpr (kFp8) {
+      if (more) loader.store_fp8(sm, st_ahead);
+    }
+    __syncthreads();  // the next iteration overwrites this stage; the merge below reuses the tiles
+  }
+
+  // Merge the 4 warps' states through shared memory (over the tile buffers: the loop ended on a barrier).
+  l0 = attn::quad_sum(l0);
+  l1 = attn::quad_sum(l1);
+  float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][row][HD]
+  float* s_m = s_o + kWarps * kRows * HD;           // [warp][row]
+  float* s_l = s_m + kWarps * kRows;
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) {
+    const int c = nt * 8 + tig * 2;
+    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid) * HD + c]) = make_float2(o[nt][0], o[nt][1]);
+    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid + 8) * HD + c]) = make_float2(o[nt][2], o[nt][3]);
+  }
+  if (tig == 0) {
+    s_m[warp * kRows + gid] = m0;
+    s_l[warp * kRows + gid] = l0;
+    s_m[warp * kRows + gid + 8] = m1;
+    s_l[warp * kRows + gid + 8] = l1;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
+    const int r = idx / HD, d = idx % HD;
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + r]);
+    float den = 0.0f, num = 0.0f;
+    if (mx != -CUDART_INF_F) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = s_m[w * kRows + r];
+        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
+        den += s_l[w * kRows + r] * f;
+        num += s_o[(w * kRows + r) * HD + d] * f;
+      }
+    }
+    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
+    if (splits == 1) {
+      out[row * HD + d] = den > 0.0f ? num / den * out_scale : 0.0f;
+    } else {
+      part_acc[(row * splits + split) * HD + d] = num;
+      if (d == 0) {
+        part_ml[(row * splits + split) * 2] = mx;
+        part_ml[(row * splits + split) * 2 + 1] = den;
+      }
+    }
+  }
+  if (splits == 1) return;
+
+  // The last CTA of this (token, group chunk) merges the splits' partials.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* ticket = counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
+    s_last = atomicAdd(ticket, 1) == splits - 1;
+    if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < nh * splits; idx += kThreads) {
+    const int r = idx / splits, i = idx % splits;
+    s_w[r][i] = __ldcg(&part_ml[((static_cast<int64_t>(t) * hq + h0 + r) * splits + i) * 2]);
+  }
+  __syncthreads();
+  if (threadIdx.x < nh) {
+    const int r = threadIdx.x;
+    const float* ml = part_ml + (static_cast<int64_t>(t) * hq + h0 + r) * splits * 2;
+    float mx = -CUDART_INF_F;
+    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, s_w[r][i]);
+    float den = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < splits; ++i) {
+      const float w = (mx == -CUDART_INF_F || s_w[r][i] == -CUDART_INF_F) ? 0.0f : exp2f(s_w[r][i] - mx);
+      s_w[r][i] = w;
+      den += w * __ldcg(&ml[2 * i + 1]);
+    }
+    s_den[r] = den;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
+    const int r = idx / HD, d = idx % HD;
+    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
+    const float* acc = part_acc + row * splits * HD + d;
+    float num = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
+    out[row * HD + d] = s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f;
+  }
+}
+
 template <class CacheT, int HD>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          cudaStream_t stream) {
-  static unsigned smem_set = 0;
-  constexpr int kSmem = smem_bytes<HD>();
-  const cudaError_t st = attn::allow_dynamic_smem(decode_attention_kernel<CacheT, HD>, kSmem, smem_set);
+  // v2 reads Q with 16-byte loads; a Q that is not 16-byte aligned (never from the engine) takes v1.
+  const bool v2 = !decode_attention_v1() && reinterpret_cast<uintptr_t>(q) % 16 == 0;
+  static unsigned smem_set = 0, smem_set_v2 = 0;
+  constexpr int kSmem = smem_bytes<HD>(), kSmem2 = smem_bytes_v2<CacheT, HD>();
+  const cudaError_t st =
+      v2 ? attn::allow_dynamic_smem(decode_attention_kernel_v2<CacheT, HD>, kSmem2, smem_set_v2)
+         : attn::allow_dynamic_smem(decode_attention_kernel<CacheT, HD>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kRows - 1) / kRows;
   const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(hkv * chunks),
@@ -319,10 +754,19 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   float* part_acc = static_cast<float*>(scratch);
   float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
   const bool fp8 = cache.dtype == DType::F8_E4M3;
-  decode_attention_kernel<CacheT, HD><<<grid, kThreads, kSmem, stream>>>(
-      q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v), cache.num_blocks,
-      static_cast<int>(cache.block_size), batch, hq, hkv, scale * kLog2e * (fp8 ? cache.k_scale : 1.0f),
-      fp8 ? cache.v_scale : 1.0f, window, part_acc, part_ml, counters, out);
+  const float scale_log2 = scale * kLog2e * (fp8 ? cache.k_scale : 1.0f);
+  const float out_scale = fp8 ? cache.v_scale : 1.0f;
+  const auto* kc = static_cast<const CacheT*>(cache.k);
+  const auto* vc = static_cast<const CacheT*>(cache.v);
+  const int bs = static_cast<int>(cache.block_size);
+  if (v2)
+    decode_attention_kernel_v2<CacheT, HD>
+        <<<grid, kThreads, kSmem2, stream>>>(q, kc, vc, cache.num_blocks, bs, batch, hq, hkv, scale_log2,
+                                             out_scale, window, part_acc, part_ml, counters, out);
+  else
+    decode_attention_kernel<CacheT, HD>
+        <<<grid, kThreads, kSmem, stream>>>(q, kc, vc, cache.num_blocks, bs, batch, hq, hkv, scale_log2,
+                                            out_scale, window, part_acc, part_ml, counters, out);
   return cudaGetLastError();
 }
 
@@ -333,11 +777,31 @@ int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_
   const int64_t ctas = tokens * kv_heads * chunks;
   // About three CTAs fit on an SM (a double-buffered 64-key tile of K and V for head_dim 128 is 68 KiB):
   // enough splits to give every SM three, and at least one full tile of keys per split.
-  int64_t want = (3 * static_cast<int64_t>(sms) + ctas - 1) / ctas;
-  const int64_t by_len = max_keys / kTile;
-  want = want < by_len ? want : by_len;
-  if (want < 1) want = 1;
-  return static_cast<int>(want < kDecodeMaxSplits ? want : kDecodeMaxSplits);
+  if (decode_attention_v1()) {
+    int64_t want = (3 * static_cast<int64_t>(sms) + ctas - 1) / ctas;
+    const int64_t by_len = max_keys / kTile;
+    want = want < by_len ? want : by_len;
+    if (want < 1) want = 1;
+    return static_cast<int>(want < kDecodeMaxSplits ? want : kDecodeMaxSplits);
+  }
+  // v2: two CTAs per SM (registers and 70 KiB of tiles). Estimated time of a split count = waves of CTAs
+  // x (tiles per split + one tile's worth of fixed cost: setup, partials, merge); the smallest estimate
+  // wins, fewer splits on ties.
+  const int64_t slots = 2 * static_cast<int64_t>(sms > 0 ? sms : 1);
+  int64_t max_splits = max_keys / kTile;
+  if (max_splits > kDecodeMaxSplits) max_splits = kDecodeMaxSplits;
+  if (max_splits < 1) max_splits = 1;
+  int64_t best = 1, best_cost = -1;
+  for (int64_t sp = 1; sp <= max_splits; ++sp) {
+    const int64_t waves = (ctas * sp + slots - 1) / slots;
+    const int64_t keys = (max_keys + sp - 1) / sp;
+    const int64_t cost = waves * ((keys + kTile - 1) / kTile + 1);
+    if (best_cost < 0 || cost < best_cost) {
+      best = sp;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, int splits) {
