@@ -49,6 +49,7 @@ void Evaluator::located_fail(const Node& n, const std::string& msg) const {
 }
 
 std::string Evaluator::render(const std::vector<std::pair<std::string, Value>>& variables) {
+  RenderArena arena;  // frees what templates tie into cycles (after the root scope below is gone)
   Scope root;
   for (auto& g : global_functions(*this)) root.set(g.first, g.second);
   for (const auto& [k, v] : variables) root.set(k, v);

@@ -27,10 +27,46 @@ Value::Value(int64_t v) : kind_(Kind::Int), i_(v) {}
 Value::Value(double v) : kind_(Kind::Float), f_(v) {}
 Value::Value(std::string s) : kind_(Kind::String), s_(std::move(s)) {}
 
+struct RenderArena::Tracked {
+  std::vector<std::weak_ptr<std::vector<Value>>> lists;
+  std::vector<std::weak_ptr<DictData>> dicts;
+  std::vector<std::weak_ptr<Function>> functions;
+};
+
+namespace {
+thread_local RenderArena::Tracked* t_arena = nullptr;
+thread_local RenderArena* t_arena_owner = nullptr;
+}  // namespace
+
+RenderArena::RenderArena() : tracked_(std::make_unique<Tracked>()), previous_(t_arena_owner) {
+  t_arena_owner = this;
+  t_arena = tracked_.get();
+}
+
+RenderArena::~RenderArena() {
+  t_arena_owner = previous_;
+  t_arena = previous_ ? previous_->tracked_.get() : nullptr;
+  // Hold every survivor first, then empty them: emptying one may drop the last outside reference to
+  // another, which must not be destroyed while we still walk the lists.
+  std::vector<std::shared_ptr<std::vector<Value>>> lists;
+  std::vector<std::shared_ptr<DictData>> dicts;
+  std::vector<std::shared_ptr<Function>> functions;
+  for (auto& w : tracked_->lists)
+    if (auto p = w.lock()) lists.push_back(std::move(p));
+  for (auto& w : tracked_->dicts)
+    if (auto p = w.lock()) dicts.push_back(std::move(p));
+  for (auto& w : tracked_->functions)
+    if (auto p = w.lock()) functions.push_back(std::move(p));
+  for (auto& l : lists) std::vector<Value>().swap(*l);
+  for (auto& d : dicts) std::vector<std::pair<Value, Value>>().swap(d->entries);
+  for (auto& f : functions) Function().swap(*f);
+}
+
 Value Value::list(std::vector<Value> items) {
   Value v;
   v.kind_ = Kind::List;
   v.list_ = std::make_shared<std::vector<Value>>(std::move(items));
+  if (t_arena) t_arena->lists.push_back(v.list_);
   return v;
 }
 
@@ -44,6 +80,7 @@ Value Value::dict() {
   Value v;
   v.kind_ = Kind::Dict;
   v.dict_ = std::make_shared<DictData>();
+  if (t_arena) t_arena->dicts.push_back(v.dict_);
   return v;
 }
 
@@ -58,6 +95,7 @@ Value Value::callable(std::string name, Function fn) {
   v.kind_ = Kind::Callable;
   v.s_ = std::move(name);
   v.fn_ = std::make_shared<Function>(std::move(fn));
+  if (t_arena) t_arena->functions.push_back(v.fn_);
   return v;
 }
 

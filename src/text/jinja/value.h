@@ -96,6 +96,25 @@ class Value {
   std::shared_ptr<Function> fn_;
 };
 
+// Breaks reference cycles when a render ends. Python's garbage collector frees a namespace that holds
+// itself (`{% set ns.me = ns %}`) or a list appended to itself; our containers are reference counted, so
+// every list, dict and callable created while an arena is active on this thread is remembered (weakly),
+// and the arena's destructor empties those still alive. Values made before the arena (the caller's
+// inputs) are untouched. One arena per thread at a time; Evaluator::render holds one.
+class RenderArena {
+ public:
+  RenderArena();
+  ~RenderArena();
+  RenderArena(const RenderArena&) = delete;
+  RenderArena& operator=(const RenderArena&) = delete;
+
+  struct Tracked;  // value.cpp
+
+ private:
+  std::unique_ptr<Tracked> tracked_;
+  RenderArena* previous_;
+};
+
 // Insertion-ordered dict; keys are compared with Python equality (small dicts: linear search).
 struct DictData {
   std::vector<std::pair<Value, Value>> entries;
