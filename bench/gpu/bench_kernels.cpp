@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 
 namespace inferx {
@@ -340,6 +342,9 @@ int run(bool quick) {
   }
 
   // Prefill attention: causal FLOPs 4 * hd * hq * T^2 / 2.
+  std::vector<const char*> prefill_variants;
+  if (const char* e = std::getenv("INFERX_BENCH_PREFILL_VARIANTS"); e != nullptr && std::strcmp(e, "0") != 0)
+    prefill_variants = {"v1", "w4", "w8", "m2"};
   for (int64_t T : {int64_t{2048}, int64_t{8192}}) {
     const size_t mark = b.keep.size();
     const int64_t blocks = (T + bs - 1) / bs;
@@ -366,6 +371,14 @@ int run(bool quick) {
     const double s = b.time([&] { gpu.attention(q, cache, view, p, out); }, quick ? 2 : 5);
     row("prefill attention", fmt_shape("T%lld causal 32/8x128", T), s, 4.0 * hd * hq * T * T / 2, true,
         gemm_tflops);
+    // INFERX_BENCH_PREFILL_VARIANTS=1: every BF16 variant of the kernel too (kernels.h), one row each.
+    for (const char* v : prefill_variants) {
+      cuda::set_prefill_attention_variant(v);
+      const double sv = b.time([&] { gpu.attention(q, cache, view, p, out); }, quick ? 2 : 5);
+      row((std::string("prefill attention ") + v).c_str(), fmt_shape("T%lld causal 32/8x128", T), sv,
+          4.0 * hd * hq * T * T / 2, true, gemm_tflops);
+    }
+    cuda::set_prefill_attention_variant(nullptr);
     if (T == 8192) {
       // FP8 cache (the BF16 bytes reinterpreted: the kernel's speed does not depend on the values).
       auto fp8_backend = make_cuda_backend(0, [] {
@@ -395,6 +408,13 @@ int run(bool quick) {
       const double sc = b.time([&] { gpu.attention(qc, cache, chunk, p, oc); }, quick ? 2 : 5);
       row("prefill attn chunk", "2048 after 6144 cached", sc, 4.0 * hd * hq * C * (start + C / 2.0), true,
           gemm_tflops);
+      for (const char* v : prefill_variants) {
+        cuda::set_prefill_attention_variant(v);
+        const double sv = b.time([&] { gpu.attention(qc, cache, chunk, p, oc); }, quick ? 2 : 5);
+        row((std::string("prefill attn chunk ") + v).c_str(), "2048 after 6144 cached", sv,
+            4.0 * hd * hq * C * (start + C / 2.0), true, gemm_tflops);
+      }
+      cuda::set_prefill_attention_variant(nullptr);
     }
     b.keep.resize(mark);
   }

@@ -1,4 +1,9 @@
-// Prefill / chunked-prefill attention on tensor cores, FlashAttention-2 style (Dao 2023, Algorithm 1):
+// Prefill / chunked-prefill attention on tensor cores, FlashAttention-2 style (Dao 2023, Algorithm 1).
+// Three kernels, picked per process by INFERX_PREFILL_ATTN (kernels.h): v3 ("m2", the default for BF16
+// caches), v2 ("w8" / "w4") and v1 ("v1"; FP8 caches always), described below in that order of
+// appearance: v1 first.
+//
+// v1:
 // a CTA keeps a 64-query tile of one sequence and one query head in registers and walks 64-key tiles,
 // S = Q K^T and O += P V through mma.sync.m16n8k16 (BF16 operands, F32 accumulators), with the online
 // softmax rescaling O between tiles. Each of the 4 warps owns 16 query rows.
@@ -14,7 +19,10 @@
 // key range walked is [min over the tile of the window start, max position of the tile].
 #include <math_constants.h>
 
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/kernels.h"
@@ -236,6 +244,558 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// v2 (BF16 caches; the default): the same FA2 tile math as above, with kWarps warps of 16 query rows
+// sharing each 64-key tile (kWarps = 8: 128 queries per CTA, half the K/V gather per FLOP of v1), and
+// the paged-address arithmetic done once per key instead of once per 16-byte chunk: threads 0..63 read
+// the block table for the tile after next at the top of an iteration (the load is in flight during the
+// tile's MMAs), publish the 64 row offsets in shared memory at its end, and the next iteration's
+// cp.async issue only reads them (v1 did a 64-bit division and a dependent table load per chunk).
+// A warp whose 16 rows see none of a tile's keys (the causal diagonal, the window's start) skips its
+// MMAs; exp2 is the approximate ex2 instruction (the scale is folded into Q, in the log2 domain).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int HD, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32)
+    prefill_attention_v2(const float* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+                         const __nv_bfloat16* __restrict__ v_cache, int64_t num_blocks, int block_size,
+                         const __grid_constant__ BatchArgs batch, int hq, int hkv, float scale_log2,
+                         int64_t window, float* __restrict__ out) {
+  constexpr int kT = kWarps * 32, kRows = kWarps * 16;
+  constexpr int kLd = HD + 8, kChunks = HD / 8;
+  constexpr int kPer = kBN * kChunks / kT;
+  static_assert(kBN * kChunks % kT == 0 && kT >= kBN, "chunks must divide evenly; one key per thread");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<KvTileSmem<HD, kBN>*>(smem_raw);
+  __shared__ int64_t s_off[2][kBN];  // element offset of each key's row of kv head kvh; -1: invalid
+  __shared__ int s_min_pos, s_max_pos;
+
+  const int h = blockIdx.x, s = blockIdx.y, tile = gridDim.z - 1 - blockIdx.z;
+  const int q0 = batch.query_start[s];
+  const int q_len = batch.query_start[s + 1] - q0;
+  if (tile * kRows >= q_len) return;
+  const int64_t seq_len = batch.seq_lens[s];
+  const int kvh = h / (hq / hkv);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int gid = lane / 4, tig = lane % 4;
+  const int rows = min(kRows, q_len - tile * kRows);
+
+  if (threadIdx.x == 0) {
+    s_min_pos = INT_MAX;
+    s_max_pos = INT_MIN;
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const int p = batch.positions[q0 + tile * kRows + threadIdx.x];
+    atomicMin(&s_min_pos, p);
+    atomicMax(&s_max_pos, p);
+  }
+  __syncthreads();
+  const int64_t kv_begin = window > 0 ? max(static_cast<int64_t>(0), s_min_pos - window + 1) : 0;
+  const int64_t kv_end = min(seq_len, static_cast<int64_t>(s_max_pos) + 1);
+
+  const int r0 = warp * 16 + gid, r1 = r0 + 8;
+  const bool valid0 = r0 < rows, valid1 = r1 < rows;
+  const int64_t tok0 = q0 + tile * kRows + r0, tok1 = q0 + tile * kRows + r1;
+  const int64_t pos0 = valid0 ? batch.positions[tok0] : -1;
+  const int64_t pos1 = valid1 ? batch.positions[tok1] : -1;
+  // The warp's position range (rows past the sequence excluded): a tile outside it is skipped.
+  const int wmax = __reduce_max_sync(0xffffffffu, static_cast<int>(max(pos0, pos1)));
+  const int wmin =
+      __reduce_min_sync(0xffffffffu, static_cast<int>(min(valid0 ? pos0 : INT_MAX, valid1 ? pos1 : INT_MAX)));
+
+  uint32_t qf[HD / 16][4];
+  {
+    const float* qa = q + (tok0 * hq + h) * HD;
+    const float* qb = q + (tok1 * hq + h) * HD;
+#pragma unroll
+    for (int kt = 0; kt < HD / 16; ++kt) {
+      const int c = kt * 16 + tig * 2;
+      float2 a_lo = make_float2(0, 0), a_hi = a_lo, b_lo = a_lo, b_hi = a_lo;
+      if (valid0) {
+        a_lo = *reinterpret_cast<const float2*>(qa + c);
+        a_hi = *reinterpret_cast<const float2*>(qa + c + 8);
+      }
+      if (valid1) {
+        b_lo = *reinterpret_cast<const float2*>(qb + c);
+        b_hi = *reinterpret_cast<const float2*>(qb + c + 8);
+      }
+      qf[kt][0] = attn::pack_bf16(a_lo.x * scale_log2, a_lo.y * scale_log2);
+      qf[kt][1] = attn::pack_bf16(b_lo.x * scale_log2, b_lo.y * scale_log2);
+      qf[kt][2] = attn::pack_bf16(a_hi.x * scale_log2, a_hi.y * scale_log2);
+      qf[kt][3] = attn::pack_bf16(b_hi.x * scale_log2, b_hi.y * scale_log2);
+    }
+  }
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m0 = -CUDART_INF_F, m1 = -CUDART_INF_F, l0 = 0.0f, l1 = 0.0f;
+
+  const int32_t* table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+  const int64_t kv_row = static_cast<int64_t>(hkv) * HD, head_off = static_cast<int64_t>(kvh) * HD;
+  const int64_t n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBN - 1) / kBN : 0;
+  // Key threadIdx.x of tile t: its table entry (prefetch) and then its row offset (publish).
+  int pf_block = -1, pf_in = 0;
+  auto prefetch = [&](int64_t t) {
+    pf_block = -1;
+    if (threadIdx.x < kBN && t < n_tiles) {
+      const int64_t j = kv_begin + t * kBN + threadIdx.x;  // < 2^31: positions are int32
+      if (j < kv_end) {
+        const unsigned bs = static_cast<unsigned>(block_size);
+        const unsigned bi = static_cast<unsigned>(j) / bs;
+        pf_in = static_cast<int>(static_cast<unsigned>(j) - bi * bs);
+        if (bi < static_cast<unsigned>(batch.max_blocks_per_seq)) pf_block = table[bi];
+      }
+    }
+  };
+  auto publish = [&](int buf) {
+    if (threadIdx.x < kBN)
+      s_off[buf][threadIdx.x] =
+          pf_block >= 0 && pf_block < num_blocks
+              ? (static_cast<int64_t>(pf_block) * block_size + pf_in) * kv_row + head_off
+              : int64_t{-1};
+  };
+  // cp.async of a tile into `stage` from the offsets in s_off[buf]; one commit group. Returns whether
+  // every key this thread copied was valid.
+  auto issue = [&](int buf, int stage) {
+    bool all = true;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = threadIdx.x + i * kT;
+      const int key = idx / kChunks, c = idx % kChunks;
+      const int64_t off = s_off[buf][key];
+      all = all && off >= 0;
+      if (c == 0) sm.ok[stage][key] = off >= 0;
+      attn::cp_async16(&sm.k[stage][key * kLd + c * 8], off >= 0 ? k_cache + off + c * 8 : k_cache,
+                       off >= 0 ? 16 : 0);
+      attn::cp_async16(&sm.v[stage][key * kLd + c * 8], off >= 0 ? v_cache + off + c * 8 : v_cache,
+                       off >= 0 ? 16 : 0);
+    }
+    attn::cp_async_commit();
+    return all;
+  };
+
+  prefetch(0);
+  publish(0);
+  prefetch(1);
+  publish(1);
+  __syncthreads();
+  bool ok_cur = true, ok_next = true;
+  if (n_tiles > 0) ok_cur = issue(0, 0);
+  const int k_row = (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
+  const int v_row = lane & 15, v_col = (lane >> 4) * 8;
+  for (int64_t it = 0; it < n_tiles; ++it) {
+    const int st = static_cast<int>(it & 1);
+    const int64_t kt0 = kv_begin + it * kBN;
+    const bool more = it + 1 < n_tiles;
+    if (more) ok_next = issue(st ^ 1, st ^ 1);  // tile it+1's offsets are in s_off[(it+1) & 1]
+    prefetch(it + 2);
+    if (more)
+      attn::cp_async_wait<1>();
+    else
+      attn::cp_async_wait<0>();
+    const bool all_ok = __syncthreads_and(ok_cur);
+    const bool full = all_ok && kt0 + kBN - 1 <= s_min_pos && (window <= 0 || kt0 > s_max_pos - window);
+    ok_cur = ok_next;
+    // Nothing of the tile visible to any row of this warp: j > p for all, or (window) j <= p - window.
+    const bool skip = kt0 > wmax || (window > 0 && kt0 + kBN - 1 <= static_cast<int64_t>(wmin) - window);
+    if (!skip) {
+      const __nv_bfloat16* k_s = sm.k[st];
+      const __nv_bfloat16* v_s = sm.v[st];
+      float sc[kBN / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+      for (int kt = 0; kt < HD / 16; ++kt) {
+#pragma unroll
+        for (int np = 0; np < kBN / 16; ++np) {
+          uint32_t b[4];
+          attn::ldmatrix_x4(b, &k_s[(np * 16 + k_row) * kLd + kt * 16 + k_col]);
+          attn::mma_bf16(sc[2 * np], qf[kt], b[0], b[1]);
+          attn::mma_bf16(sc[2 * np + 1], qf[kt], b[2], b[3]);
+        }
+      }
+      float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt) {
+        if (!full) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = nt * 8 + tig * 2 + (e & 1);
+            const int64_t j = kt0 + key;
+            const int64_t p = e < 2 ? pos0 : pos1;
+            const bool visible = sm.ok[st][key] && j <= p && (window <= 0 || j > p - window);
+            if (!visible) sc[nt][e] = -CUDART_INF_F;
+          }
+        }
+        mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+      }
+      mx0 = attn::quad_max(mx0);
+      mx1 = attn::quad_max(mx1);
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float base0 = mn0 == -CUDART_INF_F ? 0.0f : mn0, base1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+      const float corr0 = fast_exp2(m0 - base0), corr1 = fast_exp2(m1 - base1);
+      m0 = mn0;
+      m1 = mn1;
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt) {
+        sc[nt][0] = fast_exp2(sc[nt][0] - base0);
+        sc[nt][1] = fast_exp2(sc[nt][1] - base0);
+        sc[nt][2] = fast_exp2(sc[nt][2] - base1);
+        sc[nt][3] = fast_exp2(sc[nt][3] - base1);
+        sum0 += sc[nt][0] + sc[nt][1];
+        sum1 += sc[nt][2] + sc[nt][3];
+      }
+      l0 = l0 * corr0 + sum0;
+      l1 = l1 * corr1 + sum1;
+#pragma unroll
+      for (int nt = 0; nt < HD / 8; ++nt) {
+        o[nt][0] *= corr0;
+        o[nt][1] *= corr0;
+        o[nt][2] *= corr1;
+        o[nt][3] *= corr1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint32_t a[4] = {attn::pack_bf16(sc[2 * kk][0], sc[2 * kk][1]),
+                               attn::pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                               attn::pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               attn::pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < HD / 16; ++np) {
+          uint32_t b[4];
+          attn::ldmatrix_x4_trans(b, &v_s[(kk * 16 + v_row) * kLd + np * 16 + v_col]);
+          attn::mma_bf16(o[2 * np], a, b[0], b[1]);
+          attn::mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    publish(st);      // tile it+2's offsets into s_off[(it+2) & 1]; tile it's were last read before a barrier
+    __syncthreads();  // the next iteration overwrites this stage and reads s_off[st]
+  }
+
+  l0 = attn::quad_sum(l0);
+  l1 = attn::quad_sum(l1);
+  const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) {
+    const int c = nt * 8 + tig * 2;
+    if (valid0)
+      *reinterpret_cast<float2*>(out + (tok0 * hq + h) * HD + c) =
+          make_float2(o[nt][0] * inv0, o[nt][1] * inv0);
+    if (valid1)
+      *reinterpret_cast<float2*>(out + (tok1 * hq + h) * HD + c) =
+          make_float2(o[nt][2] * inv1, o[nt][3] * inv1);
+  }
+}
+
+template <int HD, int kWarps>
+cudaError_t launch_v2(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
+                      float scale, int64_t window, int64_t max_query_len, float* out, cudaStream_t stream) {
+  static unsigned smem_set = 0;
+  constexpr int kSmem = sizeof(attn::KvTileSmem<HD, kBN>);
+  const cudaError_t st = attn::allow_dynamic_smem(prefill_attention_v2<HD, kWarps>, kSmem, smem_set);
+  if (st != cudaSuccess) return st;
+  constexpr int kRows = kWarps * 16;
+  const dim3 grid(static_cast<unsigned>(hq), static_cast<unsigned>(batch.num_seqs),
+                  static_cast<unsigned>((max_query_len + kRows - 1) / kRows));
+  prefill_attention_v2<HD, kWarps><<<grid, kWarps * 32, kSmem, stream>>>(
+      q, static_cast<const __nv_bfloat16*>(cache.k), static_cast<const __nv_bfloat16*>(cache.v),
+      cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, scale * kLog2e, window, out);
+  return cudaGetLastError();
+}
+
+// v3: FA2's shape: 4 warps of 32 query rows (two m16 tiles each) = 128 queries per CTA, Q staged once in
+// shared memory as BF16 (pre-scaled) and read through ldmatrix per 16-dim step, so that each K / V
+// fragment loaded from shared memory feeds 4 MMAs instead of 2 (v1/v2 are bound by ldmatrix bandwidth:
+// 0.5 ldmatrix.x4 per MMA there, 0.31 here). Loader, masking and skipping as in v2.
+template <int HD>
+struct V3Smem {
+  KvTileSmem<HD, kBN> kv;
+  __nv_bfloat16 q[128 * (HD + 8)];
+};
+
+template <int HD>
+__global__ void __launch_bounds__(128)
+    prefill_attention_v3(const float* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+                         const __nv_bfloat16* __restrict__ v_cache, int64_t num_blocks, int block_size,
+                         const __grid_constant__ BatchArgs batch, int hq, int hkv, float scale_log2,
+                         int64_t window, float* __restrict__ out) {
+  constexpr int kT = 128, kRows = 128, kMT = 2;
+  constexpr int kLd = HD + 8, kChunks = HD / 8;
+  constexpr int kPer = kBN * kChunks / kT;
+  static_assert(kBN * kChunks % kT == 0 && kT >= kBN, "chunks must divide evenly; one key per thread");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& big = *reinterpret_cast<V3Smem<HD>*>(smem_raw);
+  auto& sm = big.kv;
+  __shared__ int64_t s_off[2][kBN];
+  __shared__ int s_min_pos, s_max_pos;
+
+  const int h = blockIdx.x, s = blockIdx.y, tile = gridDim.z - 1 - blockIdx.z;
+  const int q0 = batch.query_start[s];
+  const int q_len = batch.query_start[s + 1] - q0;
+  if (tile * kRows >= q_len) return;
+  const int64_t seq_len = batch.seq_lens[s];
+  const int kvh = h / (hq / hkv);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int gid = lane / 4, tig = lane % 4;
+  const int rows = min(kRows, q_len - tile * kRows);
+
+  if (threadIdx.x == 0) {
+    s_min_pos = INT_MAX;
+    s_max_pos = INT_MIN;
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const int p = batch.positions[q0 + tile * kRows + threadIdx.x];
+    atomicMin(&s_min_pos, p);
+    atomicMax(&s_max_pos, p);
+  }
+  // Q tile -> shared memory, scaled into the log2 domain, BF16; rows past the sequence are zeros.
+  for (int idx = threadIdx.x; idx < kRows * HD / 4; idx += kT) {
+    const int r = idx / (HD / 4), c = (idx % (HD / 4)) * 4;
+    float4 v = make_float4(0, 0, 0, 0);
+    if (r < rows)
+      v = *reinterpret_cast<const float4*>(q + (static_cast<int64_t>(q0 + tile * kRows + r) * hq + h) * HD +
+                                           c);
+    *reinterpret_cast<uint2*>(&big.q[r * kLd + c]) =
+        make_uint2(attn::pack_bf16(v.x * scale_log2, v.y * scale_log2),
+                   attn::pack_bf16(v.z * scale_log2, v.w * scale_log2));
+  }
+  __syncthreads();
+  const int64_t kv_begin = window > 0 ? max(static_cast<int64_t>(0), s_min_pos - window + 1) : 0;
+  const int64_t kv_end = min(seq_len, static_cast<int64_t>(s_max_pos) + 1);
+
+  // This thread's rows: m-tile mt, half e (0: gid, 1: gid + 8).
+  int pos[kMT][2];  // -1: a row past the sequence (no key is visible to it)
+  int pmax = -1, pmin = INT_MAX;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = warp * 32 + mt * 16 + gid + e * 8;
+      pos[mt][e] = r < rows ? batch.positions[q0 + tile * kRows + r] : -1;
+      if (r < rows) {
+        pmax = max(pmax, pos[mt][e]);
+        pmin = min(pmin, pos[mt][e]);
+      }
+    }
+  const int wmax = __reduce_max_sync(0xffffffffu, pmax);
+  const int wmin = __reduce_min_sync(0xffffffffu, pmin);
+
+  float o[kMT][HD / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.0f;
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    m[mt][0] = m[mt][1] = -CUDART_INF_F;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
+
+  const int32_t* table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+  const int64_t kv_row = static_cast<int64_t>(hkv) * HD, head_off = static_cast<int64_t>(kvh) * HD;
+  const int64_t n_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kBN - 1) / kBN : 0;
+  int pf_block = -1, pf_in = 0;
+  auto prefetch = [&](int64_t t) {
+    pf_block = -1;
+    if (threadIdx.x < kBN && t < n_tiles) {
+      const int64_t j = kv_begin + t * kBN + threadIdx.x;
+      if (j < kv_end) {
+        const unsigned bs = static_cast<unsigned>(block_size);
+        const unsigned bi = static_cast<unsigned>(j) / bs;
+        pf_in = static_cast<int>(static_cast<unsigned>(j) - bi * bs);
+        if (bi < static_cast<unsigned>(batch.max_blocks_per_seq)) pf_block = table[bi];
+      }
+    }
+  };
+  auto publish = [&](int buf) {
+    if (threadIdx.x < kBN)
+      s_off[buf][threadIdx.x] =
+          pf_block >= 0 && pf_block < num_blocks
+              ? (static_cast<int64_t>(pf_block) * block_size + pf_in) * kv_row + head_off
+              : int64_t{-1};
+  };
+  auto issue = [&](int buf, int stage) {
+    bool all = true;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int idx = threadIdx.x + i * kT;
+      const int key = idx / kChunks, c = idx % kChunks;
+      const int64_t off = s_off[buf][key];
+      all = all && off >= 0;
+      if (c == 0) sm.ok[stage][key] = off >= 0;
+      attn::cp_async16(&sm.k[stage][key * kLd + c * 8], off >= 0 ? k_cache + off + c * 8 : k_cache,
+                       off >= 0 ? 16 : 0);
+      attn::cp_async16(&sm.v[stage][key * kLd + c * 8], off >= 0 ? v_cache + off + c * 8 : v_cache,
+                       off >= 0 ? 16 : 0);
+    }
+    attn::cp_async_commit();
+    return all;
+  };
+
+  prefetch(0);
+  publish(0);
+  prefetch(1);
+  publish(1);
+  __syncthreads();
+  bool ok_cur = true, ok_next = true;
+  if (n_tiles > 0) ok_cur = issue(0, 0);
+  const int k_row = (lane >> 4) * 8 + (lane & 7), k_col = ((lane >> 3) & 1) * 8;
+  const int v_row = lane & 15, v_col = (lane >> 4) * 8;  // also Q's A-fragment rows / columns
+  const __nv_bfloat16* q_s = big.q + (warp * 32 + v_row) * kLd + v_col;
+  for (int64_t it = 0; it < n_tiles; ++it) {
+    const int st = static_cast<int>(it & 1);
+    const int64_t kt0 = kv_begin + it * kBN;
+    const bool more = it + 1 < n_tiles;
+    if (more) ok_next = issue(st ^ 1, st ^ 1);
+    prefetch(it + 2);
+    if (more)
+      attn::cp_async_wait<1>();
+    else
+      attn::cp_async_wait<0>();
+    const bool all_ok = __syncthreads_and(ok_cur);
+    const bool full = all_ok && kt0 + kBN - 1 <= s_min_pos && (window <= 0 || kt0 > s_max_pos - window);
+    ok_cur = ok_next;
+    const bool skip = kt0 > wmax || (window > 0 && kt0 + kBN - 1 <= static_cast<int64_t>(wmin) - window);
+    if (!skip) {
+      const __nv_bfloat16* k_s = sm.k[st];
+      const __nv_bfloat16* v_s = sm.v[st];
+      float sc[kMT][kBN / 8][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kBN / 8; ++nt)
+          sc[mt][nt][0] = sc[mt][nt][1] = sc[mt][nt][2] = sc[mt][nt][3] = 0.0f;
+#pragma unroll
+      for (int kt = 0; kt < HD / 16; ++kt) {
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) attn::ldmatrix_x4(a[mt], q_s + mt * 16 * kLd + kt * 16);
+#pragma unroll
+        for (int np = 0; np < kBN / 16; ++np) {
+          uint32_t b[4];
+          attn::ldmatrix_x4(b, &k_s[(np * 16 + k_row) * kLd + kt * 16 + k_col]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            attn::mma_bf16(sc[mt][2 * np], a[mt], b[0], b[1]);
+            attn::mma_bf16(sc[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        float mx0 = -CUDART_INF_F, mx1 = -CUDART_INF_F;
+#pragma unroll
+        for (int nt = 0; nt < kBN / 8; ++nt) {
+          if (!full) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = nt * 8 + tig * 2 + (e & 1);
+              const int64_t j = kt0 + key;
+              const int64_t p = pos[mt][e >> 1];  // -1 masks every key
+              const bool visible = sm.ok[st][key] && j <= p && (window <= 0 || j > p - window);
+              if (!visible) sc[mt][nt][e] = -CUDART_INF_F;
+            }
+          }
+          mx0 = fmaxf(mx0, fmaxf(sc[mt][nt][0], sc[mt][nt][1]));
+          mx1 = fmaxf(mx1, fmaxf(sc[mt][nt][2], sc[mt][nt][3]));
+        }
+        mx0 = attn::quad_max(mx0);
+        mx1 = attn::quad_max(mx1);
+        const float mn0 = fmaxf(m[mt][0], mx0), mn1 = fmaxf(m[mt][1], mx1);
+        const float base0 = mn0 == -CUDART_INF_F ? 0.0f : mn0, base1 = mn1 == -CUDART_INF_F ? 0.0f : mn1;
+        const float corr0 = fast_exp2(m[mt][0] - base0), corr1 = fast_exp2(m[mt][1] - base1);
+        m[mt][0] = mn0;
+        m[mt][1] = mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kBN / 8; ++nt) {
+          sc[mt][nt][0] = fast_exp2(sc[mt][nt][0] - base0);
+          sc[mt][nt][1] = fast_exp2(sc[mt][nt][1] - base0);
+          sc[mt][nt][2] = fast_exp2(sc[mt][nt][2] - base1);
+          sc[mt][nt][3] = fast_exp2(sc[mt][nt][3] - base1);
+          sum0 += sc[mt][nt][0] + sc[mt][nt][1];
+          sum1 += sc[mt][nt][2] + sc[mt][nt][3];
+        }
+        l[mt][0] = l[mt][0] * corr0 + sum0;
+        l[mt][1] = l[mt][1] * corr1 + sum1;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; ++nt) {
+          o[mt][nt][0] *= corr0;
+          o[mt][nt][1] *= corr0;
+          o[mt][nt][2] *= corr1;
+          o[mt][nt][3] *= corr1;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          a[mt][0] = attn::pack_bf16(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+          a[mt][1] = attn::pack_bf16(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+          a[mt][2] = attn::pack_bf16(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+          a[mt][3] = attn::pack_bf16(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < HD / 16; ++np) {
+          uint32_t b[4];
+          attn::ldmatrix_x4_trans(b, &v_s[(kk * 16 + v_row) * kLd + np * 16 + v_col]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            attn::mma_bf16(o[mt][2 * np], a[mt], b[0], b[1]);
+            attn::mma_bf16(o[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+    publish(st);
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    const float s0 = attn::quad_sum(l[mt][0]), s1 = attn::quad_sum(l[mt][1]);
+    const float inv0 = s0 > 0.0f ? 1.0f / s0 : 0.0f, inv1 = s1 > 0.0f ? 1.0f / s1 : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; ++nt) {
+      const int c = nt * 8 + tig * 2;
+      const int r = warp * 32 + mt * 16 + gid;
+      const int64_t tok = q0 + tile * kRows + r;
+      if (r < rows)
+        *reinterpret_cast<float2*>(out + (tok * hq + h) * HD + c) =
+            make_float2(o[mt][nt][0] * inv0, o[mt][nt][1] * inv0);
+      if (r + 8 < rows)
+        *reinterpret_cast<float2*>(out + ((tok + 8) * hq + h) * HD + c) =
+            make_float2(o[mt][nt][2] * inv1, o[mt][nt][3] * inv1);
+    }
+  }
+}
+
+template <int HD>
+cudaError_t launch_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
+                      float scale, int64_t window, int64_t max_query_len, float* out, cudaStream_t stream) {
+  static unsigned smem_set = 0;
+  constexpr int kSmem = sizeof(V3Smem<HD>);
+  const cudaError_t st = attn::allow_dynamic_smem(prefill_attention_v3<HD>, kSmem, smem_set);
+  if (st != cudaSuccess) return st;
+  const dim3 grid(static_cast<unsigned>(hq), static_cast<unsigned>(batch.num_seqs),
+                  static_cast<unsigned>((max_query_len + 127) / 128));
+  prefill_attention_v3<HD><<<grid, 128, kSmem, stream>>>(
+      q, static_cast<const __nv_bfloat16*>(cache.k), static_cast<const __nv_bfloat16*>(cache.v),
+      cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, scale * kLog2e, window, out);
+  return cudaGetLastError();
+}
+
 template <class CacheT, int HD>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int64_t max_query_len, float* out,
@@ -254,7 +814,30 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   return cudaGetLastError();
 }
 
+// The variant of launch_prefill_attention for BF16 caches (see kernels.h): 1 = v1, 4 / 8 = v2 with 4 / 8
+// warps, 2 = v3. INFERX_PREFILL_ATTN is read once per process; set_prefill_attention_variant overrides.
+int variant_of(const char* e, int fallback) {
+  if (e == nullptr) return fallback;
+  if (std::strcmp(e, "v1") == 0) return 1;
+  if (std::strcmp(e, "w4") == 0) return 4;
+  if (std::strcmp(e, "w8") == 0) return 8;
+  if (std::strcmp(e, "m2") == 0) return 2;
+  return fallback;
+}
+constexpr int kDefaultVariant = 2;
+std::atomic<int> g_variant_override{0};
+
+int prefill_variant() {
+  static const int from_env = variant_of(std::getenv("INFERX_PREFILL_ATTN"), kDefaultVariant);
+  const int o = g_variant_override.load(std::memory_order_relaxed);
+  return o != 0 ? o : from_env;
+}
+
 }  // namespace
+
+void set_prefill_attention_variant(const char* name) {
+  g_variant_override.store(name == nullptr ? 0 : variant_of(name, 0), std::memory_order_relaxed);
+}
 
 bool prefill_attention_supported(const PagedKv& cache, int64_t hd) {
   return (cache.dtype == DType::BF16 || cache.dtype == DType::F8_E4M3) && (hd == 64 || hd == 128);
@@ -273,6 +856,22 @@ cudaError_t launch_prefill_attention(const float* q, const PagedKv& cache, const
                                        stream);
     return launch_typed<uint8_t, 128>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len, out,
                                       stream);
+  }
+  const int variant = prefill_variant();
+  if (variant == 2)
+    return hd == 64
+               ? launch_v3<64>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len, out, stream)
+               : launch_v3<128>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len, out, stream);
+  if (variant == 8 || variant == 4) {
+    if (hd == 64)
+      return variant == 8 ? launch_v2<64, 8>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len,
+                                             out, stream)
+                          : launch_v2<64, 4>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len,
+                                             out, stream);
+    return variant == 8 ? launch_v2<128, 8>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len,
+                                            out, stream)
+                        : launch_v2<128, 4>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len,
+                                            out, stream);
   }
   if (hd == 64)
     return launch_typed<__nv_bfloat16, 64>(q, cache, batch, iq, ikv, scale, sliding_window, max_query_len,
