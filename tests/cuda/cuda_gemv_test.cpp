@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels_gemv_decode.h"
 #include "backend/fused_linear.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -373,6 +374,91 @@ TEST_F(CudaGemvTest, FormatsWithoutKernelsAreRefused) {
       Tensor(DType::Q4_0, {n, k}, upload(nullptr, size_t(n * row_bytes(DType::Q4_0, k))), Device::CUDA);
   Tensor x = f32({2, k}, randoms(2 * k, 1)), out = f32({2, n}, std::vector<float>(2 * n));
   EXPECT_THROW(gpu_->matmul(x, l, out), Error);
+}
+
+// The v2 kernel's step decoders (kernels_gemv_decode.h), run here on the host: for every 8-column step
+// of every row, the bytes at the step's offsets decode to quant/'s dequantized values once the kernel's
+// scale (and Q4_K min) is applied. Runs without a GPU.
+uint32_t word_at(const uint8_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+
+TEST(GemvStepDecoders, MatchQuantDequantizers) {
+  namespace g = cuda::gemv;
+  const int64_t n = 5, k = 1024;
+  const std::vector<float> w = randoms(size_t(n * k), 7, -3.0f, 3.0f);
+  std::vector<float> deq(static_cast<size_t>(k));
+  float out[8];
+  {  // FP8 per channel
+    const Fp8Weight q = quantize_fp8_weight(w.data(), n, k, Fp8Granularity::PerChannel);
+    for (int64_t r = 0; r < n; ++r) {
+      const uint8_t* row = q.codes.data() + r * k;
+      dequantize_fp8_row(row, q.scale[size_t(r)], deq.data(), k);
+      for (int64_t s = 0; s < k / 8; ++s) {
+        g::fp8x8(word_at(row + g::fp8_offset(s)), word_at(row + g::fp8_offset(s) + 4), out);
+        for (int e = 0; e < 8; ++e)
+          ASSERT_FLOAT_EQ(out[e] * q.scale[size_t(r)], deq[size_t(8 * s + e)]) << "fp8 " << r << " " << s;
+      }
+    }
+  }
+  for (int64_t group : {32, 64, 128}) {
+    for (bool symmetric : {true, false}) {
+      const Int4Weight q = quantize_int4_weight(w.data(), n, k, group, symmetric);
+      const int64_t groups = k / group;
+      const int shift = group == 32 ? 2 : group == 64 ? 3 : 4;  // log2(group / 8), as the kernel
+      for (int64_t r = 0; r < n; ++r) {
+        const uint8_t* row = q.codes.data() + r * k / 2;
+        dequantize_int4_row(row, q.scale.data() + r * groups,
+                            symmetric ? nullptr : q.zero.data() + r * groups, group, deq.data(), k);
+        for (int64_t s = 0; s < k / 8; ++s) {
+          const int64_t at = r * groups + (s >> shift);
+          const float bias = g::magic(symmetric ? 8u : q.zero[size_t(at)]);
+          g::int4x8(word_at(row + g::int4_offset(s)), word_at(row + g::int4_offset(s) + 4), g::int4_shift(s),
+                    bias, out);
+          const float scale = f16_to_f32(q.scale[size_t(at)]);
+          for (int e = 0; e < 8; ++e)
+            ASSERT_FLOAT_EQ(scale * out[e], deq[size_t(8 * s + e)])
+                << "int4 g" << group << (symmetric ? " sym " : " asym ") << r << " " << s << " " << e;
+        }
+      }
+    }
+  }
+  {  // Q8_0
+    const int64_t rb = row_bytes(DType::Q8_0, k);
+    std::vector<uint8_t> bytes(static_cast<size_t>(rb));
+    for (int64_t r = 0; r < n; ++r) {
+      quantize_row(DType::Q8_0, w.data() + r * k, bytes.data(), k);
+      dequantize_row(DType::Q8_0, bytes.data(), deq.data(), k);
+      for (int64_t s = 0; s < k / 8; ++s) {
+        const uint8_t* q = bytes.data() + g::q8_0_offset(s);
+        g::q8x8(word_at(q), word_at(q + 4), out);
+        const uint8_t* d = bytes.data() + g::q8_0_block_offset(s);
+        const float scale = g::half_float(static_cast<uint16_t>(d[0] | (d[1] << 8)));
+        for (int e = 0; e < 8; ++e) ASSERT_FLOAT_EQ(out[e] * scale, deq[size_t(8 * s + e)]) << "q8_0 " << s;
+      }
+    }
+  }
+  {  // Q4_K
+    const int64_t rb = row_bytes(DType::Q4_K, k);
+    std::vector<uint8_t> bytes(static_cast<size_t>(rb));
+    for (int64_t r = 0; r < n; ++r) {
+      quantize_row(DType::Q4_K, w.data() + r * k, bytes.data(), k);
+      dequantize_row(DType::Q4_K, bytes.data(), deq.data(), k);
+      for (int64_t s = 0; s < k / 8; ++s) {
+        const uint8_t* h = bytes.data() + g::q4_k_block_offset(s);
+        float scale = 0, min = 0;
+        g::q4_k_scale_min(word_at(h), word_at(h + 4), word_at(h + 8), word_at(h + 12), g::q4_k_sub_block(s),
+                          &scale, &min);
+        const uint8_t* q = bytes.data() + g::q4_k_offset(s);
+        g::q4_k_x8(word_at(q), word_at(q + 4), g::q4_k_shift(s), out);
+        for (int e = 0; e < 8; ++e)
+          ASSERT_NEAR(scale * out[e] - min, deq[size_t(8 * s + e)], 1e-6 * std::fabs(deq[size_t(8 * s + e)]))
+              << "q4_k " << r << " " << s << " " << e;
+      }
+    }
+  }
 }
 
 // Logits of a few decode steps: max |a - b| relative to the largest |logit|.

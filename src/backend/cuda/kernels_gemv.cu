@@ -3,14 +3,23 @@
 // weight loads before it converts any) and around not spending L1 on the weights (ld.global.nc with
 // L1::no_allocate), so that x, which every warp re-reads, stays in L1. One warp per output row, four
 // warps per CTA: the 8B shapes give 256 (k/v) to 32064 (lm_head) CTAs, so every SM is busy without a
-// split over K. A weight format is a decoder: its granule (elements one lane expands from one load
-// group), its raw load (issued early) and its expansion to floats (after all loads of a batch are out).
+// split over K. Two kernels: v1 (gemv_kernel) gives a lane one granule of a format per load (16 bytes:
+// 8 to 32 columns) and expands it to floats element by element; v2 (gemv8_kernel, kernels_gemv_decode.h)
+// gives a lane 8 consecutive columns per step, so the warp's x loads are contiguous, decodes without
+// integer-to-float conversions and applies block scales once per step. BF16 runs on v1; FP8, INT4, Q8_0
+// and Q4_K on v2 unless INFERX_GEMV_V1 names them (use_v1). A decoder gives its raw load (issued early,
+// several per lane before any is decoded) and its expansion to floats.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels_gemv.h"
+#include "backend/cuda/kernels_gemv_decode.h"
 
 namespace inferx::cuda {
 namespace {
@@ -26,6 +35,7 @@ struct GemvParams {
   bool per_channel = false;
   int64_t groups_per_row = 0;  // INT4: k / group
   int group_shift = 0;         // INT4: log2(group / 32), the 32-column granules per group
+  int step_group_shift = 0;    // INT4: log2(group / 8), the 8-column steps (v2 kernel) per group
   const __nv_bfloat16* x = nullptr;
   int m = 0;
   int64_t k = 0;
@@ -43,6 +53,20 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
+  return v;
+}
+
+// 8 bytes of a streamed weight (v2 kernel).
+__device__ __forceinline__ uint2 load_stream8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// 2 bytes of a streamed weight (v2 Q8_0: its blocks are 2-byte aligned).
+__device__ __forceinline__ uint32_t load_stream2(const void* p) {
+  unsigned short v;
+  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
   return v;
 }
 
@@ -197,6 +221,44 @@ struct DecodeQ4K {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
+// The warp's sums to its outputs (lane 0 stores): scale, bias, and for R = 2 the SiLU product.
+template <class Dec, int MR, int R>
+__device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, const int64_t (&wrow)[R],
+                                            float (&acc)[R][MR]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < MR; ++i) acc[r][i] = warp_sum(acc[r][i]);
+  if (lane != 0) return;
+  float scale[R], bias[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    scale[r] = Dec::row_scale(p, wrow[r]);
+    bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
+  }
+  if constexpr (R == 1) {
+    int o = 0;
+    int64_t col = n;
+    while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
+    const GemvOutput out = p.outs[o];
+#pragma unroll
+    for (int i = 0; i < MR; ++i)
+      if (i < p.m) out.data[i * out.ld + col] = acc[0][i] * scale[0] + bias[0];
+  } else {
+    const GemvOutput out = p.outs[0];
+#pragma unroll
+    for (int i = 0; i < MR; ++i) {
+      if (i < p.m) {
+        const float g = acc[0][i] * scale[0] + bias[0], u = acc[1][i] * scale[1] + bias[1];
+        const float v = silu(g) * u;
+        out.data[i * out.ld + n] = v;
+        if (p.out_bf16) p.out_bf16[i * p.f + n] = __float2bfloat16_rn(v);
+      }
+    }
+  }
+}
+
 // R = 1: warp row n of the weight; R = 2: rows n (gate) and f + n (up), written as silu(g) * u.
 template <class Dec, int MR, int R>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
@@ -248,68 +310,228 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
       }
     }
   }
+  gemv_finish<Dec, MR, R>(p, n, wrow, acc);
+}
+
+// ---- v2: 8 columns per lane and step (kernels_gemv_decode.h). The lanes of a warp read 512 contiguous
+// bytes of x per load (v1: a granule's 32 to 128 bytes per lane, at the granule's stride: 4 to 16 L1
+// wavefronts per load where 4 suffice), weights decode without integer-to-float conversions, and the
+// INT4 / Q8_0 / Q4_K block scales multiply the step's 8-term partial sum once (v1: every element).
+// decode() turns a step's raw bytes into W; dot() adds W . x (8 columns of one row of x) to acc.
+
+struct StepW {
+  float w[8];
+  float scale, min;
+};
+
+struct StepFp8 {
+  static constexpr int kUnroll = 16;
+  struct Raw {
+    uint2 v;
+  };
+  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t s) {
+    return {load_stream8(row + gemv::fp8_offset(s))};
+  }
+  __device__ static void decode(const Raw& r, int64_t, StepW& w) { gemv::fp8x8(r.v.x, r.v.y, w.w); }
+  __device__ static void dot(const StepW& w, const float* x, float& acc) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(w.w[e], x[e], acc);
+  }
+  __device__ static float row_scale(const GemvParams& p, int64_t n) { return DecodeFp8::row_scale(p, n); }
+};
+
+// The step's partial sum times the step's block scale.
+__device__ __forceinline__ void dot_scaled(const StepW& w, const float* x, float& acc) {
+  float part = w.w[0] * x[0];
+#pragma unroll
+  for (int e = 1; e < 8; ++e) part = fmaf(w.w[e], x[e], part);
+  acc = fmaf(part, w.scale, acc);
+}
+
+struct StepInt4 {
+  static constexpr int kUnroll = 16;
+  struct Raw {
+    uint2 v;
+    float scale, bias;  // the group's scale, 2^23 + its zero point
+  };
+  __device__ static Raw load(const GemvParams& p, const uint8_t* row, int64_t n, int64_t s) {
+    Raw r;
+    r.v = load_stream8(row + gemv::int4_offset(s));
+    const int64_t at = n * p.groups_per_row + (s >> p.step_group_shift);
+    r.scale = __half2float(__ldg(static_cast<const __half*>(p.scale) + at));
+    r.bias = gemv::magic(p.zero ? static_cast<uint32_t>(__ldg(p.zero + at)) : 8u);
+    return r;
+  }
+  __device__ static void decode(const Raw& r, int64_t s, StepW& w) {
+    gemv::int4x8(r.v.x, r.v.y, gemv::int4_shift(s), r.bias, w.w);
+    w.scale = r.scale;
+  }
+  __device__ static void dot(const StepW& w, const float* x, float& acc) { dot_scaled(w, x, acc); }
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+};
+
+struct StepQ8_0 {
+  static constexpr int kUnroll = 8;
+  struct Raw {
+    uint32_t d, q[4];  // f16 bits of the block scale; the step's 8 quants as 4 halfwords
+  };
+  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t s) {
+    Raw r;
+    r.d = __ldg(reinterpret_cast<const unsigned short*>(row + gemv::q8_0_block_offset(s)));
+    const uint8_t* q = row + gemv::q8_0_offset(s);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.q[i] = load_stream2(q + 2 * i);
+    return r;
+  }
+  __device__ static void decode(const Raw& r, int64_t, StepW& w) {
+    gemv::q8x8(r.q[0] | (r.q[1] << 16), r.q[2] | (r.q[3] << 16), w.w);
+    w.scale = gemv::half_float(static_cast<uint16_t>(r.d));
+  }
+  __device__ static void dot(const StepW& w, const float* x, float& acc) { dot_scaled(w, x, acc); }
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+};
+
+struct StepQ4K {
+  static constexpr int kUnroll = 8;
+  struct Raw {
+    uint4 head;  // d, dmin, the 12 scale bytes: one block for the whole warp's step (cached)
+    uint2 v;
+  };
+  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t s) {
+    Raw r;
+    r.head = __ldg(reinterpret_cast<const uint4*>(row + gemv::q4_k_block_offset(s)));
+    r.v = load_stream8(row + gemv::q4_k_offset(s));
+    return r;
+  }
+  __device__ static void decode(const Raw& r, int64_t s, StepW& w) {
+    gemv::q4_k_x8(r.v.x, r.v.y, gemv::q4_k_shift(s), w.w);
+    gemv::q4_k_scale_min(r.head.x, r.head.y, r.head.z, r.head.w, gemv::q4_k_sub_block(s), &w.scale, &w.min);
+  }
+  // sum (scale q - min) x = scale (sum q x) - min (sum x)
+  __device__ static void dot(const StepW& w, const float* x, float& acc) {
+    float part = w.w[0] * x[0], sx = x[0];
+#pragma unroll
+    for (int e = 1; e < 8; ++e) {
+      part = fmaf(w.w[e], x[e], part);
+      sx += x[e];
+    }
+    acc = fmaf(part, w.scale, fmaf(-w.min, sx, acc));
+  }
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+};
+
+// R = 1: warp row n of the weight; R = 2: rows n (gate) and f + n (up), written as silu(g) * u. Lane l
+// takes steps l, l + 32, ... (8 columns each); the weight loads of kUnroll (R = 2: half as many) steps
+// are issued before any is decoded; x is read once per step and row of x for the R weight rows.
+template <class Dec, int MR, int R>
+__global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p) {
+  constexpr int U = R == 1 ? Dec::kUnroll : Dec::kUnroll / 2;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  if (n >= p.rows) return;
+  int64_t wrow[R];
+  wrow[0] = n;
+  if constexpr (R == 2) wrow[1] = n + p.f;
+  float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int i = 0; i < MR; ++i) acc[r][i] = warp_sum(acc[r][i]);
-  if (lane != 0) return;
-  float scale[R], bias[R];
+    for (int i = 0; i < MR; ++i) acc[r][i] = 0.0f;
+
+  const int64_t steps = p.k / 8;
+  for (int64_t s0 = lane; s0 < steps; s0 += kWarp * U) {
+    typename Dec::Raw raw[R][U];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    scale[r] = Dec::row_scale(p, wrow[r]);
-    bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
-  }
-  if constexpr (R == 1) {
-    int o = 0;
-    int64_t col = n;
-    while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
-    const GemvOutput out = p.outs[o];
+    for (int u = 0; u < U; ++u) {
+      const int64_t s = s0 + static_cast<int64_t>(kWarp) * u;
+      if (s < steps) {
 #pragma unroll
-    for (int i = 0; i < MR; ++i)
-      if (i < p.m) out.data[i * out.ld + col] = acc[0][i] * scale[0] + bias[0];
-  } else {
-    const GemvOutput out = p.outs[0];
+        for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(p, p.w + wrow[r] * p.row_bytes, wrow[r], s);
+      }
+    }
 #pragma unroll
-    for (int i = 0; i < MR; ++i) {
-      if (i < p.m) {
-        const float g = acc[0][i] * scale[0] + bias[0], u = acc[1][i] * scale[1] + bias[1];
-        const float v = silu(g) * u;
-        out.data[i * out.ld + n] = v;
-        if (p.out_bf16) p.out_bf16[i * p.f + n] = __float2bfloat16_rn(v);
+    for (int u = 0; u < U; ++u) {
+      const int64_t s = s0 + static_cast<int64_t>(kWarp) * u;
+      if (s >= steps) break;
+      StepW w[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) Dec::decode(raw[r][u], s, w[r]);
+#pragma unroll
+      for (int i = 0; i < MR; ++i) {
+        if (i < p.m) {
+          float xv[8];
+          bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.x + i * p.k) + s), xv);
+#pragma unroll
+          for (int r = 0; r < R; ++r) Dec::dot(w[r], xv, acc[r][i]);
+        }
       }
     }
   }
+  gemv_finish<Dec, MR, R>(p, n, wrow, acc);
 }
 
-template <class Dec, int R>
+template <class Dec, int R, bool V2>
 cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.rows + kGemvWarps - 1) / kGemvWarps));
+  auto go = [&](auto mr) {
+    constexpr int MR = decltype(mr)::value;
+    if constexpr (V2)
+      gemv8_kernel<Dec, MR, R><<<grid, kGemvThreads, 0, stream>>>(p);
+    else
+      gemv_kernel<Dec, MR, R><<<grid, kGemvThreads, 0, stream>>>(p);
+  };
   if (p.m <= 1)
-    gemv_kernel<Dec, 1, R><<<grid, kGemvThreads, 0, stream>>>(p);
+    go(std::integral_constant<int, 1>{});
   else if (p.m <= 2)
-    gemv_kernel<Dec, 2, R><<<grid, kGemvThreads, 0, stream>>>(p);
+    go(std::integral_constant<int, 2>{});
   else if (p.m <= 4)
-    gemv_kernel<Dec, 4, R><<<grid, kGemvThreads, 0, stream>>>(p);
+    go(std::integral_constant<int, 4>{});
   else if (p.m <= 8)
-    gemv_kernel<Dec, 8, R><<<grid, kGemvThreads, 0, stream>>>(p);
+    go(std::integral_constant<int, 8>{});
   else
-    gemv_kernel<Dec, 16, R><<<grid, kGemvThreads, 0, stream>>>(p);
+    go(std::integral_constant<int, 16>{});
   return cudaGetLastError();
+}
+
+// INFERX_GEMV_V1 puts formats back on the v1 kernel (one granule per lane, per-element conversions):
+// "1" or "all" every format, else any of "fp8", "int4", "q8_0", "q4_k" (e.g. "int4,q4_k"). Unset, empty
+// or "0": the v2 kernel for all four. Read once.
+bool use_v1(DType dtype) {
+  static const unsigned mask = [] {
+    const char* e = std::getenv("INFERX_GEMV_V1");
+    if (e == nullptr || *e == 0 || std::strcmp(e, "0") == 0) return 0u;
+    if (std::strcmp(e, "1") == 0 || std::strcmp(e, "all") == 0) return ~0u;
+    return (std::strstr(e, "fp8") ? 1u : 0u) | (std::strstr(e, "int4") ? 2u : 0u) |
+           (std::strstr(e, "q8_0") ? 4u : 0u) | (std::strstr(e, "q4_k") ? 8u : 0u);
+  }();
+  switch (dtype) {
+    case DType::F8_E4M3:
+      return mask & 1u;
+    case DType::INT4:
+      return mask & 2u;
+    case DType::Q8_0:
+      return mask & 4u;
+    case DType::Q4_K:
+      return mask & 8u;
+    default:
+      return true;
+  }
 }
 
 template <int R>
 cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream) {
+  const bool v1 = use_v1(dtype);
   switch (dtype) {
     case DType::BF16:
-      return launch_dec<DecodeBf16, R>(p, stream);
+      return launch_dec<DecodeBf16, R, false>(p, stream);
     case DType::F8_E4M3:
-      return launch_dec<DecodeFp8, R>(p, stream);
+      return v1 ? launch_dec<DecodeFp8, R, false>(p, stream) : launch_dec<StepFp8, R, true>(p, stream);
     case DType::INT4:
-      return launch_dec<DecodeInt4, R>(p, stream);
+      return v1 ? launch_dec<DecodeInt4, R, false>(p, stream) : launch_dec<StepInt4, R, true>(p, stream);
     case DType::Q8_0:
-      return launch_dec<DecodeQ8_0, R>(p, stream);
+      return v1 ? launch_dec<DecodeQ8_0, R, false>(p, stream) : launch_dec<StepQ8_0, R, true>(p, stream);
     case DType::Q4_K:
-      return launch_dec<DecodeQ4K, R>(p, stream);
+      return v1 ? launch_dec<DecodeQ4K, R, false>(p, stream) : launch_dec<StepQ4K, R, true>(p, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -342,6 +564,7 @@ GemvParams base_params(const GemvWeight& w, int64_t k) {
   if (w.dtype == DType::INT4) {
     p.groups_per_row = k / w.group;
     p.group_shift = w.group == 32 ? 0 : w.group == 64 ? 1 : 2;
+    p.step_group_shift = p.group_shift + 2;
   }
   p.k = k;
   return p;

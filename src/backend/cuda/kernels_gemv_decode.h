@@ -1,0 +1,120 @@
+#pragma once
+// The weight decoders of the v2 decode GEMV (kernels_gemv.cu) as host+device functions: the kernel runs
+// them on the device, and tests/cuda/cuda_gemv_test.cpp runs the very same code on the host against
+// quant/'s reference dequantizers. A lane of the v2 kernel takes 8 consecutive columns per step s
+// (columns 8s..8s+7), so that the 32 lanes of a warp read 512 contiguous bytes of x per load (the v1
+// kernel's lanes read x at the stride of a whole granule: 4 to 8 times the L1 wavefronts). Each function
+// below gives the byte offset of step s's weight bytes in a row and turns them into 8 exact floats
+// without integer-to-float conversions: a byte v < 2^23 or'ed into the bits of 2^23 (0x4B000000) is the
+// float 2^23 + v, and subtracting 2^23 + z leaves v - z exactly.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define INFERX_GEMV_HD __host__ __device__ __forceinline__
+#else
+#define INFERX_GEMV_HD inline
+#endif
+
+namespace inferx::cuda::gemv {
+
+constexpr uint32_t kMagicBits = 0x4B000000u;  // 2^23
+constexpr float kMagic = 8388608.0f;
+
+INFERX_GEMV_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// 2^23 + v for v < 2^23 (an integer, exact).
+INFERX_GEMV_HD float magic(uint32_t v) { return bits_float(kMagicBits | v); }
+
+// The four bytes of w (little-endian order) as 2^23 + byte.
+INFERX_GEMV_HD void bytes_magic(uint32_t w, float* out) {
+  out[0] = magic(w & 0xffu);
+  out[1] = magic((w >> 8) & 0xffu);
+  out[2] = magic((w >> 16) & 0xffu);
+  out[3] = magic(w >> 24);
+}
+
+INFERX_GEMV_HD float half_float(uint16_t bits) {
+  __half_raw r;
+  r.x = bits;
+  return __half2float(__half(r));
+}
+
+// ---- F8_E4M3: row bytes 8s..8s+7 (code e in byte e of lo, hi); E4M3 -> F16 is exact, two per cvt.
+INFERX_GEMV_HD int64_t fp8_offset(int64_t s) { return 8 * s; }
+INFERX_GEMV_HD void fp8x8(uint32_t lo, uint32_t hi, float* out) {
+  const uint32_t words[2] = {lo, hi};
+  for (int i = 0; i < 2; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>((words[i] >> (16 * h)) & 0xffffu);
+      const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+      out[4 * i + 2 * h] = half_float(r.x);
+      out[4 * i + 2 * h + 1] = half_float(r.y);
+    }
+  }
+}
+
+// ---- INT4 (quant/int4.h): a 32-column run is 16 bytes, byte b holding column b (low nibble) and
+// 16 + b (high). Step s is quarter j = s & 3 of run s >> 2: columns 8j..8j+7 of the run are the low
+// (j < 2) or high (j >= 2) nibbles of the run's bytes 8 (j & 1)..+7. The group of step s is
+// s >> (log2(group) - 3).
+INFERX_GEMV_HD int64_t int4_offset(int64_t s) { return 16 * (s >> 2) + 8 * (s & 1); }
+INFERX_GEMV_HD uint32_t int4_shift(int64_t s) { return static_cast<uint32_t>((s & 2) << 1); }  // 0 or 4
+// out[e] = code_e - zero, exact; bias = magic(zero) = 2^23 + zero.
+INFERX_GEMV_HD void int4x8(uint32_t lo, uint32_t hi, uint32_t shift, float bias, float* out) {
+  bytes_magic((lo >> shift) & 0x0f0f0f0fu, out);
+  bytes_magic((hi >> shift) & 0x0f0f0f0fu, out + 4);
+  for (int e = 0; e < 8; ++e) out[e] -= bias;
+}
+
+// ---- GGUF Q8_0: 34-byte blocks (f16 d, 32 int8); step s is quants 8 (s & 3)..+7 of block s >> 2.
+INFERX_GEMV_HD int64_t q8_0_block_offset(int64_t s) { return 34 * (s >> 2); }
+INFERX_GEMV_HD int64_t q8_0_offset(int64_t s) { return 34 * (s >> 2) + 2 + 8 * (s & 3); }
+// out[e] = int8 quant e, exact: q ^ 0x80 is q + 128 as an unsigned byte.
+INFERX_GEMV_HD void q8x8(uint32_t lo, uint32_t hi, float* out) {
+  bytes_magic(lo ^ 0x80808080u, out);
+  bytes_magic(hi ^ 0x80808080u, out + 4);
+  for (int e = 0; e < 8; ++e) out[e] -= kMagic + 128.0f;
+}
+
+// ---- GGUF Q4_K: 144-byte super-blocks of 256 (f16 d, f16 dmin, 12 bytes of 6-bit scales / mins, 128
+// bytes of quants). Step s is columns 8t..8t+7 (t = s & 31) of block s >> 5: sub-block j = t >> 2, the
+// low (j even) or high (j odd) nibbles of quant bytes 32 (t >> 3) + 8 (t & 3)..+7.
+INFERX_GEMV_HD int64_t q4_k_block_offset(int64_t s) { return 144 * (s >> 5); }
+INFERX_GEMV_HD int64_t q4_k_offset(int64_t s) {
+  return 144 * (s >> 5) + 16 + 32 * ((s & 31) >> 3) + 8 * (s & 3);
+}
+INFERX_GEMV_HD uint32_t q4_k_shift(int64_t s) { return static_cast<uint32_t>(((s >> 2) & 1) << 2); }
+INFERX_GEMV_HD int q4_k_sub_block(int64_t s) { return static_cast<int>((s & 31) >> 2); }
+// Sub-block j's scale and min (unpack_q4_k_scales) from the block's first 16 bytes as words h0..h3, as
+// floats: *scale = d * sc, *min = dmin * m (the values quant/'s dequantizer uses).
+INFERX_GEMV_HD void q4_k_scale_min(uint32_t h0, uint32_t h1, uint32_t h2, uint32_t h3, int j, float* scale,
+                                   float* min) {
+  const float d = half_float(static_cast<uint16_t>(h0 & 0xffffu));
+  const float dmin = half_float(static_cast<uint16_t>(h0 >> 16));
+  // Scale bytes s[0..11] are h1, h2, h3 (little-endian). j < 4: sc = s[j] & 63, m = s[j + 4] & 63;
+  // j >= 4: sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, m = (s[j + 4] >> 4) | (s[j] >> 6) << 4.
+  const uint32_t sh = 8u * static_cast<uint32_t>(j & 3);
+  const uint32_t b1 = (h1 >> sh) & 0xffu, b2 = (h2 >> sh) & 0xffu, b3 = (h3 >> sh) & 0xffu;
+  const uint32_t a = j < 4 ? b1 & 63u : (b3 & 15u) | ((b1 >> 6) << 4);
+  const uint32_t b = j < 4 ? b2 & 63u : (b3 >> 4) | ((b2 >> 6) << 4);
+  *scale = d * (magic(a) - kMagic);
+  *min = dmin * (magic(b) - kMagic);
+}
+// out[e] = quant e (0..15), exact.
+INFERX_GEMV_HD void q4_k_x8(uint32_t lo, uint32_t hi, uint32_t shift, float* out) {
+  int4x8(lo, hi, shift, kMagic, out);
+}
+
+}  // namespace inferx::cuda::gemv
