@@ -385,6 +385,25 @@ uint32_t word_at(const uint8_t* p) {
   return w;
 }
 
+// The kernel reads step s0 + 32u at u strides past step s0, and decodes it with s0's shifts.
+TEST(GemvStepDecoders, OffsetsAreLinearInStepsOf32) {
+  namespace g = cuda::gemv;
+  for (int64_t s = 0; s < 64; ++s)
+    for (int64_t u = 0; u < 20; ++u) {
+      const int64_t t = s + 32 * u;
+      EXPECT_EQ(g::fp8_offset(t), g::fp8_offset(s) + u * g::kFp8Stride);
+      EXPECT_EQ(g::int4_offset(t), g::int4_offset(s) + u * g::kInt4Stride);
+      EXPECT_EQ(g::int4_shift(t), g::int4_shift(s));
+      for (int shift : {2, 3, 4}) EXPECT_EQ(t >> shift, (s >> shift) + u * (32 >> shift));  // INT4 groups
+      EXPECT_EQ(g::q8_0_offset(t), g::q8_0_offset(s) + u * g::kQ8_0Stride);
+      EXPECT_EQ(g::q8_0_block_offset(t), g::q8_0_block_offset(s) + u * g::kQ8_0Stride);
+      EXPECT_EQ(g::q4_k_offset(t), g::q4_k_offset(s) + u * g::kQ4KStride);
+      EXPECT_EQ(g::q4_k_block_offset(t), g::q4_k_block_offset(s) + u * g::kQ4KStride);
+      EXPECT_EQ(g::q4_k_shift(t), g::q4_k_shift(s));
+      EXPECT_EQ(g::q4_k_sub_block(t), g::q4_k_sub_block(s));
+    }
+}
+
 TEST(GemvStepDecoders, MatchQuantDequantizers) {
   namespace g = cuda::gemv;
   const int64_t n = 5, k = 1024;

@@ -324,15 +324,22 @@ struct StepW {
   float scale, min;
 };
 
+// A decoder's Row is a lane's cursor at its first step s0 of a batch in one weight row: the weight bytes
+// of step s0 + 32u lie u * kStride bytes further (kernels_gemv_decode.h's offsets are linear in steps of
+// 32), and everything decode() derives from the step depends only on s & 31, the lane's, so s0 serves.
 struct StepFp8 {
-  static constexpr int kUnroll = 16;
+  static constexpr int kUnroll = 16, kStride = gemv::kFp8Stride;
   struct Raw {
     uint2 v;
   };
-  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t s) {
-    return {load_stream8(row + gemv::fp8_offset(s))};
+  struct Row {
+    const uint8_t* w;
+  };
+  __device__ static Row row(const GemvParams& p, int64_t n, int s0) {
+    return {p.w + n * p.row_bytes + gemv::fp8_offset(s0)};
   }
-  __device__ static void decode(const Raw& r, int64_t, StepW& w) { gemv::fp8x8(r.v.x, r.v.y, w.w); }
+  __device__ static Raw load(const Row& c, int u) { return {load_stream8(c.w + u * kStride)}; }
+  __device__ static void decode(const Raw& r, int, StepW& w) { gemv::fp8x8(r.v.x, r.v.y, w.w); }
   __device__ static void dot(const StepW& w, const float* x, float& acc) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc = fmaf(w.w[e], x[e], acc);
@@ -348,22 +355,34 @@ __device__ __forceinline__ void dot_scaled(const StepW& w, const float* x, float
   acc = fmaf(part, w.scale, acc);
 }
 
+// SH = log2(group / 8): a group is 2^SH steps, 32 steps span 32 >> SH groups (a template parameter so
+// that the scale / zero point loads of a batch are immediate offsets).
+template <int SH>
 struct StepInt4 {
-  static constexpr int kUnroll = 16;
+  static constexpr int kUnroll = 16, kStride = gemv::kInt4Stride, kGroupStride = kWarp >> SH;
   struct Raw {
     uint2 v;
     float scale, bias;  // the group's scale, 2^23 + its zero point
   };
-  __device__ static Raw load(const GemvParams& p, const uint8_t* row, int64_t n, int64_t s) {
+  struct Row {
+    const uint8_t* w;
+    const __half* scale;  // the group of step s0; step s0 + 32u: u * kGroupStride further
+    const uint8_t* zero;  // the same, or null
+  };
+  __device__ static Row row(const GemvParams& p, int64_t n, int s0) {
+    const int64_t at = n * p.groups_per_row + (s0 >> SH);
+    return {p.w + n * p.row_bytes + gemv::int4_offset(s0), static_cast<const __half*>(p.scale) + at,
+            p.zero ? p.zero + at : nullptr};
+  }
+  __device__ static Raw load(const Row& c, int u) {
     Raw r;
-    r.v = load_stream8(row + gemv::int4_offset(s));
-    const int64_t at = n * p.groups_per_row + (s >> p.step_group_shift);
-    r.scale = __half2float(__ldg(static_cast<const __half*>(p.scale) + at));
-    r.bias = gemv::magic(p.zero ? static_cast<uint32_t>(__ldg(p.zero + at)) : 8u);
+    r.v = load_stream8(c.w + u * kStride);
+    r.scale = __half2float(__ldg(c.scale + u * kGroupStride));
+    r.bias = gemv::magic(c.zero ? static_cast<uint32_t>(__ldg(c.zero + u * kGroupStride)) : 8u);
     return r;
   }
-  __device__ static void decode(const Raw& r, int64_t s, StepW& w) {
-    gemv::int4x8(r.v.x, r.v.y, gemv::int4_shift(s), r.bias, w.w);
+  __device__ static void decode(const Raw& r, int s0, StepW& w) {
+    gemv::int4x8(r.v.x, r.v.y, gemv::int4_shift(s0), r.bias, w.w);
     w.scale = r.scale;
   }
   __device__ static void dot(const StepW& w, const float* x, float& acc) { dot_scaled(w, x, acc); }
@@ -371,19 +390,26 @@ struct StepInt4 {
 };
 
 struct StepQ8_0 {
-  static constexpr int kUnroll = 8;
+  static constexpr int kUnroll = 8, kStride = gemv::kQ8_0Stride;
   struct Raw {
     uint32_t d, q[4];  // f16 bits of the block scale; the step's 8 quants as 4 halfwords
   };
-  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t s) {
+  struct Row {
+    const uint8_t* d;  // the block of step s0
+    const uint8_t* q;  // its 8 quants
+  };
+  __device__ static Row row(const GemvParams& p, int64_t n, int s0) {
+    const uint8_t* r = p.w + n * p.row_bytes;
+    return {r + gemv::q8_0_block_offset(s0), r + gemv::q8_0_offset(s0)};
+  }
+  __device__ static Raw load(const Row& c, int u) {
     Raw r;
-    r.d = __ldg(reinterpret_cast<const unsigned short*>(row + gemv::q8_0_block_offset(s)));
-    const uint8_t* q = row + gemv::q8_0_offset(s);
+    r.d = __ldg(reinterpret_cast<const unsigned short*>(c.d + u * kStride));
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r.q[i] = load_stream2(q + 2 * i);
+    for (int i = 0; i < 4; ++i) r.q[i] = load_stream2(c.q + u * kStride + 2 * i);
     return r;
   }
-  __device__ static void decode(const Raw& r, int64_t, StepW& w) {
+  __device__ static void decode(const Raw& r, int, StepW& w) {
     gemv::q8x8(r.q[0] | (r.q[1] << 16), r.q[2] | (r.q[3] << 16), w.w);
     w.scale = gemv::half_float(static_cast<uint16_t>(r.d));
   }
@@ -392,20 +418,28 @@ struct StepQ8_0 {
 };
 
 struct StepQ4K {
-  static constexpr int kUnroll = 8;
+  static constexpr int kUnroll = 8, kStride = gemv::kQ4KStride;
   struct Raw {
     uint4 head;  // d, dmin, the 12 scale bytes: one block for the whole warp's step (cached)
     uint2 v;
   };
-  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t s) {
+  struct Row {
+    const uint8_t* head;  // the block of step s0
+    const uint8_t* q;     // its 8 quant bytes
+  };
+  __device__ static Row row(const GemvParams& p, int64_t n, int s0) {
+    const uint8_t* r = p.w + n * p.row_bytes;
+    return {r + gemv::q4_k_block_offset(s0), r + gemv::q4_k_offset(s0)};
+  }
+  __device__ static Raw load(const Row& c, int u) {
     Raw r;
-    r.head = __ldg(reinterpret_cast<const uint4*>(row + gemv::q4_k_block_offset(s)));
-    r.v = load_stream8(row + gemv::q4_k_offset(s));
+    r.head = __ldg(reinterpret_cast<const uint4*>(c.head + u * kStride));
+    r.v = load_stream8(c.q + u * kStride);
     return r;
   }
-  __device__ static void decode(const Raw& r, int64_t s, StepW& w) {
-    gemv::q4_k_x8(r.v.x, r.v.y, gemv::q4_k_shift(s), w.w);
-    gemv::q4_k_scale_min(r.head.x, r.head.y, r.head.z, r.head.w, gemv::q4_k_sub_block(s), &w.scale, &w.min);
+  __device__ static void decode(const Raw& r, int s0, StepW& w) {
+    gemv::q4_k_x8(r.v.x, r.v.y, gemv::q4_k_shift(s0), w.w);
+    gemv::q4_k_scale_min(r.head.x, r.head.y, r.head.z, r.head.w, gemv::q4_k_sub_block(s0), &w.scale, &w.min);
   }
   // sum (scale q - min) x = scale (sum q x) - min (sum x)
   __device__ static void dot(const StepW& w, const float* x, float& acc) {
@@ -438,29 +472,32 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
 #pragma unroll
     for (int i = 0; i < MR; ++i) acc[r][i] = 0.0f;
 
-  const int64_t steps = p.k / 8;
-  for (int64_t s0 = lane; s0 < steps; s0 += kWarp * U) {
+  const int steps = static_cast<int>(p.k / 8);
+  for (int s0 = lane; s0 < steps; s0 += kWarp * U) {
     typename Dec::Raw raw[R][U];
+    typename Dec::Row rc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rc[r] = Dec::row(p, wrow[r], s0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t s = s0 + static_cast<int64_t>(kWarp) * u;
-      if (s < steps) {
+      if (s0 + kWarp * u < steps) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(p, p.w + wrow[r] * p.row_bytes, wrow[r], s);
+        for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(rc[r], u);
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t s = s0 + static_cast<int64_t>(kWarp) * u;
-      if (s >= steps) break;
+      if (s0 + kWarp * u >= steps) break;
       StepW w[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) Dec::decode(raw[r][u], s, w[r]);
+      for (int r = 0; r < R; ++r) Dec::decode(raw[r][u], s0, w[r]);
 #pragma unroll
       for (int i = 0; i < MR; ++i) {
         if (i < p.m) {
+          // step s0 + 32u of row i of x: 8 BF16 = one uint4
+          const uint4* xr = reinterpret_cast<const uint4*>(p.x + i * p.k) + s0;
           float xv[8];
-          bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(p.x + i * p.k) + s), xv);
+          bf16x8_to_float(__ldg(xr + kWarp * u), xv);
 #pragma unroll
           for (int r = 0; r < R; ++r) Dec::dot(w[r], xv, acc[r][i]);
         }
@@ -527,7 +564,10 @@ cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream)
     case DType::F8_E4M3:
       return v1 ? launch_dec<DecodeFp8, R, false>(p, stream) : launch_dec<StepFp8, R, true>(p, stream);
     case DType::INT4:
-      return v1 ? launch_dec<DecodeInt4, R, false>(p, stream) : launch_dec<StepInt4, R, true>(p, stream);
+      if (v1) return launch_dec<DecodeInt4, R, false>(p, stream);
+      if (p.step_group_shift == 2) return launch_dec<StepInt4<2>, R, true>(p, stream);
+      if (p.step_group_shift == 3) return launch_dec<StepInt4<3>, R, true>(p, stream);
+      return launch_dec<StepInt4<4>, R, true>(p, stream);
     case DType::Q8_0:
       return v1 ? launch_dec<DecodeQ8_0, R, false>(p, stream) : launch_dec<StepQ8_0, R, true>(p, stream);
     case DType::Q4_K:

@@ -51,6 +51,10 @@ INFERX_GEMV_HD float half_float(uint16_t bits) {
   return __half2float(__half(r));
 }
 
+// The offsets below are linear in steps of 32 (a warp's lanes take steps s0 + 32u): the weight bytes of
+// step s + 32u lie u * k*Stride bytes after those of step s, and the shifts / sub-blocks depend on s & 31.
+constexpr int kFp8Stride = 256, kInt4Stride = 128, kQ8_0Stride = 8 * 34, kQ4KStride = 144;
+
 // ---- F8_E4M3: row bytes 8s..8s+7 (code e in byte e of lo, hi); E4M3 -> F16 is exact, two per cvt.
 INFERX_GEMV_HD int64_t fp8_offset(int64_t s) { return 8 * s; }
 INFERX_GEMV_HD void fp8x8(uint32_t lo, uint32_t hi, float* out) {
