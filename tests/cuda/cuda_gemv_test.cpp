@@ -385,6 +385,18 @@ uint32_t word_at(const uint8_t* p) {
   return w;
 }
 
+TEST(GemvStepDecoders, BytesBecomeMagicFloats) {
+  namespace g = cuda::gemv;
+  std::mt19937 rng(3);
+  for (int t = 0; t < 1000; ++t) {
+    const uint32_t w = static_cast<uint32_t>(rng());
+    float out[4];
+    g::bytes_magic(w, out);
+    for (int b = 0; b < 4; ++b)
+      ASSERT_EQ(out[b], 8388608.0f + float((w >> (8 * b)) & 0xffu)) << w << " " << b;
+  }
+}
+
 // The kernel reads step s0 + 32u at u strides past step s0, and decodes it with s0's shifts.
 TEST(GemvStepDecoders, OffsetsAreLinearInStepsOf32) {
   namespace g = cuda::gemv;

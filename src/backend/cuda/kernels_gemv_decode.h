@@ -37,12 +37,27 @@ INFERX_GEMV_HD float bits_float(uint32_t u) {
 // 2^23 + v for v < 2^23 (an integer, exact).
 INFERX_GEMV_HD float magic(uint32_t v) { return bits_float(kMagicBits | v); }
 
-// The four bytes of w (little-endian order) as 2^23 + byte.
+// PRMT (__byte_perm): byte i of the result is byte (selector nibble i) & 7 of the 8 bytes {hi, lo}
+// (lo the low 4). The host emulation runs the same selectors in the tests (sign mode, bit 3, is unused).
+INFERX_GEMV_HD uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(lo, hi, selector);
+#else
+  const uint64_t v = (static_cast<uint64_t>(hi) << 32) | lo;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i)
+    r |= static_cast<uint32_t>((v >> (8 * ((selector >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+  return r;
+#endif
+}
+
+// The four bytes of w (little-endian order) as 2^23 + byte: one PRMT each (byte b of w, then bytes 0, 1
+// and 3 of 0x4B000000).
 INFERX_GEMV_HD void bytes_magic(uint32_t w, float* out) {
-  out[0] = magic(w & 0xffu);
-  out[1] = magic((w >> 8) & 0xffu);
-  out[2] = magic((w >> 16) & 0xffu);
-  out[3] = magic(w >> 24);
+  out[0] = bits_float(byte_perm(w, kMagicBits, 0x7540u));
+  out[1] = bits_float(byte_perm(w, kMagicBits, 0x7541u));
+  out[2] = bits_float(byte_perm(w, kMagicBits, 0x7542u));
+  out[3] = bits_float(byte_perm(w, kMagicBits, 0x7543u));
 }
 
 INFERX_GEMV_HD float half_float(uint16_t bits) {
