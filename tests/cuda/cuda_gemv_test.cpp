@@ -269,6 +269,44 @@ TEST_F(CudaGemvTest, EveryFormatMatchesFloat64Reference) {
   }
 }
 
+// Products of 8192 rows or more give each v2 warp two rows (kernels_gemv.cu v2_pairs): an odd row count
+// leaves the last warp one row, and split outputs cut between the two rows of a warp.
+TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
+  uint32_t seed = 700;
+  for (const Variant& v : {kVariants[2], kVariants[4], kVariants[5], kVariants[7], kVariants[8]}) {
+    const int64_t k = k_for(v.dtype, false), n = 8193;
+    const HostWeight h = make_weight(v, n, k, ++seed);
+    for (int64_t m : {1, 5}) {
+      const std::string what = v.name + " n=8193 m=" + std::to_string(m);
+      std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
+      for (float& e : x) e = bf16_round(e);
+      const std::vector<float> bias = randoms(size_t(n), ++seed);
+      const Linear l = linear(h, bias);
+      std::vector<double> want, mag;
+      reference(h, x, m, bias, want, mag);
+      Tensor tx = f32({m, k}, x), out = f32({m, n}, std::vector<float>(size_t(m * n), NAN));
+      gpu_->matmul(tx, l, out);
+      expect_matches(read(out), want, mag, what);
+      // Three outputs of 4097, 2047 and 2049 rows: boundaries inside a warp's pair of rows.
+      const int64_t parts[3] = {4097, 2047, 2049};
+      Tensor outs[3];
+      for (int i = 0; i < 3; ++i) outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
+      Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
+      gpu_->matmul_split(tx, l, ptrs);
+      std::vector<float> joined(size_t(m * n));
+      int64_t begin = 0;
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<float> part = read(outs[i]);
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < parts[i]; ++c)
+            joined[size_t(r * n + begin + c)] = part[size_t(r * parts[i] + c)];
+        begin += parts[i];
+      }
+      expect_matches(joined, want, mag, what + " split");
+    }
+  }
+}
+
 TEST_F(CudaGemvTest, SplitOutputsEqualSeparateProducts) {
   uint32_t seed = 500;
   for (const Variant& v : {kVariants[0], kVariants[2], kVariants[5], kVariants[8]}) {

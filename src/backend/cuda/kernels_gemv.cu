@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -221,10 +222,11 @@ struct DecodeQ4K {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
-// The warp's sums to its outputs (lane 0 stores): scale, bias, and for R = 2 the SiLU product.
-template <class Dec, int MR, int R>
+// The warp's sums to its outputs (lane 0 stores): scale, bias, and with kSilu (R = 2: rows n and f + n)
+// the SiLU product at column n; else each of the first `valid` rows wrow[r] of the stacked weight.
+template <class Dec, int MR, int R, bool kSilu>
 __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, const int64_t (&wrow)[R],
-                                            float (&acc)[R][MR]) {
+                                            float (&acc)[R][MR], int valid) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -237,14 +239,18 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
     scale[r] = Dec::row_scale(p, wrow[r]);
     bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
   }
-  if constexpr (R == 1) {
-    int o = 0;
-    int64_t col = n;
-    while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
-    const GemvOutput out = p.outs[o];
+  if constexpr (!kSilu) {
 #pragma unroll
-    for (int i = 0; i < MR; ++i)
-      if (i < p.m) out.data[i * out.ld + col] = acc[0][i] * scale[0] + bias[0];
+    for (int r = 0; r < R; ++r) {
+      if (r >= valid) break;
+      int o = 0;
+      int64_t col = wrow[r];
+      while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
+      const GemvOutput out = p.outs[o];
+#pragma unroll
+      for (int i = 0; i < MR; ++i)
+        if (i < p.m) out.data[i * out.ld + col] = acc[r][i] * scale[r] + bias[r];
+    }
   } else {
     const GemvOutput out = p.outs[0];
 #pragma unroll
@@ -310,7 +316,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
       }
     }
   }
-  gemv_finish<Dec, MR, R>(p, n, wrow, acc);
+  gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
 }
 
 // ---- v2: 8 columns per lane and step (kernels_gemv_decode.h). The lanes of a warp read 512 contiguous
@@ -454,18 +460,31 @@ struct StepQ4K {
   __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
 };
 
-// R = 1: warp row n of the weight; R = 2: rows n (gate) and f + n (up), written as silu(g) * u. Lane l
-// takes steps l, l + 32, ... (8 columns each); the weight loads of kUnroll (R = 2: half as many) steps
-// are issued before any is decoded; x is read once per step and row of x for the R weight rows.
-template <class Dec, int MR, int R>
+// kSilu (R = 2): warp n takes rows n (gate) and f + n (up), written as silu(g) * u. Else warp n takes the
+// R rows Rn.. of the weight (those below p.rows; a missing second row reads the first again, unstored).
+// Lane l takes steps l, l + 32, ... (8 columns each); the weight loads of kUnroll (R = 2: half as many)
+// steps are issued before any is decoded; x is read once per step and row of x for the R weight rows.
+template <class Dec, int MR, int R, bool kSilu>
 __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p) {
+  static_assert(R == 1 || R == 2, "one or two weight rows per warp");
   constexpr int U = R == 1 ? Dec::kUnroll : Dec::kUnroll / 2;
   const int lane = threadIdx.x % kWarp;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
-  if (n >= p.rows) return;
   int64_t wrow[R];
-  wrow[0] = n;
-  if constexpr (R == 2) wrow[1] = n + p.f;
+  int valid = R;
+  if constexpr (kSilu) {
+    if (n >= p.rows) return;
+    wrow[0] = n;
+    wrow[1] = n + p.f;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) wrow[r] = n * R + r;
+    if (wrow[0] >= p.rows) return;
+    if (wrow[R - 1] >= p.rows) {  // R = 2, odd row count: the last warp has one row
+      wrow[R - 1] = wrow[0];
+      valid = 1;
+    }
+  }
   float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -504,18 +523,38 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
       }
     }
   }
-  gemv_finish<Dec, MR, R>(p, n, wrow, acc);
+  gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid);
 }
 
+// v2 products (not the SiLU one) of at least INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never) give each
+// warp two rows: x is then loaded and converted once per two rows. Fewer rows keep one per warp, so that
+// there are warps enough to fill the GPU (8192 rows in pairs: 1024 CTAs). Read once.
+bool v2_pairs(int64_t rows) {
+  static const int64_t min_rows = [] {
+    const char* e = std::getenv("INFERX_GEMV_V2_PAIRS");
+    if (e == nullptr || *e == 0) return int64_t{8192};
+    const long long v = std::atoll(e);
+    return v <= 0 ? INT64_MAX : static_cast<int64_t>(v);
+  }();
+  return rows >= min_rows;
+}
+
+// R = 2: the SiLU product (gate and up rows per warp).
 template <class Dec, int R, bool V2>
 cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.rows + kGemvWarps - 1) / kGemvWarps));
+  const bool pairs = V2 && R == 1 && v2_pairs(p.rows);
+  const int64_t rows_per_cta = kGemvWarps * (pairs ? 2 : 1);
+  const dim3 grid(static_cast<unsigned>((p.rows + rows_per_cta - 1) / rows_per_cta));
   auto go = [&](auto mr) {
     constexpr int MR = decltype(mr)::value;
-    if constexpr (V2)
-      gemv8_kernel<Dec, MR, R><<<grid, kGemvThreads, 0, stream>>>(p);
-    else
+    if constexpr (!V2)
       gemv_kernel<Dec, MR, R><<<grid, kGemvThreads, 0, stream>>>(p);
+    else if constexpr (R == 2)
+      gemv8_kernel<Dec, MR, 2, true><<<grid, kGemvThreads, 0, stream>>>(p);
+    else if (pairs)
+      gemv8_kernel<Dec, MR, 2, false><<<grid, kGemvThreads, 0, stream>>>(p);
+    else
+      gemv8_kernel<Dec, MR, 1, false><<<grid, kGemvThreads, 0, stream>>>(p);
   };
   if (p.m <= 1)
     go(std::integral_constant<int, 1>{});
