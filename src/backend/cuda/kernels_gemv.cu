@@ -368,28 +368,28 @@ struct StepInt4 {
   static constexpr int kUnroll = 16, kStride = gemv::kInt4Stride, kGroupStride = kWarp >> SH;
   struct Raw {
     uint2 v;
-    float scale, bias;  // the group's scale, 2^23 + its zero point
+    uint32_t sz;  // the group's F16 scale bits | its zero point << 16 (one register of the batch's 16)
   };
   struct Row {
     const uint8_t* w;
-    const __half* scale;  // the group of step s0; step s0 + 32u: u * kGroupStride further
-    const uint8_t* zero;  // the same, or null
+    const unsigned short* scale;  // the group of step s0; step s0 + 32u: u * kGroupStride further
+    const uint8_t* zero;          // the same, or null
   };
   __device__ static Row row(const GemvParams& p, int64_t n, int s0) {
     const int64_t at = n * p.groups_per_row + (s0 >> SH);
-    return {p.w + n * p.row_bytes + gemv::int4_offset(s0), static_cast<const __half*>(p.scale) + at,
+    return {p.w + n * p.row_bytes + gemv::int4_offset(s0), static_cast<const unsigned short*>(p.scale) + at,
             p.zero ? p.zero + at : nullptr};
   }
   __device__ static Raw load(const Row& c, int u) {
     Raw r;
     r.v = load_stream8(c.w + u * kStride);
-    r.scale = __half2float(__ldg(c.scale + u * kGroupStride));
-    r.bias = gemv::magic(c.zero ? static_cast<uint32_t>(__ldg(c.zero + u * kGroupStride)) : 8u);
+    const uint32_t zero = c.zero ? static_cast<uint32_t>(__ldg(c.zero + u * kGroupStride)) : 8u;
+    r.sz = static_cast<uint32_t>(__ldg(c.scale + u * kGroupStride)) | (zero << 16);
     return r;
   }
   __device__ static void decode(const Raw& r, int s0, StepW& w) {
-    gemv::int4x8(r.v.x, r.v.y, gemv::int4_shift(s0), r.bias, w.w);
-    w.scale = r.scale;
+    gemv::int4x8(r.v.x, r.v.y, gemv::int4_shift(s0), gemv::magic(r.sz >> 16), w.w);
+    w.scale = gemv::half_float(static_cast<uint16_t>(r.sz & 0xffffu));
   }
   __device__ static void dot(const StepW& w, const float* x, float& acc) { dot_scaled(w, x, acc); }
   __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
