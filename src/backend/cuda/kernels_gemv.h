@@ -7,7 +7,8 @@
 //   bytes, F16 group scales, optional U8 zero points, group 32/64/128);  GGUF Q8_0 and Q4_K blocks
 //   (quant/gguf_block_layouts.h), read as stored.
 // FP8, INT4, Q8_0 and Q4_K run on the v2 kernel (8 columns per lane and step, kernels_gemv_decode.h);
-// INFERX_GEMV_V1=1 (or a list such as "int4,q4_k") puts them back on v1, read once per process.
+// INFERX_GEMV_V1=1 (or a list such as "int4,q4_k") puts them back on v1; v2 gives a warp two rows from
+// INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never). Both read once per process.
 // Rows of x beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each).
 // Pointers are device pointers; x is [m, k] contiguous BF16 (launch_gemv_prepare_x makes it from F32, and
 // applies an INT4 input permutation).
