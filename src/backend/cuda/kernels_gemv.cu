@@ -6,9 +6,9 @@
 // split over K. Two kernels: v1 (gemv_kernel) gives a lane one granule of a format per load (16 bytes:
 // 8 to 32 columns) and expands it to floats element by element; v2 (gemv8_kernel, kernels_gemv_decode.h)
 // gives a lane 8 consecutive columns per step, so the warp's x loads are contiguous, decodes without
-// integer-to-float conversions and applies block scales once per step. BF16 runs on v1; FP8, INT4, Q8_0
-// and Q4_K on v2 unless INFERX_GEMV_V1 names them (use_v1). A decoder gives its raw load (issued early,
-// several per lane before any is decoded) and its expansion to floats.
+// integer-to-float conversions and applies block scales once per step. BF16, FP8 and INT4 run on v1 by
+// default, Q8_0 and Q4_K on v2 (measured, see use_v1; INFERX_GEMV_V1 overrides). A decoder gives its raw load
+// (issued early, several per lane before any is decoded) and its expansion to floats.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -569,13 +569,16 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// INFERX_GEMV_V1 puts formats back on the v1 kernel (one granule per lane, per-element conversions):
-// "1" or "all" every format, else any of "fp8", "int4", "q8_0", "q4_k" (e.g. "int4,q4_k"). Unset, empty
-// or "0": the v2 kernel for all four. Read once.
+// INFERX_GEMV_V1 puts formats on the v1 kernel (one granule per lane, per-element conversions): "1" or
+// "all" every format, else any of "fp8", "int4", "q8_0", "q4_k" (e.g. "int4,q4_k"); "0": v2 for all four.
+// Unset or empty: the faster one as measured on the H200 (2026-12-03 00:34, bench_cuda_kernels, M=1,
+// 14336x4096 / 4096x14336): v1 for FP8 (19.0/21.1 us vs v2 20.5/23.8) and INT4 (23.4/26.9 vs 21.3/33.6),
+// v2 for Q8_0 (34.4/38.0 -> 24.3/33.1) and Q4_K (40.8/39.5 -> 25.0/36.7). Read once.
 bool use_v1(DType dtype) {
   static const unsigned mask = [] {
     const char* e = std::getenv("INFERX_GEMV_V1");
-    if (e == nullptr || *e == 0 || std::strcmp(e, "0") == 0) return 0u;
+    if (e == nullptr || *e == 0) return 1u | 2u;
+    if (std::strcmp(e, "0") == 0) return 0u;
     if (std::strcmp(e, "1") == 0 || std::strcmp(e, "all") == 0) return ~0u;
     return (std::strstr(e, "fp8") ? 1u : 0u) | (std::strstr(e, "int4") ? 2u : 0u) |
            (std::strstr(e, "q8_0") ? 4u : 0u) | (std::strstr(e, "q4_k") ? 8u : 0u);
