@@ -3,7 +3,7 @@
 # Here:   build with `cmake --preset cuda -DINFERX_NATIVE=OFF`, then stage the binaries:
 #         bench/gpu/stage.sh   (copies inferx, test_cuda_backend, non-CUDA shared libs and
 #                               ../shared/tools into gpu-carry/, which .git/info/exclude ignores)
-# There:  device run, carry ["gpu-carry"], command: bench/gpu/run.sh
+# There:  device run, carry ["gpu-carry-z"], command: tar -xzf gpu-carry-z/carry.tgz && bench/gpu/run.sh
 # Writes logs under $OUT (default ./gpu-out) and prints a summary table last.
 set -uo pipefail
 C=gpu-carry

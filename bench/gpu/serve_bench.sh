@@ -2,7 +2,7 @@
 # Served throughput on one GPU (issue 5, item 4), every InferX figure from `inferx bench serve`, with the
 # PyTorch baselines (bench/gpu/torch_baseline.py) run in the same device call.
 # Here:   build + bench/gpu/stage.sh (as for run.sh).
-# There:  device run, carry ["gpu-carry"], command: bench/gpu/serve_bench.sh
+# There:  device run, carry ["gpu-carry-z"], command: tar -xzf gpu-carry-z/carry.tgz && bench/gpu/serve_bench.sh
 # Env:    N_REQ (default 1000 requests per InferX case), N_BASE (256: one wave of the baselines),
 #         CASES ("1024:256 1000:1000"), BASELINES ("manual hf"), MODEL (dummy:llama-3-8b),
 #         SERVE_ARGS (extra flags for inferx serve, e.g. "--quantize fp8").

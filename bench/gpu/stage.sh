@@ -23,4 +23,9 @@ for t in test_cuda_engine test_cuda_qgemm test_cuda_tensor_parallel; do
 done
 cp -r ../shared/tools gpu-carry/tools
 cp ../shared/testdata/stories260K.gguf gpu-carry/
-du -sh gpu-carry
+# The device call carries at most 64 MiB: strip the binaries (each holds the whole fatbin) and ship one
+# tarball; there: `tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/run.sh`, carry ["gpu-carry-z"].
+strip gpu-carry/inferx gpu-carry/test_cuda_* gpu-carry/bench_cuda_kernels
+mkdir -p gpu-carry-z
+tar -czf gpu-carry-z/carry.tgz gpu-carry
+du -sh gpu-carry gpu-carry-z
