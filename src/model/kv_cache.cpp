@@ -40,8 +40,8 @@ KvCache::KvCache(const Model& model, int64_t num_blocks, int64_t block_size)
     : KvCache(model.backend(), layers_held_by(model), num_blocks, block_size) {
   if (const TensorParallel* tp = model.tensor_parallel()) {
     for (int r = 0; r < tp->size(); ++r)
-      shards_.push_back(std::make_unique<KvCache>(tp->rank_backend(r), tp->rank_model(r).config(), num_blocks,
-                                                  block_size));
+      shards_.push_back(
+          std::make_unique<KvCache>(tp->rank_backend(r), tp->rank_model(r).config(), num_blocks, block_size));
   }
 }
 

@@ -12,9 +12,7 @@ int64_t blocks_for(int64_t tokens, int64_t block_size) { return (tokens + block_
 }  // namespace
 
 SequenceRunner::SequenceRunner(Model& model, int64_t max_tokens, int64_t block_size)
-    : model_(model),
-      cache_(model, blocks_for(max_tokens, block_size), block_size),
-      max_tokens_(max_tokens) {
+    : model_(model), cache_(model, blocks_for(max_tokens, block_size), block_size), max_tokens_(max_tokens) {
   block_table_.resize(static_cast<size_t>(cache_.num_blocks()));
   std::iota(block_table_.begin(), block_table_.end(), 0);
   // INFERX_GRAPHS=0 runs every step eagerly (for comparisons and debugging).

@@ -155,9 +155,10 @@ std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
     (void)cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
-    fail("cuda backend: out of device memory on {}: wanted {} bytes ({} MiB), {} bytes ({} MiB) free of {} "
-         "MiB",
-         name_, bytes, bytes >> 20, free_bytes, free_bytes >> 20, total_bytes >> 20);
+    fail(
+        "cuda backend: out of device memory on {}: wanted {} bytes ({} MiB), {} bytes ({} MiB) free of {} "
+        "MiB",
+        name_, bytes, bytes >> 20, free_bytes, free_bytes >> 20, total_bytes >> 20);
   }
   CUDA_CHECK(status);
   // A new buffer may replace one a captured graph points at (a grown workspace): retire the graphs.

@@ -29,7 +29,7 @@ namespace inferx {
 namespace cuda {
 class CublasLtGemm;
 class QuantizedGemm;
-}
+}  // namespace cuda
 
 // Which attention kernel runs (tests and benchmarks force one; Auto picks per batch).
 enum class CudaAttentionKernel { Auto, Reference, Decode, Prefill };
