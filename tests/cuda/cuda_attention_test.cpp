@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/rope.h"
 #include "core/half.h"
+#include "cuda_test_util.h"
 #include "quant/fp8.h"
 
 namespace inferx {
@@ -37,23 +38,8 @@ std::vector<float> uniform(size_t n, std::mt19937& rng, float lo, float hi) {
   return v;
 }
 
-struct Errors {
-  double rel_norm = 0, max_abs = 0;
-  bool all_finite = true;
-};
-Errors compare(const std::vector<float>& got, const std::vector<double>& want) {
-  Errors e;
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) e.all_finite = false;
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += want[i] * want[i];
-    e.max_abs = std::max(e.max_abs, std::fabs(d));
-  }
-  e.rel_norm = std::sqrt(num / std::max(den, 1e-30));
-  return e;
-}
+using cuda_test::compare;
+using cuda_test::Errors;
 
 // One batch: per sequence, `start` cached tokens before this step and `count` new ones.
 struct Case {
@@ -133,11 +119,7 @@ std::vector<double> reference(const Case& c, const Layout& d, const std::vector<
 class CudaAttentionTest : public ::testing::Test {
  public:  // the free helpers below drive the fixture
   void SetUp() override {
-    if (cuda_device_count() == 0) {
-      if (std::getenv("INFERX_REQUIRE_GPU"))
-        FAIL() << "INFERX_REQUIRE_GPU is set but no CUDA device is visible";
-      GTEST_SKIP() << "no CUDA device visible";
-    }
+    INFERX_SKIP_WITHOUT_GPU();
     seed_ = std::random_device{}();
     rng_.seed(seed_);
   }

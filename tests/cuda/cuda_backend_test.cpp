@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "cuda_test_util.h"
 
 namespace inferx {
 namespace {
@@ -90,12 +91,7 @@ HostBatch make_batch(const std::vector<int32_t>& start, const std::vector<int32_
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) {
-      // On the GPU machine (bench/gpu/run_cuda_tests.sh) a silent skip would hide a broken setup.
-      if (std::getenv("INFERX_REQUIRE_GPU"))
-        FAIL() << "INFERX_REQUIRE_GPU is set but no CUDA device is visible";
-      GTEST_SKIP() << "no CUDA device visible";
-    }
+    INFERX_SKIP_WITHOUT_GPU();
     gpu_ = make_cuda_backend(0);
     cpu_ = make_cpu_backend();
     // These tests pin the v0 attention kernel (float math, tight tolerances); the v1 kernels are checked

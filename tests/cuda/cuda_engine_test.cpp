@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "cuda_test_util.h"
 #include "engine/batch_builder.h"
 #include "engine/block_table.h"
 #include "engine/decode_graphs.h"
@@ -38,13 +39,7 @@ class CudaEngine : public ::testing::Test {
     model_ = nullptr;
     backend_ = nullptr;
   }
-  void SetUp() override {
-    if (cuda_device_count() == 0) {
-      if (std::getenv("INFERX_REQUIRE_GPU"))
-        FAIL() << "INFERX_REQUIRE_GPU is set but no CUDA device is visible";
-      GTEST_SKIP() << "no CUDA device visible";
-    }
-  }
+  void SetUp() override { INFERX_SKIP_WITHOUT_GPU(); }
 
   using Vars = std::vector<std::pair<const char*, const char*>>;
   struct Env {  // sets environment variables for one engine construction

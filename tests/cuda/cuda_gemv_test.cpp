@@ -22,6 +22,7 @@
 #include "backend/fused_linear.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "cuda_test_util.h"
 #include "model/model.h"
 #include "quant/fp8.h"
 #include "quant/gguf_blocks.h"
@@ -127,11 +128,7 @@ HostWeight make_weight(const Variant& v, int64_t n, int64_t k, uint32_t seed) {
 class CudaGemvTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) {
-      if (std::getenv("INFERX_REQUIRE_GPU"))
-        FAIL() << "INFERX_REQUIRE_GPU is set but no CUDA device is visible";
-      GTEST_SKIP() << "no CUDA device visible";
-    }
+    INFERX_SKIP_WITHOUT_GPU();
     gpu_ = make_cuda_backend(0, CudaBackendOptions{});
   }
 

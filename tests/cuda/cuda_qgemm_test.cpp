@@ -21,6 +21,7 @@
 #include "backend/cuda/kernels_quant_math.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
+#include "cuda_test_util.h"
 #include "model/model.h"
 #include "quant/fp8.h"
 #include "quant/gguf_blocks.h"
@@ -248,11 +249,7 @@ TEST(QuantizedGemmFormats, DequantizeMatchesQuantReferences) {
 class QuantizedGemmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cuda_device_count() == 0) {
-      if (std::getenv("INFERX_REQUIRE_GPU"))
-        FAIL() << "INFERX_REQUIRE_GPU is set but no CUDA device is visible";
-      GTEST_SKIP() << "no CUDA device visible";
-    }
+    INFERX_SKIP_WITHOUT_GPU();
     CudaBackendOptions o;
     o.kv_cache_dtype = DType::F32;
     gpu_ = make_cuda_backend(0, o);
