@@ -163,7 +163,7 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   // meaning); the CPU takes 1 GiB or what max_batch_size sequences of max_model_len need, whichever is
   // smaller.
   const int32_t bs = config.block_size;
-  const int64_t bytes_per_block = KvCache::bytes_per_block(mc, bs, model.backend().kv_cache_dtype());
+  const int64_t bytes_per_block = KvCache::bytes_per_block(model, bs);  // tensor-parallel ranks included
   int64_t num_blocks = 0;
   size_t free_bytes = 0, total_bytes = 0;
   const bool device_memory = model.backend().memory_info(free_bytes, total_bytes);

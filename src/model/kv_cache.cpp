@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "core/error.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
@@ -6,6 +8,19 @@ namespace inferx {
 
 int64_t KvCache::bytes_per_block(const ModelConfig& c, int64_t block_size, DType dtype) {
   return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * dtype_info(dtype).block_bytes;
+}
+
+int64_t KvCache::bytes_per_block(const Model& model, int64_t block_size) {
+  const TensorParallel* tp = model.tensor_parallel();
+  if (tp == nullptr) return bytes_per_block(model.config(), block_size, model.backend().kv_cache_dtype());
+  int64_t sum = 0, largest = 0;
+  for (int r = 0; r < tp->size(); ++r) {
+    const int64_t b =
+        bytes_per_block(tp->rank_model(r).config(), block_size, tp->rank_backend(r).kv_cache_dtype());
+    sum += b;
+    largest = std::max(largest, b);
+  }
+  return model.backend().device() == Device::CPU ? sum : largest;
 }
 
 KvCache::KvCache(Backend& backend, const ModelConfig& c, int64_t num_blocks, int64_t block_size)

@@ -121,6 +121,11 @@ class KvCache {
   // Bytes one block takes across all layers (K and V), for sizing the pool from a memory budget; pass
   // the backend's kv_cache_dtype().
   static int64_t bytes_per_block(const ModelConfig& config, int64_t block_size, DType dtype = DType::F32);
+  // The same for the caches KvCache(model, ...) allocates, per unit of the memory budget that sizes the
+  // pool: the model's own backend type; with tensor parallelism the ranks' caches (their own KV heads,
+  // replicated heads included), summed on the CPU (one host memory) and the largest rank on devices (each
+  // rank's GPU has its own budget).
+  static int64_t bytes_per_block(const Model& model, int64_t block_size);
 
  private:
   int64_t num_blocks_, block_size_;

@@ -240,6 +240,25 @@ TEST(TensorParallel, RanksHoldTheirSlices) {
   }
 }
 
+// The engine sizes its block pool with KvCache::bytes_per_block(model, ...): on the CPU the ranks' caches
+// share one memory, so it is their sum, which counts replicated KV heads (TP=4 over 2 KV heads holds 4).
+TEST(TensorParallel, KvBytesPerBlockCountsWhatTheRanksHold) {
+  Loaded one = load(kFixtures + "llama-tiny", 1);
+  const int64_t full = KvCache::bytes_per_block(one.model->config(), 16);
+  EXPECT_EQ(KvCache::bytes_per_block(*one.model, 16), full);
+  for (int tp : {2, 4}) {
+    Loaded l = load(kFixtures + "llama-tiny", tp);
+    const int64_t got = KvCache::bytes_per_block(*l.model, 16);
+    EXPECT_EQ(got, tp == 2 ? full : 2 * full) << "tp " << tp;
+    KvCache cache(*l.model, 3, 16);
+    int64_t held = 0;
+    for (int r = 0; r < tp; ++r)
+      for (int64_t i = 0; i < one.model->config().num_layers; ++i)
+        held += cache.shard(r).layer(i).k.nbytes() + cache.shard(r).layer(i).v.nbytes();
+    EXPECT_EQ(held, 3 * got) << "tp " << tp;
+  }
+}
+
 TEST(TensorParallel, SlidingWindowReachesEveryRank) {
   LoadOptions o;
   Loaded one = load(kFixtures + "llama-tiny", 1, o), two = load(kFixtures + "llama-tiny", 2, o);
