@@ -17,11 +17,9 @@ BatchView BatchBuilder::build(const SchedulerOutput& out) {
     max_query = std::max(max_query, s.num_new);
     max_seq = std::max(max_seq, s.start + s.num_new);
   }
-  // Layout: token_ids[T] positions[T] query_start[S+1] seq_lens[S] block_tables[S*M] logits_rows[L].
-  const size_t o_pos = static_cast<size_t>(T), o_qs = o_pos + static_cast<size_t>(T);
-  const size_t o_len = o_qs + static_cast<size_t>(S) + 1, o_bt = o_len + static_cast<size_t>(S);
-  const size_t o_rows = o_bt + static_cast<size_t>(S) * static_cast<size_t>(max_blocks);
-  const size_t total = o_rows + static_cast<size_t>(num_logits);
+  const BatchLayout layout(T, S, max_blocks, num_logits);
+  const size_t o_pos = layout.positions(), o_qs = layout.query_start(), o_len = layout.seq_lens(),
+               o_bt = layout.block_tables(), o_rows = layout.logits_rows(), total = layout.total();
   host_.resize(total);  // capacity is kept between steps
   int32_t* h = host_.data();
   int32_t t = 0, logit = 0;
@@ -47,18 +45,7 @@ BatchView BatchBuilder::build(const SchedulerOutput& out) {
   const size_t bytes = total * sizeof(int32_t);
   if (!device_ || device_->size() < bytes) device_ = backend_.allocate(bytes * 2);  // headroom: grow rarely
   backend_.copy_to_device(device_->data(), h, bytes);
-  const auto* d = static_cast<const int32_t*>(device_->data());
-  BatchView b;
-  b.num_tokens = T;
-  b.num_seqs = S;
-  b.token_ids = d;
-  b.positions = d + o_pos;
-  b.query_start = d + o_qs;
-  b.seq_lens = d + o_len;
-  b.block_tables = d + o_bt;
-  b.max_blocks_per_seq = max_blocks;
-  b.logits_rows = d + o_rows;
-  b.num_logits = num_logits;
+  BatchView b = layout.view(static_cast<const int32_t*>(device_->data()));
   b.max_query_len = max_query;
   b.max_seq_len = max_seq;
   return b;

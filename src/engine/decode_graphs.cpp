@@ -16,22 +16,15 @@ std::vector<int32_t> decode_buckets(int32_t max_batch_size) {
   return b;
 }
 
-namespace {
-// Layout for bucket B with M blocks per sequence:
-//   token_ids[B] positions[B] query_start[B+1] seq_lens[B] block_tables[B*M] logits_rows[B].
-size_t meta_ints(int32_t bucket, int32_t max_blocks) {
-  const auto b = static_cast<size_t>(bucket);
-  return 5 * b + 1 + b * static_cast<size_t>(max_blocks);
-}
-}  // namespace
-
 DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, const DecodeGraphConfig& config)
     : model_(model), kv_(kv), config_(config), buckets_(decode_buckets(config.max_batch_size)) {
   INFERX_CHECK(config_.max_blocks_per_seq > 0, "decode graphs: max_blocks_per_seq must be positive");
   INFERX_CHECK(config_.scratch_block >= 0 && config_.scratch_block < kv.num_blocks(),
                "decode graphs: scratch block {} is not in the cache of {} blocks", config_.scratch_block,
                kv.num_blocks());
-  const size_t ints = meta_ints(buckets_.back(), config_.max_blocks_per_seq);
+  // A padded bucket B is B one-token sequences, each wanting logits.
+  const size_t ints =
+      BatchLayout(buckets_.back(), buckets_.back(), config_.max_blocks_per_seq, buckets_.back()).total();
   host_.resize(ints);
   // Allocated once, before any recording: its address never changes.
   device_ = model_.backend().allocate(ints * sizeof(int32_t));
@@ -71,10 +64,9 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
   const int32_t B = bucket, M = config_.max_blocks_per_seq;
   INFERX_CHECK(S > 0 && S <= B && B <= buckets_.back(), "decode graphs: {} sequences in a bucket of {}", S,
                B);
-  const size_t b = static_cast<size_t>(B);
-  const size_t o_pos = b, o_qs = 2 * b, o_len = 3 * b + 1, o_bt = 4 * b + 1;
-  const size_t o_rows = o_bt + b * static_cast<size_t>(M);
-  const size_t total = meta_ints(B, M);
+  const BatchLayout layout(B, B, M, B);
+  const size_t o_pos = layout.positions(), o_qs = layout.query_start(), o_len = layout.seq_lens(),
+               o_bt = layout.block_tables(), o_rows = layout.logits_rows(), total = layout.total();
   int32_t* h = host_.data();
   const int32_t scratch = config_.scratch_block;
   for (int32_t i = 0; i < B; ++i) {
@@ -101,20 +93,9 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
       std::fill(bt, bt + M, scratch);
     }
   }
-  h[o_qs + b] = B;
+  h[o_qs + static_cast<size_t>(B)] = B;
   model_.backend().copy_to_device(device_->data(), h, total * sizeof(int32_t));
-  const auto* d = static_cast<const int32_t*>(device_->data());
-  BatchView v;
-  v.num_tokens = B;
-  v.num_seqs = B;
-  v.token_ids = d;
-  v.positions = d + o_pos;
-  v.query_start = d + o_qs;
-  v.seq_lens = d + o_len;
-  v.block_tables = d + o_bt;
-  v.max_blocks_per_seq = M;
-  v.logits_rows = d + o_rows;
-  v.num_logits = B;
+  BatchView v = layout.view(static_cast<const int32_t*>(device_->data()));
   v.max_query_len = 1;
   // A host hint frozen into a recording: the largest length any replay may see.
   v.max_seq_len = M * static_cast<int32_t>(kv_.block_size());

@@ -56,17 +56,10 @@ std::vector<float> SequenceRunner::run(const std::vector<int32_t>& tokens, bool 
     meta_device_ = be.allocate(meta.size() * sizeof(int32_t) * 2);
   be.copy_to_device(meta_device_->data(), meta.data(), meta.size() * sizeof(int32_t));
   const int32_t* d = static_cast<const int32_t*>(meta_device_->data());
-  BatchView b;
-  b.num_tokens = static_cast<int32_t>(n);
-  b.num_seqs = 1;
-  b.token_ids = d;
-  b.positions = d + n;
-  b.query_start = d + 2 * n;
-  b.seq_lens = d + 2 * n + 2;
-  b.block_tables = d + 2 * n + 3;
-  b.max_blocks_per_seq = static_cast<int32_t>(block_table_.size());
-  b.logits_rows = b.block_tables + block_table_.size();
-  b.num_logits = num_logits;
+  const BatchLayout layout(static_cast<int32_t>(n), 1, static_cast<int32_t>(block_table_.size()), num_logits);
+  INFERX_CHECK(layout.total() == meta.size(), "sequence runner: metadata of {} ints, layout wants {}",
+               meta.size(), layout.total());
+  BatchView b = layout.view(d);
   b.max_query_len = static_cast<int32_t>(n);
   b.max_seq_len = static_cast<int32_t>(length_ + n);
   Tensor logits = forward(b, n == 1 && !all_logits);
