@@ -5,6 +5,7 @@
 #include <map>
 
 #include "backend/cpu/matmul_cpu.h"
+#include "backend/forwarding_backend.h"
 #include "core/error.h"
 #include "formats/tensor_source.h"
 #include "model/model.h"
@@ -15,49 +16,22 @@ namespace inferx {
 namespace {
 
 // A CPU backend that records the input rows of every matmul whose weight it was told to watch.
-class RecordingBackend final : public Backend {
+class RecordingBackend final : public ForwardingBackend {
  public:
-  explicit RecordingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  explicit RecordingBackend(std::unique_ptr<Backend> inner)
+      : ForwardingBackend(*inner), owned_(std::move(inner)) {}
   std::map<const void*, std::vector<float>> inputs;  // by weight data pointer: rows of k floats
 
-  Device device() const override { return inner_->device(); }
-  std::string name() const override { return inner_->name(); }
-  std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override { return inner_->allocate(bytes); }
-  void copy_to_device(void* d, const void* s, size_t b) override { inner_->copy_to_device(d, s, b); }
-  void copy_to_host(void* d, const void* s, size_t b) override { inner_->copy_to_host(d, s, b); }
-  void synchronize() override { inner_->synchronize(); }
-  void embedding(const Tensor& t, const int32_t* ids, int64_t n, Tensor& out) override {
-    inner_->embedding(t, ids, n, out);
-  }
-  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
-    inner_->rmsnorm(x, w, eps, out);
-  }
-  void add_rmsnorm(Tensor& r, const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
-    inner_->add_rmsnorm(r, x, w, eps, out);
-  }
-  void head_rmsnorm(Tensor& x, int64_t hd, const Tensor& w, float eps) override {
-    inner_->head_rmsnorm(x, hd, w, eps);
-  }
   void matmul(const Tensor& x, const Linear& w, Tensor& out) override {
     auto it = inputs.find(w.weight.data);
     if (it != inputs.end()) it->second.insert(it->second.end(), x.ptr<float>(), x.ptr<float>() + x.numel());
-    inner_->matmul(x, w, out);
+    ForwardingBackend::matmul(x, w, out);
   }
-  void rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& b, const RopeParams& r,
-                         KvCacheLayer& c) override {
-    inner_->rope_and_write_kv(q, k, v, b, r, c);
-  }
-  void attention(const Tensor& q, const KvCacheLayer& c, const BatchView& b, const AttentionParams& p,
-                 Tensor& out) override {
-    inner_->attention(q, c, b, p, out);
-  }
-  void silu_mul(const Tensor& g, const Tensor& u, Tensor& out) override { inner_->silu_mul(g, u, out); }
-  void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
-    inner_->gather_rows(x, rows, n, out);
-  }
+  // Every projection must go through matmul above to be recorded: no fused q/k/v or gate/up weights.
+  bool prefers_fused_projections() const override { return false; }
 
  private:
-  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<Backend> owned_;
 };
 
 std::vector<const Linear*> model_linears(const Model& m) {

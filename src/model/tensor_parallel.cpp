@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backend/forwarding_backend.h"
 #include "core/error.h"
 
 namespace inferx {
@@ -16,64 +17,17 @@ namespace {
 
 // Rank 0's backend as the top model's: every call goes to it, except that graph capture is declined (the
 // replicas, the other ranks' threads and the collectives are outside what one backend can record).
-class PrimaryBackend final : public Backend {
+class PrimaryBackend final : public ForwardingBackend {
  public:
-  PrimaryBackend(Backend& inner, int size) : inner_(inner), size_(size) {}
-  Device device() const override { return inner_.device(); }
+  PrimaryBackend(Backend& inner, int size) : ForwardingBackend(inner), size_(size) {}
   std::string name() const override {
-    return fmt::format("{} (rank 0 of {} tensor-parallel ranks)", inner_.name(), size_);
+    return fmt::format("{} (rank 0 of {} tensor-parallel ranks)", inner().name(), size_);
   }
-  std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override { return inner_.allocate(bytes); }
-  void copy_to_device(void* dst, const void* src, size_t bytes) override {
-    inner_.copy_to_device(dst, src, bytes);
-  }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override {
-    inner_.copy_to_host(dst, src, bytes);
-  }
-  void synchronize() override { inner_.synchronize(); }
-  void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override {
-    inner_.embedding(table, ids, n, out);
-  }
-  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
-    inner_.rmsnorm(x, w, eps, out);
-  }
-  void add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
-    inner_.add_rmsnorm(residual, x, w, eps, out);
-  }
-  void head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& w, float eps) override {
-    inner_.head_rmsnorm(x, head_dim, w, eps);
-  }
-  void matmul(const Tensor& x, const Linear& w, Tensor& out) override { inner_.matmul(x, w, out); }
-  void rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
-                         const RopeParams& rope, KvCacheLayer& cache) override {
-    inner_.rope_and_write_kv(q, k, v, batch, rope, cache);
-  }
-  void attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch, const AttentionParams& p,
-                 Tensor& out) override {
-    inner_.attention(q, cache, batch, p, out);
-  }
-  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
-    inner_.silu_mul(gate, up, out);
-  }
-  void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
-    inner_.gather_rows(x, rows, n, out);
-  }
-  DType kv_cache_dtype() const override { return inner_.kv_cache_dtype(); }
-  bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override {
-    return inner_.fill_random(t, seed, amplitude, offset);
-  }
-  bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override {
-    return inner_.sample_tokens(logits, params, host_ids);  // the gathered logits are in rank 0's memory
-  }
-  // Rank 0's memory: the engine sizes its KV pool from it at the full model's bytes per block, while each
-  // rank holds only its KV heads (conservative by up to the number of ranks).
-  bool memory_info(size_t& free_bytes, size_t& total_bytes) override {
-    return inner_.memory_info(free_bytes, total_bytes);
-  }
+  // sample_tokens: the gathered logits are in rank 0's memory. memory_info: rank 0's device, from which
+  // the engine sizes its KV pool (KvCache::bytes_per_block(model) counts each rank's heads).
   // begin_graph_capture stays the default `false`: callers then run every step eagerly.
 
  private:
-  Backend& inner_;
   int size_;
 };
 

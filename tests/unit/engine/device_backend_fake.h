@@ -9,49 +9,19 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 
 namespace inferx::testing {
 
-class DeviceSamplingCpuBackend final : public Backend {
+class DeviceSamplingCpuBackend final : public ForwardingBackend {
  public:
   explicit DeviceSamplingCpuBackend(bool can_sample = true)
-      : cpu_(make_cpu_backend({2})), can_sample_(can_sample) {}
-  Device device() const override { return cpu_->device(); }
+      : DeviceSamplingCpuBackend(make_cpu_backend({2}), can_sample) {}
   std::string name() const override { return "cpu+device-sampling"; }
-  std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override { return cpu_->allocate(bytes); }
-  void copy_to_device(void* d, const void* s, size_t n) override { cpu_->copy_to_device(d, s, n); }
   void copy_to_host(void* d, const void* s, size_t n) override {
     ++host_copies;
-    cpu_->copy_to_host(d, s, n);
+    ForwardingBackend::copy_to_host(d, s, n);
   }
-  void synchronize() override { cpu_->synchronize(); }
-  void embedding(const Tensor& t, const int32_t* ids, int64_t n, Tensor& out) override {
-    cpu_->embedding(t, ids, n, out);
-  }
-  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
-    cpu_->rmsnorm(x, w, eps, out);
-  }
-  void add_rmsnorm(Tensor& r, const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
-    cpu_->add_rmsnorm(r, x, w, eps, out);
-  }
-  void head_rmsnorm(Tensor& x, int64_t hd, const Tensor& w, float eps) override {
-    cpu_->head_rmsnorm(x, hd, w, eps);
-  }
-  void matmul(const Tensor& x, const Linear& w, Tensor& out) override { cpu_->matmul(x, w, out); }
-  void rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& b, const RopeParams& r,
-                         KvCacheLayer& c) override {
-    cpu_->rope_and_write_kv(q, k, v, b, r, c);
-  }
-  void attention(const Tensor& q, const KvCacheLayer& c, const BatchView& b, const AttentionParams& p,
-                 Tensor& out) override {
-    cpu_->attention(q, c, b, p, out);
-  }
-  void silu_mul(const Tensor& g, const Tensor& u, Tensor& out) override { cpu_->silu_mul(g, u, out); }
-  void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
-    cpu_->gather_rows(x, rows, n, out);
-  }
-  DType kv_cache_dtype() const override { return cpu_->kv_cache_dtype(); }
 
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* ids) override {
     if (!can_sample_) return false;
@@ -84,6 +54,8 @@ class DeviceSamplingCpuBackend final : public Backend {
   int64_t sample_calls = 0, sampled_rows = 0, host_copies = 0;
 
  private:
+  DeviceSamplingCpuBackend(std::unique_ptr<Backend> cpu, bool can_sample)
+      : ForwardingBackend(*cpu), cpu_(std::move(cpu)), can_sample_(can_sample) {}
   std::unique_ptr<Backend> cpu_;
   bool can_sample_;
 };

@@ -1,0 +1,80 @@
+#pragma once
+// A Backend that passes every call to another one, for wrappers that change one or two behaviours (record
+// matmul inputs for calibration, decline graph capture for a tensor-parallel rank, fake device sampling in
+// tests): derive and override only those. Graph capture is deliberately not forwarded (a wrapper sits
+// outside what the inner backend can record); a wrapper that wants it overrides the hooks.
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace inferx {
+
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(Backend& inner) : inner_(inner) {}
+  Backend& inner() const { return inner_; }
+
+  Device device() const override { return inner_.device(); }
+  std::string name() const override { return inner_.name(); }
+  std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override { return inner_.allocate(bytes); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_to_host(dst, src, bytes);
+  }
+  void synchronize() override { inner_.synchronize(); }
+  void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override {
+    inner_.embedding(table, ids, n, out);
+  }
+  void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    inner_.rmsnorm(x, w, eps, out);
+  }
+  void add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
+    inner_.add_rmsnorm(residual, x, w, eps, out);
+  }
+  void head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& w, float eps) override {
+    inner_.head_rmsnorm(x, head_dim, w, eps);
+  }
+  void matmul(const Tensor& x, const Linear& w, Tensor& out) override { inner_.matmul(x, w, out); }
+  void rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
+                         const RopeParams& rope, KvCacheLayer& cache) override {
+    inner_.rope_and_write_kv(q, k, v, batch, rope, cache);
+  }
+  void attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch, const AttentionParams& p,
+                 Tensor& out) override {
+    inner_.attention(q, cache, batch, p, out);
+  }
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    inner_.silu_mul(gate, up, out);
+  }
+  void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
+    inner_.gather_rows(x, rows, n, out);
+  }
+  DType kv_cache_dtype() const override { return inner_.kv_cache_dtype(); }
+  bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override {
+    return inner_.fill_random(t, seed, amplitude, offset);
+  }
+  bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override {
+    return inner_.sample_tokens(logits, params, host_ids);
+  }
+  bool memory_info(size_t& free_bytes, size_t& total_bytes) override {
+    return inner_.memory_info(free_bytes, total_bytes);
+  }
+  bool prefers_fused_projections() const override { return inner_.prefers_fused_projections(); }
+  void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override {
+    inner_.matmul_split(x, w, outs);
+  }
+  void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override {
+    inner_.matmul_silu_mul(x, w, gate, up, out);
+  }
+  void copy_on_device(void* dst, const void* src, size_t bytes) override {
+    inner_.copy_on_device(dst, src, bytes);
+  }
+
+ private:
+  Backend& inner_;
+};
+
+}  // namespace inferx
