@@ -59,8 +59,9 @@ bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
   const DType t = w.weight.dtype;
   const bool cublas_takes = t == DType::F32 || t == DType::F16 || t == DType::BF16;
   if (cublas_takes && (!options_.gemv || t != DType::BF16 || x.rows() > 1)) return false;
-  // Long BF16 rows (the 8B down projection, 4096x14336): cuBLASLt's split-K GEMV measured 31.6 us against
-  // this kernel's 34.9 (the grid's last wave is mostly idle), so it keeps them.
+  // Long BF16 rows (the 8B down projection, 4096x14336) stay on cuBLASLt: measured 31.3 us against this
+  // kernel's 34.3 at 23:56 on 2026-12-02, but 31.4 against 30.4 at 00:34 on the next run (within run-to-run
+  // noise). The 187 tok/s decode figure was measured with this rule; re-decide with repeated runs.
   if (t == DType::BF16 && w.in_features() > 8192) return false;
   // Prefill-sized products of quantized weights (fused parts too) go to the quantized GEMM.
   if (!cublas_takes && cuda::QuantizedGemm::supports(w) && cuda::QuantizedGemm::prefers_fused(w, x.rows()))
