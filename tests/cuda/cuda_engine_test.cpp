@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/pdl.h"
 #include "core/error.h"
 #include "cuda_test_util.h"
 #include "engine/batch_builder.h"
@@ -91,6 +92,8 @@ class CudaEngine : public ::testing::Test {
     return p;
   }
 
+  static void graph_replay_vs_eager(int num_seqs);
+
   static Backend* backend_;
   static Model* model_;
 };
@@ -146,7 +149,11 @@ TEST_F(CudaEngine, SampledRowsDependOnlyOnTheirOwnLogitsAndParameters) {
   EXPECT_NE(sample({0, 1, 2, 3, 4, 5, 6, 7}), a);
 }
 
-TEST_F(CudaEngine, GraphReplayEqualsTheSamePaddedStepRunEagerly) {
+// Graph replays (programmatic dependent launch on, cuda_common.cuh) against the same padded steps run
+// eagerly with it off: bit-equal, so overlapping a kernel's start with its predecessor's tail changes no
+// value (a missing pdl_wait would read a half-written input). num_seqs = 1 takes the GEMV path, which
+// streams weights before its wait.
+void CudaEngine::graph_replay_vs_eager(int num_seqs) {
   constexpr int32_t kBlocks = 64, kBs = 16, kMaxLen = 512;
   const int64_t vocab = model_->config().vocab_size;
   KvCache kv(*backend_, model_->config(), kBlocks + 1, kBs);
@@ -165,7 +172,7 @@ TEST_F(CudaEngine, GraphReplayEqualsTheSamePaddedStepRunEagerly) {
   DecodeGraphs eager(*model_, kv, gc);
 
   std::vector<std::unique_ptr<RequestState>> reqs;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < num_seqs; ++i) {
     auto r = std::make_unique<RequestState>();
     r->req.prompt = prompt(9 + 21 * i, i);
     r->forked = true;
@@ -187,10 +194,13 @@ TEST_F(CudaEngine, GraphReplayEqualsTheSamePaddedStepRunEagerly) {
     if (graphs.accepts(out)) {
       // Every run writes the same K/V values for this step's tokens, so the order does not matter.
       for (int rep = 0; rep < 2; ++rep) {  // the first records (after an eager run), the second replays
+        cuda::set_pdl_enabled(true);
         const Tensor tg = graphs.run(out);
         backend_->copy_to_host(g.data(), tg.data, bytes);
+        cuda::set_pdl_enabled(false);
         const Tensor te = eager.run(out);
         backend_->copy_to_host(e.data(), te.data, bytes);
+        cuda::set_pdl_enabled(true);
         for (size_t i = 0; i < static_cast<size_t>(rows * vocab); ++i)
           ASSERT_EQ(g[i], e[i]) << "step " << step;
       }
@@ -225,6 +235,9 @@ TEST_F(CudaEngine, GraphReplayEqualsTheSamePaddedStepRunEagerly) {
       checked, static_cast<long long>(graphs.captures()), static_cast<long long>(graphs.replays()), max_diff,
       max_abs);
 }
+
+TEST_F(CudaEngine, GraphReplayEqualsTheSamePaddedStepRunEagerly) { graph_replay_vs_eager(5); }
+TEST_F(CudaEngine, GraphReplayEqualsEagerAtBatchOne) { graph_replay_vs_eager(1); }
 
 TEST_F(CudaEngine, EngineWithGraphsGivesThePaddedEagerTextExactly) {
   std::vector<GenerationParams> ps;

@@ -389,9 +389,11 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
       if (decode_counters_.data != old_data || decode_counters_.bytes != old_bytes)
         CUDA_CHECK(cudaMemsetAsync(counters, 0, decode_counters_.bytes, stream_));
     }
+    // The kernel also writes out's BF16 copy, which the o projection's GEMV / GEMM then reads directly.
+    void* out_bf16 = bf16_copy_for(out);
     CUDA_CHECK(cuda::launch_decode_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads,
                                              p.head_dim, p.scale, p.sliding_window, splits, partials,
-                                             counters, out.ptr<float>(), stream_));
+                                             counters, out.ptr<float>(), out_bf16, stream_));
     return;
   }
   if (kernel == CudaAttentionKernel::Prefill) {

@@ -4,6 +4,8 @@
 // takes them), and the fused projections (one launch for q/k/v, one for silu(gate) * up); products the
 // GEMV does not take run the fused weights as row slices (Backend's defaults).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -59,10 +61,15 @@ bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
   const DType t = w.weight.dtype;
   const bool cublas_takes = t == DType::F32 || t == DType::F16 || t == DType::BF16;
   if (cublas_takes && (!options_.gemv || t != DType::BF16 || x.rows() > 1)) return false;
-  // Long BF16 rows (the 8B down projection, 4096x14336) stay on cuBLASLt: measured 31.3 us against this
-  // kernel's 34.3 at 23:56 on 2026-12-02, but 31.4 against 30.4 at 00:34 on the next run (within run-to-run
-  // noise). The 187 tok/s decode figure was measured with this rule; re-decide with repeated runs.
-  if (t == DType::BF16 && w.in_features() > 8192) return false;
+  // Long BF16 rows (the 8B down projection, 4096x14336): cuBLASLt measured 31.3 us against this kernel's
+  // 34.3 on one run and 31.4 against 30.4 on the next (noise). The GEMV now takes them by default: it
+  // streams its first weights before waiting for the SiLU product (programmatic dependent launch), and a
+  // cuBLASLt launch would break that chain on both sides. INFERX_GEMV_LONG_K=cublas restores the old rule.
+  static const bool long_k_cublas = [] {
+    const char* e = std::getenv("INFERX_GEMV_LONG_K");
+    return e != nullptr && std::strcmp(e, "cublas") == 0;
+  }();
+  if (t == DType::BF16 && w.in_features() > 8192 && long_k_cublas) return false;
   // Prefill-sized products of quantized weights (fused parts too) go to the quantized GEMM.
   if (!cublas_takes && cuda::QuantizedGemm::supports(w) && cuda::QuantizedGemm::prefers_fused(w, x.rows()))
     return false;

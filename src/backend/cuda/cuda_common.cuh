@@ -6,10 +6,51 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "backend/cuda/pdl.h"
 
 namespace inferx::cuda {
 
 constexpr int kWarp = 32;
+
+// Programmatic dependent launch (Hopper; CUDA programming guide, "Programmatic Dependent Launch"). A
+// decode step is ~300 short kernels; launched back to back each one waits for its predecessor to drain
+// and then pays its own launch and ramp-up (~1-2 us each, a fifth of a batch-1 step). A kernel launched
+// with launch_pdl may start while its predecessor still runs: it must call pdl_wait() before it reads
+// anything an earlier kernel writes or writes anything an earlier kernel reads (the wait returns once the
+// predecessor has completed and its writes are visible; since every kernel waits before it completes,
+// that covers all earlier kernels). Work that depends on nothing earlier (streaming a weight matrix) can
+// be issued before the wait. pdl_launch_dependents() lets the next kernel launch early (otherwise it
+// launches when this grid exits); it does not make this kernel's writes visible - pdl_wait does that.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) allowing programmatic dependent launch. Only for
+// kernels that call pdl_wait() (every thread that touches dependent memory, before it does).
+template <class... Params, class... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -101,9 +101,11 @@ size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, in
 // zero again.
 int64_t decode_attention_counters(int64_t tokens, int64_t hq, int64_t hkv);
 bool decode_attention_supported(const PagedKv& cache, int64_t hd);
+// out [tokens, hq * hd] F32; out_bf16 (may be null) receives the same values rounded to BF16.
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
-                                    void* scratch, int* counters, float* out, cudaStream_t stream);
+                                    void* scratch, int* counters, float* out, void* out_bf16,
+                                    cudaStream_t stream);
 
 // kernels_prefill_attention.cu ------------------------------------------------------------------------
 // FlashAttention-2 style tiled attention on tensor cores (mma.sync m16n8k16, BF16 operands, F32

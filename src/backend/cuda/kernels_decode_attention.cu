@@ -47,6 +47,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kTerms = 3;  // BF16 terms of a float (8 + 8 + 8 significant bits)
 
+// The output row in F32 and, when asked, in BF16 too: the copy the o projection's GEMV reads, so that no
+// conversion kernel runs between attention and the projection.
+__device__ __forceinline__ void store_out(float* out, __nv_bfloat16* out_bf16, int64_t i, float v) {
+  out[i] = v;
+  if (out_bf16) out_bf16[i] = __float2bfloat16_rn(v);
+}
+
 // INFERX_CUDA_DECODE_ATTN=v1 selects the first kernel (three-term splits, 64-bit index math) and its split
 // count, so a regression of v2 can be switched off without a rebuild. Read once.
 bool decode_attention_v1() {
@@ -88,8 +95,8 @@ __global__ void __launch_bounds__(kThreads)
                             const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
                             const __grid_constant__ BatchArgs batch, int hq, int hkv, float scale_log2,
                             float out_scale, int64_t window, float* __restrict__ part_acc,
-                            float* __restrict__ part_ml, int* __restrict__ counters,
-                            float* __restrict__ out) {
+                            float* __restrict__ part_ml, int* __restrict__ counters, float* __restrict__ out,
+                            __nv_bfloat16* __restrict__ out_bf16) {
   constexpr int kLd = HD + 8;
   constexpr bool kFp8 = sizeof(CacheT) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -270,7 +277,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
     if (splits == 1) {
-      out[row * HD + d] = den > 0.0f ? num / den * out_scale : 0.0f;
+      store_out(out, out_bf16, row * HD + d, den > 0.0f ? num / den * out_scale : 0.0f);
     } else {
       part_acc[(row * splits + split) * HD + d] = num;
       if (d == 0) {
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(kThreads)
     const float* acc = part_acc + row * splits * HD + d;
     float num = 0.0f;
     for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
-    out[row * HD + d] = s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f;
+    store_out(out, out_bf16, row * HD + d, s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f);
   }
 }
 
@@ -448,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                const __grid_constant__ BatchArgs batch, int hq, int hkv, float scale_log2,
                                float out_scale, int64_t window, float* __restrict__ part_acc,
                                float* __restrict__ part_ml, int* __restrict__ counters,
-                               float* __restrict__ out) {
+                               float* __restrict__ out, __nv_bfloat16* __restrict__ out_bf16) {
   constexpr int kLd = HD + 8;
   constexpr bool kFp8 = sizeof(CacheT) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -473,6 +480,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int last = min(pos, batch.seq_lens[s] - 1);
   const int first = window > 0 ? static_cast<int>(max(static_cast<int64_t>(0), pos - window + 1)) : 0;
   const int n_keys = last >= first ? last - first + 1 : 0;
+  // The metadata above was copied before the step's first kernel; q, the cache and the partials' buffers
+  // belong to the kernels before this one (cuda_common.cuh, programmatic dependent launch).
+  pdl_wait();
+  pdl_launch_dependents();
   const int per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
   const int k_begin = first + split * per_split;
   const int k_end = min(last + 1, k_begin + per_split);
@@ -683,7 +694,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
     if (splits == 1) {
-      out[row * HD + d] = den > 0.0f ? num / den * out_scale : 0.0f;
+      store_out(out, out_bf16, row * HD + d, den > 0.0f ? num / den * out_scale : 0.0f);
     } else {
       part_acc[(row * splits + split) * HD + d] = num;
       if (d == 0) {
@@ -732,14 +743,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     float num = 0.0f;
 #pragma unroll 8
     for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
-    out[row * HD + d] = s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f;
+    store_out(out, out_bf16, row * HD + d, s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f);
   }
 }
 
 template <class CacheT, int HD>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
-                         cudaStream_t stream) {
+                         void* out_bf16, cudaStream_t stream) {
   // v2 reads Q with 16-byte loads; a Q that is not 16-byte aligned (never from the engine) takes v1.
   const bool v2 = !decode_attention_v1() && reinterpret_cast<uintptr_t>(q) % 16 == 0;
   static unsigned smem_set = 0, smem_set_v2 = 0;
@@ -760,13 +771,13 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const auto* vc = static_cast<const CacheT*>(cache.v);
   const int bs = static_cast<int>(cache.block_size);
   if (v2)
-    decode_attention_kernel_v2<CacheT, HD>
-        <<<grid, kThreads, kSmem2, stream>>>(q, kc, vc, cache.num_blocks, bs, batch, hq, hkv, scale_log2,
-                                             out_scale, window, part_acc, part_ml, counters, out);
+    return launch_pdl(decode_attention_kernel_v2<CacheT, HD>, grid, dim3(kThreads), kSmem2, stream, q, kc, vc,
+                      cache.num_blocks, bs, batch, hq, hkv, scale_log2, out_scale, window, part_acc, part_ml,
+                      counters, out, static_cast<__nv_bfloat16*>(out_bf16));
   else
-    decode_attention_kernel<CacheT, HD>
-        <<<grid, kThreads, kSmem, stream>>>(q, kc, vc, cache.num_blocks, bs, batch, hq, hkv, scale_log2,
-                                            out_scale, window, part_acc, part_ml, counters, out);
+    decode_attention_kernel<CacheT, HD><<<grid, kThreads, kSmem, stream>>>(
+        q, kc, vc, cache.num_blocks, bs, batch, hq, hkv, scale_log2, out_scale, window, part_acc, part_ml,
+        counters, out, static_cast<__nv_bfloat16*>(out_bf16));
   return cudaGetLastError();
 }
 
@@ -819,7 +830,8 @@ bool decode_attention_supported(const PagedKv& cache, int64_t hd) {
 
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
-                                    void* scratch, int* counters, float* out, cudaStream_t stream) {
+                                    void* scratch, int* counters, float* out, void* out_bf16,
+                                    cudaStream_t stream) {
   if (batch.num_tokens == 0 || hq == 0) return cudaSuccess;
   if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits ||
       (splits > 1 && (scratch == nullptr || counters == nullptr)))
@@ -828,15 +840,15 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
-                                       counters, out, stream);
+                                       counters, out, out_bf16, stream);
     return launch_typed<uint8_t, 128>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
-                                      counters, out, stream);
+                                      counters, out, out_bf16, stream);
   }
   if (hd == 64)
     return launch_typed<__nv_bfloat16, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
-                                           counters, out, stream);
+                                           counters, out, out_bf16, stream);
   return launch_typed<__nv_bfloat16, 128>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
-                                          counters, out, stream);
+                                          counters, out, out_bf16, stream);
 }
 
 }  // namespace inferx::cuda

@@ -13,6 +13,8 @@ constexpr int kThreads = 256;
 template <class T>
 __global__ void embedding_kernel(const T* table, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n,
                                  float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = n * dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -27,6 +29,8 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 // Scalar form: any n, any alignment.
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out,
                                 __nv_bfloat16* out_bf16) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float y = silu(gate[i]) * up[i];
@@ -38,6 +42,8 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, f
 // 16-byte form: n4 groups of 4 floats, every pointer 16-byte aligned (8 for the BF16 output).
 __global__ void silu_mul_vec_kernel(const float4* gate, const float4* up, int64_t n4, float4* out,
                                     uint2* out_bf16) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float4 g = gate[i], u = up[i];
@@ -72,6 +78,8 @@ __global__ void fill_random_kernel(T* t, int64_t n, uint64_t seed, float amp, fl
 // Byte rows of any dtype; a whole block copies one output row (4-byte words when aligned).
 __global__ void gather_rows_kernel(const char* x, int64_t num_rows, int64_t row_bytes, const int32_t* rows,
                                    char* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int32_t r = rows[blockIdx.x];
   char* dst = out + blockIdx.x * row_bytes;
   const bool valid = r >= 0 && r < num_rows;
@@ -88,6 +96,8 @@ __global__ void gather_rows_kernel(const char* x, int64_t num_rows, int64_t row_
 
 template <class T>
 __global__ void convert_kernel(const float* x, int64_t n, T* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = from_float<T>(x[i]);
@@ -95,6 +105,8 @@ __global__ void convert_kernel(const float* x, int64_t n, T* out) {
 
 // F32 -> BF16, 4 elements (16 bytes in, 8 out) per thread and step.
 __global__ void convert_bf16_vec_kernel(const float4* x, int64_t n4, uint2* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float4 v = x[i];
@@ -104,6 +116,8 @@ __global__ void convert_bf16_vec_kernel(const float4* x, int64_t n4, uint2* out)
 }
 
 __global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int64_t cols) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -114,40 +128,42 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int
 
 cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab, int64_t dim,
                              const int32_t* ids, int64_t n, float* out, cudaStream_t stream) {
+  cudaError_t e = cudaSuccess;
   if (n == 0 || dim == 0) return cudaSuccess;
   const unsigned grid = grid_for(n * dim, kThreads);
   switch (table_dtype) {
     case DType::F32:
-      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table), vocab, dim, ids, n,
-                                                      out);
+      e = launch_pdl(embedding_kernel<float>, dim3(grid), dim3(kThreads), 0, stream,
+                     static_cast<const float*>(table), vocab, dim, ids, n, out);
       break;
     case DType::F16:
-      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(table), vocab, dim, ids, n,
-                                                      out);
+      e = launch_pdl(embedding_kernel<__half>, dim3(grid), dim3(kThreads), 0, stream,
+                     static_cast<const __half*>(table), vocab, dim, ids, n, out);
       break;
     case DType::BF16:
-      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(table), vocab, dim,
-                                                      ids, n, out);
+      e = launch_pdl(embedding_kernel<__nv_bfloat16>, dim3(grid), dim3(kThreads), 0, stream,
+                     static_cast<const __nv_bfloat16*>(table), vocab, dim, ids, n, out);
       break;
     default:
       return cudaErrorInvalidValue;  // the caller validates the dtype first
   }
-  return cudaGetLastError();
+  return e;
 }
 
 cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, void* out_bf16,
                             cudaStream_t stream) {
+  cudaError_t e = cudaSuccess;
   if (n == 0) return cudaSuccess;
   const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   if (n % 4 == 0 && aligned(gate, 16) && aligned(up, 16) && aligned(out, 16) && aligned(out_bf16, 8)) {
-    silu_mul_vec_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n / 4,
-        reinterpret_cast<float4*>(out), static_cast<uint2*>(out_bf16));
+    e = launch_pdl(silu_mul_vec_kernel, dim3(grid_for(n / 4, kThreads)), dim3(kThreads), 0, stream,
+                   reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n / 4,
+                   reinterpret_cast<float4*>(out), static_cast<uint2*>(out_bf16));
   } else {
-    silu_mul_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(gate, up, n, out,
-                                                                    static_cast<__nv_bfloat16*>(out_bf16));
+    e = launch_pdl(silu_mul_kernel, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, stream, gate, up, n, out,
+                   static_cast<__nv_bfloat16*>(out_bf16));
   }
-  return cudaGetLastError();
+  return e;
 }
 
 cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
@@ -173,31 +189,33 @@ cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, uint64_t seed, f
 cudaError_t launch_gather_rows(const void* x, int64_t num_rows, int64_t row_bytes, const int32_t* rows,
                                int64_t n, void* out, cudaStream_t stream) {
   if (n == 0 || row_bytes == 0) return cudaSuccess;
-  gather_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-      static_cast<const char*>(x), num_rows, row_bytes, rows, static_cast<char*>(out));
-  return cudaGetLastError();
+  return launch_pdl(gather_rows_kernel, dim3(static_cast<unsigned>(n)), dim3(kThreads), 0, stream,
+                    static_cast<const char*>(x), num_rows, row_bytes, rows, static_cast<char*>(out));
 }
 
 cudaError_t launch_convert_f32(const float* x, int64_t n, DType to, void* out, cudaStream_t stream) {
+  cudaError_t e = cudaSuccess;
   if (n == 0) return cudaSuccess;
   const unsigned grid = grid_for(n, kThreads);
   if (to == DType::BF16 && n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out) % 8 == 0)
-    convert_bf16_vec_kernel<<<grid_for(n / 4, kThreads), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(x), n / 4, static_cast<uint2*>(out));
+    e = launch_pdl(convert_bf16_vec_kernel, dim3(grid_for(n / 4, kThreads)), dim3(kThreads), 0, stream,
+                   reinterpret_cast<const float4*>(x), n / 4, static_cast<uint2*>(out));
   else if (to == DType::BF16)
-    convert_kernel<<<grid, kThreads, 0, stream>>>(x, n, static_cast<__nv_bfloat16*>(out));
+    e = launch_pdl(convert_kernel<__nv_bfloat16>, dim3(grid), dim3(kThreads), 0, stream, x, n,
+                   static_cast<__nv_bfloat16*>(out));
   else if (to == DType::F16)
-    convert_kernel<<<grid, kThreads, 0, stream>>>(x, n, static_cast<__half*>(out));
+    e = launch_pdl(convert_kernel<__half>, dim3(grid), dim3(kThreads), 0, stream, x, n,
+                   static_cast<__half*>(out));
   else
     return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  return e;
 }
 
 cudaError_t launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  add_bias_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(out, bias, rows, cols);
-  return cudaGetLastError();
+  return launch_pdl(add_bias_kernel, dim3(grid_for(rows * cols, kThreads)), dim3(kThreads), 0, stream, out,
+                    bias, rows, cols);
 }
 
 }  // namespace inferx::cuda

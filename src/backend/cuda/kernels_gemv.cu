@@ -270,11 +270,13 @@ template <class Dec, int MR, int R>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
   constexpr int E = Dec::kElems, U = Dec::kUnroll;
   const int lane = threadIdx.x % kWarp;
+  pdl_launch_dependents();
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (n >= p.rows) return;
   int64_t wrow[R];
   wrow[0] = n;
   if constexpr (R == 2) wrow[1] = n + p.f;
+  bool waited = false;  // the first batch of weight loads is issued before waiting for x (cuda_common.cuh)
   float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -291,6 +293,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 #pragma unroll
         for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(p, p.w + wrow[r] * p.row_bytes, wrow[r], g);
       }
+    }
+    if (!waited) {
+      pdl_wait();
+      waited = true;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -316,6 +322,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
       }
     }
   }
+  if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
   gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
 }
 
@@ -469,6 +476,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   static_assert(R == 1 || R == 2, "one or two weight rows per warp");
   constexpr int U = R == 1 ? Dec::kUnroll : Dec::kUnroll / 2;
   const int lane = threadIdx.x % kWarp;
+  pdl_launch_dependents();
+  bool waited = false;  // as gemv_kernel: the first weight loads go out before the wait
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   int64_t wrow[R];
   int valid = R;
@@ -504,6 +513,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
         for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(rc[r], u);
       }
     }
+    if (!waited) {
+      pdl_wait();
+      waited = true;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (s0 + kWarp * u >= steps) break;
@@ -523,6 +536,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
       }
     }
   }
+  if (!waited) pdl_wait();
   gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid);
 }
 
@@ -548,25 +562,19 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
   auto go = [&](auto mr) {
     constexpr int MR = decltype(mr)::value;
     if constexpr (!V2)
-      gemv_kernel<Dec, MR, R><<<grid, kGemvThreads, 0, stream>>>(p);
+      return launch_pdl(gemv_kernel<Dec, MR, R>, grid, dim3(kGemvThreads), 0, stream, p);
     else if constexpr (R == 2)
-      gemv8_kernel<Dec, MR, 2, true><<<grid, kGemvThreads, 0, stream>>>(p);
+      return launch_pdl(gemv8_kernel<Dec, MR, 2, true>, grid, dim3(kGemvThreads), 0, stream, p);
     else if (pairs)
-      gemv8_kernel<Dec, MR, 2, false><<<grid, kGemvThreads, 0, stream>>>(p);
+      return launch_pdl(gemv8_kernel<Dec, MR, 2, false>, grid, dim3(kGemvThreads), 0, stream, p);
     else
-      gemv8_kernel<Dec, MR, 1, false><<<grid, kGemvThreads, 0, stream>>>(p);
+      return launch_pdl(gemv8_kernel<Dec, MR, 1, false>, grid, dim3(kGemvThreads), 0, stream, p);
   };
-  if (p.m <= 1)
-    go(std::integral_constant<int, 1>{});
-  else if (p.m <= 2)
-    go(std::integral_constant<int, 2>{});
-  else if (p.m <= 4)
-    go(std::integral_constant<int, 4>{});
-  else if (p.m <= 8)
-    go(std::integral_constant<int, 8>{});
-  else
-    go(std::integral_constant<int, 16>{});
-  return cudaGetLastError();
+  if (p.m <= 1) return go(std::integral_constant<int, 1>{});
+  if (p.m <= 2) return go(std::integral_constant<int, 2>{});
+  if (p.m <= 4) return go(std::integral_constant<int, 4>{});
+  if (p.m <= 8) return go(std::integral_constant<int, 8>{});
+  return go(std::integral_constant<int, 16>{});
 }
 
 // INFERX_GEMV_V1 puts formats on the v1 kernel (one granule per lane, per-element conversions): "1" or
@@ -654,6 +662,8 @@ GemvParams base_params(const GemvWeight& w, int64_t k) {
 
 __global__ void prepare_x_kernel(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
                                  __nv_bfloat16* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = m * k;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -692,9 +702,8 @@ bool gemv_aligned(DType dtype, const void* weight) {
 cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
                                   void* out, cudaStream_t stream) {
   if (m * k == 0) return cudaSuccess;
-  prepare_x_kernel<<<grid_for(m * k, 256, 4096), 256, 0, stream>>>(x, x_bf16, perm, m, k,
-                                                                   static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
+  return launch_pdl(prepare_x_kernel, dim3(grid_for(m * k, 256, 4096)), dim3(256), 0, stream, x, x_bf16, perm,
+                    m, k, static_cast<__nv_bfloat16*>(out));
 }
 
 cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,

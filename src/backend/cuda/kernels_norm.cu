@@ -24,6 +24,8 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float a, float 
 __global__ void rmsnorm_kernel(float* x, const float* add, const float* w, float eps, int64_t cols,
                                float* out, __nv_bfloat16* out_bf16) {
   __shared__ float scratch[kWarp];
+  pdl_wait();  // x / add come from the previous kernels
+  pdl_launch_dependents();
   float* row = x + blockIdx.x * cols;
   const float* add_row = add ? add + blockIdx.x * cols : nullptr;
   float* out_row = out + blockIdx.x * cols;
@@ -77,6 +79,8 @@ __global__ void rmsnorm_kernel(float* x, const float* add, const float* w, float
 // several heads.
 constexpr int kHeadsPerBlock = 4;
 __global__ void head_rmsnorm_kernel(float* x, int64_t heads, int64_t head_dim, const float* w, float eps) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t head = static_cast<int64_t>(blockIdx.x) * kHeadsPerBlock + threadIdx.x / kWarp;
   if (head >= heads) return;
   const int lane = threadIdx.x % kWarp;
@@ -94,25 +98,23 @@ cudaError_t launch_rmsnorm(const float* x, const float* w, float eps, int64_t ro
                            void* out_bf16, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   // x is only read when add == nullptr; the cast keeps one kernel for both entry points.
-  rmsnorm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
-      const_cast<float*>(x), nullptr, w, eps, cols, out, static_cast<__nv_bfloat16*>(out_bf16));
-  return cudaGetLastError();
+  return launch_pdl(rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream,
+                    const_cast<float*>(x), nullptr, w, eps, cols, out, static_cast<__nv_bfloat16*>(out_bf16));
 }
 
 cudaError_t launch_add_rmsnorm(float* residual, const float* x, const float* w, float eps, int64_t rows,
                                int64_t cols, float* out, void* out_bf16, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rmsnorm_kernel<<<static_cast<unsigned>(rows), kNormThreads, 0, stream>>>(
-      residual, x, w, eps, cols, out, static_cast<__nv_bfloat16*>(out_bf16));
-  return cudaGetLastError();
+  return launch_pdl(rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream,
+                    residual, x, w, eps, cols, out, static_cast<__nv_bfloat16*>(out_bf16));
 }
 
 cudaError_t launch_head_rmsnorm(float* x, int64_t heads, int64_t head_dim, const float* w, float eps,
                                 cudaStream_t stream) {
   if (heads == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>((heads + kHeadsPerBlock - 1) / kHeadsPerBlock);
-  head_rmsnorm_kernel<<<blocks, kHeadsPerBlock * kWarp, 0, stream>>>(x, heads, head_dim, w, eps);
-  return cudaGetLastError();
+  return launch_pdl(head_rmsnorm_kernel, dim3(blocks), dim3(kHeadsPerBlock * kWarp), 0, stream, x, heads,
+                    head_dim, w, eps);
 }
 
 }  // namespace inferx::cuda

@@ -41,6 +41,10 @@ __global__ void __launch_bounds__(kRopeThreads)
     const float angle = static_cast<float>(pos) * freqs.inv_freq[i];
     sincosf(angle, &sin_s[i], &cos_s[i]);
   }
+  // positions were copied before the step's first kernel; q, k, v and the cache slots come from the
+  // kernels before this one (cuda_common.cuh, programmatic dependent launch).
+  pdl_wait();
+  pdl_launch_dependents();
   __syncthreads();
 
   // Cache slot of this token: block_tables[seq][pos / bs], offset pos % bs. Invalid entries (which the
@@ -85,11 +89,11 @@ template <class CacheT>
 cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
                          bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
                          const PagedKv& cache, cudaStream_t stream) {
-  rope_write_kv_kernel<CacheT><<<static_cast<unsigned>(batch.num_tokens), kRopeThreads, 0, stream>>>(
-      q, k, v, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(hd), interleaved, freqs, batch,
-      static_cast<CacheT*>(cache.k), static_cast<CacheT*>(cache.v), cache.num_blocks, cache.block_size,
-      1.0f / cache.k_scale, 1.0f / cache.v_scale);
-  return cudaGetLastError();
+  return launch_pdl(rope_write_kv_kernel<CacheT>, dim3(static_cast<unsigned>(batch.num_tokens)),
+                    dim3(kRopeThreads), 0, stream, q, k, v, static_cast<int>(hq), static_cast<int>(hkv),
+                    static_cast<int>(hd), interleaved, freqs, batch, static_cast<CacheT*>(cache.k),
+                    static_cast<CacheT*>(cache.v), cache.num_blocks, cache.block_size, 1.0f / cache.k_scale,
+                    1.0f / cache.v_scale);
 }
 
 }  // namespace

@@ -78,6 +78,8 @@ __device__ int row_argmax(const float* row, int64_t vocab) {
 }
 
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, int64_t vocab, int32_t* ids) {
+  pdl_wait();  // the logits come from the kernel before (cuda_common.cuh)
+  pdl_launch_dependents();
   const int id = row_argmax(logits + blockIdx.x * vocab, vocab);
   if (threadIdx.x == 0) ids[blockIdx.x] = id;
 }
@@ -146,6 +148,8 @@ __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int64_t vocab, const SampleParams* params, int32_t* ids) {
   __shared__ float s_scan[kWarp];
   __shared__ int s_pick, s_last;
+  pdl_wait();
+  pdl_launch_dependents();
   const float* row = logits + blockIdx.x * vocab;
   const SampleParams p = params[blockIdx.x];
   if (!(p.temperature > 0.0f)) {
@@ -235,15 +239,15 @@ __global__ void __launch_bounds__(kThreads)
 cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                           cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  argmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, ids);
-  return cudaGetLastError();
+  return launch_pdl(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
+                    vocab, ids);
 }
 
 cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
                           int32_t* ids, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, vocab, params, ids);
-  return cudaGetLastError();
+  return launch_pdl(sample_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
+                    vocab, params, ids);
 }
 
 }  // namespace inferx::cuda
