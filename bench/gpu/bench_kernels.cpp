@@ -4,7 +4,8 @@
 // Each kernel is run through the backend's public calls on random data (never zeros), warmed up, then
 // timed over `reps` launches (host clock around a synchronised batch, so launch gaps count against us),
 // and reported as achieved GB/s or TFLOP/s and the fraction of the ceiling. Usage: bench_cuda_kernels
-// [--quick]. Prints one table; the numbers go to docs/benchmarks.md.
+// [--quick] [--gemm] (--gemm: the GEMM ceiling and GEMM rows only). Prints one table; the numbers go to
+// docs/benchmarks.md.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
 
 namespace inferx {
@@ -185,7 +187,123 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
   }
 }
 
-int run(bool quick) {
+// The matrix ceiling: cuBLASLt BF16 x BF16 -> F32 of 8192 x 4096 x 14336 with the heuristic's algorithm
+// (as every earlier run measured it); bench_gemm's tuned "gate|up 8192" row is the tuned rate of that shape.
+double gemm_ceiling(Bench& b, int reps) {
+  CudaBackend& gpu = b.gpu;
+  const size_t mark = b.keep.size();
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  double gemm_tflops = 0;
+  {
+    cuda::CublasLtGemm gemm(stream);
+    gemm.set_tuning(false);  // the heuristic's choice: the ceiling of every earlier run
+    const int64_t t = 8192, k = 4096, n = 14336;
+    void* x = b.random(static_cast<size_t>(t * k) * 2, 2);
+    void* w = b.random(static_cast<size_t>(n * k) * 2, 3);
+    Tensor out = b.f32(t, n, 4);
+    gpu.synchronize();
+    const auto once = [&] {
+      gemm.matmul(x, DType::BF16, t, k, DType::BF16, w, n, nullptr, out.ptr<float>());
+    };
+    for (int i = 0; i < 3; ++i) once();
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) once();
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    gemm_tflops = 2.0 * t * k * n / s / 1e12;
+    std::printf("ceiling: cuBLASLt bf16 GEMM %.0f TFLOP/s (8192 x 4096 x 14336)\n", gemm_tflops);
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  b.keep.resize(mark);
+  return gemm_tflops;
+}
+
+// The GEMMs of an 8B prefill (BF16 activations as the fused norms / SiLU provide them), per chunk size,
+// each with cuBLASLt's heuristic choice ("heur") and with the autotuned algorithm ("tuned"; gemm_cublaslt.h),
+// against the heuristic's 8192 x 4096 x 14336 ceiling. Tuning happens in the warm-up calls.
+void bench_gemm(Bench& b, double gemm_tflops, int reps) {
+  cudaStream_t gs = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&gs));
+  {  // the GEMMs are destroyed before their stream
+    cuda::CublasLtGemm heuristic(gs), tuned(gs);
+    heuristic.set_tuning(false);
+    tuned.set_tuning(true);
+    const int64_t shapes[][2] = {{4096, 6144},  {4096, 4096},  {4096, 14336},
+                                 {4096, 28672}, {14336, 4096}, {4096, 128256}};
+    const char* names[] = {"qkv", "o", "gate|up", "gate+up", "down", "lm_head"};
+    for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
+      for (int i = 0; i < 6; ++i) {
+        if (i == 5 && t != 2048) continue;  // only the logits rows are computed in the engine; one check
+        const int64_t k = shapes[i][0], n = shapes[i][1];
+        const size_t mark = b.keep.size();
+        void* x = b.random(static_cast<size_t>(t * k) * 2, 50);
+        void* w = b.random(static_cast<size_t>(n * k) * 2, 51);
+        Tensor o = b.f32(t, n, 52);
+        b.gpu.synchronize();
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
+                      static_cast<long long>(k), static_cast<long long>(n));
+        for (cuda::CublasLtGemm* gemm : {&heuristic, &tuned}) {
+          const auto once = [&] {
+            gemm->matmul(x, DType::BF16, t, k, DType::BF16, w, n, nullptr, o.ptr<float>());
+          };
+          for (int r = 0; r < 3; ++r) once();
+          CUDA_CHECK(cudaStreamSynchronize(gs));
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int r = 0; r < reps; ++r) once();
+          CUDA_CHECK(cudaStreamSynchronize(gs));
+          const double sec =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+          row(gemm == &tuned ? "gemm bf16->f32 tuned" : "gemm bf16->f32 heur", shape, sec, 2.0 * t * k * n,
+              true, gemm_tflops);
+        }
+        b.keep.resize(mark);
+      }
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(gs));
+}
+
+// FP8 W8A8 GEMMs (per-channel weight scales) of an 8B prefill through the backend's matmul, as the model
+// runs them: F32 activations quantized per token, then cuBLASLt's FP8 GEMM (outer-vector scales when
+// offered), heuristic and tuned algorithm; FLOP rate against the BF16 ceiling (FP8's peak is twice it).
+void bench_fp8_gemm(Bench& b, double gemm_tflops, int reps) {
+  CudaBackend& gpu = b.gpu;
+  cuda::QuantizedGemm& q = gpu.quantized_gemm();
+  const int64_t shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};
+  const char* names[] = {"qkv", "o", "gate+up", "down"};
+  for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
+    for (int i = 0; i < 4; ++i) {
+      const int64_t k = shapes[i][0], n = shapes[i][1];
+      const size_t mark = b.keep.size();
+      Linear lin;
+      // BF16 bit patterns read as E4M3 codes: a few are NaN, which costs the GEMM the same time.
+      lin.weight = Tensor(DType::F8_E4M3, {n, k}, b.random(static_cast<size_t>(n * k), 60), Device::CUDA);
+      lin.scale = b.f32(1, n, 61);
+      lin.scale = Tensor(DType::F32, {n}, lin.scale.data, Device::CUDA);
+      Tensor x = b.f32(t, k, 62), o = b.f32(t, n, 63);
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
+                    static_cast<long long>(k), static_cast<long long>(n));
+      for (bool tune : {false, true}) {
+        q.set_tuning(tune);
+        const double sec = b.time([&] { gpu.matmul(x, lin, o); }, reps);
+        const bool outer = q.last_path() == cuda::QuantizedGemm::Path::Fp8OuterScale;
+        const bool fp8 = outer || q.last_path() == cuda::QuantizedGemm::Path::Fp8;
+        char label[40];
+        std::snprintf(label, sizeof label, "fp8 w8a8%s %s", fp8 ? (outer ? "" : " epi") : " VIA-BF16",
+                      tune ? "tuned" : "heur");
+        row(label, shape, sec, 2.0 * t * k * n, true, gemm_tflops);
+      }
+      b.keep.resize(mark);
+    }
+  }
+  q.set_tuning(true);
+}
+
+int run(bool quick, bool gemm_only) {
   auto backend = make_cuda_backend(0);
   auto& gpu = static_cast<CudaBackend&>(*backend);
   Bench b{gpu, {}};
@@ -193,6 +311,13 @@ int run(bool quick) {
   std::printf("device: %s, %d SMs\n", gpu.name().c_str(), gpu.sm_count());
 
   // Ceilings.
+  const double gemm_tflops = gemm_ceiling(b, reps);
+  if (gemm_only) {  // --gemm: only the GEMM rows
+    std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
+    bench_gemm(b, gemm_tflops, reps);
+    bench_fp8_gemm(b, gemm_tflops, reps);
+    return 0;
+  }
   const size_t copy_bytes = size_t{1} << 30;
   void* src = b.random(copy_bytes, 1);
   b.keep.push_back(gpu.allocate(copy_bytes));
@@ -215,29 +340,6 @@ int run(bool quick) {
   b.keep.erase(b.keep.begin());
   std::printf("ceiling: device copy %.0f GB/s (read + write)\n", copy_gbs);
 
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreate(&stream));
-  double gemm_tflops = 0;
-  {
-    cuda::CublasLtGemm gemm(stream);
-    const int64_t t = 8192, k = 4096, n = 14336;
-    void* x = b.random(static_cast<size_t>(t * k) * 2, 2);
-    void* w = b.random(static_cast<size_t>(n * k) * 2, 3);
-    Tensor out = b.f32(t, n, 4);
-    gpu.synchronize();
-    const auto once = [&] {
-      gemm.matmul(x, DType::BF16, t, k, DType::BF16, w, n, nullptr, out.ptr<float>());
-    };
-    for (int i = 0; i < 3; ++i) once();
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) once();
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-    gemm_tflops = 2.0 * t * k * n / s / 1e12;
-    std::printf("ceiling: cuBLASLt bf16 GEMM %.0f TFLOP/s (8192 x 4096 x 14336)\n", gemm_tflops);
-  }
-  CUDA_CHECK(cudaStreamDestroy(stream));
   std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
 
   // Decode attention, Llama-3-8B heads: bytes = K and V of every visible key, BF16.
@@ -246,7 +348,11 @@ int run(bool quick) {
     int64_t batch, context;
   };
   const DecodeShape decode_shapes[] = {{1, 1024}, {1, 8192}, {1, 32768}, {32, 1024}, {256, 1024}, {64, 4096}};
+  // INFERX_BENCH_ONLY=prefill: the ceilings and the prefill attention rows only (kernel A/B runs).
+  const char* only = std::getenv("INFERX_BENCH_ONLY");
+  const bool prefill_only = only != nullptr && std::strcmp(only, "prefill") == 0;
   for (const DecodeShape& ds : decode_shapes) {
+    if (prefill_only) break;
     if (quick && ds.context > 8192) continue;
     const size_t mark = b.keep.size();
     const int64_t blocks_per_seq = (ds.context + bs - 1) / bs;
@@ -299,7 +405,7 @@ int run(bool quick) {
 
   // Batch-1 decode attention of a whole 8B step: 32 layers (32 distinct caches, 128 MB, more than the L2)
   // at 1k context, captured once in a CUDA graph as the engine runs it; time per step.
-  {
+  if (!prefill_only) {
     const int64_t ctx = 1024, layers = 32, blocks = ctx / bs;
     std::vector<int32_t> table(static_cast<size_t>(blocks)), positions = {static_cast<int32_t>(ctx - 1)},
                                                              qs = {0, 1}, lens = {static_cast<int32_t>(ctx)};
@@ -344,7 +450,7 @@ int run(bool quick) {
   // Prefill attention: causal FLOPs 4 * hd * hq * T^2 / 2.
   std::vector<const char*> prefill_variants;
   if (const char* e = std::getenv("INFERX_BENCH_PREFILL_VARIANTS"); e != nullptr && std::strcmp(e, "0") != 0)
-    prefill_variants = {"v1", "w4", "w8", "m2"};
+    prefill_variants = {"v1", "w4", "w8", "m2", "g3", "g2", "g2s"};
   for (int64_t T : {int64_t{2048}, int64_t{8192}}) {
     const size_t mark = b.keep.size();
     const int64_t blocks = (T + bs - 1) / bs;
@@ -394,6 +500,14 @@ int run(bool quick) {
       const double s8 = b8.time([&] { g8.attention(q, fp8, view, p, out); }, quick ? 2 : 5);
       row("prefill attention fp8", fmt_shape("T%lld causal 32/8x128", T), s8, 4.0 * hd * hq * T * T / 2, true,
           gemm_tflops);
+      for (const char* v : prefill_variants) {  // FP8 caches run v1 unless a v4 ("g*") variant is chosen
+        if (v[0] != 'g' && std::strcmp(v, "v1") != 0) continue;
+        cuda::set_prefill_attention_variant(v);
+        const double sv = b8.time([&] { g8.attention(q, fp8, view, p, out); }, quick ? 2 : 5);
+        row((std::string("prefill attn fp8 ") + v).c_str(), fmt_shape("T%lld causal 32/8x128", T), sv,
+            4.0 * hd * hq * T * T / 2, true, gemm_tflops);
+      }
+      cuda::set_prefill_attention_variant(nullptr);
       // Chunked prefill: the last 2048 queries after 6144 cached keys (the shape of a later chunk).
       const int64_t C = 2048, start = T - C;
       std::vector<int32_t> cpos(static_cast<size_t>(C)), cqs = {0, static_cast<int32_t>(C)};
@@ -419,43 +533,9 @@ int run(bool quick) {
     b.keep.resize(mark);
   }
 
-  // The GEMMs of an 8B prefill (BF16 activations as the fused norms / SiLU provide them), per chunk size.
-  {
-    cudaStream_t gs = nullptr;
-    CUDA_CHECK(cudaStreamCreate(&gs));
-    auto gemm_owner = std::make_unique<cuda::CublasLtGemm>(gs);  // destroyed before its stream, below
-    cuda::CublasLtGemm& gemm = *gemm_owner;
-    const int64_t shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 14336}, {14336, 4096}, {4096, 128256}};
-    const char* names[] = {"qkv", "o", "gate|up", "down", "lm_head"};
-    for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
-      for (int i = 0; i < 5; ++i) {
-        if (i == 4 && t != 2048) continue;  // only the logits rows are computed in the engine; one check
-        const int64_t k = shapes[i][0], n = shapes[i][1];
-        const size_t mark = b.keep.size();
-        void* x = b.random(static_cast<size_t>(t * k) * 2, 50);
-        void* w = b.random(static_cast<size_t>(n * k) * 2, 51);
-        Tensor o = b.f32(t, n, 52);
-        gpu.synchronize();
-        const auto once = [&] {
-          gemm.matmul(x, DType::BF16, t, k, DType::BF16, w, n, nullptr, o.ptr<float>());
-        };
-        for (int r = 0; r < 3; ++r) once();
-        CUDA_CHECK(cudaStreamSynchronize(gs));
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int r = 0; r < reps; ++r) once();
-        CUDA_CHECK(cudaStreamSynchronize(gs));
-        const double sec =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-        char shape[64];
-        std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
-                      static_cast<long long>(k), static_cast<long long>(n));
-        row("gemm bf16->f32", shape, sec, 2.0 * t * k * n, true, gemm_tflops);
-        b.keep.resize(mark);
-      }
-    }
-    gemm_owner.reset();
-    CUDA_CHECK(cudaStreamDestroy(gs));
-  }
+  if (prefill_only) return 0;
+  bench_gemm(b, gemm_tflops, reps);
+  bench_fp8_gemm(b, gemm_tflops, reps);
   gpu.set_attention_kernel(CudaAttentionKernel::Auto);
 
   bench_gemv(b, copy_gbs, quick);
@@ -502,7 +582,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_cuda_kernels: no CUDA device\n");
       return 2;
     }
-    return inferx::run(quick);
+    const bool gemm_only = argc > 1 && std::strcmp(argv[argc - 1], "--gemm") == 0;
+    return inferx::run(quick, gemm_only);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda_kernels: %s\n", e.what());
     return 1;

@@ -357,6 +357,24 @@ TEST_F(QuantizedGemmTest, Fp8MatchesTheCpuW8A8OnOddShapes) {
   check(odd, 33, QuantizedGemm::Path::None, 5e-2, 2e-3, "fp8 77 outputs");
 }
 
+// The FP8 GEMMs share the BF16 GEMM's algorithm autotuning (gemm_cublaslt.h): a new row bucket is tuned
+// once (on the real operands), a second row count of the bucket reuses it, and tuning off
+// (INFERX_GEMM_TUNE=0's switch) times nothing; every variant still matches the CPU W8A8.
+TEST_F(QuantizedGemmTest, Fp8GemmIsTunedOncePerRowBucket) {
+  HostLinear h = make_layer(DType::F8_E4M3, 256, 512, 31, true);
+  h.bias = random_floats(256, 5);
+  const uint64_t tunings = qgemm().tuning_stats().tunings;
+  check(h, 1000, QuantizedGemm::Path::Fp8OuterScale, 5e-2, 2e-3, "fp8 tuned");
+  const uint64_t after_first = qgemm().tuning_stats().tunings;
+  EXPECT_GT(after_first, tunings);
+  check(h, 900, QuantizedGemm::Path::Fp8OuterScale, 5e-2, 2e-3, "fp8 same bucket");
+  EXPECT_EQ(qgemm().tuning_stats().tunings, after_first);
+  qgemm().set_tuning(false);
+  check(h, 300, QuantizedGemm::Path::Fp8OuterScale, 5e-2, 2e-3, "fp8 untuned");
+  EXPECT_EQ(qgemm().tuning_stats().tunings, after_first);
+  qgemm().set_tuning(true);
+}
+
 // The BF16 fallback of FP8 (used when cuBLASLt has no FP8 algorithm): the same W8A8 values rounded to
 // BF16 (2^-9 relative): 1e-2 of the output scale against the CPU backend.
 TEST_F(QuantizedGemmTest, Fp8FallbackThroughBf16MatchesTheCpuW8A8) {

@@ -1,7 +1,12 @@
 #include "backend/cuda/gemm_cublaslt.h"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -14,11 +19,71 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // Prefill sees many distinct token counts; past this many plans the cache starts over.
 constexpr size_t kMaxPlans = 4096;
-// Shapes with at most this many rows (decode batches: the same shapes every step) get their algorithm
-// timed; the candidates requested from the heuristic, and timed runs per candidate.
-constexpr int64_t kTimedMaxRows = 256;
-constexpr int kCandidates = 8;
-constexpr int kTimedRuns = 3;
+// Timed runs per candidate: enough to cover about kTimedSeconds of GPU time (small GEMMs are dominated by
+// launch jitter otherwise), at an assumed kAssumedFlops, within [kMinRuns, kMaxRuns].
+constexpr double kTimedSeconds = 1e-3;
+constexpr double kAssumedFlops = 600e12;
+constexpr int kMinRuns = 3;
+constexpr int kMaxRuns = 20;
+
+// Destructors cannot throw: a failing release is reported and otherwise ignored.
+void report_release_failure(bool failed, const char* what) {
+  if (failed) std::fprintf(stderr, "inferx cuda: releasing %s failed\n", what);
+}
+
+// Rows are tuned per power-of-two bucket: 1, 2, 3-4, 5-8, ...
+int64_t row_bucket(int64_t t) {
+  int64_t b = 1;
+  while (b < t) b *= 2;
+  return b;
+}
+
+bool env_tuning() {
+  const char* v = std::getenv("INFERX_GEMM_TUNE");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+int32_t scale_mode(LtScale s) {
+  return s == LtScale::OuterVector ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                   : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+}
+
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
+
+struct Preference {
+  cublasLtMatmulPreference_t p = nullptr;
+  Preference() { CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p)); }
+  ~Preference() {
+    report_release_failure(cublasLtMatmulPreferenceDestroy(p) != CUBLAS_STATUS_SUCCESS,
+                           "a matmul preference");
+  }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+};
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    report_release_failure(cudaEventDestroy(start) != cudaSuccess, "a timing event");
+    report_release_failure(cudaEventDestroy(stop) != cudaSuccess, "a timing event");
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+}  // namespace
 
 int pointer_alignment(const void* p) {
   const auto address = reinterpret_cast<uintptr_t>(p);
@@ -27,163 +92,216 @@ int pointer_alignment(const void* p) {
   return alignment;
 }
 
-// Destructors cannot throw: a failing release is reported and otherwise ignored.
-void report_release_failure(bool failed, const char* what) {
-  if (failed) std::fprintf(stderr, "inferx cuda: releasing %s failed\n", what);
-}
+// LtMatmul ----------------------------------------------------------------------------------------------
 
-}  // namespace
-
-// Row-major out[T, N] = x[T, K] W[N, K]^T is, in cuBLAS's column-major terms, D (N x T, ld N) =
-// op(A) B with A = W seen as K x N (ld K) transposed and B = x seen as K x T (ld K): the "TN" layout.
-struct CublasLtGemm::Plan {
+struct LtMatmul::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first; dropped once tuned
   bool has_algo = false;
-  bool bias_epilogue = false;  // false with a bias: the heuristic offered nothing fused, add it after
+  bool fused_bias = false;  // false with a bias: the heuristic offered nothing fused, the caller adds it
+  bool tuned = false;       // the algorithm is settled (timed, or taken from the bucket)
+  bool a_scaled = false, b_scaled = false;
 
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    if (c) report_release_failure(cublasLtMatrixLayoutDestroy(c) != CUBLAS_STATUS_SUCCESS, "a matrix layout");
-    if (b) report_release_failure(cublasLtMatrixLayoutDestroy(b) != CUBLAS_STATUS_SUCCESS, "a matrix layout");
-    if (a) report_release_failure(cublasLtMatrixLayoutDestroy(a) != CUBLAS_STATUS_SUCCESS, "a matrix layout");
+    for (cublasLtMatrixLayout_t l : {d, b, a})
+      if (l)
+        report_release_failure(cublasLtMatrixLayoutDestroy(l) != CUBLAS_STATUS_SUCCESS, "a matrix layout");
     if (desc)
       report_release_failure(cublasLtMatmulDescDestroy(desc) != CUBLAS_STATUS_SUCCESS, "a matmul desc");
   }
 };
 
-CublasLtGemm::CublasLtGemm(cudaStream_t stream) : stream_(stream) {
+LtMatmul::LtMatmul(cudaStream_t stream) : stream_(stream), tuning_(env_tuning()) {
   CUBLAS_CHECK(cublasLtCreate(&lt_));
-  CUBLAS_CHECK(cublasCreate(&blas_));
-  CUBLAS_CHECK(cublasSetStream(blas_, stream_));
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
-  CUBLAS_CHECK(cublasSetWorkspace(blas_, workspace_, workspace_bytes_));
 }
 
-CublasLtGemm::~CublasLtGemm() {
+LtMatmul::~LtMatmul() {
   plans_.clear();
   report_release_failure(cudaStreamSynchronize(stream_) != cudaSuccess, "the gemm stream");
-  if (converted_) report_release_failure(cudaFree(converted_) != cudaSuccess, "the activation buffer");
   if (workspace_) report_release_failure(cudaFree(workspace_) != cudaSuccess, "the cuBLASLt workspace");
-  if (blas_) report_release_failure(cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS, "the cuBLAS handle");
   if (lt_) report_release_failure(cublasLtDestroy(lt_) != CUBLAS_STATUS_SUCCESS, "the cuBLASLt handle");
 }
 
-const CublasLtGemm::Plan& CublasLtGemm::plan_for(const PlanKey& key, cudaDataType_t w_type, const void* w,
-                                                 const void* x, float* out, const float* bias) {
-  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
-  if (plans_.size() >= kMaxPlans) plans_.clear();
-  const auto [dtype, n, t, k, has_bias, align_w, align_x, align_out] = key;
-  // B (the activations) has the weight's type: 16-bit weights get converted activations.
-  const cudaDataType_t x_type = w_type;
+bool LtMatmul::fused_bias(const Plan& plan) { return plan.fused_bias; }
+void LtMatmul::disable(Plan& plan) { plan.has_algo = false; }
 
+void LtMatmul::evict_if_full() {
+  if (plans_.size() >= kMaxPlans) plans_.clear();
+  if (tuned_.size() >= kMaxPlans) tuned_.clear();
+}
+
+LtMatmul::Key LtMatmul::key_of(const LtShape& s, int64_t t) {
+  return Key{
+      static_cast<int>(s.ab_type), s.n,       t,         s.k,      s.ldd, s.bias, static_cast<int>(s.a_scale),
+      static_cast<int>(s.b_scale), s.align_a, s.align_b, s.align_d};
+}
+
+std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s) {
   auto plan = std::make_unique<Plan>();
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  plan->a_scaled = s.a_scale != LtScale::None;
+  plan->b_scaled = s.b_scale != LtScale::None;
+  // Scales applied inside the GEMM (cublasLt.h, cublasLtMatmulMatrixScale_t); pointers set per call.
+  if (plan->a_scaled) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, scale_mode(s.a_scale));
+  if (plan->b_scaled) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(s.b_scale));
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, w_type, u(k), u(n), k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, x_type, u(k), u(t), k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, CUDA_R_32F, u(n), u(t), n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, s.ab_type, u(s.k), u(s.n), s.k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, s.ab_type, u(s.k), u(s.t), s.k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, u(s.n), u(s.t), s.ldd));
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  struct PrefGuard {
-    cublasLtMatmulPreference_t p;
-    ~PrefGuard() {
-      report_release_failure(cublasLtMatmulPreferenceDestroy(p) != CUBLAS_STATUS_SUCCESS,
-                             "a matmul preference");
-    }
-  } guard{pref};
-  const uint64_t ws = workspace_bytes_;
-  CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  Preference pref;
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes_));
   // The default assumes 256-byte aligned pointers; row views and packed weights may be less aligned.
-  const uint32_t aw = static_cast<uint32_t>(align_w), ax = static_cast<uint32_t>(align_x),
-                 ao = static_cast<uint32_t>(align_out);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw,
-                                                    sizeof(aw)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax,
-                                                    sizeof(ax)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao,
-                                                    sizeof(ao)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao,
-                                                    sizeof(ao)));
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(s.align_a));
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(s.align_b));
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(s.align_d));
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(s.align_d));
 
   cublasLtMatmulHeuristicResult_t results[kCandidates]{};
-  int found = 0;
   const auto query = [&] {
-    found = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->c,
-                                                                 plan->c, pref, kCandidates, results, &found);
-    if (status != CUBLAS_STATUS_SUCCESS) found = 0;
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p, kCandidates, results, &found);
+    plan->candidates.clear();
+    if (status != CUBLAS_STATUS_SUCCESS) return;
+    for (int i = 0; i < found; ++i)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
   };
-  if (has_bias) {
+  if (s.bias) {
     // Bias in the epilogue: F32 bias with the F32 output (cuBLASLt docs,
     // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE).
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = CUDA_R_32F;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                sizeof(epilogue)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                sizeof(bias_type)));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_32F);
     query();
-    plan->bias_epilogue = found > 0;
-    if (found == 0) {  // nothing fused for this shape: plain GEMM, bias added by a kernel afterwards
-      const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
-      CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof(none)));
+    plan->fused_bias = !plan->candidates.empty();
+    if (!plan->fused_bias) {  // nothing fused for this shape: plain GEMM, bias added by the caller
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);
       query();
     }
   } else {
     query();
   }
-  int valid = 0;
-  for (int i = 0; i < found; ++i)
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) results[valid++] = results[i];
-  if (valid > 0) {
-    plan->algo = results[0].algo;
+  if (!plan->candidates.empty()) {
+    plan->algo = plan->candidates.front();
     plan->has_algo = true;
   }
-  // Decode shapes repeat every step: time the candidates once on the real operands (outputs are
-  // overwritten by the caller's own run right after). Never while a graph is captured.
-  if (valid > 1 && t <= kTimedMaxRows && !capturing_) {
-    cudaEvent_t start = nullptr, stop = nullptr;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    float best = -1.0f;
-    for (int i = 0; i < valid; ++i) {
-      run(*plan, &results[i].algo, w, x, out, bias);  // warm-up (and checks the candidate runs)
-      CUDA_CHECK(cudaEventRecord(start, stream_));
-      for (int r = 0; r < kTimedRuns; ++r) run(*plan, &results[i].algo, w, x, out, bias);
-      CUDA_CHECK(cudaEventRecord(stop, stream_));
-      CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0.0f;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      if (best < 0.0f || ms < best) {
-        best = ms;
-        plan->algo = results[i].algo;
-      }
-    }
-    report_release_failure(cudaEventDestroy(start) != cudaSuccess, "a timing event");
-    report_release_failure(cudaEventDestroy(stop) != cudaSuccess, "a timing event");
-  }
-  (void)dtype;
-  return *plans_.emplace(key, std::move(plan)).first->second;
+  ++stats_.plans;
+  return plan;
 }
 
-void CublasLtGemm::run(const Plan& plan, const cublasLtMatmulAlgo_t* algo, const void* w, const void* x,
-                       float* out, const float* bias) {
-  if (plan.bias_epilogue)  // the pointer is part of the descriptor; set per call (host-side only)
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+bool LtMatmul::may_time() const {
+  if (capturing_) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  // An error here (the legacy stream while another stream captures) also means: do not synchronize.
+  if (cudaStreamIsCapturing(stream_, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status == cudaStreamCaptureStatusNone;
+}
+
+LtMatmul::Plan* LtMatmul::plan(const LtShape& shape, const LtOperands& ops) {
+  const Key key = key_of(shape, shape.t);
+  auto it = plans_.find(key);
+  if (it == plans_.end()) it = plans_.emplace(key, build(shape)).first;
+  Plan& plan = *it->second;
+  if (!plan.has_algo) return nullptr;
+  if (!plan.tuned && tuning_) settle(plan, shape, ops);
+  return &plan;
+}
+
+bool LtMatmul::fits(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+  cublasLtMatmulHeuristicResult_t result{};
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, &algo, &result);
+  return status == CUBLAS_STATUS_SUCCESS && result.state == CUBLAS_STATUS_SUCCESS &&
+         result.workspaceSize <= workspace_bytes_;
+}
+
+// Takes the bucket's algorithm when there is one and it runs this exact shape (host-side checks only, so
+// also during capture); otherwise, outside capture, times the candidates (the first row count seen in a
+// bucket decides for the bucket). A plan first used during capture keeps the heuristic's choice until its
+// next uncaptured call.
+void LtMatmul::settle(Plan& plan, const LtShape& shape, const LtOperands& ops) {
+  const Key bucket = key_of(shape, row_bucket(shape.t));
+  if (auto it = tuned_.find(bucket); it != tuned_.end()) {
+    if (it->second.fused_bias == plan.fused_bias && fits(plan, it->second.algo)) {
+      plan.algo = it->second.algo;
+      ++stats_.reused;
+    }
+  } else {
+    if (!may_time()) return;
+    if (plan.candidates.size() > 1) {
+      const int best = fastest(plan, shape, ops);
+      if (best >= 0) plan.algo = plan.candidates[static_cast<size_t>(best)];
+    }
+    ++stats_.tunings;
+    tuned_.emplace(bucket, Tuned{plan.algo, plan.fused_bias});
+  }
+  plan.tuned = true;
+  plan.candidates.clear();
+  plan.candidates.shrink_to_fit();
+}
+
+int LtMatmul::fastest(const Plan& plan, const LtShape& shape, const LtOperands& ops) {
+  const double seconds = 2.0 * double(shape.n) * double(shape.t) * double(shape.k) / kAssumedFlops;
+  const int runs = static_cast<int>(
+      std::clamp(std::ceil(kTimedSeconds / std::max(seconds, 1e-9)), double(kMinRuns), double(kMaxRuns)));
+  EventPair events;
+  int best = -1;
+  float best_ms = 0.0f;
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    const cublasLtMatmulAlgo_t& algo = plan.candidates[i];
+    // Warm-up, which also tells whether cuBLASLt takes the candidate at all (skipped if not).
+    if (launch(plan, algo, ops) != CUBLAS_STATUS_SUCCESS) continue;
+    CUDA_CHECK(cudaEventRecord(events.start, stream_));
+    bool ran = true;
+    for (int r = 0; r < runs && ran; ++r) ran = launch(plan, algo, ops) == CUBLAS_STATUS_SUCCESS;
+    CUDA_CHECK(cudaEventRecord(events.stop, stream_));
+    CUDA_CHECK(cudaEventSynchronize(events.stop));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, events.start, events.stop));
+    if (ran && (best < 0 || ms < best_ms)) {
+      best = static_cast<int>(i);
+      best_ms = ms;
+    }
+  }
+  return best;
+}
+
+cublasStatus_t LtMatmul::launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops) {
+  // Pointers held by the descriptor are set per call (host-side only, so this is capture-safe).
+  if (plan.fused_bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ops.bias);
+  if (plan.a_scaled) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ops.a_scale);
+  if (plan.b_scaled) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, ops.b_scale);
   const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c, out, plan.c,
-                              algo, workspace_, workspace_bytes_, stream_));
+  return cublasLtMatmul(lt_, plan.desc, &alpha, ops.a, plan.a, ops.b, plan.b, &beta, ops.d, plan.d, ops.d,
+                        plan.d, &algo, workspace_, workspace_bytes_, stream_);
+}
+
+cublasStatus_t LtMatmul::run(Plan& plan, const LtOperands& ops) { return launch(plan, plan.algo, ops); }
+
+// CublasLtGemm ------------------------------------------------------------------------------------------
+
+CublasLtGemm::CublasLtGemm(cudaStream_t stream) : stream_(stream), lt_(stream) {
+  CUBLAS_CHECK(cublasCreate(&blas_));
+  CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  CUBLAS_CHECK(cublasSetWorkspace(blas_, lt_.workspace(), lt_.workspace_bytes()));
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  report_release_failure(cudaStreamSynchronize(stream_) != cudaSuccess, "the gemm stream");
+  if (converted_) report_release_failure(cudaFree(converted_) != cudaSuccess, "the activation buffer");
+  if (blas_) report_release_failure(cublasDestroy(blas_) != CUBLAS_STATUS_SUCCESS, "the cuBLAS handle");
 }
 
 const void* CublasLtGemm::activations_as(const float* x, int64_t count, DType to) {
@@ -229,14 +347,23 @@ void CublasLtGemm::matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DT
   INFERX_CHECK(x_dtype == DType::F32 || x_dtype == w_dtype,
                "cuda backend: matmul of {} activations with {} weights", dtype_name(x_dtype),
                dtype_name(w_dtype));
+  // B (the activations) has the weight's type: 16-bit weights get converted activations.
   const void* b = x_dtype == w_dtype ? x : activations_as(static_cast<const float*>(x), t * k, w_dtype);
-  const PlanKey key{
-      static_cast<int>(w_dtype), n, t, k, bias != nullptr, pointer_alignment(w), pointer_alignment(b),
-      pointer_alignment(out)};
-  const Plan& plan = plan_for(key, w_type, w, b, out, bias);
-  if (plan.has_algo) {
-    run(plan, &plan.algo, w, b, out, bias);
-    if (bias && !plan.bias_epilogue) CUDA_CHECK(launch_add_bias(out, bias, t, n, stream_));
+  lt_.evict_if_full();
+  LtShape shape;
+  shape.ab_type = w_type;
+  shape.n = n;
+  shape.t = t;
+  shape.k = k;
+  shape.ldd = n;
+  shape.bias = bias != nullptr;
+  shape.align_a = pointer_alignment(w);
+  shape.align_b = pointer_alignment(b);
+  shape.align_d = pointer_alignment(out);
+  const LtOperands ops{w, b, out, bias, nullptr, nullptr};
+  if (LtMatmul::Plan* plan = lt_.plan(shape, ops)) {
+    CUBLAS_CHECK(lt_.run(*plan, ops));
+    if (bias && !LtMatmul::fused_bias(*plan)) CUDA_CHECK(launch_add_bias(out, bias, t, n, stream_));
     return;
   }
   INFERX_CHECK(n <= INT_MAX && t <= INT_MAX && k <= INT_MAX,

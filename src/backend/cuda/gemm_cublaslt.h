@@ -1,12 +1,25 @@
 #pragma once
-// out[T, N] = x[T, K] @ W[N, K]^T (+ bias) on the GPU through cuBLASLt, for F32, F16 and BF16 weights with
-// F32 outputs and F32 accumulation. Activations come as F32 (rounded to a 16-bit weight's type by one
-// small kernel first, since cuBLAS needs A and B of one type) or already as BF16 (the fused norm and
-// SiLU kernels write them). The bias is added in the GEMM's epilogue (CUBLASLT_EPILOGUE_BIAS).
-// One plan (descriptors + algorithm) is cached per shape, dtype, bias and pointer alignment. For small
-// row counts (decode, where the same shapes repeat every step) the heuristic's top candidates are timed
-// once on the real operands and the fastest kept; larger shapes take the heuristic's first choice.
-// One workspace is reused by every call. Quantized GGUF weight types are rejected with an error.
+// GEMMs through cuBLASLt. Two layers:
+//   LtMatmul: the one place that builds cuBLASLt descriptors and chooses algorithms. A product
+//     D (F32, n x t, ld ldd) = op(A) B (+ bias) with A = a row-major weight [n, k] (seen as k x n,
+//     transposed) and B = row-major activations [t, k] (k x t): the "TN" layout, the only one cuBLASLt's
+//     FP8 kernels take. A and B are F32, F16, BF16 or FP8 E4M3 (optionally with cuBLASLt's scalar or
+//     outer-vector scales); F32 accumulation and output; the bias (F32) goes in the epilogue when the
+//     heuristic offers a fused kernel. One plan (descriptors + algorithm) is cached per exact shape.
+//     Autotuning: the first time a shape's power-of-two bucket of t (rows) is seen outside CUDA graph
+//     capture, the heuristic's top kCandidates algorithms are each timed on the real operands and the
+//     fastest is kept for the whole bucket (later row counts of the bucket reuse it after
+//     cublasLtMatmulAlgoCheck, also during graph capture), so a decode batch size or prefill chunk length
+//     tunes at most once per bucket. During capture (set_capturing, or cudaStreamIsCapturing on the
+//     stream) nothing is timed: a bucket not tuned yet runs the heuristic's first choice, and the plan is
+//     tuned on its next uncaptured call.
+//     INFERX_GEMM_TUNE=0 (or set_tuning(false)) keeps the heuristic's first choice everywhere (A/B).
+//     One 32 MiB workspace (NVIDIA's recommendation on Hopper) is reused by every call.
+//   CublasLtGemm: out[T, N] = x[T, K] @ W[N, K]^T (+ bias) for F32, F16 and BF16 weights. Activations come
+//     as F32 (rounded to a 16-bit weight's type by one small kernel first, since cuBLAS needs A and B of
+//     one type) or already as BF16 (the fused norm and SiLU kernels write them). Quantized GGUF weight
+//     types are rejected with an error (quantized_gemm.h takes FP8 / INT4 / Q8_0 / Q4_K on top of
+//     LtMatmul).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -20,6 +33,97 @@
 
 namespace inferx::cuda {
 
+// How cuBLASLt scales an FP8 operand inside the GEMM (cublasLtMatmulMatrixScale_t), if at all.
+enum class LtScale { None, Scalar, OuterVector };
+
+// Everything that shapes a plan's descriptors and its algorithm.
+struct LtShape {
+  cudaDataType_t ab_type = CUDA_R_16BF;  // A and B
+  int64_t n = 0, t = 0, k = 0, ldd = 0;  // ldd: D's leading dimension (>= n; an output column tile)
+  bool bias = false;
+  LtScale a_scale = LtScale::None, b_scale = LtScale::None;
+  int align_a = 256, align_b = 256, align_d = 256;  // pointer alignments in bytes (pointer_alignment)
+};
+
+// The device pointers of one call. The scale pointers are needed for the scales the shape names.
+struct LtOperands {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  float* d = nullptr;
+  const float* bias = nullptr;
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+};
+
+// The largest power of two (capped at 256) dividing the address: what cuBLASLt's alignment preferences take.
+int pointer_alignment(const void* p);
+
+class LtMatmul {
+ public:
+  struct Plan;
+  // Plans built, row buckets tuned (their candidates timed when the heuristic offered several), and plans
+  // that took their bucket's algorithm without timing.
+  struct Stats {
+    uint64_t plans = 0, tunings = 0, reused = 0;
+  };
+  static constexpr int kCandidates = 16;
+
+  explicit LtMatmul(cudaStream_t stream);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  // The plan for `shape`, built (and tuned, see above) on first use with `ops` as the real operands
+  // (their outputs are overwritten; the caller's own run follows). Null when cuBLASLt offers no
+  // algorithm. Pointers stay valid until evict_if_full().
+  Plan* plan(const LtShape& shape, const LtOperands& ops);
+  // Launches the product; cuBLASLt's status is returned (a refusal may be survivable for the caller).
+  cublasStatus_t run(Plan& plan, const LtOperands& ops);
+  // Whether the bias is added by the GEMM's epilogue (false: the caller adds it).
+  static bool fused_bias(const Plan& plan);
+  // Marks a plan that cuBLASLt refused to run: plan() returns null for its shape from now on.
+  static void disable(Plan& plan);
+  // Starts the plan cache over when it is full; call where no plan pointer is held (prefill sees many
+  // row counts).
+  void evict_if_full();
+
+  void set_tuning(bool on) { tuning_ = on; }
+  bool tuning() const { return tuning_; }
+  // While a CUDA graph is being captured nothing may synchronize: no algorithm timing.
+  void set_capturing(bool capturing) { capturing_ = capturing; }
+  const Stats& stats() const { return stats_; }
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  // ab_type, n, t (or its bucket), k, ldd, bias, a_scale, b_scale, align_a, align_b, align_d.
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, int, int, int, int, int>;
+  struct Tuned {
+    cublasLtMatmulAlgo_t algo;
+    bool fused_bias;
+  };
+  static Key key_of(const LtShape& s, int64_t t);
+  std::unique_ptr<Plan> build(const LtShape& shape);
+  // Whether the stream may synchronize now (not captured into a CUDA graph): candidates can be timed.
+  bool may_time() const;
+  void settle(Plan& plan, const LtShape& shape, const LtOperands& ops);
+  bool fits(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const;
+  cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops);
+  // Index of the fastest candidate on the real operands (events on the stream); -1 when none ran.
+  int fastest(const Plan& plan, const LtShape& shape, const LtOperands& ops);
+
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, Tuned> tuned_;  // per row bucket
+  Stats stats_;
+  bool tuning_ = true;
+  bool capturing_ = false;
+};
+
 class CublasLtGemm {
  public:
   explicit CublasLtGemm(cudaStream_t stream);
@@ -32,29 +136,23 @@ class CublasLtGemm {
   void matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DType w_dtype, const void* w, int64_t n,
               const float* bias, float* out);
   // While a CUDA graph is being captured nothing may synchronize: no algorithm timing, no buffer growth.
-  void set_capturing(bool capturing) { capturing_ = capturing; }
+  void set_capturing(bool capturing) {
+    capturing_ = capturing;
+    lt_.set_capturing(capturing);
+  }
   // Bumped whenever a buffer a captured graph may point at is reallocated.
   uint64_t buffer_generation() const { return generation_; }
+  void set_tuning(bool on) { lt_.set_tuning(on); }
+  const LtMatmul::Stats& tuning_stats() const { return lt_.stats(); }
 
  private:
-  // dtype, n, t, k, bias, and the byte alignments (capped at 256) of the weight, activation and output.
-  using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, bool, int, int, int>;
-  struct Plan;
-
-  const Plan& plan_for(const PlanKey& key, cudaDataType_t w_type, const void* w, const void* x, float* out,
-                       const float* bias);
-  void run(const Plan& plan, const cublasLtMatmulAlgo_t* algo, const void* w, const void* x, float* out,
-           const float* bias);
   const void* activations_as(const float* x, int64_t count, DType to);
 
   cudaStream_t stream_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
+  LtMatmul lt_;
   cublasHandle_t blas_ = nullptr;  // fallback when cuBLASLt's heuristic offers no algorithm
-  void* workspace_ = nullptr;
-  size_t workspace_bytes_ = 0;
-  void* converted_ = nullptr;  // activations rounded to 16 bits; grown stream-ordered, never shrunk
+  void* converted_ = nullptr;      // activations rounded to 16 bits; grown stream-ordered, never shrunk
   size_t converted_bytes_ = 0;
-  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
   bool capturing_ = false;
   uint64_t generation_ = 0;
 };

@@ -13,22 +13,7 @@
 namespace inferx::cuda {
 namespace {
 
-// 32 MiB: NVIDIA's recommended cuBLASLt workspace on Hopper (cuBLAS docs, cublasSetWorkspace).
-constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
-constexpr size_t kMaxPlans = 4096;  // prefill sees many row counts; past this the cache starts over
-
-int pointer_alignment(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  int alignment = 1;
-  while (alignment < 256 && address % static_cast<uintptr_t>(alignment * 2) == 0) alignment *= 2;
-  return alignment;
-}
-
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-void report_release_failure(bool failed, const char* what) {
-  if (failed) std::fprintf(stderr, "inferx cuda: releasing %s failed\n", what);
-}
 
 DequantWeight dequant_weight(const Linear& w) {
   DequantWeight d;
@@ -48,33 +33,11 @@ DequantWeight dequant_weight(const Linear& w) {
 
 }  // namespace
 
-struct QuantizedGemm::Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  bool has_algo = false;
-  ~Plan() {
-    if (d) report_release_failure(cublasLtMatrixLayoutDestroy(d) != CUBLAS_STATUS_SUCCESS, "a matrix layout");
-    if (b) report_release_failure(cublasLtMatrixLayoutDestroy(b) != CUBLAS_STATUS_SUCCESS, "a matrix layout");
-    if (a) report_release_failure(cublasLtMatrixLayoutDestroy(a) != CUBLAS_STATUS_SUCCESS, "a matrix layout");
-    if (desc)
-      report_release_failure(cublasLtMatmulDescDestroy(desc) != CUBLAS_STATUS_SUCCESS, "a matmul desc");
-  }
-};
-
-QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream) {
+QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream), lt_(stream) {
   if (const char* v = std::getenv("INFERX_CUDA_FP8_OUTER_SCALE")) outer_scale_ = std::strcmp(v, "0") != 0;
-  CUBLAS_CHECK(cublasLtCreate(&lt_));
-  CUDA_CHECK(cudaMalloc(&lt_workspace_, kLtWorkspaceBytes));
-  lt_workspace_bytes_ = kLtWorkspaceBytes;
 }
 
-QuantizedGemm::~QuantizedGemm() {
-  plans_.clear();
-  report_release_failure(cudaStreamSynchronize(stream_) != cudaSuccess, "the quantized gemm stream");
-  if (lt_workspace_) report_release_failure(cudaFree(lt_workspace_) != cudaSuccess, "the cuBLASLt workspace");
-  if (lt_) report_release_failure(cublasLtDestroy(lt_) != CUBLAS_STATUS_SUCCESS, "the cuBLASLt handle");
-}
+QuantizedGemm::~QuantizedGemm() = default;
 
 bool QuantizedGemm::supports(const Linear& w) {
   const Tensor& t = w.weight;
@@ -104,83 +67,29 @@ bool QuantizedGemm::supports(const Linear& w) {
   }
 }
 
-QuantizedGemm::Plan& QuantizedGemm::plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd,
-                                             const void* a, const float* d) {
-  const PlanKey key{kind, n, t, k, ldd, pointer_alignment(a), pointer_alignment(d)};
-  if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
-  const cudaDataType_t ab_type = kind == 1 ? CUDA_R_16BF : CUDA_R_8F_E4M3;
-  auto plan = std::make_unique<Plan>();
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  // TN: the only layout cuBLASLt's FP8 kernels take (cuBLAS docs, cublasLtMatmul FP8 requirements).
-  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-  CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-  if (kind >= 2) {  // scales applied inside the GEMM (cublasLt.h, cublasLtMatmulMatrixScale_t)
-    const int32_t a_mode =
-        kind == 2 ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-    const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode,
-                                                sizeof(a_mode)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode,
-                                                sizeof(b_mode)));
-  }
-  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab_type, u(k), u(n), k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab_type, u(k), u(t), k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, u(n), u(t), ldd));
-
-  cublasLtMatmulPreference_t pref = nullptr;
-  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  struct PrefGuard {
-    cublasLtMatmulPreference_t p;
-    ~PrefGuard() {
-      report_release_failure(cublasLtMatmulPreferenceDestroy(p) != CUBLAS_STATUS_SUCCESS,
-                             "a matmul preference");
-    }
-  } guard{pref};
-  const uint64_t ws = lt_workspace_bytes_;
-  CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  // B is our own 256-byte aligned scratch; A (a weight row view) and D (an output column tile) may not be.
-  const uint32_t aa = static_cast<uint32_t>(std::get<5>(key)), ab = 256,
-                 ad = static_cast<uint32_t>(std::get<6>(key));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
-                                                    sizeof(aa)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
-                                                    sizeof(ab)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad,
-                                                    sizeof(ad)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad,
-                                                    sizeof(ad)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_, plan->desc, plan->a, plan->b, plan->d,
-                                                               plan->d, pref, 1, &result, &found);
-  if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-    plan->algo = result.algo;
-    plan->has_algo = true;
-  }
-  return *plans_.emplace(key, std::move(plan)).first->second;
+LtShape QuantizedGemm::shape(cudaDataType_t ab, int64_t n, int64_t t, int64_t k, int64_t ldd,
+                             const LtOperands& ops, LtScale a_scale, LtScale b_scale) {
+  LtShape s;
+  s.ab_type = ab;
+  s.n = n;
+  s.t = t;
+  s.k = k;
+  s.ldd = ldd;
+  s.a_scale = a_scale;
+  s.b_scale = b_scale;
+  s.align_a = pointer_alignment(ops.a);
+  s.align_b = pointer_alignment(ops.b);
+  s.align_d = pointer_alignment(ops.d);
+  return s;
 }
 
-void QuantizedGemm::run(const Plan& plan, const void* a, const void* b, float* d) {
-  const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(lt_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d,
-                              &plan.algo, lt_workspace_, lt_workspace_bytes_, stream_));
-}
-
-bool QuantizedGemm::try_run(Plan& plan, const void* a, const void* b, float* d) {
-  const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t status =
-      cublasLtMatmul(lt_, plan.desc, &alpha, a, plan.a, b, plan.b, &beta, d, plan.d, d, plan.d, &plan.algo,
-                     lt_workspace_, lt_workspace_bytes_, stream_);
+bool QuantizedGemm::try_run(LtMatmul::Plan& plan, const LtOperands& ops) {
+  const cublasStatus_t status = lt_.run(plan, ops);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
     std::fprintf(stderr,
                  "inferx cuda: cuBLASLt refused an FP8 GEMM its heuristic offered (%s); falling back\n",
                  cublasLtGetStatusString(status));
-    plan.has_algo = false;
+    LtMatmul::disable(plan);
     return false;
   }
   CUBLAS_CHECK(status);
@@ -194,7 +103,7 @@ void QuantizedGemm::matmul(const float* x, int64_t t, const Linear& w, float* ou
                w.scale.shape_string());
   if (t <= 0) return;
   // Evicted here, between calls: a call holds pointers to the (at most a few) plans it looks up.
-  if (plans_.size() >= kMaxPlans) plans_.clear();
+  lt_.evict_if_full();
   if (w.weight.dtype == DType::F8_E4M3 && !force_dequant_) {
     fp8_matmul(x, t, w, out, workspace);
     return;
@@ -210,36 +119,32 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   // the shape, the same W8A8 values run in BF16.
   const bool fp8_shape = n % 16 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(w.weight.data) % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  const bool per_channel = w.scale.numel() > 1;
-  Plan* scaled =
-      fp8_shape && outer_scale_ ? &plan_for(per_channel ? 2 : 3, n, t, k, n, w.weight.data, out) : nullptr;
-  if (scaled != nullptr && !scaled->has_algo) scaled = nullptr;
-  Plan* plain = fp8_shape ? &plan_for(0, n, t, k, n, w.weight.data, out) : nullptr;
-  if (plain != nullptr && !plain->has_algo) plain = nullptr;
-  if (scaled == nullptr && plain == nullptr) {
+  if (!fp8_shape) {
     dequant_matmul(x, t, w, out, workspace);
     return;
   }
+  // Quantized before the plans are looked up: a new plan's algorithm is timed on the real operands.
   const size_t q_bytes = round_up(static_cast<size_t>(t * k));
   auto* ws = static_cast<char*>(workspace(q_bytes + round_up(static_cast<size_t>(t) * 4)));
   auto* xq = reinterpret_cast<uint8_t*>(ws);
   auto* xs = reinterpret_cast<float*>(ws + q_bytes);
   CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, xq, xs, nullptr, stream_));
-  if (scaled != nullptr) {
-    // The scale pointers live in the descriptor: set per call (host-side only, as a bias pointer).
-    const void* a_scale = w.scale.data;
-    const void* b_scale = xs;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(scaled->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
-                                                sizeof(a_scale)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(scaled->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale,
-                                                sizeof(b_scale)));
-    if (try_run(*scaled, w.weight.data, xq, out)) {
+  const bool per_channel = w.scale.numel() > 1;
+  if (outer_scale_) {
+    // Per-row activation scale x per-channel (or per-tensor) weight scale, applied inside the GEMM.
+    const LtOperands ops{w.weight.data, xq, out, nullptr, w.scale.data, xs};
+    const LtScale a_scale = per_channel ? LtScale::OuterVector : LtScale::Scalar;
+    LtMatmul::Plan* scaled =
+        lt_.plan(shape(CUDA_R_8F_E4M3, n, t, k, n, ops, a_scale, LtScale::OuterVector), ops);
+    if (scaled != nullptr && try_run(*scaled, ops)) {
       if (!w.bias.empty()) CUDA_CHECK(launch_add_bias(out, w.bias.ptr<float>(), t, n, stream_));
       last_path_ = Path::Fp8OuterScale;
       return;
     }
   }
-  if (plain != nullptr && try_run(*plain, w.weight.data, xq, out)) {
+  const LtOperands ops{w.weight.data, xq, out, nullptr, nullptr, nullptr};
+  LtMatmul::Plan* plain = lt_.plan(shape(CUDA_R_8F_E4M3, n, t, k, n, ops), ops);
+  if (plain != nullptr && try_run(*plain, ops)) {
     CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data), per_channel,
                                          w.bias.empty() ? nullptr : w.bias.ptr<float>(), out, stream_));
     last_path_ = Path::Fp8;
@@ -272,10 +177,11 @@ void QuantizedGemm::dequant_matmul(const float* x, int64_t t, const Linear& w, f
   for (int64_t n0 = 0; n0 < n; n0 += tile) {
     const int64_t rows = std::min(tile, n - n0);
     CUDA_CHECK(launch_dequantize_rows_bf16(dw, n0, rows, wt, stream_));
-    const Plan& plan = plan_for(1, rows, t, k, n, wt, out + n0);
-    INFERX_CHECK(plan.has_algo, "cuda backend: cuBLASLt offers no BF16 algorithm for [{}, {}] x [{}, {}]^T",
+    const LtOperands ops{wt, xb, out + n0, nullptr, nullptr, nullptr};
+    LtMatmul::Plan* plan = lt_.plan(shape(CUDA_R_16BF, rows, t, k, n, ops), ops);
+    INFERX_CHECK(plan != nullptr, "cuda backend: cuBLASLt offers no BF16 algorithm for [{}, {}] x [{}, {}]^T",
                  t, k, rows, k);
-    run(plan, wt, xb, out + n0);
+    CUBLAS_CHECK(lt_.run(*plan, ops));
   }
   if (!w.bias.empty()) CUDA_CHECK(launch_add_bias(out, w.bias.ptr<float>(), t, n, stream_));
   last_path_ = fp8 ? Path::Fp8ViaBf16 : Path::Dequant;

@@ -18,15 +18,14 @@
 // by its x loads beyond a few rows (H200, 4096 x 4096 BF16: 12.6 us at M=1, 31.5 at M=4, 73 at M=16,
 // cuBLASLt about 14 throughout; cuda_backend_gemv.cpp) - to be measured for FP8 / INT4.
 // Scratch comes from the caller (CudaBackend's stream-ordered scratch, which also guards graph capture).
-#include <cublasLt.h>
+// The cuBLASLt descriptors, the algorithm choice (autotuned per row bucket, INFERX_GEMM_TUNE=0: off) and
+// the workspace are LtMatmul's (gemm_cublaslt.h), shared with the BF16 GEMM.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <memory>
-#include <tuple>
 
+#include "backend/cuda/gemm_cublaslt.h"
 #include "backend/linear.h"
 
 namespace inferx::cuda {
@@ -71,27 +70,25 @@ class QuantizedGemm {
   // Tests: a smaller dequantization tile (bytes of BF16), so that small weights span several tiles.
   void set_tile_bytes(size_t bytes) { tile_bytes_ = bytes > 0 ? bytes : kTileBytes; }
 
+  // Tests and benchmarks: the algorithm autotuning of the FP8 and BF16 GEMMs (gemm_cublaslt.h).
+  void set_tuning(bool on) { lt_.set_tuning(on); }
+  const LtMatmul::Stats& tuning_stats() const { return lt_.stats(); }
+
  private:
-  // A cuBLASLt plan for D (F32, n x t, ld ldd) = op(A) B with A [k, n] transposed (W rows), B [k, t].
-  // kind: 0 = FP8 x FP8, 1 = BF16 x BF16, 2 / 3 = FP8 with outer-vector B scales and outer-vector (2) or
-  // scalar (3) A scales.
-  using PlanKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int>;
-  struct Plan;
-  Plan& plan_for(int kind, int64_t n, int64_t t, int64_t k, int64_t ldd, const void* a, const float* d);
-  void run(const Plan& plan, const void* a, const void* b, float* d);
-  // run() for the FP8 plans: false (and the plan marked unusable) when cuBLASLt refuses the call itself
-  // (NOT_SUPPORTED / INVALID_VALUE), so that the caller falls back; other failures throw.
-  bool try_run(Plan& plan, const void* a, const void* b, float* d);
+  // The LtMatmul product D (F32, n x t, ld ldd) = op(A) B of A [k, n] transposed (W rows), B [k, t] of
+  // type ab (FP8 E4M3 or BF16), with cuBLASLt's FP8 scales when given.
+  static LtShape shape(cudaDataType_t ab, int64_t n, int64_t t, int64_t k, int64_t ldd, const LtOperands& ops,
+                       LtScale a_scale = LtScale::None, LtScale b_scale = LtScale::None);
+  // An FP8 run: false (and the plan disabled) when cuBLASLt refuses the call itself (NOT_SUPPORTED /
+  // INVALID_VALUE), so that the caller falls back; other failures throw.
+  bool try_run(LtMatmul::Plan& plan, const LtOperands& ops);
   void fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
                   const std::function<void*(size_t)>& workspace);
   void dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,
                       const std::function<void*(size_t)>& workspace);
 
   cudaStream_t stream_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
-  void* lt_workspace_ = nullptr;
-  size_t lt_workspace_bytes_ = 0;
-  std::map<PlanKey, std::unique_ptr<Plan>> plans_;
+  LtMatmul lt_;
   Path last_path_ = Path::None;
   bool force_dequant_ = false;
   bool outer_scale_ = true;
