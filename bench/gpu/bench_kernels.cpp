@@ -8,6 +8,7 @@
 // docs/benchmarks.md.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -220,9 +222,32 @@ double gemm_ceiling(Bench& b, int reps) {
   return gemm_tflops;
 }
 
+// Heuristic vs tuned A/B of one product: both warmed up (tuning happens there), then kRounds alternating
+// batches of `reps` calls each (so that clock and power drift hit both alike); seconds per call, the median
+// batch of each. Returns {heuristic, tuned}.
+constexpr int kRounds = 3;
+std::pair<double, double> ab_seconds(const std::function<void(bool tuned)>& call,
+                                     const std::function<void()>& sync, int reps) {
+  std::vector<double> s[2];
+  for (bool tuned : {false, true}) {
+    for (int r = 0; r < 3; ++r) call(tuned);
+  }
+  sync();
+  for (int round = 0; round < kRounds; ++round)
+    for (int v = 0; v < 2; ++v) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) call(v == 1);
+      sync();
+      s[v].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+    }
+  for (std::vector<double>& v : s) std::sort(v.begin(), v.end());
+  return {s[0][kRounds / 2], s[1][kRounds / 2]};
+}
+
 // The GEMMs of an 8B prefill (BF16 activations as the fused norms / SiLU provide them), per chunk size,
-// each with cuBLASLt's heuristic choice ("heur") and with the autotuned algorithm ("tuned"; gemm_cublaslt.h),
-// against the heuristic's 8192 x 4096 x 14336 ceiling. Tuning happens in the warm-up calls.
+// each with cuBLASLt's heuristic choice ("heur") and with the autotuned algorithm ("tuned"; gemm_cublaslt.h;
+// "tuned*": the tuner kept another algorithm than the heuristic's first, otherwise both rows run the same
+// one and differ by noise only), against the heuristic's 8192 x 4096 x 14336 ceiling.
 void bench_gemm(Bench& b, double gemm_tflops, int reps) {
   cudaStream_t gs = nullptr;
   CUDA_CHECK(cudaStreamCreate(&gs));
@@ -245,20 +270,17 @@ void bench_gemm(Bench& b, double gemm_tflops, int reps) {
         char shape[64];
         std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
                       static_cast<long long>(k), static_cast<long long>(n));
-        for (cuda::CublasLtGemm* gemm : {&heuristic, &tuned}) {
-          const auto once = [&] {
-            gemm->matmul(x, DType::BF16, t, k, DType::BF16, w, n, nullptr, o.ptr<float>());
-          };
-          for (int r = 0; r < 3; ++r) once();
-          CUDA_CHECK(cudaStreamSynchronize(gs));
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int r = 0; r < reps; ++r) once();
-          CUDA_CHECK(cudaStreamSynchronize(gs));
-          const double sec =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-          row(gemm == &tuned ? "gemm bf16->f32 tuned" : "gemm bf16->f32 heur", shape, sec, 2.0 * t * k * n,
-              true, gemm_tflops);
-        }
+        const uint64_t changed = tuned.tuning_stats().changed;
+        const auto [heur_s, tuned_s] = ab_seconds(
+            [&](bool tune) {
+              (tune ? tuned : heuristic)
+                  .matmul(x, DType::BF16, t, k, DType::BF16, w, n, nullptr, o.ptr<float>());
+            },
+            [&] { CUDA_CHECK(cudaStreamSynchronize(gs)); }, reps);
+        const double flops = 2.0 * t * k * n;
+        row("gemm bf16->f32 heur", shape, heur_s, flops, true, gemm_tflops);
+        row(tuned.tuning_stats().changed > changed ? "gemm bf16->f32 tuned*" : "gemm bf16->f32 tuned", shape,
+            tuned_s, flops, true, gemm_tflops);
         b.keep.resize(mark);
       }
     }
@@ -266,41 +288,64 @@ void bench_gemm(Bench& b, double gemm_tflops, int reps) {
   CUDA_CHECK(cudaStreamDestroy(gs));
 }
 
-// FP8 W8A8 GEMMs (per-channel weight scales) of an 8B prefill through the backend's matmul, as the model
-// runs them: F32 activations quantized per token, then cuBLASLt's FP8 GEMM (outer-vector scales when
-// offered), heuristic and tuned algorithm; FLOP rate against the BF16 ceiling (FP8's peak is twice it).
+// FP8 W8A8 GEMMs (per-channel weight scales) of an 8B prefill through the quantized GEMM the backend uses
+// (quantized_gemm.h): F32 activations quantized per token, then cuBLASLt's FP8 GEMM (outer-vector scales
+// when offered, else an epilogue kernel: "epi"), heuristic and tuned algorithm ("*" as above); FLOP rate
+// against the BF16 ceiling (FP8's peak is twice it).
 void bench_fp8_gemm(Bench& b, double gemm_tflops, int reps) {
-  CudaBackend& gpu = b.gpu;
-  cuda::QuantizedGemm& q = gpu.quantized_gemm();
-  const int64_t shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};
-  const char* names[] = {"qkv", "o", "gate+up", "down"};
-  for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
-    for (int i = 0; i < 4; ++i) {
-      const int64_t k = shapes[i][0], n = shapes[i][1];
-      const size_t mark = b.keep.size();
-      Linear lin;
-      // BF16 bit patterns read as E4M3 codes: a few are NaN, which costs the GEMM the same time.
-      lin.weight = Tensor(DType::F8_E4M3, {n, k}, b.random(static_cast<size_t>(n * k), 60), Device::CUDA);
-      lin.scale = b.f32(1, n, 61);
-      lin.scale = Tensor(DType::F32, {n}, lin.scale.data, Device::CUDA);
-      Tensor x = b.f32(t, k, 62), o = b.f32(t, n, 63);
-      char shape[64];
-      std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
-                    static_cast<long long>(k), static_cast<long long>(n));
-      for (bool tune : {false, true}) {
-        q.set_tuning(tune);
-        const double sec = b.time([&] { gpu.matmul(x, lin, o); }, reps);
-        const bool outer = q.last_path() == cuda::QuantizedGemm::Path::Fp8OuterScale;
-        const bool fp8 = outer || q.last_path() == cuda::QuantizedGemm::Path::Fp8;
-        char label[40];
-        std::snprintf(label, sizeof label, "fp8 w8a8%s %s", fp8 ? (outer ? "" : " epi") : " VIA-BF16",
-                      tune ? "tuned" : "heur");
-        row(label, shape, sec, 2.0 * t * k * n, true, gemm_tflops);
+  cudaStream_t qs = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&qs));
+  {  // the GEMMs and their scratch are released before their stream
+    std::unique_ptr<DeviceBuffer> scratch;
+    size_t scratch_bytes = 0;
+    const std::function<void*(size_t)> workspace = [&](size_t bytes) {
+      if (bytes > scratch_bytes) {  // grows in the warm-up calls only
+        CUDA_CHECK(cudaStreamSynchronize(qs));
+        scratch = b.gpu.allocate(bytes);
+        scratch_bytes = bytes;
       }
-      b.keep.resize(mark);
+      return scratch->data();
+    };
+    cuda::QuantizedGemm heuristic(qs), tuned(qs);
+    heuristic.set_tuning(false);
+    tuned.set_tuning(true);
+    const int64_t shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};
+    const char* names[] = {"qkv", "o", "gate+up", "down"};
+    for (int64_t t : {int64_t{2048}, int64_t{8192}}) {
+      for (int i = 0; i < 4; ++i) {
+        const int64_t k = shapes[i][0], n = shapes[i][1];
+        const size_t mark = b.keep.size();
+        Linear lin;
+        // BF16 bit patterns read as E4M3 codes: a few are NaN, which costs the GEMM the same time.
+        lin.weight = Tensor(DType::F8_E4M3, {n, k}, b.random(static_cast<size_t>(n * k), 60), Device::CUDA);
+        lin.scale = b.f32(1, n, 61);
+        lin.scale = Tensor(DType::F32, {n}, lin.scale.data, Device::CUDA);
+        Tensor x = b.f32(t, k, 62), o = b.f32(t, n, 63);
+        b.gpu.synchronize();
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
+                      static_cast<long long>(k), static_cast<long long>(n));
+        const uint64_t changed = tuned.tuning_stats().changed;
+        const auto [heur_s, tuned_s] = ab_seconds(
+            [&](bool tune) {
+              (tune ? tuned : heuristic).matmul(x.ptr<float>(), t, lin, o.ptr<float>(), workspace);
+            },
+            [&] { CUDA_CHECK(cudaStreamSynchronize(qs)); }, reps);
+        const cuda::QuantizedGemm::Path path = tuned.last_path();
+        const char* variant = path == cuda::QuantizedGemm::Path::Fp8OuterScale ? ""
+                              : path == cuda::QuantizedGemm::Path::Fp8         ? " epi"
+                                                                               : " VIA-BF16";
+        char label[40];
+        std::snprintf(label, sizeof label, "fp8 w8a8%s heur", variant);
+        row(label, shape, heur_s, 2.0 * t * k * n, true, gemm_tflops);
+        std::snprintf(label, sizeof label, "fp8 w8a8%s tuned%s", variant,
+                      tuned.tuning_stats().changed > changed ? "*" : "");
+        row(label, shape, tuned_s, 2.0 * t * k * n, true, gemm_tflops);
+        b.keep.resize(mark);
+      }
     }
   }
-  q.set_tuning(true);
+  CUDA_CHECK(cudaStreamDestroy(qs));
 }
 
 int run(bool quick, bool gemm_only) {

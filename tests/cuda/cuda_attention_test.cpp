@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "backend/rope.h"
 #include "core/half.h"
 #include "cuda_test_util.h"
@@ -297,6 +298,51 @@ TEST_F(CudaAttentionTest, PrefillKernelOverBf16AndFp8CachesMatchesFloat64) {
                      {CudaAttentionKernel::Decode, 0},
                      {CudaAttentionKernel::Reference, 0}});
     }
+  }
+}
+
+// Every prefill kernel variant (kernels.h: v1, the v2 pair, v3, the v4 wgmma configurations) over both
+// cache types, on the shapes their fast paths special-case: chunks that start mid-block, odd lengths,
+// several query tiles per sequence (a partial last one), head_dim 64 and 128, GQA 1/4/8/16, sliding
+// windows, decodes in the batch, and (window 40 over block size 32) tiles no row of a CTA sees.
+TEST_F(CudaAttentionTest, PrefillVariantsOverBf16AndFp8CachesMatchFloat64) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  const std::vector<Case> grid = {
+      {32, 8, 128, 0, 16, {0, 37, 1000, 500}, {300, 201, 1, 77}},
+      {8, 2, 64, 100, 32, {0, 130}, {250, 190}},
+      {16, 16, 128, 64, 16, {3}, {400}},
+      {4, 1, 128, 0, 16, {2000}, {700}},
+      {16, 1, 64, 0, 16, {17, 0}, {517, 1}},
+      {8, 2, 128, 40, 32, {900}, {333}},
+  };
+  const char* variants[] = {"g3", "g2", "g2s", "m2", "w4", "w8", "v1"};
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const float ks = dt == DType::F8_E4M3 ? 0.5f : 1.0f, vs = dt == DType::F8_E4M3 ? 0.01f : 1.0f;
+    CudaBackend& gpu = backend(dt, ks, vs);
+    gpu.set_attention_kernel(CudaAttentionKernel::Prefill);
+    for (const Case& c : grid) {
+      SCOPED_TRACE(describe(c, dt));
+      const Layout d = make_layout(c, rng_);
+      const Cache cache = random_cache(*this, c, d, dt, ks, vs, rng_);
+      const int64_t T = static_cast<int64_t>(d.positions.size());
+      const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
+      const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+      const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
+      const BatchView b = view(d);
+      const Tensor q = f32(qv, T, c.hq * c.hd);
+      for (const char* v : variants) {
+        SCOPED_TRACE(::testing::Message() << "variant " << v);
+        cuda::set_prefill_attention_variant(v);
+        Tensor out = f32(std::vector<float>(qv.size(), std::nanf("")), T, c.hq * c.hd);
+        gpu.attention(q, cache.layer, b, p, out);
+        const Errors e = compare(download<float>(out.data, qv.size()), want);
+        EXPECT_TRUE(e.all_finite) << "unwritten or NaN outputs";
+        EXPECT_LE(e.rel_norm, 1e-2) << "max abs " << e.max_abs;
+        EXPECT_LE(e.max_abs, 3e-2) << "rel norm " << e.rel_norm;
+      }
+    }
+    cuda::set_prefill_attention_variant(nullptr);
+    gpu.set_attention_kernel(CudaAttentionKernel::Auto);
   }
 }
 

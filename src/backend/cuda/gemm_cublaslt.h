@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -61,10 +62,11 @@ int pointer_alignment(const void* p);
 class LtMatmul {
  public:
   struct Plan;
-  // Plans built, row buckets tuned (their candidates timed when the heuristic offered several), and plans
-  // that took their bucket's algorithm without timing.
+  // Plans built, row buckets tuned (their candidates timed when the heuristic offered several), tunings
+  // that kept another algorithm than the heuristic's first choice, and plans that took their bucket's
+  // algorithm without timing.
   struct Stats {
-    uint64_t plans = 0, tunings = 0, reused = 0;
+    uint64_t plans = 0, tunings = 0, changed = 0, reused = 0;
   };
   static constexpr int kCandidates = 16;
 
@@ -112,6 +114,11 @@ class LtMatmul {
   cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops);
   // Index of the fastest candidate on the real operands (events on the stream); -1 when none ran.
   int fastest(const Plan& plan, const LtShape& shape, const LtOperands& ops);
+  struct EventPair;
+  // Records events around `batch` launches of one candidate; false when cuBLASLt refuses it.
+  bool enqueue_sample(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops, int batch,
+                      const EventPair& events);
+  int pick(std::vector<std::vector<float>>& samples, const std::vector<bool>& usable);
 
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
