@@ -495,7 +495,7 @@ int run(bool quick, bool gemm_only) {
   // Prefill attention: causal FLOPs 4 * hd * hq * T^2 / 2.
   std::vector<const char*> prefill_variants;
   if (const char* e = std::getenv("INFERX_BENCH_PREFILL_VARIANTS"); e != nullptr && std::strcmp(e, "0") != 0)
-    prefill_variants = {"v1", "w4", "w8", "m2", "g3", "g2", "g2s"};
+    prefill_variants = {"g3", "g2"};
   for (int64_t T : {int64_t{2048}, int64_t{8192}}) {
     const size_t mark = b.keep.size();
     const int64_t blocks = (T + bs - 1) / bs;
@@ -522,7 +522,7 @@ int run(bool quick, bool gemm_only) {
     const double s = b.time([&] { gpu.attention(q, cache, view, p, out); }, quick ? 2 : 5);
     row("prefill attention", fmt_shape("T%lld causal 32/8x128", T), s, 4.0 * hd * hq * T * T / 2, true,
         gemm_tflops);
-    // INFERX_BENCH_PREFILL_VARIANTS=1: every BF16 variant of the kernel too (kernels.h), one row each.
+    // INFERX_BENCH_PREFILL_VARIANTS=1: each kernel configuration too (kernels.h), one row each.
     for (const char* v : prefill_variants) {
       cuda::set_prefill_attention_variant(v);
       const double sv = b.time([&] { gpu.attention(q, cache, view, p, out); }, quick ? 2 : 5);
@@ -545,8 +545,7 @@ int run(bool quick, bool gemm_only) {
       const double s8 = b8.time([&] { g8.attention(q, fp8, view, p, out); }, quick ? 2 : 5);
       row("prefill attention fp8", fmt_shape("T%lld causal 32/8x128", T), s8, 4.0 * hd * hq * T * T / 2, true,
           gemm_tflops);
-      for (const char* v : prefill_variants) {  // FP8 caches run v1 unless a v4 ("g*") variant is chosen
-        if (v[0] != 'g' && std::strcmp(v, "v1") != 0) continue;
+      for (const char* v : prefill_variants) {
         cuda::set_prefill_attention_variant(v);
         const double sv = b8.time([&] { g8.attention(q, fp8, view, p, out); }, quick ? 2 : 5);
         row((std::string("prefill attn fp8 ") + v).c_str(), fmt_shape("T%lld causal 32/8x128", T), sv,

@@ -108,15 +108,15 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
                                     cudaStream_t stream);
 
 // kernels_prefill_attention.cu ------------------------------------------------------------------------
-// FlashAttention-2 style tiled attention on tensor cores (BF16 operands, F32 accumulation) for BF16 or
-// FP8 caches and head_dim 64 or 128: one CTA per (query tile of a sequence, query head), key tiles
-// gathered from the paged cache into shared memory. `max_query_len` bounds the tiles per sequence (at
-// most 65535 tiles of 64).
+// FlashAttention-2 style tiled attention on tensor cores (wgmma, BF16 operands, F32 accumulation) for
+// BF16 or FP8 caches and head_dim 64 or 128: one CTA per (query tile of a sequence, query head), key
+// tiles gathered from the paged cache into shared memory. `max_query_len` bounds the tiles per sequence
+// (at most 65535 tiles of 64). Unsupported: other dtypes / head dims, and caches of 2^31 or more token
+// slots (num_blocks * block_size).
 bool prefill_attention_supported(const PagedKv& cache, int64_t hd);
-// Which kernel runs: "g3" (the default) or "g2" (wgmma, BF16 and FP8 caches), "m2", "w8", "w4" or "v1"
-// (mma.sync; FP8 caches run "v1" under these), see kernels_prefill_attention.cu; INFERX_PREFILL_ATTN
-// sets it per process, this call overrides it (A/B benchmarks), nullptr returns to the environment's
-// choice.
+// Which configuration runs: "g3" (the default) or "g2", see kernels_prefill_attention.cu;
+// INFERX_PREFILL_ATTN sets it per process, this call overrides it (A/B benchmarks), nullptr returns to
+// the environment's choice.
 void set_prefill_attention_variant(const char* name);
 cudaError_t launch_prefill_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                      int64_t hkv, int64_t hd, float scale, int64_t sliding_window,
