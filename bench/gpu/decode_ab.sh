@@ -30,3 +30,24 @@ import json; j=json.load(open('$OUT/ab_${q}_$name.json')); t=j['tpot_ms']
 print(f\"TPOT p50 {t['p50']:.3f} ms = {1000/t['p50']:.1f} tok/s\")" 2>&1 | tail -1)"
   done
 done
+# PROFILE=1: per-kernel GPU time of batch-1 decode (8B bf16, graphs) when Nsight Systems is installed there.
+if [[ "${PROFILE:-0}" == 1 ]]; then
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [[ -n "$NSYS" ]]; then
+    timeout 150 "$NSYS" profile -o "$OUT/decode_b1" -f true -t cuda --cuda-graph-trace=node \
+      "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids 1,2,3,4,5,6,7,8 -n 64 \
+      --temperature 0 --ignore-eos >/dev/null 2>"$OUT/nsys.err"
+    timeout 120 "$NSYS" stats -q -r cuda_gpu_kern_sum -f csv "$OUT/decode_b1.nsys-rep" >"$OUT/kern_sum.csv" 2>>"$OUT/nsys.err"
+    echo "== per-kernel GPU time (nsys, 64 decode steps + prompt)"
+    python3 - "$OUT/kern_sum.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 8]
+head, body = rows[0], rows[1:]
+ti, ni, ai, name = head.index("Total Time (ns)"), head.index("Instances"), head.index("Avg (ns)"), head.index("Name")
+for r in body[:25]:
+    print(f"{float(r[ti])/1e6:9.2f} ms {int(r[ni]):7d} x {float(r[ai])/1e3:8.2f} us  {r[name][:110]}")
+PY
+  else
+    echo "nsys: not found"
+  fi
+fi

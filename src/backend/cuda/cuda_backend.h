@@ -177,6 +177,10 @@ class CudaBackend final : public Backend {
   Scratch upload_[2];
   CUevent_st* upload_events_[2] = {nullptr, nullptr};
   Scratch gemv_x_, gemv_out_;
+  // The prefill MLP's stacked [gate | up] GEMM output in BF16 (matmul_silu_mul with more than one row).
+  Scratch gate_up_bf16_;
+  // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
+  bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
 };
 
 }  // namespace inferx

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_gemv.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
@@ -140,7 +141,7 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
                w.weight.shape_string());
   const int64_t f = w.out_features() / 2;
   if (w.weight.device != Device::CUDA || !gemv_takes(x, w)) {
-    Backend::matmul_silu_mul(x, w, gate, up, out);
+    if (!stacked_silu_mul(x, w, out)) Backend::matmul_silu_mul(x, w, gate, up, out);
     return;
   }
   check_out(x, out, "gate/up");
@@ -164,6 +165,35 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
   } else {
     drop_bf16_copy();
   }
+}
+
+// Prefill-sized MLP products with BF16 weights: one GEMM over the stacked [gate; up] weight writes BF16
+// (half the bytes of the two F32 products it replaces, which the SiLU kernel then read back), and the SiLU
+// kernel reads that and writes out plus the BF16 copy the down projection reads. On the 8B shape at 8192
+// rows this moves ~1.4 GB less per layer. Bias-free weights only (cuBLASLt's bias epilogue with a BF16
+// output is not relied on); others take the default (two F32 products, then silu_mul).
+bool CudaBackend::stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out) {
+  const int64_t t = x.rows(), f = w.out_features() / 2;
+  if (!options_.bf16_activations || w.weight.dtype != DType::BF16 || !w.bias.empty() ||
+      !w.input_perm.empty() || t < 2)
+    return false;
+  check_out(x, out, "gate/up");
+  INFERX_CHECK(out.cols() == f && out.numel() == t * f, "cuda backend: gate/up output {} for W {}",
+               out.shape_string(), w.weight.shape_string());
+  use_device();
+  const bool from_copy =
+      shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == t && shadow_cols_ == x.cols();
+  void* gu = scratch(gate_up_bf16_, static_cast<size_t>(t * 2 * f) * 2);
+  gemm_->matmul(from_copy ? shadow_.data : x.data, from_copy ? DType::BF16 : DType::F32, t, x.cols(),
+                DType::BF16, w.weight.data, 2 * f, nullptr, gu, DType::BF16);
+  void* ob = scratch(gemv_out_, static_cast<size_t>(t * f) * 2);
+  CUDA_CHECK(cuda::launch_silu_mul_stacked_bf16(gu, t, f, out.ptr<float>(), ob, stream_));
+  last_matmul_bf16_ = true;
+  std::swap(shadow_, gemv_out_);  // out's BF16 copy is current; the old copy's buffer is the next scratch
+  shadow_src_ = out.data;
+  shadow_rows_ = out.rows();
+  shadow_cols_ = out.cols();
+  return true;
 }
 
 void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {

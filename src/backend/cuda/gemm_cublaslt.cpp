@@ -146,9 +146,18 @@ void LtMatmul::evict_if_full() {
 }
 
 LtMatmul::Key LtMatmul::key_of(const LtShape& s, int64_t t) {
-  return Key{
-      static_cast<int>(s.ab_type), s.n,       t,         s.k,      s.ldd, s.bias, static_cast<int>(s.a_scale),
-      static_cast<int>(s.b_scale), s.align_a, s.align_b, s.align_d};
+  return Key{static_cast<int>(s.ab_type),
+             s.n,
+             t,
+             s.k,
+             s.ldd,
+             s.bias,
+             static_cast<int>(s.a_scale),
+             static_cast<int>(s.b_scale),
+             s.align_a,
+             s.align_b,
+             s.align_d,
+             static_cast<int>(s.d_type)};
 }
 
 std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s) {
@@ -164,7 +173,7 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s) {
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, s.ab_type, u(s.k), u(s.n), s.k));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, s.ab_type, u(s.k), u(s.t), s.k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, CUDA_R_32F, u(s.n), u(s.t), s.ldd));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, s.d_type, u(s.n), u(s.t), s.ldd));
 
   Preference pref;
   set_pref(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes_));
@@ -365,8 +374,11 @@ const void* CublasLtGemm::activations_as(const float* x, int64_t count, DType to
 }
 
 void CublasLtGemm::matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DType w_dtype, const void* w,
-                          int64_t n, const float* bias, float* out) {
+                          int64_t n, const float* bias, void* out, DType out_dtype) {
   if (t == 0 || n == 0) return;
+  INFERX_CHECK(out_dtype == DType::F32 || (out_dtype == DType::BF16 && w_dtype == DType::BF16),
+               "cuda backend: a matmul of {} weights cannot write {} output", dtype_name(w_dtype),
+               dtype_name(out_dtype));
   cudaDataType_t w_type = CUDA_R_32F;
   switch (w_dtype) {
     case DType::F32:
@@ -392,6 +404,7 @@ void CublasLtGemm::matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DT
   lt_.evict_if_full();
   LtShape shape;
   shape.ab_type = w_type;
+  shape.d_type = out_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   shape.n = n;
   shape.t = t;
   shape.k = k;
@@ -403,7 +416,12 @@ void CublasLtGemm::matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DT
   const LtOperands ops{w, b, out, bias, nullptr, nullptr};
   if (LtMatmul::Plan* plan = lt_.plan(shape, ops)) {
     CUBLAS_CHECK(lt_.run(*plan, ops));
-    if (bias && !LtMatmul::fused_bias(*plan)) CUDA_CHECK(launch_add_bias(out, bias, t, n, stream_));
+    if (bias && !LtMatmul::fused_bias(*plan)) {
+      INFERX_CHECK(out_dtype == DType::F32,
+                   "cuda backend: no cuBLASLt bias epilogue for a BF16-output matmul [{}, {}] x [{}, {}]^T",
+                   t, k, n, k);
+      CUDA_CHECK(launch_add_bias(static_cast<float*>(out), bias, t, n, stream_));
+    }
     return;
   }
   INFERX_CHECK(n <= INT_MAX && t <= INT_MAX && k <= INT_MAX,
@@ -411,9 +429,12 @@ void CublasLtGemm::matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DT
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_CHECK(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(t),
                             static_cast<int>(k), &alpha, w, w_type, static_cast<int>(k), b, w_type,
-                            static_cast<int>(k), &beta, out, CUDA_R_32F, static_cast<int>(n),
+                            static_cast<int>(k), &beta, out, shape.d_type, static_cast<int>(n),
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  if (bias) CUDA_CHECK(launch_add_bias(out, bias, t, n, stream_));
+  if (bias) {
+    INFERX_CHECK(out_dtype == DType::F32, "cuda backend: a BF16-output matmul cannot add a bias");
+    CUDA_CHECK(launch_add_bias(static_cast<float*>(out), bias, t, n, stream_));
+  }
 }
 
 }  // namespace inferx::cuda

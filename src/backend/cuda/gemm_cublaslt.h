@@ -1,7 +1,7 @@
 #pragma once
 // GEMMs through cuBLASLt. Two layers:
 //   LtMatmul: the one place that builds cuBLASLt descriptors and chooses algorithms. A product
-//     D (F32, n x t, ld ldd) = op(A) B (+ bias) with A = a row-major weight [n, k] (seen as k x n,
+//     D (F32 or BF16, n x t, ld ldd) = op(A) B (+ bias) with A = a row-major weight [n, k] (seen as k x n,
 //     transposed) and B = row-major activations [t, k] (k x t): the "TN" layout, the only one cuBLASLt's
 //     FP8 kernels take. A and B are F32, F16, BF16 or FP8 E4M3 (optionally with cuBLASLt's scalar or
 //     outer-vector scales); F32 accumulation and output; the bias (F32) goes in the epilogue when the
@@ -40,6 +40,7 @@ enum class LtScale { None, Scalar, OuterVector };
 // Everything that shapes a plan's descriptors and its algorithm.
 struct LtShape {
   cudaDataType_t ab_type = CUDA_R_16BF;  // A and B
+  cudaDataType_t d_type = CUDA_R_32F;    // D: F32, or BF16 where the next op reads BF16 anyway
   int64_t n = 0, t = 0, k = 0, ldd = 0;  // ldd: D's leading dimension (>= n; an output column tile)
   bool bias = false;
   LtScale a_scale = LtScale::None, b_scale = LtScale::None;
@@ -50,7 +51,7 @@ struct LtShape {
 struct LtOperands {
   const void* a = nullptr;
   const void* b = nullptr;
-  float* d = nullptr;
+  void* d = nullptr;  // of the shape's d_type
   const float* bias = nullptr;
   const void* a_scale = nullptr;
   const void* b_scale = nullptr;
@@ -99,8 +100,8 @@ class LtMatmul {
   cudaStream_t stream() const { return stream_; }
 
  private:
-  // ab_type, n, t (or its bucket), k, ldd, bias, a_scale, b_scale, align_a, align_b, align_d.
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, int, int, int, int, int>;
+  // ab_type, n, t (or its bucket), k, ldd, bias, a_scale, b_scale, align_a, align_b, align_d, d_type.
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, bool, int, int, int, int, int, int>;
   struct Tuned {
     cublasLtMatmulAlgo_t algo;
     bool fused_bias;
@@ -141,7 +142,13 @@ class CublasLtGemm {
   // All pointers are device pointers; x [t, k] of x_dtype (F32, or BF16 with BF16 weights), w [n, k] of
   // w_dtype, bias [n] F32 or null, out [t, n] F32 (row-major).
   void matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DType w_dtype, const void* w, int64_t n,
-              const float* bias, float* out);
+              const float* bias, float* out) {
+    matmul(x, x_dtype, t, k, w_dtype, w, n, bias, out, DType::F32);
+  }
+  // The same with out of out_dtype: F32, or BF16 (then w_dtype must be BF16; written by the epilogue,
+  // so a product that only feeds BF16 consumers never round-trips through F32 memory).
+  void matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DType w_dtype, const void* w, int64_t n,
+              const float* bias, void* out, DType out_dtype);
   // While a CUDA graph is being captured nothing may synchronize: no algorithm timing, no buffer growth.
   void set_capturing(bool capturing) {
     capturing_ = capturing;

@@ -34,6 +34,10 @@ cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab
 // not null, receives the same values rounded to BF16.
 cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, void* out_bf16,
                             cudaStream_t stream);
+// gate_up [t, 2f] BF16 (gate columns, then up columns, per row) -> out [t, f] F32 = silu(gate) * up, and
+// its BF16 copy out_bf16 [t, f].
+cudaError_t launch_silu_mul_stacked_bf16(const void* gate_up, int64_t t, int64_t f, float* out,
+                                         void* out_bf16, cudaStream_t stream);
 // t[i] = offset + uniform(-amp, amp) for n elements of dtype F32/F16/BF16, a counter-based hash of
 // (seed, i): deterministic, and no host buffer.
 cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,

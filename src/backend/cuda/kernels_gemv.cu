@@ -46,6 +46,11 @@ struct GemvParams {
   int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
+  // Programmatic dependent launch: let the next kernel launch at this grid's start (true) or once each CTA
+  // has streamed its weights (false, the default). Early launch let a following GEMV's CTAs take the SMs
+  // this grid's last wave left free first, so they piled up unevenly (measured: the down projection after
+  // the multi-wave gate/up product 8 us slower per layer). INFERX_PDL_GEMV=early selects early (A/B).
+  bool early_trigger = false;
 };
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
@@ -270,7 +275,7 @@ template <class Dec, int MR, int R>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
   constexpr int E = Dec::kElems, U = Dec::kUnroll;
   const int lane = threadIdx.x % kWarp;
-  pdl_launch_dependents();
+  if (p.early_trigger) pdl_launch_dependents();
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (n >= p.rows) return;
   int64_t wrow[R];
@@ -323,6 +328,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     }
   }
   if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
+  if (!p.early_trigger) pdl_launch_dependents();
   gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
 }
 
@@ -476,7 +482,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   static_assert(R == 1 || R == 2, "one or two weight rows per warp");
   constexpr int U = R == 1 ? Dec::kUnroll : Dec::kUnroll / 2;
   const int lane = threadIdx.x % kWarp;
-  pdl_launch_dependents();
+  if (p.early_trigger) pdl_launch_dependents();
   bool waited = false;  // as gemv_kernel: the first weight loads go out before the wait
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   int64_t wrow[R];
@@ -537,6 +543,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
     }
   }
   if (!waited) pdl_wait();
+  if (!p.early_trigger) pdl_launch_dependents();
   gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid);
 }
 
@@ -644,8 +651,17 @@ int64_t weight_row_bytes(DType dtype, int64_t k) {
   }
 }
 
+bool gemv_early_trigger() {
+  static const bool early = [] {
+    const char* e = std::getenv("INFERX_PDL_GEMV");
+    return e != nullptr && std::strcmp(e, "early") == 0;
+  }();
+  return early;
+}
+
 GemvParams base_params(const GemvWeight& w, int64_t k) {
   GemvParams p;
+  p.early_trigger = gemv_early_trigger();
   p.w = static_cast<const uint8_t*>(w.data);
   p.row_bytes = weight_row_bytes(w.dtype, k);
   p.scale = w.scale;
