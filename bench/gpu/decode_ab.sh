@@ -30,6 +30,21 @@ import json; j=json.load(open('$OUT/ab_${q}_$name.json')); t=j['tpot_ms']
 print(f\"TPOT p50 {t['p50']:.3f} ms = {1000/t['p50']:.1f} tok/s\")" 2>&1 | tail -1)"
   done
 done
+# PREFILL=1: the 8192-token prefill in one step (TTFT), GEMM autotuning on and off.
+if [[ "${PREFILL:-0}" == 1 ]]; then
+  for v in tuned: heuristic:INFERX_GEMM_TUNE=0; do
+    name=${v%%:*}
+    envs=${v#*:}
+    IFS=, read -r -a kv <<<"$envs"
+    env "${kv[@]}" timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --device cuda \
+      --max-batch-size 1 --num-prompts 1 --warmup 1 --input-len 8192 --output-len 1 --max-model-len 9000 \
+      --max-num-batched-tokens 8192 --no-progress --json >"$OUT/prefill_$name.json" 2>"$OUT/prefill_$name.err"
+    rc=$?
+    echo "prefill 8192 $name: rc=$rc $(python3 -c "
+import json; j=json.load(open('$OUT/prefill_$name.json')); t=j['ttft_ms']
+print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s = {131.7e12/(t['p50']/1e3)/1e12:.0f} TFLOP/s\")" 2>&1 | tail -1)"
+  done
+fi
 # PROFILE=1: per-kernel GPU time of batch-1 decode (8B bf16, graphs) when Nsight Systems is installed there.
 if [[ "${PROFILE:-0}" == 1 ]]; then
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
