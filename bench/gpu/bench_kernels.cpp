@@ -4,8 +4,8 @@
 // Each kernel is run through the backend's public calls on random data (never zeros), warmed up, then
 // timed over `reps` launches (host clock around a synchronised batch, so launch gaps count against us),
 // and reported as achieved GB/s or TFLOP/s and the fraction of the ceiling. Usage: bench_cuda_kernels
-// [--quick] [--gemm] (--gemm: the GEMM ceiling and GEMM rows only). Prints one table; the numbers go to
-// docs/benchmarks.md.
+// [--quick] [--gemm] (--gemm: the GEMM ceiling and GEMM rows only; INFERX_BENCH_ONLY=gemv: the copy
+// ceiling and the GEMV rows only). Prints one table; the numbers go to docs/benchmarks.md.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -26,6 +26,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_gemv.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
 
@@ -78,10 +79,12 @@ void row(const char* kernel, const std::string& shape, double seconds, double am
               rate, flops ? "TFLOP/s" : "GB/s", 100.0 * rate / ceiling, ceiling);
 }
 
-// Decode GEMV (kernels_gemv.cu) against cuBLASLt on the Llama-3-8B projection shapes. Each case cycles
-// through enough copies of its weight to exceed the 50 MB L2 several times (so every launch streams from
-// HBM), launched from a CUDA graph as a decode step is (launch gaps count). Bytes = the weight (+ its
-// scales) per launch. x comes from the BF16 copy a norm writes, as in the model.
+// Decode GEMV (kernels_gemv.cu) against cuBLASLt on the Llama-3-8B projection shapes, each row on every
+// GEMV kernel that reads its format (v1 / v2 / v3, same process; v3 also with at most 4 warps per CTA on
+// some shapes). Each case cycles through enough copies of its weight to exceed the 50 MB L2 several times
+// (so every launch streams from HBM), launched from a CUDA graph as a decode step is (launch gaps count).
+// Bytes = the weight (+ its scales) per launch. x comes from the BF16 copy a norm writes, as in the model.
+// BF16 products of more than one row run on cuBLASLt (CudaBackend::gemv_takes): timed once.
 void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replays
   CudaBackend& gpu = b.gpu;
   CudaBackendOptions plain;
@@ -94,26 +97,37 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
     int64_t n, k, m;
     bool silu;    // matmul_silu_mul of a stacked [gate; up] weight of n rows
     bool cublas;  // also time the same product through cuBLASLt (BF16 only)
+    bool warps4;  // also time v3 with at most 4 warps per CTA
   };
   const Case cases[] = {
-      {"gemv bf16", DType::BF16, 4096, 4096, 1, false, true},
-      {"gemv bf16", DType::BF16, 1024, 4096, 1, false, true},
-      {"gemv bf16", DType::BF16, 6144, 4096, 1, false, true},  // fused q/k/v
-      {"gemv bf16", DType::BF16, 14336, 4096, 1, false, true},
-      {"gemv bf16 silu", DType::BF16, 28672, 4096, 1, true, false},  // fused gate/up
-      {"gemv bf16", DType::BF16, 4096, 14336, 1, false, true},
-      {"gemv bf16", DType::BF16, 128256, 4096, 1, false, true},
-      {"gemv bf16", DType::BF16, 4096, 4096, 4, false, true},
-      {"gemv bf16", DType::BF16, 4096, 4096, 16, false, true},
-      {"gemv bf16", DType::BF16, 14336, 4096, 16, false, true},
-      {"gemv fp8/ch", DType::F8_E4M3, 14336, 4096, 1, false, false},
-      {"gemv fp8/ch", DType::F8_E4M3, 4096, 14336, 1, false, false},
-      {"gemv int4 g128", DType::INT4, 14336, 4096, 1, false, false},
-      {"gemv int4 g128", DType::INT4, 4096, 14336, 1, false, false},
-      {"gemv q8_0", DType::Q8_0, 14336, 4096, 1, false, false},
-      {"gemv q8_0", DType::Q8_0, 4096, 14336, 1, false, false},
-      {"gemv q4_k", DType::Q4_K, 14336, 4096, 1, false, false},
-      {"gemv q4_k", DType::Q4_K, 4096, 14336, 1, false, false},
+      {"gemv bf16", DType::BF16, 4096, 4096, 1, false, true, false},
+      {"gemv bf16", DType::BF16, 1024, 4096, 1, false, true, false},
+      {"gemv bf16", DType::BF16, 6144, 4096, 1, false, true, false},  // fused q/k/v
+      {"gemv bf16", DType::BF16, 14336, 4096, 1, false, true, false},
+      {"gemv bf16 silu", DType::BF16, 28672, 4096, 1, true, false, false},  // fused gate/up
+      {"gemv bf16", DType::BF16, 4096, 14336, 1, false, true, false},
+      {"gemv bf16", DType::BF16, 128256, 4096, 1, false, true, false},
+      {"gemv bf16", DType::BF16, 4096, 4096, 4, false, true, false},
+      {"gemv bf16", DType::BF16, 4096, 4096, 16, false, true, false},
+      {"gemv bf16", DType::BF16, 14336, 4096, 16, false, true, false},
+      {"gemv fp8/ch", DType::F8_E4M3, 4096, 4096, 1, false, false, true},
+      {"gemv fp8/ch", DType::F8_E4M3, 6144, 4096, 1, false, false, false},
+      {"gemv fp8/ch", DType::F8_E4M3, 14336, 4096, 1, false, false, true},
+      {"gemv fp8/ch silu", DType::F8_E4M3, 28672, 4096, 1, true, false, false},
+      {"gemv fp8/ch", DType::F8_E4M3, 4096, 14336, 1, false, false, true},
+      {"gemv fp8/ch", DType::F8_E4M3, 4096, 4096, 4, false, false, false},
+      {"gemv fp8/ch", DType::F8_E4M3, 4096, 4096, 16, false, false, false},
+      {"gemv int4 g128", DType::INT4, 4096, 4096, 1, false, false, true},
+      {"gemv int4 g128", DType::INT4, 6144, 4096, 1, false, false, false},
+      {"gemv int4 g128", DType::INT4, 14336, 4096, 1, false, false, true},
+      {"gemv int4 g128 silu", DType::INT4, 28672, 4096, 1, true, false, false},
+      {"gemv int4 g128", DType::INT4, 4096, 14336, 1, false, false, true},
+      {"gemv int4 g128", DType::INT4, 4096, 4096, 4, false, false, false},
+      {"gemv int4 g128", DType::INT4, 4096, 4096, 16, false, false, false},
+      {"gemv q8_0", DType::Q8_0, 14336, 4096, 1, false, false, false},
+      {"gemv q8_0", DType::Q8_0, 4096, 14336, 1, false, false, false},
+      {"gemv q4_k", DType::Q4_K, 14336, 4096, 1, false, false, false},
+      {"gemv q4_k", DType::Q4_K, 4096, 14336, 1, false, false, false},
   };
   uint64_t seed = 1000;
   uint64_t key = 0x6e70;
@@ -179,8 +193,21 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
     const std::string shape =
         fmt_shape("%lldx%lld", static_cast<long long>(c.n), static_cast<long long>(c.k)) +
         fmt_shape(" m%lld", static_cast<long long>(c.m));
-    const double s = measure(gpu, true);
-    row(c.name, shape, s, double(per_launch), false, copy_gbs);
+    const bool gemv = c.dtype != DType::BF16 || c.m == 1;
+    for (cuda::GemvKernel k : {cuda::GemvKernel::V1, cuda::GemvKernel::V2, cuda::GemvKernel::V3}) {
+      if (!cuda::gemv_kernel_reads(k, c.dtype) || (!gemv && k != cuda::GemvKernel::V1)) continue;
+      cuda::set_gemv_kernel(c.dtype, k);
+      for (int warps : {0, 4}) {
+        if (warps == 4 && (k != cuda::GemvKernel::V3 || !c.warps4)) continue;
+        cuda::set_gemv_v3_max_warps(warps);
+        const std::string name = std::string(c.name) +
+                                 (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") +
+                                 (warps ? " w4" : "");
+        row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
+      }
+      cuda::set_gemv_v3_max_warps(0);
+    }
+    cuda::set_gemv_kernel(c.dtype, cuda::GemvKernel::Default);
     if (c.cublas) {
       const double sc = measure(cub, false);
       row("  cublasLt bf16", shape, sc, double(per_launch), false, copy_gbs);
@@ -355,8 +382,14 @@ int run(bool quick, bool gemm_only) {
   const int reps = quick ? 5 : 20;
   std::printf("device: %s, %d SMs\n", gpu.name().c_str(), gpu.sm_count());
 
+  // INFERX_BENCH_ONLY=prefill: the ceilings and the prefill attention rows only; =gemv: the copy ceiling
+  // and the GEMV rows only (kernel A/B runs).
+  const char* only = std::getenv("INFERX_BENCH_ONLY");
+  const bool prefill_only = only != nullptr && std::strcmp(only, "prefill") == 0;
+  const bool gemv_only = only != nullptr && std::strcmp(only, "gemv") == 0;
+
   // Ceilings.
-  const double gemm_tflops = gemm_ceiling(b, reps);
+  const double gemm_tflops = gemv_only ? 0.0 : gemm_ceiling(b, reps);
   if (gemm_only) {  // --gemm: only the GEMM rows
     std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
     bench_gemm(b, gemm_tflops, reps);
@@ -386,6 +419,10 @@ int run(bool quick, bool gemm_only) {
   std::printf("ceiling: device copy %.0f GB/s (read + write)\n", copy_gbs);
 
   std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
+  if (gemv_only) {
+    bench_gemv(b, copy_gbs, quick);
+    return 0;
+  }
 
   // Decode attention, Llama-3-8B heads: bytes = K and V of every visible key, BF16.
   const int64_t hq = 32, hkv = 8, hd = 128, bs = 16;
@@ -393,9 +430,6 @@ int run(bool quick, bool gemm_only) {
     int64_t batch, context;
   };
   const DecodeShape decode_shapes[] = {{1, 1024}, {1, 8192}, {1, 32768}, {32, 1024}, {256, 1024}, {64, 4096}};
-  // INFERX_BENCH_ONLY=prefill: the ceilings and the prefill attention rows only (kernel A/B runs).
-  const char* only = std::getenv("INFERX_BENCH_ONLY");
-  const bool prefill_only = only != nullptr && std::strcmp(only, "prefill") == 0;
   for (const DecodeShape& ds : decode_shapes) {
     if (prefill_only) break;
     if (quick && ds.context > 8192) continue;

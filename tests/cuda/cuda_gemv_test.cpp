@@ -1,7 +1,10 @@
 // The decode GEMV (kernels_gemv.cu) through CudaBackend::matmul / matmul_split / matmul_silu_mul, for
-// every weight format it reads, against float64 references computed here from the dequantized weights
-// (quant/ on the host) and the BF16-rounded activations the kernel reads. Odd shapes: N not a multiple of
-// the 4 rows of a CTA, M = 1..16 (and 20: chunks of 16), K spanning several load batches, bias or not.
+// every weight format it reads and every kernel that reads it (v1, v2, v3: set_gemv_kernel), against
+// float64 references computed here from the dequantized weights (quant/ on the host) and the BF16-rounded
+// activations the kernel reads. Odd shapes: N not a multiple of the rows of a CTA, M = 1..16 (and 20:
+// chunks of 16), K spanning several load batches (and, for v3, uneven splits among warps), bias or not.
+// Host tests (no GPU): the v2 step decoders and the v3 chunk decoders against quant/, and a model of the
+// v3 kernel's operand layout against the float64 reference.
 // Model level: dummy:tiny with fused projections against the same model without (cuBLASLt), and GGUF
 // quantized dummies kept native on CUDA against the CPU backend.
 #include <gtest/gtest.h>
@@ -18,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels_gemv.h"
 #include "backend/cuda/kernels_gemv_decode.h"
 #include "backend/fused_linear.h"
 #include "core/error.h"
@@ -125,6 +129,25 @@ HostWeight make_weight(const Variant& v, int64_t n, int64_t k, uint32_t seed) {
   return h;
 }
 
+// out[r, c] = sum_i W[c, i] x[r, perm(i)] + bias[c] in float64, and sum |W x| for the tolerance.
+void float64_product(const HostWeight& h, const std::vector<float>& x, int64_t m,
+                     const std::vector<float>& bias, std::vector<double>& out, std::vector<double>& mag) {
+  out.assign(static_cast<size_t>(m * h.n), 0.0);
+  mag.assign(out.size(), 0.0);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < h.n; ++c) {
+      double acc = bias.empty() ? 0.0 : bias[size_t(c)], a = 0;
+      for (int64_t i = 0; i < h.k; ++i) {
+        const int64_t src = h.perm.empty() ? i : h.perm[size_t(i)];
+        const double p = double(h.deq[size_t(c * h.k + i)]) * x[size_t(r * h.k + src)];
+        acc += p;
+        a += std::fabs(p);
+      }
+      out[size_t(r * h.n + c)] = acc;
+      mag[size_t(r * h.n + c)] = a;
+    }
+}
+
 class CudaGemvTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -165,23 +188,9 @@ class CudaGemvTest : public ::testing::Test {
     return l;
   }
 
-  // out[r, c] = sum_i W[c, i] x[r, perm(i)] + bias[c] in float64, and sum |W x| for the tolerance.
   static void reference(const HostWeight& h, const std::vector<float>& x, int64_t m,
                         const std::vector<float>& bias, std::vector<double>& out, std::vector<double>& mag) {
-    out.assign(static_cast<size_t>(m * h.n), 0.0);
-    mag.assign(out.size(), 0.0);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < h.n; ++c) {
-        double acc = bias.empty() ? 0.0 : bias[size_t(c)], a = 0;
-        for (int64_t i = 0; i < h.k; ++i) {
-          const int64_t src = h.perm.empty() ? i : h.perm[size_t(i)];
-          const double p = double(h.deq[size_t(c * h.k + i)]) * x[size_t(r * h.k + src)];
-          acc += p;
-          a += std::fabs(p);
-        }
-        out[size_t(r * h.n + c)] = acc;
-        mag[size_t(r * h.n + c)] = a;
-      }
+    float64_product(h, x, m, bias, out, mag);
   }
 
   // fp32 accumulation in another order: |error| <= rel * sum |w x| (+ a small floor). Measured on the
@@ -213,7 +222,29 @@ const Variant kVariants[] = {
     {"int4 g128 sym perm", DType::INT4, 128, true, false, true},
     {"q8_0", DType::Q8_0},
     {"q4_k", DType::Q4_K},
+    {"int4 g32 asym", DType::INT4, 32, false},
+    {"int4 g64 sym", DType::INT4, 64, true},
+    {"int4 g128 sym", DType::INT4, 128, true},
 };
+
+using cuda::GemvKernel;
+
+// The kernels that read a format; a scope that runs products on one of them (set_gemv_kernel) and
+// restores the default choice when it ends.
+std::vector<GemvKernel> kernels_for(DType t) {
+  std::vector<GemvKernel> ks;
+  for (GemvKernel k : {GemvKernel::V1, GemvKernel::V2, GemvKernel::V3})
+    if (cuda::gemv_kernel_reads(k, t)) ks.push_back(k);
+  return ks;
+}
+struct KernelScope {
+  DType dtype;
+  KernelScope(DType t, GemvKernel k) : dtype(t) { cuda::set_gemv_kernel(t, k); }
+  ~KernelScope() { cuda::set_gemv_kernel(dtype, GemvKernel::Default); }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+};
+std::string kname(GemvKernel k) { return std::string(" [") + cuda::gemv_kernel_name(k) + "]"; }
 
 int64_t k_for(DType t, bool long_rows) {
   switch (t) {
@@ -230,35 +261,51 @@ int64_t k_for(DType t, bool long_rows) {
   }
 }
 
+// v3 takes rows of whole 4-chunk sets (K a multiple of 32 BF16 / 64 FP8 / 128 INT4; others fall back
+// to v1): 3 sets (one partial batch), or 66 sets (8 warps of 9 sets: batches of 4, 4, 1; the last warp 3).
+int64_t k_for(DType t, bool long_rows, GemvKernel kernel) {
+  if (kernel != GemvKernel::V3) return k_for(t, long_rows);
+  const int64_t set_cols = t == DType::BF16 ? 32 : t == DType::F8_E4M3 ? 64 : 128;
+  return set_cols * (long_rows ? 66 : 3);
+}
+
 TEST_F(CudaGemvTest, EveryFormatMatchesFloat64Reference) {
   uint32_t seed = 100;
   for (const Variant& v : kVariants) {
-    for (bool long_rows : {false, true}) {
-      const int64_t k = k_for(v.dtype, long_rows);
-      for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{133}}) {
-        if (long_rows && n != 37) continue;
-        const HostWeight h = make_weight(v, n, k, ++seed);
-        for (int64_t m : {1, 2, 3, 5, 8, 9, 16, 20}) {
-          if (long_rows && m != 1 && m != 16) continue;
-          for (bool with_bias : {false, true}) {
-            const std::string what = v.name + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                                     " m=" + std::to_string(m) + (with_bias ? " bias" : "");
+    for (GemvKernel kernel : kernels_for(v.dtype)) {
+      const KernelScope scope(v.dtype, kernel);
+      for (bool long_rows : {false, true}) {
+        const int64_t k = k_for(v.dtype, long_rows, kernel);
+        for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{133}}) {
+          if (long_rows && n != 37) continue;
+          const HostWeight h = make_weight(v, n, k, ++seed);
+          for (int64_t m : {1, 2, 3, 5, 8, 9, 16, 20}) {
+            if (long_rows && m != 1 && m != 5 && m != 16) continue;
             std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
             for (float& e : x) e = bf16_round(e);  // the kernel reads x in BF16
-            const std::vector<float> bias = with_bias ? randoms(size_t(n), ++seed) : std::vector<float>{};
-            const Linear l = linear(h, bias);
-            Tensor tx = f32({m, k}, x), out = f32({m, n}, std::vector<float>(size_t(m * n), NAN));
-            // Beyond 16 rows matmul may hand FP8 to the quantized GEMM (W8A8: other numerics); a
-            // one-output split keeps the GEMV (in chunks of 16 rows) for every format it reads.
-            Tensor* one[] = {&out};
-            if (m > 16)
-              gpu_->matmul_split(tx, l, one);
-            else
-              gpu_->matmul(tx, l, out);
-            std::vector<double> want, mag;
-            reference(h, x, m, bias, want, mag);
-            // BF16 with more than one row runs on cuBLASLt (tensor-core accumulation): a wider bound.
-            expect_matches(read(out), want, mag, what, v.dtype == DType::BF16 && m > 1 ? 2e-5 : 2e-6);
+            std::vector<double> want0, mag;
+            reference(h, x, m, {}, want0, mag);
+            for (bool with_bias : {false, true}) {
+              const std::string what = v.name + kname(kernel) + " n=" + std::to_string(n) +
+                                       " k=" + std::to_string(k) + " m=" + std::to_string(m) +
+                                       (with_bias ? " bias" : "");
+              const std::vector<float> bias = with_bias ? randoms(size_t(n), ++seed) : std::vector<float>{};
+              const Linear l = linear(h, bias);
+              Tensor tx = f32({m, k}, x), out = f32({m, n}, std::vector<float>(size_t(m * n), NAN));
+              // Beyond 16 rows matmul may hand FP8 to the quantized GEMM (W8A8: other numerics); a
+              // one-output split keeps the GEMV (in chunks of 16 rows) for every format it reads.
+              Tensor* one[] = {&out};
+              if (m > 16)
+                gpu_->matmul_split(tx, l, one);
+              else
+                gpu_->matmul(tx, l, out);
+              std::vector<double> want = want0;
+              if (with_bias)
+                for (int64_t r = 0; r < m; ++r)
+                  for (int64_t c = 0; c < n; ++c) want[size_t(r * n + c)] += bias[size_t(c)];
+              // BF16 with more than one row runs on cuBLASLt (tensor-core accumulation): a wider bound.
+              expect_matches(read(out), want, mag, what, v.dtype == DType::BF16 && m > 1 ? 2e-5 : 2e-6);
+            }
           }
         }
       }
@@ -267,143 +314,154 @@ TEST_F(CudaGemvTest, EveryFormatMatchesFloat64Reference) {
 }
 
 // Products of 8192 rows or more give each v2 warp two rows (kernels_gemv.cu v2_pairs): an odd row count
-// leaves the last warp one row, and split outputs cut between the two rows of a warp.
+// leaves the last warp one row, and split outputs cut between the two rows of a warp (and, for v3, the
+// 16 rows of a CTA). BF16 with one row takes the GEMV too.
 TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
   uint32_t seed = 700;
-  for (const Variant& v : {kVariants[2], kVariants[4], kVariants[5], kVariants[7], kVariants[8]}) {
-    const int64_t k = k_for(v.dtype, false), n = 8193;
-    const HostWeight h = make_weight(v, n, k, ++seed);
-    for (int64_t m : {1, 5}) {
-      const std::string what = v.name + " n=8193 m=" + std::to_string(m);
-      std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
-      for (float& e : x) e = bf16_round(e);
-      const std::vector<float> bias = randoms(size_t(n), ++seed);
-      const Linear l = linear(h, bias);
-      std::vector<double> want, mag;
-      reference(h, x, m, bias, want, mag);
-      Tensor tx = f32({m, k}, x), out = f32({m, n}, std::vector<float>(size_t(m * n), NAN));
-      gpu_->matmul(tx, l, out);
-      expect_matches(read(out), want, mag, what);
-      // Three outputs of 4097, 2047 and 2049 rows: boundaries inside a warp's pair of rows.
-      const int64_t parts[3] = {4097, 2047, 2049};
-      Tensor outs[3];
-      for (int i = 0; i < 3; ++i) outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
-      Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
-      gpu_->matmul_split(tx, l, ptrs);
-      std::vector<float> joined(size_t(m * n));
-      int64_t begin = 0;
-      for (int i = 0; i < 3; ++i) {
-        const std::vector<float> part = read(outs[i]);
-        for (int64_t r = 0; r < m; ++r)
-          for (int64_t c = 0; c < parts[i]; ++c)
-            joined[size_t(r * n + begin + c)] = part[size_t(r * parts[i] + c)];
-        begin += parts[i];
+  for (const Variant& v :
+       {kVariants[0], kVariants[2], kVariants[4], kVariants[5], kVariants[7], kVariants[8]})
+    for (GemvKernel kernel : kernels_for(v.dtype)) {
+      const KernelScope scope(v.dtype, kernel);
+      const int64_t k = k_for(v.dtype, false, kernel), n = 8193;
+      const HostWeight h = make_weight(v, n, k, ++seed);
+      for (int64_t m : {1, 5}) {
+        const std::string what = v.name + kname(kernel) + " n=8193 m=" + std::to_string(m);
+        std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
+        for (float& e : x) e = bf16_round(e);
+        const std::vector<float> bias = randoms(size_t(n), ++seed);
+        const Linear l = linear(h, bias);
+        std::vector<double> want, mag;
+        reference(h, x, m, bias, want, mag);
+        Tensor tx = f32({m, k}, x), out = f32({m, n}, std::vector<float>(size_t(m * n), NAN));
+        gpu_->matmul(tx, l, out);
+        expect_matches(read(out), want, mag, what);
+        // Three outputs of 4097, 2047 and 2049 rows: boundaries inside a warp's pair of rows.
+        const int64_t parts[3] = {4097, 2047, 2049};
+        Tensor outs[3];
+        for (int i = 0; i < 3; ++i)
+          outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
+        Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
+        gpu_->matmul_split(tx, l, ptrs);
+        std::vector<float> joined(size_t(m * n));
+        int64_t begin = 0;
+        for (int i = 0; i < 3; ++i) {
+          const std::vector<float> part = read(outs[i]);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t c = 0; c < parts[i]; ++c)
+              joined[size_t(r * n + begin + c)] = part[size_t(r * parts[i] + c)];
+          begin += parts[i];
+        }
+        expect_matches(joined, want, mag, what + " split");
       }
-      expect_matches(joined, want, mag, what + " split");
     }
-  }
 }
 
 TEST_F(CudaGemvTest, SplitOutputsEqualSeparateProducts) {
   uint32_t seed = 500;
-  for (const Variant& v : {kVariants[0], kVariants[2], kVariants[5], kVariants[8]}) {
-    const int64_t k = k_for(v.dtype, false);
-    const int64_t parts[3] = {64, 37, 11};
-    const HostWeight h = make_weight(v, parts[0] + parts[1] + parts[2], k, ++seed);
-    for (int64_t m : {1, 4, 16}) {
-      SCOPED_TRACE(v.name + " m=" + std::to_string(m));
-      std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
-      const Linear l = linear(h, randoms(size_t(h.n), ++seed));
-      Tensor tx = f32({m, k}, x);
-      Tensor outs[3], sep[3];
-      for (int i = 0; i < 3; ++i) {
-        outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
-        sep[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
-      }
-      Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
-      gpu_->matmul_split(tx, l, ptrs);
-      int64_t begin = 0;
-      for (int i = 0; i < 3; ++i) {
-        gpu_->matmul(tx, linear_rows(l, begin, parts[i]), sep[i]);
-        begin += parts[i];
-      }
-      for (int i = 0; i < 3; ++i) EXPECT_EQ(read(outs[i]), read(sep[i])) << "part " << i;
-      // And the parts against the reference (row ranges of the stacked weight).
-      std::vector<double> want, mag;
-      std::vector<float> xr = x;
-      for (float& e : xr) e = bf16_round(e);
-      reference(h, xr, m, {}, want, mag);
-      std::vector<float> got0 = read(outs[1]);
-      const std::vector<float> bias = [&] {
-        std::vector<float> b(size_t(h.n));
-        gpu_->copy_to_host(b.data(), l.bias.data, b.size() * 4);
-        return b;
-      }();
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < parts[1]; ++c) {
-          const size_t at = size_t(r * h.n + parts[0] + c);
-          EXPECT_NEAR(got0[size_t(r * parts[1] + c)], want[at] + bias[size_t(parts[0] + c)],
-                      (v.dtype == DType::BF16 && m > 1 ? 2e-5 : 2e-6) * mag[at] + 1e-6);
+  for (const Variant& v : {kVariants[0], kVariants[2], kVariants[5], kVariants[8], kVariants[9]})
+    for (GemvKernel kernel : kernels_for(v.dtype)) {
+      const KernelScope scope(v.dtype, kernel);
+      const int64_t k = k_for(v.dtype, false, kernel);
+      const int64_t parts[3] = {64, 37, 11};
+      const HostWeight h = make_weight(v, parts[0] + parts[1] + parts[2], k, ++seed);
+      for (int64_t m : {1, 4, 16}) {
+        SCOPED_TRACE(v.name + kname(kernel) + " m=" + std::to_string(m));
+        std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
+        const Linear l = linear(h, randoms(size_t(h.n), ++seed));
+        Tensor tx = f32({m, k}, x);
+        Tensor outs[3], sep[3];
+        for (int i = 0; i < 3; ++i) {
+          outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
+          sep[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
         }
+        Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
+        gpu_->matmul_split(tx, l, ptrs);
+        int64_t begin = 0;
+        for (int i = 0; i < 3; ++i) {
+          gpu_->matmul(tx, linear_rows(l, begin, parts[i]), sep[i]);
+          begin += parts[i];
+        }
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(read(outs[i]), read(sep[i])) << "part " << i;
+        // And the parts against the reference (row ranges of the stacked weight).
+        std::vector<double> want, mag;
+        std::vector<float> xr = x;
+        for (float& e : xr) e = bf16_round(e);
+        reference(h, xr, m, {}, want, mag);
+        std::vector<float> got0 = read(outs[1]);
+        const std::vector<float> bias = [&] {
+          std::vector<float> b(size_t(h.n));
+          gpu_->copy_to_host(b.data(), l.bias.data, b.size() * 4);
+          return b;
+        }();
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < parts[1]; ++c) {
+            const size_t at = size_t(r * h.n + parts[0] + c);
+            EXPECT_NEAR(got0[size_t(r * parts[1] + c)], want[at] + bias[size_t(parts[0] + c)],
+                        (v.dtype == DType::BF16 && m > 1 ? 2e-5 : 2e-6) * mag[at] + 1e-6);
+          }
+      }
     }
-  }
 }
 
 TEST_F(CudaGemvTest, SiluProductMatchesReferenceAndFeedsTheNextProduct) {
   uint32_t seed = 900;
-  for (const Variant& v : {kVariants[0], kVariants[1], kVariants[4], kVariants[7], kVariants[8]}) {
-    for (int64_t f : {int64_t{37}, int64_t{130}, int64_t{64}}) {  // 64: the 16-byte path of the stacked SiLU
-      const int64_t k = k_for(v.dtype, false);
-      const HostWeight h = make_weight(v, 2 * f, k, ++seed);
-      for (int64_t m : {1, 3, 16, 20}) {
-        for (bool with_bias : {false, true}) {
-          const std::string what =
-              v.name + " f=" + std::to_string(f) + " m=" + std::to_string(m) + (with_bias ? " bias" : "");
-          std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
-          for (float& e : x) e = bf16_round(e);
-          const std::vector<float> bias = with_bias ? randoms(size_t(2 * f), ++seed) : std::vector<float>{};
-          const Linear l = linear(h, bias);
-          Tensor tx = f32({m, k}, x), act = f32({m, f}, std::vector<float>(size_t(m * f), NAN));
-          Tensor gate = f32({m, f}, std::vector<float>(size_t(m * f))),
-                 up = f32({m, f}, std::vector<float>(size_t(m * f)));
-          gpu_->matmul_silu_mul(tx, l, gate, up, act);
-          std::vector<double> gu, mag;
-          reference(h, x, m, bias, gu, mag);
-          std::vector<double> want(size_t(m * f)), tol(size_t(m * f));
-          for (int64_t r = 0; r < m; ++r)
-            for (int64_t j = 0; j < f; ++j) {
-              const double g = gu[size_t(r * 2 * f + j)], u = gu[size_t(r * 2 * f + f + j)];
-              const double s = g / (1 + std::exp(-g));
-              want[size_t(r * f + j)] = s * u;
-              // silu' <= 1.1: the errors of g and u carry over scaled by |u| and |silu(g)|.
-              tol[size_t(r * f + j)] = (2e-6 * mag[size_t(r * 2 * f + j)] + 1e-6) * 1.1 * std::fabs(u) +
-                                       (2e-6 * mag[size_t(r * 2 * f + f + j)] + 1e-6) * std::fabs(s) +
-                                       1e-6 * std::fabs(s * u);
-              // BF16 weights, several rows, no bias: one GEMM writes g and u in BF16 (CudaBackend::
-              // stacked_silu_mul), each rounded by at most 2^-9 relative before the SiLU product.
-              if (v.dtype == DType::BF16 && m > 1 && !with_bias)
-                tol[size_t(r * f + j)] += 0x1p-8 * (1.1 * std::fabs(g) + std::fabs(s)) * std::fabs(u);
-            }
-          const std::vector<float> got = read(act);
-          for (size_t i = 0; i < got.size(); ++i)
-            if (!(std::fabs(got[i] - want[i]) <= tol[i])) {
-              ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << want[i];
-              break;
-            }
-          // The next product reads act through its BF16 copy (swapped in by matmul_silu_mul): it must be
-          // act's values, not the input's copy or a stale one.
-          const HostWeight down = make_weight(kVariants[0], 5, f, ++seed);
-          Tensor out = f32({m, 5}, std::vector<float>(size_t(m * 5), NAN));
-          gpu_->matmul(act, linear(down, {}), out);
-          std::vector<float> actr = got;
-          for (float& e : actr) e = bf16_round(e);
-          std::vector<double> dw, dmag;
-          reference(down, actr, m, {}, dw, dmag);
-          expect_matches(read(out), dw, dmag, what + " (next product)", m > 1 ? 2e-5 : 2e-6);
+  for (const Variant& v :
+       {kVariants[0], kVariants[1], kVariants[4], kVariants[7], kVariants[8], kVariants[9], kVariants[11]})
+    for (GemvKernel kernel : kernels_for(v.dtype)) {
+      const KernelScope scope(v.dtype, kernel);
+      // 64: the 16-byte path of the stacked SiLU
+      for (int64_t f : {int64_t{37}, int64_t{130}, int64_t{64}}) {
+        const int64_t k = k_for(v.dtype, false, kernel);
+        const HostWeight h = make_weight(v, 2 * f, k, ++seed);
+        for (int64_t m : {1, 3, 16, 20}) {
+          for (bool with_bias : {false, true}) {
+            const std::string what = v.name + kname(kernel) + " f=" + std::to_string(f) +
+                                     " m=" + std::to_string(m) + (with_bias ? " bias" : "");
+            std::vector<float> x = randoms(static_cast<size_t>(m * k), ++seed);
+            for (float& e : x) e = bf16_round(e);
+            const std::vector<float> bias = with_bias ? randoms(size_t(2 * f), ++seed) : std::vector<float>{};
+            const Linear l = linear(h, bias);
+            Tensor tx = f32({m, k}, x), act = f32({m, f}, std::vector<float>(size_t(m * f), NAN));
+            Tensor gate = f32({m, f}, std::vector<float>(size_t(m * f))),
+                   up = f32({m, f}, std::vector<float>(size_t(m * f)));
+            gpu_->matmul_silu_mul(tx, l, gate, up, act);
+            std::vector<double> gu, mag;
+            reference(h, x, m, bias, gu, mag);
+            std::vector<double> want(size_t(m * f)), tol(size_t(m * f));
+            for (int64_t r = 0; r < m; ++r)
+              for (int64_t j = 0; j < f; ++j) {
+                const double g = gu[size_t(r * 2 * f + j)], u = gu[size_t(r * 2 * f + f + j)];
+                const double s = g / (1 + std::exp(-g));
+                want[size_t(r * f + j)] = s * u;
+                // silu' <= 1.1: the errors of g and u carry over scaled by |u| and |silu(g)|.
+                tol[size_t(r * f + j)] = (2e-6 * mag[size_t(r * 2 * f + j)] + 1e-6) * 1.1 * std::fabs(u) +
+                                         (2e-6 * mag[size_t(r * 2 * f + f + j)] + 1e-6) * std::fabs(s) +
+                                         1e-6 * std::fabs(s * u);
+                // BF16 weights, several rows, no bias: one GEMM writes g and u in BF16 (CudaBackend::
+                // stacked_silu_mul), each rounded by at most 2^-9 relative before the SiLU product.
+                if (v.dtype == DType::BF16 && m > 1 && !with_bias)
+                  tol[size_t(r * f + j)] += 0x1p-8 * (1.1 * std::fabs(g) + std::fabs(s)) * std::fabs(u);
+              }
+            const std::vector<float> got = read(act);
+            for (size_t i = 0; i < got.size(); ++i)
+              if (!(std::fabs(got[i] - want[i]) <= tol[i])) {
+                ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << want[i];
+                break;
+              }
+            // The next product reads act through its BF16 copy (swapped in by matmul_silu_mul): it must be
+            // act's values, not the input's copy or a stale one.
+            const HostWeight down = make_weight(kVariants[0], 5, f, ++seed);
+            Tensor out = f32({m, 5}, std::vector<float>(size_t(m * 5), NAN));
+            gpu_->matmul(act, linear(down, {}), out);
+            std::vector<float> actr = got;
+            for (float& e : actr) e = bf16_round(e);
+            std::vector<double> dw, dmag;
+            reference(down, actr, m, {}, dw, dmag);
+            expect_matches(read(out), dw, dmag, what + " (next product)", m > 1 ? 2e-5 : 2e-6);
+          }
         }
       }
     }
-  }
 }
 
 TEST_F(CudaGemvTest, FormatsWithoutKernelsAreRefused) {
@@ -526,6 +584,199 @@ TEST(GemvStepDecoders, MatchQuantDequantizers) {
         for (int e = 0; e < 8; ++e)
           ASSERT_NEAR(scale * out[e] - min, deq[size_t(8 * s + e)], 1e-6 * std::fabs(deq[size_t(8 * s + e)]))
               << "q4_k " << r << " " << s << " " << e;
+      }
+    }
+  }
+}
+
+// The v3 chunk decoders (kernels_gemv_decode.h): fragment j of a chunk holds the exact BF16 of columns
+// 4p..4p+3 (p = piece(j)) of the chunk, as quant/ dequantizes them before the scale: the value (BF16),
+// the E4M3 code's value, or INT4 code - zero point.
+float bf16_half(uint32_t word, int half) {
+  return cuda::gemv::bf16_bits_float((word >> (16 * half)) & 0xffffu);
+}
+
+// zz(c): the zero-point pair of chunk c (INT4); deq(i): the expected value of column i.
+template <class Tc, class Zz, class Deq>
+void expect_pieces(const uint8_t* row, int64_t k, Zz zz, Deq deq, const std::string& what) {
+  for (int64_t c = 0; c < k / Tc::kCols; ++c) {
+    uint32_t v[4];
+    std::memcpy(v, row + 16 * c, 16);
+    uint32_t frag[Tc::kMmas][2];
+    Tc::decode(v, zz(c), frag);
+    for (int j = 0; j < Tc::kMmas; ++j)
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = c * Tc::kCols + 4 * Tc::piece(j) + e;
+        ASSERT_EQ(bf16_half(frag[j][e / 2], e % 2), deq(col)) << what << " chunk " << c << " j " << j;
+      }
+  }
+}
+
+TEST(GemvTensorCoreDecoders, PiecesMatchQuantDequantizers) {
+  namespace g = cuda::gemv;
+  const int64_t n = 3, k = 1024;
+  std::vector<float> w = randoms(size_t(n * k), 11, -3.0f, 3.0f);
+  // Zeros of both signs and E4M3's subnormals once scaled (per channel: the row's max becomes 448).
+  w[5] = 0.0f;
+  w[6] = -0.0f;
+  w[7] = 3.0f * 0x1p-9f / 448.0f;
+  w[8] = -3.0f * 0x1p-8f / 448.0f;
+  std::vector<float> deq(static_cast<size_t>(k));
+  auto deq_at = [&](int64_t i) { return deq[size_t(i)]; };
+  auto no_zero = [](int64_t) { return 0u; };
+  {  // BF16
+    std::vector<uint8_t> bytes(size_t(k) * 2);
+    for (int64_t i = 0; i < k; ++i) {
+      const uint16_t b = f32_to_bf16(w[size_t(i)]);
+      std::memcpy(bytes.data() + 2 * i, &b, 2);
+      deq[size_t(i)] = bf16_to_f32(b);
+    }
+    expect_pieces<g::TcBf16>(bytes.data(), k, no_zero, deq_at, "bf16");
+  }
+  {  // FP8: the code's value (the per-channel scale multiplies the F32 sum)
+    const Fp8Weight q = quantize_fp8_weight(w.data(), n, k, Fp8Granularity::PerChannel);
+    for (int64_t r = 0; r < n; ++r) {
+      dequantize_fp8_row(q.codes.data() + r * k, 1.0f, deq.data(), k);
+      expect_pieces<g::TcFp8>(q.codes.data() + r * k, k, no_zero, deq_at, "fp8 row " + std::to_string(r));
+    }
+    for (uint32_t c = 0; c < 256; ++c) {  // every code (NaN codes 0x7f / 0xff excepted)
+      if ((c & 0x7f) == 0x7f) continue;
+      uint32_t lo = 0, hi = 0;
+      g::e4m3x4_bf16x4(c * 0x01010101u, lo, hi);
+      const uint8_t code = static_cast<uint8_t>(c);
+      float want = 0;
+      dequantize_fp8_row(&code, 1.0f, &want, 1);
+      for (int e = 0; e < 2; ++e) {
+        ASSERT_EQ(bf16_half(lo, e), want) << "code " << c;
+        ASSERT_EQ(bf16_half(hi, e), want) << "code " << c;
+      }
+    }
+  }
+  for (int64_t group : {32, 64, 128})
+    for (bool symmetric : {true, false}) {
+      const Int4Weight q = quantize_int4_weight(w.data(), n, k, group, symmetric);
+      const int64_t groups = k / group;
+      std::vector<uint8_t> codes(static_cast<size_t>(k));
+      for (int64_t r = 0; r < n; ++r) {
+        auto zero = [&](int64_t i) {
+          return symmetric ? 8u : uint32_t{q.zero[size_t(r * groups + i / group)]};
+        };
+        unpack_int4_row(q.codes.data() + r * k / 2, codes.data(), k);
+        for (int64_t i = 0; i < k; ++i) deq[size_t(i)] = float(codes[size_t(i)]) - float(zero(i));
+        expect_pieces<g::TcInt4>(
+            q.codes.data() + r * k / 2, k, [&](int64_t c) { return g::int4_zero_pair(zero(c * 32)); }, deq_at,
+            "int4 g" + std::to_string(group) + (symmetric ? " sym" : " asym") + " row " + std::to_string(r));
+      }
+    }
+}
+
+// A host model of the v3 kernel's operands (kernels_gemv.cu gemv_tc_kernel, kernels_gemv_decode.h): per
+// CTA of 16 rows and per 4-chunk set, lane (g, t) puts the fragments of chunk 4c + t of rows g and
+// g + 8 into the A operand (PTX m16n8k16 layout: a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g,
+// 2t+8..), a3 = (g + 8, 2t+8..)), and x into B column n = 8 nt + g (b0 = (2t..2t+1, n), b1 = (2t+8..,
+// n)): activation row n / S where lane t's subset is n % S, zeros elsewhere; each set's product times
+// the group scale of (row, subset n % S). Splitting sets among warps only reorders the sum, so the model
+// walks them in order. Checked against the float64 reference for every M bucket and subset count.
+std::vector<double> model_v3(DType dtype, const std::vector<uint8_t>& bytes, int64_t n, int64_t k,
+                             const std::vector<uint16_t>& scale, const std::vector<uint8_t>& zero,
+                             int64_t group, const std::vector<float>& x, int64_t m) {
+  namespace g = cuda::gemv;
+  const int kcols = dtype == DType::BF16 ? 8 : dtype == DType::F8_E4M3 ? 16 : 32;
+  const int mmas = kcols / 4, subsets = dtype == DType::INT4 ? int(128 / group) : 1;
+  const int64_t rb = row_bytes(dtype, k), chunks = rb / 16, sets = chunks / 4, groups = group ? k / group : 0;
+  const int mr = m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16, nt_count = mr * subsets > 8 ? 2 : 1;
+  auto frags = [&](int64_t row, int64_t chunk, uint32_t(&f)[8][2]) {
+    uint32_t v[4];
+    std::memcpy(v, bytes.data() + row * rb + 16 * chunk, 16);
+    if (dtype == DType::BF16) {
+      uint32_t t[2][2];
+      g::TcBf16::decode(v, 0, t);
+      std::memcpy(f, t, sizeof t);
+    } else if (dtype == DType::F8_E4M3) {
+      uint32_t t[4][2];
+      g::TcFp8::decode(v, 0, t);
+      std::memcpy(f, t, sizeof t);
+    } else {
+      const uint32_t z = zero.empty() ? 8u : zero[size_t(row * groups + chunk * 32 / group)];
+      g::TcInt4::decode(v, g::int4_zero_pair(z), f);
+    }
+  };
+  auto piece = [&](int j) { return dtype == DType::INT4 ? g::TcInt4::piece(j) : j; };
+  std::vector<double> out(size_t(m * n), 0.0);
+  for (int64_t tile = 0; tile < n; tile += 16) {
+    double acc[16][16] = {};
+    for (int64_t c = 0; c < sets; ++c)
+      for (int nt = 0; nt < nt_count; ++nt) {
+        double cc[16][8] = {};
+        uint32_t f[2][4][8][2];  // [row half][lane t][mma][register], per lane g below
+        for (int j = 0; j < mmas; ++j) {
+          double a[16][16] = {}, b[16][8] = {};
+          for (int lane = 0; lane < 32; ++lane) {
+            const int gi = lane / 4, t = lane % 4;
+            for (int h = 0; h < 2; ++h) {
+              const int64_t row = std::min(tile + gi + 8 * h, n - 1);
+              frags(row, 4 * c + t, f[h][t]);
+              const uint32_t r0 = f[h][t][j][0], r1 = f[h][t][j][1];
+              a[gi + 8 * h][2 * t] = bf16_half(r0, 0);
+              a[gi + 8 * h][2 * t + 1] = bf16_half(r0, 1);
+              a[gi + 8 * h][2 * t + 8] = bf16_half(r1, 0);
+              a[gi + 8 * h][2 * t + 9] = bf16_half(r1, 1);
+            }
+            const int col = 8 * nt + gi;
+            const bool on = subsets == 1 || (col % subsets == g::tc_subset(t, subsets) && col / subsets < m);
+            const int64_t xrow = std::min<int64_t>(col / subsets, m - 1);
+            const int64_t x0 = (4 * c + t) * kcols + 4 * piece(j);
+            for (int e = 0; e < 4; ++e)
+              b[2 * t + (e / 2) * 8 + e % 2][gi] = on ? x[size_t(xrow * k + x0 + e)] : 0.0;
+          }
+          for (int r = 0; r < 16; ++r)
+            for (int col = 0; col < 8; ++col)
+              for (int kk = 0; kk < 16; ++kk) cc[r][col] += a[r][kk] * b[kk][col];
+        }
+        for (int r = 0; r < 16; ++r)
+          for (int col = 0; col < 8; ++col) {
+            const int bc = 8 * nt + col;
+            double s = 1;
+            if (dtype == DType::INT4) {
+              const int64_t row = std::min(tile + r, n - 1);
+              s = f16_to_f32(scale[size_t(row * groups + c * subsets + bc % subsets)]);
+            }
+            acc[r][bc] += cc[r][col] * s;
+          }
+      }
+    for (int64_t i = 0; i < m; ++i)
+      for (int r = 0; r < 16 && tile + r < n; ++r) {
+        double v = 0;
+        for (int sub = 0; sub < subsets; ++sub) v += acc[r][i * subsets + sub];
+        out[size_t(i * n + tile + r)] = v;
+      }
+  }
+  return out;
+}
+
+TEST(GemvTensorCoreDecoders, OperandModelMatchesFloat64Reference) {
+  uint32_t seed = 40;
+  const Variant variants[] = {{"bf16", DType::BF16},
+                              {"fp8", DType::F8_E4M3, 0, true, true},
+                              {"int4 g32 asym", DType::INT4, 32, false},
+                              {"int4 g64 sym", DType::INT4, 64, true},
+                              {"int4 g128 asym", DType::INT4, 128, false}};
+  for (const Variant& v : variants) {
+    const int64_t k = v.dtype == DType::BF16 ? 64 : v.dtype == DType::F8_E4M3 ? 128 : 256, n = 19;
+    const HostWeight h = make_weight(v, n, k, ++seed);
+    const int subsets = v.dtype == DType::INT4 ? int(128 / v.group) : 1;
+    for (int64_t m : {1, 2, 5, 9, 16}) {
+      if ((m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16) * subsets > 16) continue;  // v1's
+      std::vector<float> x = randoms(size_t(m * k), ++seed);
+      for (float& e : x) e = bf16_round(e);
+      std::vector<double> want, mag;
+      float64_product(h, x, m, {}, want, mag);
+      std::vector<double> got = model_v3(v.dtype, h.bytes, n, k, h.int4_scale, h.int4_zero, h.group, x, m);
+      for (size_t i = 0; i < got.size(); ++i) {
+        const size_t row = i % size_t(n);
+        const double s = v.dtype == DType::F8_E4M3 ? h.fp8_scale[h.fp8_scale.size() == 1 ? 0 : row] : 1.0;
+        // (the reference rounds each dequantized weight to F32: 2^-24 relative)
+        ASSERT_NEAR(got[i] * s, want[i], 1e-7 * mag[i] + 1e-12) << v.name << " m=" << m << " element " << i;
       }
     }
   }

@@ -6,9 +6,11 @@
 //   BF16;  F8_E4M3 with a per-tensor or per-channel F32 scale;  INT4 (quant/int4.h: 32-column runs of 16
 //   bytes, F16 group scales, optional U8 zero points, group 32/64/128);  GGUF Q8_0 and Q4_K blocks
 //   (quant/gguf_block_layouts.h), read as stored.
-// FP8, INT4, Q8_0 and Q4_K run on the v2 kernel (8 columns per lane and step, kernels_gemv_decode.h);
-// INFERX_GEMV_V1=1 (or a list such as "int4,q4_k") puts them back on v1; v2 gives a warp two rows from
-// INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never). Both read once per process.
+// Three kernels (kernels_gemv.cu): v1 (one 16-byte granule per lane and load, per-element conversions; all
+// formats), v2 (8 columns per lane and step, kernels_gemv_decode.h; FP8, INT4, Q8_0, Q4_K) and v3 (the
+// dot products on tensor cores, weights decoded to BF16; BF16, FP8, INT4). Each format runs on the
+// fastest measured one unless set_gemv_kernel or INFERX_GEMV_KERNEL (read once: "v1", "int4=v2,fp8=v1",
+// ...) says otherwise; v2 gives a warp two rows from INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never).
 // Rows of x beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each).
 // Pointers are device pointers; x is [m, k] contiguous BF16 (launch_gemv_prepare_x makes it from F32, and
 // applies an INT4 input permutation).
@@ -41,6 +43,17 @@ struct GemvOutput {
   int64_t ld = 0;
   int64_t count = 0;
 };
+
+// The kernel generation that runs a format's products; Default: the measured choice (or the environment's).
+enum class GemvKernel : uint8_t { Default, V1, V2, V3 };
+bool gemv_kernel_reads(GemvKernel kernel, DType dtype);
+const char* gemv_kernel_name(GemvKernel kernel);
+// Process-wide override for one format (tests and benchmarks compare kernels in one process); Default
+// restores the normal choice; a kernel that does not read the format is ignored. Takes effect at the next
+// launch (a captured CUDA graph keeps the kernel it was captured with).
+void set_gemv_kernel(DType dtype, GemvKernel kernel);
+// v3's largest CTA, in warps splitting K (1..8; 0: INFERX_GEMV_V3_WARPS, default 8).
+void set_gemv_v3_max_warps(int warps);
 
 // Whether the kernels take this format with k input columns (and, INT4, group size); the caller also
 // checks alignment with gemv_aligned.

@@ -7,6 +7,7 @@
 // below gives the byte offset of step s's weight bytes in a row and turns them into 8 exact floats
 // without integer-to-float conversions: a byte v < 2^23 or'ed into the bits of 2^23 (0x4B000000) is the
 // float 2^23 + v, and subtracting 2^23 + z leaves v - z exactly.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -135,5 +136,133 @@ INFERX_GEMV_HD void q4_k_scale_min(uint32_t h0, uint32_t h1, uint32_t h2, uint32
 INFERX_GEMV_HD void q4_k_x8(uint32_t lo, uint32_t hi, uint32_t shift, float* out) {
   int4x8(lo, hi, shift, kMagic, out);
 }
+
+// ---- v3 (tensor cores, kernels_gemv.cu): a lane's 16-byte chunk of a weight row becomes its part of the
+// A operand of mma.m16n8k16 (BF16 in, F32 accumulate) as exact BF16 values: BF16 itself, E4M3 codes,
+// INT4 codes minus their zero point (the INT4 group scale multiplies the F32 product instead). Product j
+// of a chunk covers its 4-column piece piece(j): frag[j][0] holds columns 4p, 4p + 1 (k-slots 2t, 2t + 1
+// of lane t) and frag[j][1] columns 4p + 2, 4p + 3 (k-slots 2t + 8, 2t + 9); x's B fragment takes the
+// same columns in their natural order (two 32-bit words of x), so K is permuted alike on both sides.
+
+// BF16 pair arithmetic (round to nearest; every use below is exact). The host versions run the tests.
+INFERX_GEMV_HD float bf16_bits_float(uint32_t b) { return bits_float(b << 16); }
+INFERX_GEMV_HD uint32_t float_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even (no NaN here)
+}
+INFERX_GEMV_HD uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  __nv_bfloat162 x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  const __nv_bfloat162 r = __hmul2(x, y);
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  return u;
+#else
+  return float_bf16_bits(bf16_bits_float(a & 0xffffu) * bf16_bits_float(b & 0xffffu)) |
+         float_bf16_bits(bf16_bits_float(a >> 16) * bf16_bits_float(b >> 16)) << 16;
+#endif
+}
+INFERX_GEMV_HD uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  __nv_bfloat162 x, y;
+  std::memcpy(&x, &a, 4);
+  std::memcpy(&y, &b, 4);
+  const __nv_bfloat162 r = __hsub2(x, y);
+  uint32_t u;
+  std::memcpy(&u, &r, 4);
+  return u;
+#else
+  return float_bf16_bits(bf16_bits_float(a & 0xffffu) - bf16_bits_float(b & 0xffffu)) |
+         float_bf16_bits(bf16_bits_float(a >> 16) - bf16_bits_float(b >> 16)) << 16;
+#endif
+}
+
+// E4M3 -> BF16, exact. E4M3 -> F16 is one cvt for two codes; an F16 whose low 7 mantissa bits are zero
+// (every E4M3 value) shifted right by 3, its sign left in place, is the BF16 of value * 2^-112, a normal
+// number (E4M3's smallest, 2^-9, is an F16 normal), so one BF16 multiply by 2^112 (0x7780) restores it
+// exactly; zeros stay zeros.
+INFERX_GEMV_HD uint32_t f16x2_e4m3_bf16x2(uint32_t h) {
+  return bf16x2_mul(((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u), 0x77807780u);
+}
+// Codes 0, 1 of v (bytes 0 and 1) to lo, codes 2, 3 to hi, as BF16 pairs (low half first).
+INFERX_GEMV_HD void e4m3x4_bf16x4(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  uint32_t h0, h1;
+#if defined(__CUDA_ARCH__)
+  asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;}"
+      : "=r"(h0), "=r"(h1)
+      : "r"(v));
+#else
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
+  h0 = static_cast<uint32_t>(a.x) | static_cast<uint32_t>(a.y) << 16;
+  h1 = static_cast<uint32_t>(b.x) | static_cast<uint32_t>(b.y) << 16;
+#endif
+  lo = f16x2_e4m3_bf16x2(h0);
+  hi = f16x2_e4m3_bf16x2(h1);
+}
+
+// (a & m) | c in one LOP3 (the compiler, given two immediates, emits two).
+INFERX_GEMV_HD uint32_t and_or(uint32_t a, uint32_t m, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(a), "r"(m), "r"(c));  // 0xea: (a & b) | c
+  return r;
+#else
+  return (a & m) | c;
+#endif
+}
+
+// The BF16 pair 128 + z (z < 128): subtracted from 128 + code it leaves code - z exactly.
+INFERX_GEMV_HD uint32_t int4_zero_pair(uint32_t z) { return (0x4300u + z) * 0x10001u; }
+
+// Word q of an INT4 run (bytes 4w..4w+3: columns 4w..4w+3 in the low nibbles, 16 + 4w.. in the high ones)
+// as BF16 pairs code - z: lo = columns (4w, 4w+1), (4w+2, 4w+3); hi = the same 16 columns on. A byte
+// permute puts two code bytes under 0x43 (the BF16 exponent of 128, whose last bit is 1 code), a mask
+// keeps the low nibbles (128 + code), a shift by 4 brings the high ones down.
+INFERX_GEMV_HD void int4_word_bf16(uint32_t q, uint32_t zz, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+  const uint32_t t01 = byte_perm(q, 0x43u, 0x4140u), t23 = byte_perm(q, 0x43u, 0x4342u);
+  lo[0] = bf16x2_sub(t01 & 0xff0fff0fu, zz);
+  lo[1] = bf16x2_sub(t23 & 0xff0fff0fu, zz);
+  hi[0] = bf16x2_sub(and_or(t01 >> 4, 0x000f000fu, 0x43004300u), zz);
+  hi[1] = bf16x2_sub(and_or(t23 >> 4, 0x000f000fu, 0x43004300u), zz);
+}
+
+// The fragments of a chunk (words v[0..3]) and the piece each covers.
+struct TcBf16 {
+  static constexpr int kCols = 8, kMmas = 2;
+  static constexpr int piece(int j) { return j; }
+  INFERX_GEMV_HD static void decode(const uint32_t (&v)[4], uint32_t, uint32_t (&b)[kMmas][2]) {
+    for (int j = 0; j < kMmas; ++j) {
+      b[j][0] = v[2 * j];
+      b[j][1] = v[2 * j + 1];
+    }
+  }
+};
+struct TcFp8 {
+  static constexpr int kCols = 16, kMmas = 4;
+  static constexpr int piece(int j) { return j; }
+  INFERX_GEMV_HD static void decode(const uint32_t (&v)[4], uint32_t, uint32_t (&b)[kMmas][2]) {
+    for (int j = 0; j < kMmas; ++j) e4m3x4_bf16x4(v[j], b[j][0], b[j][1]);
+  }
+};
+// zz: int4_zero_pair of the chunk's zero point. Products 2w, 2w + 1: word w's low and high nibbles.
+struct TcInt4 {
+  static constexpr int kCols = 32, kMmas = 8;
+  static constexpr int piece(int j) { return (j & 1) * 4 + (j >> 1); }
+  INFERX_GEMV_HD static void decode(const uint32_t (&v)[4], uint32_t zz, uint32_t (&b)[kMmas][2]) {
+    for (int w = 0; w < 4; ++w) int4_word_bf16(v[w], zz, b[2 * w], b[2 * w + 1]);
+  }
+};
+
+// A CTA of the v3 kernel computes 16 weight rows (the m of m16n8k16: lane (g, t) = (lane / 4, lane % 4)
+// reads rows g and g + 8) over sets of 4 chunks, chunk 4c + t for lane t. x is the B operand: column n
+// (0..7, and 8..15 in a second product) holds activation row n / S restricted to the columns of subset
+// n % S, where the S subsets split a set's chunks by INT4 group (S = 128 / group; 1 for BF16 and FP8),
+// so that a product's sum never mixes two groups and the group scale can multiply it. Lane t's chunk
+// belongs to subset tc_subset(t, S).
+INFERX_GEMV_HD int tc_subset(int t, int subsets) { return t * subsets / 4; }
 
 }  // namespace inferx::cuda::gemv
