@@ -334,7 +334,8 @@ TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
         reference(h, x, m, bias, want, mag);
         Tensor tx = f32({m, k}, x), out = f32({m, n}, std::vector<float>(size_t(m * n), NAN));
         gpu_->matmul(tx, l, out);
-        expect_matches(read(out), want, mag, what);
+        const double rel = v.dtype == DType::BF16 && m > 1 ? 2e-5 : 2e-6;  // BF16, m > 1: cuBLASLt
+        expect_matches(read(out), want, mag, what, rel);
         // Three outputs of 4097, 2047 and 2049 rows: boundaries inside a warp's pair of rows.
         const int64_t parts[3] = {4097, 2047, 2049};
         Tensor outs[3];
@@ -351,7 +352,7 @@ TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
               joined[size_t(r * n + begin + c)] = part[size_t(r * parts[i] + c)];
           begin += parts[i];
         }
-        expect_matches(joined, want, mag, what + " split");
+        expect_matches(joined, want, mag, what + " split", rel);
       }
     }
 }
