@@ -852,11 +852,20 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
 }
 
 // ---- Which kernel runs a format: set_gemv_kernel (tests, benchmarks), else INFERX_GEMV_KERNEL, else the
-// fastest measured on the H200 (bench_cuda_kernels, M=1, 2026-12-03 00:34: v1 for FP8 19.0/21.1 us vs v2
-// 20.5/23.8 at 14336x4096 / 4096x14336, v1 for INT4 23.4/26.9 vs 21.3/33.6, v2 for Q8_0 24.3/33.1 vs
-// 34.4/38.0 and Q4_K 25.0/36.7 vs 40.8/39.5). v3 reads BF16, FP8 and INT4 with K a multiple of 32 / 64
-// / 128 (whole 4-chunk sets) and up to 16 / S activation rows per launch (other products: v1), v2 the
-// four quantized formats, v1 all five.
+// fastest measured on the H200 (bench_cuda_kernels, graph-launched, weights cycled past L2; % of the 4242
+// GB/s copy; 2026-12-03 04:20, v1 / v2 / v3 in one process):
+//   INT4 g128, M=1: 4096x4096 22.5 / 19.2 / 39.8, 6144x4096 27.6 / 22.1 / 34.2, 14336x4096 31.5 / 35.0 /
+//     47.9, 4096x14336 26.6 / 21.9 / 53.2, gate/up+SiLU 28672x4096 28.3 / 37.8 / 50.7; M=4 9.5 / 9.0 /
+//     38.2, M=16 2.4 / 2.6 / 23.8: v3 at every M.
+//   FP8 per channel, M=1: 4096x4096 54.1 / 49.0 / 47.7, 6144x4096 54.0 / 48.5 / 54.2, 14336x4096 76.4 /
+//     70.2 / 70.7, 4096x14336 70.1 / 59.0 / 58.8, gate/up+SiLU 83.1 / 81.6 / 73.9: v1; M=4 21.6 / 21.9 /
+//     45.7, M=16 7.6 / 9.9 / 39.2: v3 from two rows on.
+//   BF16, M=1 (more rows go to cuBLASLt): v1 and v3 equal on 4096x4096, 14336x4096 and 4096x14336, v3
+//     better on 6144x4096 (80.4 vs 69.5), worse on 1024x4096 (29.0 vs 33.7), gate/up+SiLU (82.9 vs 94.5)
+//     and the 128256-row lm_head (92.6 vs 104.5): v1.
+//   Q8_0 / Q4_K (00:34, again at 04:20): v2 (60.6 / 47.5 and 31.2 / 20.9 at 14336x4096 / 4096x14336).
+// v3 reads BF16, FP8 and INT4 with K a multiple of 32 / 64 / 128 (whole 4-chunk sets) and up to 16 / S
+// activation rows per launch (other products: v1), v2 the four quantized formats, v1 all five.
 
 int format_index(DType dtype) {
   switch (dtype) {
@@ -875,8 +884,21 @@ int format_index(DType dtype) {
   }
 }
 constexpr int kFormats = 5;
-constexpr GemvKernel kMeasured[kFormats] = {GemvKernel::V1, GemvKernel::V1, GemvKernel::V1, GemvKernel::V2,
-                                            GemvKernel::V2};
+
+// The measured choice (above) for a launch of m activation rows.
+GemvKernel measured_kernel(DType dtype, int m) {
+  switch (dtype) {
+    case DType::F8_E4M3:
+      return m >= 2 ? GemvKernel::V3 : GemvKernel::V1;
+    case DType::INT4:
+      return GemvKernel::V3;
+    case DType::Q8_0:
+    case DType::Q4_K:
+      return GemvKernel::V2;
+    default:
+      return GemvKernel::V1;
+  }
+}
 
 std::atomic<GemvKernel> g_override[kFormats];  // Default: none
 
@@ -911,13 +933,13 @@ const std::array<GemvKernel, kFormats>& env_kernels() {
   return k;
 }
 
-GemvKernel kernel_for(DType dtype) {
+GemvKernel kernel_for(DType dtype, int m) {
   const int f = format_index(dtype);
   if (f < 0) return GemvKernel::V1;
   const GemvKernel o = g_override[f].load(std::memory_order_relaxed);
   if (o != GemvKernel::Default) return o;
   const GemvKernel e = env_kernels()[static_cast<size_t>(f)];
-  return e != GemvKernel::Default ? e : kMeasured[f];
+  return e != GemvKernel::Default ? e : measured_kernel(dtype, m);
 }
 
 int rows_bucket(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16; }
@@ -938,7 +960,7 @@ cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream) {
 
 template <int R>
 cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream) {
-  GemvKernel kernel = kernel_for(dtype);
+  GemvKernel kernel = kernel_for(dtype, p.m);
   if (kernel == GemvKernel::V3) {
     const int subsets = dtype == DType::INT4 ? 4 >> p.group_shift : 1;
     if (rows_bucket(p.m) * subsets <= 16 && p.row_bytes % 64 == 0) return launch_v3<R>(dtype, p, stream);
