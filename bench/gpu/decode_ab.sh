@@ -12,7 +12,7 @@ export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no >"$OUT/engine_tests.log" 2>&1
 echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)|graph steps checked' "$OUT/engine_tests.log" | tr '\n' ' ')"
-VARIANTS="${VARIANTS:-pdl: nopdl:INFERX_PDL=0 down-cublas:INFERX_GEMV_LONG_K=cublas}"
+VARIANTS="${VARIANTS:-pdl: nopdl:INFERX_PDL=0 down-gemv:INFERX_GEMV_LONG_K=gemv}"
 QUANTS="${QUANTS:-bf16 fp8 int4}"
 for q in $QUANTS; do
   qa=()

@@ -20,6 +20,10 @@ struct BatchView {
   int32_t num_logits = 0;
   int32_t max_query_len = 0;  // host-side hints for kernel launch shapes
   int32_t max_seq_len = 0;
+  // Host hint: the first num_decode_prefix sequences have one query token each (tokens [0, n)); the
+  // scheduler puts decodes first, so a GPU backend can run them through its decode kernel and the rest
+  // through its prefill kernel. 0: unknown (no split).
+  int32_t num_decode_prefix = 0;
 };
 
 // The one host/device int32 block a BatchView points into, laid out as

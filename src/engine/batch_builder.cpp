@@ -10,8 +10,11 @@ BatchView BatchBuilder::build(const SchedulerOutput& out) {
   INFERX_CHECK(!out.seqs.empty(), "batch builder: empty schedule");
   const auto S = static_cast<int32_t>(out.seqs.size());
   const int32_t T = out.num_tokens;
-  int32_t max_blocks = 1, num_logits = 0, max_query = 0, max_seq = 0;
+  int32_t max_blocks = 1, num_logits = 0, max_query = 0, max_seq = 0, decode_prefix = 0;
+  bool in_prefix = true;  // the leading run of one-token sequences (BatchView::num_decode_prefix)
   for (const ScheduledSequence& s : out.seqs) {
+    in_prefix = in_prefix && s.num_new == 1;
+    decode_prefix += in_prefix ? 1 : 0;
     max_blocks = std::max(max_blocks, static_cast<int32_t>(s.seq->blocks.size()));
     num_logits += s.sample ? 1 : 0;
     max_query = std::max(max_query, s.num_new);
@@ -48,6 +51,7 @@ BatchView BatchBuilder::build(const SchedulerOutput& out) {
   BatchView b = layout.view(static_cast<const int32_t*>(device_->data()));
   b.max_query_len = max_query;
   b.max_seq_len = max_seq;
+  b.num_decode_prefix = decode_prefix;
   return b;
 }
 

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -297,6 +298,53 @@ TEST_F(CudaAttentionTest, PrefillKernelOverBf16AndFp8CachesMatchesFloat64) {
                      {CudaAttentionKernel::Auto, 0},
                      {CudaAttentionKernel::Decode, 0},
                      {CudaAttentionKernel::Reference, 0}});
+    }
+  }
+}
+
+// A mixed step as the engine builds it (decodes first, then prefill chunks, BatchView::num_decode_prefix
+// set): the backend runs the decodes through the decode kernel and the rest through the prefill kernel
+// (CudaBackend::attention). Every row against float64, the decode rows to the decode kernel's accuracy.
+TEST_F(CudaAttentionTest, MixedStepSplitsDecodesFromPrefillChunks) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    CudaBackend& gpu = backend(dt);
+    for (const auto& [hq, hkv, hd, window] :
+         {std::tuple<int64_t, int64_t, int64_t, int64_t>{32, 8, 128, 0}, {16, 2, 64, 100}, {8, 8, 128, 0}}) {
+      Case c{hq, hkv, hd, window, 16, {}, {}};
+      std::uniform_int_distribution<int32_t> ctx(0, 900), chunk(2, 150);
+      const int decodes = 1 + static_cast<int>(rng_() % 5), prefills = 1 + static_cast<int>(rng_() % 3);
+      for (int i = 0; i < decodes; ++i) {
+        c.start.push_back(ctx(rng_));
+        c.count.push_back(1);
+      }
+      for (int i = 0; i < prefills; ++i) {
+        c.start.push_back(i == 0 ? 0 : ctx(rng_));
+        c.count.push_back(chunk(rng_));
+      }
+      SCOPED_TRACE(describe(c, dt));
+      const Layout d = make_layout(c, rng_);
+      const Cache cache = random_cache(*this, c, d, dt, 1.0f, 1.0f, rng_);
+      const int64_t T = static_cast<int64_t>(d.positions.size());
+      const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
+      const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+      const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
+      BatchView b = view(d);
+      b.num_decode_prefix = decodes;
+      const Tensor q = f32(qv, T, c.hq * c.hd);
+      Tensor out = f32(std::vector<float>(qv.size(), std::nanf("")), T, c.hq * c.hd);
+      gpu.set_attention_kernel(CudaAttentionKernel::Auto);
+      gpu.attention(q, cache.layer, b, p, out);
+      const std::vector<float> got = download<float>(out.data, qv.size());
+      const Errors all = compare(got, want);
+      EXPECT_TRUE(all.all_finite) << "unwritten or NaN outputs";
+      EXPECT_LE(all.rel_norm, 1e-2) << "max abs " << all.max_abs;
+      EXPECT_LE(all.max_abs, 3e-2) << "rel norm " << all.rel_norm;
+      const size_t dec = static_cast<size_t>(decodes * c.hq * c.hd);  // the decode kernel's rows: F32-exact
+      const Errors first =
+          compare(std::vector<float>(got.begin(), got.begin() + static_cast<int64_t>(dec)),
+                  std::vector<double>(want.begin(), want.begin() + static_cast<int64_t>(dec)));
+      EXPECT_LE(first.max_abs, 1e-4) << "decode rows, rel norm " << first.rel_norm;
     }
   }
 }

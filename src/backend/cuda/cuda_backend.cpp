@@ -332,6 +332,33 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
                                         paged(cache, options_), stream_));
 }
 
+// The split-KV decode kernel over args' tokens (one query each); out_bf16 may be null.
+void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,
+                                       const AttentionParams& p, Tensor& out, void* out_bf16) {
+  // The split count depends on the batch's block-table capacity, not its current lengths, so that a
+  // captured graph stays valid as the sequences grow (the kernel cuts the actual keys on the device).
+  const int64_t capacity = static_cast<int64_t>(args.max_blocks_per_seq) * kv.block_size;
+  const int splits = forced_splits_ > 0 ? std::min(forced_splits_, cuda::kDecodeMaxSplits)
+                                        : cuda::decode_attention_splits(args.num_tokens, p.num_kv_heads,
+                                                                        p.num_heads, capacity, sm_count_);
+  const size_t bytes = cuda::decode_attention_scratch_bytes(args.num_tokens, p.num_heads, p.head_dim, splits);
+  void* partials = bytes > 0 ? scratch(decode_partials_, bytes) : nullptr;
+  // The merge tickets: zeroed when (re)allocated; every launch leaves them zero.
+  int* counters = nullptr;
+  if (splits > 1) {
+    const void* old_data = decode_counters_.data;
+    const size_t old_bytes = decode_counters_.bytes;
+    const size_t n =
+        static_cast<size_t>(cuda::decode_attention_counters(args.num_tokens, p.num_heads, p.num_kv_heads));
+    counters = static_cast<int*>(scratch(decode_counters_, n * sizeof(int)));
+    if (decode_counters_.data != old_data || decode_counters_.bytes != old_bytes)
+      CUDA_CHECK(cudaMemsetAsync(counters, 0, decode_counters_.bytes, stream_));
+  }
+  CUDA_CHECK(cuda::launch_decode_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads, p.head_dim,
+                                           p.scale, p.sliding_window, splits, partials, counters,
+                                           out.ptr<float>(), out_bf16, stream_));
+}
+
 void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
                             const AttentionParams& p, Tensor& out) {
   check_f32(q, "attention q");
@@ -363,37 +390,36 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
     else
       kernel = CudaAttentionKernel::Reference;
   }
+  // A mixed step (decodes first, then prefill chunks: the scheduler's order) runs its leading one-token
+  // sequences through the decode kernel (K/V read once per GQA group) and only the rest through the
+  // prefill kernel, which would otherwise give every decode row a whole query tile per query head (4x the
+  // K/V reads for Llama-3's groups of 4, and 1 of 192 tile rows used).
+  const int32_t nd = batch.num_decode_prefix;
+  if (attention_kernel_ == CudaAttentionKernel::Auto && kernel == CudaAttentionKernel::Prefill && nd > 0 &&
+      nd < batch.num_seqs && cuda::decode_attention_supported(kv, p.head_dim)) {
+    cuda::BatchArgs dec = args;
+    dec.num_tokens = nd;
+    dec.num_seqs = nd;
+    run_decode_attention(q, kv, dec, p, out, nullptr);
+    cuda::BatchArgs pre = args;
+    pre.num_seqs -= nd;
+    pre.query_start += nd;  // token offsets stay absolute: q, out and positions are indexed by them
+    pre.seq_lens += nd;
+    pre.block_tables += static_cast<int64_t>(nd) * batch.max_blocks_per_seq;
+    CUDA_CHECK(cuda::launch_prefill_attention(q.ptr<float>(), kv, pre, p.num_heads, p.num_kv_heads,
+                                              p.head_dim, p.scale, p.sliding_window, batch.max_query_len,
+                                              out.ptr<float>(), stream_));
+    return;
+  }
   if (kernel == CudaAttentionKernel::Decode) {
     INFERX_CHECK(
         cuda::decode_attention_supported(kv, p.head_dim),
         "cuda backend: the decode attention kernel needs a BF16 or FP8 cache and head_dim 64 or 128 (got {} "
         "and {})",
         dtype_name(kv.dtype), p.head_dim);
-    // The split count depends on the batch's block-table capacity, not its current lengths, so that a
-    // captured graph stays valid as the sequences grow (the kernel cuts the actual keys on the device).
-    const int64_t capacity = static_cast<int64_t>(batch.max_blocks_per_seq) * kv.block_size;
-    const int splits = forced_splits_ > 0 ? std::min(forced_splits_, cuda::kDecodeMaxSplits)
-                                          : cuda::decode_attention_splits(batch.num_tokens, p.num_kv_heads,
-                                                                          p.num_heads, capacity, sm_count_);
-    const size_t bytes =
-        cuda::decode_attention_scratch_bytes(batch.num_tokens, p.num_heads, p.head_dim, splits);
-    void* partials = bytes > 0 ? scratch(decode_partials_, bytes) : nullptr;
-    // The merge tickets: zeroed when (re)allocated; every launch leaves them zero.
-    int* counters = nullptr;
-    if (splits > 1) {
-      const void* old_data = decode_counters_.data;
-      const size_t old_bytes = decode_counters_.bytes;
-      const size_t n =
-          static_cast<size_t>(cuda::decode_attention_counters(batch.num_tokens, p.num_heads, p.num_kv_heads));
-      counters = static_cast<int*>(scratch(decode_counters_, n * sizeof(int)));
-      if (decode_counters_.data != old_data || decode_counters_.bytes != old_bytes)
-        CUDA_CHECK(cudaMemsetAsync(counters, 0, decode_counters_.bytes, stream_));
-    }
     // The kernel also writes out's BF16 copy, which the o projection's GEMV / GEMM then reads directly.
     void* out_bf16 = bf16_copy_for(out);
-    CUDA_CHECK(cuda::launch_decode_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads,
-                                             p.head_dim, p.scale, p.sliding_window, splits, partials,
-                                             counters, out.ptr<float>(), out_bf16, stream_));
+    run_decode_attention(q, kv, args, p, out, out_bf16);
     return;
   }
   if (kernel == CudaAttentionKernel::Prefill) {

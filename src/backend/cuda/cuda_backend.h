@@ -29,6 +29,8 @@ namespace inferx {
 namespace cuda {
 class CublasLtGemm;
 class QuantizedGemm;
+struct PagedKv;
+struct BatchArgs;
 }  // namespace cuda
 
 // Which attention kernel runs (tests and benchmarks force one; Auto picks per batch).
@@ -181,6 +183,8 @@ class CudaBackend final : public Backend {
   Scratch gate_up_bf16_;
   // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
+  void run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,
+                            const AttentionParams& p, Tensor& out, void* out_bf16);
 };
 
 }  // namespace inferx

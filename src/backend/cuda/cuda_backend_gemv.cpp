@@ -62,13 +62,13 @@ bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
   const DType t = w.weight.dtype;
   const bool cublas_takes = t == DType::F32 || t == DType::F16 || t == DType::BF16;
   if (cublas_takes && (!options_.gemv || t != DType::BF16 || x.rows() > 1)) return false;
-  // Long BF16 rows (the 8B down projection, 4096x14336): cuBLASLt measured 31.3 us against this kernel's
-  // 34.3 on one run and 31.4 against 30.4 on the next (noise). The GEMV now takes them by default: it
-  // streams its first weights before waiting for the SiLU product (programmatic dependent launch), and a
-  // cuBLASLt launch would break that chain on both sides. INFERX_GEMV_LONG_K=cublas restores the old rule.
+  // Long BF16 rows (the 8B down projection, 4096x14336) stay on cuBLASLt. Measured on the H200 (2026-12-03
+  // 04:4x, `bench/gpu/decode_ab.sh`, batch-1 decode at 1k context with programmatic dependent launch):
+  // 192.9 tok/s with the down projection on cuBLASLt against 188.6 on this GEMV (earlier single-kernel
+  // runs disagreed: 31.3 vs 34.3 us, then 31.4 vs 30.4). INFERX_GEMV_LONG_K=gemv puts them on the GEMV.
   static const bool long_k_cublas = [] {
     const char* e = std::getenv("INFERX_GEMV_LONG_K");
-    return e != nullptr && std::strcmp(e, "cublas") == 0;
+    return e == nullptr || std::strcmp(e, "gemv") != 0;
   }();
   if (t == DType::BF16 && w.in_features() > 8192 && long_k_cublas) return false;
   // Prefill-sized products of quantized weights (fused parts too) go to the quantized GEMM.
