@@ -273,9 +273,7 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
     qgemm_->matmul(x.ptr<float>(), x.rows(), w, out.ptr<float>(),
                    [this](size_t bytes) { return scratch(qgemm_ws_, bytes); });
     last_matmul_bf16_ = false;  // it reads F32 activations: the norms need not write BF16 copies
-    const auto* o = static_cast<const char*>(out.data);
-    const auto* src = static_cast<const char*>(shadow_src_);
-    if (src && o < src + shadow_rows_ * shadow_cols_ * 4 && src < o + out.nbytes()) drop_bf16_copy();
+    drop_bf16_copy_if_overlaps(out);
     return;
   }
   if (gemv_takes(x, w)) {  // decode-sized batches and formats cuBLASLt cannot take (cuda_backend_gemv.cpp)
@@ -284,16 +282,12 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
     return;
   }
   // The BF16 copy written by the norm / SiLU that produced x, when it is still current (class comment).
-  const bool from_copy = shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == x.rows() &&
-                         shadow_cols_ == x.cols() && w.weight.dtype == DType::BF16;
+  const bool from_copy = has_bf16_copy(x) && w.weight.dtype == DType::BF16;
   gemm_->matmul(from_copy ? shadow_.data : x.data, from_copy ? DType::BF16 : DType::F32, x.rows(), x.cols(),
                 w.weight.dtype, w.weight.data, w.out_features(),
                 w.bias.empty() ? nullptr : w.bias.ptr<float>(), out.ptr<float>());
   last_matmul_bf16_ = w.weight.dtype == DType::BF16;
-  // Writing over the mirrored tensor makes the copy stale.
-  const auto* o = static_cast<const char*>(out.data);
-  const auto* src = static_cast<const char*>(shadow_src_);
-  if (src && o < src + shadow_rows_ * shadow_cols_ * 4 && src < o + out.nbytes()) drop_bf16_copy();
+  drop_bf16_copy_if_overlaps(out);
 }
 
 const std::vector<float>& CudaBackend::inverse_frequencies(const RopeParams& r) {

@@ -43,10 +43,14 @@ struct CudaBackendOptions {
   float kv_v_scale = 1.0f;
   bool bf16_activations = true;  // the fused BF16 outputs of the norms / SiLU described above
   bool gemv = true;  // false: every matmul through cuBLASLt and no fused projections (A/B measurements)
+  // BF16 products with rows longer than 8192 (the 8B down projection) on the GEMV instead of cuBLASLt.
+  // Off: measured on the H200 (2026-12-03 04:44, batch-1 decode at 1k context) 192.9 tok/s with cuBLASLt
+  // against 188.6 on the GEMV (earlier single-kernel runs disagreed: 31.3 vs 34.3 us, then 31.4 vs 30.4).
+  bool gemv_long_rows = false;
 };
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
-// INFERX_CUDA_GEMV=0|1.
+// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -134,6 +138,15 @@ class CudaBackend final : public Backend {
   // The BF16 copy of `out` that rmsnorm/add_rmsnorm/silu_mul should also write (null: none).
   void* bf16_copy_for(const Tensor& out);
   void drop_bf16_copy() { shadow_src_ = nullptr; }
+  // Whether shadow_ holds x's BF16 copy (written by the norm / SiLU / attention that produced x).
+  bool has_bf16_copy(const Tensor& x) const {
+    return shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == x.rows() &&
+           shadow_cols_ == x.cols();
+  }
+  // gemv_out_ holds out's BF16 copy: it becomes shadow_, the old copy's buffer the next gemv_out_.
+  void adopt_bf16_copy(const Tensor& out);
+  // Writing out over the mirrored tensor makes the copy stale.
+  void drop_bf16_copy_if_overlaps(const Tensor& out);
   void run_sampler(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
   // The GEMV path (cuda_backend_gemv.cpp): whether it takes this product (BF16 with one row, or a format
   // cuBLASLt cannot take), x as BF16 (the current copy, or converted / permuted into gemv_x_), and the

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -29,6 +30,7 @@ CudaBackendOptions cuda_options_from_environment() {
   }
   if (const char* act = std::getenv("INFERX_CUDA_BF16_ACT")) o.bf16_activations = std::strcmp(act, "0") != 0;
   if (const char* gemv = std::getenv("INFERX_CUDA_GEMV")) o.gemv = std::strcmp(gemv, "0") != 0;
+  if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   return o;
 }
 
@@ -83,6 +85,19 @@ void* CudaBackend::bf16_copy_for(const Tensor& out) {
   shadow_rows_ = out.rows();
   shadow_cols_ = out.cols();
   return p;
+}
+
+void CudaBackend::adopt_bf16_copy(const Tensor& out) {
+  std::swap(shadow_, gemv_out_);
+  shadow_src_ = out.data;
+  shadow_rows_ = out.rows();
+  shadow_cols_ = out.cols();
+}
+
+void CudaBackend::drop_bf16_copy_if_overlaps(const Tensor& out) {
+  const auto* o = static_cast<const char*>(out.data);
+  const auto* src = static_cast<const char*>(shadow_src_);
+  if (src && o < src + shadow_rows_ * shadow_cols_ * 4 && src < o + out.nbytes()) drop_bf16_copy();
 }
 
 // Random fill -------------------------------------------------------------------------------------------

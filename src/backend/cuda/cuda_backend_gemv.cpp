@@ -4,8 +4,6 @@
 // takes them), and the fused projections (one launch for q/k/v, one for silu(gate) * up); products the
 // GEMV does not take run the fused weights as row slices (Backend's defaults).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -62,15 +60,7 @@ bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
   const DType t = w.weight.dtype;
   const bool cublas_takes = t == DType::F32 || t == DType::F16 || t == DType::BF16;
   if (cublas_takes && (!options_.gemv || t != DType::BF16 || x.rows() > 1)) return false;
-  // Long BF16 rows (the 8B down projection, 4096x14336) stay on cuBLASLt. Measured on the H200 (2026-12-03
-  // 04:4x, `bench/gpu/decode_ab.sh`, batch-1 decode at 1k context with programmatic dependent launch):
-  // 192.9 tok/s with the down projection on cuBLASLt against 188.6 on this GEMV (earlier single-kernel
-  // runs disagreed: 31.3 vs 34.3 us, then 31.4 vs 30.4). INFERX_GEMV_LONG_K=gemv puts them on the GEMV.
-  static const bool long_k_cublas = [] {
-    const char* e = std::getenv("INFERX_GEMV_LONG_K");
-    return e == nullptr || std::strcmp(e, "gemv") != 0;
-  }();
-  if (t == DType::BF16 && w.in_features() > 8192 && long_k_cublas) return false;
+  if (t == DType::BF16 && w.in_features() > 8192 && !options_.gemv_long_rows) return false;  // see the option
   // Prefill-sized products of quantized weights (fused parts too) go to the quantized GEMM.
   if (!cublas_takes && cuda::QuantizedGemm::supports(w) && cuda::QuantizedGemm::prefers_fused(w, x.rows()))
     return false;
@@ -80,8 +70,7 @@ bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
 }
 
 const void* CudaBackend::gemv_input(const Tensor& x, const Linear& w) {
-  const bool from_copy =
-      shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == x.rows() && shadow_cols_ == x.cols();
+  const bool from_copy = has_bf16_copy(x);
   if (from_copy && w.input_perm.empty()) return shadow_.data;
   INFERX_CHECK(from_copy || x.dtype == DType::F32, "cuda backend: matmul input must be F32, got {}",
                dtype_name(x.dtype));
@@ -109,12 +98,8 @@ void CudaBackend::run_gemv(const Tensor& x, const Linear& w, std::span<Tensor* c
   CUDA_CHECK(cuda::launch_gemv(gemv_weight(w), xb, x.rows(), x.cols(),
                                w.bias.empty() ? nullptr : w.bias.ptr<float>(), o,
                                static_cast<int>(outs.size()), stream_));
-  last_matmul_bf16_ = true;   // the norms / SiLU then write the BF16 copies this path reads
-  for (Tensor* out : outs) {  // writing over the mirrored tensor makes the copy stale
-    const auto* p = static_cast<const char*>(out->data);
-    const auto* src = static_cast<const char*>(shadow_src_);
-    if (src && p < src + shadow_rows_ * shadow_cols_ * 4 && src < p + out->nbytes()) drop_bf16_copy();
-  }
+  last_matmul_bf16_ = true;  // the norms / SiLU then write the BF16 copies this path reads
+  for (Tensor* out : outs) drop_bf16_copy_if_overlaps(*out);
 }
 
 void CudaBackend::matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
@@ -157,11 +142,8 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
                                         w.bias.empty() ? nullptr : w.bias.ptr<float>(), out.ptr<float>(), ob,
                                         stream_));
   last_matmul_bf16_ = true;
-  if (ob) {  // out's BF16 copy is now current; the old copy's buffer becomes the next product's
-    std::swap(shadow_, gemv_out_);
-    shadow_src_ = out.data;
-    shadow_rows_ = out.rows();
-    shadow_cols_ = out.cols();
+  if (ob) {
+    adopt_bf16_copy(out);
   } else {
     drop_bf16_copy();
   }
@@ -170,8 +152,9 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
 // Prefill-sized MLP products with BF16 weights: one GEMM over the stacked [gate; up] weight writes BF16
 // (half the bytes of the two F32 products it replaces, which the SiLU kernel then read back), and the SiLU
 // kernel reads that and writes out plus the BF16 copy the down projection reads. On the 8B shape at 8192
-// rows this moves ~1.4 GB less per layer. Bias-free weights only (cuBLASLt's bias epilogue with a BF16
-// output is not relied on); others take the default (two F32 products, then silu_mul).
+// rows that is ~1.4 GB less memory traffic per layer (computed from the shapes, not measured alone).
+// Bias-free weights only (cuBLASLt's bias epilogue with a BF16 output is not relied on); others take the
+// default (two F32 products, then silu_mul).
 bool CudaBackend::stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out) {
   const int64_t t = x.rows(), f = w.out_features() / 2;
   if (!options_.bf16_activations || w.weight.dtype != DType::BF16 || !w.bias.empty() ||
@@ -181,18 +164,14 @@ bool CudaBackend::stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out
   INFERX_CHECK(out.cols() == f && out.numel() == t * f, "cuda backend: gate/up output {} for W {}",
                out.shape_string(), w.weight.shape_string());
   use_device();
-  const bool from_copy =
-      shadow_src_ != nullptr && shadow_src_ == x.data && shadow_rows_ == t && shadow_cols_ == x.cols();
+  const bool from_copy = has_bf16_copy(x);
   void* gu = scratch(gate_up_bf16_, static_cast<size_t>(t * 2 * f) * 2);
   gemm_->matmul(from_copy ? shadow_.data : x.data, from_copy ? DType::BF16 : DType::F32, t, x.cols(),
                 DType::BF16, w.weight.data, 2 * f, nullptr, gu, DType::BF16);
   void* ob = scratch(gemv_out_, static_cast<size_t>(t * f) * 2);
   CUDA_CHECK(cuda::launch_silu_mul_stacked_bf16(gu, t, f, out.ptr<float>(), ob, stream_));
   last_matmul_bf16_ = true;
-  std::swap(shadow_, gemv_out_);  // out's BF16 copy is current; the old copy's buffer is the next scratch
-  shadow_src_ = out.data;
-  shadow_rows_ = out.rows();
-  shadow_cols_ = out.cols();
+  adopt_bf16_copy(out);
   return true;
 }
 

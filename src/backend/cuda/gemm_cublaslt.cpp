@@ -86,6 +86,22 @@ int pointer_alignment(const void* p) {
   return alignment;
 }
 
+LtShape lt_shape(cudaDataType_t ab, int64_t n, int64_t t, int64_t k, int64_t ldd, const LtOperands& ops,
+                 cudaDataType_t d_type) {
+  LtShape s;
+  s.ab_type = ab;
+  s.d_type = d_type;
+  s.n = n;
+  s.t = t;
+  s.k = k;
+  s.ldd = ldd;
+  s.bias = ops.bias != nullptr;
+  s.align_a = pointer_alignment(ops.a);
+  s.align_b = pointer_alignment(ops.b);
+  s.align_d = pointer_alignment(ops.d);
+  return s;
+}
+
 // LtMatmul ----------------------------------------------------------------------------------------------
 
 struct LtMatmul::EventPair {
@@ -402,18 +418,9 @@ void CublasLtGemm::matmul(const void* x, DType x_dtype, int64_t t, int64_t k, DT
   // B (the activations) has the weight's type: 16-bit weights get converted activations.
   const void* b = x_dtype == w_dtype ? x : activations_as(static_cast<const float*>(x), t * k, w_dtype);
   lt_.evict_if_full();
-  LtShape shape;
-  shape.ab_type = w_type;
-  shape.d_type = out_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  shape.n = n;
-  shape.t = t;
-  shape.k = k;
-  shape.ldd = n;
-  shape.bias = bias != nullptr;
-  shape.align_a = pointer_alignment(w);
-  shape.align_b = pointer_alignment(b);
-  shape.align_d = pointer_alignment(out);
   const LtOperands ops{w, b, out, bias, nullptr, nullptr};
+  const LtShape shape =
+      lt_shape(w_type, n, t, k, n, ops, out_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F);
   if (LtMatmul::Plan* plan = lt_.plan(shape, ops)) {
     CUBLAS_CHECK(lt_.run(*plan, ops));
     if (bias && !LtMatmul::fused_bias(*plan)) {

@@ -60,6 +60,11 @@ struct LtOperands {
 // The largest power of two (capped at 256) dividing the address: what cuBLASLt's alignment preferences take.
 int pointer_alignment(const void* p);
 
+// The shape of D = op(A) B for these operands: A [k, n] (weight rows), B [k, t] of type ab, D ld ldd of
+// d_type, the bias when ops has one, the pointer alignments from ops; no FP8 scales (callers set them).
+LtShape lt_shape(cudaDataType_t ab, int64_t n, int64_t t, int64_t k, int64_t ldd, const LtOperands& ops,
+                 cudaDataType_t d_type = CUDA_R_32F);
+
 class LtMatmul {
  public:
   struct Plan;

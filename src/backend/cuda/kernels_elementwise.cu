@@ -168,42 +168,34 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int
 
 cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab, int64_t dim,
                              const int32_t* ids, int64_t n, float* out, cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
   if (n == 0 || dim == 0) return cudaSuccess;
   const unsigned grid = grid_for(n * dim, kThreads);
   switch (table_dtype) {
     case DType::F32:
-      e = launch_pdl(embedding_kernel<float>, dim3(grid), dim3(kThreads), 0, stream,
-                     static_cast<const float*>(table), vocab, dim, ids, n, out);
-      break;
+      return launch_pdl(embedding_kernel<float>, dim3(grid), dim3(kThreads), 0, stream,
+                        static_cast<const float*>(table), vocab, dim, ids, n, out);
     case DType::F16:
-      e = launch_pdl(embedding_kernel<__half>, dim3(grid), dim3(kThreads), 0, stream,
-                     static_cast<const __half*>(table), vocab, dim, ids, n, out);
-      break;
+      return launch_pdl(embedding_kernel<__half>, dim3(grid), dim3(kThreads), 0, stream,
+                        static_cast<const __half*>(table), vocab, dim, ids, n, out);
     case DType::BF16:
-      e = launch_pdl(embedding_kernel<__nv_bfloat16>, dim3(grid), dim3(kThreads), 0, stream,
-                     static_cast<const __nv_bfloat16*>(table), vocab, dim, ids, n, out);
-      break;
+      return launch_pdl(embedding_kernel<__nv_bfloat16>, dim3(grid), dim3(kThreads), 0, stream,
+                        static_cast<const __nv_bfloat16*>(table), vocab, dim, ids, n, out);
     default:
       return cudaErrorInvalidValue;  // the caller validates the dtype first
   }
-  return e;
 }
 
 cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, void* out_bf16,
                             cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
   if (n == 0) return cudaSuccess;
   const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   if (n % 4 == 0 && aligned(gate, 16) && aligned(up, 16) && aligned(out, 16) && aligned(out_bf16, 8)) {
-    e = launch_pdl(silu_mul_vec_kernel, dim3(grid_for(n / 4, kThreads)), dim3(kThreads), 0, stream,
-                   reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n / 4,
-                   reinterpret_cast<float4*>(out), static_cast<uint2*>(out_bf16));
-  } else {
-    e = launch_pdl(silu_mul_kernel, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, stream, gate, up, n, out,
-                   static_cast<__nv_bfloat16*>(out_bf16));
+    return launch_pdl(silu_mul_vec_kernel, dim3(grid_for(n / 4, kThreads)), dim3(kThreads), 0, stream,
+                      reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n / 4,
+                      reinterpret_cast<float4*>(out), static_cast<uint2*>(out_bf16));
   }
-  return e;
+  return launch_pdl(silu_mul_kernel, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, stream, gate, up, n, out,
+                    static_cast<__nv_bfloat16*>(out_bf16));
 }
 
 cudaError_t launch_silu_mul_stacked_bf16(const void* gate_up, int64_t t, int64_t f, float* out,
@@ -245,22 +237,19 @@ cudaError_t launch_gather_rows(const void* x, int64_t num_rows, int64_t row_byte
 }
 
 cudaError_t launch_convert_f32(const float* x, int64_t n, DType to, void* out, cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
   if (n == 0) return cudaSuccess;
   const unsigned grid = grid_for(n, kThreads);
   if (to == DType::BF16 && n % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(out) % 8 == 0)
-    e = launch_pdl(convert_bf16_vec_kernel, dim3(grid_for(n / 4, kThreads)), dim3(kThreads), 0, stream,
-                   reinterpret_cast<const float4*>(x), n / 4, static_cast<uint2*>(out));
-  else if (to == DType::BF16)
-    e = launch_pdl(convert_kernel<__nv_bfloat16>, dim3(grid), dim3(kThreads), 0, stream, x, n,
-                   static_cast<__nv_bfloat16*>(out));
-  else if (to == DType::F16)
-    e = launch_pdl(convert_kernel<__half>, dim3(grid), dim3(kThreads), 0, stream, x, n,
-                   static_cast<__half*>(out));
-  else
-    return cudaErrorInvalidValue;
-  return e;
+    return launch_pdl(convert_bf16_vec_kernel, dim3(grid_for(n / 4, kThreads)), dim3(kThreads), 0, stream,
+                      reinterpret_cast<const float4*>(x), n / 4, static_cast<uint2*>(out));
+  if (to == DType::BF16)
+    return launch_pdl(convert_kernel<__nv_bfloat16>, dim3(grid), dim3(kThreads), 0, stream, x, n,
+                      static_cast<__nv_bfloat16*>(out));
+  if (to == DType::F16)
+    return launch_pdl(convert_kernel<__half>, dim3(grid), dim3(kThreads), 0, stream, x, n,
+                      static_cast<__half*>(out));
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream) {

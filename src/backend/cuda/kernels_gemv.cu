@@ -14,8 +14,9 @@
 //      x cost about the same.
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
 // kernel issues its first weight loads, then calls pdl_wait() before it reads x or stores, and
-// pdl_launch_dependents() once its weights are streamed (GemvParams::early_trigger: at its start), and
-// is launched with launch_pdl (cuda_common.cuh).
+// pdl_launch_dependents() once its weights are streamed, and is launched with launch_pdl (cuda_common.cuh).
+// Triggering at the kernel's start instead measured 4.6% slower end to end (H200, 2026-12-03 04:44,
+// batch-1 decode at 1k context: 180.3 vs 188.6 tok/s); the cause was not profiled.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -57,11 +58,6 @@ struct GemvParams {
   int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
-  // Programmatic dependent launch: let the next kernel launch at this grid's start (true) or once each CTA
-  // has streamed its weights (false, the default). Early launch let a following GEMV's CTAs take the SMs
-  // this grid's last wave left free first, so they piled up unevenly (measured: the down projection after
-  // the multi-wave gate/up product 8 us slower per layer). INFERX_PDL_GEMV=early selects early (A/B).
-  bool early_trigger = false;
 };
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
@@ -286,7 +282,6 @@ template <class Dec, int MR, int R>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
   constexpr int E = Dec::kElems, U = Dec::kUnroll;
   const int lane = threadIdx.x % kWarp;
-  if (p.early_trigger) pdl_launch_dependents();
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (n >= p.rows) return;
   int64_t wrow[R];
@@ -339,7 +334,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     }
   }
   if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
-  if (!p.early_trigger) pdl_launch_dependents();
+  pdl_launch_dependents();  // after the weight stream (see the file comment)
   gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
 }
 
@@ -493,7 +488,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   static_assert(R == 1 || R == 2, "one or two weight rows per warp");
   constexpr int U = R == 1 ? Dec::kUnroll : Dec::kUnroll / 2;
   const int lane = threadIdx.x % kWarp;
-  if (p.early_trigger) pdl_launch_dependents();
   bool waited = false;  // as gemv_kernel: the first weight loads go out before the wait
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   int64_t wrow[R];
@@ -554,7 +548,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
     }
   }
   if (!waited) pdl_wait();
-  if (!p.early_trigger) pdl_launch_dependents();
+  pdl_launch_dependents();  // after the weight stream (see the file comment)
   gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid);
 }
 
@@ -654,7 +648,6 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
   constexpr int U = tc::kUnroll, NT = MR * S > 8 ? 2 : 1, kX = Dec::kCols / 8;  // kX: x loads per chunk
   constexpr int kCS = S == 1 ? 1 : 2;  // distinct subsets among the C fragment's columns 2t, 2t + 1
   __shared__ float red[tc::kMaxWarps][tc::kRows][16];
-  if (p.early_trigger) pdl_launch_dependents();
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = tc_row<kSilu>(p, g), row1 = tc_row<kSilu>(p, g + 8);
@@ -767,7 +760,7 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
     }
   }
   if (!waited) pdl_wait();  // a warp without sets still stores (after the CTA's barrier)
-  if (!p.early_trigger) pdl_launch_dependents();
+  pdl_launch_dependents();  // after the weight stream (see the file comment)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     red[warp][g][8 * nt + 2 * t] = acc[nt][0];
@@ -1003,17 +996,8 @@ int64_t weight_row_bytes(DType dtype, int64_t k) {
   }
 }
 
-bool gemv_early_trigger() {
-  static const bool early = [] {
-    const char* e = std::getenv("INFERX_PDL_GEMV");
-    return e != nullptr && std::strcmp(e, "early") == 0;
-  }();
-  return early;
-}
-
 GemvParams base_params(const GemvWeight& w, int64_t k) {
   GemvParams p;
-  p.early_trigger = gemv_early_trigger();
   p.w = static_cast<const uint8_t*>(w.data);
   p.row_bytes = weight_row_bytes(w.dtype, k);
   p.scale = w.scale;

@@ -151,34 +151,25 @@ INFERX_GEMV_HD uint32_t float_bf16_bits(float f) {
   std::memcpy(&u, &f, 4);
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even (no NaN here)
 }
-INFERX_GEMV_HD uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+// a * b (kSub false) or a - b (true) on both BF16 halves.
+template <bool kSub>
+INFERX_GEMV_HD uint32_t bf16x2_arith(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__)
   __nv_bfloat162 x, y;
   std::memcpy(&x, &a, 4);
   std::memcpy(&y, &b, 4);
-  const __nv_bfloat162 r = __hmul2(x, y);
+  const __nv_bfloat162 r = kSub ? __hsub2(x, y) : __hmul2(x, y);
   uint32_t u;
   std::memcpy(&u, &r, 4);
   return u;
 #else
-  return float_bf16_bits(bf16_bits_float(a & 0xffffu) * bf16_bits_float(b & 0xffffu)) |
-         float_bf16_bits(bf16_bits_float(a >> 16) * bf16_bits_float(b >> 16)) << 16;
+  const auto op = [](float u, float v) { return kSub ? u - v : u * v; };
+  return float_bf16_bits(op(bf16_bits_float(a & 0xffffu), bf16_bits_float(b & 0xffffu))) |
+         float_bf16_bits(op(bf16_bits_float(a >> 16), bf16_bits_float(b >> 16))) << 16;
 #endif
 }
-INFERX_GEMV_HD uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  __nv_bfloat162 x, y;
-  std::memcpy(&x, &a, 4);
-  std::memcpy(&y, &b, 4);
-  const __nv_bfloat162 r = __hsub2(x, y);
-  uint32_t u;
-  std::memcpy(&u, &r, 4);
-  return u;
-#else
-  return float_bf16_bits(bf16_bits_float(a & 0xffffu) - bf16_bits_float(b & 0xffffu)) |
-         float_bf16_bits(bf16_bits_float(a >> 16) - bf16_bits_float(b >> 16)) << 16;
-#endif
-}
+INFERX_GEMV_HD uint32_t bf16x2_mul(uint32_t a, uint32_t b) { return bf16x2_arith<false>(a, b); }
+INFERX_GEMV_HD uint32_t bf16x2_sub(uint32_t a, uint32_t b) { return bf16x2_arith<true>(a, b); }
 
 // E4M3 -> BF16, exact. E4M3 -> F16 is one cvt for two codes; an F16 whose low 7 mantissa bits are zero
 // (every E4M3 value) shifted right by 3, its sign left in place, is the BF16 of value * 2^-112, a normal

@@ -67,22 +67,6 @@ bool QuantizedGemm::supports(const Linear& w) {
   }
 }
 
-LtShape QuantizedGemm::shape(cudaDataType_t ab, int64_t n, int64_t t, int64_t k, int64_t ldd,
-                             const LtOperands& ops, LtScale a_scale, LtScale b_scale) {
-  LtShape s;
-  s.ab_type = ab;
-  s.n = n;
-  s.t = t;
-  s.k = k;
-  s.ldd = ldd;
-  s.a_scale = a_scale;
-  s.b_scale = b_scale;
-  s.align_a = pointer_alignment(ops.a);
-  s.align_b = pointer_alignment(ops.b);
-  s.align_d = pointer_alignment(ops.d);
-  return s;
-}
-
 bool QuantizedGemm::try_run(LtMatmul::Plan& plan, const LtOperands& ops) {
   const cublasStatus_t status = lt_.run(plan, ops);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
@@ -134,8 +118,10 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
     // Per-row activation scale x per-channel (or per-tensor) weight scale, applied inside the GEMM.
     const LtOperands ops{w.weight.data, xq, out, nullptr, w.scale.data, xs};
     const LtScale a_scale = per_channel ? LtScale::OuterVector : LtScale::Scalar;
-    LtMatmul::Plan* scaled =
-        lt_.plan(shape(CUDA_R_8F_E4M3, n, t, k, n, ops, a_scale, LtScale::OuterVector), ops);
+    LtShape scaled_shape = lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops);
+    scaled_shape.a_scale = a_scale;
+    scaled_shape.b_scale = LtScale::OuterVector;
+    LtMatmul::Plan* scaled = lt_.plan(scaled_shape, ops);
     if (scaled != nullptr && try_run(*scaled, ops)) {
       if (!w.bias.empty()) CUDA_CHECK(launch_add_bias(out, w.bias.ptr<float>(), t, n, stream_));
       last_path_ = Path::Fp8OuterScale;
@@ -143,7 +129,7 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
     }
   }
   const LtOperands ops{w.weight.data, xq, out, nullptr, nullptr, nullptr};
-  LtMatmul::Plan* plain = lt_.plan(shape(CUDA_R_8F_E4M3, n, t, k, n, ops), ops);
+  LtMatmul::Plan* plain = lt_.plan(lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops), ops);
   if (plain != nullptr && try_run(*plain, ops)) {
     CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data), per_channel,
                                          w.bias.empty() ? nullptr : w.bias.ptr<float>(), out, stream_));
@@ -178,7 +164,7 @@ void QuantizedGemm::dequant_matmul(const float* x, int64_t t, const Linear& w, f
     const int64_t rows = std::min(tile, n - n0);
     CUDA_CHECK(launch_dequantize_rows_bf16(dw, n0, rows, wt, stream_));
     const LtOperands ops{wt, xb, out + n0, nullptr, nullptr, nullptr};
-    LtMatmul::Plan* plan = lt_.plan(shape(CUDA_R_16BF, rows, t, k, n, ops), ops);
+    LtMatmul::Plan* plan = lt_.plan(lt_shape(CUDA_R_16BF, rows, t, k, n, ops), ops);
     INFERX_CHECK(plan != nullptr, "cuda backend: cuBLASLt offers no BF16 algorithm for [{}, {}] x [{}, {}]^T",
                  t, k, rows, k);
     CUBLAS_CHECK(lt_.run(*plan, ops));

@@ -75,10 +75,6 @@ class QuantizedGemm {
   const LtMatmul::Stats& tuning_stats() const { return lt_.stats(); }
 
  private:
-  // The LtMatmul product D (F32, n x t, ld ldd) = op(A) B of A [k, n] transposed (W rows), B [k, t] of
-  // type ab (FP8 E4M3 or BF16), with cuBLASLt's FP8 scales when given.
-  static LtShape shape(cudaDataType_t ab, int64_t n, int64_t t, int64_t k, int64_t ldd, const LtOperands& ops,
-                       LtScale a_scale = LtScale::None, LtScale b_scale = LtScale::None);
   // An FP8 run: false (and the plan disabled) when cuBLASLt refuses the call itself (NOT_SUPPORTED /
   // INVALID_VALUE), so that the caller falls back; other failures throw.
   bool try_run(LtMatmul::Plan& plan, const LtOperands& ops);
