@@ -45,24 +45,57 @@ import json; j=json.load(open('$OUT/prefill_$name.json')); t=j['ttft_ms']
 print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s = {131.7e12/(t['p50']/1e3)/1e12:.0f} TFLOP/s\")" 2>&1 | tail -1)"
   done
 fi
-# PROFILE=1: per-kernel GPU time of batch-1 decode (8B bf16, graphs) when Nsight Systems is installed there.
+# OFFLINE_B256=1: batch-256 offline throughput (1024 in / 256 out, no HTTP) with the engine's host-side step
+# profile (INFERX_STEP_PROFILE=1), per quantization and step token budget: shows whether steps wait on the
+# device or on host work, and how much of a step the prefill chunks take.
+if [[ "${OFFLINE_B256:-0}" == 1 ]]; then
+  for q in ${B256_QUANTS:-bf16 fp8}; do
+    qa=()
+    [[ "$q" != bf16 ]] && qa=(--quantize "$q" --kv-cache-dtype fp8)
+    for tok in ${B256_TOKENS:-2048 8192}; do
+      INFERX_STEP_PROFILE=1 timeout 150 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" \
+        --device cuda --max-batch-size 256 --num-prompts 256 --input-len 1024 --output-len 256 \
+        --max-model-len 4096 --max-num-batched-tokens "$tok" --no-progress --json \
+        >"$OUT/b256_${q}_$tok.json" 2>"$OUT/b256_${q}_$tok.err"
+      rc=$?
+      echo "offline b256 1024/256 $q tokens/step $tok: rc=$rc $(python3 -c "
+import json; j=json.load(open('$OUT/b256_${q}_$tok.json'))
+print(f"out {j['output_throughput']:.0f} tok/s, total {j['total_token_throughput']:.0f} tok/s, {j['duration_s']:.2f} s"); t=j['tpot_ms']
+print(f\"TPOT p50 {t['p50']:.1f} ms\")" 2>&1 | tr '\n' ' ')"
+      grep -A3 "step profile" "$OUT/b256_${q}_$tok.err"
+    done
+  done
+fi
+# PROFILE=1: per-kernel GPU time of two batch-1 decode steps (8B, eager so each kernel is its own launch),
+# with Nsight Compute (nsys is not installed there). ncu serialises kernels, so PDL overlap is not seen:
+# the sum is the kernels' own time, the gap to the measured step is launch/tail overhead.
 if [[ "${PROFILE:-0}" == 1 ]]; then
-  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  if [[ -n "$NSYS" ]]; then
-    timeout 150 "$NSYS" profile -o "$OUT/decode_b1" -f true -t cuda --cuda-graph-trace=node \
-      "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 --device cuda --prompt-ids 1,2,3,4,5,6,7,8 -n 64 \
-      --temperature 0 --ignore-eos >/dev/null 2>"$OUT/nsys.err"
-    timeout 120 "$NSYS" stats -q -r cuda_gpu_kern_sum -f csv "$OUT/decode_b1.nsys-rep" >"$OUT/kern_sum.csv" 2>>"$OUT/nsys.err"
-    echo "== per-kernel GPU time (nsys, 64 decode steps + prompt)"
-    python3 - "$OUT/kern_sum.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 8]
-head, body = rows[0], rows[1:]
-ti, ni, ai, name = head.index("Total Time (ns)"), head.index("Instances"), head.index("Avg (ns)"), head.index("Name")
-for r in body[:25]:
-    print(f"{float(r[ti])/1e6:9.2f} ms {int(r[ni]):7d} x {float(r[ai])/1e3:8.2f} us  {r[name][:110]}")
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [[ -n "$NCU" ]]; then
+    for q in ${PROFILE_QUANTS:-bf16 fp8}; do
+      qa=()
+      [[ "$q" != bf16 ]] && qa=(--quantize "$q")
+      INFERX_GRAPHS=0 timeout 200 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+        --print-units base --launch-skip "${PROFILE_SKIP:-4000}" --launch-count "${PROFILE_COUNT:-600}" \
+        "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
+        --prompt-ids "$(seq -s, 1 1000)" -n 48 --temperature 0 --ignore-eos >"$OUT/ncu_$q.csv" 2>"$OUT/ncu_$q.err"
+      echo "== per-kernel GPU time, batch-1 decode $q (ncu rc=$?)"
+      python3 - "$OUT/ncu_$q.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')) ]
+if not rows: print("no rows"); sys.exit()
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); gi = h.index("Grid Size") if "Grid Size" in h else None
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    name = r[ki].split("(")[0][:60] + (" " + r[gi] if gi is not None else "")
+    tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1
+allns = sum(tot.values()); n = len(rows) - 1
+print(f"{n} kernels, {allns/1e3:.1f} us of kernel time ({allns/1e3/n:.2f} us avg)")
+for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:30]:
+    print(f"{v/1e3:10.1f} us {cnt[k]:5d} x {v/1e3/cnt[k]:8.2f} us  {k}")
 PY
+    done
   else
-    echo "nsys: not found"
+    echo "ncu: not found"
   fi
 fi

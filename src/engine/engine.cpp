@@ -24,6 +24,7 @@
 #include "engine/decode_graphs.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/step_profile.h"
 #include "engine/step_sampler.h"
 #include "model/model.h"
 
@@ -108,6 +109,10 @@ struct Engine::Impl {
   uint64_t next_arrival = 0;
   std::mt19937_64 seed_source{std::random_device{}()};
   int64_t prompt_tokens = 0, generation_tokens = 0, steps = 0, graph_steps = 0;
+  StepProfile profile{[] {
+    const char* e = std::getenv("INFERX_STEP_PROFILE");
+    return e && std::strcmp(e, "1") == 0;
+  }()};
 
   // Shared with other threads, under mu ---------------------------------------------------------------
   struct Submitted {
@@ -461,6 +466,7 @@ void Engine::Impl::publish_stats() {
 
 bool Engine::Impl::step() {
   std::lock_guard<std::mutex> step_lock(step_mu);
+  profile.begin_step();
   {
     std::lock_guard<std::mutex> lock(mu);
     new_requests.swap(inbox);
@@ -474,9 +480,11 @@ bool Engine::Impl::step() {
     if (it != requests.end()) abort_request(*it->second, "");
   }
   new_aborts.clear();
+  profile.mark(StepProfile::kIntake);
 
   const SchedulerOutput& out = scheduler->schedule();
   if (out.empty()) {
+    profile.cancel_step();
     emit();
     publish_stats();
     return had_input;
@@ -489,19 +497,25 @@ bool Engine::Impl::step() {
       prompt_tokens += static_cast<int64_t>(r.req.prompt.size());
     }
   }
+  profile.mark(StepProfile::kSchedule);
+  bool graph_step = false;
   try {
     Tensor logits;
     if (decode_graphs && decode_graphs->accepts(out)) {
       logits = decode_graphs->run(out);
       ++graph_steps;
+      graph_step = true;
     } else {
       logits = model.forward(builder->build(out), *kv);
     }
+    profile.mark(StepProfile::kLaunch);
     // The device runs this step asynchronously until sampling waits for it: deliver the previous step's
     // outputs meanwhile.
     if (defer_emit) emit();
+    profile.mark(StepProfile::kEmitOverlapped);
     scheduler->on_step_computed(out);
     step_sampler->sample(out, logits, sampled);
+    profile.mark(StepProfile::kSample);
   } catch (const std::exception& e) {
     // The step failed (a backend or sampler error): fail the requests in it rather than the engine.
     std::vector<RequestState*> failed;
@@ -517,9 +531,14 @@ bool Engine::Impl::step() {
   ++steps;
   const double done = engine_now();
   for (SampledToken& t : sampled) handle_token(t, done);
+  profile.mark(StepProfile::kHandle);
   // Deferred outputs wait for the next step only while there is one to overlap with.
   if (!defer_emit || (scheduler->num_running() == 0 && scheduler->num_waiting() == 0)) emit();
+  profile.mark(StepProfile::kEmitTail);
   publish_stats();
+  profile.mark(StepProfile::kPublish);
+  profile.end_step(graph_step ? StepProfile::kGraphDecode : StepProfile::kOther,
+                   static_cast<int64_t>(out.seqs.size()));
   return true;
 }
 
@@ -547,7 +566,10 @@ void Engine::Impl::loop() {
 Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineConfig& config)
     : impl_(std::make_unique<Impl>(model, tokenizer, config)) {}
 
-Engine::~Engine() { stop(); }
+Engine::~Engine() {
+  stop();
+  if (impl_->profile.enabled()) std::fputs(impl_->profile.report().c_str(), stderr);
+}
 
 void Engine::start() {
   std::lock_guard<std::mutex> lock(impl_->mu);
