@@ -66,36 +66,13 @@ print(f\"TPOT p50 {t['p50']:.1f} ms\")" 2>&1 | tr '\n' ' ')"
     done
   done
 fi
-# PROFILE=1: per-kernel GPU time of two batch-1 decode steps (8B, eager so each kernel is its own launch),
-# with Nsight Compute (nsys is not installed there). ncu serialises kernels, so PDL overlap is not seen:
-# the sum is the kernels' own time, the gap to the measured step is launch/tail overhead.
+# PROFILE=1: per-kernel GPU time of batch-1 decode steps (8B at 1k context), bench/gpu/kernel_profile.sh.
 if [[ "${PROFILE:-0}" == 1 ]]; then
-  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  if [[ -n "$NCU" ]]; then
-    for q in ${PROFILE_QUANTS:-bf16 fp8}; do
-      qa=()
-      [[ "$q" != bf16 ]] && qa=(--quantize "$q")
-      INFERX_GRAPHS=0 timeout 200 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
-        --print-units base --launch-skip "${PROFILE_SKIP:-4000}" --launch-count "${PROFILE_COUNT:-600}" \
-        "$C/inferx" generate -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
-        --prompt-ids "$(seq -s, 1 1000)" -n 48 --temperature 0 --ignore-eos >"$OUT/ncu_$q.csv" 2>"$OUT/ncu_$q.err"
-      echo "== per-kernel GPU time, batch-1 decode $q (ncu rc=$?)"
-      python3 - "$OUT/ncu_$q.csv" <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')) ]
-if not rows: print("no rows"); sys.exit()
-h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value"); gi = h.index("Grid Size") if "Grid Size" in h else None
-tot = collections.defaultdict(float); cnt = collections.Counter()
-for r in rows[1:]:
-    name = r[ki].split("(")[0][:60] + (" " + r[gi] if gi is not None else "")
-    tot[name] += float(r[vi].replace(",", "")); cnt[name] += 1
-allns = sum(tot.values()); n = len(rows) - 1
-print(f"{n} kernels, {allns/1e3:.1f} us of kernel time ({allns/1e3/n:.2f} us avg)")
-for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:30]:
-    print(f"{v/1e3:10.1f} us {cnt[k]:5d} x {v/1e3/cnt[k]:8.2f} us  {k}")
-PY
-    done
-  else
-    echo "ncu: not found"
-  fi
+  for q in ${PROFILE_QUANTS:-bf16 fp8}; do
+    qa=()
+    [[ "$q" != bf16 ]] && qa=(--quantize "$q")
+    OUT="$OUT" bash "$(dirname "$0")/kernel_profile.sh" "b1_$q" "${PROFILE_SKIP:-4000}" "${PROFILE_COUNT:-600}" \
+      generate -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda --prompt-ids "$(seq -s, 1 1000)" -n 48 \
+      --temperature 0 --ignore-eos
+  done
 fi
