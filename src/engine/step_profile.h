@@ -14,7 +14,17 @@ namespace inferx {
 class StepProfile {
  public:
   // Phases of Engine::Impl::step in order. kSample includes the wait for the device to finish the step.
-  enum Phase { kIntake, kSchedule, kLaunch, kEmitOverlapped, kSample, kHandle, kEmitTail, kPublish, kNumPhases };
+  enum Phase {
+    kIntake,
+    kSchedule,
+    kLaunch,
+    kEmitOverlapped,
+    kSample,
+    kHandle,
+    kEmitTail,
+    kPublish,
+    kNumPhases
+  };
   // Step kinds: decode steps replayed from a graph, every other step (prefill chunks, mixed, eager).
   enum Kind { kGraphDecode, kOther, kNumKinds };
 
@@ -46,8 +56,8 @@ class StepProfile {
   void cancel_step() { current_.fill(0.0); }
 
   std::string report() const {
-    static const char* names[kNumPhases] = {"intake", "schedule",   "launch", "emit(overlap)",
-                                            "sample+wait", "handle", "emit(tail)", "publish"};
+    static const char* names[kNumPhases] = {"intake",      "schedule", "launch",     "emit(overlap)",
+                                            "sample+wait", "handle",   "emit(tail)", "publish"};
     static const char* kinds[kNumKinds] = {"graph decode", "other"};
     std::string s = "inferx step profile (host ms per step; sample+wait includes the device):\n";
     char line[256];

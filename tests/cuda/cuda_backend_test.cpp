@@ -186,14 +186,19 @@ std::vector<float> rmsnorm_ref(const std::vector<float>& x, const std::vector<fl
 }
 
 TEST_F(CudaBackendTest, RmsNormMatchesReference) {
-  const int64_t rows = 5, cols = 1000;  // not a multiple of the block size
-  const auto x = random_floats(rows * cols, 2, -3, 3), w = random_floats(cols, 3);
-  Both tx = both_f32({rows, cols}, x), tw = both_f32({cols}, w), out = both_f32({rows, cols}, x);
-  gpu_->rmsnorm(tx.gpu, tw.gpu, 1e-6f, out.gpu);
-  cpu_->rmsnorm(tx.cpu, tw.cpu, 1e-6f, out.cpu);
-  const auto want = rmsnorm_ref(x, w, cols, 1e-6f);
-  expect_close(read(*gpu_, out.gpu), want, 1e-6, 1e-5, "gpu");
-  expect_close(read(*gpu_, out.gpu), read(*cpu_, out.cpu), 1e-6, 1e-5, "gpu vs cpu");
+  // Widths for each kernel: register-resident rows of 2 / 4 / 8 float4s per thread (1000, 4096, 8192),
+  // the loop for rows that are not whole float4s (1001) or too wide for registers (12288).
+  for (int64_t cols : {1000, 1001, 4096, 8192, 12288}) {
+    SCOPED_TRACE(cols);
+    const int64_t rows = 5;
+    const auto x = random_floats(rows * cols, 2, -3, 3), w = random_floats(cols, 3);
+    Both tx = both_f32({rows, cols}, x), tw = both_f32({cols}, w), out = both_f32({rows, cols}, x);
+    gpu_->rmsnorm(tx.gpu, tw.gpu, 1e-6f, out.gpu);
+    cpu_->rmsnorm(tx.cpu, tw.cpu, 1e-6f, out.cpu);
+    const auto want = rmsnorm_ref(x, w, cols, 1e-6f);
+    expect_close(read(*gpu_, out.gpu), want, 1e-6, 1e-5, "gpu");
+    expect_close(read(*gpu_, out.gpu), read(*cpu_, out.cpu), 1e-6, 1e-5, "gpu vs cpu");
+  }
 }
 
 TEST_F(CudaBackendTest, AddRmsNormUpdatesResidualAndNormalises) {
@@ -306,43 +311,46 @@ void rotate_ref(float* head, int64_t hd, int32_t pos, const std::vector<double>&
 }
 
 TEST_F(CudaBackendTest, RopeAndKvWriteMatchReferenceForEveryLayoutAndScaling) {
-  const int64_t hq = 4, hkv = 2, hd = 64, bs = 16, num_blocks = 12, max_blocks = 4;
-  RopeParams cases[3];
-  cases[0] = {hd, 10000.0f, RopeLayout::NeoX, {}};
-  cases[1] = {hd, 500000.0f, RopeLayout::Interleaved, {RopeScaling::Kind::Llama3, 8.0f, 1.0f, 4.0f, 8192}};
-  cases[2] = {hd, 1000000.0f, RopeLayout::NeoX, {RopeScaling::Kind::Linear, 2.0f}};
-  for (const RopeParams& rope : cases) {
-    SCOPED_TRACE(::testing::Message() << "theta " << rope.theta << " layout " << int(rope.layout));
-    // A prefill from 0, a chunk continuing at 20 (crossing a block edge) and a decode at 60.
-    const HostBatch hb = make_batch({0, 20, 60}, {5, 14, 1}, max_blocks, num_blocks, 13);
-    const auto tokens = static_cast<int64_t>(hb.positions.size());
-    auto q = random_floats(tokens * hq * hd, 14), k = random_floats(tokens * hkv * hd, 15);
-    const auto v = random_floats(tokens * hkv * hd, 16);
-    Both tq = both_f32({tokens, hq * hd}, q), tk = both_f32({tokens, hkv * hd}, k),
-         tv = both_f32({tokens, hkv * hd}, v);
-    const std::vector<float> zeros(num_blocks * bs * hkv * hd);
-    Both ck = both_f32({num_blocks, bs, hkv, hd}, zeros), cv = both_f32({num_blocks, bs, hkv, hd}, zeros);
-    KvCacheLayer gpu_cache{ck.gpu, cv.gpu}, cpu_cache{ck.cpu, cv.cpu};
-    gpu_->rope_and_write_kv(tq.gpu, tk.gpu, tv.gpu, view(*gpu_, hb), rope, gpu_cache);
-    cpu_->rope_and_write_kv(tq.cpu, tk.cpu, tv.cpu, view(*cpu_, hb), rope, cpu_cache);
+  const int64_t hq = 4, hkv = 2, bs = 16, num_blocks = 12, max_blocks = 4;
+  for (int64_t hd : {64, 128}) {  // one thread per rotated pair: 32 and 64 threads per head
+    RopeParams cases[3];
+    cases[0] = {hd, 10000.0f, RopeLayout::NeoX, {}};
+    cases[1] = {hd, 500000.0f, RopeLayout::Interleaved, {RopeScaling::Kind::Llama3, 8.0f, 1.0f, 4.0f, 8192}};
+    cases[2] = {hd, 1000000.0f, RopeLayout::NeoX, {RopeScaling::Kind::Linear, 2.0f}};
+    for (const RopeParams& rope : cases) {
+      SCOPED_TRACE(::testing::Message()
+                   << "hd " << hd << " theta " << rope.theta << " layout " << int(rope.layout));
+      // A prefill from 0, a chunk continuing at 20 (crossing a block edge) and a decode at 60.
+      const HostBatch hb = make_batch({0, 20, 60}, {5, 14, 1}, max_blocks, num_blocks, 13);
+      const auto tokens = static_cast<int64_t>(hb.positions.size());
+      auto q = random_floats(tokens * hq * hd, 14), k = random_floats(tokens * hkv * hd, 15);
+      const auto v = random_floats(tokens * hkv * hd, 16);
+      Both tq = both_f32({tokens, hq * hd}, q), tk = both_f32({tokens, hkv * hd}, k),
+           tv = both_f32({tokens, hkv * hd}, v);
+      const std::vector<float> zeros(num_blocks * bs * hkv * hd);
+      Both ck = both_f32({num_blocks, bs, hkv, hd}, zeros), cv = both_f32({num_blocks, bs, hkv, hd}, zeros);
+      KvCacheLayer gpu_cache{ck.gpu, cv.gpu}, cpu_cache{ck.cpu, cv.cpu};
+      gpu_->rope_and_write_kv(tq.gpu, tk.gpu, tv.gpu, view(*gpu_, hb), rope, gpu_cache);
+      cpu_->rope_and_write_kv(tq.cpu, tk.cpu, tv.cpu, view(*cpu_, hb), rope, cpu_cache);
 
-    const auto inv = inv_freq_ref(hd, rope.theta, rope.scaling);
-    std::vector<float> want_k_cache = zeros, want_v_cache = zeros;
-    for (int64_t t = 0; t < tokens; ++t) {
-      const int32_t pos = hb.positions[t];
-      for (int64_t h = 0; h < hq; ++h) rotate_ref(&q[(t * hq + h) * hd], hd, pos, inv, rope.layout);
-      for (int64_t h = 0; h < hkv; ++h) rotate_ref(&k[(t * hkv + h) * hd], hd, pos, inv, rope.layout);
-      const int32_t block = hb.block_tables[hb.seq_of[t] * max_blocks + pos / bs];
-      const int64_t slot = (block * bs + pos % bs) * hkv * hd;
-      std::copy_n(&k[t * hkv * hd], hkv * hd, &want_k_cache[slot]);
-      std::copy_n(&v[t * hkv * hd], hkv * hd, &want_v_cache[slot]);
+      const auto inv = inv_freq_ref(hd, rope.theta, rope.scaling);
+      std::vector<float> want_k_cache = zeros, want_v_cache = zeros;
+      for (int64_t t = 0; t < tokens; ++t) {
+        const int32_t pos = hb.positions[t];
+        for (int64_t h = 0; h < hq; ++h) rotate_ref(&q[(t * hq + h) * hd], hd, pos, inv, rope.layout);
+        for (int64_t h = 0; h < hkv; ++h) rotate_ref(&k[(t * hkv + h) * hd], hd, pos, inv, rope.layout);
+        const int32_t block = hb.block_tables[hb.seq_of[t] * max_blocks + pos / bs];
+        const int64_t slot = (block * bs + pos % bs) * hkv * hd;
+        std::copy_n(&k[t * hkv * hd], hkv * hd, &want_k_cache[slot]);
+        std::copy_n(&v[t * hkv * hd], hkv * hd, &want_v_cache[slot]);
+      }
+      expect_close(read(*gpu_, tq.gpu), q, 2e-6, 1e-5, "q");
+      expect_close(read(*gpu_, tk.gpu), k, 2e-6, 1e-5, "k");
+      expect_close(read(*gpu_, ck.gpu), want_k_cache, 2e-6, 1e-5, "k cache");
+      expect_close(read(*gpu_, cv.gpu), want_v_cache, 0, 0, "v cache");
+      expect_close(read(*gpu_, tq.gpu), read(*cpu_, tq.cpu), 2e-6, 1e-5, "q gpu vs cpu");
+      expect_close(read(*gpu_, ck.gpu), read(*cpu_, ck.cpu), 2e-6, 1e-5, "k cache gpu vs cpu");
     }
-    expect_close(read(*gpu_, tq.gpu), q, 2e-6, 1e-5, "q");
-    expect_close(read(*gpu_, tk.gpu), k, 2e-6, 1e-5, "k");
-    expect_close(read(*gpu_, ck.gpu), want_k_cache, 2e-6, 1e-5, "k cache");
-    expect_close(read(*gpu_, cv.gpu), want_v_cache, 0, 0, "v cache");
-    expect_close(read(*gpu_, tq.gpu), read(*cpu_, tq.cpu), 2e-6, 1e-5, "q gpu vs cpu");
-    expect_close(read(*gpu_, ck.gpu), read(*cpu_, ck.cpu), 2e-6, 1e-5, "k cache gpu vs cpu");
   }
 }
 

@@ -480,10 +480,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int last = min(pos, batch.seq_lens[s] - 1);
   const int first = window > 0 ? static_cast<int>(max(static_cast<int64_t>(0), pos - window + 1)) : 0;
   const int n_keys = last >= first ? last - first + 1 : 0;
-  // The metadata above was copied before the step's first kernel; q, the cache and the partials' buffers
-  // belong to the kernels before this one (cuda_common.cuh, programmatic dependent launch).
-  pdl_wait();
-  pdl_launch_dependents();
   const int per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
   const int k_begin = first + split * per_split;
   const int k_end = min(last + 1, k_begin + per_split);
@@ -501,10 +497,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   loader.head_off = static_cast<int64_t>(kvh) * HD;
   loader.key0 = threadIdx.x / Loader::kChunks;
   loader.c = threadIdx.x % Loader::kChunks;
-  // The first kAhead tiles into stages 0 .. kAhead - 1 (the last stage holds Q's staging for now).
+  // The first kAhead tiles into stages 0 .. kAhead - 1 (the last stage holds Q's staging for now). The
+  // metadata above was copied before the step's first kernel, and the keys before `last` were written by
+  // earlier steps, so tiles that end before `last` start loading before the wait for the previous kernel
+  // (the RoPE kernel that writes this token's key); q, the newest key, the partials' buffers and the
+  // tickets belong to the kernels before this one (cuda_common.cuh, programmatic dependent launch). The
+  // early tiles are a prefix, so the cp.async groups stay in tile order.
+  int issued = 0;
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) {
-    if (i < n_tiles) {
+    if (i < n_tiles && k_begin + (i + 1) * kTile <= last) {
+      loader.prefetch(k_begin + i * kTile, k_end);
+      loader.begin(sm, i, k_begin + i * kTile);
+      issued = i + 1;
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i >= issued && i < n_tiles) {
       loader.prefetch(k_begin + i * kTile, k_end);
       loader.begin(sm, i, k_begin + i * kTile);
     }

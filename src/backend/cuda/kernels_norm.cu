@@ -21,6 +21,66 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float a, float 
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 
+// Rows of whole float4s up to kNormThreads * kMaxVec * 4 columns (8192: Llama-3-70B) keep their values in
+// registers: every load of the row, the residual add and the weights is issued at once, so a decode step's
+// one-row norm costs one memory round trip rather than a loop of them (a one-CTA kernel is all latency).
+// The weights are constant, so they are read before the wait for the previous kernel.
+constexpr int kMaxVec = 8;
+
+template <int kVec>
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_regs_kernel(float* x, const float* add, const float* w, float eps, int64_t cols, float* out,
+                        __nv_bfloat16* out_bf16) {
+  __shared__ float scratch[kWarp];
+  const int64_t n4 = cols / 4;
+  float4 g[kVec], v[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+    if (i < n4) g[j] = reinterpret_cast<const float4*>(w)[i];
+  }
+  pdl_wait();  // x / add come from the previous kernels
+  pdl_launch_dependents();
+  float* row = x + blockIdx.x * cols;
+  const float* add_row = add ? add + blockIdx.x * cols : nullptr;
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+    if (i < n4) v[j] = reinterpret_cast<const float4*>(row)[i];
+  }
+  if (add_row) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+      if (i < n4) {
+        const float4 a = reinterpret_cast<const float4*>(add_row)[i];
+        v[j] = make_float4(v[j].x + a.x, v[j].y + a.y, v[j].z + a.z, v[j].w + a.w);
+        reinterpret_cast<float4*>(row)[i] = v[j];
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+    if (i < n4) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+  }
+  ss = block_sum(ss, scratch);
+  const float scale = rsqrtf(ss / static_cast<float>(cols) + eps);
+  float* out_row = out + blockIdx.x * cols;
+  __nv_bfloat16* bf_row = out_bf16 ? out_bf16 + blockIdx.x * cols : nullptr;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
+    if (i < n4) {
+      const float4 y = make_float4(v[j].x * scale * g[j].x, v[j].y * scale * g[j].y, v[j].z * scale * g[j].z,
+                                   v[j].w * scale * g[j].w);
+      reinterpret_cast<float4*>(out_row)[i] = y;
+      if (bf_row) store_bf16x4(bf_row + 4 * i, y.x, y.y, y.z, y.w);
+    }
+  }
+}
+
 __global__ void rmsnorm_kernel(float* x, const float* add, const float* w, float eps, int64_t cols,
                                float* out, __nv_bfloat16* out_bf16) {
   __shared__ float scratch[kWarp];
@@ -94,19 +154,35 @@ __global__ void head_rmsnorm_kernel(float* x, int64_t heads, int64_t head_dim, c
 
 }  // namespace
 
+// Both entry points: x is only written when add != nullptr. The register kernel takes rows of whole float4s
+// (16-byte aligned: the workspace rows are 64-byte aligned) up to kMaxVec per thread; others the loop.
+static cudaError_t launch_norm(float* x, const float* add, const float* w, float eps, int64_t rows,
+                               int64_t cols, float* out, void* out_bf16, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  auto* bf = static_cast<__nv_bfloat16*>(out_bf16);
+  const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  const bool vec = cols % 4 == 0 && aligned(x, 16) && aligned(out, 16) && aligned(w, 16) &&
+                   (add == nullptr || aligned(add, 16)) && (bf == nullptr || aligned(bf, 8));
+  const int64_t per_thread = (cols / 4 + kNormThreads - 1) / kNormThreads;
+  const dim3 grid(static_cast<unsigned>(rows)), block(kNormThreads);
+  if (vec && per_thread <= 2)
+    return launch_pdl(rmsnorm_regs_kernel<2>, grid, block, 0, stream, x, add, w, eps, cols, out, bf);
+  if (vec && per_thread <= 4)
+    return launch_pdl(rmsnorm_regs_kernel<4>, grid, block, 0, stream, x, add, w, eps, cols, out, bf);
+  if (vec && per_thread <= kMaxVec)
+    return launch_pdl(rmsnorm_regs_kernel<kMaxVec>, grid, block, 0, stream, x, add, w, eps, cols, out, bf);
+  return launch_pdl(rmsnorm_kernel, grid, block, 0, stream, x, add, w, eps, cols, out, bf);
+}
+
 cudaError_t launch_rmsnorm(const float* x, const float* w, float eps, int64_t rows, int64_t cols, float* out,
                            void* out_bf16, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
   // x is only read when add == nullptr; the cast keeps one kernel for both entry points.
-  return launch_pdl(rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream,
-                    const_cast<float*>(x), nullptr, w, eps, cols, out, static_cast<__nv_bfloat16*>(out_bf16));
+  return launch_norm(const_cast<float*>(x), nullptr, w, eps, rows, cols, out, out_bf16, stream);
 }
 
 cudaError_t launch_add_rmsnorm(float* residual, const float* x, const float* w, float eps, int64_t rows,
                                int64_t cols, float* out, void* out_bf16, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  return launch_pdl(rmsnorm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kNormThreads), 0, stream,
-                    residual, x, w, eps, cols, out, static_cast<__nv_bfloat16*>(out_bf16));
+  return launch_norm(residual, x, w, eps, rows, cols, out, out_bf16, stream);
 }
 
 cudaError_t launch_head_rmsnorm(float* x, int64_t heads, int64_t head_dim, const float* w, float eps,
