@@ -11,7 +11,9 @@ for q in ${QUANTS:-bf16 fp8}; do
   [[ "$q" != bf16 ]] && qa=(--quantize "$q" --kv-cache-dtype fp8)
   common=(bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda --max-batch-size 256
     --num-prompts 256 --input-len 1024 --output-len 48 --max-model-len 4096 --warmup 0 --no-progress)
-  bash "$D/kernel_profile.sh" "dec256_$q" "${DEC_SKIP:-9000}" "${DEC_COUNT:-700}" "${common[@]}" \
+  skip=${DEC_SKIP:-9000}
+  [[ "$q" != bf16 ]] && skip=${DEC_SKIP_Q:-14000}  # more launches per prefill step (quantize, epilogue)
+  [[ "${MIX_ONLY:-0}" == 1 ]] || bash "$D/kernel_profile.sh" "dec256_$q" "$skip" "${DEC_COUNT:-700}" "${common[@]}" \
     --max-num-batched-tokens 16384
   bash "$D/kernel_profile.sh" "mix2048_$q" "${MIX_SKIP:-20000}" "${MIX_COUNT:-700}" "${common[@]}" \
     --max-num-batched-tokens 2048

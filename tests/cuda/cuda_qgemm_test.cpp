@@ -385,6 +385,70 @@ TEST_F(QuantizedGemmTest, Fp8FallbackThroughBf16MatchesTheCpuW8A8) {
   qgemm().set_force_dequant(false);
 }
 
+// FP8 fused projections: one FP8 GEMM over the stacked weight and one epilogue that splits the columns
+// (q / k / v) or applies SiLU * up give the CPU backend's per-part W8A8 values (the same codes and scales;
+// only the summation order differs). Column counts: multiples of 4 (the float4 epilogue) and, for the
+// split, one that is not (the scalar epilogue).
+TEST_F(QuantizedGemmTest, Fp8FusedProjectionsMatchTheCpuBackend) {
+  for (bool per_channel : {true, false})
+    for (int64_t t : {64, 300}) {
+      for (const std::vector<int64_t>& cols :
+           {std::vector<int64_t>{96, 32, 32}, std::vector<int64_t>{58, 38}}) {
+        const int64_t n = std::accumulate(cols.begin(), cols.end(), int64_t{0}), k = 208;
+        SCOPED_TRACE(::testing::Message()
+                     << "split " << cols.size() << " per_channel " << per_channel << " t " << t);
+        HostLinear h = make_layer(DType::F8_E4M3, n, k, 31 + static_cast<uint32_t>(t), per_channel);
+        if (t == 300) h.bias = random_floats(static_cast<size_t>(n), 5);
+        const std::vector<float> x = random_floats(static_cast<size_t>(t * k), 41);
+        const Linear wg = upload(*gpu_, h), wc = upload(*cpu_, h);
+        const Tensor xg = on(*gpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+        const Tensor xc = on(*cpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+        std::vector<Tensor> og, oc;
+        for (int64_t c : cols) {
+          og.push_back(on(*gpu_, DType::F32, {t, c}, nullptr, static_cast<size_t>(t * c) * 4));
+          oc.push_back(on(*cpu_, DType::F32, {t, c}, nullptr, static_cast<size_t>(t * c) * 4));
+        }
+        std::vector<Tensor*> pg, pc;
+        for (size_t j = 0; j < cols.size(); ++j) {
+          pg.push_back(&og[j]);
+          pc.push_back(&oc[j]);
+        }
+        gpu_->matmul_split(xg, wg, pg);
+        cpu_->matmul_split(xc, wc, pc);
+        EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
+        for (size_t j = 0; j < cols.size(); ++j) {
+          const std::vector<float> cpu = read(*cpu_, oc[j]);
+          expect_close_to_scale(read(*gpu_, og[j]), std::vector<double>(cpu.begin(), cpu.end()), 2e-3,
+                                "part " + std::to_string(j));
+        }
+      }
+      // [G; U] with f = 96 and 40 (2f a multiple of 16, as the FP8 GEMM needs, makes f one of 4: float4s).
+      for (int64_t f : {96, 40}) {
+        const int64_t k = 208;
+        SCOPED_TRACE(::testing::Message() << "silu f " << f << " per_channel " << per_channel << " t " << t);
+        HostLinear h = make_layer(DType::F8_E4M3, 2 * f, k, 51 + static_cast<uint32_t>(t + f), per_channel);
+        if (t == 64) h.bias = random_floats(static_cast<size_t>(2 * f), 6);
+        const std::vector<float> x = random_floats(static_cast<size_t>(t * k), 42, -2.0f, 2.0f);
+        const Linear wg = upload(*gpu_, h), wc = upload(*cpu_, h);
+        const Tensor xg = on(*gpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+        const Tensor xc = on(*cpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+        const size_t bytes = static_cast<size_t>(t * f) * 4;
+        Tensor gg = on(*gpu_, DType::F32, {t, f}, nullptr, bytes),
+               ug = on(*gpu_, DType::F32, {t, f}, nullptr, bytes),
+               outg = on(*gpu_, DType::F32, {t, f}, nullptr, bytes);
+        Tensor gc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes),
+               uc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes),
+               outc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes);
+        gpu_->matmul_silu_mul(xg, wg, gg, ug, outg);
+        cpu_->matmul_silu_mul(xc, wc, gc, uc, outc);
+        EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
+        const std::vector<float> cpu = read(*cpu_, outc);
+        expect_close_to_scale(read(*gpu_, outg), std::vector<double>(cpu.begin(), cpu.end()), 2e-3,
+                              "silu * up");
+      }
+    }
+}
+
 // INT4 / Q8_0 / Q4_K: BF16 activations and BF16-rounded weights (2^-9 relative each): 1e-2 of the output
 // scale against the exact product; the CPU backend quantizes activations to int8 blocks (4e-3 from the
 // exact product on these shapes): 1.5e-2.

@@ -109,7 +109,7 @@ void CudaBackend::matmul_split(const Tensor& x, const Linear& w, std::span<Tenso
       w.weight.shape_string());
   if (w.weight.device != Device::CUDA || outs.size() > static_cast<size_t>(cuda::kGemvMaxOutputs) ||
       !gemv_takes(x, w)) {
-    Backend::matmul_split(x, w, outs);
+    if (!fused_quantized_split(x, w, outs)) Backend::matmul_split(x, w, outs);
     return;
   }
   if (!w.bias.empty())
@@ -126,7 +126,8 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
                w.weight.shape_string());
   const int64_t f = w.out_features() / 2;
   if (w.weight.device != Device::CUDA || !gemv_takes(x, w)) {
-    if (!stacked_silu_mul(x, w, out)) Backend::matmul_silu_mul(x, w, gate, up, out);
+    if (!fused_quantized_silu_mul(x, w, out) && !stacked_silu_mul(x, w, out))
+      Backend::matmul_silu_mul(x, w, gate, up, out);
     return;
   }
   check_out(x, out, "gate/up");
@@ -155,6 +156,42 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
 // rows that is ~1.4 GB less memory traffic per layer (computed from the shapes, not measured alone).
 // Bias-free weights only (cuBLASLt's bias epilogue with a BF16 output is not relied on); others take the
 // default (two F32 products, then silu_mul).
+bool CudaBackend::fused_quantized_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
+  if (w.weight.device != Device::CUDA || outs.empty() || outs.size() > 3 ||
+      !cuda::QuantizedGemm::supports(w) || !cuda::QuantizedGemm::prefers_fused(w, x.rows()))
+    return false;
+  float* ptrs[3];
+  int64_t cols[3];
+  for (size_t j = 0; j < outs.size(); ++j) {
+    check_out(x, *outs[j], "split matmul");
+    ptrs[j] = outs[j]->ptr<float>();
+    cols[j] = outs[j]->cols();
+  }
+  use_device();
+  if (!qgemm_->matmul_split(x.ptr<float>(), x.rows(), w, ptrs, cols, static_cast<int>(outs.size()),
+                            [this](size_t bytes) { return scratch(qgemm_ws_, bytes); }))
+    return false;
+  last_matmul_bf16_ = false;  // it reads F32 activations
+  for (Tensor* out : outs) drop_bf16_copy_if_overlaps(*out);
+  return true;
+}
+
+bool CudaBackend::fused_quantized_silu_mul(const Tensor& x, const Linear& w, Tensor& out) {
+  if (w.weight.device != Device::CUDA || !cuda::QuantizedGemm::supports(w) ||
+      !cuda::QuantizedGemm::prefers_fused(w, x.rows()))
+    return false;
+  check_out(x, out, "gate/up");
+  INFERX_CHECK(out.cols() * 2 == w.out_features() && out.numel() == x.rows() * out.cols(),
+               "cuda backend: gate/up output {} for W {}", out.shape_string(), w.weight.shape_string());
+  use_device();
+  if (!qgemm_->matmul_silu_mul(x.ptr<float>(), x.rows(), w, out.ptr<float>(),
+                               [this](size_t bytes) { return scratch(qgemm_ws_, bytes); }))
+    return false;
+  last_matmul_bf16_ = false;
+  drop_bf16_copy_if_overlaps(out);
+  return true;
+}
+
 bool CudaBackend::stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out) {
   const int64_t t = x.rows(), f = w.out_features() / 2;
   if (!options_.bf16_activations || w.weight.dtype != DType::BF16 || !w.bias.empty() ||

@@ -24,6 +24,26 @@ cudaError_t launch_fp8_scale_epilogue(const float* acc, int64_t t, int64_t n, co
                                       const float* w_scale, bool per_channel, const float* bias, float* out,
                                       cudaStream_t stream);
 
+// The W8A8 epilogue in general: acc F32 [t, n] (the unscaled FP8 GEMM product), value(r, c) = acc[r, c] *
+// x_scale[r] * w_scale[per_channel ? c : 0] + (bias ? bias[c] : 0).
+//   silu == false: columns are split in order among num_outs (1..3) outputs, out[j] F32 [t, cols[j]]
+//     contiguous, sum of cols == n (q / k / v of a fused projection; one output may alias acc);
+//   silu == true: out[0] F32 [t, n / 2] = silu(value(r, c)) * value(r, n / 2 + c) (a fused gate/up
+//     projection: gate columns first), SiLU as the silu_mul kernel computes it.
+struct Fp8Epilogue {
+  const float* acc = nullptr;
+  int64_t t = 0, n = 0;
+  const float* x_scale = nullptr;
+  const float* w_scale = nullptr;
+  bool per_channel = false;
+  const float* bias = nullptr;
+  bool silu = false;
+  int num_outs = 1;
+  float* out[3] = {nullptr, nullptr, nullptr};
+  int64_t cols[3] = {0, 0, 0};
+};
+cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream);
+
 // A quantized weight as the dequantizer reads it (layouts: quant/fp8.h, quant/int4.h,
 // quant/gguf_block_layouts.h). Pointers are to row 0 of the whole weight.
 struct DequantWeight {

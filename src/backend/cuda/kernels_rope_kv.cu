@@ -7,11 +7,15 @@
 // (the per-tensor scheme of vLLM's fp8 KV cache; scale 1.0 by default).
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace inferx::cuda {
 namespace {
+
+constexpr int64_t kRopeBlockThreads = 512;  // threads per block: several heads of hd / 2 pairs
 
 template <class CacheT>
 __device__ __forceinline__ void store_kv(CacheT* dst, float v, float /*inv_scale*/) {
@@ -22,18 +26,25 @@ __device__ __forceinline__ void store_kv<uint8_t>(uint8_t* dst, float v, float i
   *dst = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
 }
 
-// Grid (token, head): q heads first, then k heads; one thread per rotated pair (hd / 2 threads), each
-// forming its own angle. A k head's block also writes the rotated key and its v head into the token's cache
-// slot (each thread the two elements of its pair). One block per token (the first version) ran one long
-// dependent loop over all heads: 15.6 us per decode layer at batch 1 on the H200 (ncu, 2026-12-03).
+// Grid (token, group of heads); block (hd / 2, heads per block): q heads first, then k heads; one thread per
+// rotated pair, each forming its own angle. A k head's threads also write the rotated key and its v head
+// into the token's cache slot (each thread the two elements of its pair). One block per token (the first
+// version) ran one long dependent loop over all heads: 15.6 us per decode layer at batch 1 on the H200
+// (ncu, 2026-12-03); one 64-thread block per (token, head) took 4.3 us there but 102 us for a 2048-token
+// chunk (82k tiny blocks: block launch rate), hence several heads per block.
 template <class CacheT>
-__global__ void __launch_bounds__(kMaxRopePairs)
+__global__ void __launch_bounds__(kRopeBlockThreads)
     rope_write_kv_kernel(float* q, float* k, const float* v, int hq, int hkv, int hd, bool interleaved,
                          const __grid_constant__ RopeFrequencies freqs,
                          const __grid_constant__ BatchArgs batch, CacheT* k_cache, CacheT* v_cache,
                          int64_t num_blocks, int64_t block_size, float inv_k_scale, float inv_v_scale) {
-  const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  const int t = blockIdx.x, h = blockIdx.y * blockDim.y + threadIdx.y, i = threadIdx.x;
   const int half = hd / 2;
+  if (h >= hq + hkv) {  // past the last head: nothing to rotate, but the PDL calls stay uniform
+    pdl_wait();
+    pdl_launch_dependents();
+    return;
+  }
   const bool is_k = h >= hq;
   // positions and block tables were copied before the step's first kernel: read before the wait; q, k, v
   // and the cache slots come from the kernels before this one (cuda_common.cuh, programmatic dependent
@@ -78,12 +89,14 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                          bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
                          const PagedKv& cache, cudaStream_t stream) {
   if (hd % 2 != 0 || hd / 2 > kMaxRopePairs) return cudaErrorInvalidValue;  // the caller checks
+  const int64_t heads_per_block = std::max<int64_t>(1, kRopeBlockThreads / (hd / 2));
+  const int64_t groups = (hq + hkv + heads_per_block - 1) / heads_per_block;
   return launch_pdl(rope_write_kv_kernel<CacheT>,
-                    dim3(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(hq + hkv)),
-                    dim3(static_cast<unsigned>(hd / 2)), 0, stream, q, k, v, static_cast<int>(hq),
-                    static_cast<int>(hkv), static_cast<int>(hd), interleaved, freqs, batch,
-                    static_cast<CacheT*>(cache.k), static_cast<CacheT*>(cache.v), cache.num_blocks,
-                    cache.block_size, 1.0f / cache.k_scale, 1.0f / cache.v_scale);
+                    dim3(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(groups)),
+                    dim3(static_cast<unsigned>(hd / 2), static_cast<unsigned>(heads_per_block)), 0, stream, q,
+                    k, v, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(hd), interleaved,
+                    freqs, batch, static_cast<CacheT*>(cache.k), static_cast<CacheT*>(cache.v),
+                    cache.num_blocks, cache.block_size, 1.0f / cache.k_scale, 1.0f / cache.v_scale);
 }
 
 }  // namespace

@@ -139,6 +139,60 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   dequant_matmul(x, t, w, out, workspace);
 }
 
+bool QuantizedGemm::fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epilogue e,
+                              const std::function<void*(size_t)>& workspace) {
+  const int64_t n = w.out_features(), k = w.in_features();
+  if (w.weight.dtype != DType::F8_E4M3 || force_dequant_ || !supports(w) || t <= 0 || n % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(w.weight.data) % 16 != 0)
+    return false;
+  lt_.evict_if_full();
+  const size_t q_bytes = round_up(static_cast<size_t>(t * k)), s_bytes = round_up(static_cast<size_t>(t) * 4);
+  auto* ws = static_cast<char*>(workspace(q_bytes + s_bytes + static_cast<size_t>(t * n) * 4));
+  auto* xq = reinterpret_cast<uint8_t*>(ws);
+  auto* xs = reinterpret_cast<float*>(ws + q_bytes);
+  auto* acc = reinterpret_cast<float*>(ws + q_bytes + s_bytes);
+  CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, xq, xs, nullptr, stream_));
+  const LtOperands ops{w.weight.data, xq, acc, nullptr, nullptr, nullptr};
+  LtMatmul::Plan* plan = lt_.plan(lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops), ops);
+  if (plan == nullptr || !try_run(*plan, ops)) return false;
+  e.acc = acc;
+  e.t = t;
+  e.n = n;
+  e.x_scale = xs;
+  e.w_scale = static_cast<const float*>(w.scale.data);
+  e.per_channel = w.scale.numel() > 1;
+  e.bias = w.bias.empty() ? nullptr : w.bias.ptr<float>();
+  CUDA_CHECK(launch_fp8_epilogue(e, stream_));
+  last_path_ = Path::Fp8Fused;
+  return true;
+}
+
+bool QuantizedGemm::matmul_split(const float* x, int64_t t, const Linear& w, float* const* outs,
+                                 const int64_t* cols, int num_outs,
+                                 const std::function<void*(size_t)>& workspace) {
+  if (num_outs < 1 || num_outs > 3) return false;
+  Fp8Epilogue e;
+  e.num_outs = num_outs;
+  int64_t total = 0;
+  for (int j = 0; j < num_outs; ++j) {
+    e.out[j] = outs[j];
+    e.cols[j] = cols[j];
+    total += cols[j];
+  }
+  INFERX_CHECK(total == w.out_features(), "cuda backend: split FP8 matmul outputs of {} columns for W {}",
+               total, w.weight.shape_string());
+  return fp8_fused(x, t, w, e, workspace);
+}
+
+bool QuantizedGemm::matmul_silu_mul(const float* x, int64_t t, const Linear& w, float* out,
+                                    const std::function<void*(size_t)>& workspace) {
+  if (w.out_features() % 2 != 0) return false;
+  Fp8Epilogue e;
+  e.silu = true;
+  e.out[0] = out;
+  return fp8_fused(x, t, w, e, workspace);
+}
+
 void QuantizedGemm::dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,
                                    const std::function<void*(size_t)>& workspace) {
   const int64_t n = w.out_features(), k = w.in_features();

@@ -26,6 +26,7 @@
 #include <functional>
 
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/kernels_quant.h"
 #include "backend/linear.h"
 
 namespace inferx::cuda {
@@ -41,7 +42,8 @@ class QuantizedGemm {
   // Fp8: FP8 GEMM + scaling epilogue kernel; Fp8OuterScale: FP8 GEMM with cuBLASLt's outer-vector scales
   // (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: per-row A scale x per-column B scale, applied in the
   // GEMM; no epilogue pass), taken when the heuristic offers it; Fp8ViaBf16: the BF16 fallback.
-  enum class Path { None, Fp8, Fp8OuterScale, Fp8ViaBf16, Dequant };
+  // Fp8Fused: a fused projection (matmul_split / matmul_silu_mul below) as one FP8 GEMM + one epilogue.
+  enum class Path { None, Fp8, Fp8OuterScale, Fp8ViaBf16, Dequant, Fp8Fused };
 
   explicit QuantizedGemm(cudaStream_t stream);
   ~QuantizedGemm();
@@ -61,6 +63,20 @@ class QuantizedGemm {
   void matmul(const float* x, int64_t t, const Linear& w, float* out,
               const std::function<void*(size_t)>& workspace);
 
+  // Fused projections of FP8 weights (W8A8 on cuBLASLt's FP8 GEMM), the activations quantized once:
+  //   matmul_split: w = [W0; W1; ...] stacked, outs[j] F32 [t, cols[j]] = x @ Wj^T (+ bias part j);
+  //   matmul_silu_mul: w = [G; U] stacked (2f rows), out F32 [t, f] = silu(x @ G^T + bg) * (x @ U^T + bu).
+  // One GEMM over the whole stacked weight into scratch, then one epilogue pass that applies the scales,
+  // splits the columns (or applies SiLU * up) - instead of a quantization, a GEMM and an epilogue per part
+  // (plus the SiLU pass). Same values as the per-part matmuls (the same codes and scales; only the GEMM's
+  // summation order may differ). False (nothing written) when the weight or shape does not take the FP8
+  // GEMM (other formats, K or the stacked N not a multiple of 16, forced dequantization), or when cuBLASLt
+  // offers or accepts no FP8 algorithm: the caller then runs the parts one by one.
+  bool matmul_split(const float* x, int64_t t, const Linear& w, float* const* outs, const int64_t* cols,
+                    int num_outs, const std::function<void*(size_t)>& workspace);
+  bool matmul_silu_mul(const float* x, int64_t t, const Linear& w, float* out,
+                       const std::function<void*(size_t)>& workspace);
+
   // The path the last matmul took (tests and benchmarks).
   Path last_path() const { return last_path_; }
   // Tests: force the dequantizing path for FP8 weights too.
@@ -78,6 +94,10 @@ class QuantizedGemm {
   // An FP8 run: false (and the plan disabled) when cuBLASLt refuses the call itself (NOT_SUPPORTED /
   // INVALID_VALUE), so that the caller falls back; other failures throw.
   bool try_run(LtMatmul::Plan& plan, const LtOperands& ops);
+  // Both fused projections: quantize x, FP8 GEMM over all of w into scratch, then the epilogue `e` (its
+  // acc, t, n and scales filled in here).
+  bool fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epilogue e,
+                 const std::function<void*(size_t)>& workspace);
   void fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
                   const std::function<void*(size_t)>& workspace);
   void dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,
