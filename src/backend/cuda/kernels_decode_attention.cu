@@ -88,7 +88,7 @@ __device__ __forceinline__ uint32_t pack2(__nv_bfloat16 lo_addr, __nv_bfloat16 h
          (static_cast<uint32_t>(__bfloat16_as_ushort(hi_addr)) << 16);
 }
 
-// Grid: (token, kv head * head chunks, split).
+// Grid: (token * kv heads * head chunks, split).
 template <class CacheT, int HD>
 __global__ void __launch_bounds__(kThreads)
     decode_attention_kernel(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
@@ -105,10 +105,13 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float s_den[kRows];
   __shared__ bool s_last;
 
-  const int t = blockIdx.x, split = blockIdx.z, splits = gridDim.z;
+  // Grid (token x group CTA, split): the CTAs of one token's KV heads are adjacent in launch order, so
+  // they read the neighbouring 256-byte pieces of the same cache rows together (decode_grid below).
+  const int heads_x = hkv * ((hq / hkv + kRows - 1) / kRows);
+  const int t = blockIdx.x / heads_x, head_x = blockIdx.x % heads_x, split = blockIdx.y, splits = gridDim.y;
   const int group = hq / hkv;
   const int chunks = (group + kRows - 1) / kRows;
-  const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  const int kvh = head_x / chunks, chunk = head_x % chunks;
   const int h0 = kvh * group + chunk * kRows;
   const int nh = min(kRows, group - chunk * kRows);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -292,7 +295,7 @@ __global__ void __launch_bounds__(kThreads)
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    int* ticket = counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
+    int* ticket = counters + static_cast<int64_t>(t) * heads_x + head_x;
     s_last = atomicAdd(ticket, 1) == splits - 1;
     if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
   }
@@ -447,7 +450,7 @@ constexpr int smem_bytes_v2() {
   return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
 }
 
-// Grid: (token, kv head * head chunks, split).
+// Grid: (token * kv heads * head chunks, split).
 template <class CacheT, int HD>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_attention_kernel_v2(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
@@ -466,10 +469,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float s_den[kRows];
   __shared__ bool s_last;
 
-  const int t = blockIdx.x, split = blockIdx.z, splits = gridDim.z;
+  // Grid (token x group CTA, split): the CTAs of one token's KV heads are adjacent in launch order, so
+  // they read the neighbouring 256-byte pieces of the same cache rows together (decode_grid below).
+  const int heads_x = hkv * ((hq / hkv + kRows - 1) / kRows);
+  const int t = blockIdx.x / heads_x, head_x = blockIdx.x % heads_x, split = blockIdx.y, splits = gridDim.y;
   const int group = hq / hkv;
   const int chunks = (group + kRows - 1) / kRows;
-  const int kvh = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  const int kvh = head_x / chunks, chunk = head_x % chunks;
   const int h0 = kvh * group + chunk * kRows;
   const int nh = min(kRows, group - chunk * kRows);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -721,7 +727,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    int* ticket = counters + static_cast<int64_t>(t) * gridDim.y + blockIdx.y;
+    int* ticket = counters + static_cast<int64_t>(t) * heads_x + head_x;
     s_last = atomicAdd(ticket, 1) == splits - 1;
     if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
   }
@@ -772,8 +778,8 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
          : attn::allow_dynamic_smem(decode_attention_kernel<CacheT, HD>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kRows - 1) / kRows;
-  const dim3 grid(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(hkv * chunks),
-                  static_cast<unsigned>(splits));
+  // Token-major, KV heads adjacent (see the kernels); the split count is at most kDecodeMaxSplits.
+  const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));
   float* part_acc = static_cast<float*>(scratch);
   float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
   const bool fp8 = cache.dtype == DType::F8_E4M3;
