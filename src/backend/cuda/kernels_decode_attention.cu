@@ -29,6 +29,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/kernels.h"
@@ -344,11 +345,14 @@ __global__ void __launch_bounds__(kThreads)
 //     dependent table load; key indices are 32-bit (no 64-bit division per chunk).
 constexpr int kTerms2 = 2;
 
-// Tile stages: BF16 has kStages - 1 tiles in flight (cp.async) while one is computed; FP8 stages the next
-// tile in registers, so two stages serve it.
+// Tile stages: kStages - 1 tiles in flight (cp.async) while one is computed. BF16 tiles land in the BF16
+// stages the MMAs read; FP8 tiles land as raw E4M3 bytes in their own stages (four: three in flight, 48 KiB
+// per CTA) and each thread converts the chunks it loaded into the one BF16 stage just before the tile is
+// used. (FP8 tiles first went through registers, one tile ahead: 16 KiB in flight per CTA, and at 256
+// decode rows the FP8 cache took as long as BF16 for half the bytes - H200 ncu, 424 vs 404 us per layer.)
 template <class CacheT>
 constexpr int stages_v2() {
-  return sizeof(CacheT) == 1 ? 2 : 3;
+  return sizeof(CacheT) == 1 ? 4 : 3;
 }
 template <int HD, int kStages>
 struct DecodeSmem {
@@ -357,14 +361,28 @@ struct DecodeSmem {
   __nv_bfloat16 v[kStages][kTile * kLd];
   bool ok[kStages][kTile];
 };
+template <int HD, int kRawStages>
+struct DecodeSmemFp8 {
+  static constexpr int kLd = HD + 8;
+  __nv_bfloat16 k[1][kTile * kLd];  // the tile being computed, converted
+  __nv_bfloat16 v[1][kTile * kLd];
+  bool ok[1][kTile];
+  alignas(16) uint8_t rk[kRawStages][kTile * HD];  // raw E4M3 tiles in flight
+  alignas(16) uint8_t rv[kRawStages][kTile * HD];
+  bool rok[kRawStages][kTile];
+};
+template <class CacheT, int HD>
+using DecodeSmemFor = std::conditional_t<sizeof(CacheT) == 1, DecodeSmemFp8<HD, stages_v2<CacheT>()>,
+                                         DecodeSmem<HD, stages_v2<CacheT>()>>;
 
 template <class CacheT, int HD>
 struct DecodeLoader {
-  static constexpr int kChunks = HD / 8;  // 8 elements per chunk: 16 bytes of BF16, 8 bytes of FP8
+  static constexpr bool kFp8 = sizeof(CacheT) == 1;
+  static constexpr int kElems = 16 / static_cast<int>(sizeof(CacheT));  // elements per 16-byte chunk
+  static constexpr int kChunks = HD / kElems;
   static constexpr int kKeyStep = kThreads / kChunks;
   static constexpr int kPerThread = kTile / kKeyStep;
   static_assert(kThreads % kChunks == 0 && kTile % kKeyStep == 0, "chunks must divide among threads");
-  static constexpr bool kFp8 = sizeof(CacheT) == 1;
 
   const CacheT* k_cache;
   const CacheT* v_cache;
@@ -372,12 +390,10 @@ struct DecodeLoader {
   int max_blocks;
   int64_t num_blocks;
   int block_size;
-  int64_t kv_row;                            // hkv * HD elements per token slot
-  int64_t head_off;                          // kvh * HD
-  int key0, c;                               // this thread's first key of a tile and its chunk
-  int32_t blk[kPerThread];                   // block of each key of the next tile to issue (-1: none)
-  uint2 kreg[kPerThread], vreg[kPerThread];  // FP8 staging
-  uint32_t okbits = 0;
+  int64_t kv_row;           // hkv * HD elements per token slot
+  int64_t head_off;         // kvh * HD
+  int key0, c;              // this thread's first key of a tile and its chunk
+  int32_t blk[kPerThread];  // block of each key of the next tile to issue (-1: none)
 
   // Loads the block-table entries of the tile at j0 (plain loads, consumed by the next begin()).
   __device__ __forceinline__ void prefetch(int j0, int end) {
@@ -392,46 +408,45 @@ struct DecodeLoader {
     const int32_t b = blk[i];
     if (b < 0 || b >= num_blocks) return -1;  // past the slice, or an invalid block: zeros, masked
     const int j = j0 + key0 + i * kKeyStep;
-    return (static_cast<int64_t>(b) * block_size + j % block_size) * kv_row + head_off + c * 8;
+    return (static_cast<int64_t>(b) * block_size + j % block_size) * kv_row + head_off + c * kElems;
   }
-  // BF16: one committed cp.async group into `stage`; FP8: loads into registers (store_fp8 converts).
+  // One committed cp.async group of the tile at j0 into `stage` (BF16: the MMA stage; FP8: the raw stage).
   template <class Smem>
   __device__ __forceinline__ void begin(Smem& s, int stage, int j0) {
-    if constexpr (kFp8) {
-      okbits = 0;
 #pragma unroll
-      for (int i = 0; i < kPerThread; ++i) {
-        const int64_t off = offset(i, j0);
-        kreg[i] = make_uint2(0, 0);
-        vreg[i] = make_uint2(0, 0);
-        if (off >= 0) {
-          okbits |= 1u << i;
-          kreg[i] = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const uint8_t*>(k_cache) + off));
-          vreg[i] = __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const uint8_t*>(v_cache) + off));
-        }
-      }
-    } else {
-      const auto* kc = reinterpret_cast<const __nv_bfloat16*>(k_cache);
-      const auto* vc = reinterpret_cast<const __nv_bfloat16*>(v_cache);
-#pragma unroll
-      for (int i = 0; i < kPerThread; ++i) {
-        const int64_t off = offset(i, j0);
-        const int key = key0 + i * kKeyStep;
+    for (int i = 0; i < kPerThread; ++i) {
+      const int64_t off = offset(i, j0);
+      const int key = key0 + i * kKeyStep;
+      const CacheT* kp = off >= 0 ? k_cache + off : k_cache;
+      const CacheT* vp = off >= 0 ? v_cache + off : v_cache;
+      if constexpr (kFp8) {
+        if (c == 0) s.rok[stage][key] = off >= 0;
+        attn::cp_async16(&s.rk[stage][key * HD + c * kElems], kp, off >= 0 ? 16 : 0);
+        attn::cp_async16(&s.rv[stage][key * HD + c * kElems], vp, off >= 0 ? 16 : 0);
+      } else {
         if (c == 0) s.ok[stage][key] = off >= 0;
-        attn::cp_async16(&s.k[stage][key * (HD + 8) + c * 8], off >= 0 ? kc + off : kc, off >= 0 ? 16 : 0);
-        attn::cp_async16(&s.v[stage][key * (HD + 8) + c * 8], off >= 0 ? vc + off : vc, off >= 0 ? 16 : 0);
+        attn::cp_async16(&s.k[stage][key * (HD + 8) + c * 8], kp, off >= 0 ? 16 : 0);
+        attn::cp_async16(&s.v[stage][key * (HD + 8) + c * 8], vp, off >= 0 ? 16 : 0);
       }
-      attn::cp_async_commit();
     }
+    attn::cp_async_commit();
   }
+  // FP8: this thread's chunks of raw stage `stage` (complete for it after its cp.async wait) into the BF16
+  // stage; a __syncthreads() must follow before others read them.
   template <class Smem>
-  __device__ __forceinline__ void store_fp8(Smem& s, int stage) {
+  __device__ __forceinline__ void convert(Smem& s, int stage) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int key = key0 + i * kKeyStep;
-      if (c == 0) s.ok[stage][key] = (okbits >> i) & 1u;
-      *reinterpret_cast<uint4*>(&s.k[stage][key * (HD + 8) + c * 8]) = attn::e4m3x8_to_bf16x8(kreg[i]);
-      *reinterpret_cast<uint4*>(&s.v[stage][key * (HD + 8) + c * 8]) = attn::e4m3x8_to_bf16x8(vreg[i]);
+      if (c == 0) s.ok[0][key] = s.rok[stage][key];
+      const uint4 rk = *reinterpret_cast<const uint4*>(&s.rk[stage][key * HD + c * kElems]);
+      const uint4 rv = *reinterpret_cast<const uint4*>(&s.rv[stage][key * HD + c * kElems]);
+      __nv_bfloat16* kd = &s.k[0][key * (HD + 8) + c * kElems];
+      __nv_bfloat16* vd = &s.v[0][key * (HD + 8) + c * kElems];
+      *reinterpret_cast<uint4*>(kd) = attn::e4m3x8_to_bf16x8(make_uint2(rk.x, rk.y));
+      *reinterpret_cast<uint4*>(kd + 8) = attn::e4m3x8_to_bf16x8(make_uint2(rk.z, rk.w));
+      *reinterpret_cast<uint4*>(vd) = attn::e4m3x8_to_bf16x8(make_uint2(rv.x, rv.y));
+      *reinterpret_cast<uint4*>(vd + 8) = attn::e4m3x8_to_bf16x8(make_uint2(rv.z, rv.w));
     }
   }
 };
@@ -445,7 +460,7 @@ __device__ __forceinline__ void split2(float x, __nv_bfloat16& hi, __nv_bfloat16
 template <class CacheT, int HD>
 constexpr int smem_bytes_v2() {
   static_assert(kTerms2 * kRows * (HD + 8) <= kTile * (HD + 8), "Q's staging fits one K stage");
-  constexpr int tiles = static_cast<int>(sizeof(DecodeSmem<HD, stages_v2<CacheT>()>));
+  constexpr int tiles = static_cast<int>(sizeof(DecodeSmemFor<CacheT, HD>));
   constexpr int merge = (kWarps * kRows * HD + 2 * kWarps * kRows) * 4;
   return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
 }
@@ -463,8 +478,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr bool kFp8 = sizeof(CacheT) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int kStages = stages_v2<CacheT>(), kAhead = kStages - 1;
-  static_assert(kAhead >= 1 && kAhead <= 2, "the cp.async waits below handle one or two tiles ahead");
-  auto& sm = *reinterpret_cast<DecodeSmem<HD, kStages>*>(smem_raw);
+  static_assert(kAhead >= 1 && kAhead <= 3, "the cp.async waits below handle one to three tiles ahead");
+  constexpr int kQStage = kFp8 ? 0 : kStages - 1;  // the BF16 stage that stages Q before the loop
+  auto& sm = *reinterpret_cast<DecodeSmemFor<CacheT, HD>*>(smem_raw);
   __shared__ float s_w[kRows][kDecodeMaxSplits];
   __shared__ float s_den[kRows];
   __shared__ bool s_last;
@@ -503,7 +519,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   loader.head_off = static_cast<int64_t>(kvh) * HD;
   loader.key0 = threadIdx.x / Loader::kChunks;
   loader.c = threadIdx.x % Loader::kChunks;
-  // The first kAhead tiles into stages 0 .. kAhead - 1 (the last stage holds Q's staging for now). The
+  // The first kAhead tiles into stages 0 .. kAhead - 1 (BF16: the last stage holds Q's staging for now;
+  // FP8: raw stages, Q in the BF16 stage). The
   // metadata above was copied before the step's first kernel, and the keys before `last` were written by
   // earlier steps, so tiles that end before `last` start loading before the wait for the previous kernel
   // (the RoPE kernel that writes this token's key); q, the newest key, the partials' buffers and the
@@ -532,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Q of the group's heads (row r = head h0 + r; rows past the group are zeros), pre-scaled into the log2
   // domain, as two BF16 terms staged in the last stage's K tile, then held as A fragments in registers.
   {
-    __nv_bfloat16* q_s = sm.k[kStages - 1];  // [term][row][kLd]
+    __nv_bfloat16* q_s = sm.k[kQStage];  // [term][row][kLd]
     constexpr int kVecs = kRows * HD / 4 / kThreads;
     float4 qv[kVecs];
 #pragma unroll
@@ -558,21 +575,18 @@ __global__ void __launch_bounds__(kThreads, 2)
           make_uint2(pack2(lo[0], lo[1]), pack2(lo[2], lo[3]));
     }
   }
-  if constexpr (kFp8) {
-    if (n_tiles > 0) loader.store_fp8(sm, 0);
-  }
   __syncthreads();
   uint32_t qf[kTerms2][HD / 16][4];
   {
     const int q_row = lane & 15, q_col = (lane >> 4) * 8;
-    const __nv_bfloat16* q_s = sm.k[kStages - 1];
+    const __nv_bfloat16* q_s = sm.k[kQStage];
 #pragma unroll
     for (int term = 0; term < kTerms2; ++term)
 #pragma unroll
       for (int kt = 0; kt < HD / 16; ++kt)
         attn::ldmatrix_x4(qf[term][kt], &q_s[(term * kRows + q_row) * kLd + kt * 16 + q_col]);
   }
-  __syncthreads();  // the last stage is free for tile kAhead
+  __syncthreads();  // the Q stage is free (BF16: for tile kAhead; FP8: for tile 0's conversion)
 
   float o[HD / 8][4];
 #pragma unroll
@@ -588,19 +602,21 @@ __global__ void __launch_bounds__(kThreads, 2)
       loader.begin(sm, st_ahead, k_begin + (it + kAhead) * kTile);
       if (it + kAhead + 1 < n_tiles) loader.prefetch(k_begin + (it + kAhead + 1) * kTile, k_end);
     }
-    if constexpr (!kFp8) {
-      // Groups committed after tile it's: the tiles up to it + kAhead that exist.
-      const int after = min(kAhead, n_tiles - 1 - it);
-      if (after >= 2)
-        attn::cp_async_wait<2>();
-      else if (after == 1)
-        attn::cp_async_wait<1>();
-      else
-        attn::cp_async_wait<0>();
-    }
+    // Groups committed after tile it's: the tiles up to it + kAhead that exist.
+    const int after = min(kAhead, n_tiles - 1 - it);
+    if (after >= 3)
+      attn::cp_async_wait<(kAhead >= 3 ? 3 : 0)>();
+    else if (after == 2)
+      attn::cp_async_wait<2>();
+    else if (after == 1)
+      attn::cp_async_wait<1>();
+    else
+      attn::cp_async_wait<0>();
+    if constexpr (kFp8) loader.convert(sm, st);
     __syncthreads();
-    const __nv_bfloat16* k_s = sm.k[st];
-    const __nv_bfloat16* v_s = sm.v[st];
+    const int cst = kFp8 ? 0 : st;  // the BF16 stage holding tile it
+    const __nv_bfloat16* k_s = sm.k[cst];
+    const __nv_bfloat16* v_s = sm.v[cst];
 
     // S = Q K^T for the 16 heads x this warp's 16 keys, one accumulator per term.
     float sc[kTerms2][2][4] = {};
@@ -622,8 +638,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const int key = warp * 16 + nt * 8 + tig * 2;
-      if (!sm.ok[st][key]) sc[0][nt][0] = sc[0][nt][2] = -CUDART_INF_F;
-      if (!sm.ok[st][key + 1]) sc[0][nt][1] = sc[0][nt][3] = -CUDART_INF_F;
+      if (!sm.ok[cst][key]) sc[0][nt][0] = sc[0][nt][2] = -CUDART_INF_F;
+      if (!sm.ok[cst][key + 1]) sc[0][nt][1] = sc[0][nt][3] = -CUDART_INF_F;
       mx0 = fmaxf(mx0, fmaxf(sc[0][nt][0], sc[0][nt][1]));
       mx1 = fmaxf(mx1, fmaxf(sc[0][nt][2], sc[0][nt][3]));
     }
@@ -669,9 +685,6 @@ __global__ void __launch_bounds__(kThreads, 2)
         attn::mma_bf16(o[2 * np], pa[term], b[0], b[1]);
         attn::mma_bf16(o[2 * np + 1], pa[term], b[2], b[3]);
       }
-    }
-    if constexpr (kFp8) {
-      if (more) loader.store_fp8(sm, st_ahead);
     }
     __syncthreads();  // the next iteration overwrites this stage; the merge below reuses the tiles
   }
