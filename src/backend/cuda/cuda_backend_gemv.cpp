@@ -150,12 +150,8 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
   }
 }
 
-// Prefill-sized MLP products with BF16 weights: one GEMM over the stacked [gate; up] weight writes BF16
-// (half the bytes of the two F32 products it replaces, which the SiLU kernel then read back), and the SiLU
-// kernel reads that and writes out plus the BF16 copy the down projection reads. On the 8B shape at 8192
-// rows that is ~1.4 GB less memory traffic per layer (computed from the shapes, not measured alone).
-// Bias-free weights only (cuBLASLt's bias epilogue with a BF16 output is not relied on); others take the
-// default (two F32 products, then silu_mul).
+// FP8 weights at prefill sizes (QuantizedGemm::prefers_fused): the fused projection as one FP8 GEMM over the
+// stacked weight + one epilogue (quantized_gemm.h); false when that path does not take it.
 bool CudaBackend::fused_quantized_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
   if (w.weight.device != Device::CUDA || outs.empty() || outs.size() > 3 ||
       !cuda::QuantizedGemm::supports(w) || !cuda::QuantizedGemm::prefers_fused(w, x.rows()))
@@ -192,6 +188,12 @@ bool CudaBackend::fused_quantized_silu_mul(const Tensor& x, const Linear& w, Ten
   return true;
 }
 
+// Prefill-sized MLP products with BF16 weights: one GEMM over the stacked [gate; up] weight writes BF16
+// (half the bytes of the two F32 products it replaces, which the SiLU kernel then read back), and the SiLU
+// kernel reads that and writes out plus the BF16 copy the down projection reads. On the 8B shape at 8192
+// rows that is ~1.4 GB less memory traffic per layer (computed from the shapes, not measured alone).
+// Bias-free weights only (cuBLASLt's bias epilogue with a BF16 output is not relied on); others take the
+// default (two F32 products, then silu_mul).
 bool CudaBackend::stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out) {
   const int64_t t = x.rows(), f = w.out_features() / 2;
   if (!options_.bf16_activations || w.weight.dtype != DType::BF16 || !w.bias.empty() ||

@@ -71,7 +71,8 @@ class QuantizedGemm {
   // (plus the SiLU pass). Same values as the per-part matmuls (the same codes and scales; only the GEMM's
   // summation order may differ). False (nothing written) when the weight or shape does not take the FP8
   // GEMM (other formats, K or the stacked N not a multiple of 16, forced dequantization), or when cuBLASLt
-  // offers or accepts no FP8 algorithm: the caller then runs the parts one by one.
+  // offers or accepts no FP8 algorithm: the caller then runs the parts one by one. They always take the
+  // plain FP8 GEMM + epilogue (the outer-vector scaling above is tried only by matmul).
   bool matmul_split(const float* x, int64_t t, const Linear& w, float* const* outs, const int64_t* cols,
                     int num_outs, const std::function<void*(size_t)>& workspace);
   bool matmul_silu_mul(const float* x, int64_t t, const Linear& w, float* out,
