@@ -524,6 +524,7 @@ bool Engine::Impl::step() {
         failed.push_back(s.seq->request);
     }
     for (RequestState* r : failed) abort_request(*r, fmt::format("engine step failed: {}", e.what()));
+    profile.cancel_step();
     emit();
     publish_stats();
     return true;
