@@ -60,7 +60,7 @@ if [[ "${OFFLINE_B256:-0}" == 1 ]]; then
       rc=$?
       echo "offline b256 1024/256 $q tokens/step $tok: rc=$rc $(python3 -c "
 import json; j=json.load(open('$OUT/b256_${q}_$tok.json'))
-print(f"out {j['output_throughput']:.0f} tok/s, total {j['total_token_throughput']:.0f} tok/s, {j['duration_s']:.2f} s"); t=j['tpot_ms']
+print(f\"out {j['output_throughput']:.0f} tok/s, total {j['total_token_throughput']:.0f} tok/s, {j['duration_s']:.2f} s\"); t=j['tpot_ms']
 print(f\"TPOT p50 {t['p50']:.1f} ms\")" 2>&1 | tr '\n' ' ')"
       grep -A3 "step profile" "$OUT/b256_${q}_$tok.err"
     done
