@@ -194,11 +194,11 @@ class CudaBackend final : public Backend {
   Scratch gemv_x_, gemv_out_;
   // The prefill MLP's stacked [gate | up] GEMM output in BF16 (matmul_silu_mul with more than one row).
   Scratch gate_up_bf16_;
-  // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   // FP8 fused projections at prefill sizes as one FP8 GEMM + one epilogue (QuantizedGemm::matmul_split /
   // matmul_silu_mul); false when they do not apply (the caller takes the next path).
   bool fused_quantized_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs);
   bool fused_quantized_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
+  // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
   void run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,
                             const AttentionParams& p, Tensor& out, void* out_bf16);

@@ -103,6 +103,21 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// SwiGLU's gate activation, as the CPU backend computes it (expf, not the fast __expf).
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// Four floats rounded to BF16 and stored as one 8-byte write (dst 8-byte aligned).
+__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float a, float b, float c, float d) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
+}
+
+// Whether p is a multiple of `bytes` (launchers choose vectorised kernels with it; null counts as aligned).
+inline bool is_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 // Launch-size helper: enough blocks of `threads` for n items, capped (kernels use grid-stride loops).
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535) {
   int64_t blocks = (n + threads - 1) / threads;

@@ -24,8 +24,6 @@ __global__ void embedding_kernel(const T* table, int64_t vocab, int64_t dim, con
   }
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
-
 // Scalar form: any n, any alignment.
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out,
                                 __nv_bfloat16* out_bf16) {
@@ -188,8 +186,8 @@ cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab
 cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, void* out_bf16,
                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  if (n % 4 == 0 && aligned(gate, 16) && aligned(up, 16) && aligned(out, 16) && aligned(out_bf16, 8)) {
+  if (n % 4 == 0 && is_aligned(gate, 16) && is_aligned(up, 16) && is_aligned(out, 16) &&
+      is_aligned(out_bf16, 8)) {
     return launch_pdl(silu_mul_vec_kernel, dim3(grid_for(n / 4, kThreads)), dim3(kThreads), 0, stream,
                       reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n / 4,
                       reinterpret_cast<float4*>(out), static_cast<uint2*>(out_bf16));
@@ -202,8 +200,7 @@ cudaError_t launch_silu_mul_stacked_bf16(const void* gate_up, int64_t t, int64_t
                                          void* out_bf16, cudaStream_t stream) {
   if (t == 0 || f == 0) return cudaSuccess;
   // The vector path needs 16-byte aligned rows: f % 8 == 0 and 16-byte aligned buffers.
-  const auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = f % 8 == 0 && a16(gate_up) && a16(out) && a16(out_bf16);
+  const bool vec = f % 8 == 0 && is_aligned(gate_up, 16) && is_aligned(out, 16) && is_aligned(out_bf16, 16);
   return launch_pdl(silu_mul_stacked_bf16_kernel, dim3(grid_for(t * (vec ? f / 8 : f), kThreads)),
                     dim3(kThreads), 0, stream, static_cast<const __nv_bfloat16*>(gate_up), t, f, vec, out,
                     static_cast<__nv_bfloat16*>(out_bf16));

@@ -9,18 +9,6 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-// Pass 1 optionally adds `add` into `x` (the residual stream) while summing squares; pass 2 scales and
-// writes F32 (and BF16 when out_bf16 is set). The two passes touch the same indices from the same thread,
-// so out may alias x or add. Rows whose length is a multiple of 4 use 16-byte accesses (the workspace rows
-// are 64-byte aligned); others fall back to scalars.
-__device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float a, float b, float c, float d) {
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(dst) = packed;
-}
-
 // Rows of whole float4s up to kNormThreads * kMaxVec * 4 columns (8192: Llama-3-70B) keep their values in
 // registers: every load of the row, the residual add and the weights is issued at once, so a decode step's
 // one-row norm costs one memory round trip rather than a loop of them (a one-CTA kernel is all latency).
@@ -81,8 +69,12 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
+// Rows too wide for the register kernel, or not whole aligned float4s (`vec`, decided by the launcher).
+// Pass 1 optionally adds `add` into `x` (the residual stream) while summing squares; pass 2 scales and
+// writes F32 (and BF16 when out_bf16 is set). The two passes touch the same indices from the same thread,
+// so out may alias x or add. With vec, 16-byte accesses; else scalars.
 __global__ void rmsnorm_kernel(float* x, const float* add, const float* w, float eps, int64_t cols,
-                               float* out, __nv_bfloat16* out_bf16) {
+                               float* out, __nv_bfloat16* out_bf16, bool vec) {
   __shared__ float scratch[kWarp];
   pdl_wait();  // x / add come from the previous kernels
   pdl_launch_dependents();
@@ -90,11 +82,6 @@ __global__ void rmsnorm_kernel(float* x, const float* add, const float* w, float
   const float* add_row = add ? add + blockIdx.x * cols : nullptr;
   float* out_row = out + blockIdx.x * cols;
   __nv_bfloat16* bf_row = out_bf16 ? out_bf16 + blockIdx.x * cols : nullptr;
-  const bool vec = cols % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out_row) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
-                   (!add_row || reinterpret_cast<uintptr_t>(add_row) % 16 == 0) &&
-                   (!bf_row || reinterpret_cast<uintptr_t>(bf_row) % 8 == 0);
   float ss = 0.0f;
   if (vec) {
     for (int64_t i = threadIdx.x; i < cols / 4; i += blockDim.x) {
@@ -152,17 +139,15 @@ __global__ void head_rmsnorm_kernel(float* x, int64_t heads, int64_t head_dim, c
   for (int64_t i = lane; i < head_dim; i += kWarp) v[i] = v[i] * scale * w[i];
 }
 
-}  // namespace
-
 // Both entry points: x is only written when add != nullptr. The register kernel takes rows of whole float4s
 // (16-byte aligned: the workspace rows are 64-byte aligned) up to kMaxVec per thread; others the loop.
-static cudaError_t launch_norm(float* x, const float* add, const float* w, float eps, int64_t rows,
-                               int64_t cols, float* out, void* out_bf16, cudaStream_t stream) {
+cudaError_t launch_norm(float* x, const float* add, const float* w, float eps, int64_t rows, int64_t cols,
+                        float* out, void* out_bf16, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   auto* bf = static_cast<__nv_bfloat16*>(out_bf16);
-  const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
-  const bool vec = cols % 4 == 0 && aligned(x, 16) && aligned(out, 16) && aligned(w, 16) &&
-                   (add == nullptr || aligned(add, 16)) && (bf == nullptr || aligned(bf, 8));
+  // Whole float4s on every row follow from aligned bases: a row is cols * 4 (BF16: cols * 2) bytes.
+  const bool vec = cols % 4 == 0 && is_aligned(x, 16) && is_aligned(out, 16) && is_aligned(w, 16) &&
+                   is_aligned(add, 16) && is_aligned(bf, 8);
   const int64_t per_thread = (cols / 4 + kNormThreads - 1) / kNormThreads;
   const dim3 grid(static_cast<unsigned>(rows)), block(kNormThreads);
   if (vec && per_thread <= 2)
@@ -171,8 +156,10 @@ static cudaError_t launch_norm(float* x, const float* add, const float* w, float
     return launch_pdl(rmsnorm_regs_kernel<4>, grid, block, 0, stream, x, add, w, eps, cols, out, bf);
   if (vec && per_thread <= kMaxVec)
     return launch_pdl(rmsnorm_regs_kernel<kMaxVec>, grid, block, 0, stream, x, add, w, eps, cols, out, bf);
-  return launch_pdl(rmsnorm_kernel, grid, block, 0, stream, x, add, w, eps, cols, out, bf);
+  return launch_pdl(rmsnorm_kernel, grid, block, 0, stream, x, add, w, eps, cols, out, bf, vec);
 }
+
+}  // namespace
 
 cudaError_t launch_rmsnorm(const float* x, const float* w, float eps, int64_t rows, int64_t cols, float* out,
                            void* out_bf16, cudaStream_t stream) {

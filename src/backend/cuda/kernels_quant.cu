@@ -77,19 +77,12 @@ __global__ void __launch_bounds__(kThreads)
         reinterpret_cast<uint32_t*>(q + r * k)[i] =
             static_cast<uint32_t>(c0) | static_cast<uint32_t>(c1) << 8 | static_cast<uint32_t>(c2) << 16 |
             static_cast<uint32_t>(c3) << 24;
-      if (q_bf16) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(fp8_to_float(c0) * s, fp8_to_float(c1) * s);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(fp8_to_float(c2) * s, fp8_to_float(c3) * s);
-        uint2 packed;
-        packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-        packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-        reinterpret_cast<uint2*>(q_bf16 + r * k)[i] = packed;
-      }
+      if (q_bf16)
+        store_bf16x4(q_bf16 + r * k + 4 * i, fp8_to_float(c0) * s, fp8_to_float(c1) * s, fp8_to_float(c2) * s,
+                     fp8_to_float(c3) * s);
     }
   }
 }
-
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }  // as kernels_elementwise
 
 // The W8A8 epilogue over acc F32 [t, n] (Fp8Epilogue in kernels_quant.h): value(r, c) = acc * x_scale[r] *
 // w_scale[c or 0] (+ bias[c]), written to the output that owns column c, or, for SiLU, silu(value(r, c)) *
@@ -210,9 +203,8 @@ cudaError_t launch_quantize_fp8_rows(const float* x, int64_t t, int64_t k, uint8
   if (t <= 0 || k <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(t < 65535 ? t : 65535);
   auto* qb = static_cast<__nv_bfloat16*>(q_bf16);
-  const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   const int64_t per_thread = (k / 4 + kThreads - 1) / kThreads;
-  if (k % 4 == 0 && aligned(x, 16) && (q == nullptr || aligned(q, 4)) && (qb == nullptr || aligned(qb, 8))) {
+  if (k % 4 == 0 && is_aligned(x, 16) && is_aligned(q, 4) && is_aligned(qb, 8)) {
     if (per_thread <= 4)
       quantize_fp8_rows_vec_kernel<4><<<blocks, kThreads, 0, stream>>>(x, t, k, q, scale, qb);
     else if (per_thread <= 8)
@@ -227,30 +219,12 @@ cudaError_t launch_quantize_fp8_rows(const float* x, int64_t t, int64_t k, uint8
   return cudaGetLastError();
 }
 
-cudaError_t launch_fp8_scale_epilogue(const float* acc, int64_t t, int64_t n, const float* x_scale,
-                                      const float* w_scale, bool per_channel, const float* bias, float* out,
-                                      cudaStream_t stream) {
-  Fp8Epilogue e;
-  e.acc = acc;
-  e.t = t;
-  e.n = n;
-  e.x_scale = x_scale;
-  e.w_scale = w_scale;
-  e.per_channel = per_channel;
-  e.bias = bias;
-  e.num_outs = 1;
-  e.out[0] = out;
-  e.cols[0] = n;
-  return launch_fp8_epilogue(e, stream);
-}
-
 cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream) {
   if (e.t <= 0 || e.n <= 0) return cudaSuccess;
   const int64_t width = e.silu ? e.n / 2 : e.n;
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  bool vec = e.n % 4 == 0 && width % 4 == 0 && aligned(e.acc);
+  bool vec = e.n % 4 == 0 && width % 4 == 0 && is_aligned(e.acc, 16);
   const int outs = e.silu ? 1 : e.num_outs;
-  for (int j = 0; j < outs; ++j) vec = vec && (e.silu || e.cols[j] % 4 == 0) && aligned(e.out[j]);
+  for (int j = 0; j < outs; ++j) vec = vec && (e.silu || e.cols[j] % 4 == 0) && is_aligned(e.out[j], 16);
   const int v = vec ? 4 : 1;
   const int64_t col_blocks = (width / v + kThreads - 1) / kThreads;
   // Enough row blocks to fill the GPU a few times over; each thread then walks rows at a stride.

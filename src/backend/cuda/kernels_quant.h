@@ -18,13 +18,7 @@ namespace inferx::cuda {
 cudaError_t launch_quantize_fp8_rows(const float* x, int64_t t, int64_t k, uint8_t* q, float* scale,
                                      void* q_bf16, cudaStream_t stream);
 
-// out[r, c] = acc[r, c] * x_scale[r] * w_scale[per_channel ? c : 0] + (bias ? bias[c] : 0) for r < t,
-// c < n (acc F32 [t, n]; may alias out).
-cudaError_t launch_fp8_scale_epilogue(const float* acc, int64_t t, int64_t n, const float* x_scale,
-                                      const float* w_scale, bool per_channel, const float* bias, float* out,
-                                      cudaStream_t stream);
-
-// The W8A8 epilogue in general: acc F32 [t, n] (the unscaled FP8 GEMM product), value(r, c) = acc[r, c] *
+// The W8A8 epilogue: acc F32 [t, n] (the unscaled FP8 GEMM product), value(r, c) = acc[r, c] *
 // x_scale[r] * w_scale[per_channel ? c : 0] + (bias ? bias[c] : 0).
 //   silu == false: columns are split in order among num_outs (1..3) outputs, out[j] F32 [t, cols[j]]
 //     contiguous, sum of cols == n (q / k / v of a fused projection; one output may alias acc);

@@ -95,31 +95,61 @@ void QuantizedGemm::matmul(const float* x, int64_t t, const Linear& w, float* ou
   dequant_matmul(x, t, w, out, workspace);
 }
 
+namespace {
+
+// cuBLASLt's FP8 kernels want M (our output features) and K multiples of 16 and 16-byte aligned operands
+// (as PyTorch's _scaled_mm checks); d null: an output in scratch (256-byte aligned).
+bool fp8_gemm_shape(const Linear& w, const void* d) {
+  return w.out_features() % 16 == 0 && w.in_features() % 16 == 0 && pointer_alignment(w.weight.data) >= 16 &&
+         pointer_alignment(d) >= 16;
+}
+
+}  // namespace
+
+QuantizedGemm::Fp8Input QuantizedGemm::quantize_input(const float* x, int64_t t, int64_t k,
+                                                      size_t extra_bytes,
+                                                      const std::function<void*(size_t)>& workspace) {
+  const size_t q_bytes = round_up(static_cast<size_t>(t * k)), s_bytes = round_up(static_cast<size_t>(t) * 4);
+  auto* ws = static_cast<char*>(workspace(q_bytes + s_bytes + extra_bytes));
+  Fp8Input in{reinterpret_cast<uint8_t*>(ws), reinterpret_cast<float*>(ws + q_bytes), ws + q_bytes + s_bytes};
+  CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, in.codes, in.scales, nullptr, stream_));
+  return in;
+}
+
+bool QuantizedGemm::plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, float* d) {
+  const int64_t n = w.out_features();
+  const LtOperands ops{w.weight.data, in.codes, d, nullptr, nullptr, nullptr};
+  LtMatmul::Plan* plan = lt_.plan(lt_shape(CUDA_R_8F_E4M3, n, t, w.in_features(), n, ops), ops);
+  return plan != nullptr && try_run(*plan, ops);
+}
+
+void QuantizedGemm::scale_epilogue(Fp8Epilogue e, const float* acc, int64_t t, const Linear& w,
+                                   const float* x_scales) {
+  e.acc = acc;
+  e.t = t;
+  e.n = w.out_features();
+  e.x_scale = x_scales;
+  e.w_scale = static_cast<const float*>(w.scale.data);
+  e.per_channel = w.scale.numel() > 1;
+  e.bias = w.bias.empty() ? nullptr : w.bias.ptr<float>();
+  CUDA_CHECK(launch_fp8_epilogue(e, stream_));
+}
+
 void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
                                const std::function<void*(size_t)>& workspace) {
   const int64_t n = w.out_features(), k = w.in_features();
-  // cuBLASLt's FP8 kernels want M (our output features) and K multiples of 16 and 16-byte aligned
-  // operands (as PyTorch's _scaled_mm checks); otherwise, or when the heuristic offers no FP8 kernel for
-  // the shape, the same W8A8 values run in BF16.
-  const bool fp8_shape = n % 16 == 0 && k % 16 == 0 && reinterpret_cast<uintptr_t>(w.weight.data) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  if (!fp8_shape) {
+  // Shapes the FP8 kernels do not take, or no FP8 kernel offered: the same W8A8 values run in BF16.
+  if (!fp8_gemm_shape(w, out)) {
     dequant_matmul(x, t, w, out, workspace);
     return;
   }
   // Quantized before the plans are looked up: a new plan's algorithm is timed on the real operands.
-  const size_t q_bytes = round_up(static_cast<size_t>(t * k));
-  auto* ws = static_cast<char*>(workspace(q_bytes + round_up(static_cast<size_t>(t) * 4)));
-  auto* xq = reinterpret_cast<uint8_t*>(ws);
-  auto* xs = reinterpret_cast<float*>(ws + q_bytes);
-  CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, xq, xs, nullptr, stream_));
-  const bool per_channel = w.scale.numel() > 1;
+  const Fp8Input in = quantize_input(x, t, k, 0, workspace);
   if (outer_scale_) {
     // Per-row activation scale x per-channel (or per-tensor) weight scale, applied inside the GEMM.
-    const LtOperands ops{w.weight.data, xq, out, nullptr, w.scale.data, xs};
-    const LtScale a_scale = per_channel ? LtScale::OuterVector : LtScale::Scalar;
+    const LtOperands ops{w.weight.data, in.codes, out, nullptr, w.scale.data, in.scales};
     LtShape scaled_shape = lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops);
-    scaled_shape.a_scale = a_scale;
+    scaled_shape.a_scale = w.scale.numel() > 1 ? LtScale::OuterVector : LtScale::Scalar;
     scaled_shape.b_scale = LtScale::OuterVector;
     LtMatmul::Plan* scaled = lt_.plan(scaled_shape, ops);
     if (scaled != nullptr && try_run(*scaled, ops)) {
@@ -128,11 +158,11 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
       return;
     }
   }
-  const LtOperands ops{w.weight.data, xq, out, nullptr, nullptr, nullptr};
-  LtMatmul::Plan* plain = lt_.plan(lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops), ops);
-  if (plain != nullptr && try_run(*plain, ops)) {
-    CUDA_CHECK(launch_fp8_scale_epilogue(out, t, n, xs, static_cast<const float*>(w.scale.data), per_channel,
-                                         w.bias.empty() ? nullptr : w.bias.ptr<float>(), out, stream_));
+  if (plain_fp8_gemm(w, in, t, out)) {
+    Fp8Epilogue e;  // in place
+    e.out[0] = out;
+    e.cols[0] = n;
+    scale_epilogue(e, out, t, w, in.scales);
     last_path_ = Path::Fp8;
     return;
   }
@@ -141,28 +171,15 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
 
 bool QuantizedGemm::fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epilogue e,
                               const std::function<void*(size_t)>& workspace) {
-  const int64_t n = w.out_features(), k = w.in_features();
-  if (w.weight.dtype != DType::F8_E4M3 || force_dequant_ || !supports(w) || t <= 0 || n % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(w.weight.data) % 16 != 0)
+  if (w.weight.dtype != DType::F8_E4M3 || force_dequant_ || !supports(w) || t <= 0 ||
+      !fp8_gemm_shape(w, nullptr))
     return false;
   lt_.evict_if_full();
-  const size_t q_bytes = round_up(static_cast<size_t>(t * k)), s_bytes = round_up(static_cast<size_t>(t) * 4);
-  auto* ws = static_cast<char*>(workspace(q_bytes + s_bytes + static_cast<size_t>(t * n) * 4));
-  auto* xq = reinterpret_cast<uint8_t*>(ws);
-  auto* xs = reinterpret_cast<float*>(ws + q_bytes);
-  auto* acc = reinterpret_cast<float*>(ws + q_bytes + s_bytes);
-  CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, xq, xs, nullptr, stream_));
-  const LtOperands ops{w.weight.data, xq, acc, nullptr, nullptr, nullptr};
-  LtMatmul::Plan* plan = lt_.plan(lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops), ops);
-  if (plan == nullptr || !try_run(*plan, ops)) return false;
-  e.acc = acc;
-  e.t = t;
-  e.n = n;
-  e.x_scale = xs;
-  e.w_scale = static_cast<const float*>(w.scale.data);
-  e.per_channel = w.scale.numel() > 1;
-  e.bias = w.bias.empty() ? nullptr : w.bias.ptr<float>();
-  CUDA_CHECK(launch_fp8_epilogue(e, stream_));
+  const int64_t n = w.out_features();
+  const Fp8Input in = quantize_input(x, t, w.in_features(), static_cast<size_t>(t * n) * 4, workspace);
+  auto* acc = static_cast<float*>(in.extra);
+  if (!plain_fp8_gemm(w, in, t, acc)) return false;
+  scale_epilogue(e, acc, t, w, in.scales);
   last_path_ = Path::Fp8Fused;
   return true;
 }

@@ -95,8 +95,20 @@ class QuantizedGemm {
   // An FP8 run: false (and the plan disabled) when cuBLASLt refuses the call itself (NOT_SUPPORTED /
   // INVALID_VALUE), so that the caller falls back; other failures throw.
   bool try_run(LtMatmul::Plan& plan, const LtOperands& ops);
-  // Both fused projections: quantize x, FP8 GEMM over all of w into scratch, then the epilogue `e` (its
-  // acc, t, n and scales filled in here).
+  // x quantized per row into the workspace: E4M3 codes [t, k], row scales [t], then `extra` bytes for the
+  // caller (256-byte aligned).
+  struct Fp8Input {
+    uint8_t* codes;
+    float* scales;
+    void* extra;
+  };
+  Fp8Input quantize_input(const float* x, int64_t t, int64_t k, size_t extra_bytes,
+                          const std::function<void*(size_t)>& workspace);
+  // D F32 [t, n] = codes x W^T unscaled on cuBLASLt's FP8 kernels; false when none is offered or accepted.
+  bool plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, float* d);
+  // Launches the W8A8 epilogue `e` (outputs set by the caller) over acc with w's scales and bias.
+  void scale_epilogue(Fp8Epilogue e, const float* acc, int64_t t, const Linear& w, const float* x_scales);
+  // Both fused projections: quantize x, FP8 GEMM over all of w into scratch, then the epilogue `e`.
   bool fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epilogue e,
                  const std::function<void*(size_t)>& workspace);
   void fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
