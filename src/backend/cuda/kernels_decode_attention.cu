@@ -381,9 +381,13 @@ struct DecodeLoader {
   static constexpr bool kFp8 = sizeof(CacheT) == 1;
   static constexpr int kElems = 16 / static_cast<int>(sizeof(CacheT));  // elements per 16-byte chunk
   static constexpr int kChunks = HD / kElems;
-  static constexpr int kKeyStep = kThreads / kChunks;
-  static constexpr int kPerThread = kTile / kKeyStep;
-  static_assert(kThreads % kChunks == 0 && kTile % kKeyStep == 0, "chunks must divide among threads");
+  // Each warp loads the 16 keys of a tile it computes (keys warp * 16 ..), so a tile needs no CTA-wide
+  // barrier: the warps run through their tiles independently and hide each other's latencies (with
+  // CTA-wide barriers the loop ran ~2.9 us per tile at 256 rows for BF16 and FP8 alike - H200 ncu).
+  static constexpr int kKeyStep = kWarp / kChunks;  // keys per pass of the warp
+  static constexpr int kPerThread = 16 / kKeyStep;
+  static_assert(kWarp % kChunks == 0 && 16 % kKeyStep == 0 && kWarps * 16 == kTile,
+                "a warp loads its 16 keys in whole passes");
 
   const CacheT* k_cache;
   const CacheT* v_cache;
@@ -433,7 +437,7 @@ struct DecodeLoader {
     attn::cp_async_commit();
   }
   // FP8: this thread's chunks of raw stage `stage` (complete for it after its cp.async wait) into the BF16
-  // stage; a __syncthreads() must follow before others read them.
+  // stage; a __syncwarp() must follow before the warp's other lanes read them.
   template <class Smem>
   __device__ __forceinline__ void convert(Smem& s, int stage) {
 #pragma unroll
@@ -519,8 +523,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   loader.block_size = block_size;
   loader.kv_row = static_cast<int64_t>(hkv) * HD;
   loader.head_off = static_cast<int64_t>(kvh) * HD;
-  loader.key0 = threadIdx.x / Loader::kChunks;
-  loader.c = threadIdx.x % Loader::kChunks;
+  loader.key0 = warp * 16 + lane / Loader::kChunks;
+  loader.c = lane % Loader::kChunks;
   // The first kAhead tiles into stages 0 .. kAhead - 1 (BF16: the last stage holds Q's staging for now;
   // FP8: raw stages, Q in the BF16 stage). The
   // metadata above was copied before the step's first kernel, and the keys before `last` were written by
@@ -615,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     else
       attn::cp_async_wait<0>();
     if constexpr (kFp8) loader.convert(sm, st);
-    __syncthreads();
+    __syncwarp();                   // the warp's 16 keys of tile it, loaded (and converted) by its own lanes
     const int cst = kFp8 ? 0 : st;  // the BF16 stage holding tile it
     const __nv_bfloat16* k_s = sm.k[cst];
     const __nv_bfloat16* v_s = sm.v[cst];
@@ -688,8 +692,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         attn::mma_bf16(o[2 * np + 1], pa[term], b[2], b[3]);
       }
     }
-    __syncthreads();  // the next iteration overwrites this stage; the merge below reuses the tiles
+    __syncwarp();  // the warp's next loads overwrite its rows of this stage
   }
+  __syncthreads();  // every warp is done with the tiles: the merge below reuses them
 
   // Merge the 4 warps' states through shared memory (over the tile buffers: the loop ended on a barrier).
   l0 = attn::quad_sum(l0);
