@@ -8,7 +8,7 @@ D="$(dirname "$0")"
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-for t in test_cuda_backend test_cuda_engine; do
+for t in test_cuda_backend test_cuda_qgemm test_cuda_engine; do
   INFERX_REQUIRE_GPU=1 timeout 150 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
   echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED' "$OUT/$t.log" | head -5

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Nsight Compute's detailed sections (speed of light, warp stall reasons, scheduler, occupancy, memory) for
+# ONE launch of the kernels whose name matches a regex, in a slice of an inferx run:
+#   bench/gpu/ncu_detail.sh NAME KERNEL_REGEX SKIP inferx-args...
+# (SKIP: launches of the matching kernel to skip first, past warm-up.) Eager launches (INFERX_GRAPHS=0).
+# Writes $OUT/ncu_detail_NAME.txt and prints its stall-reason and throughput lines.
+set -uo pipefail
+C=gpu-carry
+OUT="${OUT:-gpu-out}"
+name=$1 regex=$2 skip=$3
+shift 3
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[[ -z "$NCU" ]] && { echo "ncu: not found"; exit 0; }
+INFERX_GRAPHS=0 timeout "${PROFILE_TIMEOUT:-200}" "$NCU" --clock-control none -k "regex:$regex" \
+  --launch-skip "$skip" --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+  --section SchedulerStats \
+  --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+  --print-units base "$C/inferx" "$@" >"$OUT/ncu_detail_$name.txt" 2>"$OUT/ncu_detail_$name.err"
+echo "== ncu detail: $name (rc=$?)"
+grep -E 'Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Block Limit|Grid Size|Stall|issue_stalled' \
+  "$OUT/ncu_detail_$name.txt" | sed 's/  */ /g' | grep -v ' 0$' | head -60
