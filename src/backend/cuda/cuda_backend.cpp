@@ -221,6 +221,7 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
   use_device();
   drop_bf16_copy();
   void* bf16 = bf16_copy_for(out);
+  if (options_.timing_skip & kTimingSkipNorm) return;
   CUDA_CHECK(cuda::launch_rmsnorm(x.ptr<float>(), weight.ptr<float>(), eps, x.rows(), x.cols(),
                                   out.ptr<float>(), bf16, stream_));
 }
@@ -238,6 +239,7 @@ void CudaBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& w
   use_device();
   drop_bf16_copy();
   void* bf16 = bf16_copy_for(out);
+  if (options_.timing_skip & kTimingSkipNorm) return;
   CUDA_CHECK(cuda::launch_add_rmsnorm(residual.ptr<float>(), x.ptr<float>(), weight.ptr<float>(), eps,
                                       residual.rows(), residual.cols(), out.ptr<float>(), bf16, stream_));
 }
@@ -321,6 +323,7 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   std::memcpy(freqs.inv_freq, inv.data(), inv.size() * sizeof(float));
   use_device();
   drop_bf16_copy();
+  if (options_.timing_skip & kTimingSkipRope) return;
   CUDA_CHECK(cuda::launch_rope_write_kv(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), hq, hkv, hd,
                                         rope.layout == RopeLayout::Interleaved, freqs, batch_args(batch),
                                         paged(cache, options_), stream_));
@@ -413,6 +416,7 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
         dtype_name(kv.dtype), p.head_dim);
     // The kernel also writes out's BF16 copy, which the o projection's GEMV / GEMM then reads directly.
     void* out_bf16 = bf16_copy_for(out);
+    if (options_.timing_skip & kTimingSkipAttention) return;
     run_decode_attention(q, kv, args, p, out, out_bf16);
     return;
   }

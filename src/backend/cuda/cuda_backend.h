@@ -47,10 +47,16 @@ struct CudaBackendOptions {
   // Off: measured on the H200 (2026-12-03 04:44, batch-1 decode at 1k context) 192.9 tok/s with cuBLASLt
   // against 188.6 on the GEMV (earlier single-kernel runs disagreed: 31.3 vs 34.3 us, then 31.4 vs 30.4).
   bool gemv_long_rows = false;
+  // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
+  // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
+  // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)
+  // cannot show. The results are wrong; never for serving.
+  unsigned timing_skip = 0;
 };
+inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipAttention = 4;
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
-// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas.
+// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.

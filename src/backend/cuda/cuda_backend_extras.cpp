@@ -1,5 +1,6 @@
 // CudaBackend beyond the per-op kernels: scratch buffers, the BF16 activation copies, CUDA graphs, GPU
 // sampling, device-side random fill, and options from the environment.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,26 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* act = std::getenv("INFERX_CUDA_BF16_ACT")) o.bf16_activations = std::strcmp(act, "0") != 0;
   if (const char* gemv = std::getenv("INFERX_CUDA_GEMV")) o.gemv = std::strcmp(gemv, "0") != 0;
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
+  if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {
+    const std::string v = skip;
+    size_t begin = 0;
+    while (begin <= v.size()) {
+      const size_t end = std::min(v.find(',', begin), v.size());
+      const std::string name = v.substr(begin, end - begin);
+      if (name == "norm")
+        o.timing_skip |= kTimingSkipNorm;
+      else if (name == "rope")
+        o.timing_skip |= kTimingSkipRope;
+      else if (name == "attention")
+        o.timing_skip |= kTimingSkipAttention;
+      else if (!name.empty())
+        fail("INFERX_TIMING_SKIP={}: expected a comma-separated list of norm, rope, attention", v);
+      begin = end + 1;
+    }
+    if (o.timing_skip != 0)
+      std::fprintf(stderr, "inferx: INFERX_TIMING_SKIP=%s - kernels skipped for timing, results are wrong\n",
+                   skip);
+  }
   return o;
 }
 
