@@ -10,6 +10,7 @@
 // FP8 caches hold E4M3 values of k / k_scale and v / v_scale (per-tensor scales); the tile loader turns
 // them into exact BF16 (every E4M3 value is a BF16 value) and the kernels fold k_scale into the query
 // scale and v_scale into the output, so the inner loops are the BF16 ones.
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -27,6 +28,35 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same with F16 operands (the decode kernel's FP8 path: E4M3 -> F16 is one cvt per two values).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Transposes an 8x8 matrix of 16-bit values held one word per lane (lane / 4 the row, lane % 4 the pair of
+// columns: a C fragment's half) into the same layout of the transpose (a B fragment's half).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);  // .x (lo) at the lower address
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The E4M3 bytes 0 and 1 of `two` -> two F16 in one word (exact; one cvt.rn.f16x2.e4m3x2).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
 // 16-byte global -> shared copy; src_bytes 0 writes zeros and reads nothing.

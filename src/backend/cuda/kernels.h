@@ -110,6 +110,11 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
                                     void* scratch, int* counters, float* out, void* out_bf16,
                                     cudaStream_t stream);
+// The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments.
+cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
+                                       int hkv, int hd, float scale, int64_t window, int splits,
+                                       void* scratch, int* counters, float* out, void* out_bf16,
+                                       cudaStream_t stream);
 
 // kernels_prefill_attention.cu ------------------------------------------------------------------------
 // FlashAttention-2 style tiled attention on tensor cores (wgmma, BF16 operands, F32 accumulation) for

@@ -55,15 +55,19 @@ __device__ __forceinline__ void store_out(float* out, __nv_bfloat16* out_bf16, i
   if (out_bf16) out_bf16[i] = __float2bfloat16_rn(v);
 }
 
-// INFERX_CUDA_DECODE_ATTN=v1 selects the first kernel (three-term splits, 64-bit index math) and its split
-// count, so a regression of v2 can be switched off without a rebuild. Read once.
-bool decode_attention_v1() {
-  static const bool v1 = [] {
+// INFERX_CUDA_DECODE_ATTN=v1|v2 selects an older kernel (v1: three-term splits, 64-bit index math, and its
+// split count; v2: below), so a regression of v3 (kernels_decode_attention_v3.cu, the default) can be
+// switched off without a rebuild. Read once.
+int decode_attention_version() {
+  static const int version = [] {
     const char* e = std::getenv("INFERX_CUDA_DECODE_ATTN");
-    return e != nullptr && std::strcmp(e, "v1") == 0;
+    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
+    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
+    return 3;
   }();
-  return v1;
+  return version;
 }
+bool decode_attention_v1() { return decode_attention_version() == 1; }
 
 // Dynamic shared memory: the K/V tiles (reused for the warps' merge at the end), then Q's three terms.
 template <int HD>
@@ -875,6 +879,10 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
       (splits > 1 && (scratch == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;  // the caller checks these first
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
+  // v3 reads Q with 16-byte loads, as v2; a Q that is not 16-byte aligned (never from the engine) takes v1.
+  if (decode_attention_version() == 3 && reinterpret_cast<uintptr_t>(q) % 16 == 0)
+    return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
+                                      splits, scratch, counters, out, out_bf16, stream);
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,

@@ -1,0 +1,575 @@
+// Split-KV decode attention v3: the keys on the M side of the tensor-core products ("swap AB").
+//
+// v2 (kernels_decode_attention.cu) puts a GQA group's query heads on the M side of mma.m16n8k16: Llama-3's
+// groups of 4 heads fill 4 of the 16 rows, Q and O take 128 registers per thread (226 in all, two CTAs of
+// 4 warps per SM), and at 256 decode rows the FP8-cache kernel was bound by its own latency chain (H200
+// ncu, 2026-12-03: 372 us per layer, 1.5 TB/s, 2 warps per scheduler issuing 0.47 of the cycles). v3
+// computes the transposed products instead:
+//   S^T [16 keys x 8 heads] = K [16 keys x HD] . Q^T [HD x 8 heads]   (A = K from the tile, B = Q^T)
+//   O^T [HD x 8 heads]     += V^T [HD x 16 keys] . P^T [16 keys x 8 heads]
+// so a group of up to 8 heads is one n8 column tile (16 heads: two), half the MMAs of v2 per key, and
+// Q^T's B fragments plus O^T's accumulators take 64 registers, not 128: four CTAs per SM (FP8 cache).
+//   - S^T's reduction order over the head dims is free, so lane (g, t) takes dims 32c + 8t .. 32c + 8t + 7
+//     of its key rows g and g + 8 for k-steps 2c and 2c + 1: one 16-byte (BF16) or 8-byte (FP8) shared
+//     load per row and chunk, and Q^T's fragments come from 8 consecutive floats of q per lane and chunk.
+//   - P^T's C fragment becomes the B fragment of the second product by movmatrix (an in-register 8x8
+//     transpose), so P never goes through shared memory.
+//   - V^T's A fragments: BF16 by ldmatrix.trans; FP8 with the output dims permuted so that a lane's rows
+//     are HD/8 consecutive dims of a key row (one 16-byte load per key), bytes paired by PRMT and turned
+//     into F16 by cvt.rn.f16x2.e4m3x2 (exact). The FP8 path therefore multiplies in F16 (Q and P as two
+//     F16 terms each: 22 significant bits), the BF16 path in BF16 (two BF16 terms: 16 bits), F32 sums.
+//   - tiles: each warp gathers its own 16 keys of every 64-key tile by cp.async into unpadded rows with
+//     XOR-swizzled 16-byte chunks (conflict-free for the reads above), stages in flight per warp, warp
+//     barriers only; raw E4M3 in shared memory for FP8 (16 KiB a tile, three stages), BF16 two stages.
+// Splits, partials, the last-CTA merge, the PDL protocol and the early tile issue are those of v2.
+#include <math_constants.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/attention_tiles.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace inferx::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kTile = kWarps * 16;  // keys per tile: 16 per warp (the MMA's M)
+constexpr int kGroupChunk = 16;     // query heads per CTA at most (two n8 tiles)
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <class CacheT, int HD>
+struct Layout {
+  static constexpr bool kFp8 = sizeof(CacheT) == 1;
+  static constexpr int kRowBytes = HD * static_cast<int>(sizeof(CacheT));
+  static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per key row
+  static constexpr int kStages = kFp8 ? 3 : 2;
+  static constexpr int kTileBytes = kTile * kRowBytes;
+  // Physical chunk of logical chunk c of key row `key`. K: a read instruction's lanes take rows g (and
+  // g + 8) at chunks {2c, 2c + 1} (FP8, 8 bytes a lane: rows 0..3 per 16-lane phase) or {4c .. 4c + 3}
+  // (BF16, 16 bytes: rows 0..1 per 8-lane phase). V: one chunk per lane of rows 2t (+1, +8, +9): FP8 rows
+  // 0, 2, 4, 6 per phase; BF16 ldmatrix rows 0..7 of one chunk.
+  __device__ __forceinline__ static int k_chunk(int key, int c) {
+    return c ^ ((kFp8 ? (key & 3) << 1 : (key & 1) << 2) & (kChunks - 1));
+  }
+  __device__ __forceinline__ static int v_chunk(int key, int c) { return c ^ (key & 7 & (kChunks - 1)); }
+};
+
+template <class CacheT, int HD>
+struct Smem {
+  using L = Layout<CacheT, HD>;
+  alignas(16) uint8_t k[L::kStages][L::kTileBytes];
+  alignas(16) uint8_t v[L::kStages][L::kTileBytes];
+  bool ok[L::kStages][kTile];
+};
+
+template <class CacheT, int HD, int NT>
+constexpr int smem_bytes() {
+  constexpr int tiles = static_cast<int>(sizeof(Smem<CacheT, HD>));
+  constexpr int merge = (kWarps * 8 * NT * HD + 2 * kWarps * 8 * NT) * 4;
+  return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
+}
+
+// CTAs per SM the register budget is sized for (FP8, one n-tile: four; BF16 tiles take 64 KiB: three).
+template <class CacheT, int NT>
+constexpr int min_blocks() {
+  return NT > 1 ? 2 : (sizeof(CacheT) == 1 ? 4 : 3);
+}
+
+// Each warp gathers the 16 keys of every tile it computes (tile keys warp * 16 ..), lane (key0, c) the
+// 16-byte chunk c of keys key0, key0 + kKeyStep, ...; the block-table entries of a tile are loaded one tile
+// ahead (prefetch), so a tile's copies never wait on a dependent table load.
+template <class CacheT, int HD>
+struct Loader {
+  using L = Layout<CacheT, HD>;
+  static constexpr int kElems = 16 / static_cast<int>(sizeof(CacheT));
+  static constexpr int kKeyStep = kWarp / L::kChunks;
+  static constexpr int kPerThread = 16 / kKeyStep;
+  static_assert(kWarp % L::kChunks == 0 && 16 % kKeyStep == 0, "a warp loads its 16 keys in whole passes");
+
+  const CacheT* k_cache;
+  const CacheT* v_cache;
+  const int32_t* table;
+  int max_blocks;
+  int64_t num_blocks;
+  int block_size;
+  int64_t kv_row;
+  int64_t head_off;
+  int key0, c;
+  int32_t blk[kPerThread];
+
+  __device__ __forceinline__ void prefetch(int j0, int end) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int j = j0 + key0 % 16 + i * kKeyStep;
+      const int b = j / block_size;
+      blk[i] = j < end && b < max_blocks ? __ldg(&table[b]) : -1;
+    }
+  }
+  // j0: the first key of this warp's 16 in the tile.
+  __device__ __forceinline__ void begin(Smem<CacheT, HD>& s, int stage, int j0) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int32_t b = blk[i];
+      const int j = j0 + key0 % 16 + i * kKeyStep;
+      const bool valid = b >= 0 && b < num_blocks;
+      const int64_t off =
+          valid ? (static_cast<int64_t>(b) * block_size + j % block_size) * kv_row + head_off + c * kElems
+                : 0;
+      const int key = key0 + i * kKeyStep;
+      if (c == 0) s.ok[stage][key] = valid;
+      attn::cp_async16(&s.k[stage][key * L::kRowBytes + L::k_chunk(key, c) * 16], k_cache + off,
+                       valid ? 16 : 0);
+      attn::cp_async16(&s.v[stage][key * L::kRowBytes + L::v_chunk(key, c) * 16], v_cache + off,
+                       valid ? 16 : 0);
+    }
+    attn::cp_async_commit();
+  }
+};
+
+// (x0, x1) as the high term (rounded) and the low term (the rounding's remainder, rounded) of F16 (kF16) or
+// BF16 pairs, the first value at the lower address.
+template <bool kF16>
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kF16) {
+    const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+    hi = static_cast<uint32_t>(__half_as_ushort(h0)) | (static_cast<uint32_t>(__half_as_ushort(h1)) << 16);
+    lo = attn::pack_f16(x0 - __half2float(h0), x1 - __half2float(h1));
+  } else {
+    const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
+    hi = static_cast<uint32_t>(__bfloat16_as_ushort(h0)) |
+         (static_cast<uint32_t>(__bfloat16_as_ushort(h1)) << 16);
+    lo = attn::pack_bf16(x0 - __bfloat162float(h0), x1 - __bfloat162float(h1));
+  }
+}
+
+template <bool kF16>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kF16)
+    attn::mma_f16(c, a, b0, b1);
+  else
+    attn::mma_bf16(c, a, b0, b1);
+}
+
+// Max / sum over the 8 lanes that share a column of a C fragment (lanes t, t + 4, ..., t + 28).
+__device__ __forceinline__ float column_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+}
+__device__ __forceinline__ float column_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  return v + __shfl_xor_sync(0xffffffffu, v, 16);
+}
+
+// The head dim of row `row` (0..15) of O^T's m-tile mt: BF16 in order (ldmatrix.trans), FP8 permuted so
+// that lane g's rows are the HD/8 dims from (HD/8) g.
+template <bool kFp8, int HD>
+__device__ __forceinline__ int out_dim(int mt, int row) {
+  if constexpr (kFp8)
+    return (HD / 8) * (row & 7) + 2 * mt + (row >> 3);
+  else
+    return 16 * mt + row;
+}
+
+// Grid: (token * kv heads * head chunks, split), as v2.
+template <class CacheT, int HD, int NT>
+__global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
+    decode_attention_kernel_v3(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
+                               const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
+                               const __grid_constant__ BatchArgs batch, int hq, int hkv, float q_mult,
+                               float s_scale, float out_scale, int64_t window, float* __restrict__ part_acc,
+                               float* __restrict__ part_ml, int* __restrict__ counters,
+                               float* __restrict__ out, __nv_bfloat16* __restrict__ out_bf16) {
+  using L = Layout<CacheT, HD>;
+  constexpr bool kFp8 = L::kFp8;
+  constexpr int kH = 8 * NT;  // query heads a CTA holds
+  constexpr int kStages = L::kStages, kAhead = kStages - 1;
+  static_assert(kAhead >= 1 && kAhead <= 2, "the cp.async waits below handle one or two tiles ahead");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<Smem<CacheT, HD>*>(smem_raw);
+  __shared__ float s_w[kH][kDecodeMaxSplits];
+  __shared__ float s_den[kH];
+  __shared__ bool s_last;
+
+  const int group = hq / hkv;
+  const int chunks = (group + kGroupChunk - 1) / kGroupChunk;
+  const int heads_x = hkv * chunks;
+  const int t = blockIdx.x / heads_x, head_x = blockIdx.x % heads_x, split = blockIdx.y, splits = gridDim.y;
+  const int kvh = head_x / chunks, chunk = head_x % chunks;
+  const int h0 = kvh * group + chunk * kGroupChunk;
+  const int nh = min(kGroupChunk, group - chunk * kGroupChunk);  // <= kH (the launcher's choice of NT)
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane / 4, tq = lane % 4;
+
+  const int s = find_sequence(batch.query_start, batch.num_seqs, t);
+  const int pos = batch.positions[t];
+  const int last = min(pos, batch.seq_lens[s] - 1);
+  const int first = window > 0 ? static_cast<int>(max(static_cast<int64_t>(0), pos - window + 1)) : 0;
+  const int n_keys = last >= first ? last - first + 1 : 0;
+  const int per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
+  const int k_begin = first + split * per_split;
+  const int k_end = min(last + 1, k_begin + per_split);
+  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
+  const int w0 = k_begin + warp * 16;  // this warp's first key of tile 0
+
+  Loader<CacheT, HD> loader;
+  loader.k_cache = k_cache;
+  loader.v_cache = v_cache;
+  loader.table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+  loader.max_blocks = batch.max_blocks_per_seq;
+  loader.num_blocks = num_blocks;
+  loader.block_size = block_size;
+  loader.kv_row = static_cast<int64_t>(hkv) * HD;
+  loader.head_off = static_cast<int64_t>(kvh) * HD;
+  loader.key0 = warp * 16 + lane / L::kChunks;
+  loader.c = lane % L::kChunks;
+  // Tiles whose keys all precede `last` were written by earlier steps: they start before the wait for the
+  // previous kernel (v2's comment); the rest, q, the partials and the tickets after it.
+  int issued = 0;
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i < n_tiles && k_begin + (i + 1) * kTile <= last) {
+      loader.prefetch(w0 + i * kTile, k_end);
+      loader.begin(sm, i, w0 + i * kTile);
+      issued = i + 1;
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i >= issued && i < n_tiles) {
+      loader.prefetch(w0 + i * kTile, k_end);
+      loader.begin(sm, i, w0 + i * kTile);
+    }
+  }
+  if (kAhead < n_tiles) loader.prefetch(w0 + kAhead * kTile, k_end);
+
+  // Q^T's B fragments, q * q_mult (the scores in the log2 domain are s_scale times the products), two
+  // terms: for k-step 2c + kk, b0 holds dims
+  // 32c + 8tq + 4kk + {0, 1} and b1 dims + {2, 3} of head nt * 8 + g (zeros past the group).
+  uint32_t qb[2][NT][HD / 16][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int r = nt * 8 + g;
+#pragma unroll
+    for (int c = 0; c < HD / 32; ++c) {
+      float x[8] = {};
+      if (r < nh) {
+        const float4* qp = reinterpret_cast<const float4*>(q + (static_cast<int64_t>(t) * hq + h0 + r) * HD +
+                                                           32 * c + 8 * tq);
+        const float4 a = __ldg(qp), b = __ldg(qp + 1);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+      }
+#pragma unroll
+      for (int p = 0; p < 4; ++p)
+        split_pair<kFp8>(x[2 * p] * q_mult, x[2 * p + 1] * q_mult, qb[0][nt][2 * c + p / 2][p % 2],
+                         qb[1][nt][2 * c + p / 2][p % 2]);
+    }
+  }
+
+  float o[NT][HD / 16][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int mt = 0; mt < HD / 16; ++mt) o[nt][mt][0] = o[nt][mt][1] = o[nt][mt][2] = o[nt][mt][3] = 0.0f;
+  float m[NT][2], l[NT][2];  // heads nt * 8 + 2tq + {0, 1}; l over this lane's keys only
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) m[nt][0] = m[nt][1] = -CUDART_INF_F, l[nt][0] = l[nt][1] = 0.0f;
+
+  const int kr0 = warp * 16 + g, kr1 = kr0 + 8;  // this lane's S^T rows
+  for (int it = 0; it < n_tiles; ++it) {
+    const int st = it % kStages;
+    if (it + kAhead < n_tiles) {
+      loader.begin(sm, (it + kAhead) % kStages, w0 + (it + kAhead) * kTile);
+      if (it + kAhead + 1 < n_tiles) loader.prefetch(w0 + (it + kAhead + 1) * kTile, k_end);
+    }
+    const int after = min(kAhead, n_tiles - 1 - it);  // groups committed after tile it's
+    if (after >= 2)
+      attn::cp_async_wait<(kAhead >= 2 ? 2 : 0)>();
+    else if (after == 1)
+      attn::cp_async_wait<1>();
+    else
+      attn::cp_async_wait<0>();
+    __syncwarp();  // the warp's 16 keys of tile it, copied by its own lanes
+    const uint8_t* ks = sm.k[st];
+    const uint8_t* vs = sm.v[st];
+
+    // S^T = K Q^T: per 32-dim chunk, rows kr0 / kr1 dims 32c + 8tq .. + 7 are k-steps 2c (pairs 0, 1) and
+    // 2c + 1 (pairs 2, 3); the terms accumulate separately (independent chains).
+    float sc[2][NT][4] = {};
+#pragma unroll
+    for (int c = 0; c < HD / 32; ++c) {
+      uint32_t r0[4], r1[4];  // dim pairs 0..3 of rows kr0, kr1
+      if constexpr (kFp8) {
+        const int lc = 2 * c + tq / 2, within = 8 * (tq % 2);
+        const uint2 w0v =
+            *reinterpret_cast<const uint2*>(ks + kr0 * L::kRowBytes + L::k_chunk(kr0, lc) * 16 + within);
+        const uint2 w1v =
+            *reinterpret_cast<const uint2*>(ks + kr1 * L::kRowBytes + L::k_chunk(kr1, lc) * 16 + within);
+        r0[0] = attn::e4m3x2_to_f16x2(w0v.x), r0[1] = attn::e4m3x2_to_f16x2(w0v.x >> 16);
+        r0[2] = attn::e4m3x2_to_f16x2(w0v.y), r0[3] = attn::e4m3x2_to_f16x2(w0v.y >> 16);
+        r1[0] = attn::e4m3x2_to_f16x2(w1v.x), r1[1] = attn::e4m3x2_to_f16x2(w1v.x >> 16);
+        r1[2] = attn::e4m3x2_to_f16x2(w1v.y), r1[3] = attn::e4m3x2_to_f16x2(w1v.y >> 16);
+      } else {
+        const int lc = 4 * c + tq;
+        const uint4 w0v = *reinterpret_cast<const uint4*>(ks + kr0 * L::kRowBytes + L::k_chunk(kr0, lc) * 16);
+        const uint4 w1v = *reinterpret_cast<const uint4*>(ks + kr1 * L::kRowBytes + L::k_chunk(kr1, lc) * 16);
+        r0[0] = w0v.x, r0[1] = w0v.y, r0[2] = w0v.z, r0[3] = w0v.w;
+        r1[0] = w1v.x, r1[1] = w1v.y, r1[2] = w1v.z, r1[3] = w1v.w;
+      }
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const uint32_t a[4] = {r0[2 * kk], r1[2 * kk], r0[2 * kk + 1], r1[2 * kk + 1]};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int term = 0; term < 2; ++term)
+            mma<kFp8>(sc[term][nt], a, qb[term][nt][2 * c + kk][0], qb[term][nt][2 * c + kk][1]);
+      }
+    }
+    const bool ok0 = sm.ok[st][kr0], ok1 = sm.ok[st][kr1];
+    float corr[NT][2];
+    uint32_t pb[2][NT][2];  // P^T's B fragments: [term][nt][keys 0-7 / 8-15]
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float p[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float s0 =
+            ok0 ? (sc[0][nt][j] + sc[1][nt][j]) * s_scale : -CUDART_INF_F;  // key kr0, head 2tq+j
+        const float s1 = ok1 ? (sc[0][nt][2 + j] + sc[1][nt][2 + j]) * s_scale : -CUDART_INF_F;  // key kr1
+        const float mn = fmaxf(m[nt][j], column_max(fmaxf(s0, s1)));
+        const float base = mn == -CUDART_INF_F ? 0.0f : mn;
+        corr[nt][j] = exp2f(m[nt][j] - base);
+        m[nt][j] = mn;
+        p[j] = exp2f(s0 - base);
+        p[2 + j] = exp2f(s1 - base);
+        l[nt][j] = l[nt][j] * corr[nt][j] + p[j] + p[2 + j];
+      }
+      uint32_t hi01, lo01, hi23, lo23;
+      split_pair<kFp8>(p[0], p[1], hi01, lo01);  // key kr0 (row g of keys 0-7), heads 2tq, 2tq + 1
+      split_pair<kFp8>(p[2], p[3], hi23, lo23);  // key kr1 (row g of keys 8-15)
+      pb[0][nt][0] = attn::movmatrix_trans(hi01);
+      pb[1][nt][0] = attn::movmatrix_trans(lo01);
+      pb[0][nt][1] = attn::movmatrix_trans(hi23);
+      pb[1][nt][1] = attn::movmatrix_trans(lo23);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int mt = 0; mt < HD / 16; ++mt) {
+        o[nt][mt][0] *= corr[nt][0];
+        o[nt][mt][1] *= corr[nt][1];
+        o[nt][mt][2] *= corr[nt][0];
+        o[nt][mt][3] *= corr[nt][1];
+      }
+
+    // O^T += V^T P^T, one k-step (the warp's 16 keys) per m-tile of 16 dims.
+    if constexpr (kFp8) {
+      // Keys 2tq, 2tq + 1, 2tq + 8, 2tq + 9 of the warp, dims (HD/8) g .. + HD/8 - 1.
+      constexpr int kBytes = HD / 8;
+      uint32_t w[4][kBytes / 4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = warp * 16 + 2 * tq + (i & 1) + (i >> 1) * 8;
+        const int lc = kBytes * g / 16, within = kBytes * g % 16;
+        const uint8_t* src = vs + key * L::kRowBytes + L::v_chunk(key, lc) * 16 + within;
+        if constexpr (kBytes == 16) {
+          const uint4 v4 = *reinterpret_cast<const uint4*>(src);
+          w[i][0] = v4.x, w[i][1] = v4.y, w[i][2] = v4.z, w[i][3] = v4.w;
+        } else {
+          const uint2 v2 = *reinterpret_cast<const uint2*>(src);
+          w[i][0] = v2.x, w[i][1] = v2.y;
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < HD / 16; ++mt) {
+        // Bytes 2mt (row g) and 2mt + 1 (row g + 8) of keys (2tq, 2tq + 1) and (2tq + 8, 2tq + 9).
+        const uint32_t sel = (mt % 2) ? 0x7362u : 0x5140u;
+        const uint32_t x01 = __byte_perm(w[0][mt / 2], w[1][mt / 2], sel);
+        const uint32_t x89 = __byte_perm(w[2][mt / 2], w[3][mt / 2], sel);
+        const uint32_t a[4] = {attn::e4m3x2_to_f16x2(x01), attn::e4m3x2_to_f16x2(x01 >> 16),
+                               attn::e4m3x2_to_f16x2(x89), attn::e4m3x2_to_f16x2(x89 >> 16)};
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int term = 1; term >= 0; --term) mma<true>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+      }
+    } else {
+      const int i = lane >> 3, key = warp * 16 + (i >> 1) * 8 + (lane & 7);
+#pragma unroll
+      for (int mt = 0; mt < HD / 16; ++mt) {
+        uint32_t a[4];
+        attn::ldmatrix_x4_trans(a, vs + key * L::kRowBytes + L::v_chunk(key, 2 * mt + (i & 1)) * 16);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int term = 1; term >= 0; --term) mma<false>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+      }
+    }
+    __syncwarp();  // the warp's next copies overwrite its rows of this stage
+  }
+  __syncthreads();  // every warp is done with the tiles: the merge below reuses them
+
+  // Merge the 4 warps' states through shared memory.
+  float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][head][HD]
+  float* s_m = s_o + kWarps * kH * HD;              // [warp][head]
+  float* s_l = s_m + kWarps * kH;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int h = nt * 8 + 2 * tq;
+#pragma unroll
+    for (int mt = 0; mt < HD / 16; ++mt) {
+      const int d0 = out_dim<kFp8, HD>(mt, g), d1 = out_dim<kFp8, HD>(mt, g + 8);
+      s_o[(warp * kH + h) * HD + d0] = o[nt][mt][0];
+      s_o[(warp * kH + h + 1) * HD + d0] = o[nt][mt][1];
+      s_o[(warp * kH + h) * HD + d1] = o[nt][mt][2];
+      s_o[(warp * kH + h + 1) * HD + d1] = o[nt][mt][3];
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float lj = column_sum(l[nt][j]);
+      if (g == 0) {
+        s_m[warp * kH + h + j] = m[nt][j];
+        s_l[warp * kH + h + j] = lj;
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
+    const int r = idx / HD, d = idx % HD;
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kH + r]);
+    float den = 0.0f, num = 0.0f;
+    if (mx != -CUDART_INF_F) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = s_m[w * kH + r];
+        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
+        den += s_l[w * kH + r] * f;
+        num += s_o[(w * kH + r) * HD + d] * f;
+      }
+    }
+    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
+    if (splits == 1) {
+      const float v = den > 0.0f ? num / den * out_scale : 0.0f;
+      out[row * HD + d] = v;
+      if (out_bf16) out_bf16[row * HD + d] = __float2bfloat16_rn(v);
+    } else {
+      part_acc[(row * splits + split) * HD + d] = num;
+      if (d == 0) {
+        part_ml[(row * splits + split) * 2] = mx;
+        part_ml[(row * splits + split) * 2 + 1] = den;
+      }
+    }
+  }
+  if (splits == 1) return;
+
+  // The last CTA of this (token, group chunk) merges the splits' partials.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* ticket = counters + static_cast<int64_t>(t) * heads_x + head_x;
+    s_last = atomicAdd(ticket, 1) == splits - 1;
+    if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < nh * splits; idx += kThreads) {
+    const int r = idx / splits, i = idx % splits;
+    s_w[r][i] = __ldcg(&part_ml[((static_cast<int64_t>(t) * hq + h0 + r) * splits + i) * 2]);
+  }
+  __syncthreads();
+  if (threadIdx.x < nh) {
+    const int r = threadIdx.x;
+    const float* ml = part_ml + (static_cast<int64_t>(t) * hq + h0 + r) * splits * 2;
+    float mx = -CUDART_INF_F;
+    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, s_w[r][i]);
+    float den = 0.0f;
+#pragma unroll 4
+    for (int i = 0; i < splits; ++i) {
+      const float w = (mx == -CUDART_INF_F || s_w[r][i] == -CUDART_INF_F) ? 0.0f : exp2f(s_w[r][i] - mx);
+      s_w[r][i] = w;
+      den += w * __ldcg(&ml[2 * i + 1]);
+    }
+    s_den[r] = den;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
+    const int r = idx / HD, d = idx % HD;
+    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
+    const float* acc = part_acc + row * splits * HD + d;
+    float num = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
+    const float v = s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f;
+    out[row * HD + d] = v;
+    if (out_bf16) out_bf16[row * HD + d] = __float2bfloat16_rn(v);
+  }
+}
+
+template <class CacheT, int HD, int NT>
+cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
+                         float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
+                         void* out_bf16, cudaStream_t stream) {
+  static unsigned smem_set = 0;
+  constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
+  const cudaError_t st =
+      attn::allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT>, kSmem, smem_set);
+  if (st != cudaSuccess) return st;
+  const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
+  const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));
+  float* part_acc = static_cast<float*>(scratch);
+  float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
+  const bool fp8 = cache.dtype == DType::F8_E4M3;
+  // FP8: q's multiplier is brought into [1/32, 1/16) by a power of two that the scores get back in F32
+  // (exact), so that q's F16 terms stay normal for small k_scale and finite up to |q| ~ 5e5.
+  float q_mult = scale * kLog2e * (fp8 ? cache.k_scale : 1.0f), s_scale = 1.0f;
+  while (fp8 && q_mult >= 1.0f / 16 && q_mult < 3e38f) q_mult *= 0.5f, s_scale *= 2.0f;
+  while (fp8 && q_mult < 1.0f / 32 && q_mult > 1e-30f) q_mult *= 2.0f, s_scale *= 0.5f;
+  const float out_scale = fp8 ? cache.v_scale : 1.0f;
+  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT>, grid, dim3(kThreads), kSmem, stream, q,
+                    static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
+                    cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, q_mult, s_scale,
+                    out_scale, window, part_acc, part_ml, counters, out,
+                    static_cast<__nv_bfloat16*>(out_bf16));
+}
+
+template <class CacheT, int HD>
+cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
+                         float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
+                         void* out_bf16, cudaStream_t stream) {
+  if (hq / hkv <= 8)
+    return launch_typed<CacheT, HD, 1>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+                                       out, out_bf16, stream);
+  return launch_typed<CacheT, HD, 2>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
+                                     out_bf16, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
+                                       int hkv, int hd, float scale, int64_t window, int splits,
+                                       void* scratch, int* counters, float* out, void* out_bf16,
+                                       cudaStream_t stream) {
+  if (cache.dtype == DType::F8_E4M3) {
+    if (hd == 64)
+      return launch_heads<uint8_t, 64>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+                                       out, out_bf16, stream);
+    return launch_heads<uint8_t, 128>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
+                                      out_bf16, stream);
+  }
+  if (hd == 64)
+    return launch_heads<__nv_bfloat16, 64>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+                                           out, out_bf16, stream);
+  return launch_heads<__nv_bfloat16, 128>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+                                          out, out_bf16, stream);
+}
+
+}  // namespace inferx::cuda
