@@ -88,14 +88,13 @@ struct Loader {
   static constexpr int kPerThread = 16 / kKeyStep;
   static_assert(kWarp % L::kChunks == 0 && 16 % kKeyStep == 0, "a warp loads its 16 keys in whole passes");
 
-  const CacheT* k_cache;
-  const CacheT* v_cache;
+  const CacheT* k_base;  // the cache + this CTA's kv head + this lane's chunk
+  const CacheT* v_base;
   const int32_t* table;
   int max_blocks;
-  int64_t num_blocks;
+  int num_blocks;
   int block_size;
-  int64_t kv_row;
-  int64_t head_off;
+  int kv_row;  // elements per token slot (hkv * HD)
   int key0, c;
   int32_t blk[kPerThread];
 
@@ -114,14 +113,12 @@ struct Loader {
       const int32_t b = blk[i];
       const int j = j0 + key0 % 16 + i * kKeyStep;
       const bool valid = b >= 0 && b < num_blocks;
-      const int64_t off =
-          valid ? (static_cast<int64_t>(b) * block_size + j % block_size) * kv_row + head_off + c * kElems
-                : 0;
+      const int64_t off = valid ? (static_cast<int64_t>(b) * block_size + j % block_size) * kv_row : 0;
       const int key = key0 + i * kKeyStep;
       if (c == 0) s.ok[stage][key] = valid;
-      attn::cp_async16(&s.k[stage][key * L::kRowBytes + L::k_chunk(key, c) * 16], k_cache + off,
+      attn::cp_async16(&s.k[stage][key * L::kRowBytes + L::k_chunk(key, c) * 16], k_base + off,
                        valid ? 16 : 0);
-      attn::cp_async16(&s.v[stage][key * L::kRowBytes + L::v_chunk(key, c) * 16], v_cache + off,
+      attn::cp_async16(&s.v[stage][key * L::kRowBytes + L::v_chunk(key, c) * 16], v_base + off,
                        valid ? 16 : 0);
     }
     attn::cp_async_commit();
@@ -216,16 +213,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   const int w0 = k_begin + warp * 16;  // this warp's first key of tile 0
 
   Loader<CacheT, HD> loader;
-  loader.k_cache = k_cache;
-  loader.v_cache = v_cache;
-  loader.table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
-  loader.max_blocks = batch.max_blocks_per_seq;
-  loader.num_blocks = num_blocks;
-  loader.block_size = block_size;
-  loader.kv_row = static_cast<int64_t>(hkv) * HD;
-  loader.head_off = static_cast<int64_t>(kvh) * HD;
   loader.key0 = warp * 16 + lane / L::kChunks;
   loader.c = lane % L::kChunks;
+  loader.k_base = k_cache + static_cast<int64_t>(kvh) * HD + loader.c * Loader<CacheT, HD>::kElems;
+  loader.v_base = v_cache + static_cast<int64_t>(kvh) * HD + loader.c * Loader<CacheT, HD>::kElems;
+  loader.table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
+  loader.max_blocks = batch.max_blocks_per_seq;
+  loader.num_blocks = static_cast<int>(num_blocks);
+  loader.block_size = block_size;
+  loader.kv_row = hkv * HD;
   // Tiles whose keys all precede `last` were written by earlier steps: they start before the wait for the
   // previous kernel (v2's comment); the rest, q, the partials and the tickets after it.
   int issued = 0;
@@ -370,34 +366,33 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 
     // O^T += V^T P^T, one k-step (the warp's 16 keys) per m-tile of 16 dims.
     if constexpr (kFp8) {
-      // Keys 2tq, 2tq + 1, 2tq + 8, 2tq + 9 of the warp, dims (HD/8) g .. + HD/8 - 1.
+      // Keys 2tq, 2tq + 1, 2tq + 8, 2tq + 9 of the warp, dims (HD/8) g .. + HD/8 - 1, 8 bytes (4 m-tiles) at
+      // a time (fewer live registers: the kernel is sized for 128).
       constexpr int kBytes = HD / 8;
-      uint32_t w[4][kBytes / 4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = warp * 16 + 2 * tq + (i & 1) + (i >> 1) * 8;
-        const int lc = kBytes * g / 16, within = kBytes * g % 16;
-        const uint8_t* src = vs + key * L::kRowBytes + L::v_chunk(key, lc) * 16 + within;
-        if constexpr (kBytes == 16) {
-          const uint4 v4 = *reinterpret_cast<const uint4*>(src);
-          w[i][0] = v4.x, w[i][1] = v4.y, w[i][2] = v4.z, w[i][3] = v4.w;
-        } else {
-          const uint2 v2 = *reinterpret_cast<const uint2*>(src);
-          w[i][0] = v2.x, w[i][1] = v2.y;
+      for (int half = 0; half < kBytes / 8; ++half) {
+        uint2 w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int key = warp * 16 + 2 * tq + (i & 1) + (i >> 1) * 8;
+          const int byte = kBytes * g + 8 * half;
+          w[i] = *reinterpret_cast<const uint2*>(vs + key * L::kRowBytes + L::v_chunk(key, byte / 16) * 16 +
+                                                 byte % 16);
         }
-      }
 #pragma unroll
-      for (int mt = 0; mt < HD / 16; ++mt) {
-        // Bytes 2mt (row g) and 2mt + 1 (row g + 8) of keys (2tq, 2tq + 1) and (2tq + 8, 2tq + 9).
-        const uint32_t sel = (mt % 2) ? 0x7362u : 0x5140u;
-        const uint32_t x01 = __byte_perm(w[0][mt / 2], w[1][mt / 2], sel);
-        const uint32_t x89 = __byte_perm(w[2][mt / 2], w[3][mt / 2], sel);
-        const uint32_t a[4] = {attn::e4m3x2_to_f16x2(x01), attn::e4m3x2_to_f16x2(x01 >> 16),
-                               attn::e4m3x2_to_f16x2(x89), attn::e4m3x2_to_f16x2(x89 >> 16)};
+        for (int m4 = 0; m4 < 4; ++m4) {
+          // Bytes 2mt (row g) and 2mt + 1 (row g + 8) of keys (2tq, 2tq + 1) and (2tq + 8, 2tq + 9).
+          const int mt = 4 * half + m4;
+          const uint32_t sel = (m4 % 2) ? 0x7362u : 0x5140u;
+          const uint32_t x01 = __byte_perm(m4 < 2 ? w[0].x : w[0].y, m4 < 2 ? w[1].x : w[1].y, sel);
+          const uint32_t x89 = __byte_perm(m4 < 2 ? w[2].x : w[2].y, m4 < 2 ? w[3].x : w[3].y, sel);
+          const uint32_t a[4] = {attn::e4m3x2_to_f16x2(x01), attn::e4m3x2_to_f16x2(x01 >> 16),
+                                 attn::e4m3x2_to_f16x2(x89), attn::e4m3x2_to_f16x2(x89 >> 16)};
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+          for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int term = 1; term >= 0; --term) mma<true>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+            for (int term = 1; term >= 0; --term) mma<true>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+        }
       }
     } else {
       const int i = lane >> 3, key = warp * 16 + (i >> 1) * 8 + (lane & 7);
