@@ -879,8 +879,9 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
       (splits > 1 && (scratch == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;  // the caller checks these first
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
-  // v3 reads Q with 16-byte loads, as v2; a Q that is not 16-byte aligned (never from the engine) takes v1.
-  if (decode_attention_version() == 3 && reinterpret_cast<uintptr_t>(q) % 16 == 0)
+  // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take
+  // v2/v1.
+  if (decode_attention_version() == 3 && is_aligned(q, 16) && is_aligned(out, 16) && is_aligned(out_bf16, 8))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
                                       splits, scratch, counters, out, out_bf16, stream);
   if (cache.dtype == DType::F8_E4M3) {

@@ -476,36 +476,41 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  for (int idx = threadIdx.x; idx < nh * splits; idx += kThreads) {
-    const int r = idx / splits, i = idx % splits;
-    s_w[r][i] = __ldcg(&part_ml[((static_cast<int64_t>(t) * hq + h0 + r) * splits + i) * 2]);
+  // Every step of the merge is spread over the CTA, so that it costs a few memory latencies (at batch 1
+  // it is the end of the kernel's critical path): one warp per head weighs the splits (lane i: splits i
+  // and i + 32) and sums the denominator, then each thread combines 4 dims of a head over all splits.
+  static_assert(kDecodeMaxSplits <= 2 * kWarp, "two splits per lane");
+  for (int r = warp; r < nh; r += kWarps) {
+    const float2* ml =
+        reinterpret_cast<const float2*>(part_ml) + (static_cast<int64_t>(t) * hq + h0 + r) * splits;
+    const float2 a = lane < splits ? __ldcg(&ml[lane]) : make_float2(-CUDART_INF_F, 0.0f);
+    const float2 b = lane + kWarp < splits ? __ldcg(&ml[lane + kWarp]) : make_float2(-CUDART_INF_F, 0.0f);
+    float mx = fmaxf(a.x, b.x);
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float wa = mx == -CUDART_INF_F || a.x == -CUDART_INF_F ? 0.0f : exp2f(a.x - mx);
+    const float wb = mx == -CUDART_INF_F || b.x == -CUDART_INF_F ? 0.0f : exp2f(b.x - mx);
+    const float den = warp_sum(wa * a.y + wb * b.y);
+    if (lane < splits) s_w[r][lane] = wa;
+    if (lane + kWarp < splits) s_w[r][lane + kWarp] = wb;
+    if (lane == 0) s_den[r] = den;
   }
   __syncthreads();
-  if (threadIdx.x < nh) {
-    const int r = threadIdx.x;
-    const float* ml = part_ml + (static_cast<int64_t>(t) * hq + h0 + r) * splits * 2;
-    float mx = -CUDART_INF_F;
-    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, s_w[r][i]);
-    float den = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < splits; ++i) {
-      const float w = (mx == -CUDART_INF_F || s_w[r][i] == -CUDART_INF_F) ? 0.0f : exp2f(s_w[r][i] - mx);
-      s_w[r][i] = w;
-      den += w * __ldcg(&ml[2 * i + 1]);
-    }
-    s_den[r] = den;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
-    const int r = idx / HD, d = idx % HD;
+  for (int idx = threadIdx.x; idx < nh * (HD / 4); idx += kThreads) {
+    const int r = idx / (HD / 4), d4 = idx % (HD / 4);
     const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
-    const float* acc = part_acc + row * splits * HD + d;
-    float num = 0.0f;
+    const float4* acc = reinterpret_cast<const float4*>(part_acc + row * splits * HD) + d4;
+    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
-    for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
-    const float v = s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f;
-    out[row * HD + d] = v;
-    if (out_bf16) out_bf16[row * HD + d] = __float2bfloat16_rn(v);
+    for (int i = 0; i < splits; ++i) {
+      const float w = s_w[r][i];
+      const float4 v = __ldcg(acc + static_cast<int64_t>(i) * (HD / 4));
+      num.x += w * v.x, num.y += w * v.y, num.z += w * v.z, num.w += w * v.w;
+    }
+    const float f = s_den[r] > 0.0f ? out_scale / s_den[r] : 0.0f;
+    const float4 v = make_float4(num.x * f, num.y * f, num.z * f, num.w * f);
+    *reinterpret_cast<float4*>(out + row * HD + 4 * d4) = v;
+    if (out_bf16) store_bf16x4(out_bf16 + row * HD + 4 * d4, v.x, v.y, v.z, v.w);
   }
 }
 
