@@ -27,7 +27,8 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_option("--dtype", a.dtype, "Weight type of dummy models: f32 f16 bf16 q8_0 q4_0 q4_k q6_k");
   sub.add_option("--max-batch-size", a.max_batch_size, "Max running sequences")
       ->check(CLI::Range(1, 1 << 16));
-  sub.add_option("--max-num-batched-tokens", a.max_num_batched_tokens, "Token budget of one engine step")
+  sub.add_option("--max-num-batched-tokens", a.max_num_batched_tokens,
+                 "Token budget of one engine step (default: 8192 on a GPU, 2048 on the CPU)")
       ->check(CLI::Range(1, 1 << 24));
   sub.add_option("--block-size", a.block_size, "Tokens per KV cache block")->check(CLI::Range(1, 1024));
   sub.add_option("--kv-cache-memory", a.kv_cache_memory,
@@ -99,7 +100,10 @@ int64_t parse_memory_size(const std::string& text) {
 
 EngineConfig engine_config(const EngineArgs& a) {
   EngineConfig c;
-  c.max_num_batched_tokens = a.max_num_batched_tokens;
+  const bool gpu = a.device.rfind("cuda", 0) == 0;
+  c.max_num_batched_tokens = a.max_num_batched_tokens > 0 ? a.max_num_batched_tokens
+                             : gpu                        ? kDefaultStepTokensGpu
+                                                          : kDefaultStepTokensCpu;
   c.max_batch_size = a.max_batch_size;
   c.block_size = a.block_size;
   if (!a.kv_cache_memory.empty()) c.kv_cache_bytes = parse_memory_size(a.kv_cache_memory);

@@ -18,7 +18,7 @@ struct EngineArgs {
   int threads = 0;
   std::string dtype = "bf16";  // dummy models
   int32_t max_batch_size = 256;
-  int32_t max_num_batched_tokens = 2048;
+  int32_t max_num_batched_tokens = 0;  // 0: kDefaultStepTokensGpu on a GPU, kDefaultStepTokensCpu else
   int32_t block_size = 16;
   std::string kv_cache_memory;  // "4GiB", "512MiB", bytes; empty: engine default
   float gpu_memory_utilization = 0.9f;
@@ -33,6 +33,12 @@ struct EngineArgs {
   std::string calibration;  // --quantize auto
   int tensor_parallel_size = 1;
 };
+
+// Default token budget of a step. GPU: 8192, as vLLM's default on large-memory GPUs - measured on the H200
+// (2026-12-03, served 1024/256 x1000 at concurrency 256) against 2048: bf16 5,153 vs 5,016 output tok/s,
+// FP8 7,235 vs 6,938, TTFT p99 7.8 vs 9.2 s (bf16); longer steps make the prefill GEMMs efficient.
+// CPU: 2048 (a step of 8192 tokens would take seconds there).
+inline constexpr int32_t kDefaultStepTokensGpu = 8192, kDefaultStepTokensCpu = 2048;
 
 void add_engine_options(CLI::App& sub, EngineArgs& a);
 
