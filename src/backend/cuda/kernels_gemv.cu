@@ -58,7 +58,35 @@ struct GemvParams {
   int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
+  uint32_t l2_row_bytes = 0;  // bytes of each weight row prefetched into L2 before the wait (0: none)
 };
+
+// INFERX_GEMV_L2_PREFETCH_MB=N (default 0: off; read once): each GEMV first asks the copy engine of its
+// SM (cp.async.bulk.prefetch.L2) for the first N MB / rows bytes of each of its weight rows, before it
+// waits for the previous kernel. Under programmatic dependent launch a GEMV's CTAs are resident while
+// the kernel before it still runs (the decode attention triggers its dependents at its start), and at
+// batch 1 that kernel is latency-bound (8.5 us per layer for 4 MB of KV): DRAM idles. The prefetch moves
+// part of the weight stream into that time; the post-wait loads then hit L2. Off until measured.
+int64_t l2_prefetch_budget() {
+  static const int64_t bytes = [] {
+    const char* e = std::getenv("INFERX_GEMV_L2_PREFETCH_MB");
+    const long long mb = e ? std::atoll(e) : 0;
+    return mb > 0 && mb <= 1024 ? static_cast<int64_t>(mb) << 20 : int64_t{0};
+  }();
+  return bytes;
+}
+
+// Asynchronous prefetch of [p, p + bytes) into L2 (no registers, no completion to wait for); p and bytes
+// are rounded to what the instruction takes (16-byte aligned start, a multiple of 16 bytes).
+__device__ __forceinline__ void l2_prefetch(const uint8_t* p, int64_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = (a + 15) & ~uintptr_t{15};
+  bytes -= static_cast<int64_t>(start - a);
+  if (bytes < 16) return;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(start),
+               "r"(static_cast<uint32_t>(bytes & ~int64_t{15}))
+               : "memory");
+}
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -290,6 +318,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   wrow[0] = n;
   if constexpr (R == 2) wrow[1] = n + p.f;
   bool waited = false;  // the first batch of weight loads is issued before waiting for x (cuda_common.cuh)
+  if (p.l2_row_bytes && lane < R)
+    l2_prefetch(p.w + wrow[lane == 0 ? 0 : R - 1] * p.row_bytes, p.l2_row_bytes);
   float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -507,6 +537,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
       valid = 1;
     }
   }
+  if (p.l2_row_bytes && lane < valid)
+    l2_prefetch(p.w + wrow[lane == 0 ? 0 : R - 1] * p.row_bytes, p.l2_row_bytes);
   float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -656,6 +688,10 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
   const int chunks = static_cast<int>(p.row_bytes / 16), sets = (chunks + 3) / 4;
   const int per_warp = (sets + nwarps - 1) / nwarps;
   const int first = warp * per_warp, last = min(sets, first + per_warp);
+  // Each warp's share of each of the 16 rows: the prefix of its range of sets (64 bytes each).
+  if (p.l2_row_bytes && lane < tc::kRows && first < last)
+    l2_prefetch(p.w + tc_row<kSilu>(p, lane) * p.row_bytes + static_cast<int64_t>(first) * 64,
+                min(static_cast<int64_t>(last - first) * 64, static_cast<int64_t>(p.l2_row_bytes / nwarps)));
   // Lane pointers at set `first`: weights (rows g, g + 8), x (B columns g and 8 + g), zero points of
   // the lane's chunks, group scales of the C fragment's columns.
   const uint4* w0 = reinterpret_cast<const uint4*>(p.w + row0 * p.row_bytes) + 4 * first + t;
@@ -954,7 +990,12 @@ cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream) {
 }
 
 template <int R>
-cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream) {
+cudaError_t launch_format(DType dtype, const GemvParams& params, cudaStream_t stream) {
+  GemvParams p = params;
+  if (const int64_t budget = l2_prefetch_budget(); budget > 0) {
+    const int64_t rows = R == 2 ? 2 * p.f : p.rows;  // the weight's rows
+    p.l2_row_bytes = static_cast<uint32_t>(std::min(p.row_bytes, budget / std::max<int64_t>(rows, 1)) & ~15);
+  }
   GemvKernel kernel = kernel_for(dtype, p.m);
   if (kernel == GemvKernel::V3) {
     const int subsets = dtype == DType::INT4 ? 4 >> p.group_shift : 1;
