@@ -288,6 +288,22 @@ TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
   }
 }
 
+// Block sizes that are not powers of two: the launcher routes them past v3 (which finds a key's block by a
+// shift) to v2; both must match the reference.
+TEST_F(CudaAttentionTest, DecodeKernelWithBlocksNotAPowerOfTwo) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
+    CudaBackend& gpu = backend(dt, ks, vs);
+    for (Case c : cases(rng_, /*decode_only=*/true, false)) {
+      c.bs = 24;
+      SCOPED_TRACE(describe(c, dt));
+      check_kernels(*this, gpu, dt, ks, vs, c, rng_,
+                    {{CudaAttentionKernel::Decode, 0}, {CudaAttentionKernel::Decode, 5}});
+    }
+  }
+}
+
 // Queries 1000x the usual size: the FP8-cache decode kernel multiplies q in F16 (its multiplier is scaled by
 // a power of two into [1/32, 1/16)), which must neither overflow nor lose the small scale of the cache.
 TEST_F(CudaAttentionTest, DecodeKernelTakesLargeQueries) {

@@ -110,7 +110,8 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
                                     void* scratch, int* counters, float* out, void* out_bf16,
                                     cudaStream_t stream);
-// The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments.
+// The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments
+// (power-of-two block sizes and aligned buffers only; the others go to v2).
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, int splits,
                                        void* scratch, int* counters, float* out, void* out_bf16,

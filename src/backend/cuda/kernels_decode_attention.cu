@@ -881,7 +881,9 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
   // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take
   // v2/v1.
-  if (decode_attention_version() == 3 && is_aligned(q, 16) && is_aligned(out, 16) && is_aligned(out_bf16, 8))
+  const bool pow2_blocks = cache.block_size > 0 && (cache.block_size & (cache.block_size - 1)) == 0;
+  if (decode_attention_version() == 3 && pow2_blocks && is_aligned(q, 16) && is_aligned(out, 16) &&
+      is_aligned(out_bf16, 8))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
                                       splits, scratch, counters, out, out_bf16, stream);
   if (cache.dtype == DType::F8_E4M3) {

@@ -94,7 +94,9 @@ struct Loader {
   int max_blocks;
   int num_blocks;
   int block_size;
-  int kv_row;  // elements per token slot (hkv * HD)
+  int bs_shift;  // log2(block_size): v3 takes power-of-two block sizes only (launch_decode_attention),
+                 // so a key's block and slot cost a shift and a mask, not a division by a runtime value
+  int kv_row;    // elements per token slot (hkv * HD)
   int key0, c;
   int32_t blk[kPerThread];
 
@@ -102,7 +104,7 @@ struct Loader {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int j = j0 + key0 % 16 + i * kKeyStep;
-      const int b = j / block_size;
+      const int b = j >> bs_shift;
       blk[i] = j < end && b < max_blocks ? __ldg(&table[b]) : -1;
     }
   }
@@ -113,7 +115,8 @@ struct Loader {
       const int32_t b = blk[i];
       const int j = j0 + key0 % 16 + i * kKeyStep;
       const bool valid = b >= 0 && b < num_blocks;
-      const int64_t off = valid ? (static_cast<int64_t>(b) * block_size + j % block_size) * kv_row : 0;
+      const int slot = j & (block_size - 1);
+      const int64_t off = valid ? (static_cast<int64_t>(b) * block_size + slot) * kv_row : 0;
       const int key = key0 + i * kKeyStep;
       if (c == 0) s.ok[stage][key] = valid;
       attn::cp_async16(&s.k[stage][key * L::kRowBytes + L::k_chunk(key, c) * 16], k_base + off,
@@ -221,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   loader.max_blocks = batch.max_blocks_per_seq;
   loader.num_blocks = static_cast<int>(num_blocks);
   loader.block_size = block_size;
+  loader.bs_shift = __ffs(block_size) - 1;
   loader.kv_row = hkv * HD;
   // Tiles whose keys all precede `last` were written by earlier steps: they start before the wait for the
   // previous kernel (v2's comment); the rest, q, the partials and the tickets after it.
