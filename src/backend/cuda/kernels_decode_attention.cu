@@ -839,8 +839,15 @@ int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_
   }
   // v2: two CTAs per SM (registers and 70 KiB of tiles). Estimated time of a split count = waves of CTAs
   // x (tiles per split + one tile's worth of fixed cost: setup, partials, merge); the smallest estimate
-  // wins, fewer splits on ties.
-  const int64_t slots = 2 * static_cast<int64_t>(sms > 0 ? sms : 1);
+  // wins, fewer splits on ties. v3 fits 3 (BF16) or 4 (FP8) CTAs per SM, but the model still counts 2
+  // until INFERX_DECODE_CTAS_PER_SM=3|4 (read once) is measured: more slots mean more splits at 32-64
+  // decode rows (and 2 instead of 1 at 256 BF16 rows), each split adding a partial and a merge.
+  static const int64_t per_sm = [] {
+    const char* e = std::getenv("INFERX_DECODE_CTAS_PER_SM");
+    const int v = e ? std::atoi(e) : 0;
+    return static_cast<int64_t>(v >= 1 && v <= 8 ? v : 2);
+  }();
+  const int64_t slots = per_sm * static_cast<int64_t>(sms > 0 ? sms : 1);
   int64_t max_splits = max_keys / kTile;
   if (max_splits > kDecodeMaxSplits) max_splits = kDecodeMaxSplits;
   if (max_splits < 1) max_splits = 1;
