@@ -17,11 +17,12 @@
 //   - the keys of a token are cut into `splits` slices (one CTA each, whole tiles), enough CTAs to fill
 //     the chip; the slice bounds are computed on the device from seq_lens, so a CUDA graph captured once
 //     works for any length. With splits > 1 each CTA writes its partial (max, denominator, numerator);
-//     the last CTA of a (token, group) to finish (an atomic ticket, the threadFenceReduction pattern of
-//     the CUDA samples) merges them, so there is no second kernel launch. The tickets return to zero.
-// Two versions: v1 below as described, and v2 (the default, described above its code) with two BF16 terms,
-// Q in registers, three BF16 tile stages and the block table read a tile ahead; INFERX_CUDA_DECODE_ATTN=v1
-// selects v1 (and its split count) without a rebuild.
+//     the last CTA of a (token, group) to finish merges them, so there is no second kernel launch
+//     (decode_attention_epilogue.cuh, shared with v3).
+// Two versions here: v1 below as described, and v2 (described above its code) with two BF16 terms, Q in
+// registers, three BF16 tile stages and the block table read a tile ahead. The default is v3
+// (kernels_decode_attention_v3.cu); INFERX_CUDA_DECODE_ATTN=v1|v2 selects these without a rebuild, and v2
+// takes what v3 does not (block sizes that are not powers of two, misaligned buffers).
 // Scores are kept in the log2 domain (q pre-scaled by scale * log2(e), exp2f), as FlashAttention does.
 // Visible keys of token t at position p in sequence s: j in [max(0, p - window + 1) or 0, min(p,
 // seq_len - 1)], block_tables[s][j / bs] slot j % bs; a token with no visible key gets a zero output.
@@ -32,6 +33,7 @@
 #include <type_traits>
 
 #include "backend/cuda/attention_tiles.cuh"
+#include "backend/cuda/decode_attention_epilogue.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace inferx::cuda {
@@ -47,13 +49,6 @@ constexpr int kRows = 16;  // query heads per CTA (the mma M dimension)
 constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kTerms = 3;  // BF16 terms of a float (8 + 8 + 8 significant bits)
-
-// The output row in F32 and, when asked, in BF16 too: the copy the o projection's GEMV reads, so that no
-// conversion kernel runs between attention and the projection.
-__device__ __forceinline__ void store_out(float* out, __nv_bfloat16* out_bf16, int64_t i, float v) {
-  out[i] = v;
-  if (out_bf16) out_bf16[i] = __float2bfloat16_rn(v);
-}
 
 // INFERX_CUDA_DECODE_ATTN=v1|v2 selects an older kernel (v1: three-term splits, 64-bit index math, and its
 // split count; v2: below), so a regression of v3 (kernels_decode_attention_v3.cu, the default) can be
@@ -106,9 +101,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kFp8 = sizeof(CacheT) == 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<KvTileSmem<HD, kTile>*>(smem_raw);
-  __shared__ float s_w[kRows][kDecodeMaxSplits];
-  __shared__ float s_den[kRows];
-  __shared__ bool s_last;
 
   // Grid (token x group CTA, split): the CTAs of one token's KV heads are adjacent in launch order, so
   // they read the neighbouring 256-byte pieces of the same cache rows together. (Measured no faster than
@@ -269,75 +261,15 @@ __global__ void __launch_bounds__(kThreads)
     s_l[warp * kRows + gid + 8] = l1;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
-    const int r = idx / HD, d = idx % HD;
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + r]);
-    float den = 0.0f, num = 0.0f;
-    if (mx != -CUDART_INF_F) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = s_m[w * kRows + r];
-        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
-        den += s_l[w * kRows + r] * f;
-        num += s_o[(w * kRows + r) * HD + d] * f;
-      }
-    }
-    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
-    if (splits == 1) {
-      store_out(out, out_bf16, row * HD + d, den > 0.0f ? num / den * out_scale : 0.0f);
-    } else {
-      part_acc[(row * splits + split) * HD + d] = num;
-      if (d == 0) {
-        part_ml[(row * splits + split) * 2] = mx;
-        part_ml[(row * splits + split) * 2 + 1] = den;
-      }
-    }
-  }
-  if (splits == 1) return;
-
-  // The last CTA of this (token, group chunk) merges the splits' partials.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* ticket = counters + static_cast<int64_t>(t) * heads_x + head_x;
-    s_last = atomicAdd(ticket, 1) == splits - 1;
-    if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < nh * splits; idx += kThreads) {
-    const int r = idx / splits, i = idx % splits;
-    s_w[r][i] = __ldcg(&part_ml[((static_cast<int64_t>(t) * hq + h0 + r) * splits + i) * 2]);
-  }
-  __syncthreads();
-  if (threadIdx.x < nh) {
-    const int r = threadIdx.x;
-    const float* ml = part_ml + (static_cast<int64_t>(t) * hq + h0 + r) * splits * 2;
-    float mx = -CUDART_INF_F;
-    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, s_w[r][i]);
-    float den = 0.0f;
-    for (int i = 0; i < splits; ++i) {
-      const float w = (mx == -CUDART_INF_F || s_w[r][i] == -CUDART_INF_F) ? 0.0f : exp2f(s_w[r][i] - mx);
-      s_w[r][i] = w;
-      den += w * __ldcg(&ml[2 * i + 1]);
-    }
-    s_den[r] = den;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
-    const int r = idx / HD, d = idx % HD;
-    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
-    const float* acc = part_acc + row * splits * HD + d;
-    float num = 0.0f;
-    for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
-    store_out(out, out_bf16, row * HD + d, s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f);
-  }
+  const int64_t row0 = static_cast<int64_t>(t) * hq + h0;
+  attn::finish_decode<kWarps, kRows, HD, kThreads, false>(
+      s_o, s_m, s_l,
+      {out, out_bf16, part_acc, part_ml,
+       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, splits, split,
+       out_scale});
 }
 
-// ---- v2 (the default; INFERX_CUDA_DECODE_ATTN=v1 selects the kernel above) -----------------------------
+// ---- v2 (INFERX_CUDA_DECODE_ATTN=v2; the fallback of v3) -----------------------------
 // The same algorithm with less serial work per CTA and per tile:
 //   - two BF16 terms of Q and P instead of three (hi + lo carry 16 significant bits, a residual below
 //     2^-17 |x|; a float64 simulation of the test grid gives a relative output error near 3e-6, under the
@@ -490,9 +422,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(kAhead >= 1 && kAhead <= 3, "the cp.async waits below handle one to three tiles ahead");
   constexpr int kQStage = kFp8 ? 0 : kStages - 1;  // the BF16 stage that stages Q before the loop
   auto& sm = *reinterpret_cast<DecodeSmemFor<CacheT, HD>*>(smem_raw);
-  __shared__ float s_w[kRows][kDecodeMaxSplits];
-  __shared__ float s_den[kRows];
-  __shared__ bool s_last;
 
   // Grid (token x group CTA, split): the CTAs of one token's KV heads are adjacent in launch order, so
   // they read the neighbouring 256-byte pieces of the same cache rows together. (Measured no faster than
@@ -719,74 +648,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     s_l[warp * kRows + gid + 8] = l1;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
-    const int r = idx / HD, d = idx % HD;
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + r]);
-    float den = 0.0f, num = 0.0f;
-    if (mx != -CUDART_INF_F) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = s_m[w * kRows + r];
-        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
-        den += s_l[w * kRows + r] * f;
-        num += s_o[(w * kRows + r) * HD + d] * f;
-      }
-    }
-    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
-    if (splits == 1) {
-      store_out(out, out_bf16, row * HD + d, den > 0.0f ? num / den * out_scale : 0.0f);
-    } else {
-      part_acc[(row * splits + split) * HD + d] = num;
-      if (d == 0) {
-        part_ml[(row * splits + split) * 2] = mx;
-        part_ml[(row * splits + split) * 2 + 1] = den;
-      }
-    }
-  }
-  if (splits == 1) return;
-
-  // The last CTA of this (token, group chunk) merges the splits' partials.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* ticket = counters + static_cast<int64_t>(t) * heads_x + head_x;
-    s_last = atomicAdd(ticket, 1) == splits - 1;
-    if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int idx = threadIdx.x; idx < nh * splits; idx += kThreads) {
-    const int r = idx / splits, i = idx % splits;
-    s_w[r][i] = __ldcg(&part_ml[((static_cast<int64_t>(t) * hq + h0 + r) * splits + i) * 2]);
-  }
-  __syncthreads();
-  if (threadIdx.x < nh) {
-    const int r = threadIdx.x;
-    const float* ml = part_ml + (static_cast<int64_t>(t) * hq + h0 + r) * splits * 2;
-    float mx = -CUDART_INF_F;
-    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, s_w[r][i]);
-    float den = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < splits; ++i) {
-      const float w = (mx == -CUDART_INF_F || s_w[r][i] == -CUDART_INF_F) ? 0.0f : exp2f(s_w[r][i] - mx);
-      s_w[r][i] = w;
-      den += w * __ldcg(&ml[2 * i + 1]);
-    }
-    s_den[r] = den;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
-    const int r = idx / HD, d = idx % HD;
-    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
-    const float* acc = part_acc + row * splits * HD + d;
-    float num = 0.0f;
-#pragma unroll 8
-    for (int i = 0; i < splits; ++i) num += s_w[r][i] * __ldcg(&acc[static_cast<int64_t>(i) * HD]);
-    store_out(out, out_bf16, row * HD + d, s_den[r] > 0.0f ? num / s_den[r] * out_scale : 0.0f);
-  }
+  const int64_t row0 = static_cast<int64_t>(t) * hq + h0;
+  attn::finish_decode<kWarps, kRows, HD, kThreads, false>(
+      s_o, s_m, s_l,
+      {out, out_bf16, part_acc, part_ml,
+       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, splits, split,
+       out_scale});
 }
 
 template <class CacheT, int HD>

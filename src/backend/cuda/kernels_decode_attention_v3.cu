@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "backend/cuda/attention_tiles.cuh"
+#include "backend/cuda/decode_attention_epilogue.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace inferx::cuda {
@@ -192,9 +193,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   static_assert(kAhead >= 1 && kAhead <= 2, "the cp.async waits below handle one or two tiles ahead");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<Smem<CacheT, HD>*>(smem_raw);
-  __shared__ float s_w[kH][kDecodeMaxSplits];
-  __shared__ float s_den[kH];
-  __shared__ bool s_last;
 
   const int group = hq / hkv;
   const int chunks = (group + kGroupChunk - 1) / kGroupChunk;
@@ -441,83 +439,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
-    const int r = idx / HD, d = idx % HD;
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kH + r]);
-    float den = 0.0f, num = 0.0f;
-    if (mx != -CUDART_INF_F) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = s_m[w * kH + r];
-        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
-        den += s_l[w * kH + r] * f;
-        num += s_o[(w * kH + r) * HD + d] * f;
-      }
-    }
-    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
-    if (splits == 1) {
-      const float v = den > 0.0f ? num / den * out_scale : 0.0f;
-      out[row * HD + d] = v;
-      if (out_bf16) out_bf16[row * HD + d] = __float2bfloat16_rn(v);
-    } else {
-      part_acc[(row * splits + split) * HD + d] = num;
-      if (d == 0) {
-        part_ml[(row * splits + split) * 2] = mx;
-        part_ml[(row * splits + split) * 2 + 1] = den;
-      }
-    }
-  }
-  if (splits == 1) return;
-
-  // The last CTA of this (token, group chunk) merges the splits' partials.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* ticket = counters + static_cast<int64_t>(t) * heads_x + head_x;
-    s_last = atomicAdd(ticket, 1) == splits - 1;
-    if (s_last) *ticket = 0;  // ready for the next launch (stream order separates launches)
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  // Every step of the merge is spread over the CTA, so that it costs a few memory latencies (at batch 1
-  // it is the end of the kernel's critical path): one warp per head weighs the splits (lane i: splits i
-  // and i + 32) and sums the denominator, then each thread combines 4 dims of a head over all splits.
-  static_assert(kDecodeMaxSplits <= 2 * kWarp, "two splits per lane");
-  for (int r = warp; r < nh; r += kWarps) {
-    const float2* ml =
-        reinterpret_cast<const float2*>(part_ml) + (static_cast<int64_t>(t) * hq + h0 + r) * splits;
-    const float2 a = lane < splits ? __ldcg(&ml[lane]) : make_float2(-CUDART_INF_F, 0.0f);
-    const float2 b = lane + kWarp < splits ? __ldcg(&ml[lane + kWarp]) : make_float2(-CUDART_INF_F, 0.0f);
-    float mx = fmaxf(a.x, b.x);
-#pragma unroll
-    for (int off = kWarp / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float wa = mx == -CUDART_INF_F || a.x == -CUDART_INF_F ? 0.0f : exp2f(a.x - mx);
-    const float wb = mx == -CUDART_INF_F || b.x == -CUDART_INF_F ? 0.0f : exp2f(b.x - mx);
-    const float den = warp_sum(wa * a.y + wb * b.y);
-    if (lane < splits) s_w[r][lane] = wa;
-    if (lane + kWarp < splits) s_w[r][lane + kWarp] = wb;
-    if (lane == 0) s_den[r] = den;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * (HD / 4); idx += kThreads) {
-    const int r = idx / (HD / 4), d4 = idx % (HD / 4);
-    const int64_t row = static_cast<int64_t>(t) * hq + h0 + r;
-    const float4* acc = reinterpret_cast<const float4*>(part_acc + row * splits * HD) + d4;
-    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int i = 0; i < splits; ++i) {
-      const float w = s_w[r][i];
-      const float4 v = __ldcg(acc + static_cast<int64_t>(i) * (HD / 4));
-      num.x += w * v.x, num.y += w * v.y, num.z += w * v.z, num.w += w * v.w;
-    }
-    const float f = s_den[r] > 0.0f ? out_scale / s_den[r] : 0.0f;
-    const float4 v = make_float4(num.x * f, num.y * f, num.z * f, num.w * f);
-    *reinterpret_cast<float4*>(out + row * HD + 4 * d4) = v;
-    if (out_bf16) store_bf16x4(out_bf16 + row * HD + 4 * d4, v.x, v.y, v.z, v.w);
-  }
+  const int64_t row0 = static_cast<int64_t>(t) * hq + h0;
+  attn::finish_decode<kWarps, kH, HD, kThreads, true>(
+      s_o, s_m, s_l,
+      {out, out_bf16, part_acc, part_ml,
+       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, splits, split,
+       out_scale});
 }
 
 template <class CacheT, int HD, int NT>
