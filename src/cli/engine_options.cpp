@@ -98,12 +98,11 @@ int64_t parse_memory_size(const std::string& text) {
   return static_cast<int64_t>(v * mul);
 }
 
-EngineConfig engine_config(const EngineArgs& a) {
+EngineConfig engine_config(const EngineArgs& a, Device device) {
   EngineConfig c;
-  const bool gpu = a.device.rfind("cuda", 0) == 0;
   c.max_num_batched_tokens = a.max_num_batched_tokens > 0 ? a.max_num_batched_tokens
-                             : gpu                        ? kDefaultStepTokensGpu
-                                                          : kDefaultStepTokensCpu;
+                             : device == Device::CPU      ? kDefaultStepTokensCpu
+                                                          : kDefaultStepTokensGpu;
   c.max_batch_size = a.max_batch_size;
   c.block_size = a.block_size;
   if (!a.kv_cache_memory.empty()) c.kv_cache_bytes = parse_memory_size(a.kv_cache_memory);
@@ -135,8 +134,8 @@ EngineConfig engine_config(const EngineArgs& a) {
 
 LoadedEngine load_engine(const EngineArgs& a) {
   LoadedEngine l;
-  const EngineConfig config = engine_config(a);
   l.backend = make_backend(a.device, a.threads, a.kv_cache_dtype);
+  const EngineConfig config = engine_config(a, l.backend->device());
   LoadOptions lo;
   auto dt = dtype_from_name(a.dtype);
   INFERX_CHECK(dt.has_value(), "--dtype: unknown weight type '{}'", a.dtype);

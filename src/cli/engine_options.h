@@ -50,7 +50,8 @@ std::string default_served_name(const std::string& model_spec);
 void check_quantize(const std::string& value);
 // "4GiB" / "512MiB" / "1.5GB" / "1000000" -> bytes; throws naming --kv-cache-memory.
 int64_t parse_memory_size(const std::string& text);
-EngineConfig engine_config(const EngineArgs& a);
+// The engine's settings from the flags; `device` (the backend's) picks the default step size.
+EngineConfig engine_config(const EngineArgs& a, Device device = Device::CPU);
 
 struct LoadedEngine {
   std::unique_ptr<Backend> backend;

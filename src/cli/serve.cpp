@@ -64,7 +64,7 @@ void run_serve(ServeArgs a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   check_quantize(a.engine.quantize);
-  (void)engine_config(a.engine);  // flag errors before anything listens
+  (void)engine_config(a.engine);  // flag errors before anything listens (the device's default comes later)
   if (a.engine.model.empty()) a.engine.model = default_model();
   if (a.served_model_name.empty()) a.served_model_name = default_served_name(a.engine.model);
   if (a.api_key.empty())

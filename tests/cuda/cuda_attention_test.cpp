@@ -271,52 +271,46 @@ void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_
   return m;
 }
 
-TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
-  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+// Every decode-only case of the grid over a BF16 cache and an FP8 cache (k_scale 0.02, v_scale 1.5) through
+// `kernels`; block_size > 0 replaces the cases' block sizes, q_amp as check_kernels.
+void check_decode_cases(CudaAttentionTest& f, std::mt19937& rng,
+                        const std::vector<std::pair<CudaAttentionKernel, int>>& kernels, float q_amp = 1.0f,
+                        int64_t block_size = 0) {
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
-    CudaBackend& gpu = backend(dt, ks, vs);
-    for (const Case& c : cases(rng_, /*decode_only=*/true, false)) {
+    CudaBackend& gpu = f.backend(dt, ks, vs);
+    for (Case c : cases(rng, /*decode_only=*/true, false)) {
+      if (block_size > 0) c.bs = block_size;
       SCOPED_TRACE(describe(c, dt));
-      check_kernels(*this, gpu, dt, ks, vs, c, rng_,
-                    {{CudaAttentionKernel::Decode, 0},
-                     {CudaAttentionKernel::Decode, 1},
-                     {CudaAttentionKernel::Decode, 5},
-                     {CudaAttentionKernel::Decode, 64},
-                     {CudaAttentionKernel::Reference, 0}});
+      check_kernels(f, gpu, dt, ks, vs, c, rng, kernels, q_amp);
     }
   }
+}
+
+TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  check_decode_cases(*this, rng_,
+                     {{CudaAttentionKernel::Decode, 0},
+                      {CudaAttentionKernel::Decode, 1},
+                      {CudaAttentionKernel::Decode, 5},
+                      {CudaAttentionKernel::Decode, 64},
+                      {CudaAttentionKernel::Reference, 0}});
 }
 
 // Block sizes that are not powers of two: the launcher routes them past v3 (which finds a key's block by a
 // shift) to v2; both must match the reference.
 TEST_F(CudaAttentionTest, DecodeKernelWithBlocksNotAPowerOfTwo) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
-  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
-    const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
-    CudaBackend& gpu = backend(dt, ks, vs);
-    for (Case c : cases(rng_, /*decode_only=*/true, false)) {
-      c.bs = 24;
-      SCOPED_TRACE(describe(c, dt));
-      check_kernels(*this, gpu, dt, ks, vs, c, rng_,
-                    {{CudaAttentionKernel::Decode, 0}, {CudaAttentionKernel::Decode, 5}});
-    }
-  }
+  check_decode_cases(*this, rng_, {{CudaAttentionKernel::Decode, 0}, {CudaAttentionKernel::Decode, 5}}, 1.0f,
+                     /*block_size=*/24);
 }
 
 // Queries 1000x the usual size: the FP8-cache decode kernel multiplies q in F16 (its multiplier is scaled by
 // a power of two into [1/32, 1/16)), which must neither overflow nor lose the small scale of the cache.
 TEST_F(CudaAttentionTest, DecodeKernelTakesLargeQueries) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
-  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
-    const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
-    CudaBackend& gpu = backend(dt, ks, vs);
-    for (const Case& c : cases(rng_, /*decode_only=*/true, false)) {
-      SCOPED_TRACE(describe(c, dt));
-      check_kernels(*this, gpu, dt, ks, vs, c, rng_,
-                    {{CudaAttentionKernel::Decode, 0}, {CudaAttentionKernel::Decode, 7}}, 1000.0f);
-    }
-  }
+  check_decode_cases(*this, rng_, {{CudaAttentionKernel::Decode, 0}, {CudaAttentionKernel::Decode, 7}},
+                     1000.0f);
 }
 
 TEST_F(CudaAttentionTest, PrefillKernelOverBf16AndFp8CachesMatchesFloat64) {

@@ -76,6 +76,14 @@ int64_t l2_prefetch_budget() {
   return bytes;
 }
 
+// Bytes of each of a weight's `rows` rows that a GEMV prefetches (l2_prefetch_budget split evenly, whole
+// 16-byte units, at most the row).
+uint32_t l2_row_bytes(int64_t row_bytes, int64_t rows) {
+  const int64_t budget = l2_prefetch_budget();
+  if (budget == 0 || rows <= 0) return 0;
+  return static_cast<uint32_t>(std::min(row_bytes, budget / rows) & ~int64_t{15});
+}
+
 // Asynchronous prefetch of [p, p + bytes) into L2 (no registers, no completion to wait for); p and bytes
 // are rounded to what the instruction takes (16-byte aligned start, a multiple of 16 bytes).
 __device__ __forceinline__ void l2_prefetch(const uint8_t* p, int64_t bytes) {
@@ -990,12 +998,7 @@ cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream) {
 }
 
 template <int R>
-cudaError_t launch_format(DType dtype, const GemvParams& params, cudaStream_t stream) {
-  GemvParams p = params;
-  if (const int64_t budget = l2_prefetch_budget(); budget > 0) {
-    const int64_t rows = R == 2 ? 2 * p.f : p.rows;  // the weight's rows
-    p.l2_row_bytes = static_cast<uint32_t>(std::min(p.row_bytes, budget / std::max<int64_t>(rows, 1)) & ~15);
-  }
+cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream) {
   GemvKernel kernel = kernel_for(dtype, p.m);
   if (kernel == GemvKernel::V3) {
     const int subsets = dtype == DType::INT4 ? 4 >> p.group_shift : 1;
@@ -1146,6 +1149,7 @@ cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k
     p.rows += outs[i].count;
   }
   if (p.rows == 0) return cudaSuccess;
+  p.l2_row_bytes = l2_row_bytes(p.row_bytes, p.rows);
   for (int64_t r0 = 0; r0 < m; r0 += kGemvMaxRows) {
     p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
@@ -1163,6 +1167,7 @@ cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, 
   p.num_outs = 1;
   p.rows = p.f = f;
   if (f == 0) return cudaSuccess;
+  p.l2_row_bytes = l2_row_bytes(p.row_bytes, 2 * f);  // gate and up rows
   for (int64_t r0 = 0; r0 < m; r0 += kGemvMaxRows) {
     p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
