@@ -2,7 +2,7 @@
 // are built around keeping enough bytes in flight per SM (each lane issues several independent 16-byte
 // weight loads before it converts any) and around not spending L1 on the weights (ld.global.nc with
 // L1::no_allocate), so that x, which every warp re-reads, stays in L1, and around spending few
-// instructions per weight once it arrives. Three kernels:
+// instructions per weight once it arrives. Four kernels:
 //   v1 (gemv_kernel): one warp per output row, four warps per CTA; a lane takes one granule of a format
 //      per load (16 bytes: 8 to 32 columns) and expands it to floats element by element.
 //   v2 (gemv8_kernel, kernels_gemv_decode.h): a lane takes 8 consecutive columns per step, so that the
@@ -12,6 +12,8 @@
 //      exact BF16 and multiplied on tensor cores (mma.m16n8k16, weights as the A operand, x as B), so a
 //      weight costs its decode only (BF16 none, E4M3 ~2.5 instructions, INT4 1.5), and up to 16 rows of
 //      x cost about the same.
+//   v4 (gemv_stream_kernel): v1's BF16 / FP8 decoders on one wave of persistent warps, each streaming
+//      rows w, w + W, ... with the next batch of loads in flight while it multiplies the current one.
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
 // kernel issues its first weight loads, then calls pdl_wait() before it reads x or stores, and
 // pdl_launch_dependents() once its weights are streamed, and is launched with launch_pdl (cuda_common.cuh).
@@ -58,43 +60,7 @@ struct GemvParams {
   int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
-  uint32_t l2_row_bytes = 0;  // bytes of each weight row prefetched into L2 before the wait (0: none)
 };
-
-// INFERX_GEMV_L2_PREFETCH_MB=N (default 0: off; read once): each GEMV first asks the copy engine of its
-// SM (cp.async.bulk.prefetch.L2) for the first N MB / rows bytes of each of its weight rows, before it
-// waits for the previous kernel. Under programmatic dependent launch a GEMV's CTAs are resident while
-// the kernel before it still runs (the decode attention triggers its dependents at its start), and at
-// batch 1 that kernel is latency-bound (8.5 us per layer for 4 MB of KV): DRAM idles. The prefetch moves
-// part of the weight stream into that time; the post-wait loads then hit L2. Off until measured.
-int64_t l2_prefetch_budget() {
-  static const int64_t bytes = [] {
-    const char* e = std::getenv("INFERX_GEMV_L2_PREFETCH_MB");
-    const long long mb = e ? std::atoll(e) : 0;
-    return mb > 0 && mb <= 1024 ? static_cast<int64_t>(mb) << 20 : int64_t{0};
-  }();
-  return bytes;
-}
-
-// Bytes of each of a weight's `rows` rows that a GEMV prefetches (l2_prefetch_budget split evenly, whole
-// 16-byte units, at most the row).
-uint32_t l2_row_bytes(int64_t row_bytes, int64_t rows) {
-  const int64_t budget = l2_prefetch_budget();
-  if (budget == 0 || rows <= 0) return 0;
-  return static_cast<uint32_t>(std::min(row_bytes, budget / rows) & ~int64_t{15});
-}
-
-// Asynchronous prefetch of [p, p + bytes) into L2 (no registers, no completion to wait for); p and bytes
-// are rounded to what the instruction takes (16-byte aligned start, a multiple of 16 bytes).
-__device__ __forceinline__ void l2_prefetch(const uint8_t* p, int64_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t start = (a + 15) & ~uintptr_t{15};
-  bytes -= static_cast<int64_t>(start - a);
-  if (bytes < 16) return;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(start),
-               "r"(static_cast<uint32_t>(bytes & ~int64_t{15}))
-               : "memory");
-}
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -326,8 +292,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   wrow[0] = n;
   if constexpr (R == 2) wrow[1] = n + p.f;
   bool waited = false;  // the first batch of weight loads is issued before waiting for x (cuda_common.cuh)
-  if (p.l2_row_bytes && lane < R)
-    l2_prefetch(p.w + wrow[lane == 0 ? 0 : R - 1] * p.row_bytes, p.l2_row_bytes);
   float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -376,6 +340,93 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
   pdl_launch_dependents();  // after the weight stream (see the file comment)
   gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
+}
+
+// ---- v4: v1's decoders (BF16, FP8; one activation row) on persistent warps that keep the next batch of
+// weight loads in flight while they convert and multiply the current one. v1 gives each warp one row and
+// each CTA one launch slot: an FP8 row of 4096 columns is a single batch of loads, so a warp loads, waits a
+// whole DRAM latency, computes and exits, and a 6144-row product runs in 1.5 waves of CTAs (ncu, H200,
+// 2026-12-03: the qkv GEMV at 38% of DRAM throughput, warps stalled on long scoreboard, 8 CTAs per SM by
+// registers). Here the grid is one wave (CTAs per SM from the occupancy calculator), warp w takes rows
+// w, w + W, ... (W warps in all) as one stream of batches of U granules per lane, and issues batch i + 1's
+// loads before it uses batch i, across row ends too. R = 2: the SiLU product (rows n and f + n).
+template <class Dec, int R, int U>
+__global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
+  constexpr int E = Dec::kElems;
+  using Raw = typename Dec::Raw;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
+  int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  if (n >= p.rows) return;
+  const int64_t granules = p.k / E;
+  const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
+  int b = 0;  // the batch of row n that `cur` holds
+  float acc[R][1];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+
+  auto load = [&](Raw(&buf)[R][U], int64_t row, int batch) {
+    const int64_t g0 = static_cast<int64_t>(batch) * kWarp * U + lane;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
+      if (g < granules) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int64_t wr = r == 0 ? row : row + p.f;
+          buf[r][u] = Dec::load(p, p.w + wr * p.row_bytes, wr, g);
+        }
+      }
+    }
+  };
+  // Uses `cur` (batch b of row n) and fills `nxt` with the warp's next batch; false after the last.
+  auto step = [&](Raw(&cur)[R][U], Raw(&nxt)[R][U]) {
+    int64_t next_n = n;
+    int next_b = b + 1;
+    if (next_b == batches) {
+      next_b = 0;
+      next_n = n + warps;
+    }
+    const bool more = next_n < p.rows;
+    if (more)
+      load(nxt, next_n, next_b);
+    else
+      pdl_launch_dependents();  // after the weight stream (see the file comment)
+    const int64_t g0 = static_cast<int64_t>(b) * kWarp * U + lane;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
+      if (g >= granules) break;
+      const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * E);
+      float xv[E];
+#pragma unroll
+      for (int c = 0; c < E / 8; ++c) bf16x8_to_float(__ldg(xp + c), xv + 8 * c);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float w[E];
+        Dec::expand(p, cur[r][u], w);
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[r][0] = fmaf(w[e], xv[e], acc[r][0]);
+      }
+    }
+    if (next_b == 0) {  // row n is complete
+      int64_t wrow[R];
+      wrow[0] = n;
+      if constexpr (R == 2) wrow[1] = n + p.f;
+      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    }
+    n = next_n;
+    b = next_b;
+    return more;
+  };
+
+  Raw a[R][U], c[R][U];
+  load(a, n, 0);
+  pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
+  while (step(a, c) && step(c, a)) {
+  }
 }
 
 // ---- v2: 8 columns per lane and step (kernels_gemv_decode.h). The lanes of a warp read 512 contiguous
@@ -545,8 +596,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
       valid = 1;
     }
   }
-  if (p.l2_row_bytes && lane < valid)
-    l2_prefetch(p.w + wrow[lane == 0 ? 0 : R - 1] * p.row_bytes, p.l2_row_bytes);
   float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -696,10 +745,6 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
   const int chunks = static_cast<int>(p.row_bytes / 16), sets = (chunks + 3) / 4;
   const int per_warp = (sets + nwarps - 1) / nwarps;
   const int first = warp * per_warp, last = min(sets, first + per_warp);
-  // Each warp's share of each of the 16 rows: the prefix of its range of sets (64 bytes each).
-  if (p.l2_row_bytes && lane < tc::kRows && first < last)
-    l2_prefetch(p.w + tc_row<kSilu>(p, lane) * p.row_bytes + static_cast<int64_t>(first) * 64,
-                min(static_cast<int64_t>(last - first) * 64, static_cast<int64_t>(p.l2_row_bytes / nwarps)));
   // Lane pointers at set `first`: weights (rows g, g + 8), x (B columns g and 8 + g), zero points of
   // the lane's chunks, group scales of the C fragment's columns.
   const uint4* w0 = reinterpret_cast<const uint4*>(p.w + row0 * p.row_bytes) + 4 * first + t;
@@ -890,6 +935,62 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
   return go(std::integral_constant<int, 16>{});
 }
 
+// v4's weight loads per lane and batch, split over the R rows (4 or 8), and its CTAs per SM (0: as many
+// as fit): set_gemv_v4_shape, else INFERX_GEMV_V4_LOADS (default 8) / INFERX_GEMV_V4_CTAS_PER_SM (default
+// 0). Read once.
+std::atomic<int> g_v4_loads{0}, g_v4_ctas{-1};
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr && *e != 0 ? std::atoi(e) : fallback;
+}
+int v4_loads() {
+  static const int env = env_int("INFERX_GEMV_V4_LOADS", 8) == 4 ? 4 : 8;
+  const int o = g_v4_loads.load(std::memory_order_relaxed);
+  return o == 4 || o == 8 ? o : env;
+}
+int v4_ctas_per_sm() {
+  static const int env = std::max(0, env_int("INFERX_GEMV_V4_CTAS_PER_SM", 0));
+  const int o = g_v4_ctas.load(std::memory_order_relaxed);
+  return o >= 0 ? o : env;
+}
+
+// Streaming multiprocessors of the current device, cached per device.
+cudaError_t device_sms(int& sms) {
+  static std::atomic<int> cache[32];
+  int device = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st != cudaSuccess) return st;
+  if (device >= 0 && device < 32 && (sms = cache[device].load(std::memory_order_relaxed)) > 0)
+    return cudaSuccess;
+  st = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (st == cudaSuccess && device >= 0 && device < 32) cache[device].store(sms, std::memory_order_relaxed);
+  return st;
+}
+
+// One wave of v4 CTAs (no more warps than rows). L: loads per lane and batch.
+template <class Dec, int R, int L>
+cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
+  const auto kernel = gemv_stream_kernel<Dec, R, L / R>;
+  static std::atomic<int> fit{0};  // CTAs per SM the kernel's registers allow (same on every H200/H100)
+  int per_sm = fit.load(std::memory_order_relaxed);
+  if (per_sm == 0) {
+    const cudaError_t st = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, 0);
+    if (st != cudaSuccess) return st;
+    per_sm = std::max(per_sm, 1);
+    fit.store(per_sm, std::memory_order_relaxed);
+  }
+  if (const int cap = v4_ctas_per_sm(); cap > 0) per_sm = std::min(per_sm, cap);
+  int sms = 0;
+  if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
+  const int64_t ctas = std::min<int64_t>((p.rows + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
+  return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), 0, stream, p);
+}
+
+template <class Dec, int R>
+cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
+  return v4_loads() == 4 ? launch_stream<Dec, R, 4>(p, stream) : launch_stream<Dec, R, 8>(p, stream);
+}
+
 // ---- Which kernel runs a format: set_gemv_kernel (tests, benchmarks), else INFERX_GEMV_KERNEL, else the
 // fastest measured on the H200 (bench_cuda_kernels, graph-launched, weights cycled past L2; % of the 4242
 // GB/s copy; 2026-12-03 04:20, v1 / v2 / v3 in one process):
@@ -904,7 +1005,8 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
 //     and the 128256-row lm_head (92.6 vs 104.5): v1.
 //   Q8_0 / Q4_K (00:34, again at 04:20): v2 (60.6 / 47.5 and 31.2 / 20.9 at 14336x4096 / 4096x14336).
 // v3 reads BF16, FP8 and INT4 with K a multiple of 32 / 64 / 128 (whole 4-chunk sets) and up to 16 / S
-// activation rows per launch (other products: v1), v2 the four quantized formats, v1 all five.
+// activation rows per launch (other products: v1), v4 BF16 and FP8 with one activation row (more: v1),
+// v2 the four quantized formats, v1 all five.
 
 int format_index(DType dtype) {
   switch (dtype) {
@@ -961,6 +1063,7 @@ const std::array<GemvKernel, kFormats>& env_kernels() {
       const GemvKernel kernel = kname == "v1"   ? GemvKernel::V1
                                 : kname == "v2" ? GemvKernel::V2
                                 : kname == "v3" ? GemvKernel::V3
+                                : kname == "v4" ? GemvKernel::V4
                                                 : GemvKernel::Default;
       for (int f = 0; f < kFormats; ++f)
         if ((eq == std::string::npos || item.compare(0, eq, names[f]) == 0) &&
@@ -1004,6 +1107,11 @@ cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream)
     const int subsets = dtype == DType::INT4 ? 4 >> p.group_shift : 1;
     if (rows_bucket(p.m) * subsets <= 16 && p.row_bytes % 64 == 0) return launch_v3<R>(dtype, p, stream);
     kernel = GemvKernel::V1;
+  }
+  if (kernel == GemvKernel::V4) {
+    if (p.m == 1 && dtype == DType::BF16) return launch_stream<DecodeBf16, R>(p, stream);
+    if (p.m == 1 && dtype == DType::F8_E4M3) return launch_stream<DecodeFp8, R>(p, stream);
+    kernel = GemvKernel::V1;  // v4 takes one activation row
   }
   const bool v1 = kernel != GemvKernel::V2;
   switch (dtype) {
@@ -1105,6 +1213,8 @@ bool gemv_kernel_reads(GemvKernel kernel, DType dtype) {
       return format_index(dtype) >= 1;
     case GemvKernel::V3:
       return dtype == DType::BF16 || dtype == DType::F8_E4M3 || dtype == DType::INT4;
+    case GemvKernel::V4:
+      return dtype == DType::BF16 || dtype == DType::F8_E4M3;
     default:
       return false;
   }
@@ -1124,12 +1234,19 @@ const char* gemv_kernel_name(GemvKernel kernel) {
       return "v2";
     case GemvKernel::V3:
       return "v3";
+    case GemvKernel::V4:
+      return "v4";
     default:
       return "default";
   }
 }
 
 void set_gemv_v3_max_warps(int warps) { g_v3_max_warps.store(warps, std::memory_order_relaxed); }
+
+void set_gemv_v4_shape(int loads, int ctas_per_sm) {
+  g_v4_loads.store(loads, std::memory_order_relaxed);
+  g_v4_ctas.store(ctas_per_sm, std::memory_order_relaxed);
+}
 
 cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
                                   void* out, cudaStream_t stream) {
@@ -1149,7 +1266,6 @@ cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k
     p.rows += outs[i].count;
   }
   if (p.rows == 0) return cudaSuccess;
-  p.l2_row_bytes = l2_row_bytes(p.row_bytes, p.rows);
   for (int64_t r0 = 0; r0 < m; r0 += kGemvMaxRows) {
     p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
@@ -1167,7 +1283,6 @@ cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, 
   p.num_outs = 1;
   p.rows = p.f = f;
   if (f == 0) return cudaSuccess;
-  p.l2_row_bytes = l2_row_bytes(p.row_bytes, 2 * f);  // gate and up rows
   for (int64_t r0 = 0; r0 < m; r0 += kGemvMaxRows) {
     p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;

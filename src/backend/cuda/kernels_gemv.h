@@ -45,7 +45,7 @@ struct GemvOutput {
 };
 
 // The kernel generation that runs a format's products; Default: the measured choice (or the environment's).
-enum class GemvKernel : uint8_t { Default, V1, V2, V3 };
+enum class GemvKernel : uint8_t { Default, V1, V2, V3, V4 };
 bool gemv_kernel_reads(GemvKernel kernel, DType dtype);
 const char* gemv_kernel_name(GemvKernel kernel);
 // Process-wide override for one format (tests and benchmarks compare kernels in one process); Default
@@ -54,6 +54,9 @@ const char* gemv_kernel_name(GemvKernel kernel);
 void set_gemv_kernel(DType dtype, GemvKernel kernel);
 // v3's largest CTA, in warps splitting K (1..8; 0: INFERX_GEMV_V3_WARPS, default 8).
 void set_gemv_v3_max_warps(int warps);
+// v4's weight loads per lane and batch (4 or 8; else INFERX_GEMV_V4_LOADS, default 8) and CTAs per SM
+// (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 0).
+void set_gemv_v4_shape(int loads, int ctas_per_sm);
 
 // Whether the kernels take this format with k input columns (and, INT4, group size); the caller also
 // checks alignment with gemv_aligned.
