@@ -14,7 +14,8 @@ namespace inferx::cli {
 
 const char* const kQuantizeHelp =
     "Weight quantization at load: none, fp8[:tensor], int4[:g32|g64|g128][:asym], fp8-int4 (attention FP8, "
-    "MLP INT4), auto[:bits=B] (per layer from calibration, --calibration FILE)";
+    "MLP INT4), auto[:bits=B] (per layer from calibration, --calibration FILE); add :lm_head to quantize the "
+    "vocabulary projection too (FP8, INT4 under int4)";
 
 namespace {
 

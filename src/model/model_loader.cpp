@@ -39,13 +39,6 @@ class WeightLoader {
     prepare_plan();
     w.token_embedding = matrix(names_.token_embedding, {c.vocab_size, D});
     w.final_norm = vector_f32(names_.final_norm, D);
-    if (m_.source_->find(names_.lm_head) != nullptr) {
-      w.lm_head.weight = matrix(names_.lm_head, {c.vocab_size, D}, true);
-    } else {
-      INFERX_CHECK(c.tie_word_embeddings, "{}: tensor '{}' is missing and the config does not tie embeddings",
-                   m_.source_->describe(), names_.lm_head);
-      w.lm_head.weight = w.token_embedding;
-    }
     w.layers.resize(static_cast<size_t>(c.num_layers));
     for (int64_t i = 0; i < c.num_layers; ++i) {
       LayerWeights& l = w.layers[static_cast<size_t>(i)];
@@ -69,6 +62,7 @@ class WeightLoader {
       l.up = linear(N(names_.up), {F, D});
       l.down = linear(N(names_.down), {D, F});
     }
+    load_lm_head();
     // Stacked q/k/v and gate/up for backends that run them as one product (after quantization and any
     // tensor-parallel slicing: the parts are this rank's final weights).
     if (m_.backend_.prefers_fused_projections()) fuse_projections(m_.backend_, m_.owned_, w.layers);
@@ -152,6 +146,7 @@ class WeightLoader {
     } else {
       plan_ = make_plan(QuantOptions{}, descs_);
     }
+    add_lm_head(plan_, options_.quantize, lm_head_desc(m_.config_));
     applied_.kind = plan_.kind;
     if (hf_.method != HfQuantConfig::Method::None) applied_.kind = "checkpoint";
     if (hf_.method != HfQuantConfig::Method::None && options_.quantize.kind != PlanKind::None)
@@ -162,12 +157,41 @@ class WeightLoader {
     next_ = 0;
   }
 
-  // The next linear layer in linear_layers() order: pre-quantized in the checkpoint, quantized per the
-  // plan, or as stored.
+  // The vocabulary projection: its own tensor (as stored, pre-quantized, or quantized per the plan's
+  // "lm_head" entry), else the embedding's memory (tied), or with a quantized plan entry a quantized copy
+  // of the embedding (which the lookup keeps reading as stored).
+  void load_lm_head() {
+    const ModelConfig& c = m_.config_;
+    ModelWeights& w = m_.weights_;
+    const std::vector<int64_t> shape{c.vocab_size, c.hidden_size};
+    const LayerQuant* q = plan_.find("lm_head");
+    const bool quantize = q != nullptr && q->format != WeightFormat::Keep;
+    if (m_.source_->find(names_.lm_head) != nullptr) {
+      if (quantize || is_prequantized(*m_.source_, names_.lm_head))
+        w.lm_head = planned_linear("lm_head", names_.lm_head, shape);
+      else
+        w.lm_head.weight = matrix(names_.lm_head, shape, true);
+      return;
+    }
+    INFERX_CHECK(c.tie_word_embeddings, "{}: tensor '{}' is missing and the config does not tie embeddings",
+                 m_.source_->describe(), names_.lm_head);
+    if (quantize)
+      w.lm_head = planned_linear("lm_head", names_.token_embedding, shape);
+    else
+      w.lm_head.weight = w.token_embedding;
+  }
+
+  // The next linear layer in linear_layers() order.
   Linear linear(const std::string& name, const std::vector<int64_t>& shape) {
     INFERX_CHECK(next_ < descs_.size(), "internal: more linear layers than the config describes");
-    const LinearDesc& d = descs_[next_++];
-    const LayerQuant* q = plan_.find(d.name);
+    return planned_linear(descs_[next_++].name, name, shape);
+  }
+
+  // Tensor `name` as the plan's layer `plan_name`: pre-quantized in the checkpoint, quantized per the
+  // plan, or as stored.
+  Linear planned_linear(const std::string& plan_name, const std::string& name,
+                        const std::vector<int64_t>& shape) {
+    const LayerQuant* q = plan_.find(plan_name);
     LayerQuant want = q ? *q : LayerQuant{};
     const bool stored_quantized = m_.source_->find(name) == nullptr || is_prequantized(*m_.source_, name);
     if (stored_quantized) {
@@ -182,10 +206,10 @@ class WeightLoader {
       got.symmetric = l.zero.empty();
       got.fp8 = l.scale.numel() == 1 ? Fp8Granularity::PerTensor : Fp8Granularity::PerChannel;
       got.note = "stored pre-quantized";
-      applied_.layers.emplace_back(d.name, got);
+      applied_.layers.emplace_back(plan_name, got);
       return l;
     }
-    applied_.layers.emplace_back(d.name, want);
+    applied_.layers.emplace_back(plan_name, want);
     if (want.format == WeightFormat::Keep) {
       Linear l;
       l.weight = matrix(name, shape, true);

@@ -37,17 +37,21 @@ void write_quantized_checkpoint(const std::string& source_dir, const Model& mode
 
   const TensorSource& src = *model.source();
   const std::vector<LinearDesc> descs = linear_layers(model.config());
-  std::vector<const Linear*> lins;
+  std::vector<std::pair<std::string, const Linear*>> lins;  // module path, layer
+  size_t d = 0;
   for (const LayerWeights& l : model.weights().layers)
-    for (const Linear* p : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) lins.push_back(p);
+    for (const Linear* p : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
+      lins.emplace_back(d < descs.size() ? descs[d++].name : std::string(), p);
   INFERX_CHECK(lins.size() == descs.size(), "internal: {} linear layers for {} descriptions", lins.size(),
                descs.size());
+  // A quantized lm_head ("--quantize PLAN:lm_head") is written as lm_head.weight, also when the source ties
+  // it to the embedding (which stays as stored): the loader prefers a present lm_head.weight.
+  lins.emplace_back("lm_head", &model.weights().lm_head);
 
   SafetensorsWriter w;
   std::set<std::string> written;
-  for (size_t i = 0; i < descs.size(); ++i) {
-    const Linear& l = *lins[i];
-    const std::string p = descs[i].name;
+  for (const auto& [p, lp] : lins) {
+    const Linear& l = *lp;
     const DType t = l.weight.dtype;
     if (t != DType::F8_E4M3 && t != DType::INT4) continue;  // copied below as stored
     INFERX_CHECK(l.input_perm.empty(),

@@ -202,6 +202,10 @@ std::vector<LinearDesc> linear_layers(const ModelConfig& c) {
   return v;
 }
 
+LinearDesc lm_head_desc(const ModelConfig& c) {
+  return {"lm_head", LinearRole::LmHead, -1, c.vocab_size, c.hidden_size};
+}
+
 static std::string prefix_of(const std::string& weight_name) {
   const std::string suffix = ".weight";
   INFERX_CHECK(weight_name.size() > suffix.size() &&

@@ -27,6 +27,8 @@ HfQuantConfig read_hf_quant_config(const std::string& folder);
 
 // The model's linear layers in load order, named by their Hugging Face module path.
 std::vector<LinearDesc> linear_layers(const ModelConfig& config);
+// The vocabulary projection's plan entry ("lm_head", [vocab, hidden]); not among linear_layers.
+LinearDesc lm_head_desc(const ModelConfig& config);
 
 // Puts host bytes on the backend and returns the tensor (the loader's owned-buffer allocator).
 using PlaceFn = std::function<Tensor(DType, const std::vector<int64_t>&, const void*, size_t)>;

@@ -13,7 +13,7 @@ namespace inferx {
 namespace {
 
 constexpr const char* kChoices =
-    "none, fp8[:tensor], int4[:g32|g64|g128][:asym], fp8-int4[...], auto[:bits=B]";
+    "none, fp8[:tensor], int4[:g32|g64|g128][:asym], fp8-int4[...], auto[:bits=B]; any of them [:lm_head]";
 
 bool is_attention(LinearRole r) {
   return r == LinearRole::Q || r == LinearRole::K || r == LinearRole::V || r == LinearRole::O;
@@ -111,6 +111,8 @@ QuantOptions parse_quant_options(const std::string& text) {
       o.fp8 = Fp8Granularity::PerTensor;
     else if (p == "channel")
       o.fp8 = Fp8Granularity::PerChannel;
+    else if (p == "lm_head")
+      o.lm_head = true;
     else if (p.rfind("bits=", 0) == 0) {
       try {
         o.auto_bits = std::stod(p.substr(5));
@@ -123,6 +125,8 @@ QuantOptions parse_quant_options(const std::string& text) {
       fail("--quantize {}: unknown option '{}' (choices: {})", o.text, p, kChoices);
     }
   }
+  INFERX_CHECK(!(o.lm_head && o.kind == PlanKind::None),
+               "--quantize {}: lm_head needs a plan (e.g. fp8:lm_head)", o.text);
   return o;
 }
 
@@ -254,6 +258,11 @@ QuantPlan make_plan(const QuantOptions& o, const std::vector<LinearDesc>& layers
     p.layers.emplace_back(d.name, q);
   }
   return p;
+}
+
+void add_lm_head(QuantPlan& plan, const QuantOptions& o, const LinearDesc& d) {
+  if (!o.lm_head || o.kind == PlanKind::None || plan.find(d.name) != nullptr) return;
+  plan.layers.emplace_back(d.name, o.kind == PlanKind::Int4 ? int4_layer(o, d) : fp8_layer(o));
 }
 
 QuantPlan choose_auto_plan(const QuantOptions& o, const std::vector<LinearDesc>& layers,

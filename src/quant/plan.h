@@ -8,8 +8,10 @@
 //   auto      per layer FP8 or INT4 from measured sensitivity under a size budget (model/calibration.h
 //             measures; choose_auto_plan decides)
 // Options follow the name after colons, e.g. "int4:g64:asym", "fp8:tensor", "auto:bits=5.5".
-// The vocabulary projection (lm_head) and embeddings stay as stored: they are the most sensitive
-// layers and, tied to the embedding, often not a separate tensor.
+// The vocabulary projection (lm_head) and embeddings stay as stored unless the plan says ":lm_head"
+// (e.g. "fp8:lm_head"): then lm_head is FP8 under fp8, fp8-int4 and auto, INT4 under int4 (as vLLM,
+// which leaves it unquantized by default; llama.cpp's 4-bit types keep it at 6 bits). A tied lm_head
+// becomes a quantized copy of the embedding, which stays as stored for the lookup.
 // A layer INT4 cannot take (in_features not a multiple of the group) falls back to a smaller group
 // that divides it, else to FP8; the printed plan says so.
 #include <cstdint>
@@ -34,7 +36,7 @@ struct LayerQuant {
   }
 };
 
-enum class LinearRole : uint8_t { Q, K, V, O, Gate, Up, Down };
+enum class LinearRole : uint8_t { Q, K, V, O, Gate, Up, Down, LmHead };
 
 // One linear layer of the model, named by its Hugging Face module path ("model.layers.3.mlp.up_proj").
 struct LinearDesc {
@@ -52,6 +54,7 @@ struct QuantOptions {
   int64_t group = 128;
   bool symmetric = true;
   double auto_bits = 6.0;  // auto: average bits per quantized weight (scales included) to stay under
+  bool lm_head = false;    // ":lm_head": quantize the vocabulary projection too (add_lm_head)
   std::string text;        // the plan as given, for messages
 };
 
@@ -78,6 +81,10 @@ int64_t quantized_bytes(const LinearDesc& d, const LayerQuant& q);
 
 // The plan of a fixed rule (none, fp8, int4, fp8-int4). Auto needs measurements: use choose_auto_plan.
 QuantPlan make_plan(const QuantOptions& options, const std::vector<LinearDesc>& layers);
+
+// With options.lm_head, appends the vocabulary projection's entry ("lm_head": FP8, or INT4 under the int4
+// rule) unless the plan has one; otherwise does nothing.
+void add_lm_head(QuantPlan& plan, const QuantOptions& options, const LinearDesc& lm_head);
 
 // Per layer, the relative output error (||X Wq^T - X W^T||^2 / ||X W^T||^2 on calibration inputs X) of
 // each candidate format.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 
@@ -118,6 +119,65 @@ TEST(QuantizeAtLoad, PlanSetsEachLayerFormat) {
   EXPECT_FALSE(l.down.zero.empty());
   EXPECT_EQ(model->weights().lm_head.weight.dtype, DType::F32);  // lm_head stays as stored
   EXPECT_NE(model->quant_plan().summary().find("fp8-int4"), std::string::npos);
+}
+
+// ":lm_head" quantizes the vocabulary projection: its own tensor (llama-tiny) or, tied (llama3-tiny), a
+// quantized copy while the embedding stays as stored; the logits stay close to the plan without it.
+TEST(QuantizeAtLoad, LmHeadOptionQuantizesTheVocabularyProjection) {
+  auto backend = make_cpu_backend({1});
+  for (const char* name : {"llama-tiny", "llama3-tiny"}) {
+    const std::string dir = std::string(INFERX_SOURCE_DIR) + "/tests/golden/fixtures/" + name;
+    LoadOptions plain, head;
+    plain.quantize = parse_quant_options("fp8");
+    head.quantize = parse_quant_options("fp8:lm_head");
+    auto a = Model::load(dir, *backend, plain), b = Model::load(dir, *backend, head);
+    EXPECT_EQ(a->weights().lm_head.weight.dtype, DType::F32) << name;
+    EXPECT_EQ(b->weights().lm_head.weight.dtype, DType::F8_E4M3) << name;
+    EXPECT_EQ(b->weights().lm_head.scale.numel(), b->config().vocab_size) << name;
+    EXPECT_EQ(b->weights().token_embedding.dtype, DType::F32) << name;
+    ASSERT_NE(b->quant_plan().find("lm_head"), nullptr) << name;
+    EXPECT_EQ(a->quant_plan().find("lm_head"), nullptr) << name;
+    SequenceRunner ra(*a, 8), rb(*b, 8);
+    const std::vector<float> la = ra.step({1, 7, 42, 3}), lb = rb.step({1, 7, 42, 3});
+    ASSERT_EQ(la.size(), lb.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < la.size(); ++i) {
+      num += (la[i] - lb[i]) * (la[i] - lb[i]);
+      den += la[i] * la[i];
+    }
+    EXPECT_GT(num, 0) << name << ": lm_head not quantized";
+    EXPECT_LT(std::sqrt(num / den), 0.05) << name;
+  }
+}
+
+// A quantized lm_head is written as lm_head.weight + scales (also for a tied source) and reloads to the
+// same bytes and logits.
+TEST(QuantizeCheckpoint, QuantizedLmHeadRoundTrips) {
+  auto backend = make_cpu_backend({1});
+  for (const char* name : {"llama-tiny", "llama3-tiny"}) {
+    const std::string dir = std::string(INFERX_SOURCE_DIR) + "/tests/golden/fixtures/" + name;
+    const fs::path out =
+        fs::temp_directory_path() / ("inferx-quant-head-" + std::string(name) + std::to_string(::getpid()));
+    fs::remove_all(out);
+    LoadOptions lo;
+    lo.quantize = parse_quant_options("int4:lm_head");
+    auto quantized = Model::load(dir, *backend, lo);
+    ASSERT_EQ(quantized->weights().lm_head.weight.dtype, DType::INT4) << name;
+    write_quantized_checkpoint(dir, *quantized, out.string());
+    SafetensorsFile st((out / "model.safetensors").string());
+    ASSERT_NE(st.find("lm_head.weight"), nullptr) << name;
+    EXPECT_EQ(st.find("lm_head.weight")->dtype, DType::U8) << name;
+    EXPECT_NE(st.find("lm_head.weight_scale"), nullptr) << name;
+    auto reloaded = Model::load(out.string(), *backend);
+    const Linear &x = quantized->weights().lm_head, &y = reloaded->weights().lm_head;
+    ASSERT_EQ(y.weight.dtype, DType::INT4) << name;
+    ASSERT_EQ(x.weight.nbytes(), y.weight.nbytes());
+    EXPECT_EQ(std::memcmp(x.weight.data, y.weight.data, static_cast<size_t>(x.weight.nbytes())), 0) << name;
+    EXPECT_EQ(std::memcmp(x.scale.data, y.scale.data, static_cast<size_t>(x.scale.nbytes())), 0) << name;
+    SequenceRunner ra(*quantized, 8), rb(*reloaded, 8);
+    EXPECT_EQ(ra.step({1, 7, 42, 3}), rb.step({1, 7, 42, 3})) << name;
+    fs::remove_all(out);
+  }
 }
 
 TEST(QuantizeCheckpoint, ReloadGivesTheSameWeightsAndLogits) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -150,6 +151,35 @@ TEST(TensorParallel, QuantizedWeightsSplitOnBlockBoundaries) {
   const std::vector<int32_t> ids = {1, 17, 300, 42, 511, 7, 99, 256, 3, 128};
   expect_same_as_single_rank("dummy:tiny:q8_0", ids, 2);
   expect_same_as_single_rank("dummy:tiny:q4_0", ids, 4);
+}
+
+TEST(TensorParallel, QuantizedLmHeadSplitsByVocabularyRows) {
+  // The ranks quantize their vocabulary rows of the float lm_head (own tensor, and tied to the embedding):
+  // per-row scales make that the same bytes as slicing the quantized whole. (The logits of a whole INT4
+  // plan differ with the rank count: o/down's slices of K take other groups.)
+  LoadOptions o;
+  o.quantize = parse_quant_options("int4:lm_head");
+  for (const char* name : {"llama-tiny", "llama3-tiny"}) {
+    Loaded one = load(kFixtures + name, 1, o), two = load(kFixtures + name, 2, o);
+    const Linear& whole = one.model->weights().lm_head;
+    ASSERT_EQ(whole.weight.dtype, DType::INT4) << name;
+    const int64_t rows = whole.out_features() / 2, row_bytes = whole.in_features() / 2,
+                  groups = whole.scale.dim(1);
+    for (int r = 0; r < 2; ++r) {
+      const Linear& part = two.model->tensor_parallel()->rank_model(r).weights().lm_head;
+      ASSERT_EQ(part.weight.dtype, DType::INT4) << name;
+      ASSERT_EQ(part.out_features(), rows) << name;
+      ASSERT_EQ(part.scale.dim(1), groups) << name;
+      EXPECT_EQ(std::memcmp(part.weight.data, whole.weight.ptr<uint8_t>() + r * rows * row_bytes,
+                            static_cast<size_t>(rows * row_bytes)),
+                0)
+          << name << " rank " << r;
+      EXPECT_EQ(std::memcmp(part.scale.data, whole.scale.ptr<uint16_t>() + r * rows * groups,
+                            static_cast<size_t>(rows * groups * 2)),
+                0)
+          << name << " rank " << r;
+    }
+  }
 }
 
 TEST(TensorParallel, BlockFormatThatWouldBeCutIsRefused) {

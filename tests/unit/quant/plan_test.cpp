@@ -31,6 +31,33 @@ TEST(PlanTest, ParseOptions) {
   EXPECT_THROW(parse_quant_options("int3"), Error);
   EXPECT_THROW(parse_quant_options("int4:g16"), Error);
   EXPECT_THROW(parse_quant_options("auto:bits=2"), Error);
+  EXPECT_FALSE(parse_quant_options("fp8").lm_head);
+  EXPECT_TRUE(parse_quant_options("int4:g64:lm_head").lm_head);
+  EXPECT_THROW(parse_quant_options("none:lm_head"), Error);
+}
+
+TEST(PlanTest, LmHeadEntryOnlyWhenAsked) {
+  const LinearDesc head{"lm_head", LinearRole::LmHead, -1, 1000, 96};  // 96 columns: INT4 group 32
+  QuantPlan p = make_plan(parse_quant_options("fp8"), two_layers());
+  add_lm_head(p, parse_quant_options("fp8"), head);
+  EXPECT_EQ(p.find("lm_head"), nullptr);
+  for (const char* rule : {"fp8:lm_head", "fp8-int4:lm_head", "auto:lm_head"}) {
+    QuantPlan q = make_plan(parse_quant_options("fp8"), two_layers());
+    add_lm_head(q, parse_quant_options(rule), head);
+    ASSERT_NE(q.find("lm_head"), nullptr) << rule;
+    EXPECT_EQ(q.find("lm_head")->format, WeightFormat::Fp8) << rule;
+    add_lm_head(q, parse_quant_options(rule), head);  // once only
+    EXPECT_EQ(q.layers.size(), two_layers().size() + 1) << rule;
+  }
+  const QuantOptions o = parse_quant_options("int4:lm_head");
+  QuantPlan q = make_plan(o, two_layers());
+  add_lm_head(q, o, head);
+  ASSERT_NE(q.find("lm_head"), nullptr);
+  EXPECT_EQ(q.find("lm_head")->format, WeightFormat::Int4);
+  EXPECT_EQ(q.find("lm_head")->group, 32);
+  const QuantPlan back = QuantPlan::from_json(q.to_json(), "test");
+  ASSERT_NE(back.find("lm_head"), nullptr);
+  EXPECT_TRUE(*back.find("lm_head") == *q.find("lm_head"));
 }
 
 TEST(PlanTest, FixedRules) {
