@@ -198,17 +198,17 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
          {cuda::GemvKernel::V1, cuda::GemvKernel::V2, cuda::GemvKernel::V3, cuda::GemvKernel::V4}) {
       if (!cuda::gemv_kernel_reads(k, c.dtype) || (!gemv && k != cuda::GemvKernel::V1)) continue;
       cuda::set_gemv_kernel(c.dtype, k);
-      // The second variant: v3 with CTAs of 4 warps (c.warps4), v4 with 4 loads per lane and batch.
+      // The second variant: v3 with CTAs of 4 warps (c.warps4), v4 with 8 loads per lane and batch.
       for (bool alt : {false, true}) {
         if (alt && !(k == cuda::GemvKernel::V3 && c.warps4) && !(k == cuda::GemvKernel::V4 && c.m == 1))
           continue;
         cuda::set_gemv_v3_max_warps(alt && k == cuda::GemvKernel::V3 ? 4 : 0);
-        cuda::set_gemv_v4_shape(alt && k == cuda::GemvKernel::V4 ? 4 : 8, -1);
+        cuda::set_gemv_v4_shape(alt && k == cuda::GemvKernel::V4 ? 8 : 4, -1);
         const std::string name = std::string(c.name) +
                                  (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") +
                                  (!alt                        ? ""
                                   : k == cuda::GemvKernel::V3 ? " w4"
-                                                              : " l4");
+                                                              : " l8");
         row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
       }
       cuda::set_gemv_v3_max_warps(0);

@@ -936,7 +936,8 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
 }
 
 // v4's weight loads per lane and batch, split over the R rows (4 or 8), and its CTAs per SM (0: as many
-// as fit): set_gemv_v4_shape, else INFERX_GEMV_V4_LOADS (default 8) / INFERX_GEMV_V4_CTAS_PER_SM (default
+// as fit): set_gemv_v4_shape, else INFERX_GEMV_V4_LOADS (default 4: 8 measured slower, 216 vs 222 tok/s
+// bf16 and 282 vs 344 fp8 at batch 1, H200 2026-12-03 10:41) / INFERX_GEMV_V4_CTAS_PER_SM (default
 // 0). Read once.
 std::atomic<int> g_v4_loads{0}, g_v4_ctas{-1};
 int env_int(const char* name, int fallback) {
@@ -944,7 +945,7 @@ int env_int(const char* name, int fallback) {
   return e != nullptr && *e != 0 ? std::atoi(e) : fallback;
 }
 int v4_loads() {
-  static const int env = env_int("INFERX_GEMV_V4_LOADS", 8) == 4 ? 4 : 8;
+  static const int env = env_int("INFERX_GEMV_V4_LOADS", 4) == 8 ? 8 : 4;
   const int o = g_v4_loads.load(std::memory_order_relaxed);
   return o == 4 || o == 8 ? o : env;
 }
@@ -999,7 +1000,9 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
 //     38.2, M=16 2.4 / 2.6 / 23.8: v3 at every M.
 //   FP8 per channel, M=1: 4096x4096 54.1 / 49.0 / 47.7, 6144x4096 54.0 / 48.5 / 54.2, 14336x4096 76.4 /
 //     70.2 / 70.7, 4096x14336 70.1 / 59.0 / 58.8, gate/up+SiLU 83.1 / 81.6 / 73.9: v1; M=4 21.6 / 21.9 /
-//     45.7, M=16 7.6 / 9.9 / 39.2: v3 from two rows on.
+//     45.7, M=16 7.6 / 9.9 / 39.2: v3 from two rows on. v4 (10:41): standalone no better than v1 (4096x4096
+//     51.0 vs 54.6), but in the graph at batch 1 the model decodes 344.1 vs 337.4 tok/s (fp8:lm_head 354.8
+//     vs 350.2): v4 at M=1. BF16 221.9 vs 221.3 (noise): v1 stays.
 //   BF16, M=1 (more rows go to cuBLASLt): v1 and v3 equal on 4096x4096, 14336x4096 and 4096x14336, v3
 //     better on 6144x4096 (80.4 vs 69.5), worse on 1024x4096 (29.0 vs 33.7), gate/up+SiLU (82.9 vs 94.5)
 //     and the 128256-row lm_head (92.6 vs 104.5): v1.
@@ -1030,7 +1033,7 @@ constexpr int kFormats = 5;
 GemvKernel measured_kernel(DType dtype, int m) {
   switch (dtype) {
     case DType::F8_E4M3:
-      return m >= 2 ? GemvKernel::V3 : GemvKernel::V1;
+      return m >= 2 ? GemvKernel::V3 : GemvKernel::V4;
     case DType::INT4:
       return GemvKernel::V3;
     case DType::Q8_0:
