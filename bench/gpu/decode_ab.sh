@@ -17,16 +17,17 @@ QUANTS="${QUANTS:-bf16 fp8 int4}"
 for q in $QUANTS; do
   qa=()
   [[ "$q" != bf16 ]] && qa=(--quantize "$q")
+  tag=${q//:/_}  # file names without colons (the device tool returns only plain names)
   for v in $VARIANTS; do
     name=${v%%:*}
     envs=${v#*:}
     IFS=, read -r -a kv <<<"$envs"
     env "${kv[@]}" timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
       --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 256 --max-model-len 2048 --no-progress \
-      --json >"$OUT/ab_${q}_$name.json" 2>"$OUT/ab_${q}_$name.err"
+      --json >"$OUT/ab_${tag}_$name.json" 2>"$OUT/ab_${tag}_$name.err"
     rc=$?
     echo "decode b1 1k $q $name: rc=$rc $(python3 -c "
-import json; j=json.load(open('$OUT/ab_${q}_$name.json')); t=j['tpot_ms']
+import json; j=json.load(open('$OUT/ab_${tag}_$name.json')); t=j['tpot_ms']
 print(f\"TPOT p50 {t['p50']:.3f} ms = {1000/t['p50']:.1f} tok/s\")" 2>&1 | tail -1)"
   done
 done
