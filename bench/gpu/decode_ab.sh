@@ -24,11 +24,11 @@ for q in $QUANTS; do
     IFS=, read -r -a kv <<<"$envs"
     env "${kv[@]}" timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
       --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 256 --max-model-len 2048 --no-progress \
-      --json >"$OUT/ab_${tag}_$name.json" 2>"$OUT/ab_${tag}_$name.err"
+      --roofline --json >"$OUT/ab_${tag}_$name.json" 2>"$OUT/ab_${tag}_$name.err"
     rc=$?
     echo "decode b1 1k $q $name: rc=$rc $(python3 -c "
-import json; j=json.load(open('$OUT/ab_${tag}_$name.json')); t=j['tpot_ms']
-print(f\"TPOT p50 {t['p50']:.3f} ms = {1000/t['p50']:.1f} tok/s\")" 2>&1 | tail -1)"
+import json; j=json.load(open('$OUT/ab_${tag}_$name.json')); t=j['tpot_ms']; r=j.get('roofline', {})
+print(f\"TPOT p50 {t['p50']:.3f} ms = {1000/t['p50']:.1f} tok/s\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}% of {r['batch1_roofline_tok_s']:.1f} ({r['weight_bytes_per_token']/1e9:.3f} GB at {r['bandwidth_gbs']:.0f} GB/s)\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
   done
 done
 # PREFILL=1: the 8192-token prefill in one step (TTFT), GEMM autotuning on and off.

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 
+#include "cli/bench_roofline.h"
 #include "cli/bench_stats.h"
 #include "cli/commands.h"
 #include "cli/engine_options.h"
@@ -27,6 +28,7 @@ struct BenchOfflineArgs {
   uint64_t seed = 0;
   bool json = false;
   bool no_progress = false;
+  bool roofline = false;
 };
 
 double now_s() {
@@ -37,6 +39,8 @@ void run_bench_offline(BenchOfflineArgs a) {
   check_quantize(a.engine.quantize);
   if (a.engine.model.empty()) a.engine.model = default_model();
   LoadedEngine l = load_engine(a.engine);
+  Roofline roofline;
+  if (a.roofline) roofline = measure_roofline(*l.backend, *l.model, a.engine.threads);  // before the run
   const int64_t vocab = l.model->config().vocab_size;
   INFERX_CHECK(a.input_len + a.output_len <= l.engine->max_model_len(),
                "--input-len + --output-len = {} exceeds max_model_len {}", a.input_len + a.output_len,
@@ -129,6 +133,7 @@ void run_bench_offline(BenchOfflineArgs a) {
                           {"max_batch_size", a.engine.max_batch_size},
                           {"backend", l.backend->name()}};
   BenchSummary s = summarize(records, duration, setup);
+  if (a.roofline) add_roofline(s, roofline);
   if (a.json)
     std::printf("%s\n", s.json.dump(2).c_str());
   else
@@ -155,6 +160,10 @@ void register_bench(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& ou
       ->check(CLI::Range(0, 1 << 20));
   o->add_flag("--json", off->json, "Print the results as JSON on stdout");
   o->add_flag("--no-progress", off->no_progress, "No progress bar");
+  o->add_flag(
+      "--roofline", off->roofline,
+      "Also measure the memory bandwidth in-process and report the batch-1 roofline (weight bytes per "
+      "token / bandwidth) and TPOT against it");
   out.emplace_back(o, [off] { run_bench_offline(*off); });
 
   auto sv = std::make_shared<BenchServeArgs>();

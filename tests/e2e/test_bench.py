@@ -1,0 +1,63 @@
+"""`inferx bench`: the offline engine benchmark (with its in-process roofline) and the HTTP benchmark
+against a running `inferx serve`, checked for what they count and report, not for speed."""
+import json
+import subprocess
+
+from conftest import STORIES, inferx_bin, run_server
+
+
+def bench(*args, timeout=120):
+    return subprocess.run([str(inferx_bin()), "bench", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_offline_counts_every_token_and_reports_the_roofline():
+    r = bench("offline", "-m", str(STORIES), "--threads", "1", "--num-prompts", "3", "--input-len", "16",
+              "--output-len", "5", "--max-batch-size", "2", "--warmup", "1", "--no-progress", "--json",
+              "--roofline")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert (j["completed"], j["failed"]) == (3, 0)
+    assert (j["total_input_tokens"], j["total_output_tokens"]) == (48, 15)
+    assert j["mode"] == "offline" and j["num_prompts"] == 3 and j["max_batch_size"] == 2
+    assert 0 < j["ttft_ms"]["p50"] <= j["e2e_ms"]["p99"]
+    assert j["tpot_ms"]["p50"] > 0 and j["output_throughput"] > 0
+    roof = j["roofline"]
+    assert roof["weight_bytes_per_token"] > 0 and roof["bandwidth_gbs"] > 0
+    assert "host streaming read" in roof["probe"] and "1 threads" in roof["probe"]
+    # batch-1 roofline = bandwidth / bytes per token, and the ratio compares TPOT p50 with that pass.
+    want = roof["bandwidth_gbs"] * 1e9 / roof["weight_bytes_per_token"]
+    assert abs(roof["batch1_roofline_tok_s"] / want - 1) < 1e-9
+    assert abs(roof["tpot_p50_roofline_ratio"] - roof["weight_stream_ms"] / j["tpot_ms"]["p50"]) < 1e-9
+
+
+def test_offline_text_output_and_no_roofline_by_default():
+    r = bench("offline", "-m", str(STORIES), "--threads", "1", "--num-prompts", "2", "--input-len", "8",
+              "--output-len", "3", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "roofline" not in r.stdout
+    r = bench("offline", "-m", str(STORIES), "--threads", "1", "--num-prompts", "2", "--input-len", "8",
+              "--output-len", "3", "--no-progress", "--roofline")
+    assert r.returncode == 0, r.stderr
+    assert "roofline:" in r.stdout and "tok/s at batch 1" in r.stdout
+
+
+def test_offline_rejects_lengths_past_the_context():
+    r = bench("offline", "-m", str(STORIES), "--threads", "1", "--num-prompts", "1", "--input-len", "600",
+              "--output-len", "600", "--no-progress")
+    assert r.returncode != 0
+    assert "max_model_len" in r.stderr
+
+
+def test_serve_benchmark_against_a_running_server(tmp_path):
+    with run_server(tmp_path) as s:
+        r = bench("serve", "--url", s.url, "--num-prompts", "4", "--input-len", "8", "--output-len", "4",
+                  "--concurrency", "2", "--no-progress", "--json")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert (j["completed"], j["failed"]) == (4, 0)
+        assert j["total_output_tokens"] == 16
+        assert j["ttft_ms"]["p50"] > 0
+        # The server saw those requests and tokens.
+        m = s.metrics()
+        assert m['inferx_requests_total{finish_reason="length"}'] == 4, m
+        assert m["inferx_prompt_tokens_total"] == 32 and m["inferx_generation_tokens_total"] == 16, m
