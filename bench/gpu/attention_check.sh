@@ -3,11 +3,8 @@
 # the per-kernel time of decode-only steps at 256 rows, bf16 and FP8 + FP8 KV (bench/gpu/kernel_profile.sh),
 # then compute-sanitizer on the attention / RoPE / norm tests (bench/gpu/sanitize.sh; SAN_TOOLS).
 set -uo pipefail
-C=gpu-carry
 D="$(dirname "$0")"
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$D/common.sh"
 for t in test_cuda_backend test_cuda_qgemm test_cuda_engine; do
   INFERX_REQUIRE_GPU=1 timeout 150 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
   echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"

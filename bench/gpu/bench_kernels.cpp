@@ -194,21 +194,23 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
         fmt_shape("%lldx%lld", static_cast<long long>(c.n), static_cast<long long>(c.k)) +
         fmt_shape(" m%lld", static_cast<long long>(c.m));
     const bool gemv = c.dtype != DType::BF16 || c.m == 1;
-    for (cuda::GemvKernel k :
-         {cuda::GemvKernel::V1, cuda::GemvKernel::V2, cuda::GemvKernel::V3, cuda::GemvKernel::V4}) {
-      if (!cuda::gemv_kernel_reads(k, c.dtype) || (!gemv && k != cuda::GemvKernel::V1)) continue;
+    using cuda::GemvKernel;
+    for (GemvKernel k : {GemvKernel::V1, GemvKernel::V2, GemvKernel::V3, GemvKernel::V4}) {
+      if (!cuda::gemv_kernel_reads(k, c.dtype) || (!gemv && k != GemvKernel::V1)) continue;
+      if (k == GemvKernel::V4 && c.m != 1)
+        continue;  // v4 takes one activation row (more: v1, measured above)
       cuda::set_gemv_kernel(c.dtype, k);
       // The second variant: v3 with CTAs of 4 warps (c.warps4), v4 with 8 loads per lane and batch.
+      const bool has_alt = k == GemvKernel::V4 || (k == GemvKernel::V3 && c.warps4);
       for (bool alt : {false, true}) {
-        if (alt && !(k == cuda::GemvKernel::V3 && c.warps4) && !(k == cuda::GemvKernel::V4 && c.m == 1))
-          continue;
-        cuda::set_gemv_v3_max_warps(alt && k == cuda::GemvKernel::V3 ? 4 : 0);
-        cuda::set_gemv_v4_shape(alt && k == cuda::GemvKernel::V4 ? 8 : 4, -1);
+        if (alt && !has_alt) continue;
+        cuda::set_gemv_v3_max_warps(alt && k == GemvKernel::V3 ? 4 : 0);
+        cuda::set_gemv_v4_shape(alt && k == GemvKernel::V4 ? 8 : 4, -1);
         const std::string name = std::string(c.name) +
                                  (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") +
-                                 (!alt                        ? ""
-                                  : k == cuda::GemvKernel::V3 ? " w4"
-                                                              : " l8");
+                                 (!alt                  ? ""
+                                  : k == GemvKernel::V3 ? " w4"
+                                                        : " l8");
         row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
       }
       cuda::set_gemv_v3_max_warps(0);

@@ -5,10 +5,7 @@
 # `inferx bench offline` at 1k context for each variant; the same for FP8 / INT4 weights.
 # VARIANTS: space-separated "name:ENV=VAL,ENV=VAL" (default below). Prints one line per variant.
 set -uo pipefail
-C=gpu-carry
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no >"$OUT/engine_tests.log" 2>&1
 echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)|graph steps checked' "$OUT/engine_tests.log" | tr '\n' ' ')"

@@ -5,12 +5,10 @@
 # times the next COUNT, and prints them summed per kernel (bench/gpu/ncu_summary.py). ncu serialises
 # kernels, so overlap (PDL, graphs) is not seen: the figures are each kernel's own time.
 set -uo pipefail
-C=gpu-carry
-OUT="${OUT:-gpu-out}"
+source "$(dirname "$0")/common.sh"
 name=$1 skip=$2 count=$3
 shift 3
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[[ -z "$NCU" ]] && { echo "ncu: not found"; exit 0; }
+find_ncu || exit 0
 INFERX_GRAPHS=0 timeout "${PROFILE_TIMEOUT:-200}" "$NCU" --clock-control none --metrics gpu__time_duration.sum \
   --csv --print-units base --launch-skip "$skip" --launch-count "$count" "$C/inferx" "$@" \
   >"$OUT/ncu_$name.csv" 2>"$OUT/ncu_$name.err"

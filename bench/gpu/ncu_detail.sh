@@ -5,12 +5,10 @@
 # (SKIP: launches of the matching kernel to skip first, past warm-up.) Eager launches (INFERX_GRAPHS=0).
 # Writes $OUT/ncu_detail_NAME.txt and prints its stall-reason and throughput lines.
 set -uo pipefail
-C=gpu-carry
-OUT="${OUT:-gpu-out}"
+source "$(dirname "$0")/common.sh"
 name=$1 regex=$2 skip=$3
 shift 3
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-[[ -z "$NCU" ]] && { echo "ncu: not found"; exit 0; }
+find_ncu || exit 0
 INFERX_GRAPHS=0 timeout "${PROFILE_TIMEOUT:-200}" "$NCU" --clock-control none -k "regex:$regex" \
   --launch-skip "$skip" --launch-count 1 --section SpeedOfLight --section WarpStateStats \
   --section SchedulerStats \

@@ -6,10 +6,7 @@
 # There:  device run, carry ["gpu-carry-z"], command: tar -xzf gpu-carry-z/carry.tgz && bench/gpu/run.sh
 # Writes logs under $OUT (default ./gpu-out) and prints a summary table last.
 set -uo pipefail
-C=gpu-carry
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/common.sh"
 summary=()
 note() { summary+=("$*"); echo "$*"; }
 

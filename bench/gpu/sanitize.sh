@@ -4,10 +4,7 @@
 # BACKEND_FILTER / QGEMM_FILTER: gtest filters (QGEMM_FILTER="" skips that binary); SAN_TOOLS; SAN_TIMEOUT:
 # seconds per tool and binary.
 set -uo pipefail
-C=gpu-carry
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/common.sh"
 SAN=/usr/local/cuda/bin/compute-sanitizer
 [[ -x "$SAN" ]] || { echo "compute-sanitizer: not found at $SAN"; exit 0; }
 BACKEND_FILTER="${BACKEND_FILTER:-CudaAttentionTest.DecodeKernel*:CudaAttentionTest.MixedStep*:CudaAttentionTest.RopeWrites*:CudaBackendTest.RmsNorm*:CudaBackendTest.AddRmsNorm*:CudaBackendTest.RopeAndKvWrite*}"

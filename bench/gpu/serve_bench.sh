@@ -28,10 +28,7 @@
 #         MODEL (dummy:llama-3-8b), DEVICE (cuda), SERVE_ARGS (extra inferx serve flags, e.g. "--quantize fp8")
 set -uo pipefail
 T0=$(date +%s)
-C=gpu-carry
-OUT="${OUT:-gpu-out}"
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/common.sh"
 TOTAL_S="${TOTAL_S:-540}"
 SERVE="${SERVE:-1}"
 N_REQ="${N_REQ:-1000}"

@@ -164,11 +164,12 @@ class WeightLoader {
     const ModelConfig& c = m_.config_;
     ModelWeights& w = m_.weights_;
     const std::vector<int64_t> shape{c.vocab_size, c.hidden_size};
-    const LayerQuant* q = plan_.find("lm_head");
+    const std::string plan_name = lm_head_desc(c).name;
+    const LayerQuant* q = plan_.find(plan_name);
     const bool quantize = q != nullptr && q->format != WeightFormat::Keep;
     if (m_.source_->find(names_.lm_head) != nullptr) {
       if (quantize || is_prequantized(*m_.source_, names_.lm_head))
-        w.lm_head = planned_linear("lm_head", names_.lm_head, shape);
+        w.lm_head = planned_linear(plan_name, names_.lm_head, shape);
       else
         w.lm_head.weight = matrix(names_.lm_head, shape, true);
       return;
@@ -176,7 +177,7 @@ class WeightLoader {
     INFERX_CHECK(c.tie_word_embeddings, "{}: tensor '{}' is missing and the config does not tie embeddings",
                  m_.source_->describe(), names_.lm_head);
     if (quantize)
-      w.lm_head = planned_linear("lm_head", names_.token_embedding, shape);
+      w.lm_head = planned_linear(plan_name, names_.token_embedding, shape);
     else
       w.lm_head.weight = w.token_embedding;
   }

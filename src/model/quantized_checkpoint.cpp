@@ -37,16 +37,16 @@ void write_quantized_checkpoint(const std::string& source_dir, const Model& mode
 
   const TensorSource& src = *model.source();
   const std::vector<LinearDesc> descs = linear_layers(model.config());
-  std::vector<std::pair<std::string, const Linear*>> lins;  // module path, layer
-  size_t d = 0;
+  std::vector<const Linear*> layer_lins;
   for (const LayerWeights& l : model.weights().layers)
-    for (const Linear* p : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down})
-      lins.emplace_back(d < descs.size() ? descs[d++].name : std::string(), p);
-  INFERX_CHECK(lins.size() == descs.size(), "internal: {} linear layers for {} descriptions", lins.size(),
-               descs.size());
+    for (const Linear* p : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) layer_lins.push_back(p);
+  INFERX_CHECK(layer_lins.size() == descs.size(), "internal: {} linear layers for {} descriptions",
+               layer_lins.size(), descs.size());
+  std::vector<std::pair<std::string, const Linear*>> lins;  // module path, layer
+  for (size_t i = 0; i < descs.size(); ++i) lins.emplace_back(descs[i].name, layer_lins[i]);
   // A quantized lm_head ("--quantize PLAN:lm_head") is written as lm_head.weight, also when the source ties
   // it to the embedding (which stays as stored): the loader prefers a present lm_head.weight.
-  lins.emplace_back("lm_head", &model.weights().lm_head);
+  lins.emplace_back(lm_head_desc(model.config()).name, &model.weights().lm_head);
 
   SafetensorsWriter w;
   std::set<std::string> written;

@@ -213,6 +213,37 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The first kAhead tiles of a decode split (v2, v3), around the wait for the previous kernel. The step's
+// metadata was copied before its first kernel and the keys before `last` were written by earlier steps,
+// so tiles that end before `last` start loading before pdl_wait (the RoPE kernel before this one writes
+// the newest key); the rest after it, with q, the partials and the tickets (cuda_common.cuh,
+// programmatic dependent launch). The early tiles are a prefix, so the cp.async groups stay in tile order.
+// Then the block-table prefetch of tile kAhead. key0: the key of tile 0 that this thread's loader starts
+// at (k_begin, or k_begin plus the warp's offset).
+template <int kAhead, int kTile, class Loader, class Smem>
+__device__ __forceinline__ void start_decode_tiles(Loader& loader, Smem& sm, int n_tiles, int k_begin,
+                                                   int key0, int last, int k_end) {
+  int issued = 0;
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i < n_tiles && k_begin + (i + 1) * kTile <= last) {
+      loader.prefetch(key0 + i * kTile, k_end);
+      loader.begin(sm, i, key0 + i * kTile);
+      issued = i + 1;
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) {
+    if (i >= issued && i < n_tiles) {
+      loader.prefetch(key0 + i * kTile, k_end);
+      loader.begin(sm, i, key0 + i * kTile);
+    }
+  }
+  if (kAhead < n_tiles) loader.prefetch(key0 + kAhead * kTile, k_end);
+}
+
 // Sets the dynamic shared memory limit of `kernel` once per device (the attribute is per device).
 template <class Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, int bytes, unsigned& done_mask) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "backend/cuda/pdl.h"
@@ -117,6 +118,15 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float a, float 
 
 // Whether p is a multiple of `bytes` (launchers choose vectorised kernels with it; null counts as aligned).
 inline bool is_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// A tuning switch from the environment (host): the integer value of `name` when it is set and within
+// [lo, hi], else `fallback`. Callers read it once (a function-local static).
+inline int env_int(const char* name, int lo, int hi, int fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return fallback;
+  const int v = std::atoi(e);
+  return v >= lo && v <= hi ? v : fallback;
+}
 
 // Launch-size helper: enough blocks of `threads` for n items, capped (kernels use grid-stride loops).
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535) {

@@ -88,6 +88,35 @@ __device__ __forceinline__ uint32_t pack2(__nv_bfloat16 lo_addr, __nv_bfloat16 h
          (static_cast<uint32_t>(__bfloat16_as_ushort(hi_addr)) << 16);
 }
 
+// The end of v1 and v2: each warp's running state (rows gid and gid + 8 of its m16 tile of O, max and
+// denominator; the denominators still per lane quad) into shared memory over the tile buffers - the
+// caller's loop ended on a __syncthreads() - then attn::finish_decode (merge, output or partials, combine).
+template <int HD>
+__device__ __forceinline__ void finish_mma_rows(unsigned char* smem_raw, const float (&o)[HD / 8][4],
+                                                float m0, float l0, float m1, float l1,
+                                                const attn::DecodeResult& res) {
+  const int warp = threadIdx.x / kWarp, gid = (threadIdx.x % kWarp) / 4, tig = threadIdx.x % 4;
+  l0 = attn::quad_sum(l0);
+  l1 = attn::quad_sum(l1);
+  float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][row][HD]
+  float* s_m = s_o + kWarps * kRows * HD;           // [warp][row]
+  float* s_l = s_m + kWarps * kRows;
+#pragma unroll
+  for (int nt = 0; nt < HD / 8; ++nt) {
+    const int c = nt * 8 + tig * 2;
+    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid) * HD + c]) = make_float2(o[nt][0], o[nt][1]);
+    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid + 8) * HD + c]) = make_float2(o[nt][2], o[nt][3]);
+  }
+  if (tig == 0) {
+    s_m[warp * kRows + gid] = m0;
+    s_l[warp * kRows + gid] = l0;
+    s_m[warp * kRows + gid + 8] = m1;
+    s_l[warp * kRows + gid + 8] = l1;
+  }
+  __syncthreads();
+  attn::finish_decode<kWarps, kRows, HD, kThreads, false>(s_o, s_m, s_l, res);
+}
+
 // Grid: (token * kv heads * head chunks, split).
 template <class CacheT, int HD>
 __global__ void __launch_bounds__(kThreads)
@@ -113,7 +142,7 @@ __global__ void __launch_bounds__(kThreads)
   const int h0 = kvh * group + chunk * kRows;
   const int nh = min(kRows, group - chunk * kRows);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int gid = lane / 4, tig = lane % 4;
+  const int tig = lane % 4;
 
   const int s = find_sequence(batch.query_start, batch.num_seqs, t);
   const int64_t pos = batch.positions[t];
@@ -242,31 +271,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the next iteration overwrites this stage; the merge below reuses the tiles
   }
 
-  // Merge the 4 warps' states through shared memory (over the tile buffers: the loop ended on a barrier).
-  l0 = attn::quad_sum(l0);
-  l1 = attn::quad_sum(l1);
-  float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][row][HD]
-  float* s_m = s_o + kWarps * kRows * HD;           // [warp][row]
-  float* s_l = s_m + kWarps * kRows;
-#pragma unroll
-  for (int nt = 0; nt < HD / 8; ++nt) {
-    const int c = nt * 8 + tig * 2;
-    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid) * HD + c]) = make_float2(o[nt][0], o[nt][1]);
-    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid + 8) * HD + c]) = make_float2(o[nt][2], o[nt][3]);
-  }
-  if (tig == 0) {
-    s_m[warp * kRows + gid] = m0;
-    s_l[warp * kRows + gid] = l0;
-    s_m[warp * kRows + gid + 8] = m1;
-    s_l[warp * kRows + gid + 8] = l1;
-  }
-  __syncthreads();
-  const int64_t row0 = static_cast<int64_t>(t) * hq + h0;
-  attn::finish_decode<kWarps, kRows, HD, kThreads, false>(
-      s_o, s_m, s_l,
-      {out, out_bf16, part_acc, part_ml,
-       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, splits, split,
-       out_scale});
+  finish_mma_rows<HD>(smem_raw, o, m0, l0, m1, l1,
+                      {out, out_bf16, part_acc, part_ml,
+                       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr,
+                       static_cast<int64_t>(t) * hq + h0, nh, splits, split, out_scale});
 }
 
 // ---- v2 (INFERX_CUDA_DECODE_ATTN=v2; the fallback of v3) -----------------------------
@@ -434,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int h0 = kvh * group + chunk * kRows;
   const int nh = min(kRows, group - chunk * kRows);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int gid = lane / 4, tig = lane % 4;
+  const int tig = lane % 4;
 
   const int s = find_sequence(batch.query_start, batch.num_seqs, t);
   const int pos = batch.positions[t];
@@ -459,31 +467,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   loader.key0 = warp * 16 + lane / Loader::kChunks;
   loader.c = lane % Loader::kChunks;
   // The first kAhead tiles into stages 0 .. kAhead - 1 (BF16: the last stage holds Q's staging for now;
-  // FP8: raw stages, Q in the BF16 stage). The
-  // metadata above was copied before the step's first kernel, and the keys before `last` were written by
-  // earlier steps, so tiles that end before `last` start loading before the wait for the previous kernel
-  // (the RoPE kernel that writes this token's key); q, the newest key, the partials' buffers and the
-  // tickets belong to the kernels before this one (cuda_common.cuh, programmatic dependent launch). The
-  // early tiles are a prefix, so the cp.async groups stay in tile order.
-  int issued = 0;
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    if (i < n_tiles && k_begin + (i + 1) * kTile <= last) {
-      loader.prefetch(k_begin + i * kTile, k_end);
-      loader.begin(sm, i, k_begin + i * kTile);
-      issued = i + 1;
-    }
-  }
-  pdl_wait();
-  pdl_launch_dependents();
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    if (i >= issued && i < n_tiles) {
-      loader.prefetch(k_begin + i * kTile, k_end);
-      loader.begin(sm, i, k_begin + i * kTile);
-    }
-  }
-  if (kAhead < n_tiles) loader.prefetch(k_begin + kAhead * kTile, k_end);
+  // FP8: raw stages, Q in the BF16 stage), around the wait for the previous kernel.
+  attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, k_begin, last, k_end);
 
   // Q of the group's heads (row r = head h0 + r; rows past the group are zeros), pre-scaled into the log2
   // domain, as two BF16 terms staged in the last stage's K tile, then held as A fragments in registers.
@@ -629,31 +614,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();  // every warp is done with the tiles: the merge below reuses them
 
-  // Merge the 4 warps' states through shared memory (over the tile buffers: the loop ended on a barrier).
-  l0 = attn::quad_sum(l0);
-  l1 = attn::quad_sum(l1);
-  float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][row][HD]
-  float* s_m = s_o + kWarps * kRows * HD;           // [warp][row]
-  float* s_l = s_m + kWarps * kRows;
-#pragma unroll
-  for (int nt = 0; nt < HD / 8; ++nt) {
-    const int c = nt * 8 + tig * 2;
-    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid) * HD + c]) = make_float2(o[nt][0], o[nt][1]);
-    *reinterpret_cast<float2*>(&s_o[(warp * kRows + gid + 8) * HD + c]) = make_float2(o[nt][2], o[nt][3]);
-  }
-  if (tig == 0) {
-    s_m[warp * kRows + gid] = m0;
-    s_l[warp * kRows + gid] = l0;
-    s_m[warp * kRows + gid + 8] = m1;
-    s_l[warp * kRows + gid + 8] = l1;
-  }
-  __syncthreads();
-  const int64_t row0 = static_cast<int64_t>(t) * hq + h0;
-  attn::finish_decode<kWarps, kRows, HD, kThreads, false>(
-      s_o, s_m, s_l,
-      {out, out_bf16, part_acc, part_ml,
-       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, splits, split,
-       out_scale});
+  finish_mma_rows<HD>(smem_raw, o, m0, l0, m1, l1,
+                      {out, out_bf16, part_acc, part_ml,
+                       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr,
+                       static_cast<int64_t>(t) * hq + h0, nh, splits, split, out_scale});
 }
 
 template <class CacheT, int HD>
@@ -709,11 +673,7 @@ int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_
   // wins, fewer splits on ties. v3 fits 3 (BF16) or 4 (FP8) CTAs per SM, but the model still counts 2
   // until INFERX_DECODE_CTAS_PER_SM=3|4 (read once) is measured: more slots mean more splits at 32-64
   // decode rows (and 2 instead of 1 at 256 BF16 rows), each split adding a partial and a merge.
-  static const int64_t per_sm = [] {
-    const char* e = std::getenv("INFERX_DECODE_CTAS_PER_SM");
-    const int v = e ? std::atoi(e) : 0;
-    return static_cast<int64_t>(v >= 1 && v <= 8 ? v : 2);
-  }();
+  static const int64_t per_sm = env_int("INFERX_DECODE_CTAS_PER_SM", 1, 8, 2);
   const int64_t slots = per_sm * static_cast<int64_t>(sms > 0 ? sms : 1);
   int64_t max_splits = max_keys / kTile;
   if (max_splits > kDecodeMaxSplits) max_splits = kDecodeMaxSplits;

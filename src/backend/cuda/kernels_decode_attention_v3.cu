@@ -227,27 +227,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   loader.block_size = block_size;
   loader.bs_shift = __ffs(block_size) - 1;
   loader.kv_row = hkv * HD;
-  // Tiles whose keys all precede `last` were written by earlier steps: they start before the wait for the
-  // previous kernel (v2's comment); the rest, q, the partials and the tickets after it.
-  int issued = 0;
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    if (i < n_tiles && k_begin + (i + 1) * kTile <= last) {
-      loader.prefetch(w0 + i * kTile, k_end);
-      loader.begin(sm, i, w0 + i * kTile);
-      issued = i + 1;
-    }
-  }
-  pdl_wait();
-  pdl_launch_dependents();
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    if (i >= issued && i < n_tiles) {
-      loader.prefetch(w0 + i * kTile, k_end);
-      loader.begin(sm, i, w0 + i * kTile);
-    }
-  }
-  if (kAhead < n_tiles) loader.prefetch(w0 + kAhead * kTile, k_end);
+  attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, w0, last, k_end);
 
   // Q^T's B fragments, q * q_mult (the scores in the log2 domain are s_scale times the products), two
   // terms: for k-step 2c + kk, b0 holds dims

@@ -281,6 +281,56 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
   }
 }
 
+// The weight rows of warp row n: n, and with R = 2 (the SiLU product) its up row f + n.
+template <int R>
+__device__ __forceinline__ void warp_rows(const GemvParams& p, int64_t n, int64_t (&wrow)[R]) {
+  wrow[0] = n;
+  if constexpr (R == 2) wrow[1] = n + p.f;
+}
+
+// One batch of v1 / v4: the loads of granules g0, g0 + 32, ... (U of them, those below `granules`) of the
+// R weight rows, and their products with the activation rows.
+template <class Dec, int R, int U>
+__device__ __forceinline__ void load_granules(const GemvParams& p, const int64_t (&wrow)[R], int64_t g0,
+                                              int64_t granules, typename Dec::Raw (&raw)[R][U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
+    if (g < granules) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(p, p.w + wrow[r] * p.row_bytes, wrow[r], g);
+    }
+  }
+}
+template <class Dec, int MR, int R, int U>
+__device__ __forceinline__ void dot_granules(const GemvParams& p, const typename Dec::Raw (&raw)[R][U],
+                                             int64_t g0, int64_t granules, float (&acc)[R][MR]) {
+  constexpr int E = Dec::kElems;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
+    if (g >= granules) break;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float w[E];
+      Dec::expand(p, raw[r][u], w);
+#pragma unroll
+      for (int i = 0; i < MR; ++i) {
+        if (i < p.m) {
+          const uint4* xp = reinterpret_cast<const uint4*>(p.x + i * p.k + g * E);
+#pragma unroll
+          for (int c = 0; c < E / 8; ++c) {
+            float xv[8];
+            bf16x8_to_float(__ldg(xp + c), xv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(w[8 * c + e], xv[e], acc[r][i]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // R = 1: warp row n of the weight; R = 2: rows n (gate) and f + n (up), written as silu(g) * u.
 template <class Dec, int MR, int R>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
@@ -289,8 +339,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (n >= p.rows) return;
   int64_t wrow[R];
-  wrow[0] = n;
-  if constexpr (R == 2) wrow[1] = n + p.f;
+  warp_rows(p, n, wrow);
   bool waited = false;  // the first batch of weight loads is issued before waiting for x (cuda_common.cuh)
   float acc[R][MR];
 #pragma unroll
@@ -301,41 +350,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   const int64_t granules = p.k / E;
   for (int64_t g0 = lane; g0 < granules; g0 += kWarp * U) {
     typename Dec::Raw raw[R][U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
-      if (g < granules) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) raw[r][u] = Dec::load(p, p.w + wrow[r] * p.row_bytes, wrow[r], g);
-      }
-    }
+    load_granules<Dec, R, U>(p, wrow, g0, granules, raw);
     if (!waited) {
       pdl_wait();
       waited = true;
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
-      if (g >= granules) break;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float w[E];
-        Dec::expand(p, raw[r][u], w);
-#pragma unroll
-        for (int i = 0; i < MR; ++i) {
-          if (i < p.m) {
-            const uint4* xp = reinterpret_cast<const uint4*>(p.x + i * p.k + g * E);
-#pragma unroll
-            for (int c = 0; c < E / 8; ++c) {
-              float xv[8];
-              bf16x8_to_float(__ldg(xp + c), xv);
-#pragma unroll
-              for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(w[8 * c + e], xv[e], acc[r][i]);
-            }
-          }
-        }
-      }
-    }
+    dot_granules<Dec, MR, R, U>(p, raw, g0, granules, acc);
   }
   if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
   pdl_launch_dependents();  // after the weight stream (see the file comment)
@@ -352,33 +372,19 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // loads before it uses batch i, across row ends too. R = 2: the SiLU product (rows n and f + n).
 template <class Dec, int R, int U>
 __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
-  constexpr int E = Dec::kElems;
   using Raw = typename Dec::Raw;
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (n >= p.rows) return;
-  const int64_t granules = p.k / E;
+  const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
+  auto first = [&](int batch) { return static_cast<int64_t>(batch) * kWarp * U + lane; };
   int b = 0;  // the batch of row n that `cur` holds
   float acc[R][1];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
 
-  auto load = [&](Raw(&buf)[R][U], int64_t row, int batch) {
-    const int64_t g0 = static_cast<int64_t>(batch) * kWarp * U + lane;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
-      if (g < granules) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const int64_t wr = r == 0 ? row : row + p.f;
-          buf[r][u] = Dec::load(p, p.w + wr * p.row_bytes, wr, g);
-        }
-      }
-    }
-  };
   // Uses `cur` (batch b of row n) and fills `nxt` with the warp's next batch; false after the last.
   auto step = [&](Raw(&cur)[R][U], Raw(&nxt)[R][U]) {
     int64_t next_n = n;
@@ -388,31 +394,17 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
       next_n = n + warps;
     }
     const bool more = next_n < p.rows;
-    if (more)
-      load(nxt, next_n, next_b);
-    else
+    if (more) {
+      int64_t next_rows[R];
+      warp_rows(p, next_n, next_rows);
+      load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
+    } else {
       pdl_launch_dependents();  // after the weight stream (see the file comment)
-    const int64_t g0 = static_cast<int64_t>(b) * kWarp * U + lane;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t g = g0 + static_cast<int64_t>(kWarp) * u;
-      if (g >= granules) break;
-      const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * E);
-      float xv[E];
-#pragma unroll
-      for (int c = 0; c < E / 8; ++c) bf16x8_to_float(__ldg(xp + c), xv + 8 * c);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float w[E];
-        Dec::expand(p, cur[r][u], w);
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[r][0] = fmaf(w[e], xv[e], acc[r][0]);
-      }
     }
+    dot_granules<Dec, 1, R, U>(p, cur, first(b), granules, acc);
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
-      wrow[0] = n;
-      if constexpr (R == 2) wrow[1] = n + p.f;
+      warp_rows(p, n, wrow);
       gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
@@ -423,7 +415,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   };
 
   Raw a[R][U], c[R][U];
-  load(a, n, 0);
+  {
+    int64_t wrow[R];
+    warp_rows(p, n, wrow);
+    load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
+  }
   pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
   while (step(a, c) && step(c, a)) {
   }
@@ -867,11 +863,7 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
 // 8; set_gemv_v3_max_warps overrides).
 std::atomic<int> g_v3_max_warps{0};
 int v3_max_warps() {
-  static const int env = [] {
-    const char* e = std::getenv("INFERX_GEMV_V3_WARPS");
-    const int v = e ? std::atoi(e) : 0;
-    return v >= 1 && v <= tc::kMaxWarps ? v : tc::kMaxWarps;
-  }();
+  static const int env = env_int("INFERX_GEMV_V3_WARPS", 1, tc::kMaxWarps, tc::kMaxWarps);
   const int o = g_v3_max_warps.load(std::memory_order_relaxed);
   return o >= 1 && o <= tc::kMaxWarps ? o : env;
 }
@@ -940,17 +932,13 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
 // bf16 and 282 vs 344 fp8 at batch 1, H200 2026-12-03 10:41) / INFERX_GEMV_V4_CTAS_PER_SM (default
 // 0). Read once.
 std::atomic<int> g_v4_loads{0}, g_v4_ctas{-1};
-int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  return e != nullptr && *e != 0 ? std::atoi(e) : fallback;
-}
 int v4_loads() {
-  static const int env = env_int("INFERX_GEMV_V4_LOADS", 4) == 8 ? 8 : 4;
+  static const int env = env_int("INFERX_GEMV_V4_LOADS", 8, 8, 4);  // 8, else 4
   const int o = g_v4_loads.load(std::memory_order_relaxed);
   return o == 4 || o == 8 ? o : env;
 }
 int v4_ctas_per_sm() {
-  static const int env = std::max(0, env_int("INFERX_GEMV_V4_CTAS_PER_SM", 0));
+  static const int env = env_int("INFERX_GEMV_V4_CTAS_PER_SM", 0, 64, 0);
   const int o = g_v4_ctas.load(std::memory_order_relaxed);
   return o >= 0 ? o : env;
 }
