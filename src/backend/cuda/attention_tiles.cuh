@@ -213,6 +213,23 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The keys a decode CTA (v2, v3) attends: its token's visible keys end at `last` (its position, within the
+// sequence) and start `window` keys earlier (0: at 0); split `split` of `splits` takes whole tiles of
+// them, [k_begin, k_end), n_tiles tiles (none when the split starts past `last`).
+struct SplitKeys {
+  int last, k_begin, k_end, n_tiles;
+};
+template <int kTile>
+__device__ __forceinline__ SplitKeys split_keys(int pos, int seq_len, int64_t window, int split, int splits) {
+  const int last = min(pos, seq_len - 1);
+  const int first = window > 0 ? static_cast<int>(max(static_cast<int64_t>(0), pos - window + 1)) : 0;
+  const int n_keys = last >= first ? last - first + 1 : 0;
+  const int per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
+  const int k_begin = first + split * per_split;
+  const int k_end = min(last + 1, k_begin + per_split);
+  return {last, k_begin, k_end, k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0};
+}
+
 // The first kAhead tiles of a decode split (v2, v3), around the wait for the previous kernel. The step's
 // metadata was copied before its first kernel and the keys before `last` were written by earlier steps,
 // so tiles that end before `last` start loading before pdl_wait (the RoPE kernel before this one writes

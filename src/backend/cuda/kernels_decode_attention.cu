@@ -445,14 +445,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tig = lane % 4;
 
   const int s = find_sequence(batch.query_start, batch.num_seqs, t);
-  const int pos = batch.positions[t];
-  const int last = min(pos, batch.seq_lens[s] - 1);
-  const int first = window > 0 ? static_cast<int>(max(static_cast<int64_t>(0), pos - window + 1)) : 0;
-  const int n_keys = last >= first ? last - first + 1 : 0;
-  const int per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
-  const int k_begin = first + split * per_split;
-  const int k_end = min(last + 1, k_begin + per_split);
-  const int n_tiles = k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0;
+  const attn::SplitKeys keys =
+      attn::split_keys<kTile>(batch.positions[t], batch.seq_lens[s], window, split, splits);
+  const int last = keys.last, k_begin = keys.k_begin, k_end = keys.k_end, n_tiles = keys.n_tiles;
 
   using Loader = DecodeLoader<CacheT, HD>;
   Loader loader;
