@@ -137,6 +137,15 @@ class Backend {
     matmul(x, linear_rows(w, f, f), up);
     silu_mul(gate, up, out);
   }
+  // residual += a @ W^T (+ b), then out = rmsnorm(residual) * weight: matmul then add_rmsnorm (proj [T, D]
+  // is the default's workspace; afterwards its contents are unspecified), in one call so that a backend can
+  // fuse the norm into the product (CudaBackend at decode sizes: the product's epilogue adds the residual
+  // and the next product reading `out` applies the norm's row scale; see cuda_backend.h).
+  virtual void matmul_add_rmsnorm(const Tensor& a, const Linear& w, Tensor& residual, const Tensor& weight,
+                                  float eps, Tensor& proj, Tensor& out) {
+    matmul(a, w, proj);
+    add_rmsnorm(residual, proj, weight, eps, out);
+  }
   // Copies between two places of this backend's memory (default: staged through the host).
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) {
     std::vector<uint8_t> host(bytes);

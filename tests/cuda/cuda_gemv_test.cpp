@@ -511,6 +511,81 @@ TEST_F(CudaGemvTest, SiluProductMatchesReferenceAndFeedsTheNextProduct) {
     }
 }
 
+// matmul_add_rmsnorm at decode sizes runs as one GEMV that adds to the residual and leaves the norm's
+// output pending (cuda_backend.h); against the same backend's unfused form (Backend's default: matmul then
+// add_rmsnorm), for every kernel of the formats: the residual bit for bit, the pending tensor read by the
+// GEMV consumers (split q/k/v-like product, the SiLU product), by a second fused producer (the pending input
+// and the other BF16 buffer) and by a plain read (made real by the apply kernel). The fused norm rounds
+// residual * weight to BF16 before the row scale, the unfused one after it: 2^-8 relative per element.
+TEST_F(CudaGemvTest, ResidualNormFusedIntoProductsMatchesUnfused) {
+  uint32_t seed = 1300;
+  for (const Variant& v : {kVariants[0], kVariants[2], kVariants[5], kVariants[4]})
+    for (GemvKernel kernel : kernels_for(v.dtype)) {
+      const KernelScope scope(v.dtype, kernel);
+      const int64_t k = k_for(v.dtype, false, kernel), d = k;  // d: the consumers' k too
+      const HostWeight wo = make_weight(v, d, k, ++seed), wqkv = make_weight(v, 3 * 16 + 5, d, ++seed),
+                       wgu = make_weight(v, 2 * 24, d, ++seed), wd = make_weight(v, d, d, ++seed);
+      for (int64_t m : {1, 3, 16}) {
+        SCOPED_TRACE(v.name + kname(kernel) + " m=" + std::to_string(m));
+        const std::vector<float> a = randoms(size_t(m * k), ++seed),
+                                 res0 = randoms(size_t(m * d), ++seed, -3, 3),
+                                 gamma = randoms(size_t(d), ++seed, 0.5f, 1.5f),
+                                 gamma2 = randoms(size_t(d), ++seed, 0.5f, 1.5f);
+        const Linear lo = linear(wo, randoms(size_t(d), ++seed)), lqkv = linear(wqkv, {}),
+                     lgu = linear(wgu, {}), ld = linear(wd, {});
+        const Tensor ta = f32({m, k}, a), tg = f32({d}, gamma), tg2 = f32({d}, gamma2);
+        struct Run {
+          std::vector<float> residual, qkv[3], act, residual2, h, h2;
+        };
+        auto run = [&](bool fused) {
+          auto zeros = [&](int64_t cols) { return f32({m, cols}, std::vector<float>(size_t(m * cols))); };
+          Tensor res = f32({m, d}, res0), res2 = f32({m, d}, res0), proj = zeros(d), h = zeros(d),
+                 h2 = zeros(d), gate = zeros(24), up = zeros(24), act = zeros(24);
+          Tensor parts[3] = {zeros(16), zeros(32), zeros(5)};
+          Tensor* ptrs[] = {&parts[0], &parts[1], &parts[2]};
+          if (fused) {
+            gpu_->matmul_add_rmsnorm(ta, lo, res, tg, 1e-5f, proj, h);
+          } else {
+            gpu_->Backend::matmul_add_rmsnorm(ta, lo, res, tg, 1e-5f, proj, h);
+          }
+          gpu_->matmul_split(h, lqkv, ptrs);
+          gpu_->matmul_silu_mul(h, lgu, gate, up, act);
+          if (fused) {  // a product whose input is the pending tensor, itself leaving h2 pending
+            gpu_->matmul_add_rmsnorm(h, ld, res2, tg2, 1e-5f, proj, h2);
+          } else {
+            gpu_->Backend::matmul_add_rmsnorm(h, ld, res2, tg2, 1e-5f, proj, h2);
+          }
+          Run r;
+          r.residual = read(res);
+          for (int i = 0; i < 3; ++i) r.qkv[i] = read(parts[i]);
+          r.act = read(act);
+          r.residual2 = read(res2);
+          r.h = read(h);  // plain reads: the pending tensors made real
+          r.h2 = read(h2);
+          return r;
+        };
+        const Run f = run(true), u = run(false);
+        EXPECT_EQ(f.residual, u.residual);
+        auto near = [&](const std::vector<float>& got, const std::vector<float>& want, double rel,
+                        const char* what) {
+          ASSERT_EQ(got.size(), want.size()) << what;
+          double scale = 1e-6;
+          for (float w : want) scale = std::max(scale, double(std::fabs(w)));
+          for (size_t i = 0; i < got.size(); ++i)
+            if (!(std::fabs(double(got[i]) - want[i]) <= rel * scale)) {
+              ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << want[i];
+              return;
+            }
+        };
+        near(f.h, u.h, 0x1p-8, "h (pending, read)");
+        for (int i = 0; i < 3; ++i) near(f.qkv[i], u.qkv[i], 2e-2, "split product of h");
+        near(f.act, u.act, 2e-2, "SiLU product of h");
+        near(f.residual2, u.residual2, 2e-2, "residual of the second producer");
+        near(f.h2, u.h2, 2e-2, "h2 (pending, read)");
+      }
+    }
+}
+
 TEST_F(CudaGemvTest, FormatsWithoutKernelsAreRefused) {
   const int64_t k = 64, n = 8;
   Linear l;

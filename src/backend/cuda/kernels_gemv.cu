@@ -60,6 +60,15 @@ struct GemvParams {
   int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
+  // GemvNorm (kernels_gemv.h): the consumer's partial sums of squares and eps, the producer's residual,
+  // next norm weight, BF16 next input and partial sums.
+  const float* in_sumsq = nullptr;
+  float in_eps = 0.0f;
+  float* resid = nullptr;
+  int64_t resid_ld = 0;
+  const float* norm_w = nullptr;
+  __nv_bfloat16* next_x = nullptr;
+  float* out_sumsq = nullptr;
 };
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
@@ -238,6 +247,44 @@ struct DecodeQ4K {
 // within its BF16 tolerance); cuda_common.cuh's silu is the exact form.
 __device__ __forceinline__ float silu_fast(float g) { return g / (1.0f + __expf(-g)); }
 
+// GemvNorm's consumer side: the multiplier of activation row i's dot products (1 without a lazy norm).
+// The whole warp calls it (the partial sums are one per lane); one thread alone: x_row_scale_thread.
+__device__ __forceinline__ float x_row_scale_warp(const GemvParams& p, int i) {
+  static_assert(kGemvNormSlots == kWarp, "one partial sum per lane");
+  if (p.in_sumsq == nullptr) return 1.0f;
+  const float s = warp_sum(p.in_sumsq[i * kGemvNormSlots + threadIdx.x % kWarp]);
+  return rsqrtf(s / static_cast<float>(p.k) + p.in_eps);
+}
+__device__ __forceinline__ float x_row_scale_thread(const GemvParams& p, int i) {
+  if (p.in_sumsq == nullptr) return 1.0f;
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kGemvNormSlots; ++j) s += p.in_sumsq[i * kGemvNormSlots + j];
+  return rsqrtf(s / static_cast<float>(p.k) + p.in_eps);
+}
+
+// Output `row` of the weight (a column of the outputs) for activation row i: stored into the output it
+// belongs to, or (GemvNorm's producer) added to the residual, whose new value times the next norm's
+// weight becomes the next product's BF16 input; returns the new residual's square (0 when stored).
+__device__ __forceinline__ float store_output(const GemvParams& p, int i, int64_t row, float v) {
+  if (p.resid != nullptr) {
+    float* r = p.resid + i * p.resid_ld + row;
+    const float nv = *r + v;
+    *r = nv;
+    p.next_x[i * p.rows + row] = __float2bfloat16_rn(nv * p.norm_w[row]);
+    return nv * nv;
+  }
+  int o = 0;
+  int64_t col = row;
+  while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
+  p.outs[o].data[i * p.outs[o].ld + col] = v;
+  return 0.0f;
+}
+// The producer's squares of activation row i into partial sum `slot` (mod kGemvNormSlots).
+__device__ __forceinline__ void add_sumsq(const GemvParams& p, int i, int64_t slot, float sq) {
+  if (p.resid != nullptr) atomicAdd(p.out_sumsq + i * kGemvNormSlots + (slot & (kGemvNormSlots - 1)), sq);
+}
+
 // The warp's sums to its outputs (lane 0 stores): scale, bias, and with kSilu (R = 2: rows n and f + n)
 // the SiLU product at column n; else each of the first `valid` rows wrow[r] of the stacked weight.
 template <class Dec, int MR, int R, bool kSilu>
@@ -248,6 +295,9 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int i = 0; i < MR; ++i) acc[r][i] = warp_sum(acc[r][i]);
+  float xs[MR];
+#pragma unroll
+  for (int i = 0; i < MR; ++i) xs[i] = i < p.m ? x_row_scale_warp(p, i) : 1.0f;
   if (lane != 0) return;
   float scale[R], bias[R];
 #pragma unroll
@@ -256,23 +306,24 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
     bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
   }
   if constexpr (!kSilu) {
+    float sq[MR] = {};
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= valid) break;
-      int o = 0;
-      int64_t col = wrow[r];
-      while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
-      const GemvOutput out = p.outs[o];
 #pragma unroll
       for (int i = 0; i < MR; ++i)
-        if (i < p.m) out.data[i * out.ld + col] = acc[r][i] * scale[r] + bias[r];
+        if (i < p.m) sq[i] += store_output(p, i, wrow[r], acc[r][i] * xs[i] * scale[r] + bias[r]);
     }
+    const int64_t warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+#pragma unroll
+    for (int i = 0; i < MR; ++i)
+      if (i < p.m) add_sumsq(p, i, warp, sq[i]);
   } else {
     const GemvOutput out = p.outs[0];
 #pragma unroll
     for (int i = 0; i < MR; ++i) {
       if (i < p.m) {
-        const float g = acc[0][i] * scale[0] + bias[0], u = acc[1][i] * scale[1] + bias[1];
+        const float g = acc[0][i] * xs[i] * scale[0] + bias[0], u = acc[1][i] * xs[i] * scale[1] + bias[1];
         const float v = silu_fast(g) * u;
         out.data[i * out.ld + n] = v;
         if (p.out_bf16) p.out_bf16[i * p.f + n] = __float2bfloat16_rn(v);
@@ -692,25 +743,24 @@ __device__ __forceinline__ int64_t tc_row(const GemvParams& p, int r) {
 
 // The CTA's sums (shared memory: per warp, A row, column) to the outputs: scale, bias, split outputs or
 // the SiLU product. Warps and subsets are added in a fixed order (deterministic).
+// xs: the multipliers of the activation rows (x_row_scale_thread).
 template <class Dec, int MR, int S, bool kSilu>
 __device__ __forceinline__ void tc_finish(const GemvParams& p,
-                                          const float (&red)[tc::kMaxWarps][tc::kRows][16], int nwarps) {
+                                          const float (&red)[tc::kMaxWarps][tc::kRows][16], int nwarps,
+                                          const float (&xs)[16]) {
   auto value = [&](int i, int r, int64_t row) {
     float v = 0.0f;
     for (int w = 0; w < nwarps; ++w)
 #pragma unroll
       for (int s = 0; s < S; ++s) v += red[w][r][i * S + s];
-    return v * Dec::row_scale(p, row) + (p.bias ? p.bias[row] : 0.0f);
+    return v * xs[i] * Dec::row_scale(p, row) + (p.bias ? p.bias[row] : 0.0f);
   };
   if constexpr (!kSilu) {
     for (int e = threadIdx.x; e < MR * tc::kRows; e += blockDim.x) {
       const int i = e / tc::kRows, r = e % tc::kRows;
       const int64_t row = static_cast<int64_t>(blockIdx.x) * tc::kRows + r;
       if (i >= p.m || row >= p.rows) continue;
-      int o = 0;
-      int64_t col = row;
-      while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
-      p.outs[o].data[i * p.outs[o].ld + col] = value(i, r, row);
+      add_sumsq(p, i, row, store_output(p, i, row, value(i, r, row)));
     }
   } else {
     for (int e = threadIdx.x; e < MR * 8; e += blockDim.x) {
@@ -855,8 +905,10 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
     red[warp][g + 8][8 * nt + 2 * t] = acc[nt][2];
     red[warp][g + 8][8 * nt + 2 * t + 1] = acc[nt][3];
   }
+  __shared__ float xs[16];
+  if (threadIdx.x < MR) xs[threadIdx.x] = threadIdx.x < p.m ? x_row_scale_thread(p, threadIdx.x) : 1.0f;
   __syncthreads();
-  tc_finish<Dec, MR, S, kSilu>(p, red, nwarps);
+  tc_finish<Dec, MR, S, kSilu>(p, red, nwarps, xs);
 }
 
 // Warps per v3 CTA: enough that each has one batch (kUnroll sets), at most INFERX_GEMV_V3_WARPS (default
@@ -1171,6 +1223,20 @@ __global__ void prepare_x_kernel(const void* x, bool x_bf16, const int32_t* perm
   }
 }
 
+// GemvNorm's consumer side alone (launch_gemv_norm_apply): one CTA per row.
+__global__ void norm_apply_kernel(const __nv_bfloat16* x, const float* sumsq, float eps, int64_t cols,
+                                  float* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t r = blockIdx.x;
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kGemvNormSlots; ++j) s += sumsq[r * kGemvNormSlots + j];
+  const float scale = rsqrtf(s / static_cast<float>(cols) + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    out[r * cols + c] = __bfloat162float(x[r * cols + c]) * scale;
+}
+
 }  // namespace
 
 bool gemv_supports(DType dtype, int64_t k, int64_t group) {
@@ -1246,9 +1312,35 @@ cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* per
                     m, k, static_cast<__nv_bfloat16*>(out));
 }
 
+cudaError_t launch_gemv_norm_apply(const void* x_bf16, const float* sumsq, float eps, int64_t rows,
+                                   int64_t cols, float* out, cudaStream_t stream) {
+  if (rows * cols == 0) return cudaSuccess;
+  return launch_pdl(norm_apply_kernel, dim3(static_cast<unsigned>(rows)), dim3(256), 0, stream,
+                    static_cast<const __nv_bfloat16*>(x_bf16), sumsq, eps, cols, out);
+}
+
+namespace {
+// GemvNorm into the kernels' parameters, for the chunk of activation rows starting at r0.
+void apply_norm(const GemvNorm* norm, int64_t r0, GemvParams& p) {
+  if (norm == nullptr) return;
+  p.in_sumsq = norm->in_sumsq ? norm->in_sumsq + r0 * kGemvNormSlots : nullptr;
+  p.in_eps = norm->in_eps;
+  if (norm->residual != nullptr) {
+    p.resid = norm->residual + r0 * norm->residual_ld;
+    p.resid_ld = norm->residual_ld;
+    p.norm_w = norm->weight;
+    p.next_x = static_cast<__nv_bfloat16*>(norm->next_x) + r0 * p.rows;
+    p.out_sumsq = norm->out_sumsq + r0 * kGemvNormSlots;
+  }
+}
+}  // namespace
+
 cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,
-                        const GemvOutput* outs, int num_outs, cudaStream_t stream) {
+                        const GemvOutput* outs, int num_outs, cudaStream_t stream, const GemvNorm* norm) {
   if (num_outs < 1 || num_outs > kGemvMaxOutputs) return cudaErrorInvalidValue;
+  if (norm != nullptr && norm->residual != nullptr &&
+      (num_outs != 1 || norm->weight == nullptr || norm->next_x == nullptr || norm->out_sumsq == nullptr))
+    return cudaErrorInvalidValue;
   GemvParams p = base_params(w, k);
   p.bias = bias;
   p.num_outs = num_outs;
@@ -1261,6 +1353,7 @@ cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k
     p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
     for (int i = 0; i < num_outs; ++i) p.outs[i].data = outs[i].data + r0 * outs[i].ld;
+    apply_norm(norm, r0, p);
     const cudaError_t e = launch_format<1>(w.dtype, p, stream);
     if (e != cudaSuccess) return e;
   }
@@ -1268,8 +1361,10 @@ cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k
 }
 
 cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, int64_t k, int64_t f,
-                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream) {
+                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream,
+                                 const GemvNorm* norm) {
   GemvParams p = base_params(w, k);
+  const GemvNorm consumer = norm ? GemvNorm{norm->in_sumsq, norm->in_eps} : GemvNorm{};
   p.bias = bias;
   p.num_outs = 1;
   p.rows = p.f = f;
@@ -1279,6 +1374,7 @@ cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, 
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
     p.outs[0] = {out + r0 * f, f, f};
     p.out_bf16 = out_bf16 ? static_cast<__nv_bfloat16*>(out_bf16) + r0 * f : nullptr;
+    apply_norm(&consumer, r0, p);
     const cudaError_t e = launch_format<2>(w.dtype, p, stream);
     if (e != cudaSuccess) return e;
   }
