@@ -58,6 +58,8 @@ struct CudaBackendOptions {
   bool gemv_long_rows = false;
   // matmul_add_rmsnorm as one GEMV at decode sizes (class comment); false: matmul then add_rmsnorm (A/B).
   bool fused_norm = true;
+  // Split count of every decode-attention launch (A/B measurements; 0: decode_attention_splits' choice).
+  int decode_splits = 0;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
   // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)
@@ -68,7 +70,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_CUDA_FUSED_NORM=0|1,
-// INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_DECODE_SPLITS=N, INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
