@@ -3,7 +3,8 @@
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/decode_ab.sh
 # Engine-level correctness first (graph replay == eager, PDL on vs off bit-equal), then
 # `inferx bench offline` at 1k context for each variant; the same for FP8 / INT4 weights.
-# VARIANTS: space-separated "name:ENV=VAL,ENV=VAL" (default below). Prints one line per variant.
+# VARIANTS: space-separated "name:ENV=VAL,ENV=VAL" (default below; BIN=NAME runs $C/NAME instead of inferx,
+# e.g. an older build staged beside it). Prints one line per variant.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -19,7 +20,9 @@ for q in $QUANTS; do
     name=${v%%:*}
     envs=${v#*:}
     IFS=, read -r -a kv <<<"$envs"
-    env "${kv[@]}" timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
+    bin=inferx  # BIN=NAME among a variant's settings: another binary staged in $C (e.g. an older build)
+    for e in "${kv[@]}"; do [[ "$e" == BIN=* ]] && bin=${e#BIN=}; done
+    env "${kv[@]}" timeout 120 "$C/$bin" bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
       --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 256 --max-model-len 2048 --no-progress \
       --roofline --json >"$OUT/ab_${tag}_$name.json" 2>"$OUT/ab_${tag}_$name.err"
     rc=$?

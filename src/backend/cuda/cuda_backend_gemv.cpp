@@ -281,6 +281,9 @@ void CudaBackend::matmul_add_rmsnorm(const Tensor& a, const Linear& w, Tensor& r
   cuda::GemvNorm norm;
   const void* xb = gemv_input(a, w, norm);  // a pending `a` is this product's input (its own norm_x_)
   settle_norm({&residual, &weight}, {&out});
+  // A pending tensor other than `out` (`a` itself, or one a caller still holds) stays readable: made real
+  // before its buffer can be reused. The transformer's pending tensor is always `out` (dropped above).
+  if (pending_norm_.data != nullptr) resolve_pending_norm();
   void* next_x = scratch(norm_x_[norm_x_next_], static_cast<size_t>(t * d) * 2);
   float* sums = next_norm_sums(t);
   norm.residual = residual.ptr<float>();

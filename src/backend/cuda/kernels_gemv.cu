@@ -248,24 +248,24 @@ struct DecodeQ4K {
 __device__ __forceinline__ float silu_fast(float g) { return g / (1.0f + __expf(-g)); }
 
 // GemvNorm's consumer side: the multiplier of activation row i's dot products (1 without a lazy norm).
-// The whole warp calls it (the partial sums are one per lane); one thread alone: x_row_scale_thread.
+// The whole warp calls it (each lane sums kGemvNormSlots / 32 partial sums).
+// The partial sums were written by an earlier kernel: read-only here (ld.global.nc).
 __device__ __forceinline__ float x_row_scale_warp(const GemvParams& p, int i) {
-  static_assert(kGemvNormSlots == kWarp, "one partial sum per lane");
+  static_assert(kGemvNormSlots % kWarp == 0, "whole partial sums per lane");
   if (p.in_sumsq == nullptr) return 1.0f;
-  const float s = warp_sum(p.in_sumsq[i * kGemvNormSlots + threadIdx.x % kWarp]);
-  return rsqrtf(s / static_cast<float>(p.k) + p.in_eps);
-}
-__device__ __forceinline__ float x_row_scale_thread(const GemvParams& p, int i) {
-  if (p.in_sumsq == nullptr) return 1.0f;
+  const float* row = p.in_sumsq + i * kGemvNormSlots + threadIdx.x % kWarp;
   float s = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kGemvNormSlots; ++j) s += p.in_sumsq[i * kGemvNormSlots + j];
-  return rsqrtf(s / static_cast<float>(p.k) + p.in_eps);
+  for (int j = 0; j < kGemvNormSlots / kWarp; ++j) s += __ldg(row + j * kWarp);
+  return rsqrtf(warp_sum(s) / static_cast<float>(p.k) + p.in_eps);
 }
 
 // Output `row` of the weight (a column of the outputs) for activation row i: stored into the output it
 // belongs to, or (GemvNorm's producer) added to the residual, whose new value times the next norm's
-// weight becomes the next product's BF16 input; returns the new residual's square (0 when stored).
+// weight becomes the next product's BF16 input; returns the new residual's square (0 when stored). The
+// squares are summed per CTA (CtaSumsq) and reach the partial sums with one atomic per CTA and activation
+// row: an atomic per warp row (4096 per product on 32 addresses) measured 11% slower end to end at batch 1
+// (FP8, H200 2026-12-03 12:40), the same-address atomics serialising at the end of the kernel.
 __device__ __forceinline__ float store_output(const GemvParams& p, int i, int64_t row, float v) {
   if (p.resid != nullptr) {
     float* r = p.resid + i * p.resid_ld + row;
@@ -280,16 +280,49 @@ __device__ __forceinline__ float store_output(const GemvParams& p, int i, int64_
   p.outs[o].data[i * p.outs[o].ld + col] = v;
   return 0.0f;
 }
-// The producer's squares of activation row i into partial sum `slot` (mod kGemvNormSlots).
-__device__ __forceinline__ void add_sumsq(const GemvParams& p, int i, int64_t slot, float sq) {
-  if (p.resid != nullptr) atomicAdd(p.out_sumsq + i * kGemvNormSlots + (slot & (kGemvNormSlots - 1)), sq);
+// The CTA's sums of squares per activation row (GemvNorm's producer), in shared memory. begin() before any
+// warp returns early (it synchronises the CTA); each warp that stores adds its rows' squares (add()) and
+// then says it is done (warp_done(): the last of `warps` stores the CTA's sums into partial sum blockIdx.x
+// mod kGemvNormSlots); or, in a kernel whose threads all reach the end, cta_done() after a barrier.
+struct CtaSumsq {
+  float sq[kGemvMaxRows];
+  int done;
+  __device__ void begin(const GemvParams& p) {
+    if (p.resid == nullptr) return;
+    if (threadIdx.x < kGemvMaxRows) sq[threadIdx.x] = 0.0f;
+    if (threadIdx.x == 0) done = 0;
+    __syncthreads();
+  }
+  __device__ void add(const GemvParams& p, int i, float v) {
+    if (p.resid != nullptr) atomicAdd(&sq[i], v);
+  }
+  __device__ void flush(const GemvParams& p) {
+    for (int i = 0; i < p.m; ++i)
+      atomicAdd(p.out_sumsq + i * kGemvNormSlots + blockIdx.x % kGemvNormSlots, atomicAdd(&sq[i], 0.0f));
+  }
+  // Lane 0 of a warp that has added all its squares; `warps`: the CTA's warps that store.
+  __device__ void warp_done(const GemvParams& p, int warps) {
+    if (p.resid == nullptr) return;
+    __threadfence_block();
+    if (atomicAdd(&done, 1) == warps - 1) {
+      __threadfence_block();
+      flush(p);
+    }
+  }
+};
+
+// The warps of this CTA (kGemvWarps per CTA, warp w of the grid taking warp row w) that have one of the
+// grid's `warp_rows` rows.
+__device__ __forceinline__ int cta_warps(int64_t warp_rows) {
+  const int64_t left = warp_rows - static_cast<int64_t>(blockIdx.x) * kGemvWarps;
+  return left < kGemvWarps ? static_cast<int>(left) : kGemvWarps;
 }
 
 // The warp's sums to its outputs (lane 0 stores): scale, bias, and with kSilu (R = 2: rows n and f + n)
 // the SiLU product at column n; else each of the first `valid` rows wrow[r] of the stacked weight.
 template <class Dec, int MR, int R, bool kSilu>
 __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, const int64_t (&wrow)[R],
-                                            float (&acc)[R][MR], int valid) {
+                                            float (&acc)[R][MR], int valid, CtaSumsq& cta) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -314,10 +347,9 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
       for (int i = 0; i < MR; ++i)
         if (i < p.m) sq[i] += store_output(p, i, wrow[r], acc[r][i] * xs[i] * scale[r] + bias[r]);
     }
-    const int64_t warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
 #pragma unroll
     for (int i = 0; i < MR; ++i)
-      if (i < p.m) add_sumsq(p, i, warp, sq[i]);
+      if (i < p.m) cta.add(p, i, sq[i]);
   } else {
     const GemvOutput out = p.outs[0];
 #pragma unroll
@@ -388,6 +420,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   constexpr int E = Dec::kElems, U = Dec::kUnroll;
   const int lane = threadIdx.x % kWarp;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  __shared__ CtaSumsq cta;
+  cta.begin(p);
   if (n >= p.rows) return;
   int64_t wrow[R];
   warp_rows(p, n, wrow);
@@ -410,7 +444,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   }
   if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
   pdl_launch_dependents();  // after the weight stream (see the file comment)
-  gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
+  gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1, cta);
+  if (lane == 0) cta.warp_done(p, cta_warps(p.rows));
 }
 
 // ---- v4: v1's decoders (BF16, FP8; one activation row) on persistent warps that keep the next batch of
@@ -427,6 +462,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  __shared__ CtaSumsq cta;
+  cta.begin(p);
   if (n >= p.rows) return;
   const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
@@ -456,7 +493,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
       warp_rows(p, n, wrow);
-      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1);
+      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1, cta);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
     }
@@ -474,6 +511,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
   while (step(a, c) && step(c, a)) {
   }
+  if (lane == 0) cta.warp_done(p, cta_warps(p.rows));
 }
 
 // ---- v2: 8 columns per lane and step (kernels_gemv_decode.h). The lanes of a warp read 512 contiguous
@@ -628,6 +666,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   const int lane = threadIdx.x % kWarp;
   bool waited = false;  // as gemv_kernel: the first weight loads go out before the wait
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  __shared__ CtaSumsq cta;
+  cta.begin(p);
   int64_t wrow[R];
   int valid = R;
   if constexpr (kSilu) {
@@ -687,7 +727,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   }
   if (!waited) pdl_wait();
   pdl_launch_dependents();  // after the weight stream (see the file comment)
-  gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid);
+  gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid, cta);
+  if (lane == 0) cta.warp_done(p, cta_warps(kSilu ? p.rows : (p.rows + R - 1) / R));
 }
 
 // ---- v3: the dot products on tensor cores (kernels_gemv_decode.h, "v3"). A CTA takes 16 weight rows, the
@@ -743,11 +784,11 @@ __device__ __forceinline__ int64_t tc_row(const GemvParams& p, int r) {
 
 // The CTA's sums (shared memory: per warp, A row, column) to the outputs: scale, bias, split outputs or
 // the SiLU product. Warps and subsets are added in a fixed order (deterministic).
-// xs: the multipliers of the activation rows (x_row_scale_thread).
+// xs: the multipliers of the activation rows (x_row_scale_warp); cta: the producer's sums of squares.
 template <class Dec, int MR, int S, bool kSilu>
 __device__ __forceinline__ void tc_finish(const GemvParams& p,
                                           const float (&red)[tc::kMaxWarps][tc::kRows][16], int nwarps,
-                                          const float (&xs)[16]) {
+                                          const float (&xs)[16], CtaSumsq& cta) {
   auto value = [&](int i, int r, int64_t row) {
     float v = 0.0f;
     for (int w = 0; w < nwarps; ++w)
@@ -760,7 +801,11 @@ __device__ __forceinline__ void tc_finish(const GemvParams& p,
       const int i = e / tc::kRows, r = e % tc::kRows;
       const int64_t row = static_cast<int64_t>(blockIdx.x) * tc::kRows + r;
       if (i >= p.m || row >= p.rows) continue;
-      add_sumsq(p, i, row, store_output(p, i, row, value(i, r, row)));
+      cta.add(p, i, store_output(p, i, row, value(i, r, row)));
+    }
+    if (p.resid != nullptr) {  // every thread of the CTA runs this epilogue
+      __syncthreads();
+      if (threadIdx.x == 0) cta.flush(p);
     }
   } else {
     for (int e = threadIdx.x; e < MR * 8; e += blockDim.x) {
@@ -906,9 +951,16 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
     red[warp][g + 8][8 * nt + 2 * t + 1] = acc[nt][3];
   }
   __shared__ float xs[16];
-  if (threadIdx.x < MR) xs[threadIdx.x] = threadIdx.x < p.m ? x_row_scale_thread(p, threadIdx.x) : 1.0f;
+  __shared__ CtaSumsq cta;
+  if (warp == 0) {
+    for (int i = 0; i < MR; ++i) {
+      const float v = i < p.m ? x_row_scale_warp(p, i) : 1.0f;
+      if (lane == 0) xs[i] = v;
+    }
+  }
+  if (p.resid != nullptr && threadIdx.x < kGemvMaxRows) cta.sq[threadIdx.x] = 0.0f;
   __syncthreads();
-  tc_finish<Dec, MR, S, kSilu>(p, red, nwarps, xs);
+  tc_finish<Dec, MR, S, kSilu>(p, red, nwarps, xs, cta);
 }
 
 // Warps per v3 CTA: enough that each has one batch (kUnroll sets), at most INFERX_GEMV_V3_WARPS (default
@@ -1230,7 +1282,6 @@ __global__ void norm_apply_kernel(const __nv_bfloat16* x, const float* sumsq, fl
   pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   float s = 0.0f;
-#pragma unroll
   for (int j = 0; j < kGemvNormSlots; ++j) s += sumsq[r * kGemvNormSlots + j];
   const float scale = rsqrtf(s / static_cast<float>(cols) + eps);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)

@@ -52,8 +52,9 @@ struct GemvOutput {
 // multiplies activation row i's dot products by rsqrt(sum of in_sumsq[i * kGemvNormSlots ..] / k + eps)
 // before scale and bias: the norm's per-row scale is a scalar of the dot product, so no kernel between
 // the two products has to wait for the whole row's sum. The partial sums must be zero before the producer
-// runs (the backend clears them once per forward pass); slots spread the atomics over 32 addresses.
-constexpr int kGemvNormSlots = 32;
+// runs (the backend clears them once per forward pass). A CTA adds its rows' sum to slot blockIdx mod
+// kGemvNormSlots (a few atomics per address: same-address atomics serialise).
+constexpr int kGemvNormSlots = 128;
 struct GemvNorm {
   const float* in_sumsq = nullptr;  // consumer: [m, kGemvNormSlots] partial sums; null: x as it is
   float in_eps = 0.0f;
