@@ -266,12 +266,14 @@ __device__ __forceinline__ float x_row_scale_warp(const GemvParams& p, int i) {
 // squares are summed per CTA (CtaSumsq) and reach the partial sums with one atomic per CTA and activation
 // row: an atomic per warp row (4096 per product on 32 addresses) measured 11% slower end to end at batch 1
 // (FP8, H200 2026-12-03 12:40), the same-address atomics serialising at the end of the kernel.
-__device__ __forceinline__ float store_output(const GemvParams& p, int i, int64_t row, float v) {
+// `pre` (or null): the residual and norm weight already loaded (NormPrefetch).
+__device__ __forceinline__ float store_output(const GemvParams& p, int i, int64_t row, float v,
+                                              const float* pre = nullptr) {
   if (p.resid != nullptr) {
     float* r = p.resid + i * p.resid_ld + row;
-    const float nv = *r + v;
+    const float nv = (pre ? pre[0] : *r) + v;
     *r = nv;
-    p.next_x[i * p.rows + row] = __float2bfloat16_rn(nv * p.norm_w[row]);
+    p.next_x[i * p.rows + row] = __float2bfloat16_rn(nv * (pre ? pre[1] : __ldg(p.norm_w + row)));
     return nv * nv;
   }
   int o = 0;
@@ -280,6 +282,32 @@ __device__ __forceinline__ float store_output(const GemvParams& p, int i, int64_
   p.outs[o].data[i * p.outs[o].ld + col] = v;
   return 0.0f;
 }
+// GemvNorm's inputs of a warp with one activation row (v1 at M = 1, v4), loaded right after pdl_wait so
+// that their latency overlaps the weight stream instead of adding to the kernel's tail: the lane's share of
+// the consumer's partial sums, and the producer's residual and next-norm weight of the warp's rows.
+template <int R>
+struct NormPrefetch {
+  float ss = 0.0f;
+  float rw[R][2] = {};  // residual, norm weight
+  bool sums = false, rows = false;
+  __device__ void load_sums(const GemvParams& p) {
+    if (p.in_sumsq == nullptr || p.m != 1) return;
+    const float* at = p.in_sumsq + threadIdx.x % kWarp;
+#pragma unroll
+    for (int j = 0; j < kGemvNormSlots / kWarp; ++j) ss += __ldg(at + j * kWarp);
+    sums = true;
+  }
+  __device__ void load_rows(const GemvParams& p, const int64_t (&wrow)[R]) {
+    if (p.resid == nullptr || p.m != 1) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      rw[r][0] = p.resid[wrow[r]];
+      rw[r][1] = __ldg(p.norm_w + wrow[r]);
+    }
+    rows = true;
+  }
+};
+
 // The CTA's sums of squares per activation row (GemvNorm's producer), in shared memory. begin() before any
 // warp returns early (it synchronises the CTA); each warp that stores adds its rows' squares (add()) and
 // then says it is done (warp_done(): the last of `warps` stores the CTA's sums into partial sum blockIdx.x
@@ -322,7 +350,8 @@ __device__ __forceinline__ int cta_warps(int64_t warp_rows) {
 // the SiLU product at column n; else each of the first `valid` rows wrow[r] of the stacked weight.
 template <class Dec, int MR, int R, bool kSilu>
 __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, const int64_t (&wrow)[R],
-                                            float (&acc)[R][MR], int valid, CtaSumsq& cta) {
+                                            float (&acc)[R][MR], int valid, CtaSumsq& cta,
+                                            const NormPrefetch<R>& pre) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -330,7 +359,10 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
     for (int i = 0; i < MR; ++i) acc[r][i] = warp_sum(acc[r][i]);
   float xs[MR];
 #pragma unroll
-  for (int i = 0; i < MR; ++i) xs[i] = i < p.m ? x_row_scale_warp(p, i) : 1.0f;
+  for (int i = 0; i < MR; ++i)
+    xs[i] = i >= p.m             ? 1.0f
+            : i == 0 && pre.sums ? rsqrtf(warp_sum(pre.ss) / static_cast<float>(p.k) + p.in_eps)
+                                 : x_row_scale_warp(p, i);
   if (lane != 0) return;
   float scale[R], bias[R];
 #pragma unroll
@@ -345,7 +377,9 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
       if (r >= valid) break;
 #pragma unroll
       for (int i = 0; i < MR; ++i)
-        if (i < p.m) sq[i] += store_output(p, i, wrow[r], acc[r][i] * xs[i] * scale[r] + bias[r]);
+        if (i < p.m)
+          sq[i] += store_output(p, i, wrow[r], acc[r][i] * xs[i] * scale[r] + bias[r],
+                                pre.rows ? pre.rw[r] : nullptr);
     }
 #pragma unroll
     for (int i = 0; i < MR; ++i)
@@ -415,8 +449,15 @@ __device__ __forceinline__ void dot_granules(const GemvParams& p, const typename
 }
 
 // R = 1: warp row n of the weight; R = 2: rows n (gate) and f + n (up), written as silu(g) * u.
+// BF16 / FP8 at one activation row: 8 CTAs per SM (64 registers) with one weight row, 5 with the SiLU
+// product's two, as before the fused norm's epilogue (which took BF16 from 54 to 66 and 92 to 106
+// registers without the bound: 7 and 4 CTAs per SM).
+template <class Dec>
+constexpr int gemv_min_ctas(int mr, int r) {
+  return mr == 1 && Dec::kElems <= 16 ? (r == 1 ? 8 : 5) : 1;
+}
 template <class Dec, int MR, int R>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kGemvThreads, gemv_min_ctas<Dec>(MR, R)) gemv_kernel(const GemvParams p) {
   constexpr int E = Dec::kElems, U = Dec::kUnroll;
   const int lane = threadIdx.x % kWarp;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
@@ -425,6 +466,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   if (n >= p.rows) return;
   int64_t wrow[R];
   warp_rows(p, n, wrow);
+  NormPrefetch<R> pre;  // loaded after the wait, used by the finish
   bool waited = false;  // the first batch of weight loads is issued before waiting for x (cuda_common.cuh)
   float acc[R][MR];
 #pragma unroll
@@ -439,12 +481,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
     if (!waited) {
       pdl_wait();
       waited = true;
+      pre.load_sums(p);
+      if constexpr (R == 1) pre.load_rows(p, wrow);  // R = 2: the SiLU product, no residual
     }
     dot_granules<Dec, MR, R, U>(p, raw, g0, granules, acc);
   }
-  if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
+  if (!waited) {  // no granule for this lane: it still stores (lane 0) after the wait
+    pdl_wait();
+    pre.load_sums(p);                              // every lane loads: the finish sums them over the warp
+    if constexpr (R == 1) pre.load_rows(p, wrow);  // R = 2: the SiLU product, no residual
+  }
   pdl_launch_dependents();  // after the weight stream (see the file comment)
-  gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1, cta);
+  gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1, cta, pre);
   if (lane == 0) cta.warp_done(p, cta_warps(p.rows));
 }
 
@@ -457,7 +505,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // w, w + W, ... (W warps in all) as one stream of batches of U granules per lane, and issues batch i + 1's
 // loads before it uses batch i, across row ends too. R = 2: the SiLU product (rows n and f + n).
 template <class Dec, int R, int U>
-__global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kGemvThreads, R* U <= 4 ? 8 : 1) gemv_stream_kernel(const GemvParams p) {
   using Raw = typename Dec::Raw;
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
@@ -468,7 +516,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
   auto first = [&](int batch) { return static_cast<int64_t>(batch) * kWarp * U + lane; };
-  int b = 0;  // the batch of row n that `cur` holds
+  int b = 0;                      // the batch of row n that `cur` holds
+  NormPrefetch<R> pre, pre_next;  // row n's (and the next row's) norm inputs, loaded with its first batch
   float acc[R][1];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
@@ -486,6 +535,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
       int64_t next_rows[R];
       warp_rows(p, next_n, next_rows);
       load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
+      if (R == 1 && next_n != n) pre_next.load_rows(p, next_rows);
     } else {
       pdl_launch_dependents();  // after the weight stream (see the file comment)
     }
@@ -493,9 +543,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
       warp_rows(p, n, wrow);
-      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1, cta);
+      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1, cta, pre);
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+      for (int r = 0; r < R; ++r) {
+        acc[r][0] = 0.0f;
+        pre.rw[r][0] = pre_next.rw[r][0];
+        pre.rw[r][1] = pre_next.rw[r][1];
+      }
     }
     n = next_n;
     b = next_b;
@@ -503,12 +557,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   };
 
   Raw a[R][U], c[R][U];
-  {
-    int64_t wrow[R];
-    warp_rows(p, n, wrow);
-    load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
-  }
-  pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
+  int64_t wrow0[R];
+  warp_rows(p, n, wrow0);
+  load_granules<Dec, R, U>(p, wrow0, first(0), granules, a);
+  pdl_wait();        // the first batch is in flight before the wait (cuda_common.cuh)
+  pre.load_sums(p);  // once: every row of x's scale
+  if constexpr (R == 1) pre.load_rows(p, wrow0);
   while (step(a, c) && step(c, a)) {
   }
   if (lane == 0) cta.warp_done(p, cta_warps(p.rows));
@@ -727,7 +781,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   }
   if (!waited) pdl_wait();
   pdl_launch_dependents();  // after the weight stream (see the file comment)
-  gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid, cta);
+  gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid, cta, NormPrefetch<R>{});
   if (lane == 0) cta.warp_done(p, cta_warps(kSilu ? p.rows : (p.rows + R - 1) / R));
 }
 
