@@ -139,8 +139,9 @@ class Backend {
   }
   // residual += a @ W^T (+ b), then out = rmsnorm(residual) * weight: matmul then add_rmsnorm (proj [T, D]
   // is the default's workspace; afterwards its contents are unspecified), in one call so that a backend can
-  // fuse the norm into the product (CudaBackend at decode sizes: the product's epilogue adds the residual
-  // and the next product reading `out` applies the norm's row scale; see cuda_backend.h).
+  // fuse the norm into the product. No backend does yet: the CUDA GEMV fusion that was tried (the product's
+  // epilogue adding the residual, the next product applying the norm's row scale) measured slower at batch
+  // 1 than the separate norm kernel (docs/architecture.md).
   virtual void matmul_add_rmsnorm(const Tensor& a, const Linear& w, Tensor& residual, const Tensor& weight,
                                   float eps, Tensor& proj, Tensor& out) {
     matmul(a, w, proj);

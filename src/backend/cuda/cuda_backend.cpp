@@ -173,7 +173,6 @@ void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) 
   if (bytes == 0) return;
   drop_bf16_copy();  // the destination may be the tensor the BF16 copy mirrors
   use_device();
-  settle_norm_range(dst, bytes, false);
   if (bytes >= kUploadChunk && !capturing_) {  // weights at load: pinned, double-buffered
     upload_staged(dst, host_src, bytes);
     return;
@@ -185,7 +184,6 @@ void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   use_device();
-  settle_norm_range(src, bytes, true);
   CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -209,9 +207,6 @@ void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, 
                table.shape_string());
   use_device();
   drop_bf16_copy();
-  settle_norm({&table}, {&out});
-  // A forward pass starts here: the fused norms' partial sums start from zero (cuda_backend.h).
-  if (norm_sums_.data != nullptr) clear_norm_sums();
   CUDA_CHECK(
       cuda::launch_embedding(table.dtype, table.data, table.dim(0), dim, ids, n, out.ptr<float>(), stream_));
 }
@@ -225,7 +220,6 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
                out.shape_string());
   use_device();
   drop_bf16_copy();
-  settle_norm({&x, &weight}, {&out});
   void* bf16 = bf16_copy_for(out);
   if (options_.timing_skip & kTimingSkipNorm) return;
   CUDA_CHECK(cuda::launch_rmsnorm(x.ptr<float>(), weight.ptr<float>(), eps, x.rows(), x.cols(),
@@ -244,7 +238,6 @@ void CudaBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& w
                residual.shape_string(), x.shape_string(), weight.shape_string(), out.shape_string());
   use_device();
   drop_bf16_copy();
-  settle_norm({&residual, &x, &weight}, {&out});
   void* bf16 = bf16_copy_for(out);
   if (options_.timing_skip & kTimingSkipNorm) return;
   CUDA_CHECK(cuda::launch_add_rmsnorm(residual.ptr<float>(), x.ptr<float>(), weight.ptr<float>(), eps,
@@ -259,7 +252,6 @@ void CudaBackend::head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight
                weight.shape_string());
   use_device();
   drop_bf16_copy();
-  settle_norm({&x, &weight});
   CUDA_CHECK(cuda::launch_head_rmsnorm(x.ptr<float>(), x.numel() / head_dim, head_dim, weight.ptr<float>(),
                                        eps, stream_));
 }
@@ -280,7 +272,6 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
   use_device();
   // Quantized weights with more rows than the GEMV pays for, or that it cannot take (quantized_gemm.h).
   if (cuda::QuantizedGemm::supports(w) && (cuda::QuantizedGemm::prefers(w, x.rows()) || !gemv_takes(x, w))) {
-    settle_norm({&x}, {&out});
     qgemm_->matmul(x.ptr<float>(), x.rows(), w, out.ptr<float>(),
                    [this](size_t bytes) { return scratch(qgemm_ws_, bytes); });
     last_matmul_bf16_ = false;  // it reads F32 activations: the norms need not write BF16 copies
@@ -292,7 +283,6 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
     run_gemv(x, w, outs);
     return;
   }
-  settle_norm({&x}, {&out});
   // The BF16 copy written by the norm / SiLU that produced x, when it is still current (class comment).
   const bool from_copy = has_bf16_copy(x) && w.weight.dtype == DType::BF16;
   gemm_->matmul(from_copy ? shadow_.data : x.data, from_copy ? DType::BF16 : DType::F32, x.rows(), x.cols(),
@@ -333,7 +323,6 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   std::memcpy(freqs.inv_freq, inv.data(), inv.size() * sizeof(float));
   use_device();
   drop_bf16_copy();
-  settle_norm({&q, &k, &v});
   if (options_.timing_skip & kTimingSkipRope) return;
   CUDA_CHECK(cuda::launch_rope_write_kv(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), hq, hkv, hd,
                                         rope.layout == RopeLayout::Interleaved, freqs, batch_args(batch),
@@ -386,7 +375,6 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
   check_batch(batch, q.rows());
   use_device();
   drop_bf16_copy();
-  settle_norm({&q}, {&out});
   const cuda::PagedKv kv = paged(cache, options_);
   const cuda::BatchArgs args = batch_args(batch);
   CudaAttentionKernel kernel = attention_kernel_;
@@ -459,7 +447,6 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
                out.shape_string());
   use_device();
   drop_bf16_copy();
-  settle_norm({&gate, &up}, {&out});
   void* bf16 = bf16_copy_for(out);
   CUDA_CHECK(cuda::launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), gate.numel(), out.ptr<float>(), bf16,
                                    stream_));
@@ -473,7 +460,6 @@ void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, T
                x.shape_string(), dtype_name(out.dtype), out.shape_string());
   use_device();
   drop_bf16_copy();
-  settle_norm({&x}, {&out});
   CUDA_CHECK(cuda::launch_gather_rows(x.data, x.rows(), x.row_bytes(), rows, n, out.data, stream_));
 }
 

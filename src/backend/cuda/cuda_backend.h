@@ -11,15 +11,7 @@
 //   - BF16 activations: when the last matmul had BF16 weights, rmsnorm/add_rmsnorm/silu_mul also write
 //     their output as BF16 into a backend buffer, and the next matmul whose input is that same tensor
 //     reads the BF16 copy (no conversion pass). Any other op, or a write over the tensor, drops the copy;
-//   - CUDA graphs (begin/end_graph_capture, replay_graph), GPU sampling (argmax, sample), fill_random;
-//   - matmul_add_rmsnorm at decode sizes (up to kGemvMaxRows rows, a product the GEMV takes) is one launch:
-//     the GEMV adds its outputs to the residual and writes BF16(residual * norm weight) and per-row partial
-//     sums of squares (kernels_gemv.h, GemvNorm); `out` is then *pending*: its values exist only as that
-//     BF16 tensor times each row's rsqrt(mean square + eps), which the next GEMV reading `out` applies to
-//     its dot products. Any other op that reads a pending tensor first makes it real (one small kernel);
-//     an op that writes over it forgets it. So the RMSNorm kernels between the projections of a decode
-//     step disappear (8 -> 6 kernels per layer).
-#include <initializer_list>
+//   - CUDA graphs (begin/end_graph_capture, replay_graph), GPU sampling (argmax, sample), fill_random.
 #include <map>
 #include <memory>
 #include <string>
@@ -35,7 +27,6 @@ struct CUevent_st;      // = cudaEvent_t's pointee
 namespace inferx {
 
 namespace cuda {
-struct GemvNorm;
 class CublasLtGemm;
 class QuantizedGemm;
 struct PagedKv;
@@ -56,8 +47,6 @@ struct CudaBackendOptions {
   // Off: measured on the H200 (2026-12-03 04:44, batch-1 decode at 1k context) 192.9 tok/s with cuBLASLt
   // against 188.6 on the GEMV (earlier single-kernel runs disagreed: 31.3 vs 34.3 us, then 31.4 vs 30.4).
   bool gemv_long_rows = false;
-  // matmul_add_rmsnorm as one GEMV at decode sizes (class comment); false: matmul then add_rmsnorm (A/B).
-  bool fused_norm = true;
   // Split count of every decode-attention launch (A/B measurements; 0: decode_attention_splits' choice).
   int decode_splits = 0;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
@@ -69,8 +58,8 @@ struct CudaBackendOptions {
 inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipAttention = 4;
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
-// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_CUDA_FUSED_NORM=0|1,
-// INFERX_DECODE_SPLITS=N, INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N,
+// INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -111,8 +100,6 @@ class CudaBackend final : public Backend {
   bool prefers_fused_projections() const override { return options_.gemv; }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;
   void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
-  void matmul_add_rmsnorm(const Tensor& a, const Linear& w, Tensor& residual, const Tensor& weight, float eps,
-                          Tensor& proj, Tensor& out) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
 
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
@@ -174,8 +161,7 @@ class CudaBackend final : public Backend {
   // cuBLASLt cannot take), x as BF16 (the current copy, or converted / permuted into gemv_x_), and the
   // launch of a product split over `outs`.
   bool gemv_takes(const Tensor& x, const Linear& w) const;
-  // norm: receives the lazy norm's scale when x is the pending tensor (class comment).
-  const void* gemv_input(const Tensor& x, const Linear& w, cuda::GemvNorm& norm);
+  const void* gemv_input(const Tensor& x, const Linear& w);
   void run_gemv(const Tensor& x, const Linear& w, std::span<Tensor* const> outs);
 
   // Makes device_ current on the calling thread (the engine loop may run on another thread than the one
@@ -223,33 +209,6 @@ class CudaBackend final : public Backend {
   bool fused_quantized_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
   // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
-  // The pending tensor of a fused matmul_add_rmsnorm (class comment; cuda_backend_gemv.cpp): its memory,
-  // shape, the BF16 residual * weight (one of norm_x_), the partial sums of squares and eps.
-  struct PendingNorm {
-    const void* data = nullptr;
-    int64_t rows = 0, cols = 0;
-    const void* x = nullptr;
-    const float* sumsq = nullptr;
-    float eps = 0.0f;
-  };
-  PendingNorm pending_norm_;
-  Scratch norm_x_[2], norm_sums_;
-  int norm_x_next_ = 0;     // the norm_x_ the next producer writes (the other may be its input)
-  int norm_sets_used_ = 0;  // partial-sum sets handed out since norm_sums_ was last cleared
-  bool norm_sums_clear_ = false;
-  bool pending_norm_is(const Tensor& x) const {
-    return pending_norm_.data != nullptr && pending_norm_.data == x.data && pending_norm_.rows == x.rows() &&
-           pending_norm_.cols == x.cols();
-  }
-  // Called by every op before it runs: a pending tensor that overlaps one of `reads` is made real (one
-  // kernel), one that only overlaps `writes` is forgotten. The range forms take raw memory.
-  void settle_norm(std::initializer_list<const Tensor*> reads,
-                   std::initializer_list<const Tensor*> writes = {});
-  void settle_norm_range(const void* p, size_t bytes, bool read);
-  void resolve_pending_norm();
-  // Zeroed partial sums for one producer of `rows` rows (cleared per forward pass by embedding()).
-  float* next_norm_sums(int64_t rows);
-  void clear_norm_sums();
   void run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,
                             const AttentionParams& p, Tensor& out, void* out_bf16);
 };

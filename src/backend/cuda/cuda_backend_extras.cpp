@@ -31,7 +31,6 @@ CudaBackendOptions cuda_options_from_environment() {
   }
   if (const char* act = std::getenv("INFERX_CUDA_BF16_ACT")) o.bf16_activations = std::strcmp(act, "0") != 0;
   if (const char* gemv = std::getenv("INFERX_CUDA_GEMV")) o.gemv = std::strcmp(gemv, "0") != 0;
-  if (const char* fn = std::getenv("INFERX_CUDA_FUSED_NORM")) o.fused_norm = std::strcmp(fn, "0") != 0;
   if (const char* ds = std::getenv("INFERX_DECODE_SPLITS")) o.decode_splits = std::max(0, std::atoi(ds));
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {
@@ -130,14 +129,12 @@ bool CudaBackend::fill_random(Tensor& t, uint64_t seed, float amplitude, float o
   // Dummy quantized weights: random codes (kernels_quant.h).
   if (t.dtype == DType::F8_E4M3 || t.dtype == DType::INT4 || t.dtype == DType::U8) {
     use_device();
-    settle_norm({}, {&t});
     CUDA_CHECK(cuda::launch_fill_random_codes(t.dtype, t.data, t.numel(), seed, amplitude, offset, stream_));
     return true;
   }
   if (!(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16)) return false;
   use_device();
   drop_bf16_copy();
-  settle_norm({}, {&t});
   CUDA_CHECK(cuda::launch_fill_random(t.dtype, t.data, t.numel(), seed, amplitude, offset, stream_));
   return true;
 }
@@ -243,7 +240,6 @@ void CudaBackend::run_sampler(const Tensor& logits, const cuda::SampleParams* ho
   INFERX_CHECK(vocab > 0 && vocab < (int64_t{1} << 31), "cuda backend: sampling over a vocabulary of {}",
                vocab);
   use_device();
-  settle_norm({&logits});
   const size_t id_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
   auto* ids_dev = static_cast<int32_t*>(scratch(sample_ids_, id_bytes));
   auto* ids_host = static_cast<int32_t*>(pinned(pinned_ids_, id_bytes));

@@ -2,8 +2,7 @@
 // any product whose weight format cuBLASLt cannot take (FP8 with our scales, INT4, Q8_0, Q4_K: these go
 // through the GEMV in chunks of kGemvMaxRows rows unless the quantized GEMM of matmul's earlier branch
 // takes them), and the fused projections (one launch for q/k/v, one for silu(gate) * up); products the
-// GEMV does not take run the fused weights as row slices (Backend's defaults). Also the fused residual
-// add + RMSNorm (matmul_add_rmsnorm) and the pending tensor it leaves (cuda_backend.h).
+// GEMV does not take run the fused weights as row slices (Backend's defaults).
 #include <algorithm>
 #include <utility>
 
@@ -70,17 +69,7 @@ bool CudaBackend::gemv_takes(const Tensor& x, const Linear& w) const {
          (w.input_perm.empty() || (w.input_perm.dtype == DType::I32 && w.input_perm.numel() == x.cols()));
 }
 
-const void* CudaBackend::gemv_input(const Tensor& x, const Linear& w, cuda::GemvNorm& norm) {
-  if (pending_norm_is(x)) {  // the lazily normalised input: its BF16 values, the row scale in the product
-    norm.in_sumsq = pending_norm_.sumsq;
-    norm.in_eps = pending_norm_.eps;
-    if (w.input_perm.empty()) return pending_norm_.x;
-    void* buf = scratch(gemv_x_, static_cast<size_t>(x.numel()) * 2);
-    CUDA_CHECK(cuda::launch_gemv_prepare_x(pending_norm_.x, true, w.input_perm.ptr<int32_t>(), x.rows(),
-                                           x.cols(), buf, stream_));
-    return buf;
-  }
-  settle_norm({&x});
+const void* CudaBackend::gemv_input(const Tensor& x, const Linear& w) {
   const bool from_copy = has_bf16_copy(x);
   if (from_copy && w.input_perm.empty()) return shadow_.data;
   INFERX_CHECK(from_copy || x.dtype == DType::F32, "cuda backend: matmul input must be F32, got {}",
@@ -105,16 +94,12 @@ void CudaBackend::run_gemv(const Tensor& x, const Linear& w, std::span<Tensor* c
   }
   INFERX_CHECK(total == w.out_features(), "cuda backend: split matmul outputs of {} columns for W {}", total,
                w.weight.shape_string());
-  cuda::GemvNorm norm;
-  const void* xb = gemv_input(x, w, norm);
+  const void* xb = gemv_input(x, w);
   CUDA_CHECK(cuda::launch_gemv(gemv_weight(w), xb, x.rows(), x.cols(),
                                w.bias.empty() ? nullptr : w.bias.ptr<float>(), o,
-                               static_cast<int>(outs.size()), stream_, &norm));
+                               static_cast<int>(outs.size()), stream_));
   last_matmul_bf16_ = true;  // the norms / SiLU then write the BF16 copies this path reads
-  for (Tensor* out : outs) {
-    drop_bf16_copy_if_overlaps(*out);
-    settle_norm({}, {out});
-  }
+  for (Tensor* out : outs) drop_bf16_copy_if_overlaps(*out);
 }
 
 void CudaBackend::matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
@@ -124,7 +109,6 @@ void CudaBackend::matmul_split(const Tensor& x, const Linear& w, std::span<Tenso
       w.weight.shape_string());
   if (w.weight.device != Device::CUDA || outs.size() > static_cast<size_t>(cuda::kGemvMaxOutputs) ||
       !gemv_takes(x, w)) {
-    settle_norm({&x});  // the outputs: settled by the ops below
     if (!fused_quantized_split(x, w, outs)) Backend::matmul_split(x, w, outs);
     return;
   }
@@ -142,7 +126,6 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
                w.weight.shape_string());
   const int64_t f = w.out_features() / 2;
   if (w.weight.device != Device::CUDA || !gemv_takes(x, w)) {
-    settle_norm({&x}, {&gate, &up, &out});
     if (!fused_quantized_silu_mul(x, w, out) && !stacked_silu_mul(x, w, out))
       Backend::matmul_silu_mul(x, w, gate, up, out);
     return;
@@ -154,13 +137,11 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
     INFERX_CHECK(w.bias.dtype == DType::F32 && w.bias.numel() == w.out_features(),
                  "cuda backend: matmul bias {} for {} outputs", w.bias.shape_string(), w.out_features());
   use_device();
-  cuda::GemvNorm norm;
-  const void* xb = gemv_input(x, w, norm);  // may be shadow_: the product's own copy goes to gemv_out_
-  settle_norm({}, {&out});
+  const void* xb = gemv_input(x, w);  // may be shadow_: the product's own copy goes to gemv_out_
   void* ob = options_.bf16_activations ? scratch(gemv_out_, static_cast<size_t>(out.numel()) * 2) : nullptr;
   CUDA_CHECK(cuda::launch_gemv_silu_mul(gemv_weight(w), xb, x.rows(), x.cols(), f,
                                         w.bias.empty() ? nullptr : w.bias.ptr<float>(), out.ptr<float>(), ob,
-                                        stream_, &norm));
+                                        stream_));
   last_matmul_bf16_ = true;
   if (ob) {
     adopt_bf16_copy(out);
@@ -237,112 +218,7 @@ void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   use_device();
   drop_bf16_copy();
-  settle_norm_range(src, bytes, true);
-  settle_norm_range(dst, bytes, false);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
-}
-
-// Fused residual add + RMSNorm (cuda_backend.h) -------------------------------------------------------
-
-namespace {
-
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const auto* pa = static_cast<const char*>(a);
-  const auto* pb = static_cast<const char*>(b);
-  return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
-}
-bool overlaps(const Tensor& a, const Tensor& b) { return overlaps(a.data, a.nbytes(), b.data, b.nbytes()); }
-
-bool is_cuda_f32(const Tensor& t) { return t.device == Device::CUDA && t.dtype == DType::F32; }
-
-// Partial-sum sets of up to kGemvMaxRows rows in norm_sums_: 512 sets (1 MiB) cover 256 layers per pass.
-constexpr int kNormSets = 512;
-constexpr size_t kNormSetFloats = static_cast<size_t>(cuda::kGemvMaxRows) * cuda::kGemvNormSlots;
-
-}  // namespace
-
-void CudaBackend::matmul_add_rmsnorm(const Tensor& a, const Linear& w, Tensor& residual, const Tensor& weight,
-                                     float eps, Tensor& proj, Tensor& out) {
-  const int64_t t = a.rows(), d = w.out_features();
-  const bool shapes = is_cuda_f32(a) && is_cuda_f32(residual) && is_cuda_f32(out) && is_cuda_f32(weight) &&
-                      w.weight.device == Device::CUDA && w.weight.ndim == 2 && a.cols() == w.in_features() &&
-                      t >= 1 && residual.rows() == t && residual.cols() == d && residual.numel() == t * d &&
-                      out.rows() == t && out.cols() == d && out.numel() == t * d && proj.rows() == t &&
-                      proj.cols() == d && weight.numel() == d &&
-                      (w.bias.empty() || (w.bias.dtype == DType::F32 && w.bias.numel() == d));
-  // The fused form needs the GEMV (decode sizes) and distinct tensors; everything else composes.
-  if (!shapes || !options_.gemv || !options_.fused_norm || !options_.bf16_activations ||
-      options_.timing_skip != 0 || t > cuda::kGemvMaxRows || !gemv_takes(a, w) || overlaps(out, residual) ||
-      overlaps(out, a) || overlaps(residual, a)) {
-    Backend::matmul_add_rmsnorm(a, w, residual, weight, eps, proj, out);
-    return;
-  }
-  use_device();
-  cuda::GemvNorm norm;
-  const void* xb = gemv_input(a, w, norm);  // a pending `a` is this product's input (its own norm_x_)
-  settle_norm({&residual, &weight}, {&out});
-  // A pending tensor other than `out` (`a` itself, or one a caller still holds) stays readable: made real
-  // before its buffer can be reused. The transformer's pending tensor is always `out` (dropped above).
-  if (pending_norm_.data != nullptr) resolve_pending_norm();
-  void* next_x = scratch(norm_x_[norm_x_next_], static_cast<size_t>(t * d) * 2);
-  float* sums = next_norm_sums(t);
-  norm.residual = residual.ptr<float>();
-  norm.residual_ld = d;
-  norm.weight = weight.ptr<float>();
-  norm.next_x = next_x;
-  norm.out_sumsq = sums;
-  const cuda::GemvOutput o{proj.ptr<float>(), d, d};  // not stored: the residual takes the values
-  CUDA_CHECK(cuda::launch_gemv(gemv_weight(w), xb, t, a.cols(),
-                               w.bias.empty() ? nullptr : w.bias.ptr<float>(), &o, 1, stream_, &norm));
-  last_matmul_bf16_ = true;
-  drop_bf16_copy_if_overlaps(residual);
-  drop_bf16_copy_if_overlaps(out);
-  pending_norm_ = {out.data, t, d, next_x, sums, eps};
-  norm_x_next_ ^= 1;
-}
-
-void CudaBackend::settle_norm(std::initializer_list<const Tensor*> reads,
-                              std::initializer_list<const Tensor*> writes) {
-  if (pending_norm_.data == nullptr) return;
-  const size_t bytes = static_cast<size_t>(pending_norm_.rows * pending_norm_.cols) * 4;
-  for (const Tensor* r : reads)
-    if (overlaps(r->data, r->nbytes(), pending_norm_.data, bytes)) return resolve_pending_norm();
-  for (const Tensor* w : writes)
-    if (overlaps(w->data, w->nbytes(), pending_norm_.data, bytes)) pending_norm_ = {};
-}
-
-void CudaBackend::settle_norm_range(const void* p, size_t bytes, bool read) {
-  if (pending_norm_.data == nullptr ||
-      !overlaps(p, bytes, pending_norm_.data,
-                static_cast<size_t>(pending_norm_.rows * pending_norm_.cols) * 4))
-    return;
-  if (read) {
-    resolve_pending_norm();
-  } else {
-    pending_norm_ = {};
-  }
-}
-
-void CudaBackend::resolve_pending_norm() {
-  const PendingNorm p = pending_norm_;
-  pending_norm_ = {};
-  if (p.data == nullptr) return;
-  use_device();
-  CUDA_CHECK(cuda::launch_gemv_norm_apply(p.x, p.sumsq, p.eps, p.rows, p.cols,
-                                          static_cast<float*>(const_cast<void*>(p.data)), stream_));
-}
-
-void CudaBackend::clear_norm_sums() {
-  CUDA_CHECK(cudaMemsetAsync(norm_sums_.data, 0, norm_sums_.bytes, stream_));
-  norm_sets_used_ = 0;
-  norm_sums_clear_ = true;
-}
-
-float* CudaBackend::next_norm_sums(int64_t rows) {
-  INFERX_CHECK(rows >= 1 && rows <= cuda::kGemvMaxRows, "cuda backend: {} rows for a fused norm", rows);
-  if (norm_sums_.data == nullptr) scratch(norm_sums_, kNormSets * kNormSetFloats * sizeof(float));
-  if (!norm_sums_clear_ || norm_sets_used_ >= kNormSets) clear_norm_sums();
-  return static_cast<float*>(norm_sums_.data) + static_cast<size_t>(norm_sets_used_++) * kNormSetFloats;
 }
 
 }  // namespace inferx

@@ -60,15 +60,6 @@ struct GemvParams {
   int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
-  // GemvNorm (kernels_gemv.h): the consumer's partial sums of squares and eps, the producer's residual,
-  // next norm weight, BF16 next input and partial sums.
-  const float* in_sumsq = nullptr;
-  float in_eps = 0.0f;
-  float* resid = nullptr;
-  int64_t resid_ld = 0;
-  const float* norm_w = nullptr;
-  __nv_bfloat16* next_x = nullptr;
-  float* out_sumsq = nullptr;
 };
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
@@ -247,122 +238,16 @@ struct DecodeQ4K {
 // within its BF16 tolerance); cuda_common.cuh's silu is the exact form.
 __device__ __forceinline__ float silu_fast(float g) { return g / (1.0f + __expf(-g)); }
 
-// GemvNorm's consumer side: the multiplier of activation row i's dot products (1 without a lazy norm).
-// The whole warp calls it (each lane sums kGemvNormSlots / 32 partial sums).
-// The partial sums were written by an earlier kernel: read-only here (ld.global.nc).
-__device__ __forceinline__ float x_row_scale_warp(const GemvParams& p, int i) {
-  static_assert(kGemvNormSlots % kWarp == 0, "whole partial sums per lane");
-  if (p.in_sumsq == nullptr) return 1.0f;
-  const float* row = p.in_sumsq + i * kGemvNormSlots + threadIdx.x % kWarp;
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kGemvNormSlots / kWarp; ++j) s += __ldg(row + j * kWarp);
-  return rsqrtf(warp_sum(s) / static_cast<float>(p.k) + p.in_eps);
-}
-
-// Output `row` of the weight (a column of the outputs) for activation row i: stored into the output it
-// belongs to, or (GemvNorm's producer) added to the residual, whose new value times the next norm's
-// weight becomes the next product's BF16 input; returns the new residual's square (0 when stored). The
-// squares are summed per CTA (CtaSumsq) and reach the partial sums with one atomic per CTA and activation
-// row: an atomic per warp row (4096 per product on 32 addresses) measured 11% slower end to end at batch 1
-// (FP8, H200 2026-12-03 12:40), the same-address atomics serialising at the end of the kernel.
-// `pre` (or null): the residual and norm weight already loaded (NormPrefetch).
-__device__ __forceinline__ float store_output(const GemvParams& p, int i, int64_t row, float v,
-                                              const float* pre = nullptr) {
-  if (p.resid != nullptr) {
-    float* r = p.resid + i * p.resid_ld + row;
-    const float nv = (pre ? pre[0] : *r) + v;
-    *r = nv;
-    p.next_x[i * p.rows + row] = __float2bfloat16_rn(nv * (pre ? pre[1] : __ldg(p.norm_w + row)));
-    return nv * nv;
-  }
-  int o = 0;
-  int64_t col = row;
-  while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
-  p.outs[o].data[i * p.outs[o].ld + col] = v;
-  return 0.0f;
-}
-// GemvNorm's inputs of a warp with one activation row (v1 at M = 1, v4), loaded right after pdl_wait so
-// that their latency overlaps the weight stream instead of adding to the kernel's tail: the lane's share of
-// the consumer's partial sums, and the producer's residual and next-norm weight of the warp's rows.
-template <int R>
-struct NormPrefetch {
-  float ss = 0.0f;
-  float rw[R][2] = {};  // residual, norm weight
-  bool sums = false, rows = false;
-  __device__ void load_sums(const GemvParams& p) {
-    if (p.in_sumsq == nullptr || p.m != 1) return;
-    const float* at = p.in_sumsq + threadIdx.x % kWarp;
-#pragma unroll
-    for (int j = 0; j < kGemvNormSlots / kWarp; ++j) ss += __ldg(at + j * kWarp);
-    sums = true;
-  }
-  __device__ void load_rows(const GemvParams& p, const int64_t (&wrow)[R]) {
-    if (p.resid == nullptr || p.m != 1) return;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      rw[r][0] = p.resid[wrow[r]];
-      rw[r][1] = __ldg(p.norm_w + wrow[r]);
-    }
-    rows = true;
-  }
-};
-
-// The CTA's sums of squares per activation row (GemvNorm's producer), in shared memory. begin() before any
-// warp returns early (it synchronises the CTA); each warp that stores adds its rows' squares (add()) and
-// then says it is done (warp_done(): the last of `warps` stores the CTA's sums into partial sum blockIdx.x
-// mod kGemvNormSlots); or, in a kernel whose threads all reach the end, cta_done() after a barrier.
-struct CtaSumsq {
-  float sq[kGemvMaxRows];
-  int done;
-  __device__ void begin(const GemvParams& p) {
-    if (p.resid == nullptr) return;
-    if (threadIdx.x < kGemvMaxRows) sq[threadIdx.x] = 0.0f;
-    if (threadIdx.x == 0) done = 0;
-    __syncthreads();
-  }
-  __device__ void add(const GemvParams& p, int i, float v) {
-    if (p.resid != nullptr) atomicAdd(&sq[i], v);
-  }
-  __device__ void flush(const GemvParams& p) {
-    for (int i = 0; i < p.m; ++i)
-      atomicAdd(p.out_sumsq + i * kGemvNormSlots + blockIdx.x % kGemvNormSlots, atomicAdd(&sq[i], 0.0f));
-  }
-  // Lane 0 of a warp that has added all its squares; `warps`: the CTA's warps that store.
-  __device__ void warp_done(const GemvParams& p, int warps) {
-    if (p.resid == nullptr) return;
-    __threadfence_block();
-    if (atomicAdd(&done, 1) == warps - 1) {
-      __threadfence_block();
-      flush(p);
-    }
-  }
-};
-
-// The warps of this CTA (kGemvWarps per CTA, warp w of the grid taking warp row w) that have one of the
-// grid's `warp_rows` rows.
-__device__ __forceinline__ int cta_warps(int64_t warp_rows) {
-  const int64_t left = warp_rows - static_cast<int64_t>(blockIdx.x) * kGemvWarps;
-  return left < kGemvWarps ? static_cast<int>(left) : kGemvWarps;
-}
-
 // The warp's sums to its outputs (lane 0 stores): scale, bias, and with kSilu (R = 2: rows n and f + n)
 // the SiLU product at column n; else each of the first `valid` rows wrow[r] of the stacked weight.
 template <class Dec, int MR, int R, bool kSilu>
 __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, const int64_t (&wrow)[R],
-                                            float (&acc)[R][MR], int valid, CtaSumsq& cta,
-                                            const NormPrefetch<R>& pre) {
+                                            float (&acc)[R][MR], int valid) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int i = 0; i < MR; ++i) acc[r][i] = warp_sum(acc[r][i]);
-  float xs[MR];
-#pragma unroll
-  for (int i = 0; i < MR; ++i)
-    xs[i] = i >= p.m             ? 1.0f
-            : i == 0 && pre.sums ? rsqrtf(warp_sum(pre.ss) / static_cast<float>(p.k) + p.in_eps)
-                                 : x_row_scale_warp(p, i);
   if (lane != 0) return;
   float scale[R], bias[R];
 #pragma unroll
@@ -371,25 +256,23 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
     bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
   }
   if constexpr (!kSilu) {
-    float sq[MR] = {};
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= valid) break;
+      int o = 0;
+      int64_t col = wrow[r];
+      while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
+      const GemvOutput out = p.outs[o];
 #pragma unroll
       for (int i = 0; i < MR; ++i)
-        if (i < p.m)
-          sq[i] += store_output(p, i, wrow[r], acc[r][i] * xs[i] * scale[r] + bias[r],
-                                pre.rows ? pre.rw[r] : nullptr);
+        if (i < p.m) out.data[i * out.ld + col] = acc[r][i] * scale[r] + bias[r];
     }
-#pragma unroll
-    for (int i = 0; i < MR; ++i)
-      if (i < p.m) cta.add(p, i, sq[i]);
   } else {
     const GemvOutput out = p.outs[0];
 #pragma unroll
     for (int i = 0; i < MR; ++i) {
       if (i < p.m) {
-        const float g = acc[0][i] * xs[i] * scale[0] + bias[0], u = acc[1][i] * xs[i] * scale[1] + bias[1];
+        const float g = acc[0][i] * scale[0] + bias[0], u = acc[1][i] * scale[1] + bias[1];
         const float v = silu_fast(g) * u;
         out.data[i * out.ld + n] = v;
         if (p.out_bf16) p.out_bf16[i * p.f + n] = __float2bfloat16_rn(v);
@@ -449,24 +332,14 @@ __device__ __forceinline__ void dot_granules(const GemvParams& p, const typename
 }
 
 // R = 1: warp row n of the weight; R = 2: rows n (gate) and f + n (up), written as silu(g) * u.
-// BF16 / FP8 at one activation row: 8 CTAs per SM (64 registers) with one weight row, 5 with the SiLU
-// product's two, as before the fused norm's epilogue (which took BF16 from 54 to 66 and 92 to 106
-// registers without the bound: 7 and 4 CTAs per SM).
-template <class Dec>
-constexpr int gemv_min_ctas(int mr, int r) {
-  return mr == 1 && Dec::kElems <= 16 ? (r == 1 ? 8 : 5) : 1;
-}
 template <class Dec, int MR, int R>
-__global__ void __launch_bounds__(kGemvThreads, gemv_min_ctas<Dec>(MR, R)) gemv_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) {
   constexpr int E = Dec::kElems, U = Dec::kUnroll;
   const int lane = threadIdx.x % kWarp;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
-  __shared__ CtaSumsq cta;
-  cta.begin(p);
   if (n >= p.rows) return;
   int64_t wrow[R];
   warp_rows(p, n, wrow);
-  NormPrefetch<R> pre;  // loaded after the wait, used by the finish
   bool waited = false;  // the first batch of weight loads is issued before waiting for x (cuda_common.cuh)
   float acc[R][MR];
 #pragma unroll
@@ -481,19 +354,12 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_ctas<Dec>(MR, R)) gemv_
     if (!waited) {
       pdl_wait();
       waited = true;
-      pre.load_sums(p);
-      if constexpr (R == 1) pre.load_rows(p, wrow);  // R = 2: the SiLU product, no residual
     }
     dot_granules<Dec, MR, R, U>(p, raw, g0, granules, acc);
   }
-  if (!waited) {  // no granule for this lane: it still stores (lane 0) after the wait
-    pdl_wait();
-    pre.load_sums(p);                              // every lane loads: the finish sums them over the warp
-    if constexpr (R == 1) pre.load_rows(p, wrow);  // R = 2: the SiLU product, no residual
-  }
+  if (!waited) pdl_wait();  // no granule for this lane: it still stores (lane 0) after the wait
   pdl_launch_dependents();  // after the weight stream (see the file comment)
-  gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1, cta, pre);
-  if (lane == 0) cta.warp_done(p, cta_warps(p.rows));
+  gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
 }
 
 // ---- v4: v1's decoders (BF16, FP8; one activation row) on persistent warps that keep the next batch of
@@ -505,19 +371,16 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_ctas<Dec>(MR, R)) gemv_
 // w, w + W, ... (W warps in all) as one stream of batches of U granules per lane, and issues batch i + 1's
 // loads before it uses batch i, across row ends too. R = 2: the SiLU product (rows n and f + n).
 template <class Dec, int R, int U>
-__global__ void __launch_bounds__(kGemvThreads, R* U <= 4 ? 8 : 1) gemv_stream_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
   using Raw = typename Dec::Raw;
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
-  __shared__ CtaSumsq cta;
-  cta.begin(p);
   if (n >= p.rows) return;
   const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
   auto first = [&](int batch) { return static_cast<int64_t>(batch) * kWarp * U + lane; };
-  int b = 0;                      // the batch of row n that `cur` holds
-  NormPrefetch<R> pre, pre_next;  // row n's (and the next row's) norm inputs, loaded with its first batch
+  int b = 0;  // the batch of row n that `cur` holds
   float acc[R][1];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
@@ -535,7 +398,6 @@ __global__ void __launch_bounds__(kGemvThreads, R* U <= 4 ? 8 : 1) gemv_stream_k
       int64_t next_rows[R];
       warp_rows(p, next_n, next_rows);
       load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
-      if (R == 1 && next_n != n) pre_next.load_rows(p, next_rows);
     } else {
       pdl_launch_dependents();  // after the weight stream (see the file comment)
     }
@@ -543,13 +405,9 @@ __global__ void __launch_bounds__(kGemvThreads, R* U <= 4 ? 8 : 1) gemv_stream_k
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
       warp_rows(p, n, wrow);
-      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1, cta, pre);
+      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        acc[r][0] = 0.0f;
-        pre.rw[r][0] = pre_next.rw[r][0];
-        pre.rw[r][1] = pre_next.rw[r][1];
-      }
+      for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
     }
     n = next_n;
     b = next_b;
@@ -557,15 +415,14 @@ __global__ void __launch_bounds__(kGemvThreads, R* U <= 4 ? 8 : 1) gemv_stream_k
   };
 
   Raw a[R][U], c[R][U];
-  int64_t wrow0[R];
-  warp_rows(p, n, wrow0);
-  load_granules<Dec, R, U>(p, wrow0, first(0), granules, a);
-  pdl_wait();        // the first batch is in flight before the wait (cuda_common.cuh)
-  pre.load_sums(p);  // once: every row of x's scale
-  if constexpr (R == 1) pre.load_rows(p, wrow0);
+  {
+    int64_t wrow[R];
+    warp_rows(p, n, wrow);
+    load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
+  }
+  pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
   while (step(a, c) && step(c, a)) {
   }
-  if (lane == 0) cta.warp_done(p, cta_warps(p.rows));
 }
 
 // ---- v2: 8 columns per lane and step (kernels_gemv_decode.h). The lanes of a warp read 512 contiguous
@@ -720,8 +577,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   const int lane = threadIdx.x % kWarp;
   bool waited = false;  // as gemv_kernel: the first weight loads go out before the wait
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
-  __shared__ CtaSumsq cta;
-  cta.begin(p);
   int64_t wrow[R];
   int valid = R;
   if constexpr (kSilu) {
@@ -781,8 +636,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p)
   }
   if (!waited) pdl_wait();
   pdl_launch_dependents();  // after the weight stream (see the file comment)
-  gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid, cta, NormPrefetch<R>{});
-  if (lane == 0) cta.warp_done(p, cta_warps(kSilu ? p.rows : (p.rows + R - 1) / R));
+  gemv_finish<Dec, MR, R, kSilu>(p, n, wrow, acc, valid);
 }
 
 // ---- v3: the dot products on tensor cores (kernels_gemv_decode.h, "v3"). A CTA takes 16 weight rows, the
@@ -838,28 +692,25 @@ __device__ __forceinline__ int64_t tc_row(const GemvParams& p, int r) {
 
 // The CTA's sums (shared memory: per warp, A row, column) to the outputs: scale, bias, split outputs or
 // the SiLU product. Warps and subsets are added in a fixed order (deterministic).
-// xs: the multipliers of the activation rows (x_row_scale_warp); cta: the producer's sums of squares.
 template <class Dec, int MR, int S, bool kSilu>
 __device__ __forceinline__ void tc_finish(const GemvParams& p,
-                                          const float (&red)[tc::kMaxWarps][tc::kRows][16], int nwarps,
-                                          const float (&xs)[16], CtaSumsq& cta) {
+                                          const float (&red)[tc::kMaxWarps][tc::kRows][16], int nwarps) {
   auto value = [&](int i, int r, int64_t row) {
     float v = 0.0f;
     for (int w = 0; w < nwarps; ++w)
 #pragma unroll
       for (int s = 0; s < S; ++s) v += red[w][r][i * S + s];
-    return v * xs[i] * Dec::row_scale(p, row) + (p.bias ? p.bias[row] : 0.0f);
+    return v * Dec::row_scale(p, row) + (p.bias ? p.bias[row] : 0.0f);
   };
   if constexpr (!kSilu) {
     for (int e = threadIdx.x; e < MR * tc::kRows; e += blockDim.x) {
       const int i = e / tc::kRows, r = e % tc::kRows;
       const int64_t row = static_cast<int64_t>(blockIdx.x) * tc::kRows + r;
       if (i >= p.m || row >= p.rows) continue;
-      cta.add(p, i, store_output(p, i, row, value(i, r, row)));
-    }
-    if (p.resid != nullptr) {  // every thread of the CTA runs this epilogue
-      __syncthreads();
-      if (threadIdx.x == 0) cta.flush(p);
+      int o = 0;
+      int64_t col = row;
+      while (o + 1 < p.num_outs && col >= p.outs[o].count) col -= p.outs[o++].count;
+      p.outs[o].data[i * p.outs[o].ld + col] = value(i, r, row);
     }
   } else {
     for (int e = threadIdx.x; e < MR * 8; e += blockDim.x) {
@@ -1004,17 +855,8 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
     red[warp][g + 8][8 * nt + 2 * t] = acc[nt][2];
     red[warp][g + 8][8 * nt + 2 * t + 1] = acc[nt][3];
   }
-  __shared__ float xs[16];
-  __shared__ CtaSumsq cta;
-  if (warp == 0) {
-    for (int i = 0; i < MR; ++i) {
-      const float v = i < p.m ? x_row_scale_warp(p, i) : 1.0f;
-      if (lane == 0) xs[i] = v;
-    }
-  }
-  if (p.resid != nullptr && threadIdx.x < kGemvMaxRows) cta.sq[threadIdx.x] = 0.0f;
   __syncthreads();
-  tc_finish<Dec, MR, S, kSilu>(p, red, nwarps, xs, cta);
+  tc_finish<Dec, MR, S, kSilu>(p, red, nwarps);
 }
 
 // Warps per v3 CTA: enough that each has one batch (kUnroll sets), at most INFERX_GEMV_V3_WARPS (default
@@ -1329,19 +1171,6 @@ __global__ void prepare_x_kernel(const void* x, bool x_bf16, const int32_t* perm
   }
 }
 
-// GemvNorm's consumer side alone (launch_gemv_norm_apply): one CTA per row.
-__global__ void norm_apply_kernel(const __nv_bfloat16* x, const float* sumsq, float eps, int64_t cols,
-                                  float* out) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t r = blockIdx.x;
-  float s = 0.0f;
-  for (int j = 0; j < kGemvNormSlots; ++j) s += sumsq[r * kGemvNormSlots + j];
-  const float scale = rsqrtf(s / static_cast<float>(cols) + eps);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    out[r * cols + c] = __bfloat162float(x[r * cols + c]) * scale;
-}
-
 }  // namespace
 
 bool gemv_supports(DType dtype, int64_t k, int64_t group) {
@@ -1417,35 +1246,9 @@ cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* per
                     m, k, static_cast<__nv_bfloat16*>(out));
 }
 
-cudaError_t launch_gemv_norm_apply(const void* x_bf16, const float* sumsq, float eps, int64_t rows,
-                                   int64_t cols, float* out, cudaStream_t stream) {
-  if (rows * cols == 0) return cudaSuccess;
-  return launch_pdl(norm_apply_kernel, dim3(static_cast<unsigned>(rows)), dim3(256), 0, stream,
-                    static_cast<const __nv_bfloat16*>(x_bf16), sumsq, eps, cols, out);
-}
-
-namespace {
-// GemvNorm into the kernels' parameters, for the chunk of activation rows starting at r0.
-void apply_norm(const GemvNorm* norm, int64_t r0, GemvParams& p) {
-  if (norm == nullptr) return;
-  p.in_sumsq = norm->in_sumsq ? norm->in_sumsq + r0 * kGemvNormSlots : nullptr;
-  p.in_eps = norm->in_eps;
-  if (norm->residual != nullptr) {
-    p.resid = norm->residual + r0 * norm->residual_ld;
-    p.resid_ld = norm->residual_ld;
-    p.norm_w = norm->weight;
-    p.next_x = static_cast<__nv_bfloat16*>(norm->next_x) + r0 * p.rows;
-    p.out_sumsq = norm->out_sumsq + r0 * kGemvNormSlots;
-  }
-}
-}  // namespace
-
 cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,
-                        const GemvOutput* outs, int num_outs, cudaStream_t stream, const GemvNorm* norm) {
+                        const GemvOutput* outs, int num_outs, cudaStream_t stream) {
   if (num_outs < 1 || num_outs > kGemvMaxOutputs) return cudaErrorInvalidValue;
-  if (norm != nullptr && norm->residual != nullptr &&
-      (num_outs != 1 || norm->weight == nullptr || norm->next_x == nullptr || norm->out_sumsq == nullptr))
-    return cudaErrorInvalidValue;
   GemvParams p = base_params(w, k);
   p.bias = bias;
   p.num_outs = num_outs;
@@ -1458,7 +1261,6 @@ cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k
     p.m = static_cast<int>(m - r0 < kGemvMaxRows ? m - r0 : kGemvMaxRows);
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
     for (int i = 0; i < num_outs; ++i) p.outs[i].data = outs[i].data + r0 * outs[i].ld;
-    apply_norm(norm, r0, p);
     const cudaError_t e = launch_format<1>(w.dtype, p, stream);
     if (e != cudaSuccess) return e;
   }
@@ -1466,10 +1268,8 @@ cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k
 }
 
 cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, int64_t k, int64_t f,
-                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream,
-                                 const GemvNorm* norm) {
+                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream) {
   GemvParams p = base_params(w, k);
-  const GemvNorm consumer = norm ? GemvNorm{norm->in_sumsq, norm->in_eps} : GemvNorm{};
   p.bias = bias;
   p.num_outs = 1;
   p.rows = p.f = f;
@@ -1479,7 +1279,6 @@ cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, 
     p.x = static_cast<const __nv_bfloat16*>(x) + r0 * k;
     p.outs[0] = {out + r0 * f, f, f};
     p.out_bf16 = out_bf16 ? static_cast<__nv_bfloat16*>(out_bf16) + r0 * f : nullptr;
-    apply_norm(&consumer, r0, p);
     const cudaError_t e = launch_format<2>(w.dtype, p, stream);
     if (e != cudaSuccess) return e;
   }

@@ -44,27 +44,6 @@ struct GemvOutput {
   int64_t count = 0;
 };
 
-// A residual add and RMSNorm fused into the products around it (CudaBackend::matmul_add_rmsnorm), for the
-// one-launch-per-projection decode step. The producer product (launch_gemv with `residual` set) does not
-// store its output: residual[i, c] += value, next_x[i, c] = BF16(residual[i, c] * weight[c]) and
-// residual[i, c]^2 is added (atomically) to one of the kGemvNormSlots partial sums of row i at
-// out_sumsq[i * kGemvNormSlots ..]. A consumer product (`in_sumsq` set) reads that next_x as its x and
-// multiplies activation row i's dot products by rsqrt(sum of in_sumsq[i * kGemvNormSlots ..] / k + eps)
-// before scale and bias: the norm's per-row scale is a scalar of the dot product, so no kernel between
-// the two products has to wait for the whole row's sum. The partial sums must be zero before the producer
-// runs (the backend clears them once per forward pass). A CTA adds its rows' sum to slot blockIdx mod
-// kGemvNormSlots (a few atomics per address: same-address atomics serialise).
-constexpr int kGemvNormSlots = 128;
-struct GemvNorm {
-  const float* in_sumsq = nullptr;  // consumer: [m, kGemvNormSlots] partial sums; null: x as it is
-  float in_eps = 0.0f;
-  float* residual = nullptr;  // producer: [m, residual_ld] F32, updated in place; null: store outputs
-  int64_t residual_ld = 0;
-  const float* weight = nullptr;  // the next norm's F32 weight [outputs]
-  void* next_x = nullptr;         // BF16 [m, outputs]
-  float* out_sumsq = nullptr;     // [m, kGemvNormSlots], zero before the launch
-};
-
 // The kernel generation that runs a format's products; Default: the measured choice (or the environment's).
 enum class GemvKernel : uint8_t { Default, V1, V2, V3, V4 };
 bool gemv_kernel_reads(GemvKernel kernel, DType dtype);
@@ -89,24 +68,14 @@ cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* per
                                   void* out, cudaStream_t stream);
 
 // out_i[r, c] = x[r, :] . W[begin_i + c, :] + bias[begin_i + c] for the row ranges of `outs` (their
-// counts sum to the weight's rows). bias: F32 [sum of counts] or null. norm (null: none): the fused
-// residual add / RMSNorm above (a producer has one output and at most kGemvMaxRows rows of x).
+// counts sum to the weight's rows). bias: F32 [sum of counts] or null.
 cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,
-                        const GemvOutput* outs, int num_outs, cudaStream_t stream,
-                        const GemvNorm* norm = nullptr);
+                        const GemvOutput* outs, int num_outs, cudaStream_t stream);
 
 // Fused gate/up projection: W holds 2f rows, gate rows [0, f) stacked over up rows [f, 2f) (bias the
 // same, or null); out[r, j] = silu(g) * u with g = x[r] . W[j] + b[j], u = x[r] . W[f + j] + b[f + j].
 // out is [m, f] contiguous; out_bf16 (null: none) receives the same values rounded to BF16.
-// norm: only its consumer side (in_sumsq) applies.
 cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, int64_t k, int64_t f,
-                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream,
-                                 const GemvNorm* norm = nullptr);
-
-// The consumer side without a product: out[r, c] = x[r, c] * rsqrt(sum of sumsq[r * kGemvNormSlots ..] /
-// cols + eps) from the producer's BF16 next_x (F32 out), for readers of a lazily normalised tensor other
-// than the GEMV.
-cudaError_t launch_gemv_norm_apply(const void* x_bf16, const float* sumsq, float eps, int64_t rows,
-                                   int64_t cols, float* out, cudaStream_t stream);
+                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream);
 
 }  // namespace inferx::cuda
