@@ -370,13 +370,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // registers). Here the grid is one wave (CTAs per SM from the occupancy calculator), warp w takes rows
 // w, w + W, ... (W warps in all) as one stream of batches of U granules per lane, and issues batch i + 1's
 // loads before it uses batch i, across row ends too. R = 2: the SiLU product (rows n and f + n).
-template <class Dec, int R, int U>
+// kPairs (R = 2): warp row n is the plain product's weight rows 2n and 2n + 1 (x converted once for both;
+// INFERX_GEMV_V4_PAIRS), not the SiLU pair.
+template <class Dec, int R, int U, bool kPairs = false>
 __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
+  static_assert(!kPairs || R == 2, "pairs are two rows");
   using Raw = typename Dec::Raw;
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
+  const int64_t nrows = kPairs ? (p.rows + 1) / 2 : p.rows;  // warp rows
   int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
-  if (n >= p.rows) return;
+  if (n >= nrows) return;
+  // The weight rows of warp row m (a pair's missing second row reads the first again, unstored).
+  auto rows_of = [&](int64_t m, int64_t(&wrow)[R]) {
+    if constexpr (kPairs) {
+      wrow[0] = 2 * m;
+      wrow[1] = 2 * m + 1 < p.rows ? 2 * m + 1 : 2 * m;
+    } else {
+      warp_rows(p, m, wrow);
+    }
+  };
   const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
   auto first = [&](int batch) { return static_cast<int64_t>(batch) * kWarp * U + lane; };
@@ -393,10 +406,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
       next_b = 0;
       next_n = n + warps;
     }
-    const bool more = next_n < p.rows;
+    const bool more = next_n < nrows;
     if (more) {
       int64_t next_rows[R];
-      warp_rows(p, next_n, next_rows);
+      rows_of(next_n, next_rows);
       load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
     } else {
       pdl_launch_dependents();  // after the weight stream (see the file comment)
@@ -425,8 +438,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     }
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
-      warp_rows(p, n, wrow);
-      gemv_finish<Dec, 1, R, R == 2>(p, n, wrow, acc, 1);
+      rows_of(n, wrow);
+      gemv_finish<Dec, 1, R, R == 2 && !kPairs>(p, n, wrow, acc, kPairs && 2 * n + 1 >= p.rows ? 1 : R);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
     }
@@ -438,7 +451,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   Raw a[R][U], c[R][U];
   {
     int64_t wrow[R];
-    warp_rows(p, n, wrow);
+    rows_of(n, wrow);
     load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
   }
   pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
@@ -978,9 +991,9 @@ cudaError_t device_sms(int& sms) {
 }
 
 // One wave of v4 CTAs (no more warps than rows). L: loads per lane and batch.
-template <class Dec, int R, int L>
+template <class Dec, int R, int L, bool kPairs = false>
 cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
-  const auto kernel = gemv_stream_kernel<Dec, R, L / R>;
+  const auto kernel = gemv_stream_kernel<Dec, R, L / R, kPairs>;
   static std::atomic<int> fit{0};  // CTAs per SM the kernel's registers allow (same on every H200/H100)
   int per_sm = fit.load(std::memory_order_relaxed);
   if (per_sm == 0) {
@@ -992,12 +1005,24 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   if (const int cap = v4_ctas_per_sm(); cap > 0) per_sm = std::min(per_sm, cap);
   int sms = 0;
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
-  const int64_t ctas = std::min<int64_t>((p.rows + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
+  const int64_t warp_rows = kPairs ? (p.rows + 1) / 2 : p.rows;
+  const int64_t ctas = std::min<int64_t>((warp_rows + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
   return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), 0, stream, p);
+}
+
+// Plain products with rows of at least INFERX_GEMV_V4_PAIRS columns (default 0: never; read once) give each
+// v4 warp two rows, x converted once for both: a candidate for the long FP8 rows that run at ~70% of copy
+// (70B's down projection, ncu 2026-12-03 14:14), not yet measured end to end.
+bool v4_pairs(int64_t k) {
+  static const int64_t min_k = env_int("INFERX_GEMV_V4_PAIRS", 1, 1 << 30, 0);
+  return min_k > 0 && k >= min_k;
 }
 
 template <class Dec, int R>
 cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
+  if (R == 1 && v4_pairs(p.k))
+    return v4_loads() == 4 ? launch_stream<Dec, 2, 4, true>(p, stream)
+                           : launch_stream<Dec, 2, 8, true>(p, stream);
   return v4_loads() == 4 ? launch_stream<Dec, R, 4>(p, stream) : launch_stream<Dec, R, 8>(p, stream);
 }
 
