@@ -1010,11 +1010,13 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), 0, stream, p);
 }
 
-// Plain products with rows of at least INFERX_GEMV_V4_PAIRS columns (default 0: never; read once) give each
-// v4 warp two rows, x converted once for both: a candidate for the long FP8 rows that run at ~70% of copy
-// (70B's down projection, ncu 2026-12-03 14:14), not yet measured end to end.
+// Plain products with rows of at least INFERX_GEMV_V4_PAIRS columns (default 1: all; 0: none; read once)
+// give each v4 warp two rows, x converted once for both (FP8 rows of 8-28 KB ran at 62-72% of copy with one,
+// ncu 2026-12-03 14:14). Measured at batch 1, fp8:lm_head (H200 2026-12-03 14:19, one call): 70B 20.112 ms
+// with one row per warp, 19.504 with pairs from 14336 columns (the down projection), 19.064 with pairs
+// everywhere; 8B 2.804 / 2.796 / 2.776 ms.
 bool v4_pairs(int64_t k) {
-  static const int64_t min_k = env_int("INFERX_GEMV_V4_PAIRS", 1, 1 << 30, 0);
+  static const int64_t min_k = env_int("INFERX_GEMV_V4_PAIRS", 0, 1 << 30, 1);
   return min_k > 0 && k >= min_k;
 }
 
