@@ -13,7 +13,8 @@
 //      weight costs its decode only (BF16 none, E4M3 ~2.5 instructions, INT4 1.5), and up to 16 rows of
 //      x cost about the same.
 //   v4 (gemv_stream_kernel): v1's BF16 / FP8 decoders on one wave of persistent warps, each streaming
-//      rows w, w + W, ... with the next batch of loads in flight while it multiplies the current one.
+//      rows w, w + W, ... (plain products: pairs of rows) with the next batch of loads in flight while it
+//      multiplies the current one.
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
 // kernel issues its first weight loads, then calls pdl_wait() before it reads x or stores, and
 // pdl_launch_dependents() once its weights are streamed, and is launched with launch_pdl (cuda_common.cuh).
