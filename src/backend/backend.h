@@ -137,16 +137,6 @@ class Backend {
     matmul(x, linear_rows(w, f, f), up);
     silu_mul(gate, up, out);
   }
-  // residual += a @ W^T (+ b), then out = rmsnorm(residual) * weight: matmul then add_rmsnorm (proj [T, D]
-  // is the default's workspace; afterwards its contents are unspecified), in one call so that a backend can
-  // fuse the norm into the product. No backend does yet: the CUDA GEMV fusion that was tried (the product's
-  // epilogue adding the residual, the next product applying the norm's row scale) measured slower at batch
-  // 1 than the separate norm kernel (docs/architecture.md).
-  virtual void matmul_add_rmsnorm(const Tensor& a, const Linear& w, Tensor& residual, const Tensor& weight,
-                                  float eps, Tensor& proj, Tensor& out) {
-    matmul(a, w, proj);
-    add_rmsnorm(residual, proj, weight, eps, out);
-  }
   // Copies between two places of this backend's memory (default: staged through the host).
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) {
     std::vector<uint8_t> host(bytes);

@@ -2,9 +2,7 @@
 // A Backend that passes every call to another one, for wrappers that change one or two behaviours (record
 // matmul inputs for calibration, decline graph capture for a tensor-parallel rank, fake device sampling in
 // tests): derive and override only those. Graph capture is deliberately not forwarded (a wrapper sits
-// outside what the inner backend can record); a wrapper that wants it overrides the hooks. Nor is
-// matmul_add_rmsnorm: its default calls this wrapper's matmul and add_rmsnorm, which a wrapper recording
-// matmul inputs must see.
+// outside what the inner backend can record); a wrapper that wants it overrides the hooks.
 #include <memory>
 #include <string>
 

@@ -80,7 +80,6 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   const ModelConfig& c = config_;
   const int64_t T = batch.num_tokens;
   INFERX_CHECK(T > 0, "forward: empty batch");
-  INFERX_CHECK(!weights_.layers.empty(), "forward: the model has no layers");
   ensure_workspace(T, batch.num_logits);
   Workspace& w = *workspace_;
   // Views of exactly T rows.
@@ -97,22 +96,14 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   } else {
     backend_.embedding(weights_.token_embedding, batch.token_ids, T, x);
   }
-  // x += a @ W^T (a row-parallel projection: all-reduced under tensor parallelism), then h = norm(x). One
-  // backend call without tensor parallelism, so that the backend can fuse the norm into the products.
-  auto project_add_norm = [&](const Tensor& a, const Linear& w, const Tensor& norm) {
-    if (rank_) {
-      backend_.matmul(a, w, proj);
-      rank_->all_reduce_sum(proj);
-      backend_.add_rmsnorm(x, proj, norm, c.rms_norm_eps, h);
-    } else {
-      backend_.matmul_add_rmsnorm(a, w, x, norm, c.rms_norm_eps, proj, h);
-    }
-  };
-  const size_t num_layers = weights_.layers.size();
-  backend_.rmsnorm(x, weights_.layers.front().attn_norm, c.rms_norm_eps, h);
-  for (size_t i = 0; i < num_layers; ++i) {
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];
-    // Attention block: x += o(attention(rope(q), rope(k), v)) over the pre-normed input h.
+    // Attention block: x += o(attention(rope(q), rope(k), v)) over the pre-normed input.
+    if (i == 0) {
+      backend_.rmsnorm(x, l.attn_norm, c.rms_norm_eps, h);
+    } else {
+      backend_.add_rmsnorm(x, proj, l.attn_norm, c.rms_norm_eps, h);  // adds the previous MLP output
+    }
     if (!l.qkv.weight.empty()) {
       Tensor* qkv[] = {&q, &k, &v};
       backend_.matmul_split(h, l.qkv, qkv);
@@ -128,9 +119,10 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     KvCacheLayer& layer_cache = cache.layer(static_cast<int64_t>(i));
     backend_.rope_and_write_kv(q, k, v, batch, rope, layer_cache);
     backend_.attention(q, layer_cache, batch, ap, attn);
-    project_add_norm(attn, l.o, l.ffn_norm);
-    // MLP block: x += down(silu(gate(h)) * up(h)), then the next layer's input norm (the last layer's
-    // output goes through the final norm below, unfused: only the rows that need logits go on).
+    backend_.matmul(attn, l.o, proj);
+    if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: o is row-parallel
+    // MLP block: x += down(silu(gate(h)) * up(h)).
+    backend_.add_rmsnorm(x, proj, l.ffn_norm, c.rms_norm_eps, h);
     if (!l.gate_up.weight.empty()) {
       backend_.matmul_silu_mul(h, l.gate_up, gate, up, act);
     } else {
@@ -138,12 +130,8 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
       backend_.matmul(h, l.up, up);
       backend_.silu_mul(gate, up, act);
     }
-    if (i + 1 < num_layers) {
-      project_add_norm(act, l.down, weights_.layers[i + 1].attn_norm);
-    } else {
-      backend_.matmul(act, l.down, proj);
-      if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: down is row-parallel
-    }
+    backend_.matmul(act, l.down, proj);
+    if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: down is row-parallel
   }
   // Only the rows that need logits go through the final norm and the vocabulary projection.
   Tensor last = w.last.rows_view(0, batch.num_logits), out = w.out.rows_view(0, batch.num_logits);

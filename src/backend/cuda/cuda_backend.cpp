@@ -335,7 +335,7 @@ void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv,
   // The split count depends on the batch's block-table capacity, not its current lengths, so that a
   // captured graph stays valid as the sequences grow (the kernel cuts the actual keys on the device).
   const int64_t capacity = static_cast<int64_t>(args.max_blocks_per_seq) * kv.block_size;
-  const int forced = forced_splits_ > 0 ? forced_splits_ : options_.decode_splits;
+  const int forced = options_.decode_splits;
   const int splits = forced > 0 ? std::min(forced, cuda::kDecodeMaxSplits)
                                 : cuda::decode_attention_splits(args.num_tokens, p.num_kv_heads, p.num_heads,
                                                                 capacity, sm_count_);

@@ -118,10 +118,11 @@ class CudaBackend final : public Backend {
   void argmax(const Tensor& logits, int32_t* host_ids);
   void sample(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
 
-  // Tests and benchmarks: force an attention kernel and (0: automatic) the decode split count.
+  // Tests and benchmarks: force an attention kernel and (0: automatic) the decode split count (this
+  // replaces the options' decode_splits).
   void set_attention_kernel(CudaAttentionKernel kernel, int decode_splits = 0) {
     attention_kernel_ = kernel;
-    forced_splits_ = decode_splits;
+    options_.decode_splits = decode_splits;
   }
   int sm_count() const { return sm_count_; }
   // The quantized GEMM of large row counts (quantized_gemm.h), for tests and benchmarks.
@@ -182,7 +183,6 @@ class CudaBackend final : public Backend {
   RopeParams inv_freq_params_;
 
   CudaAttentionKernel attention_kernel_ = CudaAttentionKernel::Auto;
-  int forced_splits_ = 0;
   Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,
       pinned_ids_;
   // The tensor whose BF16 copy shadow_ holds (null: none), and its shape.

@@ -282,11 +282,27 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
   }
 }
 
-// The weight rows of warp row n: n, and with R = 2 (the SiLU product) its up row f + n.
-template <int R>
-__device__ __forceinline__ void warp_rows(const GemvParams& p, int64_t n, int64_t (&wrow)[R]) {
-  wrow[0] = n;
-  if constexpr (R == 2) wrow[1] = n + p.f;
+// The weight rows a warp takes (v1, v2, v4): with kSilu (R = 2) warp row n is gate row n and up row f + n
+// (p.rows = f warp rows); otherwise rows Rn .. Rn + R - 1 (ceil(rows / R) warp rows; with an odd row count
+// the last warp's second row reads the first again, unstored). Returns how many of wrow are stored.
+template <int R, bool kSilu>
+__host__ __device__ __forceinline__ int64_t warp_row_count(const GemvParams& p) {
+  return kSilu ? p.rows : (p.rows + R - 1) / R;
+}
+template <int R, bool kSilu>
+__device__ __forceinline__ int warp_rows(const GemvParams& p, int64_t n, int64_t (&wrow)[R]) {
+  static_assert(R == 1 || R == 2, "one or two weight rows per warp");
+  if constexpr (kSilu) {
+    wrow[0] = n;
+    wrow[1] = n + p.f;
+    return 2;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) wrow[r] = n * R + r;
+    if (wrow[R - 1] < p.rows) return R;
+    wrow[R - 1] = wrow[0];
+    return 1;
+  }
 }
 
 // One batch of v1 (v4: its loads): the loads of granules g0, g0 + 32, ... (U of them, those below
@@ -340,7 +356,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (n >= p.rows) return;
   int64_t wrow[R];
-  warp_rows(p, n, wrow);
+  warp_rows<R, R == 2>(p, n, wrow);
   bool waited = false;  // the first batch of weight loads is issued before waiting for x (cuda_common.cuh)
   float acc[R][MR];
 #pragma unroll
@@ -370,27 +386,17 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // 2026-12-03: the qkv GEMV at 38% of DRAM throughput, warps stalled on long scoreboard, 8 CTAs per SM by
 // registers). Here the grid is one wave (CTAs per SM from the occupancy calculator), warp w takes rows
 // w, w + W, ... (W warps in all) as one stream of batches of U granules per lane, and issues batch i + 1's
-// loads before it uses batch i, across row ends too. R = 2: the SiLU product (rows n and f + n).
-// kPairs (R = 2): warp row n is the plain product's weight rows 2n and 2n + 1 (x converted once for both;
-// INFERX_GEMV_V4_PAIRS), not the SiLU pair.
-template <class Dec, int R, int U, bool kPairs = false>
+// loads before it uses batch i, across row ends too.
+// kSilu (R = 2): the SiLU product; R = 2 without it: a plain product two rows per warp (x converted once
+// for both; INFERX_GEMV_V4_PAIRS).
+template <class Dec, int R, int U, bool kSilu>
 __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
-  static_assert(!kPairs || R == 2, "pairs are two rows");
   using Raw = typename Dec::Raw;
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
-  const int64_t nrows = kPairs ? (p.rows + 1) / 2 : p.rows;  // warp rows
+  const int64_t nrows = warp_row_count<R, kSilu>(p);
   int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (n >= nrows) return;
-  // The weight rows of warp row m (a pair's missing second row reads the first again, unstored).
-  auto rows_of = [&](int64_t m, int64_t(&wrow)[R]) {
-    if constexpr (kPairs) {
-      wrow[0] = 2 * m;
-      wrow[1] = 2 * m + 1 < p.rows ? 2 * m + 1 : 2 * m;
-    } else {
-      warp_rows(p, m, wrow);
-    }
-  };
   const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
   auto first = [&](int batch) { return static_cast<int64_t>(batch) * kWarp * U + lane; };
@@ -410,7 +416,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     const bool more = next_n < nrows;
     if (more) {
       int64_t next_rows[R];
-      rows_of(next_n, next_rows);
+      warp_rows<R, kSilu>(p, next_n, next_rows);
       load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
     } else {
       pdl_launch_dependents();  // after the weight stream (see the file comment)
@@ -439,8 +445,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     }
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
-      rows_of(n, wrow);
-      gemv_finish<Dec, 1, R, R == 2 && !kPairs>(p, n, wrow, acc, kPairs && 2 * n + 1 >= p.rows ? 1 : R);
+      const int valid = warp_rows<R, kSilu>(p, n, wrow);
+      gemv_finish<Dec, 1, R, kSilu>(p, n, wrow, acc, valid);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
     }
@@ -452,7 +458,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   Raw a[R][U], c[R][U];
   {
     int64_t wrow[R];
-    rows_of(n, wrow);
+    warp_rows<R, kSilu>(p, n, wrow);
     load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
   }
   pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
@@ -607,26 +613,13 @@ struct StepQ4K {
 // steps are issued before any is decoded; x is read once per step and row of x for the R weight rows.
 template <class Dec, int MR, int R, bool kSilu>
 __global__ void __launch_bounds__(kGemvThreads) gemv8_kernel(const GemvParams p) {
-  static_assert(R == 1 || R == 2, "one or two weight rows per warp");
   constexpr int U = R == 1 ? Dec::kUnroll : Dec::kUnroll / 2;
   const int lane = threadIdx.x % kWarp;
   bool waited = false;  // as gemv_kernel: the first weight loads go out before the wait
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  if (n >= warp_row_count<R, kSilu>(p)) return;
   int64_t wrow[R];
-  int valid = R;
-  if constexpr (kSilu) {
-    if (n >= p.rows) return;
-    wrow[0] = n;
-    wrow[1] = n + p.f;
-  } else {
-#pragma unroll
-    for (int r = 0; r < R; ++r) wrow[r] = n * R + r;
-    if (wrow[0] >= p.rows) return;
-    if (wrow[R - 1] >= p.rows) {  // R = 2, odd row count: the last warp has one row
-      wrow[R - 1] = wrow[0];
-      valid = 1;
-    }
-  }
+  const int valid = warp_rows<R, kSilu>(p, n, wrow);
   float acc[R][MR];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -992,9 +985,10 @@ cudaError_t device_sms(int& sms) {
 }
 
 // One wave of v4 CTAs (no more warps than rows). L: loads per lane and batch.
-template <class Dec, int R, int L, bool kPairs = false>
+// kSilu: the SiLU product (R = 2), else a plain product with R rows per warp.
+template <class Dec, int R, int L, bool kSilu>
 cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
-  const auto kernel = gemv_stream_kernel<Dec, R, L / R, kPairs>;
+  const auto kernel = gemv_stream_kernel<Dec, R, L / R, kSilu>;
   static std::atomic<int> fit{0};  // CTAs per SM the kernel's registers allow (same on every H200/H100)
   int per_sm = fit.load(std::memory_order_relaxed);
   if (per_sm == 0) {
@@ -1006,27 +1000,32 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   if (const int cap = v4_ctas_per_sm(); cap > 0) per_sm = std::min(per_sm, cap);
   int sms = 0;
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
-  const int64_t warp_rows = kPairs ? (p.rows + 1) / 2 : p.rows;
-  const int64_t ctas = std::min<int64_t>((warp_rows + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
+  const int64_t ctas =
+      std::min<int64_t>((warp_row_count<R, kSilu>(p) + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
   return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), 0, stream, p);
 }
 
-// Plain products with rows of at least INFERX_GEMV_V4_PAIRS columns (default 1: all; 0: none; read once)
-// give each v4 warp two rows, x converted once for both (FP8 rows of 8-28 KB ran at 62-72% of copy with one,
-// ncu 2026-12-03 14:14). Measured at batch 1, fp8:lm_head (H200 2026-12-03 14:19, one call): 70B 20.112 ms
-// with one row per warp, 19.504 with pairs from 14336 columns (the down projection), 19.064 with pairs
-// everywhere; 8B 2.804 / 2.796 / 2.776 ms.
-bool v4_pairs(int64_t k) {
-  static const int64_t min_k = env_int("INFERX_GEMV_V4_PAIRS", 0, 1 << 30, 1);
-  return min_k > 0 && k >= min_k;
+// Plain products give each v4 warp two rows, x converted once for both (set_gemv_v4_shape, else
+// INFERX_GEMV_V4_PAIRS=1|0, default 1; read once): FP8 rows of 8-28 KB ran at 62-72% of copy with one
+// (ncu 2026-12-03 14:14). Measured at batch 1, fp8:lm_head (H200 2026-12-03 14:19, one call): 70B 20.112 ms
+// with one row per warp, 19.504 with pairs on the down projection only, 19.064 with pairs everywhere; 8B
+// 2.804 / 2.796 / 2.776 ms.
+std::atomic<int> g_v4_pairs{-1};
+bool v4_pairs() {
+  static const int env = env_int("INFERX_GEMV_V4_PAIRS", 0, 1, 1);
+  const int o = g_v4_pairs.load(std::memory_order_relaxed);
+  return (o == 0 || o == 1 ? o : env) == 1;
 }
 
+// R = 2: the SiLU product; R = 1: a plain product (in pairs of rows unless v4_pairs() says not).
 template <class Dec, int R>
 cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
-  if (R == 1 && v4_pairs(p.k))
-    return v4_loads() == 4 ? launch_stream<Dec, 2, 4, true>(p, stream)
-                           : launch_stream<Dec, 2, 8, true>(p, stream);
-  return v4_loads() == 4 ? launch_stream<Dec, R, 4>(p, stream) : launch_stream<Dec, R, 8>(p, stream);
+  const bool four = v4_loads() == 4;
+  if constexpr (R == 2)
+    return four ? launch_stream<Dec, 2, 4, true>(p, stream) : launch_stream<Dec, 2, 8, true>(p, stream);
+  if (v4_pairs())
+    return four ? launch_stream<Dec, 2, 4, false>(p, stream) : launch_stream<Dec, 2, 8, false>(p, stream);
+  return four ? launch_stream<Dec, 1, 4, false>(p, stream) : launch_stream<Dec, 1, 8, false>(p, stream);
 }
 
 // ---- Which kernel runs a format: set_gemv_kernel (tests, benchmarks), else INFERX_GEMV_KERNEL, else the
@@ -1283,9 +1282,10 @@ const char* gemv_kernel_name(GemvKernel kernel) {
 
 void set_gemv_v3_max_warps(int warps) { g_v3_max_warps.store(warps, std::memory_order_relaxed); }
 
-void set_gemv_v4_shape(int loads, int ctas_per_sm) {
+void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs) {
   g_v4_loads.store(loads, std::memory_order_relaxed);
   g_v4_ctas.store(ctas_per_sm, std::memory_order_relaxed);
+  g_v4_pairs.store(pairs, std::memory_order_relaxed);
 }
 
 cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
