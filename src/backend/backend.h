@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/batch.h"
+#include "backend/decode_stack.h"
 #include "backend/fused_linear.h"
 #include "backend/linear.h"
 #include "backend/token_sampling.h"
@@ -136,6 +137,14 @@ class Backend {
     matmul(x, linear_rows(w, 0, f), gate);
     matmul(x, linear_rows(w, f, f), up);
     silu_mul(gate, up, out);
+  }
+  // One whole decode step for a batch of exactly one token (embedding, every layer, final norm and the
+  // logits into logits [1, vocab] F32; x [1, hidden] F32 is the residual-stream workspace), as
+  // Model::forward would compute it, when the backend has a fused program for these weights, shapes and
+  // cache; returns false, having done nothing, when it has not (the caller then runs the ops).
+  virtual bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
+                            const AttentionParams& attention, Tensor& x, Tensor& logits) {
+    return false;
   }
   // Copies between two places of this backend's memory (default: staged through the host).
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) {

@@ -91,6 +91,9 @@ class Model {
  private:
   struct Workspace;
   void ensure_workspace(int64_t num_tokens, int64_t num_logits);
+  // Backend::decode_stack over this model's layers (false: not taken, nothing done).
+  bool decode_stack(const BatchView& batch, KvCache& cache, const RopeParams& rope, const AttentionParams& ap,
+                    Tensor& x, Tensor& logits);
 
   Backend& backend_;
   ModelConfig config_;

@@ -14,6 +14,7 @@ struct Model::Workspace {
   int64_t tokens = 0, logits = 0;
   std::unique_ptr<DeviceBuffer> memory;
   Tensor x, h, q, k, v, attn, proj, gate, up, act, last, out;
+  std::vector<DecodeStackLayer> stack_layers;  // Backend::decode_stack's view of the layers
 };
 
 Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource> source,
@@ -91,6 +92,11 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   const AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim,
                            1.0f / std::sqrt(static_cast<float>(c.head_dim)), c.sliding_window};
 
+  if (T == 1 && batch.num_logits == 1 && !rank_ && !c.qk_norm) {
+    // One token of one sequence: the whole step as one fused program where the backend has one.
+    Tensor out = w.out.rows_view(0, 1);
+    if (decode_stack(batch, cache, rope, ap, x, out)) return out;
+  }
   if (rank_) {
     rank_->embedding(weights_.token_embedding, batch, x);  // tensor parallel: this rank's vocabulary rows
   } else {
@@ -139,6 +145,24 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   backend_.gather_rows(h, batch.logits_rows, batch.num_logits, last);
   backend_.matmul(last, weights_.lm_head, out);
   return out;
+}
+
+bool Model::decode_stack(const BatchView& batch, KvCache& cache, const RopeParams& rope,
+                         const AttentionParams& ap, Tensor& x, Tensor& logits) {
+  std::vector<DecodeStackLayer>& layers = workspace_->stack_layers;
+  layers.resize(weights_.layers.size());
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    const LayerWeights& l = weights_.layers[i];
+    if (l.qkv.weight.empty() || l.gate_up.weight.empty()) return false;  // not fused at load
+    layers[i] = {&l.attn_norm, &l.ffn_norm, &l.qkv, &l.o, &l.gate_up, &l.down, &cache.layer(static_cast<int64_t>(i))};
+  }
+  DecodeStack stack;
+  stack.token_embedding = &weights_.token_embedding;
+  stack.layers = layers;
+  stack.final_norm = &weights_.final_norm;
+  stack.lm_head = &weights_.lm_head;
+  stack.rms_norm_eps = config_.rms_norm_eps;
+  return backend_.decode_stack(stack, batch, rope, ap, x, logits);
 }
 
 }  // namespace inferx

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_decode_stack.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "backend/rope.h"
 #include "core/error.h"
@@ -130,7 +131,7 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);
-  for (Scratch* s : {&gemv_x_, &gemv_out_}) release(*s);
+  for (Scratch* s : {&gemv_x_, &gemv_out_, &decode_stack_scratch_}) release(*s);
   release(qgemm_ws_);
   qgemm_.reset();
   release_upload_staging();

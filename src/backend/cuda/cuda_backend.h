@@ -31,6 +31,7 @@ class CublasLtGemm;
 class QuantizedGemm;
 struct PagedKv;
 struct BatchArgs;
+struct DecodeStackParams;
 }  // namespace cuda
 
 // Which attention kernel runs (tests and benchmarks force one; Auto picks per batch).
@@ -49,6 +50,9 @@ struct CudaBackendOptions {
   bool gemv_long_rows = false;
   // Split count of every decode-attention launch (A/B measurements; 0: decode_attention_splits' choice).
   int decode_splits = 0;
+  // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
+  // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow; false: the per-op kernels.
+  bool decode_stack = true;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
   // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)
@@ -58,7 +62,7 @@ struct CudaBackendOptions {
 inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipAttention = 4;
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
-// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N,
+// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
@@ -101,6 +105,12 @@ class CudaBackend final : public Backend {
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;
   void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
+  // The batch-1 persistent decode kernel (cuda_backend_decode_stack.cpp).
+  bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
+                    const AttentionParams& attention, Tensor& x, Tensor& logits) override;
+  // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
+  void set_decode_stack(bool on) { options_.decode_stack = on; }
+  int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
 
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
   bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
@@ -183,6 +193,13 @@ class CudaBackend final : public Backend {
   RopeParams inv_freq_params_;
 
   CudaAttentionKernel attention_kernel_ = CudaAttentionKernel::Auto;
+  // The persistent decode kernel's scratch (q/k/v, attention output and partials, MLP activation, grid
+  // barrier) and its parameter block (~25 KB, built per step; heap, not the stack).
+  Scratch decode_stack_scratch_;
+  std::unique_ptr<cuda::DecodeStackParams> decode_stack_params_;
+  size_t decode_stack_smem_ = 0;  // the shared-memory size the kernel's attribute was set for
+  int decode_stack_ctas_ = 0;
+  int64_t decode_stack_launches_ = 0;
   Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,
       pinned_ids_;
   // The tensor whose BF16 copy shadow_ holds (null: none), and its shape.

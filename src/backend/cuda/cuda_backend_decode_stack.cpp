@@ -1,0 +1,159 @@
+// CudaBackend::decode_stack: checks that a batch-1 decode step fits the persistent kernel
+// (kernels_decode_stack.h) and launches it after the embedding; anything it does not take returns false
+// before a launch, and Model::forward runs the per-op kernels instead.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_decode_stack.h"
+#include "core/error.h"
+
+namespace inferx {
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool f32_vector(const Tensor* t, int64_t n) {
+  return t != nullptr && t->device == Device::CUDA && t->dtype == DType::F32 && t->numel() == n &&
+         aligned16(t->data);
+}
+
+// The kernel's view of a linear layer with `rows` outputs (x2 stacked when paired) over k inputs; false for
+// formats and shapes it does not read.
+bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t stage_bytes,
+                  cuda::StackMatrix& m) {
+  if (l == nullptr) return false;
+  const Tensor& w = l->weight;
+  const int64_t stored = rows * (paired ? 2 : 1);
+  if (w.device != Device::CUDA || w.ndim != 2 || w.dim(0) != stored || w.dim(1) != k || !l->zero.empty() ||
+      !l->input_perm.empty() || rows > INT32_MAX || k > INT32_MAX)
+    return false;
+  if (!l->bias.empty() && (l->bias.dtype != DType::F32 || l->bias.numel() != stored)) return false;
+  m = {};
+  m.data = w.data;
+  m.bias = l->bias.empty() ? nullptr : l->bias.ptr<float>();
+  m.rows = static_cast<int32_t>(rows);
+  m.k = static_cast<int32_t>(k);
+  if (w.dtype == DType::BF16) {
+    if (!l->scale.empty()) return false;
+  } else if (w.dtype == DType::F8_E4M3) {
+    if (l->scale.dtype != DType::F32 || (l->scale.numel() != 1 && l->scale.numel() != stored)) return false;
+    m.fp8 = 1;
+    m.per_channel = l->scale.numel() > 1 ? 1 : 0;
+    m.scale = l->scale.ptr<float>();
+  } else {
+    return false;
+  }
+  return cuda::decode_stack_matrix_fits(m, paired, stage_bytes);
+}
+
+}  // namespace
+
+bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, const RopeParams& rope,
+                               const AttentionParams& ap, Tensor& x, Tensor& logits) {
+  if (!options_.decode_stack || options_.timing_skip != 0) return false;
+  if (batch.num_tokens != 1 || batch.num_seqs != 1 || batch.num_logits != 1 || batch.max_blocks_per_seq < 1)
+    return false;
+  if (s.layers.empty() || s.layers.size() > static_cast<size_t>(cuda::kMaxStackLayers) || !s.lm_head ||
+      !s.token_embedding || !s.final_norm)
+    return false;
+  const DType kv = options_.kv_cache_dtype;
+  if (kv != DType::BF16 && kv != DType::F8_E4M3) return false;
+  const int64_t hidden = x.cols(), hq = ap.num_heads, hkv = ap.num_kv_heads, hd = ap.head_dim;
+  const Linear* gu0 = s.layers[0].gate_up;
+  if (gu0 == nullptr || gu0->weight.ndim != 2) return false;
+  const int64_t inter = gu0->weight.dim(0) / 2;
+  if (x.dtype != DType::F32 || x.device != Device::CUDA || logits.dtype != DType::F32 || !aligned16(x.data) ||
+      !aligned16(logits.data) || rope.head_dim != hd || hd / 2 > 64 ||
+      !cuda::decode_stack_supported(static_cast<int32_t>(hidden), static_cast<int32_t>(inter),
+                                    static_cast<int32_t>(hq), static_cast<int32_t>(hkv), static_cast<int32_t>(hd)))
+    return false;
+
+  if (!decode_stack_params_) decode_stack_params_ = std::make_unique<cuda::DecodeStackParams>();
+  cuda::DecodeStackParams& p = *decode_stack_params_;
+  p = cuda::DecodeStackParams{};
+  const int32_t stage = p.stage_bytes;
+  const int64_t qkv_rows = (hq + 2 * hkv) * hd;
+  const KvCacheLayer* first = s.layers[0].cache;
+  if (first == nullptr || first->k.ndim != 4) return false;
+  const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    const DecodeStackLayer& l = s.layers[i];
+    cuda::StackLayer& d = p.layers[i];
+    if (!stack_matrix(l.qkv, qkv_rows, hidden, false, stage, d.qkv) ||
+        !stack_matrix(l.o, hidden, hq * hd, false, stage, d.o) ||
+        !stack_matrix(l.gate_up, inter, hidden, true, stage, d.gate_up) ||
+        !stack_matrix(l.down, hidden, inter, false, stage, d.down) || !f32_vector(l.attn_norm, hidden) ||
+        !f32_vector(l.ffn_norm, hidden) || l.cache == nullptr)
+      return false;
+    const Tensor& kc = l.cache->k;
+    const Tensor& vc = l.cache->v;
+    if (kc.dtype != kv || vc.dtype != kv || kc.ndim != 4 || vc.ndim != 4 || kc.dim(0) != num_blocks ||
+        kc.dim(1) != block_size || kc.dim(2) != hkv || kc.dim(3) != hd || vc.numel() != kc.numel())
+      return false;
+    d.attn_norm = l.attn_norm->ptr<float>();
+    d.ffn_norm = l.ffn_norm->ptr<float>();
+    d.k_cache = kc.data;
+    d.v_cache = vc.data;
+  }
+  const int64_t vocab = logits.cols();
+  if (!stack_matrix(s.lm_head, vocab, hidden, false, stage, p.lm_head) || !f32_vector(s.final_norm, hidden) ||
+      block_size > INT32_MAX)
+    return false;
+
+  p.num_layers = static_cast<int32_t>(s.layers.size());
+  p.final_norm = s.final_norm->ptr<float>();
+  p.hidden = static_cast<int32_t>(hidden);
+  p.hq = static_cast<int32_t>(hq);
+  p.hkv = static_cast<int32_t>(hkv);
+  p.hd = static_cast<int32_t>(hd);
+  p.eps = s.rms_norm_eps;
+  p.attn_scale = ap.scale;
+  p.window = static_cast<int32_t>(std::min<int64_t>(ap.sliding_window, INT32_MAX));
+  p.interleaved = rope.layout == RopeLayout::Interleaved ? 1 : 0;
+  const std::vector<float>& inv = inverse_frequencies(rope);
+  std::memcpy(p.inv_freq, inv.data(), inv.size() * sizeof(float));
+  p.kv_fp8 = kv == DType::F8_E4M3 ? 1 : 0;
+  p.k_scale = options_.kv_k_scale;
+  p.v_scale = options_.kv_v_scale;
+  p.num_blocks = num_blocks;
+  p.block_size = static_cast<int32_t>(block_size);
+  p.batch = {batch.num_tokens, batch.num_seqs,     batch.positions,         batch.query_start,
+             batch.seq_lens,   batch.block_tables, batch.max_blocks_per_seq};
+
+  const int64_t max_k = std::max({hidden, hq * hd, inter});
+  const size_t smem = cuda::decode_stack_prepare(p, static_cast<int32_t>(max_k));
+  if (smem == 0) return false;
+  use_device();
+  if (smem != decode_stack_smem_) {
+    if (capturing_) return false;  // the attribute and occupancy are set up by an eager step
+    decode_stack_ctas_ = cuda::decode_stack_ctas_per_sm(smem);
+    decode_stack_smem_ = smem;
+  }
+  if (decode_stack_ctas_ < 1) return false;
+  const int grid = sm_count_;
+  p.splits = std::clamp(grid / static_cast<int>(hkv), 1, 64);
+  const size_t floats = cuda::decode_stack_scratch_floats(p.hq, p.hkv, p.hd, static_cast<int32_t>(inter), p.splits);
+  const size_t bytes = floats * sizeof(float) + (1 + static_cast<size_t>(hkv)) * sizeof(uint32_t);
+  if (capturing_ && bytes > decode_stack_scratch_.bytes) return false;
+  auto* f = static_cast<float*>(scratch(decode_stack_scratch_, bytes));
+  auto up = [](size_t n) { return (n + 63) / 64 * 64; };  // decode_stack_scratch_floats' alignment
+  p.qkv = f;
+  p.attn = p.qkv + up(static_cast<size_t>(qkv_rows));
+  p.act = p.attn + up(static_cast<size_t>(hq * hd));
+  p.partials = p.act + up(static_cast<size_t>(inter));
+  p.control = reinterpret_cast<uint32_t*>(f + floats);
+  p.x = x.ptr<float>();
+  p.logits = logits.ptr<float>();
+
+  embedding(*s.token_embedding, batch.token_ids, 1, x);
+  CUDA_CHECK(cuda::launch_decode_stack(p, grid, smem, stream_));
+  drop_bf16_copy();
+  ++decode_stack_launches_;
+  return true;
+}
+
+}  // namespace inferx

@@ -1,0 +1,616 @@
+// The batch-1 decode step as one persistent kernel; the design and its reasons are in
+// kernels_decode_stack.h. Layout of a CTA (one per SM, all resident: a cooperative launch):
+//   warps 0-7: consumers. They run the phases in order, meeting the other CTAs at a grid-wide barrier
+//              after every phase whose output another CTA reads;
+//   warp 8:    the producer (one lane). It walks the same phase list and copies this CTA's share of each
+//              weight matrix into the next free ring stage (cp.async.bulk, completion on the stage's
+//              "full" mbarrier), waiting only for a free stage ("empty" mbarrier), never for a barrier.
+// A phase over a matrix of R output rows gives CTA i the rows [R i / G, R (i + 1) / G); its bytes are
+// contiguous, so a stage is one bulk copy of up to 8 whole rows (two copies for gate/up: the gate rows
+// and the up rows of the same outputs), or one segment of a row longer than a stage.
+// Cross-CTA data (the residual stream, q/k/v, attention partials, the MLP activation) is read with
+// __ldcg (L2): an SM's L1 is not coherent with the other SMs' writes.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels_decode_stack.h"
+
+namespace inferx::cuda {
+namespace {
+
+constexpr int kConsumerWarps = 8;
+constexpr int kConsumers = kConsumerWarps * kWarp;
+constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
+constexpr int kMaxRowsPerStage = 8;
+constexpr int kMaxUnits = 2 * kMaxRowsPerStage;  // gate + up rows of one stage
+constexpr int kMaxGroup = 8;                     // query heads per KV head
+constexpr int kMaxSplits = 64;
+constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
+constexpr size_t kMiscBytes = 1024;        // reduction slots, flags, mbarriers
+
+// ---- stage geometry (host and device) -----------------------------------------------------------------
+struct Geom {
+  int32_t srcs;            // 1, or 2 for gate/up
+  int32_t nseg;            // segments per row (1 unless a row, or gate+up row pair, exceeds a stage)
+  int32_t seg_elems;       // elements per segment
+  int32_t seg_bytes;       // bytes per segment of one source row
+  int32_t rows_per_stage;  // power of two <= 8 (1 when nseg > 1)
+};
+
+__host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes) {
+  Geom g;
+  g.srcs = paired ? 2 : 1;
+  const int64_t row_bytes = static_cast<int64_t>(m.k) * (m.fp8 ? 1 : 2);
+  const int64_t unit = row_bytes * g.srcs;
+  if (unit <= stage_bytes) {
+    g.nseg = 1;
+    const int64_t fit = stage_bytes / unit;
+    int rs = 1;
+    while (rs * 2 <= fit && rs * 2 <= kMaxRowsPerStage) rs *= 2;
+    g.rows_per_stage = rs;
+  } else {
+    g.nseg = static_cast<int32_t>((unit + stage_bytes - 1) / stage_bytes);
+    g.rows_per_stage = 1;
+  }
+  g.seg_elems = m.k / g.nseg;
+  g.seg_bytes = static_cast<int32_t>(row_bytes / g.nseg);
+  return g;
+}
+
+// ---- async copies and mbarriers (PTX ISA: cp.async.bulk, mbarrier) ------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+
+// Sum over the consumer threads (scratch: kConsumerWarps floats); every consumer gets the result.
+__device__ __forceinline__ float consumer_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
+  consumer_sync();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) total += scratch[w];
+  consumer_sync();
+  return total;
+}
+
+// Grid-wide barrier of the consumers (the cooperative-groups pattern: CTA barrier, one thread's fence and
+// arrival, spin until every CTA arrived, CTA barrier). `target` grows by gridDim.x per barrier.
+__device__ __forceinline__ void grid_barrier(uint32_t* counter, uint32_t target) {
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    uint32_t seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen < target);
+    __threadfence();
+  }
+  consumer_sync();
+}
+
+__device__ __forceinline__ void cta_rows(int32_t rows, int32_t& r0, int32_t& r1) {
+  r0 = static_cast<int32_t>(static_cast<int64_t>(rows) * blockIdx.x / gridDim.x);
+  r1 = static_cast<int32_t>(static_cast<int64_t>(rows) * (blockIdx.x + 1) / gridDim.x);
+}
+
+struct Ring {
+  uint8_t* data;
+  uint64_t* full;
+  uint64_t* empty;
+  int32_t stages;
+  int32_t stage_bytes;
+};
+
+// ---- producer -------------------------------------------------------------------------------------------
+__device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
+  const Geom g = stage_geometry(m, paired, ring.stage_bytes);
+  const int64_t row_bytes = static_cast<int64_t>(g.seg_bytes) * g.nseg;
+  int32_t r0, r1;
+  cta_rows(m.rows, r0, r1);
+  const auto* base = static_cast<const uint8_t*>(m.data);
+  for (int32_t row = r0; row < r1; row += g.rows_per_stage) {
+    const int32_t n = min(g.rows_per_stage, r1 - row);
+    const uint32_t bytes = g.nseg == 1 ? static_cast<uint32_t>(n * row_bytes) : static_cast<uint32_t>(g.seg_bytes);
+    for (int32_t s = 0; s < g.nseg; ++s, ++it) {
+      const int32_t slot = static_cast<int32_t>(it % ring.stages);
+      const uint32_t round = it / ring.stages;
+      if (round > 0) mbar_wait(&ring.empty[slot], (round - 1) & 1);
+      mbar_expect_tx(&ring.full[slot], bytes * g.srcs);
+      uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+      for (int32_t src = 0; src < g.srcs; ++src) {
+        const uint8_t* from = base + (static_cast<int64_t>(src) * m.rows + row) * row_bytes +
+                              static_cast<int64_t>(s) * g.seg_bytes;
+        bulk_copy(dst + static_cast<size_t>(src) * g.rows_per_stage * g.seg_bytes, from, bytes, &ring.full[slot]);
+      }
+    }
+  }
+}
+
+__device__ void producer(const DecodeStackParams& p, const Ring& ring) {
+  uint32_t it = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    const StackLayer& L = p.layers[l];
+    produce_matrix(L.qkv, false, ring, it);
+    produce_matrix(L.o, false, ring, it);
+    produce_matrix(L.gate_up, true, ring, it);
+    produce_matrix(L.down, false, ring, it);
+  }
+  produce_matrix(p.lm_head, false, ring, it);
+}
+
+// ---- consumers: dot products over a stage ---------------------------------------------------------------
+__device__ __forceinline__ float dot_bf16x2(uint32_t w, uint32_t x, float acc) {
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  return fmaf(a.y, b.y, fmaf(a.x, b.x, acc));
+}
+// Four E4M3 weights (one 32-bit word) against four BF16 activations (two words).
+__device__ __forceinline__ float dot_fp8x4(uint32_t w, uint32_t x01, uint32_t x23, float acc) {
+  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+  const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+  const float2 xa = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x01));
+  const float2 xb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x23));
+  return fmaf(b.y, xb.y, fmaf(b.x, xb.x, fmaf(a.y, xa.y, fmaf(a.x, xa.x, acc))));
+}
+
+// This warp's share (part `sub` of `nsub`) of one row segment's dot product with x; every lane gets it.
+template <bool kFp8>
+__device__ __forceinline__ float dot_segment(const uint8_t* w, const __nv_bfloat16* x, int32_t elems, int sub,
+                                             int nsub) {
+  constexpr int kVec = kFp8 ? 16 : 8;  // elements per 16-byte weight vector
+  const int lane = threadIdx.x % kWarp;
+  const int32_t nv = elems / kVec;
+  const int32_t v1 = nv * (sub + 1) / nsub;
+  const auto* w4 = reinterpret_cast<const uint4*>(w);
+  const auto* x4 = reinterpret_cast<const uint4*>(x);
+  float a0 = 0.0f, a1 = 0.0f;
+  for (int32_t v = nv * sub / nsub + lane; v < v1; v += kWarp) {
+    const uint4 wv = w4[v];
+    if constexpr (kFp8) {
+      const uint4 xa = x4[2 * v], xb = x4[2 * v + 1];
+      a0 = dot_fp8x4(wv.x, xa.x, xa.y, a0);
+      a1 = dot_fp8x4(wv.y, xa.z, xa.w, a1);
+      a0 = dot_fp8x4(wv.z, xb.x, xb.y, a0);
+      a1 = dot_fp8x4(wv.w, xb.z, xb.w, a1);
+    } else {
+      const uint4 xv = x4[v];
+      a0 = dot_bf16x2(wv.x, xv.x, a0);
+      a1 = dot_bf16x2(wv.y, xv.y, a1);
+      a0 = dot_bf16x2(wv.z, xv.z, a0);
+      a1 = dot_bf16x2(wv.w, xv.w, a1);
+    }
+  }
+  return warp_sum(a0 + a1);
+}
+
+enum class Emit { Store, AddToResidual, SiluMul };
+
+__device__ __forceinline__ float row_scale(const StackMatrix& m, int64_t stored_row) {
+  if (!m.fp8) return 1.0f;
+  return m.scale[m.per_channel ? stored_row : 0];
+}
+__device__ __forceinline__ float row_bias(const StackMatrix& m, int64_t stored_row) {
+  return m.bias ? m.bias[stored_row] : 0.0f;
+}
+
+// Consumes this CTA's stages of one matrix (the producer's order) and writes its output rows.
+template <Emit kEmit>
+__device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t& it, const __nv_bfloat16* xs,
+                               float* red, float* out) {
+  constexpr bool kPaired = kEmit == Emit::SiluMul;
+  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int rs = g.rows_per_stage, units = g.srcs * rs;
+  const int wpu = units >= kConsumerWarps ? 1 : kConsumerWarps / units;  // warps per unit
+  int32_t r0, r1;
+  cta_rows(m.rows, r0, r1);
+  float run0 = 0.0f, run1 = 0.0f;  // a finalising thread's sums over a row's segments
+  for (int32_t row = r0; row < r1; row += rs) {
+    const int32_t n = min(rs, r1 - row);
+    for (int32_t s = 0; s < g.nseg; ++s, ++it) {
+      const int32_t slot = static_cast<int32_t>(it % ring.stages);
+      mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+      const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+      const __nv_bfloat16* xseg = xs + static_cast<int64_t>(s) * g.seg_elems;
+      float* rb = red + (it & 1) * kMaxUnits;
+      for (int u = wpu == 1 ? warp : warp / wpu; u < units; u += wpu == 1 ? kConsumerWarps : units) {
+        if (u % rs >= n) continue;  // past the CTA's last row
+        const uint8_t* w = stage + static_cast<size_t>(u) * g.seg_bytes;
+        const int sub = wpu == 1 ? 0 : warp % wpu;
+        const float v = m.fp8 ? dot_segment<true>(w, xseg, g.seg_elems, sub, wpu)
+                              : dot_segment<false>(w, xseg, g.seg_elems, sub, wpu);
+        if (lane == 0) rb[u * wpu + sub] = v;
+      }
+      consumer_sync();  // the stage is read and the partial sums are in `red`
+      if (threadIdx.x == 0) mbar_arrive(&ring.empty[slot]);
+      const int t = threadIdx.x;
+      if (t < n) {
+        for (int sub = 0; sub < wpu; ++sub) run0 += rb[t * wpu + sub];
+        if (kPaired)
+          for (int sub = 0; sub < wpu; ++sub) run1 += rb[(rs + t) * wpu + sub];
+        if (s == g.nseg - 1) {
+          const int64_t r = row + t;
+          const float a = run0 * row_scale(m, r) + row_bias(m, r);
+          if constexpr (kEmit == Emit::Store) {
+            __stcg(out + r, a);
+          } else if constexpr (kEmit == Emit::AddToResidual) {
+            __stcg(out + r, __ldcg(out + r) + a);
+          } else {
+            const float up = run1 * row_scale(m, m.rows + r) + row_bias(m, m.rows + r);
+            __stcg(out + r, silu(a) * up);
+          }
+          run0 = run1 = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+// xs = BF16(src * rsqrt(mean(src^2) + eps) * norm) over n floats, or BF16(src) without a norm.
+__device__ void load_input(const float* src, int32_t n, const float* norm, float eps, __nv_bfloat16* xs,
+                           float* scratch) {
+  float rs = 1.0f;
+  if (norm != nullptr) {
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
+  }
+  for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
+    float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
+    if (norm != nullptr) {
+      const float4 w = *reinterpret_cast<const float4*>(norm + i);
+      v = make_float4(v.x * rs * w.x, v.y * rs * w.y, v.z * rs * w.z, v.w * rs * w.w);
+    }
+    store_bf16x4(xs + i, v.x, v.y, v.z, v.w);
+  }
+  consumer_sync();
+}
+
+// ---- attention ------------------------------------------------------------------------------------------
+template <int kDims>  // head dims per lane
+__device__ __forceinline__ void load_kv(const void* cache, bool fp8, int64_t off, float scale, float* out) {
+  if (fp8) {
+    const auto* p = static_cast<const uint8_t*>(cache) + off;
+    if constexpr (kDims == 4) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+      const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+      out[0] = a.x * scale, out[1] = a.y * scale, out[2] = b.x * scale, out[3] = b.y * scale;
+    } else {
+      const uint16_t w = *reinterpret_cast<const uint16_t*>(p);
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), __NV_E4M3);
+      const float2 a = __half22float2(__half2(h));
+      out[0] = a.x * scale, out[1] = a.y * scale;
+    }
+  } else {
+    const auto* p = static_cast<const __nv_bfloat16*>(cache) + off;
+    if constexpr (kDims == 4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(p);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
+      out[0] = a.x, out[1] = a.y, out[2] = b.x, out[3] = b.y;
+    } else {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+      out[0] = a.x, out[1] = a.y;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_kv(void* cache, bool fp8, int64_t off, float v, float inv_scale) {
+  if (fp8) {
+    static_cast<uint8_t*>(cache)[off] =
+        static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
+  } else {
+    static_cast<__nv_bfloat16*>(cache)[off] = __float2bfloat16_rn(v);
+  }
+}
+
+// Cache element offset of (token t, kv head g, dim 0); -1 when the block table has no valid entry.
+__device__ __forceinline__ int64_t kv_offset(const DecodeStackParams& p, int32_t t, int32_t g, int hd) {
+  const int32_t b = t / p.block_size;
+  if (t < 0 || b >= p.batch.max_blocks_per_seq) return -1;
+  const int32_t block = p.batch.block_tables[b];
+  if (block < 0 || block >= p.num_blocks) return -1;
+  return ((static_cast<int64_t>(block) * p.block_size + t % p.block_size) * p.hkv + g) * hd;
+}
+
+// Work item (kv head g, split s) of every CTA below hkv * splits: RoPE of the group's query heads (and of
+// the new key, by the split that holds the new position, which also writes k and v to the cache), the
+// online-softmax partials of the split's keys, then the last CTA of the group merges the splits into
+// p.attn. `sm`: shared scratch of (kMaxGroup * hd + kConsumerWarps * kMaxGroup * (hd + 2)) floats.
+template <int kHd>
+__device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag) {
+  constexpr int kDims = kHd / kWarp, kHalf = kHd / 2, kPart = kHd + 2;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int group = p.hq / p.hkv, splits = p.splits;
+  const int32_t pos = p.batch.positions[0], len = p.batch.seq_lens[0];
+  const int32_t lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
+  const int32_t per = (max(len - lo, 0) + splits - 1) / splits;
+  float* q_s = sm;
+  float* wpart = sm + kMaxGroup * kHd;
+  for (int item = blockIdx.x; item < p.hkv * splits; item += gridDim.x) {
+    const int g = item / splits, s = item % splits;
+    const int32_t k0 = lo + s * per, k1 = min(len, k0 + per);
+    const bool owner = pos >= k0 && pos < k1;
+    for (int t = threadIdx.x; t < (group + 1) * kHalf; t += kConsumers) {
+      const int r = t / kHalf, i = t % kHalf;
+      if (r == group && !owner) break;
+      float sn, cs;
+      sincosf(static_cast<float>(pos) * p.inv_freq[i], &sn, &cs);
+      const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + kHalf;
+      const float* head = r < group ? p.qkv + static_cast<int64_t>(g * group + r) * kHd
+                                    : p.qkv + static_cast<int64_t>(p.hq + g) * kHd;
+      const float x0 = __ldcg(head + a), x1 = __ldcg(head + b);
+      const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+      if (r < group) {
+        q_s[r * kHd + a] = y0;
+        q_s[r * kHd + b] = y1;
+      } else {
+        const int64_t off = kv_offset(p, pos, g, kHd);
+        if (off >= 0) {
+          const float* v = p.qkv + static_cast<int64_t>(p.hq + p.hkv + g) * kHd;
+          store_kv(L.k_cache, p.kv_fp8, off + a, y0, 1.0f / p.k_scale);
+          store_kv(L.k_cache, p.kv_fp8, off + b, y1, 1.0f / p.k_scale);
+          store_kv(L.v_cache, p.kv_fp8, off + a, __ldcg(v + a), 1.0f / p.v_scale);
+          store_kv(L.v_cache, p.kv_fp8, off + b, __ldcg(v + b), 1.0f / p.v_scale);
+        }
+      }
+    }
+    __threadfence_block();
+    consumer_sync();  // q rotated; the new k/v in the cache for this CTA's reads
+
+    float q[kMaxGroup][kDims], m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+#pragma unroll
+    for (int r = 0; r < kMaxGroup; ++r) {
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) {
+        q[r][d] = r < group ? q_s[r * kHd + lane * kDims + d] * p.attn_scale : 0.0f;
+        acc[r][d] = 0.0f;
+      }
+    }
+    constexpr int kChunk = 4;  // keys per warp and step: their loads are issued together
+    for (int32_t t0 = k0 + warp * kChunk; t0 < k1; t0 += kConsumerWarps * kChunk) {
+      float kf[kChunk][kDims], vf[kChunk][kDims];
+      bool ok[kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        const int64_t off = t0 + j < k1 ? kv_offset(p, t0 + j, g, kHd) : -1;
+        ok[j] = off >= 0;
+        if (ok[j]) {
+          load_kv<kDims>(L.k_cache, p.kv_fp8, off + lane * kDims, p.k_scale, kf[j]);
+          load_kv<kDims>(L.v_cache, p.kv_fp8, off + lane * kDims, p.v_scale, vf[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (!ok[j]) continue;
+#pragma unroll
+        for (int r = 0; r < kMaxGroup; ++r) {
+          if (r >= group) break;
+          float sc = 0.0f;
+#pragma unroll
+          for (int d = 0; d < kDims; ++d) sc = fmaf(q[r][d], kf[j][d], sc);
+          sc = warp_sum(sc);
+          const float mn = fmaxf(m[r], sc), corr = __expf(m[r] - mn), pr = __expf(sc - mn);
+          l[r] = l[r] * corr + pr;
+#pragma unroll
+          for (int d = 0; d < kDims; ++d) acc[r][d] = fmaf(acc[r][d], corr, pr * vf[j][d]);
+          m[r] = mn;
+        }
+      }
+    }
+    // The warps' partials, then their merge into this split's partial.
+#pragma unroll
+    for (int r = 0; r < kMaxGroup; ++r) {
+      if (r >= group) break;
+      float* wp = wpart + (warp * kMaxGroup + r) * kPart;
+      if (lane == 0) wp[0] = m[r], wp[1] = l[r];
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) wp[2 + lane * kDims + d] = acc[r][d];
+    }
+    consumer_sync();
+    for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
+      const int r = idx / kHd, d = idx % kHd;
+      float mx = -INFINITY;
+      for (int w = 0; w < kConsumerWarps; ++w) mx = fmaxf(mx, wpart[(w * kMaxGroup + r) * kPart]);
+      float sum_l = 0.0f, sum_a = 0.0f;
+      if (mx != -INFINITY) {
+        for (int w = 0; w < kConsumerWarps; ++w) {
+          const float* wp = wpart + (w * kMaxGroup + r) * kPart;
+          const float e = __expf(wp[0] - mx);
+          sum_l += wp[1] * e;
+          sum_a += wp[2 + d] * e;
+        }
+      }
+      float* part = p.partials + (static_cast<int64_t>(g * group + r) * splits + s) * kPart;
+      __stcg(part + 2 + d, sum_a);
+      if (d == 0) __stcg(part, mx), __stcg(part + 1, sum_l);
+    }
+    __threadfence();
+    consumer_sync();
+    if (threadIdx.x == 0) *flag = atomicAdd(&p.control[1 + g], 1u) == static_cast<uint32_t>(splits - 1);
+    consumer_sync();
+    if (*flag) {  // the group's last split: merge all of them
+      __threadfence();
+      for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
+        const int r = idx / kHd, d = idx % kHd;
+        const float* part = p.partials + static_cast<int64_t>(g * group + r) * splits * kPart;
+        float mx = -INFINITY;
+        for (int j = 0; j < splits; ++j) mx = fmaxf(mx, __ldcg(part + j * kPart));
+        float sum_l = 0.0f, sum_a = 0.0f;
+        for (int j = 0; j < splits; ++j) {
+          const float mj = __ldcg(part + j * kPart);
+          if (mj == -INFINITY) continue;
+          const float e = __expf(mj - mx);
+          sum_l += __ldcg(part + j * kPart + 1) * e;
+          sum_a += __ldcg(part + j * kPart + 2 + d) * e;
+        }
+        __stcg(p.attn + static_cast<int64_t>(g * group + r) * kHd + d, sum_l > 0.0f ? sum_a / sum_l : 0.0f);
+      }
+      if (threadIdx.x == 0) p.control[1 + g] = 0;  // ready for the next layer
+    }
+    consumer_sync();  // flag and scratch reused by the next item
+  }
+}
+
+// ---- the kernel -----------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  Ring ring;
+  ring.data = smem;
+  ring.stages = p.stages;
+  ring.stage_bytes = p.stage_bytes;
+  auto* xs = reinterpret_cast<__nv_bfloat16*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes);
+  auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
+  float* red = misc;                           // [2][kMaxUnits]
+  float* scratch = misc + 2 * kMaxUnits;       // [kConsumerWarps]
+  int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
+  ring.full = reinterpret_cast<uint64_t*>(misc + 64);
+  ring.empty = ring.full + p.stages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.stages; ++s) {
+      mbar_init(&ring.full[s], 1);
+      mbar_init(&ring.empty[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumers) {
+    if (threadIdx.x == kConsumers) producer(p, ring);
+    return;
+  }
+  uint32_t it = 0, barriers = 0;
+  uint32_t* counter = p.control;
+  auto sync_grid = [&] { grid_barrier(counter, ++barriers * gridDim.x); };
+  const int32_t qd = p.hq * p.hd, inter = p.layers[0].down.k;
+  for (int l = 0; l < p.num_layers; ++l) {
+    const StackLayer& L = p.layers[l];
+    load_input(p.x, p.hidden, L.attn_norm, p.eps, xs, scratch);
+    consume_matrix<Emit::Store>(L.qkv, ring, it, xs, red, p.qkv);
+    sync_grid();
+    if (p.hd == 128)
+      attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag);
+    else
+      attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag);
+    sync_grid();
+    load_input(p.attn, qd, nullptr, 0.0f, xs, scratch);
+    consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, red, p.x);
+    sync_grid();
+    load_input(p.x, p.hidden, L.ffn_norm, p.eps, xs, scratch);
+    consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, red, p.act);
+    sync_grid();
+    load_input(p.act, inter, nullptr, 0.0f, xs, scratch);
+    consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, red, p.x);
+    sync_grid();
+  }
+  load_input(p.x, p.hidden, p.final_norm, p.eps, xs, scratch);
+  consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, red, p.logits);
+}
+
+size_t attention_scratch_bytes(int32_t hd) {
+  return (static_cast<size_t>(kMaxGroup) * hd + static_cast<size_t>(kConsumerWarps) * kMaxGroup * (hd + 2)) * 4;
+}
+
+}  // namespace
+
+bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t hkv, int32_t hd) {
+  return hidden > 0 && inter > 0 && hidden % 16 == 0 && inter % 16 == 0 && (hd == 64 || hd == 128) && hkv > 0 &&
+         hq % hkv == 0 && hq / hkv <= kMaxGroup && (hq * hd) % 16 == 0;
+}
+
+bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes) {
+  if (m.data == nullptr || m.rows <= 0 || m.k <= 0 || m.k % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(m.data) % 16 != 0) return false;
+  if (m.fp8 && m.scale == nullptr) return false;
+  const Geom g = stage_geometry(m, paired, stage_bytes);
+  return m.k % g.nseg == 0 && g.seg_elems % 16 == 0 &&
+         static_cast<int64_t>(g.seg_bytes) * g.srcs * g.rows_per_stage <= stage_bytes;
+}
+
+size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
+  const size_t x_bytes = (std::max(static_cast<size_t>(max_k) * 2, attention_scratch_bytes(p.hd)) + 127) / 128 * 128;
+  if (x_bytes + kMiscBytes + 2 * static_cast<size_t>(p.stage_bytes) > kSmemLimit) return 0;
+  const size_t stages = std::min<size_t>(8, (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
+  p.stages = static_cast<int32_t>(stages);
+  p.x_bytes = static_cast<int32_t>(x_bytes);
+  static_assert(64 * 4 + 2 * 8 * 8 <= kMiscBytes, "misc: reductions, flag, 2 x 8 mbarriers");
+  return stages * p.stage_bytes + x_bytes + kMiscBytes;
+}
+
+size_t decode_stack_scratch_floats(int32_t hq, int32_t hkv, int32_t hd, int32_t inter, int32_t splits) {
+  const size_t align = 64;  // floats: each buffer on a 256-byte boundary
+  auto up = [&](size_t n) { return (n + align - 1) / align * align; };
+  return up(static_cast<size_t>(hq + 2 * hkv) * hd) + up(static_cast<size_t>(hq) * hd) + up(inter) +
+         up(static_cast<size_t>(hq) * splits * (hd + 2));
+}
+
+int decode_stack_ctas_per_sm(size_t smem) {
+  if (cudaFuncSetAttribute(decode_stack_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess)
+    return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_stack_kernel, kThreads, smem) != cudaSuccess)
+    return 0;
+  return blocks;
+}
+
+cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream) {
+  if (p.num_layers < 1 || p.num_layers > kMaxStackLayers || p.splits < 1 || p.splits > kMaxSplits)
+    return cudaErrorInvalidValue;
+  cudaError_t e = cudaMemsetAsync(p.control, 0, (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t), stream);
+  if (e != cudaSuccess) return e;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1] = {};
+  attribute[0].id = cudaLaunchAttributeCooperative;
+  attribute[0].val.cooperative = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, decode_stack_kernel, p);
+}
+
+}  // namespace inferx::cuda

@@ -1,0 +1,94 @@
+#pragma once
+// The batch-1 decode step as one persistent kernel (kernels_decode_stack.cu): every layer's
+// norm -> qkv -> RoPE + KV write -> attention -> o (+ residual) -> norm -> gate/up + SiLU -> down
+// (+ residual), then the final norm and the vocabulary projection, for one token of one sequence.
+//
+// Why: at batch 1 each kernel boundary costs its ramp-up and drain (~3-5 us with PDL, ~260 boundaries per
+// 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Here one CTA per SM
+// stays resident for the whole step; one producer warp per CTA streams the CTA's share of every weight
+// matrix, in the order they are used, through a ring of shared-memory stages (cp.async.bulk + mbarriers),
+// never waiting for the data dependencies; the consumer warps wait at grid-wide barriers between the
+// phases. The weight stream therefore keeps running across the barriers, the attention and the norms.
+//
+// Weights: BF16, or F8_E4M3 with a per-tensor or per-channel scale (weight-only; x in BF16, fp32
+// accumulation, as the GEMVs of kernels_gemv.h). KV cache: BF16 or F8_E4M3 (k / k_scale, v / v_scale).
+// Head dims 64 and 128, up to 8 query heads per KV head; sliding windows; q/k/v biases.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace inferx::cuda {
+
+// One weight matrix [rows (x2 for gate_up: gate rows, then up rows), k], rows of k * (1 or 2) bytes.
+struct StackMatrix {
+  const void* data = nullptr;
+  const float* scale = nullptr;  // F8_E4M3 only: [1] or per row of the stored matrix
+  const float* bias = nullptr;   // F32 per row of the stored matrix, or null
+  int32_t rows = 0;              // output rows (gate_up: F, the matrix holds 2F)
+  int32_t k = 0;
+  uint8_t fp8 = 0;          // 0: BF16, 1: F8_E4M3
+  uint8_t per_channel = 0;  // F8_E4M3: scale has one value per stored row
+};
+
+struct StackLayer {
+  StackMatrix qkv, o, gate_up, down;
+  const float* attn_norm = nullptr;  // F32 [hidden]
+  const float* ffn_norm = nullptr;
+  void* k_cache = nullptr;  // [num_blocks, block_size, hkv, hd]
+  void* v_cache = nullptr;
+};
+
+// Layers travel in the kernel's parameters (CUDA 12.1+ takes up to 32 KB there): no device descriptor to
+// upload, so the first decode step can be captured into a CUDA graph directly.
+constexpr int kMaxStackLayers = 128;
+
+// Passed by value to the kernel (one launch per step); the buffers it points to are device memory.
+struct DecodeStackParams {
+  StackLayer layers[kMaxStackLayers];
+  int32_t num_layers = 0;
+  const float* final_norm = nullptr;
+  StackMatrix lm_head;
+  int32_t hidden = 0, hq = 0, hkv = 0, hd = 0;
+  float eps = 1e-5f;
+  float attn_scale = 1.0f;
+  int32_t window = 0;  // 0: full causal
+  uint8_t interleaved = 0;
+  float inv_freq[64] = {};  // [hd / 2] (backend/rope.h), in the parameters like the layers
+  uint8_t kv_fp8 = 0;               // 0: BF16 cache, 1: F8_E4M3
+  float k_scale = 1.0f, v_scale = 1.0f;
+  int64_t num_blocks = 0;
+  int32_t block_size = 0;
+  BatchArgs batch;  // one token of one sequence
+  int32_t splits = 1;  // attention splits per KV head (partials sized for it)
+  // Device buffers: x is the residual stream [hidden] (in: the embedded token; the kernel adds every
+  // block's output to it), logits [lm_head.rows]; scratch of decode_stack_scratch_bytes.
+  float* x = nullptr;
+  float* logits = nullptr;
+  float* qkv = nullptr;          // [(hq + 2 hkv) * hd]
+  float* attn = nullptr;         // [hq * hd]
+  float* act = nullptr;          // [intermediate]
+  float* partials = nullptr;     // [hq * splits * (hd + 2)]
+  uint32_t* control = nullptr;   // [1 + hkv]: the grid barrier's counter, then one ticket per KV head
+  int32_t stage_bytes = 32768;   // ring stage size
+  int32_t stages = 4;            // ring depth
+  int32_t x_bytes = 0;           // shared-memory bytes of the BF16 input vector (and attention scratch)
+};
+
+// Whether the stack's shapes fit the kernel (the host also checks formats and alignment): every k a
+// multiple of 16, hd 64 or 128, hq a multiple of hkv with at most 8 query heads per KV head.
+bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t hkv, int32_t hd);
+// Whether one matrix streams through stages of `stage_bytes` (rows longer than a stage split into equal
+// segments whose length is a multiple of 16 elements).
+bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes);
+// Shared memory the kernel needs for p's shapes (sets p.stages, p.x_bytes); 0 when it does not fit.
+size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k);
+// Scratch floats (qkv, attn, act, partials) for the shapes; control words: 1 + hkv.
+size_t decode_stack_scratch_floats(int32_t hq, int32_t hkv, int32_t hd, int32_t inter, int32_t splits);
+// CTAs per SM the kernel can keep resident with `smem` bytes (the grid must be one per SM, all resident).
+int decode_stack_ctas_per_sm(size_t smem);
+// Zeroes p.control and launches `grid` cooperative CTAs (one per SM).
+cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream);
+
+}  // namespace inferx::cuda

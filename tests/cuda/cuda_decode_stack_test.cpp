@@ -1,0 +1,148 @@
+// The persistent batch-1 decode kernel (Backend::decode_stack, kernels_decode_stack.h) against the
+// per-op kernels on the same model, cache layout and tokens: a prompt, then decode steps fed with the
+// per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
+// 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
+// FP8 weights (per channel, and the vocabulary projection) and an FP8 KV cache. Decode steps run through
+// SequenceRunner, so they are recorded into a CUDA graph and replayed, as in serving.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "model/model.h"
+#include "quant/plan.h"
+
+namespace inferx {
+namespace {
+
+struct Case {
+  const char* model;
+  const char* quantize;  // "" for BF16 weights
+  DType kv = DType::BF16;
+  int64_t window = 0;  // Model::set_sliding_window when > 0
+  int prompt = 300;    // tokens before the decode steps (crosses 16-token blocks and attention splits)
+  int steps = 12;
+};
+
+struct Trace {
+  std::vector<int32_t> tokens;               // the decode inputs (from the per-op run)
+  std::vector<std::vector<float>> logits;    // one vector per decode step
+};
+
+std::vector<int32_t> prompt_tokens(int n, int32_t vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((i * 7919 + 13) % vocab));
+  return p;
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Runs prompt + steps; feeds `forced` tokens when given, else the greedy token of each step.
+Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& forced) {
+  auto& cuda = static_cast<CudaBackend&>(model.backend());
+  cuda.set_decode_stack(stack);
+  Trace t;
+  SequenceRunner runner(model, c.prompt + c.steps + 1);
+  const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
+  std::vector<float> logits = runner.step(prompt_tokens(c.prompt, vocab));
+  for (int s = 0; s < c.steps; ++s) {
+    const int32_t next = forced.empty() ? argmax(logits) : forced[static_cast<size_t>(s)];
+    t.tokens.push_back(next);
+    logits = runner.step({next});
+    t.logits.push_back(logits);
+  }
+  cuda.set_decode_stack(true);
+  return t;
+}
+
+class CudaDecodeStack : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { INFERX_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
+  const Case& c = GetParam();
+  CudaBackendOptions opts;
+  opts.kv_cache_dtype = c.kv;
+  auto backend = make_cuda_backend(0, opts);
+  LoadOptions lo;
+  if (*c.quantize) lo.quantize = parse_quant_options(c.quantize);
+  auto model = Model::load(std::string("dummy:") + c.model, *backend, lo);
+  if (c.window > 0) model->set_sliding_window(c.window);
+
+  auto& cuda = static_cast<CudaBackend&>(*backend);
+  const Trace ref = run(*model, c, false, {});
+  ASSERT_EQ(cuda.decode_stack_launches(), 0);
+  const Trace got = run(*model, c, true, ref.tokens);
+  ASSERT_GT(cuda.decode_stack_launches(), 0) << "the persistent kernel did not take " << c.model;
+  ASSERT_EQ(got.logits.size(), ref.logits.size());
+  int argmax_checked = 0;
+  for (size_t s = 0; s < ref.logits.size(); ++s) {
+    const std::vector<float>& a = ref.logits[s];
+    const std::vector<float>& b = got.logits[s];
+    double num = 0, den = 0, max_abs = 0;
+    bool finite = true;
+    for (size_t i = 0; i < a.size(); ++i) {
+      finite = finite && std::isfinite(b[i]);
+      const double d = static_cast<double>(b[i]) - a[i];
+      num += d * d;
+      den += static_cast<double>(a[i]) * a[i];
+      max_abs = std::max(max_abs, std::fabs(d));
+    }
+    ASSERT_TRUE(finite) << "step " << s;
+    const double rel = std::sqrt(num / std::max(den, 1e-30));
+    // Both paths round x to BF16 before each product and accumulate in fp32; they differ in summation
+    // order (and the 8B down projection, cuBLASLt's BF16 GEMM on the per-op path).
+    EXPECT_LT(rel, 2e-2) << c.model << " step " << s << " max |diff| " << max_abs;
+    // The greedy token must agree wherever the per-op logits' top two are further apart than the error.
+    std::vector<float> sorted = a;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] > 2 * max_abs) {
+      EXPECT_EQ(argmax(b), argmax(a)) << c.model << " step " << s;
+      ++argmax_checked;
+    }
+  }
+  EXPECT_GT(argmax_checked, 0) << "no step had a clear greedy token";
+}
+
+// Shapes the kernel does not take (Qwen3's q/k norm) decode through the per-op kernels with the stack on.
+TEST(CudaDecodeStackFallback, UnsupportedShapesRunThePerOpKernels) {
+  INFERX_SKIP_WITHOUT_GPU();
+  auto backend = make_cuda_backend(0, CudaBackendOptions{});
+  auto& cuda = static_cast<CudaBackend&>(*backend);
+  auto model = Model::load("dummy:qwen3-0.6b", *backend);
+  SequenceRunner runner(*model, 64);
+  std::vector<float> logits = runner.step(prompt_tokens(20, 1000));
+  for (int s = 0; s < 4; ++s) logits = runner.step({argmax(logits)});
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(cuda.decode_stack_launches(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaDecodeStack,
+    ::testing::Values(Case{"tiny", ""},                                   // hd 64, 2 q heads per kv head
+                      Case{"tiny", "", DType::F8_E4M3},                   // FP8 KV cache
+                      Case{"tiny", "", DType::BF16, 40, 120},             // window shorter than the context
+                      Case{"llama-3.2-1b", ""},                           // hd 64, 4 per kv head, tied
+                      Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8},    // hd 128, 4 per kv head, 14336
+                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3},  // FP8 weights and cache
+                      Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8},     // q/k/v biases, 7 per kv head
+                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      std::string n = std::string(info.param.model) + "_" + (*info.param.quantize ? info.param.quantize : "bf16") +
+                      (info.param.kv == DType::F8_E4M3 ? "_kvfp8" : "") +
+                      (info.param.window ? "_window" + std::to_string(info.param.window) : "");
+      for (char& ch : n)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return n;
+    });
+
+}  // namespace
+}  // namespace inferx
