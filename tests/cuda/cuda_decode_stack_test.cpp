@@ -47,7 +47,7 @@ int32_t argmax(const std::vector<float>& v) {
 // Runs prompt + steps; feeds `forced` tokens when given, else the greedy token of each step.
 Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& forced) {
   auto& cuda = static_cast<CudaBackend&>(model.backend());
-  cuda.set_decode_stack(stack);
+  cuda.set_decode_stack(stack);  // the option is off by default (cuda_backend.h)
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -58,7 +58,7 @@ Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& f
     logits = runner.step({next});
     t.logits.push_back(logits);
   }
-  cuda.set_decode_stack(true);
+  cuda.set_decode_stack(false);
   return t;
 }
 
@@ -115,7 +115,9 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
 // Shapes the kernel does not take (Qwen3's q/k norm) decode through the per-op kernels with the stack on.
 TEST(CudaDecodeStackFallback, UnsupportedShapesRunThePerOpKernels) {
   INFERX_SKIP_WITHOUT_GPU();
-  auto backend = make_cuda_backend(0, CudaBackendOptions{});
+  CudaBackendOptions opts;
+  opts.decode_stack = true;
+  auto backend = make_cuda_backend(0, opts);
   auto& cuda = static_cast<CudaBackend&>(*backend);
   auto model = Model::load("dummy:qwen3-0.6b", *backend);
   SequenceRunner runner(*model, 64);

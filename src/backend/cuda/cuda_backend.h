@@ -51,8 +51,9 @@ struct CudaBackendOptions {
   // Split count of every decode-attention launch (A/B measurements; 0: decode_attention_splits' choice).
   int decode_splits = 0;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
-  // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow; false: the per-op kernels.
-  bool decode_stack = true;
+  // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
+  // kernels so far (H200, 2026-12-03: 8B BF16 5.19 against 4.51 ms per token; docs/benchmarks.md).
+  bool decode_stack = false;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
   // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)

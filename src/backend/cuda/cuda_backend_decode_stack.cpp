@@ -2,6 +2,8 @@
 // (kernels_decode_stack.h) and launches it after the embedding; anything it does not take returns false
 // before a launch, and Model::forward runs the per-op kernels instead.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
@@ -75,6 +77,28 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   if (!decode_stack_params_) decode_stack_params_ = std::make_unique<cuda::DecodeStackParams>();
   cuda::DecodeStackParams& p = *decode_stack_params_;
   p = cuda::DecodeStackParams{};
+  // Ring stage size: 32 KB unless INFERX_DECODE_STACK_STAGE_KB (8..64, A/B measurements) says otherwise.
+  // A stage holds at least one row (the gate and up rows together): larger for long rows (Qwen2.5-7B's
+  // 18944-column down projection in BF16).
+  static const int32_t stage_kb = [] {
+    const char* e = std::getenv("INFERX_DECODE_STACK_STAGE_KB");
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 8 && v <= 64 ? v : 32;
+  }();
+  int64_t longest = 0;
+  auto row_bytes = [](const Linear* l, int64_t copies) {
+    return l == nullptr || l->weight.ndim != 2 ? int64_t{0} : l->weight.dim(1) * copies * (l->weight.dtype == DType::F8_E4M3 ? 1 : 2);
+  };
+  for (const DecodeStackLayer& l : s.layers)
+    longest = std::max({longest, row_bytes(l.qkv, 1), row_bytes(l.o, 1), row_bytes(l.gate_up, 2), row_bytes(l.down, 1)});
+  longest = std::max(longest, row_bytes(s.lm_head, 1));
+  p.stage_bytes = static_cast<int32_t>(std::max<int64_t>(stage_kb * 1024, (longest + 1023) / 1024 * 1024));
+  if (p.stage_bytes > 64 * 1024) return false;
+  static const uint32_t skip = [] {
+    const char* e = std::getenv("INFERX_DECODE_STACK_SKIP");
+    return e ? static_cast<uint32_t>(std::atoi(e)) & 7u : 0u;
+  }();
+  p.skip = skip;
   const int32_t stage = p.stage_bytes;
   const int64_t qkv_rows = (hq + 2 * hkv) * hd;
   const KvCacheLayer* first = s.layers[0].cache;
@@ -132,6 +156,9 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     if (capturing_) return false;  // the attribute and occupancy are set up by an eager step
     decode_stack_ctas_ = cuda::decode_stack_ctas_per_sm(smem);
     decode_stack_smem_ = smem;
+    if (decode_stack_ctas_ < 1)
+      std::fprintf(stderr, "inferx cuda: the persistent decode kernel does not fit an SM (%zu bytes of shared "
+                   "memory); batch-1 decode runs the per-op kernels\n", smem);
   }
   if (decode_stack_ctas_ < 1) return false;
   const int grid = sm_count_;

@@ -20,42 +20,36 @@
 namespace inferx::cuda {
 namespace {
 
-constexpr int kConsumerWarps = 8;
+// 15 consumer warps: with 8 the FP8 products ran at 1.8 TB/s (H200, 2026-12-03): one warp per row is
+// latency-bound on its shared-memory loads and conversions, and needs company to fill the issue slots.
+// With the producer that is 16 warps, four per SM sub-partition (each has a quarter of the registers).
+constexpr int kConsumerWarps = 15;
 constexpr int kConsumers = kConsumerWarps * kWarp;
+constexpr int kAttnWarps = 8;  // the fewest warps walking the keys (their partials must fit the x buffer)
 constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
-constexpr int kMaxRowsPerStage = 8;
-constexpr int kMaxUnits = 2 * kMaxRowsPerStage;  // gate + up rows of one stage
+constexpr int kMaxUnits = 8;  // rows of a stage (gate and up rows both count): registers bound it
 constexpr int kMaxGroup = 8;                     // query heads per KV head
 constexpr int kMaxSplits = 64;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
-constexpr size_t kMiscBytes = 1024;        // reduction slots, flags, mbarriers
+constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers
 
 // ---- stage geometry (host and device) -----------------------------------------------------------------
+// A stage holds up to 8 whole rows (gate and up rows of the same outputs for the SiLU product); a row (or
+// gate + up pair) longer than a stage is not taken (the host falls back to the per-op kernels).
 struct Geom {
   int32_t srcs;            // 1, or 2 for gate/up
-  int32_t nseg;            // segments per row (1 unless a row, or gate+up row pair, exceeds a stage)
-  int32_t seg_elems;       // elements per segment
-  int32_t seg_bytes;       // bytes per segment of one source row
-  int32_t rows_per_stage;  // power of two <= 8 (1 when nseg > 1)
+  int32_t row_bytes;       // bytes of one source row
+  int32_t rows_per_stage;  // power of two <= 8
 };
 
 __host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes) {
   Geom g;
   g.srcs = paired ? 2 : 1;
-  const int64_t row_bytes = static_cast<int64_t>(m.k) * (m.fp8 ? 1 : 2);
-  const int64_t unit = row_bytes * g.srcs;
-  if (unit <= stage_bytes) {
-    g.nseg = 1;
-    const int64_t fit = stage_bytes / unit;
-    int rs = 1;
-    while (rs * 2 <= fit && rs * 2 <= kMaxRowsPerStage) rs *= 2;
-    g.rows_per_stage = rs;
-  } else {
-    g.nseg = static_cast<int32_t>((unit + stage_bytes - 1) / stage_bytes);
-    g.rows_per_stage = 1;
-  }
-  g.seg_elems = m.k / g.nseg;
-  g.seg_bytes = static_cast<int32_t>(row_bytes / g.nseg);
+  g.row_bytes = m.k * (m.fp8 ? 1 : 2);
+  const int64_t fit = stage_bytes / (static_cast<int64_t>(g.row_bytes) * g.srcs);
+  int rs = 1;
+  while (rs * 2 <= fit && rs * 2 * g.srcs <= kMaxUnits) rs *= 2;
+  g.rows_per_stage = fit >= 1 ? rs : 0;
   return g;
 }
 
@@ -105,18 +99,18 @@ __device__ __forceinline__ float consumer_sum(float v, float* scratch) {
   return total;
 }
 
-// Grid-wide barrier of the consumers (the cooperative-groups pattern: CTA barrier, one thread's fence and
-// arrival, spin until every CTA arrived, CTA barrier). `target` grows by gridDim.x per barrier.
+// Grid-wide barrier of the consumers: CTA barrier, then one thread's release-add and acquire-spin at GPU
+// scope (the CTA barrier orders the other threads' writes before the release, which is cumulative).
+// `target` grows by gridDim.x per barrier. A __threadfence() before the add (the cooperative-groups
+// pattern) waits for this SM's outstanding memory operations, microseconds behind a saturated stream.
 __device__ __forceinline__ void grid_barrier(uint32_t* counter, uint32_t target) {
   consumer_sync();
   if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
     uint32_t seen;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
     } while (seen < target);
-    __threadfence();
   }
   consumer_sync();
 }
@@ -126,6 +120,7 @@ __device__ __forceinline__ void cta_rows(int32_t rows, int32_t& r0, int32_t& r1)
   r1 = static_cast<int32_t>(static_cast<int64_t>(rows) * (blockIdx.x + 1) / gridDim.x);
 }
 
+// Stage k of the stream sits in slot k % stages.
 struct Ring {
   uint8_t* data;
   uint64_t* full;
@@ -137,25 +132,20 @@ struct Ring {
 // ---- producer -------------------------------------------------------------------------------------------
 __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
   const Geom g = stage_geometry(m, paired, ring.stage_bytes);
-  const int64_t row_bytes = static_cast<int64_t>(g.seg_bytes) * g.nseg;
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
   const auto* base = static_cast<const uint8_t*>(m.data);
-  for (int32_t row = r0; row < r1; row += g.rows_per_stage) {
+  for (int32_t row = r0; row < r1; row += g.rows_per_stage, ++it) {
     const int32_t n = min(g.rows_per_stage, r1 - row);
-    const uint32_t bytes = g.nseg == 1 ? static_cast<uint32_t>(n * row_bytes) : static_cast<uint32_t>(g.seg_bytes);
-    for (int32_t s = 0; s < g.nseg; ++s, ++it) {
-      const int32_t slot = static_cast<int32_t>(it % ring.stages);
-      const uint32_t round = it / ring.stages;
-      if (round > 0) mbar_wait(&ring.empty[slot], (round - 1) & 1);
-      mbar_expect_tx(&ring.full[slot], bytes * g.srcs);
-      uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-      for (int32_t src = 0; src < g.srcs; ++src) {
-        const uint8_t* from = base + (static_cast<int64_t>(src) * m.rows + row) * row_bytes +
-                              static_cast<int64_t>(s) * g.seg_bytes;
-        bulk_copy(dst + static_cast<size_t>(src) * g.rows_per_stage * g.seg_bytes, from, bytes, &ring.full[slot]);
-      }
-    }
+    const uint32_t bytes = static_cast<uint32_t>(n) * g.row_bytes;
+    const int32_t slot = static_cast<int32_t>(it % ring.stages);
+    const uint32_t round = it / ring.stages;
+    if (round > 0) mbar_wait(&ring.empty[slot], (round - 1) & 1);
+    mbar_expect_tx(&ring.full[slot], bytes * g.srcs);
+    uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+    for (int32_t src = 0; src < g.srcs; ++src)
+      bulk_copy(dst + static_cast<size_t>(src) * g.rows_per_stage * g.row_bytes,
+                base + (static_cast<int64_t>(src) * m.rows + row) * g.row_bytes, bytes, &ring.full[slot]);
   }
 }
 
@@ -187,19 +177,38 @@ __device__ __forceinline__ float dot_fp8x4(uint32_t w, uint32_t x01, uint32_t x2
   return fmaf(b.y, xb.y, fmaf(b.x, xb.x, fmaf(a.y, xa.y, fmaf(a.x, xa.x, acc))));
 }
 
-// This warp's share (part `sub` of `nsub`) of one row segment's dot product with x; every lane gets it.
+enum class Emit { Store, AddToResidual, SiluMul };
+
+__device__ __forceinline__ float row_scale(const StackMatrix& m, int64_t stored_row) {
+  if (!m.fp8) return 1.0f;
+  return m.scale[m.per_channel ? stored_row : 0];
+}
+__device__ __forceinline__ float row_bias(const StackMatrix& m, int64_t stored_row) {
+  return m.bias ? m.bias[stored_row] : 0.0f;
+}
+
+template <Emit kEmit>
+__device__ __forceinline__ void emit(const StackMatrix& m, float* out, int64_t r, float a, float up, float resid) {
+  (void)m;
+  if constexpr (kEmit == Emit::Store) {
+    __stcg(out + r, a);
+  } else if constexpr (kEmit == Emit::AddToResidual) {
+    __stcg(out + r, resid + a);
+  } else {
+    __stcg(out + r, silu(a) * up);
+  }
+}
+
+// The dot product of a row's 16-byte weight vectors [0, nv) with x, by one warp (every lane gets it). Four
+// vectors per lane are loaded before any is used: shared-memory latency, not issue, bounds a warp.
 template <bool kFp8>
-__device__ __forceinline__ float dot_segment(const uint8_t* w, const __nv_bfloat16* x, int32_t elems, int sub,
-                                             int nsub) {
-  constexpr int kVec = kFp8 ? 16 : 8;  // elements per 16-byte weight vector
+__device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* x, int32_t nv) {
+  constexpr int kUnroll = 4;
   const int lane = threadIdx.x % kWarp;
-  const int32_t nv = elems / kVec;
-  const int32_t v1 = nv * (sub + 1) / nsub;
   const auto* w4 = reinterpret_cast<const uint4*>(w);
   const auto* x4 = reinterpret_cast<const uint4*>(x);
   float a0 = 0.0f, a1 = 0.0f;
-  for (int32_t v = nv * sub / nsub + lane; v < v1; v += kWarp) {
-    const uint4 wv = w4[v];
+  auto step = [&](const uint4& wv, int32_t v) {
     if constexpr (kFp8) {
       const uint4 xa = x4[2 * v], xb = x4[2 * v + 1];
       a0 = dot_fp8x4(wv.x, xa.x, xa.y, a0);
@@ -213,92 +222,98 @@ __device__ __forceinline__ float dot_segment(const uint8_t* w, const __nv_bfloat
       a0 = dot_bf16x2(wv.z, xv.z, a0);
       a1 = dot_bf16x2(wv.w, xv.w, a1);
     }
+  };
+  int32_t v = lane;
+  for (; v + (kUnroll - 1) * kWarp < nv; v += kUnroll * kWarp) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wv[u] = w4[v + u * kWarp];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) step(wv[u], v + u * kWarp);
   }
+  for (; v < nv; v += kWarp) step(w4[v], v);
   return warp_sum(a0 + a1);
 }
 
-enum class Emit { Store, AddToResidual, SiluMul };
-
-__device__ __forceinline__ float row_scale(const StackMatrix& m, int64_t stored_row) {
-  if (!m.fp8) return 1.0f;
-  return m.scale[m.per_channel ? stored_row : 0];
-}
-__device__ __forceinline__ float row_bias(const StackMatrix& m, int64_t stored_row) {
-  return m.bias ? m.bias[stored_row] : 0.0f;
-}
-
-// Consumes this CTA's stages of one matrix (the producer's order) and writes its output rows.
+// Consumes this CTA's stages of one matrix (the producer's order) and writes its output rows. Row j of the
+// CTA's range belongs to warp j % kConsumerWarps, which computes it whole (gate and up together) and
+// writes it: no CTA-wide barrier per stage. Every warp waits for every stage and releases it (the empty
+// barrier counts the warps), so no warp runs more than a ring ahead of the slowest.
+// (Measured against a variant where each slot had its own warp group: 2x slower, since a group then
+// alternates between computing its one stage and waiting for that stage's refill.)
 template <Emit kEmit>
 __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t& it, const __nv_bfloat16* xs,
-                               float* red, float* out) {
+                               float* out, uint32_t skip) {
   constexpr bool kPaired = kEmit == Emit::SiluMul;
   const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int rs = g.rows_per_stage, units = g.srcs * rs;
-  const int wpu = units >= kConsumerWarps ? 1 : kConsumerWarps / units;  // warps per unit
+  const int rs = g.rows_per_stage;
+  const int32_t nv = m.k / (m.fp8 ? 16 : 8);
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
-  float run0 = 0.0f, run1 = 0.0f;  // a finalising thread's sums over a row's segments
-  for (int32_t row = r0; row < r1; row += rs) {
+  for (int32_t row = r0; row < r1; row += rs, ++it) {
     const int32_t n = min(rs, r1 - row);
-    for (int32_t s = 0; s < g.nseg; ++s, ++it) {
-      const int32_t slot = static_cast<int32_t>(it % ring.stages);
-      mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
-      const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-      const __nv_bfloat16* xseg = xs + static_cast<int64_t>(s) * g.seg_elems;
-      float* rb = red + (it & 1) * kMaxUnits;
-      for (int u = wpu == 1 ? warp : warp / wpu; u < units; u += wpu == 1 ? kConsumerWarps : units) {
-        if (u % rs >= n) continue;  // past the CTA's last row
-        const uint8_t* w = stage + static_cast<size_t>(u) * g.seg_bytes;
-        const int sub = wpu == 1 ? 0 : warp % wpu;
-        const float v = m.fp8 ? dot_segment<true>(w, xseg, g.seg_elems, sub, wpu)
-                              : dot_segment<false>(w, xseg, g.seg_elems, sub, wpu);
-        if (lane == 0) rb[u * wpu + sub] = v;
+    // The owned row of this stage, if any: j = row - r0 + i with j % kConsumerWarps == warp.
+    const int i = ((warp - (row - r0)) % kConsumerWarps + kConsumerWarps) % kConsumerWarps;
+    const bool mine = i < n;
+    const int64_t r = row + i;
+    // The emit's operands, loaded before the wait and the products so their latency hides there.
+    float scale0 = 1.0f, bias0 = 0.0f, scale1 = 1.0f, bias1 = 0.0f, resid = 0.0f;
+    if (mine && lane == 0) {
+      scale0 = row_scale(m, r);
+      bias0 = row_bias(m, r);
+      if constexpr (kPaired) {
+        scale1 = row_scale(m, m.rows + r);
+        bias1 = row_bias(m, m.rows + r);
       }
-      consumer_sync();  // the stage is read and the partial sums are in `red`
-      if (threadIdx.x == 0) mbar_arrive(&ring.empty[slot]);
-      const int t = threadIdx.x;
-      if (t < n) {
-        for (int sub = 0; sub < wpu; ++sub) run0 += rb[t * wpu + sub];
-        if (kPaired)
-          for (int sub = 0; sub < wpu; ++sub) run1 += rb[(rs + t) * wpu + sub];
-        if (s == g.nseg - 1) {
-          const int64_t r = row + t;
-          const float a = run0 * row_scale(m, r) + row_bias(m, r);
-          if constexpr (kEmit == Emit::Store) {
-            __stcg(out + r, a);
-          } else if constexpr (kEmit == Emit::AddToResidual) {
-            __stcg(out + r, __ldcg(out + r) + a);
-          } else {
-            const float up = run1 * row_scale(m, m.rows + r) + row_bias(m, m.rows + r);
-            __stcg(out + r, silu(a) * up);
-          }
-          run0 = run1 = 0.0f;
-        }
+      if constexpr (kEmit == Emit::AddToResidual) resid = __ldcg(out + r);
+    }
+    const int32_t slot = static_cast<int32_t>(it % ring.stages);
+    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+    float d0 = 0.0f, d1 = 0.0f;
+    if (mine && !(skip & 1)) {
+      const uint8_t* w0 = ring.data + static_cast<size_t>(slot) * ring.stage_bytes + static_cast<size_t>(i) * g.row_bytes;
+      d0 = m.fp8 ? dot_row<true>(w0, xs, nv) : dot_row<false>(w0, xs, nv);
+      if constexpr (kPaired) {
+        const uint8_t* w1 = w0 + static_cast<size_t>(rs) * g.row_bytes;
+        d1 = m.fp8 ? dot_row<true>(w1, xs, nv) : dot_row<false>(w1, xs, nv);
       }
     }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&ring.empty[slot]);
+    if (mine && lane == 0) emit<kEmit>(m, out, r, d0 * scale0 + bias0, d1 * scale1 + bias1, resid);
   }
 }
 
-// xs = BF16(src * rsqrt(mean(src^2) + eps) * norm) over n floats, or BF16(src) without a norm.
+// xs = BF16(src * rsqrt(mean(src^2) + eps) * norm) over n floats, or BF16(src) without a norm. One read
+// of src (L2 round trips are what the phase boundaries cost): a normed input (the hidden size, at most
+// kNormVecs float4 per thread) is held in registers between the sum of squares and the scaling.
+constexpr int kNormVecs = 8;
 __device__ void load_input(const float* src, int32_t n, const float* norm, float eps, __nv_bfloat16* xs,
                            float* scratch) {
-  float rs = 1.0f;
   if (norm != nullptr) {
+    float4 v[kNormVecs];
     float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormVecs; ++j) {
+      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
+      v[j] = i < n ? __ldcg(reinterpret_cast<const float4*>(src + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    const float rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
+#pragma unroll
+    for (int j = 0; j < kNormVecs; ++j) {
+      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
+      if (i < n) {
+        const float4 w = *reinterpret_cast<const float4*>(norm + i);
+        store_bf16x4(xs + i, v[j].x * rs * w.x, v[j].y * rs * w.y, v[j].z * rs * w.z, v[j].w * rs * w.w);
+      }
+    }
+  } else {
     for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
       const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
-      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      store_bf16x4(xs + i, v.x, v.y, v.z, v.w);
     }
-    rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
-  }
-  for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
-    float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
-    if (norm != nullptr) {
-      const float4 w = *reinterpret_cast<const float4*>(norm + i);
-      v = make_float4(v.x * rs * w.x, v.y * rs * w.y, v.z * rs * w.z, v.w * rs * w.w);
-    }
-    store_bf16x4(xs + i, v.x, v.y, v.z, v.w);
   }
   consumer_sync();
 }
@@ -356,7 +371,7 @@ __device__ __forceinline__ int64_t kv_offset(const DecodeStackParams& p, int32_t
 // Work item (kv head g, split s) of every CTA below hkv * splits: RoPE of the group's query heads (and of
 // the new key, by the split that holds the new position, which also writes k and v to the cache), the
 // online-softmax partials of the split's keys, then the last CTA of the group merges the splits into
-// p.attn. `sm`: shared scratch of (kMaxGroup * hd + kConsumerWarps * kMaxGroup * (hd + 2)) floats.
+// p.attn. `sm`: shared scratch of (kMaxGroup * hd + kAttnWarps * kMaxGroup * (hd + 2)) floats.
 template <int kHd>
 __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag) {
   constexpr int kDims = kHd / kWarp, kHalf = kHd / 2, kPart = kHd + 2;
@@ -367,6 +382,8 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
   const int32_t per = (max(len - lo, 0) + splits - 1) / splits;
   float* q_s = sm;
   float* wpart = sm + kMaxGroup * kHd;
+  // Warps walking the keys: as many as the x buffer holds partials for (at least kAttnWarps).
+  const int aw = min(kConsumerWarps, (p.x_bytes / 4 - kMaxGroup * kHd) / (group * kPart));
   for (int item = blockIdx.x; item < p.hkv * splits; item += gridDim.x) {
     const int g = item / splits, s = item % splits;
     const int32_t k0 = lo + s * per, k1 = min(len, k0 + per);
@@ -382,8 +399,8 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
       const float x0 = __ldcg(head + a), x1 = __ldcg(head + b);
       const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
       if (r < group) {
-        q_s[r * kHd + a] = y0;
-        q_s[r * kHd + b] = y1;
+        q_s[r * kHd + a] = y0 * p.attn_scale;
+        q_s[r * kHd + b] = y1 * p.attn_scale;
       } else {
         const int64_t off = kv_offset(p, pos, g, kHd);
         if (off >= 0) {
@@ -398,19 +415,17 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
     __threadfence_block();
     consumer_sync();  // q rotated; the new k/v in the cache for this CTA's reads
 
-    float q[kMaxGroup][kDims], m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+    // q stays in shared memory (read per key: registers are tight at 16 warps).
+    float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
 #pragma unroll
     for (int r = 0; r < kMaxGroup; ++r) {
       m[r] = -INFINITY;
       l[r] = 0.0f;
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) {
-        q[r][d] = r < group ? q_s[r * kHd + lane * kDims + d] * p.attn_scale : 0.0f;
-        acc[r][d] = 0.0f;
-      }
+      for (int d = 0; d < kDims; ++d) acc[r][d] = 0.0f;
     }
-    constexpr int kChunk = 4;  // keys per warp and step: their loads are issued together
-    for (int32_t t0 = k0 + warp * kChunk; t0 < k1; t0 += kConsumerWarps * kChunk) {
+    constexpr int kChunk = 2;  // keys per warp and step: their loads are issued together
+    for (int32_t t0 = k0 + warp * kChunk; warp < aw && t0 < k1; t0 += aw * kChunk) {
       float kf[kChunk][kDims], vf[kChunk][kDims];
       bool ok[kChunk];
 #pragma unroll
@@ -430,7 +445,7 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
           if (r >= group) break;
           float sc = 0.0f;
 #pragma unroll
-          for (int d = 0; d < kDims; ++d) sc = fmaf(q[r][d], kf[j][d], sc);
+          for (int d = 0; d < kDims; ++d) sc = fmaf(q_s[r * kHd + lane * kDims + d], kf[j][d], sc);
           sc = warp_sum(sc);
           const float mn = fmaxf(m[r], sc), corr = __expf(m[r] - mn), pr = __expf(sc - mn);
           l[r] = l[r] * corr + pr;
@@ -443,8 +458,8 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
     // The warps' partials, then their merge into this split's partial.
 #pragma unroll
     for (int r = 0; r < kMaxGroup; ++r) {
-      if (r >= group) break;
-      float* wp = wpart + (warp * kMaxGroup + r) * kPart;
+      if (r >= group || warp >= aw) break;
+      float* wp = wpart + (warp * group + r) * kPart;
       if (lane == 0) wp[0] = m[r], wp[1] = l[r];
 #pragma unroll
       for (int d = 0; d < kDims; ++d) wp[2 + lane * kDims + d] = acc[r][d];
@@ -453,11 +468,11 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
     for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
       const int r = idx / kHd, d = idx % kHd;
       float mx = -INFINITY;
-      for (int w = 0; w < kConsumerWarps; ++w) mx = fmaxf(mx, wpart[(w * kMaxGroup + r) * kPart]);
+      for (int w = 0; w < aw; ++w) mx = fmaxf(mx, wpart[(w * group + r) * kPart]);
       float sum_l = 0.0f, sum_a = 0.0f;
       if (mx != -INFINITY) {
-        for (int w = 0; w < kConsumerWarps; ++w) {
-          const float* wp = wpart + (w * kMaxGroup + r) * kPart;
+        for (int w = 0; w < aw; ++w) {
+          const float* wp = wpart + (w * group + r) * kPart;
           const float e = __expf(wp[0] - mx);
           sum_l += wp[1] * e;
           sum_a += wp[2 + d] * e;
@@ -495,6 +510,7 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
+// 128 registers: 16 warps of one resident CTA per SM, four per sub-partition of 16384 registers.
 __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   Ring ring;
@@ -503,15 +519,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   ring.stage_bytes = p.stage_bytes;
   auto* xs = reinterpret_cast<__nv_bfloat16*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes);
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
-  float* red = misc;                           // [2][kMaxUnits]
-  float* scratch = misc + 2 * kMaxUnits;       // [kConsumerWarps]
+  float* scratch = misc;  // [kConsumerWarps]
   int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
-  ring.full = reinterpret_cast<uint64_t*>(misc + 64);
+  ring.full = reinterpret_cast<uint64_t*>(misc + 32);
   ring.empty = ring.full + p.stages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       mbar_init(&ring.full[s], 1);
-      mbar_init(&ring.empty[s], 1);
+      mbar_init(&ring.empty[s], kConsumerWarps);  // every consumer warp releases every stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -522,40 +537,44 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_
   }
   uint32_t it = 0, barriers = 0;
   uint32_t* counter = p.control;
-  auto sync_grid = [&] { grid_barrier(counter, ++barriers * gridDim.x); };
+  auto sync_grid = [&] {
+    if (!(p.skip & 2)) grid_barrier(counter, ++barriers * gridDim.x);
+  };
   const int32_t qd = p.hq * p.hd, inter = p.layers[0].down.k;
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
     load_input(p.x, p.hidden, L.attn_norm, p.eps, xs, scratch);
-    consume_matrix<Emit::Store>(L.qkv, ring, it, xs, red, p.qkv);
+    consume_matrix<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip);
     sync_grid();
-    if (p.hd == 128)
+    if (p.skip & 4)
+      ;
+    else if (p.hd == 128)
       attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag);
     else
       attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag);
     sync_grid();
     load_input(p.attn, qd, nullptr, 0.0f, xs, scratch);
-    consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, red, p.x);
+    consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip);
     sync_grid();
     load_input(p.x, p.hidden, L.ffn_norm, p.eps, xs, scratch);
-    consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, red, p.act);
+    consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip);
     sync_grid();
     load_input(p.act, inter, nullptr, 0.0f, xs, scratch);
-    consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, red, p.x);
+    consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip);
     sync_grid();
   }
   load_input(p.x, p.hidden, p.final_norm, p.eps, xs, scratch);
-  consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, red, p.logits);
+  consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip);
 }
 
 size_t attention_scratch_bytes(int32_t hd) {
-  return (static_cast<size_t>(kMaxGroup) * hd + static_cast<size_t>(kConsumerWarps) * kMaxGroup * (hd + 2)) * 4;
+  return (static_cast<size_t>(kMaxGroup) * hd + static_cast<size_t>(kAttnWarps) * kMaxGroup * (hd + 2)) * 4;
 }
 
 }  // namespace
 
 bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t hkv, int32_t hd) {
-  return hidden > 0 && inter > 0 && hidden % 16 == 0 && inter % 16 == 0 && (hd == 64 || hd == 128) && hkv > 0 &&
+  return hidden > 0 && hidden <= kNormVecs * 4 * kConsumers && inter > 0 && hidden % 16 == 0 && inter % 16 == 0 && (hd == 64 || hd == 128) && hkv > 0 &&
          hq % hkv == 0 && hq / hkv <= kMaxGroup && (hq * hd) % 16 == 0;
 }
 
@@ -563,18 +582,16 @@ bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_b
   if (m.data == nullptr || m.rows <= 0 || m.k <= 0 || m.k % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(m.data) % 16 != 0) return false;
   if (m.fp8 && m.scale == nullptr) return false;
-  const Geom g = stage_geometry(m, paired, stage_bytes);
-  return m.k % g.nseg == 0 && g.seg_elems % 16 == 0 &&
-         static_cast<int64_t>(g.seg_bytes) * g.srcs * g.rows_per_stage <= stage_bytes;
+  return stage_geometry(m, paired, stage_bytes).rows_per_stage >= 1;
 }
 
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
   const size_t x_bytes = (std::max(static_cast<size_t>(max_k) * 2, attention_scratch_bytes(p.hd)) + 127) / 128 * 128;
   if (x_bytes + kMiscBytes + 2 * static_cast<size_t>(p.stage_bytes) > kSmemLimit) return 0;
-  const size_t stages = std::min<size_t>(8, (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
+  const size_t stages = std::min<size_t>(std::min(8, kConsumerWarps), (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
   p.stages = static_cast<int32_t>(stages);
   p.x_bytes = static_cast<int32_t>(x_bytes);
-  static_assert(64 * 4 + 2 * 8 * 8 <= kMiscBytes, "misc: reductions, flag, 2 x 8 mbarriers");
+  static_assert(32 * 4 + 2 * 8 * 8 <= kMiscBytes, "misc: scratch, flag, 2 x 8 mbarriers");
   return stages * p.stage_bytes + x_bytes + kMiscBytes;
 }
 

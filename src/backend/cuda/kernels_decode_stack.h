@@ -74,6 +74,9 @@ struct DecodeStackParams {
   int32_t stage_bytes = 32768;   // ring stage size
   int32_t stages = 4;            // ring depth
   int32_t x_bytes = 0;           // shared-memory bytes of the BF16 input vector (and attention scratch)
+  // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
+  // barriers, 4 the attention.
+  uint32_t skip = 0;
 };
 
 // Whether the stack's shapes fit the kernel (the host also checks formats and alignment): every k a
