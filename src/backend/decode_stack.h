@@ -14,7 +14,7 @@ struct KvCacheLayer;
 struct DecodeStackLayer {
   const Tensor* attn_norm = nullptr;
   const Tensor* ffn_norm = nullptr;
-  const Linear* qkv = nullptr;      // q, k, v stacked (model/fused_projections.h)
+  const Linear* qkv = nullptr;  // q, k, v stacked (model/fused_projections.h)
   const Linear* o = nullptr;
   const Linear* gate_up = nullptr;  // gate over up
   const Linear* down = nullptr;

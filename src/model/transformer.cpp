@@ -154,7 +154,8 @@ bool Model::decode_stack(const BatchView& batch, KvCache& cache, const RopeParam
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];
     if (l.qkv.weight.empty() || l.gate_up.weight.empty()) return false;  // not fused at load
-    layers[i] = {&l.attn_norm, &l.ffn_norm, &l.qkv, &l.o, &l.gate_up, &l.down, &cache.layer(static_cast<int64_t>(i))};
+    layers[i] = {
+        &l.attn_norm, &l.ffn_norm, &l.qkv, &l.o, &l.gate_up, &l.down, &cache.layer(static_cast<int64_t>(i))};
   }
   DecodeStack stack;
   stack.token_embedding = &weights_.token_embedding;

@@ -30,8 +30,8 @@ struct Case {
 };
 
 struct Trace {
-  std::vector<int32_t> tokens;               // the decode inputs (from the per-op run)
-  std::vector<std::vector<float>> logits;    // one vector per decode step
+  std::vector<int32_t> tokens;             // the decode inputs (from the per-op run)
+  std::vector<std::vector<float>> logits;  // one vector per decode step
 };
 
 std::vector<int32_t> prompt_tokens(int n, int32_t vocab) {
@@ -138,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8},     // q/k/v biases, 7 per kv head
                       Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8}),
     [](const ::testing::TestParamInfo<Case>& info) {
-      std::string n = std::string(info.param.model) + "_" + (*info.param.quantize ? info.param.quantize : "bf16") +
+      std::string n = std::string(info.param.model) + "_" +
+                      (*info.param.quantize ? info.param.quantize : "bf16") +
                       (info.param.kv == DType::F8_E4M3 ? "_kvfp8" : "") +
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "");
       for (char& ch : n)

@@ -71,7 +71,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   if (x.dtype != DType::F32 || x.device != Device::CUDA || logits.dtype != DType::F32 || !aligned16(x.data) ||
       !aligned16(logits.data) || rope.head_dim != hd || hd / 2 > 64 ||
       !cuda::decode_stack_supported(static_cast<int32_t>(hidden), static_cast<int32_t>(inter),
-                                    static_cast<int32_t>(hq), static_cast<int32_t>(hkv), static_cast<int32_t>(hd)))
+                                    static_cast<int32_t>(hq), static_cast<int32_t>(hkv),
+                                    static_cast<int32_t>(hd)))
     return false;
 
   if (!decode_stack_params_) decode_stack_params_ = std::make_unique<cuda::DecodeStackParams>();
@@ -87,10 +88,13 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   }();
   int64_t longest = 0;
   auto row_bytes = [](const Linear* l, int64_t copies) {
-    return l == nullptr || l->weight.ndim != 2 ? int64_t{0} : l->weight.dim(1) * copies * (l->weight.dtype == DType::F8_E4M3 ? 1 : 2);
+    return l == nullptr || l->weight.ndim != 2
+               ? int64_t{0}
+               : l->weight.dim(1) * copies * (l->weight.dtype == DType::F8_E4M3 ? 1 : 2);
   };
   for (const DecodeStackLayer& l : s.layers)
-    longest = std::max({longest, row_bytes(l.qkv, 1), row_bytes(l.o, 1), row_bytes(l.gate_up, 2), row_bytes(l.down, 1)});
+    longest = std::max(
+        {longest, row_bytes(l.qkv, 1), row_bytes(l.o, 1), row_bytes(l.gate_up, 2), row_bytes(l.down, 1)});
   longest = std::max(longest, row_bytes(s.lm_head, 1));
   p.stage_bytes = static_cast<int32_t>(std::max<int64_t>(stage_kb * 1024, (longest + 1023) / 1024 * 1024));
   if (p.stage_bytes > 64 * 1024) return false;
@@ -157,13 +161,16 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     decode_stack_ctas_ = cuda::decode_stack_ctas_per_sm(smem);
     decode_stack_smem_ = smem;
     if (decode_stack_ctas_ < 1)
-      std::fprintf(stderr, "inferx cuda: the persistent decode kernel does not fit an SM (%zu bytes of shared "
-                   "memory); batch-1 decode runs the per-op kernels\n", smem);
+      std::fprintf(stderr,
+                   "inferx cuda: the persistent decode kernel does not fit an SM (%zu bytes of shared "
+                   "memory); batch-1 decode runs the per-op kernels\n",
+                   smem);
   }
   if (decode_stack_ctas_ < 1) return false;
   const int grid = sm_count_;
   p.splits = std::clamp(grid / static_cast<int>(hkv), 1, 64);
-  const size_t floats = cuda::decode_stack_scratch_floats(p.hq, p.hkv, p.hd, static_cast<int32_t>(inter), p.splits);
+  const size_t floats =
+      cuda::decode_stack_scratch_floats(p.hq, p.hkv, p.hd, static_cast<int32_t>(inter), p.splits);
   const size_t bytes = floats * sizeof(float) + (1 + static_cast<size_t>(hkv)) * sizeof(uint32_t);
   if (capturing_ && bytes > decode_stack_scratch_.bytes) return false;
   auto* f = static_cast<float*>(scratch(decode_stack_scratch_, bytes));

@@ -1,13 +1,14 @@
 // The batch-1 decode step as one persistent kernel; the design and its reasons are in
-// kernels_decode_stack.h. Layout of a CTA (one per SM, all resident: a cooperative launch):
-//   warps 0-7: consumers. They run the phases in order, meeting the other CTAs at a grid-wide barrier
-//              after every phase whose output another CTA reads;
-//   warp 8:    the producer (one lane). It walks the same phase list and copies this CTA's share of each
-//              weight matrix into the next free ring stage (cp.async.bulk, completion on the stage's
-//              "full" mbarrier), waiting only for a free stage ("empty" mbarrier), never for a barrier.
+// kernels_decode_stack.h, the measurements in docs/benchmarks.md. Layout of a CTA (one per SM, all
+// resident: a cooperative launch):
+//   warps 0-14: consumers. They run the phases in order, meeting the other CTAs at a grid-wide barrier
+//               after every phase whose output another CTA reads;
+//   warp 15:    the producer (one lane). It walks the same phase list and copies this CTA's share of each
+//               weight matrix into the next free ring stage (cp.async.bulk, completion on the stage's
+//               "full" mbarrier), waiting only for a free stage ("empty" mbarrier), never for a barrier.
 // A phase over a matrix of R output rows gives CTA i the rows [R i / G, R (i + 1) / G); its bytes are
 // contiguous, so a stage is one bulk copy of up to 8 whole rows (two copies for gate/up: the gate rows
-// and the up rows of the same outputs), or one segment of a row longer than a stage.
+// and the up rows of the same outputs).
 // Cross-CTA data (the residual stream, q/k/v, attention partials, the MLP activation) is read with
 // __ldcg (L2): an SM's L1 is not coherent with the other SMs' writes.
 #include <cuda_fp8.h>
@@ -27,19 +28,19 @@ constexpr int kConsumerWarps = 15;
 constexpr int kConsumers = kConsumerWarps * kWarp;
 constexpr int kAttnWarps = 8;  // the fewest warps walking the keys (their partials must fit the x buffer)
 constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
-constexpr int kMaxUnits = 8;  // rows of a stage (gate and up rows both count): registers bound it
-constexpr int kMaxGroup = 8;                     // query heads per KV head
+constexpr int kMaxUnits = 8;                  // rows of a stage (gate and up rows both count)
+constexpr int kMaxGroup = 8;                  // query heads per KV head
 constexpr int kMaxSplits = 64;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
 constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers
 
 // ---- stage geometry (host and device) -----------------------------------------------------------------
-// A stage holds up to 8 whole rows (gate and up rows of the same outputs for the SiLU product); a row (or
-// gate + up pair) longer than a stage is not taken (the host falls back to the per-op kernels).
+// A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product); a
+// row (or gate + up pair) longer than a stage is not taken (the host sizes stages for the longest row).
 struct Geom {
   int32_t srcs;            // 1, or 2 for gate/up
   int32_t row_bytes;       // bytes of one source row
-  int32_t rows_per_stage;  // power of two <= 8
+  int32_t rows_per_stage;  // power of two, rows_per_stage * srcs <= kMaxUnits; 0: a row does not fit
 };
 
 __host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes) {
@@ -85,7 +86,9 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory"); }
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+}
 
 // Sum over the consumer threads (scratch: kConsumerWarps floats); every consumer gets the result.
 __device__ __forceinline__ float consumer_sum(float v, float* scratch) {
@@ -169,7 +172,8 @@ __device__ __forceinline__ float dot_bf16x2(uint32_t w, uint32_t x, float acc) {
 }
 // Four E4M3 weights (one 32-bit word) against four BF16 activations (two words).
 __device__ __forceinline__ float dot_fp8x4(uint32_t w, uint32_t x01, uint32_t x23, float acc) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+  const __half2_raw lo =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
   const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
   const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
   const float2 xa = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x01));
@@ -188,7 +192,8 @@ __device__ __forceinline__ float row_bias(const StackMatrix& m, int64_t stored_r
 }
 
 template <Emit kEmit>
-__device__ __forceinline__ void emit(const StackMatrix& m, float* out, int64_t r, float a, float up, float resid) {
+__device__ __forceinline__ void emit(const StackMatrix& m, float* out, int64_t r, float a, float up,
+                                     float resid) {
   (void)m;
   if constexpr (kEmit == Emit::Store) {
     __stcg(out + r, a);
@@ -272,7 +277,8 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
     mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
     float d0 = 0.0f, d1 = 0.0f;
     if (mine && !(skip & 1)) {
-      const uint8_t* w0 = ring.data + static_cast<size_t>(slot) * ring.stage_bytes + static_cast<size_t>(i) * g.row_bytes;
+      const uint8_t* w0 =
+          ring.data + static_cast<size_t>(slot) * ring.stage_bytes + static_cast<size_t>(i) * g.row_bytes;
       d0 = m.fp8 ? dot_row<true>(w0, xs, nv) : dot_row<false>(w0, xs, nv);
       if constexpr (kPaired) {
         const uint8_t* w1 = w0 + static_cast<size_t>(rs) * g.row_bytes;
@@ -325,8 +331,10 @@ __device__ __forceinline__ void load_kv(const void* cache, bool fp8, int64_t off
     const auto* p = static_cast<const uint8_t*>(cache) + off;
     if constexpr (kDims == 4) {
       const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
-      const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
-      const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+      const __half2_raw lo =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+      const __half2_raw hi =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
       const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
       out[0] = a.x * scale, out[1] = a.y * scale, out[2] = b.x * scale, out[3] = b.y * scale;
     } else {
@@ -511,7 +519,8 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
 
 // ---- the kernel -----------------------------------------------------------------------------------------
 // 128 registers: 16 warps of one resident CTA per SM, four per sub-partition of 16384 registers.
-__global__ void __launch_bounds__(kThreads, 1) decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   Ring ring;
   ring.data = smem;
@@ -574,8 +583,9 @@ size_t attention_scratch_bytes(int32_t hd) {
 }  // namespace
 
 bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t hkv, int32_t hd) {
-  return hidden > 0 && hidden <= kNormVecs * 4 * kConsumers && inter > 0 && hidden % 16 == 0 && inter % 16 == 0 && (hd == 64 || hd == 128) && hkv > 0 &&
-         hq % hkv == 0 && hq / hkv <= kMaxGroup && (hq * hd) % 16 == 0;
+  return hidden > 0 && hidden <= kNormVecs * 4 * kConsumers && inter > 0 && hidden % 16 == 0 &&
+         inter % 16 == 0 && (hd == 64 || hd == 128) && hkv > 0 && hq % hkv == 0 && hq / hkv <= kMaxGroup &&
+         (hq * hd) % 16 == 0;
 }
 
 bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes) {
@@ -586,9 +596,11 @@ bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_b
 }
 
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
-  const size_t x_bytes = (std::max(static_cast<size_t>(max_k) * 2, attention_scratch_bytes(p.hd)) + 127) / 128 * 128;
+  const size_t x_bytes =
+      (std::max(static_cast<size_t>(max_k) * 2, attention_scratch_bytes(p.hd)) + 127) / 128 * 128;
   if (x_bytes + kMiscBytes + 2 * static_cast<size_t>(p.stage_bytes) > kSmemLimit) return 0;
-  const size_t stages = std::min<size_t>(std::min(8, kConsumerWarps), (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
+  const size_t stages =
+      std::min<size_t>(std::min(8, kConsumerWarps), (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
   p.stages = static_cast<int32_t>(stages);
   p.x_bytes = static_cast<int32_t>(x_bytes);
   static_assert(32 * 4 + 2 * 8 * 8 <= kMiscBytes, "misc: scratch, flag, 2 x 8 mbarriers");
@@ -607,7 +619,8 @@ int decode_stack_ctas_per_sm(size_t smem) {
                            static_cast<int>(smem)) != cudaSuccess)
     return 0;
   int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_stack_kernel, kThreads, smem) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_stack_kernel, kThreads, smem) !=
+      cudaSuccess)
     return 0;
   return blocks;
 }

@@ -4,11 +4,14 @@
 // (+ residual), then the final norm and the vocabulary projection, for one token of one sequence.
 //
 // Why: at batch 1 each kernel boundary costs its ramp-up and drain (~3-5 us with PDL, ~260 boundaries per
-// 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Here one CTA per SM
-// stays resident for the whole step; one producer warp per CTA streams the CTA's share of every weight
-// matrix, in the order they are used, through a ring of shared-memory stages (cp.async.bulk + mbarriers),
-// never waiting for the data dependencies; the consumer warps wait at grid-wide barriers between the
-// phases. The weight stream therefore keeps running across the barriers, the attention and the norms.
+// 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Status: correct (tests
+// against the per-op kernels) but slower so far (8B bf16 68.7% of the roofline), so off by default
+// (CudaBackendOptions::decode_stack, INFERX_DECODE_STACK=1); the weight stream alone reaches the copy
+// rate, the consumers' products and the grid barriers are what lose (benchmarks.md, 14:50-15:35). Here one
+// CTA per SM stays resident for the whole step; one producer warp per CTA streams the CTA's share of every
+// weight matrix, in the order they are used, through a ring of shared-memory stages (cp.async.bulk +
+// mbarriers), never waiting for the data dependencies; the consumer warps wait at grid-wide barriers between
+// the phases. The weight stream therefore keeps running across the barriers, the attention and the norms.
 //
 // Weights: BF16, or F8_E4M3 with a per-tensor or per-channel scale (weight-only; x in BF16, fp32
 // accumulation, as the GEMVs of kernels_gemv.h). KV cache: BF16 or F8_E4M3 (k / k_scale, v / v_scale).
@@ -56,34 +59,35 @@ struct DecodeStackParams {
   int32_t window = 0;  // 0: full causal
   uint8_t interleaved = 0;
   float inv_freq[64] = {};  // [hd / 2] (backend/rope.h), in the parameters like the layers
-  uint8_t kv_fp8 = 0;               // 0: BF16 cache, 1: F8_E4M3
+  uint8_t kv_fp8 = 0;       // 0: BF16 cache, 1: F8_E4M3
   float k_scale = 1.0f, v_scale = 1.0f;
   int64_t num_blocks = 0;
   int32_t block_size = 0;
-  BatchArgs batch;  // one token of one sequence
+  BatchArgs batch;     // one token of one sequence
   int32_t splits = 1;  // attention splits per KV head (partials sized for it)
   // Device buffers: x is the residual stream [hidden] (in: the embedded token; the kernel adds every
   // block's output to it), logits [lm_head.rows]; scratch of decode_stack_scratch_bytes.
   float* x = nullptr;
   float* logits = nullptr;
-  float* qkv = nullptr;          // [(hq + 2 hkv) * hd]
-  float* attn = nullptr;         // [hq * hd]
-  float* act = nullptr;          // [intermediate]
-  float* partials = nullptr;     // [hq * splits * (hd + 2)]
-  uint32_t* control = nullptr;   // [1 + hkv]: the grid barrier's counter, then one ticket per KV head
-  int32_t stage_bytes = 32768;   // ring stage size
-  int32_t stages = 4;            // ring depth
-  int32_t x_bytes = 0;           // shared-memory bytes of the BF16 input vector (and attention scratch)
+  float* qkv = nullptr;         // [(hq + 2 hkv) * hd]
+  float* attn = nullptr;        // [hq * hd]
+  float* act = nullptr;         // [intermediate]
+  float* partials = nullptr;    // [hq * splits * (hd + 2)]
+  uint32_t* control = nullptr;  // [1 + hkv]: the grid barrier's counter, then one ticket per KV head
+  int32_t stage_bytes = 32768;  // ring stage size
+  int32_t stages = 4;           // ring depth
+  int32_t x_bytes = 0;          // shared-memory bytes of the BF16 input vector (and attention scratch)
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
 };
 
 // Whether the stack's shapes fit the kernel (the host also checks formats and alignment): every k a
-// multiple of 16, hd 64 or 128, hq a multiple of hkv with at most 8 query heads per KV head.
+// multiple of 16, hd 64 or 128, hq a multiple of hkv with at most 8 query heads per KV head, a hidden size
+// the normed-input load holds in registers (<= 15360).
 bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t hkv, int32_t hd);
-// Whether one matrix streams through stages of `stage_bytes` (rows longer than a stage split into equal
-// segments whose length is a multiple of 16 elements).
+// Whether one matrix streams through stages of `stage_bytes`: k a multiple of 16, 16-byte aligned data,
+// at least one row (gate and up rows together when paired) per stage.
 bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes);
 // Shared memory the kernel needs for p's shapes (sets p.stages, p.x_bytes); 0 when it does not fit.
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k);
