@@ -131,7 +131,7 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);
-  for (Scratch* s : {&gemv_x_, &gemv_out_, &decode_stack_scratch_}) release(*s);
+  for (Scratch* s : {&gemv_x_, &gemv_out_, &decode_stack_scratch_, &decode_stack_profile_}) release(*s);
   release(qgemm_ws_);
   qgemm_.reset();
   release_upload_staging();

@@ -196,7 +196,7 @@ class CudaBackend final : public Backend {
   CudaAttentionKernel attention_kernel_ = CudaAttentionKernel::Auto;
   // The persistent decode kernel's scratch (q/k/v, attention output and partials, MLP activation, grid
   // barrier) and its parameter block (~25 KB, built per step; heap, not the stack).
-  Scratch decode_stack_scratch_;
+  Scratch decode_stack_scratch_, decode_stack_profile_;
   std::unique_ptr<cuda::DecodeStackParams> decode_stack_params_;
   size_t decode_stack_smem_ = 0;  // the shared-memory size the kernel's attribute was set for
   int decode_stack_ctas_ = 0;

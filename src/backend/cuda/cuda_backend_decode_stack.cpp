@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -50,6 +52,45 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
     return false;
   }
   return cuda::decode_stack_matrix_fits(m, paired, stage_bytes);
+}
+
+// Mean over CTAs and layers of each interval between phase boundaries, and how far the CTAs' arrivals at
+// each barrier spread (the slowest minus the fastest finisher of the phase before it), in microseconds.
+void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_t layers) {
+  const int64_t events = cuda::decode_stack_profile_events(layers);
+  static const char* const kNames[cuda::kStackLayerEvents - 1] = {
+      "norm+qkv", "barrier",      "attention", "barrier", "o",
+      "barrier",  "norm+gate/up", "barrier",   "down",    "barrier"};
+  double mean[cuda::kStackLayerEvents - 1] = {}, spread[cuda::kStackLayerEvents - 1] = {};
+  for (int32_t l = 0; l < layers; ++l) {
+    for (int i = 0; i + 1 < cuda::kStackLayerEvents; ++i) {
+      uint64_t lo = UINT64_MAX, hi = 0;
+      for (int c = 0; c < grid; ++c) {
+        const uint64_t* row =
+            t.data() + static_cast<int64_t>(c) * events + static_cast<int64_t>(l) * cuda::kStackLayerEvents;
+        mean[i] += static_cast<double>(row[i + 1] - row[i]);
+        lo = std::min(lo, row[i + 1]);
+        hi = std::max(hi, row[i + 1]);
+      }
+      spread[i] += static_cast<double>(hi - lo);
+    }
+  }
+  double lm = 0;
+  for (int c = 0; c < grid; ++c)
+    lm += static_cast<double>(t[static_cast<size_t>(c * events + events - 1)] -
+                              t[static_cast<size_t>(c * events + events - 2)]);
+  const double per = 1e3 * grid * layers;  // ns -> us, averaged
+  std::string line = "inferx cuda: decode stack profile, per layer (us, mean over CTAs; spread of arrivals):";
+  double total = 0;
+  for (int i = 0; i + 1 < cuda::kStackLayerEvents; ++i) {
+    total += mean[i] / per;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %s %.2f (%.2f)", kNames[i], mean[i] / per, spread[i] / (1e3 * layers));
+    line += buf;
+  }
+  char tail[128];
+  std::snprintf(tail, sizeof tail, "; layer %.2f us x %d, lm_head %.2f us", total, layers, lm / (1e3 * grid));
+  std::fprintf(stderr, "%s%s\n", line.c_str(), tail);
 }
 
 }  // namespace
@@ -183,10 +224,27 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   p.x = x.ptr<float>();
   p.logits = logits.ptr<float>();
 
+  // INFERX_DECODE_STACK_PROFILE=N: the first N eager steps print where their time went (stderr).
+  static int profiles_left = [] {
+    const char* e = std::getenv("INFERX_DECODE_STACK_PROFILE");
+    return e ? std::max(0, std::atoi(e)) : 0;
+  }();
+  std::vector<uint64_t> stamps;
+  if (profiles_left > 0 && !capturing_) {
+    stamps.assign(static_cast<size_t>(grid * cuda::decode_stack_profile_events(p.num_layers)), 0);
+    p.profile = static_cast<uint64_t*>(scratch(decode_stack_profile_, stamps.size() * sizeof(uint64_t)));
+  }
   embedding(*s.token_embedding, batch.token_ids, 1, x);
   CUDA_CHECK(cuda::launch_decode_stack(p, grid, smem, stream_));
   drop_bf16_copy();
   ++decode_stack_launches_;
+  if (p.profile != nullptr) {
+    --profiles_left;
+    CUDA_CHECK(cudaMemcpyAsync(stamps.data(), p.profile, stamps.size() * sizeof(uint64_t),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    print_decode_stack_profile(stamps, grid, p.num_layers);
+  }
   return true;
 }
 

@@ -546,34 +546,56 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   uint32_t it = 0, barriers = 0;
   uint32_t* counter = p.control;
+  const int64_t events = decode_stack_profile_events(p.num_layers);
+  auto stamp = [&](int64_t e) {
+    if (p.profile != nullptr && threadIdx.x == 0) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      p.profile[blockIdx.x * events + e] = t;
+    }
+  };
   auto sync_grid = [&] {
     if (!(p.skip & 2)) grid_barrier(counter, ++barriers * gridDim.x);
   };
   const int32_t qd = p.hq * p.hd, inter = p.layers[0].down.k;
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
+    const int64_t e = static_cast<int64_t>(l) * kStackLayerEvents;
+    stamp(e);
     load_input(p.x, p.hidden, L.attn_norm, p.eps, xs, scratch);
     consume_matrix<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip);
+    stamp(e + 1);
     sync_grid();
-    if (p.skip & 4)
-      ;
-    else if (p.hd == 128)
-      attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag);
-    else
-      attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag);
+    stamp(e + 2);
+    if (!(p.skip & 4)) {
+      if (p.hd == 128)
+        attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag);
+      else
+        attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag);
+    }
+    stamp(e + 3);
     sync_grid();
+    stamp(e + 4);
     load_input(p.attn, qd, nullptr, 0.0f, xs, scratch);
     consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip);
+    stamp(e + 5);
     sync_grid();
+    stamp(e + 6);
     load_input(p.x, p.hidden, L.ffn_norm, p.eps, xs, scratch);
     consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip);
+    stamp(e + 7);
     sync_grid();
+    stamp(e + 8);
     load_input(p.act, inter, nullptr, 0.0f, xs, scratch);
     consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip);
+    stamp(e + 9);
     sync_grid();
+    stamp(e + 10);
   }
+  stamp(events - 2);
   load_input(p.x, p.hidden, p.final_norm, p.eps, xs, scratch);
   consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip);
+  stamp(events - 1);
 }
 
 size_t attention_scratch_bytes(int32_t hd) {

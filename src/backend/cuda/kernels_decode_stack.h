@@ -80,7 +80,16 @@ struct DecodeStackParams {
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
+  // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
+  // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
+  uint64_t* profile = nullptr;
 };
+// Per layer: start, qkv done, barrier, attention done, barrier, o done, barrier, gate/up done, barrier,
+// down done, barrier; then the lm_head's start and end.
+constexpr int kStackLayerEvents = 11;
+constexpr int64_t decode_stack_profile_events(int32_t num_layers) {
+  return static_cast<int64_t>(num_layers) * kStackLayerEvents + 2;
+}
 
 // Whether the stack's shapes fit the kernel (the host also checks formats and alignment): every k a
 // multiple of 16, hd 64 or 128, hq a multiple of hkv with at most 8 query heads per KV head, a hidden size
