@@ -3,9 +3,10 @@
 // resident: a cooperative launch):
 //   warps 0-14: consumers. They run the phases in order, meeting the other CTAs at a grid-wide barrier
 //               after every phase whose output another CTA reads;
-//   warp 15:    the producer (one lane). It walks the same phase list and copies this CTA's share of each
-//               weight matrix into the next free ring stage (cp.async.bulk, completion on the stage's
-//               "full" mbarrier), waiting only for a free stage ("empty" mbarrier), never for a barrier.
+//   warp 15:    the producer. It walks the same phase list and copies this CTA's share of each weight
+//               matrix, and after each layer's qkv rows the cached keys and values of the CTA's attention
+//               item, into the next free ring stage (cp.async.bulk, completion on the stage's "full"
+//               mbarrier), waiting only for a free stage ("empty" mbarrier), never for a barrier.
 // A phase over a matrix of R output rows gives CTA i the rows [R i / G, R (i + 1) / G); its bytes are
 // contiguous, so a stage is one bulk copy of up to 8 whole rows (two copies for gate/up: the gate rows
 // and the up rows of the same outputs).
@@ -31,6 +32,8 @@ constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
 constexpr int kMaxUnits = 8;                  // rows of a stage (gate and up rows both count)
 constexpr int kMaxGroup = 8;                  // query heads per KV head
 constexpr int kMaxSplits = 64;
+constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
+constexpr int kKeyWords = kMaxKeysPerStage / 32;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
 constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers
 
@@ -132,6 +135,57 @@ struct Ring {
   int32_t stage_bytes;
 };
 
+// ---- the attention's keys and values as ring stages -------------------------------------------------------
+// CTA i < hkv * splits owns item (kv head g = i / splits, split s = i % splits): the cached keys of its
+// share of the context. They depend on nothing computed in the step (only on the block table), so the
+// producer streams them through the ring right after the layer's qkv rows, and the attention phase finds
+// them in shared memory instead of waiting on dependent loads. The new token's key and value (position
+// pos, written to the cache by the owning split during the phase) are not streamed.
+struct KvSpan {
+  int g, s;
+  int32_t k0, k1, pos;
+  bool active, owner;
+  int32_t ntok;       // cached keys streamed: [k0, k1) without pos
+  int32_t row;        // bytes of one key (and of one value) row
+  int32_t per_stage;  // keys per stage: keys first, then their values
+  uint32_t nstages;
+};
+
+__device__ __forceinline__ KvSpan kv_span(const DecodeStackParams& p, int32_t stage_bytes) {
+  KvSpan k{};
+  const int splits = p.splits;
+  k.active = static_cast<int>(blockIdx.x) < p.hkv * splits;
+  k.g = blockIdx.x / splits;
+  k.s = blockIdx.x % splits;
+  k.pos = p.batch.positions[0];
+  const int32_t len = p.batch.seq_lens[0];
+  const int32_t lo = p.window > 0 ? max(0, k.pos + 1 - p.window) : 0;
+  const int32_t per = (max(len - lo, 0) + splits - 1) / splits;
+  k.k0 = lo + k.s * per;
+  k.k1 = min(len, k.k0 + per);
+  k.owner = k.active && k.pos >= k.k0 && k.pos < k.k1;
+  k.ntok = k.active ? max(0, k.k1 - k.k0) - (k.owner ? 1 : 0) : 0;
+  k.row = p.hd * (p.kv_fp8 ? 1 : 2);
+  k.per_stage = min(stage_bytes / (2 * k.row), kMaxKeysPerStage);
+  k.nstages = static_cast<uint32_t>((k.ntok + k.per_stage - 1) / k.per_stage);
+  return k;
+}
+
+// Cache element offset of (token t, kv head g, dim 0); -1 when the block table has no valid entry.
+__device__ __forceinline__ int64_t kv_offset(const DecodeStackParams& p, int32_t t, int32_t g, int hd) {
+  const int32_t b = t / p.block_size;
+  if (t < 0 || b >= p.batch.max_blocks_per_seq) return -1;
+  const int32_t block = p.batch.block_tables[b];
+  if (block < 0 || block >= p.num_blocks) return -1;
+  return ((static_cast<int64_t>(block) * p.block_size + t % p.block_size) * p.hkv + g) * hd;
+}
+
+// Position of the i-th streamed key (the new position skipped).
+__device__ __forceinline__ int32_t kv_token(const KvSpan& k, int32_t i) {
+  const int32_t t = k.k0 + i;
+  return k.owner && t >= k.pos ? t + 1 : t;
+}
+
 // ---- producer -------------------------------------------------------------------------------------------
 __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
   const Geom g = stage_geometry(m, paired, ring.stage_bytes);
@@ -143,7 +197,9 @@ __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ri
     const uint32_t bytes = static_cast<uint32_t>(n) * g.row_bytes;
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
     const uint32_t round = it / ring.stages;
+    // Every lane of the producer warp waits (so none runs a ring round ahead); lane 0 issues.
     if (round > 0) mbar_wait(&ring.empty[slot], (round - 1) & 1);
+    if (threadIdx.x % kWarp != 0) continue;
     mbar_expect_tx(&ring.full[slot], bytes * g.srcs);
     uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
     for (int32_t src = 0; src < g.srcs; ++src)
@@ -152,11 +208,53 @@ __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ri
   }
 }
 
-__device__ void producer(const DecodeStackParams& p, const Ring& ring) {
+// The CTA's cached keys and values of one layer, a stage at a time: each lane looks up and copies its keys'
+// rows (two bulk copies per key), after lane 0 has set the stage's byte count and written which keys had a
+// valid block-table entry (an invalid one, which the engine never produces, copies block 0's row and is
+// skipped by the consumers).
+__device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, const Ring& ring, uint32_t& it,
+                           uint32_t* key_bits) {
+  const KvSpan k = kv_span(p, ring.stage_bytes);
+  const int lane = threadIdx.x % kWarp;
+  for (uint32_t st = 0; st < k.nstages; ++st, ++it) {
+    const int32_t slot = static_cast<int32_t>(it % ring.stages);
+    const uint32_t round = it / ring.stages;
+    if (round > 0) mbar_wait(&ring.empty[slot], (round - 1) & 1);
+    const int32_t i0 = static_cast<int32_t>(st) * k.per_stage, n = min(k.per_stage, k.ntok - i0);
+    int64_t off[kKeyWords];
+#pragma unroll
+    for (int q = 0; q < kKeyWords; ++q) {
+      const int32_t j = lane + q * kWarp;
+      off[q] = j < n ? kv_offset(p, kv_token(k, i0 + j), k.g, p.hd) : -1;
+      const uint32_t bits = __ballot_sync(0xffffffffu, off[q] >= 0);
+      if (lane == 0) key_bits[slot * kKeyWords + q] = bits;
+    }
+    __syncwarp();
+    if (lane == 0)
+      mbar_expect_tx(&ring.full[slot], static_cast<uint32_t>(2 * n * k.row));  // releases the bits
+    __syncwarp();
+    uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+    const int64_t esize = p.kv_fp8 ? 1 : 2;
+#pragma unroll
+    for (int q = 0; q < kKeyWords; ++q) {
+      const int32_t j = lane + q * kWarp;
+      if (j >= n) continue;
+      const int64_t from = (off[q] >= 0 ? off[q] : 0) * esize;
+      bulk_copy(dst + static_cast<size_t>(j) * k.row, static_cast<const uint8_t*>(L.k_cache) + from,
+                static_cast<uint32_t>(k.row), &ring.full[slot]);
+      bulk_copy(dst + static_cast<size_t>(k.per_stage + j) * k.row,
+                static_cast<const uint8_t*>(L.v_cache) + from, static_cast<uint32_t>(k.row),
+                &ring.full[slot]);
+    }
+  }
+}
+
+__device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits) {
   uint32_t it = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
     produce_matrix(L.qkv, false, ring, it);
+    produce_kv(p, L, ring, it, key_bits);
     produce_matrix(L.o, false, ring, it);
     produce_matrix(L.gate_up, true, ring, it);
     produce_matrix(L.down, false, ring, it);
@@ -367,154 +465,166 @@ __device__ __forceinline__ void store_kv(void* cache, bool fp8, int64_t off, flo
   }
 }
 
-// Cache element offset of (token t, kv head g, dim 0); -1 when the block table has no valid entry.
-__device__ __forceinline__ int64_t kv_offset(const DecodeStackParams& p, int32_t t, int32_t g, int hd) {
-  const int32_t b = t / p.block_size;
-  if (t < 0 || b >= p.batch.max_blocks_per_seq) return -1;
-  const int32_t block = p.batch.block_tables[b];
-  if (block < 0 || block >= p.num_blocks) return -1;
-  return ((static_cast<int64_t>(block) * p.block_size + t % p.block_size) * p.hkv + g) * hd;
+// Value of v as the cache stores it (BF16, or E4M3 of v / scale), read back as the kernels read the cache.
+__device__ __forceinline__ float cache_rounded(float v, bool fp8, float scale) {
+  if (fp8) {
+    const auto code =
+        static_cast<__nv_fp8_storage_t>(__nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3));
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * scale;
+  }
+  return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// Work item (kv head g, split s) of every CTA below hkv * splits: RoPE of the group's query heads (and of
-// the new key, by the split that holds the new position, which also writes k and v to the cache), the
-// online-softmax partials of the split's keys, then the last CTA of the group merges the splits into
-// p.attn. `sm`: shared scratch of (kMaxGroup * hd + kAttnWarps * kMaxGroup * (hd + 2)) floats.
+// The attention of this CTA's item (kv_span): RoPE of the group's query heads (and, by the split holding the
+// new position, of the new key, which it writes with the value to the cache), the online-softmax partials
+// over the streamed keys (ring stages) and the new one, then the last CTA of the group merges the splits
+// into p.attn. `sm`: the x buffer as scratch: q [kMaxGroup][hd], the new k and v [hd] each, then the warps'
+// partials. Every consumer warp passes every key stage (the ring's protocol), computing or not.
 template <int kHd>
-__device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag) {
+__device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag,
+                                const Ring& ring, uint32_t& it, const uint32_t* key_bits) {
   constexpr int kDims = kHd / kWarp, kHalf = kHd / 2, kPart = kHd + 2;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int group = p.hq / p.hkv, splits = p.splits;
-  const int32_t pos = p.batch.positions[0], len = p.batch.seq_lens[0];
-  const int32_t lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
-  const int32_t per = (max(len - lo, 0) + splits - 1) / splits;
+  const KvSpan k = kv_span(p, ring.stage_bytes);
+  if (!k.active) return;  // no item, no key stages
+  const int g = k.g, s = k.s;
+  const bool compute = !(p.skip & 4);
   float* q_s = sm;
-  float* wpart = sm + kMaxGroup * kHd;
-  // Warps walking the keys: as many as the x buffer holds partials for (at least kAttnWarps).
-  const int aw = min(kConsumerWarps, (p.x_bytes / 4 - kMaxGroup * kHd) / (group * kPart));
-  for (int item = blockIdx.x; item < p.hkv * splits; item += gridDim.x) {
-    const int g = item / splits, s = item % splits;
-    const int32_t k0 = lo + s * per, k1 = min(len, k0 + per);
-    const bool owner = pos >= k0 && pos < k1;
-    for (int t = threadIdx.x; t < (group + 1) * kHalf; t += kConsumers) {
-      const int r = t / kHalf, i = t % kHalf;
-      if (r == group && !owner) break;
-      float sn, cs;
-      sincosf(static_cast<float>(pos) * p.inv_freq[i], &sn, &cs);
-      const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + kHalf;
-      const float* head = r < group ? p.qkv + static_cast<int64_t>(g * group + r) * kHd
-                                    : p.qkv + static_cast<int64_t>(p.hq + g) * kHd;
-      const float x0 = __ldcg(head + a), x1 = __ldcg(head + b);
-      const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
-      if (r < group) {
-        q_s[r * kHd + a] = y0 * p.attn_scale;
-        q_s[r * kHd + b] = y1 * p.attn_scale;
-      } else {
-        const int64_t off = kv_offset(p, pos, g, kHd);
-        if (off >= 0) {
-          const float* v = p.qkv + static_cast<int64_t>(p.hq + p.hkv + g) * kHd;
-          store_kv(L.k_cache, p.kv_fp8, off + a, y0, 1.0f / p.k_scale);
-          store_kv(L.k_cache, p.kv_fp8, off + b, y1, 1.0f / p.k_scale);
-          store_kv(L.v_cache, p.kv_fp8, off + a, __ldcg(v + a), 1.0f / p.v_scale);
-          store_kv(L.v_cache, p.kv_fp8, off + b, __ldcg(v + b), 1.0f / p.v_scale);
-        }
+  float* knew = sm + kMaxGroup * kHd;
+  float* vnew = knew + kHd;
+  float* wpart = vnew + kHd;
+  // Warps computing: as many as the x buffer holds partials for (at least kAttnWarps).
+  const int aw = min(kConsumerWarps, (p.x_bytes / 4 - (kMaxGroup + 2) * kHd) / (group * kPart));
+  for (int t = threadIdx.x; compute && t < (group + 1) * kHalf; t += kConsumers) {
+    const int r = t / kHalf, i = t % kHalf;
+    if (r == group && !k.owner) break;
+    float sn, cs;
+    sincosf(static_cast<float>(k.pos) * p.inv_freq[i], &sn, &cs);
+    const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + kHalf;
+    const float* head = r < group ? p.qkv + static_cast<int64_t>(g * group + r) * kHd
+                                  : p.qkv + static_cast<int64_t>(p.hq + g) * kHd;
+    const float x0 = __ldcg(head + a), x1 = __ldcg(head + b);
+    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+    if (r < group) {
+      q_s[r * kHd + a] = y0 * p.attn_scale;
+      q_s[r * kHd + b] = y1 * p.attn_scale;
+    } else {
+      const float* v = p.qkv + static_cast<int64_t>(p.hq + p.hkv + g) * kHd;
+      const float v0 = __ldcg(v + a), v1 = __ldcg(v + b);
+      knew[a] = cache_rounded(y0, p.kv_fp8, p.k_scale);
+      knew[b] = cache_rounded(y1, p.kv_fp8, p.k_scale);
+      vnew[a] = cache_rounded(v0, p.kv_fp8, p.v_scale);
+      vnew[b] = cache_rounded(v1, p.kv_fp8, p.v_scale);
+      const int64_t off = kv_offset(p, k.pos, g, kHd);
+      if (off >= 0) {
+        store_kv(L.k_cache, p.kv_fp8, off + a, y0, 1.0f / p.k_scale);
+        store_kv(L.k_cache, p.kv_fp8, off + b, y1, 1.0f / p.k_scale);
+        store_kv(L.v_cache, p.kv_fp8, off + a, v0, 1.0f / p.v_scale);
+        store_kv(L.v_cache, p.kv_fp8, off + b, v1, 1.0f / p.v_scale);
       }
     }
-    __threadfence_block();
-    consumer_sync();  // q rotated; the new k/v in the cache for this CTA's reads
+  }
+  consumer_sync();  // q, and the new k / v, in shared memory
 
-    // q stays in shared memory (read per key: registers are tight at 16 warps).
-    float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+#pragma unroll
+  for (int r = 0; r < kMaxGroup; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[r][d] = 0.0f;
+  }
+  // One key (kf) and its value (vf) into the warp's online softmax of every query head of the group.
+  auto attend = [&](const float* kf, const float* vf) {
 #pragma unroll
     for (int r = 0; r < kMaxGroup; ++r) {
-      m[r] = -INFINITY;
-      l[r] = 0.0f;
+      if (r >= group) break;
+      float sc = 0.0f;
 #pragma unroll
-      for (int d = 0; d < kDims; ++d) acc[r][d] = 0.0f;
+      for (int d = 0; d < kDims; ++d) sc = fmaf(q_s[r * kHd + lane * kDims + d], kf[d], sc);
+      sc = warp_sum(sc);
+      const float mn = fmaxf(m[r], sc), corr = __expf(m[r] - mn), pr = __expf(sc - mn);
+      l[r] = l[r] * corr + pr;
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) acc[r][d] = fmaf(acc[r][d], corr, pr * vf[d]);
+      m[r] = mn;
     }
-    constexpr int kChunk = 2;  // keys per warp and step: their loads are issued together
-    for (int32_t t0 = k0 + warp * kChunk; warp < aw && t0 < k1; t0 += aw * kChunk) {
-      float kf[kChunk][kDims], vf[kChunk][kDims];
-      bool ok[kChunk];
+  };
+  for (uint32_t st = 0; st < k.nstages; ++st, ++it) {
+    const int32_t slot = static_cast<int32_t>(it % ring.stages);
+    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+    const int32_t n = min(k.per_stage, k.ntok - static_cast<int32_t>(st) * k.per_stage);
+    const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+    for (int32_t j = warp; compute && warp < aw && j < n; j += aw) {
+      if (!((key_bits[slot * kKeyWords + j / kWarp] >> (j % kWarp)) & 1u)) continue;  // invalid block entry
+      float kf[kDims], vf[kDims];
+      load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(j) * kHd + lane * kDims, p.k_scale, kf);
+      load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(k.per_stage + j) * kHd + lane * kDims, p.v_scale,
+                     vf);
+      attend(kf, vf);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&ring.empty[slot]);
+  }
+  if (!compute) return;
+  if (k.owner && warp == 0) {
+    float kf[kDims], vf[kDims];
 #pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        const int64_t off = t0 + j < k1 ? kv_offset(p, t0 + j, g, kHd) : -1;
-        ok[j] = off >= 0;
-        if (ok[j]) {
-          load_kv<kDims>(L.k_cache, p.kv_fp8, off + lane * kDims, p.k_scale, kf[j]);
-          load_kv<kDims>(L.v_cache, p.kv_fp8, off + lane * kDims, p.v_scale, vf[j]);
-        }
+    for (int d = 0; d < kDims; ++d) kf[d] = knew[lane * kDims + d], vf[d] = vnew[lane * kDims + d];
+    attend(kf, vf);
+  }
+  // The warps' partials, then their merge into this split's partial.
+#pragma unroll
+  for (int r = 0; r < kMaxGroup; ++r) {
+    if (r >= group || warp >= aw) break;
+    float* wp = wpart + (warp * group + r) * kPart;
+    if (lane == 0) wp[0] = m[r], wp[1] = l[r];
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) wp[2 + lane * kDims + d] = acc[r][d];
+  }
+  consumer_sync();
+  for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
+    const int r = idx / kHd, d = idx % kHd;
+    float mx = -INFINITY;
+    for (int w = 0; w < aw; ++w) mx = fmaxf(mx, wpart[(w * group + r) * kPart]);
+    float sum_l = 0.0f, sum_a = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < aw; ++w) {
+        const float* wp = wpart + (w * group + r) * kPart;
+        const float e = __expf(wp[0] - mx);
+        sum_l += wp[1] * e;
+        sum_a += wp[2 + d] * e;
       }
-#pragma unroll
-      for (int j = 0; j < kChunk; ++j) {
-        if (!ok[j]) continue;
-#pragma unroll
-        for (int r = 0; r < kMaxGroup; ++r) {
-          if (r >= group) break;
-          float sc = 0.0f;
-#pragma unroll
-          for (int d = 0; d < kDims; ++d) sc = fmaf(q_s[r * kHd + lane * kDims + d], kf[j][d], sc);
-          sc = warp_sum(sc);
-          const float mn = fmaxf(m[r], sc), corr = __expf(m[r] - mn), pr = __expf(sc - mn);
-          l[r] = l[r] * corr + pr;
-#pragma unroll
-          for (int d = 0; d < kDims; ++d) acc[r][d] = fmaf(acc[r][d], corr, pr * vf[j][d]);
-          m[r] = mn;
-        }
-      }
     }
-    // The warps' partials, then their merge into this split's partial.
-#pragma unroll
-    for (int r = 0; r < kMaxGroup; ++r) {
-      if (r >= group || warp >= aw) break;
-      float* wp = wpart + (warp * group + r) * kPart;
-      if (lane == 0) wp[0] = m[r], wp[1] = l[r];
-#pragma unroll
-      for (int d = 0; d < kDims; ++d) wp[2 + lane * kDims + d] = acc[r][d];
-    }
-    consumer_sync();
+    float* part = p.partials + (static_cast<int64_t>(g * group + r) * splits + s) * kPart;
+    __stcg(part + 2 + d, sum_a);
+    if (d == 0) __stcg(part, mx), __stcg(part + 1, sum_l);
+  }
+  __threadfence();
+  consumer_sync();
+  if (threadIdx.x == 0) *flag = atomicAdd(&p.control[1 + g], 1u) == static_cast<uint32_t>(splits - 1);
+  consumer_sync();
+  if (*flag) {  // the group's last split: merge all of them
+    __threadfence();
     for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
       const int r = idx / kHd, d = idx % kHd;
+      const float* part = p.partials + static_cast<int64_t>(g * group + r) * splits * kPart;
       float mx = -INFINITY;
-      for (int w = 0; w < aw; ++w) mx = fmaxf(mx, wpart[(w * group + r) * kPart]);
+      for (int j = 0; j < splits; ++j) mx = fmaxf(mx, __ldcg(part + j * kPart));
       float sum_l = 0.0f, sum_a = 0.0f;
-      if (mx != -INFINITY) {
-        for (int w = 0; w < aw; ++w) {
-          const float* wp = wpart + (w * group + r) * kPart;
-          const float e = __expf(wp[0] - mx);
-          sum_l += wp[1] * e;
-          sum_a += wp[2 + d] * e;
-        }
+      for (int j = 0; j < splits; ++j) {
+        const float mj = __ldcg(part + j * kPart);
+        if (mj == -INFINITY) continue;
+        const float e = __expf(mj - mx);
+        sum_l += __ldcg(part + j * kPart + 1) * e;
+        sum_a += __ldcg(part + j * kPart + 2 + d) * e;
       }
-      float* part = p.partials + (static_cast<int64_t>(g * group + r) * splits + s) * kPart;
-      __stcg(part + 2 + d, sum_a);
-      if (d == 0) __stcg(part, mx), __stcg(part + 1, sum_l);
+      __stcg(p.attn + static_cast<int64_t>(g * group + r) * kHd + d, sum_l > 0.0f ? sum_a / sum_l : 0.0f);
     }
-    __threadfence();
-    consumer_sync();
-    if (threadIdx.x == 0) *flag = atomicAdd(&p.control[1 + g], 1u) == static_cast<uint32_t>(splits - 1);
-    consumer_sync();
-    if (*flag) {  // the group's last split: merge all of them
-      __threadfence();
-      for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
-        const int r = idx / kHd, d = idx % kHd;
-        const float* part = p.partials + static_cast<int64_t>(g * group + r) * splits * kPart;
-        float mx = -INFINITY;
-        for (int j = 0; j < splits; ++j) mx = fmaxf(mx, __ldcg(part + j * kPart));
-        float sum_l = 0.0f, sum_a = 0.0f;
-        for (int j = 0; j < splits; ++j) {
-          const float mj = __ldcg(part + j * kPart);
-          if (mj == -INFINITY) continue;
-          const float e = __expf(mj - mx);
-          sum_l += __ldcg(part + j * kPart + 1) * e;
-          sum_a += __ldcg(part + j * kPart + 2 + d) * e;
-        }
-        __stcg(p.attn + static_cast<int64_t>(g * group + r) * kHd + d, sum_l > 0.0f ? sum_a / sum_l : 0.0f);
-      }
-      if (threadIdx.x == 0) p.control[1 + g] = 0;  // ready for the next layer
-    }
-    consumer_sync();  // flag and scratch reused by the next item
+    if (threadIdx.x == 0) p.control[1 + g] = 0;  // ready for the next layer
   }
+  consumer_sync();  // flag and scratch reused by the next phase
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
@@ -530,6 +640,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
   float* scratch = misc;  // [kConsumerWarps]
   int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
+  auto* key_bits =
+      reinterpret_cast<uint32_t*>(misc + 32 + 2 * 8 * 2);  // [stages][kKeyWords], after the mbarriers
   ring.full = reinterpret_cast<uint64_t*>(misc + 32);
   ring.empty = ring.full + p.stages;
   if (threadIdx.x == 0) {
@@ -541,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (threadIdx.x >= kConsumers) {
-    if (threadIdx.x == kConsumers) producer(p, ring);
+    producer(p, ring, key_bits);
     return;
   }
   uint32_t it = 0, barriers = 0;
@@ -567,12 +679,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
-    if (!(p.skip & 4)) {
-      if (p.hd == 128)
-        attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag);
-      else
-        attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag);
-    }
+    if (p.hd == 128)
+      attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
+    else
+      attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
     stamp(e + 3);
     sync_grid();
     stamp(e + 4);
@@ -599,7 +709,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 size_t attention_scratch_bytes(int32_t hd) {
-  return (static_cast<size_t>(kMaxGroup) * hd + static_cast<size_t>(kAttnWarps) * kMaxGroup * (hd + 2)) * 4;
+  return (static_cast<size_t>(kMaxGroup + 2) * hd + static_cast<size_t>(kAttnWarps) * kMaxGroup * (hd + 2)) *
+         4;
 }
 
 }  // namespace
@@ -625,7 +736,8 @@ size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
       std::min<size_t>(std::min(8, kConsumerWarps), (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
   p.stages = static_cast<int32_t>(stages);
   p.x_bytes = static_cast<int32_t>(x_bytes);
-  static_assert(32 * 4 + 2 * 8 * 8 <= kMiscBytes, "misc: scratch, flag, 2 x 8 mbarriers");
+  static_assert(32 * 4 + 2 * 8 * 8 + 8 * kKeyWords * 4 <= kMiscBytes,
+                "misc: scratch, flag, mbarriers, key bits");
   return stages * p.stage_bytes + x_bytes + kMiscBytes;
 }
 
