@@ -31,6 +31,7 @@ for m in ${MODELS:-llama-3-8b}; do
   for q in ${QUANTS:-bf16 fp8:lm_head}; do
     one "$m" "$q" per-op INFERX_DECODE_STACK=0
     one "$m" "$q" stack INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_PROFILE=1
+    one "$m" "$q" stack-split INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SPLIT=1 INFERX_DECODE_STACK_PROFILE=1
     for s in ${SKIPS:-1 2 4}; do one "$m" "$q" "skip=$s" INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SKIP="$s"; done
   done
 done

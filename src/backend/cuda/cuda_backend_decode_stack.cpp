@@ -144,6 +144,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     return e ? static_cast<uint32_t>(std::atoi(e)) & 7u : 0u;
   }();
   p.skip = skip;
+  p.split_stages = options_.decode_stack_split ? 1 : 0;
   const int32_t stage = p.stage_bytes;
   const int64_t qkv_rows = (hq + 2 * hkv) * hd;
   const KvCacheLayer* first = s.layers[0].cache;

@@ -33,6 +33,8 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* gemv = std::getenv("INFERX_CUDA_GEMV")) o.gemv = std::strcmp(gemv, "0") != 0;
   if (const char* ds = std::getenv("INFERX_DECODE_SPLITS")) o.decode_splits = std::max(0, std::atoi(ds));
   if (const char* st = std::getenv("INFERX_DECODE_STACK")) o.decode_stack = std::strcmp(st, "0") != 0;
+  if (const char* sp = std::getenv("INFERX_DECODE_STACK_SPLIT"))
+    o.decode_stack_split = std::strcmp(sp, "0") != 0;
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {
     const std::string v = skip;

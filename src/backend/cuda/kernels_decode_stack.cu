@@ -35,7 +35,7 @@ constexpr int kMaxSplits = 64;
 constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
 constexpr int kKeyWords = kMaxKeysPerStage / 32;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
-constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers
+constexpr size_t kMiscBytes = 2048;        // reduction scratch, flag, mbarriers, key bits, split partials
 
 // ---- stage geometry (host and device) -----------------------------------------------------------------
 // A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product); a
@@ -338,6 +338,84 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
   return warp_sum(a0 + a1);
 }
 
+// Dot products of a stage's `units` rows (kUnits of them at most; rows >= n_valid skipped, for the last
+// stage of a CTA) with x, over weight vectors [v0, v1) (16 bytes each): each x vector is loaded once for all
+// rows, and the rows' products are independent chains. acc[u] is this lane's share (not yet summed).
+template <bool kFp8, int kUnits>
+__device__ __forceinline__ void dot_rows(const uint8_t* stage, int32_t row_bytes, int valid, int rs,
+                                         const __nv_bfloat16* x, int32_t v0, int32_t v1, float* acc) {
+  const int lane = threadIdx.x % kWarp;
+  const auto* x4 = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) acc[u] = 0.0f;
+  for (int32_t v = v0 + lane; v < v1; v += kWarp) {
+    uint4 xa, xb;
+    if constexpr (kFp8) {
+      xa = x4[2 * v];
+      xb = x4[2 * v + 1];
+    } else {
+      xa = x4[v];
+    }
+    uint4 wv[kUnits];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u)
+      if (u % rs < valid)
+        wv[u] = reinterpret_cast<const uint4*>(stage + static_cast<size_t>(u) * row_bytes)[v];
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      if (u % rs >= valid) continue;
+      float a = acc[u];
+      if constexpr (kFp8) {
+        a = dot_fp8x4(wv[u].x, xa.x, xa.y, a);
+        a = dot_fp8x4(wv[u].y, xa.z, xa.w, a);
+        a = dot_fp8x4(wv[u].z, xb.x, xb.y, a);
+        a = dot_fp8x4(wv[u].w, xb.z, xb.w, a);
+      } else {
+        a = dot_bf16x2(wv[u].x, xa.x, a);
+        a = dot_bf16x2(wv[u].y, xa.y, a);
+        a = dot_bf16x2(wv[u].z, xa.z, a);
+        a = dot_bf16x2(wv[u].w, xa.w, a);
+      }
+      acc[u] = a;
+    }
+  }
+}
+
+// Not inlined: four row counts x two formats of the unrolled product inlined into every phase spilled
+// kilobytes in the kernel; called once per stage, the call costs little.
+template <bool kFp8, int kUnits>
+__device__ __noinline__ void group_partials(const uint8_t* stage, int32_t row_bytes, int valid, int rs,
+                                            const __nv_bfloat16* x, int32_t v0, int32_t v1, float* red,
+                                            int sub, int gw) {
+  float acc[kUnits];
+  dot_rows<kFp8, kUnits>(stage, row_bytes, valid, rs, x, v0, v1, acc);
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const float t = warp_sum(acc[u]);
+    if (threadIdx.x % kWarp == 0) red[u * gw + sub] = t;
+  }
+}
+
+template <bool kFp8>
+__device__ __forceinline__ void stage_partials(int units, const uint8_t* stage, int32_t row_bytes, int valid,
+                                               int rs, const __nv_bfloat16* x, int32_t v0, int32_t v1,
+                                               float* red, int sub, int gw) {
+  switch (units) {
+    case 1:
+      group_partials<kFp8, 1>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
+      break;
+    case 2:
+      group_partials<kFp8, 2>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
+      break;
+    case 4:
+      group_partials<kFp8, 4>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
+      break;
+    default:
+      group_partials<kFp8, 8>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
+      break;
+  }
+}
+
 // Consumes this CTA's stages of one matrix (the producer's order) and writes its output rows. Row j of the
 // CTA's range belongs to warp j % kConsumerWarps, which computes it whole (gate and up together) and
 // writes it: no CTA-wide barrier per stage. Every warp waits for every stage and releases it (the empty
@@ -386,6 +464,71 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
     __syncwarp();
     if (lane == 0) mbar_arrive(&ring.empty[slot]);
     if (mine && lane == 0) emit<kEmit>(m, out, r, d0 * scale0 + bias0, d1 * scale1 + bias1, resid);
+  }
+}
+
+// The other way to consume a matrix (DecodeStackParams::split_stages): every consumer warp takes a slice
+// [v0, v1) of the columns of every row in the stage (x loaded once for all of them), the consumers meet at
+// a CTA barrier, and thread t adds the slices of row t and writes it. A stage is then finished by all warps
+// together (a short time from landing to release, which a shallow ring rewards), at the price of a barrier
+// per stage; the row-owner way gives each warp whole rows and no barrier.
+template <Emit kEmit>
+__device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uint32_t& it,
+                                     const __nv_bfloat16* xs, float* out, uint32_t skip, float* red) {
+  constexpr bool kPaired = kEmit == Emit::SiluMul;
+  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
+  const int warp = threadIdx.x / kWarp;
+  const int rs = g.rows_per_stage, units = g.srcs * rs;
+  const int32_t nv = m.k / (m.fp8 ? 16 : 8);
+  const int32_t v0 = nv * warp / kConsumerWarps, v1 = nv * (warp + 1) / kConsumerWarps;
+  int32_t r0, r1;
+  cta_rows(m.rows, r0, r1);
+  const int t = threadIdx.x;
+  for (int32_t row = r0; row < r1; row += rs, ++it) {
+    const int32_t n = min(rs, r1 - row);
+    const int64_t r = row + t;
+    float scale0 = 1.0f, bias0 = 0.0f, scale1 = 1.0f, bias1 = 0.0f, resid = 0.0f;
+    if (t < n) {  // the emit's operands, loaded before the wait and the products
+      scale0 = row_scale(m, r);
+      bias0 = row_bias(m, r);
+      if constexpr (kPaired) {
+        scale1 = row_scale(m, m.rows + r);
+        bias1 = row_bias(m, m.rows + r);
+      }
+      if constexpr (kEmit == Emit::AddToResidual) resid = __ldcg(out + r);
+    }
+    const int32_t slot = static_cast<int32_t>(it % ring.stages);
+    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+    float* rb = red + (it & 1) * kMaxUnits * kConsumerWarps;
+    if (!(skip & 1)) {
+      const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+      if (m.fp8)
+        stage_partials<true>(units, stage, g.row_bytes, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
+      else
+        stage_partials<false>(units, stage, g.row_bytes, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
+    }
+    consumer_sync();  // the stage is read; the slices are in rb
+    if (t == 0) mbar_arrive(&ring.empty[slot]);
+    if (t < n) {
+      float a = 0.0f, b = 0.0f;
+      for (int w = 0; w < kConsumerWarps; ++w) {
+        a += rb[t * kConsumerWarps + w];
+        if constexpr (kPaired) b += rb[(rs + t) * kConsumerWarps + w];
+      }
+      emit<kEmit>(m, out, r, a * scale0 + bias0, b * scale1 + bias1, resid);
+    }
+  }
+}
+
+// A consumed stage's release: every warp's own (row-owner way), or one arrival after a CTA barrier.
+template <bool kSplit>
+__device__ __forceinline__ void release_stage(const Ring& ring, int32_t slot) {
+  if constexpr (kSplit) {
+    consumer_sync();
+    if (threadIdx.x == 0) mbar_arrive(&ring.empty[slot]);
+  } else {
+    __syncwarp();
+    if (threadIdx.x % kWarp == 0) mbar_arrive(&ring.empty[slot]);
   }
 }
 
@@ -480,7 +623,7 @@ __device__ __forceinline__ float cache_rounded(float v, bool fp8, float scale) {
 // over the streamed keys (ring stages) and the new one, then the last CTA of the group merges the splits
 // into p.attn. `sm`: the x buffer as scratch: q [kMaxGroup][hd], the new k and v [hd] each, then the warps'
 // partials. Every consumer warp passes every key stage (the ring's protocol), computing or not.
-template <int kHd>
+template <int kHd, bool kSplit>
 __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag,
                                 const Ring& ring, uint32_t& it, const uint32_t* key_bits) {
   constexpr int kDims = kHd / kWarp, kHalf = kHd / 2, kPart = kHd + 2;
@@ -564,8 +707,7 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
                      vf);
       attend(kf, vf);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&ring.empty[slot]);
+    release_stage<kSplit>(ring, slot);
   }
   if (!compute) return;
   if (k.owner && warp == 0) {
@@ -629,6 +771,7 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
 
 // ---- the kernel -----------------------------------------------------------------------------------------
 // 128 registers: 16 warps of one resident CTA per SM, four per sub-partition of 16384 registers.
+template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -640,14 +783,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
   float* scratch = misc;  // [kConsumerWarps]
   int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
-  auto* key_bits =
-      reinterpret_cast<uint32_t*>(misc + 32 + 2 * 8 * 2);  // [stages][kKeyWords], after the mbarriers
+  auto* key_bits = reinterpret_cast<uint32_t*>(misc + 64);  // [stages][kKeyWords], after the mbarriers
+  float* red = misc + 64 + 8 * kKeyWords;                   // [2][kMaxUnits][kConsumerWarps]
   ring.full = reinterpret_cast<uint64_t*>(misc + 32);
   ring.empty = ring.full + p.stages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       mbar_init(&ring.full[s], 1);
-      mbar_init(&ring.empty[s], kConsumerWarps);  // every consumer warp releases every stage
+      // Row-owner way: every consumer warp releases every stage; split way: one arrival after a barrier.
+      mbar_init(&ring.empty[s], kSplit ? 1 : kConsumerWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -675,36 +819,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t e = static_cast<int64_t>(l) * kStackLayerEvents;
     stamp(e);
     load_input(p.x, p.hidden, L.attn_norm, p.eps, xs, scratch);
-    consume_matrix<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip);
+    if constexpr (kSplit)
+      consume_matrix_split<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip, red);
+    else
+      consume_matrix<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip);
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
     if (p.hd == 128)
-      attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
+      attention_phase<128, kSplit>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
     else
-      attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
+      attention_phase<64, kSplit>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
     stamp(e + 3);
     sync_grid();
     stamp(e + 4);
     load_input(p.attn, qd, nullptr, 0.0f, xs, scratch);
-    consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip);
+    if constexpr (kSplit)
+      consume_matrix_split<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip, red);
+    else
+      consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip);
     stamp(e + 5);
     sync_grid();
     stamp(e + 6);
     load_input(p.x, p.hidden, L.ffn_norm, p.eps, xs, scratch);
-    consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip);
+    if constexpr (kSplit)
+      consume_matrix_split<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip, red);
+    else
+      consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip);
     stamp(e + 7);
     sync_grid();
     stamp(e + 8);
     load_input(p.act, inter, nullptr, 0.0f, xs, scratch);
-    consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip);
+    if constexpr (kSplit)
+      consume_matrix_split<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip, red);
+    else
+      consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip);
     stamp(e + 9);
     sync_grid();
     stamp(e + 10);
   }
   stamp(events - 2);
   load_input(p.x, p.hidden, p.final_norm, p.eps, xs, scratch);
-  consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip);
+  if constexpr (kSplit)
+    consume_matrix_split<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip, red);
+  else
+    consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip);
   stamp(events - 1);
 }
 
@@ -736,8 +895,8 @@ size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
       std::min<size_t>(std::min(8, kConsumerWarps), (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
   p.stages = static_cast<int32_t>(stages);
   p.x_bytes = static_cast<int32_t>(x_bytes);
-  static_assert(32 * 4 + 2 * 8 * 8 + 8 * kKeyWords * 4 <= kMiscBytes,
-                "misc: scratch, flag, mbarriers, key bits");
+  static_assert((64 + 8 * kKeyWords + 2 * kMaxUnits * kConsumerWarps) * 4 <= kMiscBytes,
+                "misc: scratch, flag, mbarriers, key bits, split partials");
   return stages * p.stage_bytes + x_bytes + kMiscBytes;
 }
 
@@ -749,14 +908,17 @@ size_t decode_stack_scratch_floats(int32_t hq, int32_t hkv, int32_t hd, int32_t 
 }
 
 int decode_stack_ctas_per_sm(size_t smem) {
-  if (cudaFuncSetAttribute(decode_stack_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) != cudaSuccess)
-    return 0;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_stack_kernel, kThreads, smem) !=
-      cudaSuccess)
-    return 0;
-  return blocks;
+  int least = INT32_MAX;
+  for (auto* kernel : {decode_stack_kernel<false>, decode_stack_kernel<true>}) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+        cudaSuccess)
+      return 0;
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem) != cudaSuccess)
+      return 0;
+    least = std::min(least, blocks);
+  }
+  return least;
 }
 
 cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream) {
@@ -774,7 +936,8 @@ cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t sme
   attribute[0].val.cooperative = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_stack_kernel, p);
+  return p.split_stages ? cudaLaunchKernelEx(&config, decode_stack_kernel<true>, p)
+                        : cudaLaunchKernelEx(&config, decode_stack_kernel<false>, p);
 }
 
 }  // namespace inferx::cuda

@@ -80,6 +80,9 @@ struct DecodeStackParams {
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
+  // How the consumers share a stage (INFERX_DECODE_STACK_SPLIT=1, A/B): 0, a warp owns whole rows; 1,
+  // every warp takes a column slice of every row, a CTA barrier per stage (kernels_decode_stack.cu).
+  uint8_t split_stages = 0;
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
