@@ -71,16 +71,34 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+// A wait that never ends means a broken invariant (the producer's and the consumers' stage sequences
+// disagree, or the grid is not co-resident): trap after kHangNs, so the launch fails with an error the
+// host reports instead of hanging the process (and a GPU job's whole time budget). A decode step takes
+// milliseconds; the first wait of a step can include the previous kernels' tail.
+constexpr uint64_t kHangNs = 2'000'000'000ull;
+__device__ __forceinline__ uint64_t gpu_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
   asm volatile(
       "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
       : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t start = gpu_ns();
+  while (!mbar_try_wait(bar, parity))
+    if (gpu_ns() - start > kHangNs) __trap();
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
@@ -113,10 +131,13 @@ __device__ __forceinline__ void grid_barrier(uint32_t* counter, uint32_t target)
   consumer_sync();
   if (threadIdx.x == 0) {
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-    uint32_t seen;
-    do {
+    const uint64_t start = gpu_ns();
+    for (;;) {
+      uint32_t seen;
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-    } while (seen < target);
+      if (seen >= target) break;
+      if (gpu_ns() - start > kHangNs) __trap();
+    }
   }
   consumer_sync();
 }
@@ -804,11 +825,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t* counter = p.control;
   const int64_t events = decode_stack_profile_events(p.num_layers);
   auto stamp = [&](int64_t e) {
-    if (p.profile != nullptr && threadIdx.x == 0) {
-      uint64_t t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      p.profile[blockIdx.x * events + e] = t;
-    }
+    if (p.profile != nullptr && threadIdx.x == 0) p.profile[blockIdx.x * events + e] = gpu_ns();
   };
   auto sync_grid = [&] {
     if (!(p.skip & 2)) grid_barrier(counter, ++barriers * gridDim.x);
