@@ -32,6 +32,8 @@ for m in ${MODELS:-llama-3-8b}; do
     one "$m" "$q" per-op INFERX_DECODE_STACK=0
     one "$m" "$q" stack INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_PROFILE=1
     one "$m" "$q" stack-split INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SPLIT=1 INFERX_DECODE_STACK_PROFILE=1
+    one "$m" "$q" stack-16k INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_STAGE_KB=16
+    one "$m" "$q" stack-split-16k INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SPLIT=1 INFERX_DECODE_STACK_STAGE_KB=16
     for s in ${SKIPS:-1 2 4}; do one "$m" "$q" "skip=$s" INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SKIP="$s"; done
   done
 done

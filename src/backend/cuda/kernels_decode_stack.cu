@@ -34,8 +34,13 @@ constexpr int kMaxGroup = 8;                  // query heads per KV head
 constexpr int kMaxSplits = 64;
 constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
 constexpr int kKeyWords = kMaxKeysPerStage / 32;
+constexpr int kMaxStages = 12;  // ring depth (16 KB stages fill shared memory better than 32 KB ones)
+// Offsets (floats) in the misc area: scratch and flag, the 2 x kMaxStages mbarriers, key bits, partials.
+constexpr int kMiscKeyBits = 32 + 2 * kMaxStages * 2;
+constexpr int kMiscRed = kMiscKeyBits + kMaxStages * kKeyWords;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
 constexpr size_t kMiscBytes = 2048;        // reduction scratch, flag, mbarriers, key bits, split partials
+static_assert((kMiscRed + 2 * kMaxUnits * kConsumerWarps) * 4 <= kMiscBytes, "the misc area's layout");
 
 // ---- stage geometry (host and device) -----------------------------------------------------------------
 // A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product); a
@@ -804,9 +809,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
   float* scratch = misc;  // [kConsumerWarps]
   int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
-  auto* key_bits = reinterpret_cast<uint32_t*>(misc + 64);  // [stages][kKeyWords], after the mbarriers
-  float* red = misc + 64 + 8 * kKeyWords;                   // [2][kMaxUnits][kConsumerWarps]
+  // misc (floats): [0, 32) scratch and flag, then 2 x kMaxStages mbarriers, key bits, split partials.
   ring.full = reinterpret_cast<uint64_t*>(misc + 32);
+  auto* key_bits = reinterpret_cast<uint32_t*>(misc + kMiscKeyBits);  // [stages][kKeyWords]
+  float* red = misc + kMiscRed;                                       // [2][kMaxUnits][kConsumerWarps]
   ring.empty = ring.full + p.stages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
@@ -884,9 +890,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp(events - 1);
 }
 
-size_t attention_scratch_bytes(int32_t hd) {
-  return (static_cast<size_t>(kMaxGroup + 2) * hd + static_cast<size_t>(kAttnWarps) * kMaxGroup * (hd + 2)) *
-         4;
+// The x buffer's use by the attention: q [kMaxGroup][hd], the new k and v, kAttnWarps warps' partials of
+// `group` query heads.
+size_t attention_scratch_bytes(int32_t hd, int32_t group) {
+  return (static_cast<size_t>(kMaxGroup + 2) * hd + static_cast<size_t>(kAttnWarps) * group * (hd + 2)) * 4;
 }
 
 }  // namespace
@@ -906,14 +913,12 @@ bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_b
 
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
   const size_t x_bytes =
-      (std::max(static_cast<size_t>(max_k) * 2, attention_scratch_bytes(p.hd)) + 127) / 128 * 128;
+      (std::max(static_cast<size_t>(max_k) * 2, attention_scratch_bytes(p.hd, p.hq / p.hkv)) + 127) / 128 *
+      128;
   if (x_bytes + kMiscBytes + 2 * static_cast<size_t>(p.stage_bytes) > kSmemLimit) return 0;
-  const size_t stages =
-      std::min<size_t>(std::min(8, kConsumerWarps), (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
+  const size_t stages = std::min<size_t>(kMaxStages, (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
   p.stages = static_cast<int32_t>(stages);
   p.x_bytes = static_cast<int32_t>(x_bytes);
-  static_assert((64 + 8 * kKeyWords + 2 * kMaxUnits * kConsumerWarps) * 4 <= kMiscBytes,
-                "misc: scratch, flag, mbarriers, key bits, split partials");
   return stages * p.stage_bytes + x_bytes + kMiscBytes;
 }
 
