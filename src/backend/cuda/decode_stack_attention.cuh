@@ -1,0 +1,269 @@
+#pragma once
+// The persistent batch-1 decode kernel's attention phase (kernels_decode_stack.cu, the only includer): the
+// CTA's work item and its cached keys/values as ring stages (KvSpan: the producer streams them, the phase
+// reads them), RoPE of the queries and of the new key (written to the paged cache), online-softmax
+// partials per split and their merge by the last split of each KV head.
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/decode_stack_ring.cuh"
+
+namespace inferx::cuda::stack {
+
+// ---- the attention's keys and values as ring stages -------------------------------------------------------
+// CTA i < hkv * splits owns item (kv head g = i / splits, split s = i % splits): the cached keys of its
+// share of the context. They depend on nothing computed in the step (only on the block table), so the
+// producer streams them through the ring right after the layer's qkv rows, and the attention phase finds
+// them in shared memory instead of waiting on dependent loads. The new token's key and value (position
+// pos, written to the cache by the owning split during the phase) are not streamed.
+struct KvSpan {
+  int g, s;
+  int32_t k0, k1, pos;
+  bool active, owner;
+  int32_t ntok;       // cached keys streamed: [k0, k1) without pos
+  int32_t row;        // bytes of one key (and of one value) row
+  int32_t per_stage;  // keys per stage: keys first, then their values
+  uint32_t nstages;
+};
+
+__device__ __forceinline__ KvSpan kv_span(const DecodeStackParams& p, int32_t stage_bytes) {
+  KvSpan k{};
+  const int splits = p.splits;
+  k.active = static_cast<int>(blockIdx.x) < p.hkv * splits;
+  k.g = blockIdx.x / splits;
+  k.s = blockIdx.x % splits;
+  k.pos = p.batch.positions[0];
+  const int32_t len = p.batch.seq_lens[0];
+  const int32_t lo = p.window > 0 ? max(0, k.pos + 1 - p.window) : 0;
+  const int32_t per = (max(len - lo, 0) + splits - 1) / splits;
+  k.k0 = lo + k.s * per;
+  k.k1 = min(len, k.k0 + per);
+  k.owner = k.active && k.pos >= k.k0 && k.pos < k.k1;
+  k.ntok = k.active ? max(0, k.k1 - k.k0) - (k.owner ? 1 : 0) : 0;
+  k.row = p.hd * (p.kv_fp8 ? 1 : 2);
+  k.per_stage = min(stage_bytes / (2 * k.row), kMaxKeysPerStage);
+  k.nstages = static_cast<uint32_t>((k.ntok + k.per_stage - 1) / k.per_stage);
+  return k;
+}
+
+// Cache element offset of (token t, kv head g, dim 0); -1 when the block table has no valid entry.
+__device__ __forceinline__ int64_t kv_offset(const DecodeStackParams& p, int32_t t, int32_t g, int hd) {
+  const int32_t b = t / p.block_size;
+  if (t < 0 || b >= p.batch.max_blocks_per_seq) return -1;
+  const int32_t block = p.batch.block_tables[b];
+  if (block < 0 || block >= p.num_blocks) return -1;
+  return ((static_cast<int64_t>(block) * p.block_size + t % p.block_size) * p.hkv + g) * hd;
+}
+
+// Position of the i-th streamed key (the new position skipped).
+__device__ __forceinline__ int32_t kv_token(const KvSpan& k, int32_t i) {
+  const int32_t t = k.k0 + i;
+  return k.owner && t >= k.pos ? t + 1 : t;
+}
+
+// ---- attention ------------------------------------------------------------------------------------------
+template <int kDims>  // head dims per lane
+__device__ __forceinline__ void load_kv(const void* cache, bool fp8, int64_t off, float scale, float* out) {
+  if (fp8) {
+    const auto* p = static_cast<const uint8_t*>(cache) + off;
+    if constexpr (kDims == 4) {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+      const __half2_raw lo =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), __NV_E4M3);
+      const __half2_raw hi =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3);
+      const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+      out[0] = a.x * scale, out[1] = a.y * scale, out[2] = b.x * scale, out[3] = b.y * scale;
+    } else {
+      const uint16_t w = *reinterpret_cast<const uint16_t*>(p);
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), __NV_E4M3);
+      const float2 a = __half22float2(__half2(h));
+      out[0] = a.x * scale, out[1] = a.y * scale;
+    }
+  } else {
+    const auto* p = static_cast<const __nv_bfloat16*>(cache) + off;
+    if constexpr (kDims == 4) {
+      const uint2 w = *reinterpret_cast<const uint2*>(p);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
+      out[0] = a.x, out[1] = a.y, out[2] = b.x, out[3] = b.y;
+    } else {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(p);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+      out[0] = a.x, out[1] = a.y;
+    }
+  }
+}
+
+__device__ __forceinline__ void store_kv(void* cache, bool fp8, int64_t off, float v, float inv_scale) {
+  if (fp8) {
+    static_cast<uint8_t*>(cache)[off] =
+        static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
+  } else {
+    static_cast<__nv_bfloat16*>(cache)[off] = __float2bfloat16_rn(v);
+  }
+}
+
+// Value of v as the cache stores it (BF16, or E4M3 of v / scale), read back as the kernels read the cache.
+__device__ __forceinline__ float cache_rounded(float v, bool fp8, float scale) {
+  if (fp8) {
+    const auto code =
+        static_cast<__nv_fp8_storage_t>(__nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3));
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3))) * scale;
+  }
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// The attention of this CTA's item (kv_span): RoPE of the group's query heads (and, by the split holding the
+// new position, of the new key, which it writes with the value to the cache), the online-softmax partials
+// over the streamed keys (ring stages) and the new one, then the last CTA of the group merges the splits
+// into p.attn. `sm`: the x buffer as scratch: q [kMaxGroup][hd], the new k and v [hd] each, then the warps'
+// partials. Every consumer warp passes every key stage (the ring's protocol), computing or not.
+template <int kHd, bool kSplit>
+__device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag,
+                                const Ring& ring, uint32_t& it, const uint32_t* key_bits) {
+  constexpr int kDims = kHd / kWarp, kHalf = kHd / 2, kPart = kHd + 2;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int group = p.hq / p.hkv, splits = p.splits;
+  const KvSpan k = kv_span(p, ring.stage_bytes);
+  if (!k.active) return;  // no item, no key stages
+  const int g = k.g, s = k.s;
+  const bool compute = !(p.skip & 4);
+  float* q_s = sm;
+  float* knew = sm + kMaxGroup * kHd;
+  float* vnew = knew + kHd;
+  float* wpart = vnew + kHd;
+  // Warps computing: as many as the x buffer holds partials for (at least kAttnWarps).
+  const int aw = min(kConsumerWarps, (p.x_bytes / 4 - (kMaxGroup + 2) * kHd) / (group * kPart));
+  for (int t = threadIdx.x; compute && t < (group + 1) * kHalf; t += kConsumers) {
+    const int r = t / kHalf, i = t % kHalf;
+    if (r == group && !k.owner) break;
+    float sn, cs;
+    sincosf(static_cast<float>(k.pos) * p.inv_freq[i], &sn, &cs);
+    const int a = p.interleaved ? 2 * i : i, b = p.interleaved ? 2 * i + 1 : i + kHalf;
+    const float* head = r < group ? p.qkv + static_cast<int64_t>(g * group + r) * kHd
+                                  : p.qkv + static_cast<int64_t>(p.hq + g) * kHd;
+    const float x0 = __ldcg(head + a), x1 = __ldcg(head + b);
+    const float y0 = x0 * cs - x1 * sn, y1 = x1 * cs + x0 * sn;
+    if (r < group) {
+      q_s[r * kHd + a] = y0 * p.attn_scale;
+      q_s[r * kHd + b] = y1 * p.attn_scale;
+    } else {
+      const float* v = p.qkv + static_cast<int64_t>(p.hq + p.hkv + g) * kHd;
+      const float v0 = __ldcg(v + a), v1 = __ldcg(v + b);
+      knew[a] = cache_rounded(y0, p.kv_fp8, p.k_scale);
+      knew[b] = cache_rounded(y1, p.kv_fp8, p.k_scale);
+      vnew[a] = cache_rounded(v0, p.kv_fp8, p.v_scale);
+      vnew[b] = cache_rounded(v1, p.kv_fp8, p.v_scale);
+      const int64_t off = kv_offset(p, k.pos, g, kHd);
+      if (off >= 0) {
+        store_kv(L.k_cache, p.kv_fp8, off + a, y0, 1.0f / p.k_scale);
+        store_kv(L.k_cache, p.kv_fp8, off + b, y1, 1.0f / p.k_scale);
+        store_kv(L.v_cache, p.kv_fp8, off + a, v0, 1.0f / p.v_scale);
+        store_kv(L.v_cache, p.kv_fp8, off + b, v1, 1.0f / p.v_scale);
+      }
+    }
+  }
+  consumer_sync();  // q, and the new k / v, in shared memory
+
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+#pragma unroll
+  for (int r = 0; r < kMaxGroup; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[r][d] = 0.0f;
+  }
+  // One key (kf) and its value (vf) into the warp's online softmax of every query head of the group.
+  auto attend = [&](const float* kf, const float* vf) {
+#pragma unroll
+    for (int r = 0; r < kMaxGroup; ++r) {
+      if (r >= group) break;
+      float sc = 0.0f;
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) sc = fmaf(q_s[r * kHd + lane * kDims + d], kf[d], sc);
+      sc = warp_sum(sc);
+      const float mn = fmaxf(m[r], sc), corr = __expf(m[r] - mn), pr = __expf(sc - mn);
+      l[r] = l[r] * corr + pr;
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) acc[r][d] = fmaf(acc[r][d], corr, pr * vf[d]);
+      m[r] = mn;
+    }
+  };
+  for (uint32_t st = 0; st < k.nstages; ++st, ++it) {
+    const int32_t slot = static_cast<int32_t>(it % ring.stages);
+    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+    const int32_t n = min(k.per_stage, k.ntok - static_cast<int32_t>(st) * k.per_stage);
+    const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+    for (int32_t j = warp; compute && warp < aw && j < n; j += aw) {
+      if (!((key_bits[slot * kKeyWords + j / kWarp] >> (j % kWarp)) & 1u)) continue;  // invalid block entry
+      float kf[kDims], vf[kDims];
+      load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(j) * kHd + lane * kDims, p.k_scale, kf);
+      load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(k.per_stage + j) * kHd + lane * kDims, p.v_scale,
+                     vf);
+      attend(kf, vf);
+    }
+    release_stage<kSplit>(ring, slot);
+  }
+  if (!compute) return;
+  if (k.owner && warp == 0) {
+    float kf[kDims], vf[kDims];
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) kf[d] = knew[lane * kDims + d], vf[d] = vnew[lane * kDims + d];
+    attend(kf, vf);
+  }
+  // The warps' partials, then their merge into this split's partial.
+#pragma unroll
+  for (int r = 0; r < kMaxGroup; ++r) {
+    if (r >= group || warp >= aw) break;
+    float* wp = wpart + (warp * group + r) * kPart;
+    if (lane == 0) wp[0] = m[r], wp[1] = l[r];
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) wp[2 + lane * kDims + d] = acc[r][d];
+  }
+  consumer_sync();
+  for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
+    const int r = idx / kHd, d = idx % kHd;
+    float mx = -INFINITY;
+    for (int w = 0; w < aw; ++w) mx = fmaxf(mx, wpart[(w * group + r) * kPart]);
+    float sum_l = 0.0f, sum_a = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < aw; ++w) {
+        const float* wp = wpart + (w * group + r) * kPart;
+        const float e = __expf(wp[0] - mx);
+        sum_l += wp[1] * e;
+        sum_a += wp[2 + d] * e;
+      }
+    }
+    float* part = p.partials + (static_cast<int64_t>(g * group + r) * splits + s) * kPart;
+    __stcg(part + 2 + d, sum_a);
+    if (d == 0) __stcg(part, mx), __stcg(part + 1, sum_l);
+  }
+  __threadfence();
+  consumer_sync();
+  if (threadIdx.x == 0) *flag = atomicAdd(&p.control[1 + g], 1u) == static_cast<uint32_t>(splits - 1);
+  consumer_sync();
+  if (*flag) {  // the group's last split: merge all of them
+    __threadfence();
+    for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
+      const int r = idx / kHd, d = idx % kHd;
+      const float* part = p.partials + static_cast<int64_t>(g * group + r) * splits * kPart;
+      float mx = -INFINITY;
+      for (int j = 0; j < splits; ++j) mx = fmaxf(mx, __ldcg(part + j * kPart));
+      float sum_l = 0.0f, sum_a = 0.0f;
+      for (int j = 0; j < splits; ++j) {
+        const float mj = __ldcg(part + j * kPart);
+        if (mj == -INFINITY) continue;
+        const float e = __expf(mj - mx);
+        sum_l += __ldcg(part + j * kPart + 1) * e;
+        sum_a += __ldcg(part + j * kPart + 2 + d) * e;
+      }
+      __stcg(p.attn + static_cast<int64_t>(g * group + r) * kHd + d, sum_l > 0.0f ? sum_a / sum_l : 0.0f);
+    }
+    if (threadIdx.x == 0) p.control[1 + g] = 0;  // ready for the next layer
+  }
+  consumer_sync();  // flag and scratch reused by the next phase
+}
+
+}  // namespace inferx::cuda::stack

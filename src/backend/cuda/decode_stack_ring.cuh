@@ -1,0 +1,165 @@
+#pragma once
+// The persistent batch-1 decode kernel's plumbing (kernels_decode_stack.cu, the only includer): the CTA's
+// warp roles and limits, the ring of shared-memory stages (cp.async.bulk + mbarriers, with a hang guard),
+// how a matrix's rows map to stages, and the consumers' CTA- and grid-wide barriers.
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels_decode_stack.h"
+
+namespace inferx::cuda::stack {
+
+// 15 consumer warps: with 8 the FP8 products ran at 1.8 TB/s (H200, 2026-12-03): one warp per row is
+// latency-bound on its shared-memory loads and conversions, and needs company to fill the issue slots.
+// With the producer that is 16 warps, four per SM sub-partition (each has a quarter of the registers).
+constexpr int kConsumerWarps = 15;
+constexpr int kConsumers = kConsumerWarps * kWarp;
+constexpr int kAttnWarps = 8;  // the fewest warps walking the keys (their partials must fit the x buffer)
+constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
+constexpr int kMaxUnits = 8;                  // rows of a stage (gate and up rows both count)
+constexpr int kMaxGroup = 8;                  // query heads per KV head
+constexpr int kMaxSplits = 64;
+constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
+constexpr int kKeyWords = kMaxKeysPerStage / 32;
+constexpr int kMaxStages = 12;  // ring depth (16 KB stages fill shared memory better than 32 KB ones)
+// Offsets (floats) in the misc area: scratch and flag, the 2 x kMaxStages mbarriers, key bits, partials.
+constexpr int kMiscKeyBits = 32 + 2 * kMaxStages * 2;
+constexpr int kMiscRed = kMiscKeyBits + kMaxStages * kKeyWords;
+constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
+constexpr size_t kMiscBytes = 2048;        // reduction scratch, flag, mbarriers, key bits, split partials
+static_assert((kMiscRed + 2 * kMaxUnits * kConsumerWarps) * 4 <= kMiscBytes, "the misc area's layout");
+
+// ---- stage geometry (host and device) -----------------------------------------------------------------
+// A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product); a
+// row (or gate + up pair) longer than a stage is not taken (the host sizes stages for the longest row).
+struct Geom {
+  int32_t srcs;            // 1, or 2 for gate/up
+  int32_t row_bytes;       // bytes of one source row
+  int32_t rows_per_stage;  // power of two, rows_per_stage * srcs <= kMaxUnits; 0: a row does not fit
+};
+
+__host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes) {
+  Geom g;
+  g.srcs = paired ? 2 : 1;
+  g.row_bytes = m.k * (m.fp8 ? 1 : 2);
+  const int64_t fit = stage_bytes / (static_cast<int64_t>(g.row_bytes) * g.srcs);
+  int rs = 1;
+  while (rs * 2 <= fit && rs * 2 * g.srcs <= kMaxUnits) rs *= 2;
+  g.rows_per_stage = fit >= 1 ? rs : 0;
+  return g;
+}
+
+// ---- async copies and mbarriers (PTX ISA: cp.async.bulk, mbarrier) ------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+// A wait that never ends means a broken invariant (the producer's and the consumers' stage sequences
+// disagree, or the grid is not co-resident): trap after kHangNs, so the launch fails with an error the
+// host reports instead of hanging the process (and a GPU job's whole time budget). A decode step takes
+// milliseconds; the first wait of a step can include the previous kernels' tail.
+constexpr uint64_t kHangNs = 2'000'000'000ull;
+__device__ __forceinline__ uint64_t gpu_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t start = gpu_ns();
+  while (!mbar_try_wait(bar, parity))
+    if (gpu_ns() - start > kHangNs) __trap();
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+}
+
+// Sum over the consumer threads (scratch: kConsumerWarps floats); every consumer gets the result.
+__device__ __forceinline__ float consumer_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
+  consumer_sync();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) total += scratch[w];
+  consumer_sync();
+  return total;
+}
+
+// Grid-wide barrier of the consumers: CTA barrier, then one thread's release-add and acquire-spin at GPU
+// scope (the CTA barrier orders the other threads' writes before the release, which is cumulative).
+// `target` grows by gridDim.x per barrier. A __threadfence() before the add (the cooperative-groups
+// pattern) waits for this SM's outstanding memory operations, microseconds behind a saturated stream.
+__device__ __forceinline__ void grid_barrier(uint32_t* counter, uint32_t target) {
+  consumer_sync();
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    const uint64_t start = gpu_ns();
+    for (;;) {
+      uint32_t seen;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+      if (seen >= target) break;
+      if (gpu_ns() - start > kHangNs) __trap();
+    }
+  }
+  consumer_sync();
+}
+
+__device__ __forceinline__ void cta_rows(int32_t rows, int32_t& r0, int32_t& r1) {
+  r0 = static_cast<int32_t>(static_cast<int64_t>(rows) * blockIdx.x / gridDim.x);
+  r1 = static_cast<int32_t>(static_cast<int64_t>(rows) * (blockIdx.x + 1) / gridDim.x);
+}
+
+// Stage k of the stream sits in slot k % stages.
+struct Ring {
+  uint8_t* data;
+  uint64_t* full;
+  uint64_t* empty;
+  int32_t stages;
+  int32_t stage_bytes;
+};
+
+// A consumed stage's release: every warp's own (row-owner way), or one arrival after a CTA barrier.
+template <bool kSplit>
+__device__ __forceinline__ void release_stage(const Ring& ring, int32_t slot) {
+  if constexpr (kSplit) {
+    consumer_sync();
+    if (threadIdx.x == 0) mbar_arrive(&ring.empty[slot]);
+  } else {
+    __syncwarp();
+    if (threadIdx.x % kWarp == 0) mbar_arrive(&ring.empty[slot]);
+  }
+}
+
+}  // namespace inferx::cuda::stack
