@@ -57,6 +57,9 @@ struct CudaBackendOptions {
   // How its consumer warps share a ring stage (A/B): false, a warp owns whole rows; true, every warp takes
   // a column slice of every row (kernels_decode_stack.h, DecodeStackParams::split_stages).
   bool decode_stack_split = false;
+  // Its BF16 products on tensor cores (implies the split way; kernels_decode_stack.h,
+  // DecodeStackParams::mma).
+  bool decode_stack_mma = false;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
   // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)
@@ -67,7 +70,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
-// INFERX_DECODE_STACK_SPLIT=0|1, INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_DECODE_STACK_SPLIT=0|1, INFERX_DECODE_STACK_MMA=0|1, INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -113,9 +116,10 @@ class CudaBackend final : public Backend {
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
   // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, bool split = false) {
+  void set_decode_stack(bool on, bool split = false, bool mma = false) {
     options_.decode_stack = on;
     options_.decode_stack_split = split;
+    options_.decode_stack_mma = mma;
   }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
 

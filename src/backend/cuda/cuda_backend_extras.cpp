@@ -35,6 +35,7 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* st = std::getenv("INFERX_DECODE_STACK")) o.decode_stack = std::strcmp(st, "0") != 0;
   if (const char* sp = std::getenv("INFERX_DECODE_STACK_SPLIT"))
     o.decode_stack_split = std::strcmp(sp, "0") != 0;
+  if (const char* mm = std::getenv("INFERX_DECODE_STACK_MMA")) o.decode_stack_mma = std::strcmp(mm, "0") != 0;
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {
     const std::string v = skip;

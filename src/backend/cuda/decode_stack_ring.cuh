@@ -34,17 +34,24 @@ static_assert((kMiscRed + 2 * kMaxUnits * kConsumerWarps) * 4 <= kMiscBytes, "th
 // ---- stage geometry (host and device) -----------------------------------------------------------------
 // A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product); a
 // row (or gate + up pair) longer than a stage is not taken (the host sizes stages for the longest row).
+// Padded stages (the tensor-core products, DecodeStackParams::mma) put each row 16 bytes after the end of
+// the previous one, so that the 8 rows an ldmatrix reads start in different banks (rows of 2^n bytes would
+// all start in the same one).
+constexpr int32_t kRowPad = 16;
 struct Geom {
   int32_t srcs;            // 1, or 2 for gate/up
   int32_t row_bytes;       // bytes of one source row
+  int32_t row_stride;      // bytes from one row's start to the next in a stage (row_bytes [+ kRowPad])
   int32_t rows_per_stage;  // power of two, rows_per_stage * srcs <= kMaxUnits; 0: a row does not fit
 };
 
-__host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes) {
+__host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes,
+                                               bool padded) {
   Geom g;
   g.srcs = paired ? 2 : 1;
   g.row_bytes = m.k * (m.fp8 ? 1 : 2);
-  const int64_t fit = stage_bytes / (static_cast<int64_t>(g.row_bytes) * g.srcs);
+  g.row_stride = g.row_bytes + (padded ? kRowPad : 0);
+  const int64_t fit = stage_bytes / (static_cast<int64_t>(g.row_stride) * g.srcs);
   int rs = 1;
   while (rs * 2 <= fit && rs * 2 * g.srcs <= kMaxUnits) rs *= 2;
   g.rows_per_stage = fit >= 1 ? rs : 0;

@@ -29,8 +29,9 @@ namespace {
 using namespace stack;  // the kernel's plumbing (decode_stack_ring.cuh, decode_stack_attention.cuh)
 
 // ---- producer -------------------------------------------------------------------------------------------
-__device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
-  const Geom g = stage_geometry(m, paired, ring.stage_bytes);
+__device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it,
+                               bool padded) {
+  const Geom g = stage_geometry(m, paired, ring.stage_bytes, padded);
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
   const auto* base = static_cast<const uint8_t*>(m.data);
@@ -44,9 +45,17 @@ __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ri
     if (threadIdx.x % kWarp != 0) continue;
     mbar_expect_tx(&ring.full[slot], bytes * g.srcs);
     uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-    for (int32_t src = 0; src < g.srcs; ++src)
-      bulk_copy(dst + static_cast<size_t>(src) * g.rows_per_stage * g.row_bytes,
-                base + (static_cast<int64_t>(src) * m.rows + row) * g.row_bytes, bytes, &ring.full[slot]);
+    for (int32_t src = 0; src < g.srcs; ++src) {
+      const uint8_t* from = base + (static_cast<int64_t>(src) * m.rows + row) * g.row_bytes;
+      uint8_t* to = dst + static_cast<size_t>(src) * g.rows_per_stage * g.row_stride;
+      if (!padded) {
+        bulk_copy(to, from, bytes, &ring.full[slot]);
+      } else {
+        for (int32_t r = 0; r < n; ++r)
+          bulk_copy(to + static_cast<size_t>(r) * g.row_stride, from + static_cast<int64_t>(r) * g.row_bytes,
+                    static_cast<uint32_t>(g.row_bytes), &ring.full[slot]);
+      }
+    }
   }
 }
 
@@ -91,17 +100,18 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
   }
 }
 
-__device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits) {
+// `padded`: the consumers read padded stages (split mode with tensor cores).
+__device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits, bool padded) {
   uint32_t it = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
-    produce_matrix(L.qkv, false, ring, it);
+    produce_matrix(L.qkv, false, ring, it, padded);
     produce_kv(p, L, ring, it, key_bits);
-    produce_matrix(L.o, false, ring, it);
-    produce_matrix(L.gate_up, true, ring, it);
-    produce_matrix(L.down, false, ring, it);
+    produce_matrix(L.o, false, ring, it, padded);
+    produce_matrix(L.gate_up, true, ring, it, padded);
+    produce_matrix(L.down, false, ring, it, padded);
   }
-  produce_matrix(p.lm_head, false, ring, it);
+  produce_matrix(p.lm_head, false, ring, it, padded);
 }
 
 // ---- consumers: dot products over a stage ---------------------------------------------------------------
@@ -268,7 +278,7 @@ template <Emit kEmit>
 __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t& it, const __nv_bfloat16* xs,
                                float* out, uint32_t skip) {
   constexpr bool kPaired = kEmit == Emit::SiluMul;
-  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
+  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes, false);  // the host never pads this mode
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int rs = g.rows_per_stage;
   const int32_t nv = m.k / (m.fp8 ? 16 : 8);
@@ -309,6 +319,53 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
   }
 }
 
+// BF16 rows on tensor cores (DecodeStackParams::mma): D[16 x 8] += A[16 x 16] . B[16 x 8] with B = the
+// stage's (up to 8) rows as [n][k] (one ldmatrix.x2 per 16 columns: lanes 0-7 address rows 0-7 at the
+// chunk's first 8 columns, lanes 8-15 the next 8; padded rows keep it conflict-free) and A's row 0 = x
+// (lanes 0-3 hold x's pairs, every other A element is 0). Row 0 of D then holds the 8 rows' dot products
+// over the warp's chunks [c0, c1): lanes 0-3, rows 2t and 2t + 1. Two accumulator sets for two chunks in
+// flight. PTX ISA: mma.m16n8k16 fragment layouts, ldmatrix.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t& b0, uint32_t& b1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
+}
+__device__ __noinline__ void mma_partials_bf16(const uint8_t* stage, int32_t stride, int units,
+                                               const __nv_bfloat16* x, int32_t c0, int32_t c1, float* red,
+                                               int warp) {
+  const int lane = threadIdx.x % kWarp, t = lane % 4, r = lane & 7;
+  const uint32_t row_addr =
+      smem_addr(stage + static_cast<size_t>(r < units ? r : 0) * stride) + ((lane & 8) ? 16u : 0u);
+  const auto* x32 = reinterpret_cast<const uint32_t*>(x);  // x32[c * 8 + j]: columns 16 c + 2 j, + 1
+  const bool holds_x = lane < 4;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int32_t c = c0;
+  for (; c + 1 < c1; c += 2) {
+    uint32_t b0, b1, b2, b3;
+    ldmatrix_x2(row_addr + static_cast<uint32_t>(c) * 32u, b0, b1);
+    ldmatrix_x2(row_addr + static_cast<uint32_t>(c + 1) * 32u, b2, b3);
+    const uint32_t a0 = holds_x ? x32[c * 8 + t] : 0u, a2 = holds_x ? x32[c * 8 + 4 + t] : 0u;
+    const uint32_t a4 = holds_x ? x32[(c + 1) * 8 + t] : 0u, a6 = holds_x ? x32[(c + 1) * 8 + 4 + t] : 0u;
+    mma_bf16(d, a0, a2, b0, b1);
+    mma_bf16(e, a4, a6, b2, b3);
+  }
+  if (c < c1) {
+    uint32_t b0, b1;
+    ldmatrix_x2(row_addr + static_cast<uint32_t>(c) * 32u, b0, b1);
+    const uint32_t a0 = holds_x ? x32[c * 8 + t] : 0u, a2 = holds_x ? x32[c * 8 + 4 + t] : 0u;
+    mma_bf16(d, a0, a2, b0, b1);
+  }
+  if (holds_x) {
+    if (2 * t < units) red[(2 * t) * kConsumerWarps + warp] = d[0] + e[0];
+    if (2 * t + 1 < units) red[(2 * t + 1) * kConsumerWarps + warp] = d[1] + e[1];
+  }
+}
+
 // The other way to consume a matrix (DecodeStackParams::split_stages): every consumer warp takes a slice
 // [v0, v1) of the columns of every row in the stage (x loaded once for all of them), the consumers meet at
 // a CTA barrier, and thread t adds the slices of row t and writes it. A stage is then finished by all warps
@@ -316,12 +373,15 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
 // per stage; the row-owner way gives each warp whole rows and no barrier.
 template <Emit kEmit>
 __device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uint32_t& it,
-                                     const __nv_bfloat16* xs, float* out, uint32_t skip, float* red) {
+                                     const __nv_bfloat16* xs, float* out, uint32_t skip, float* red,
+                                     bool mma) {
   constexpr bool kPaired = kEmit == Emit::SiluMul;
-  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
+  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes, mma);
   const int warp = threadIdx.x / kWarp;
   const int rs = g.rows_per_stage, units = g.srcs * rs;
-  const int32_t nv = m.k / (m.fp8 ? 16 : 8);
+  const bool tensor_cores = mma && !m.fp8;
+  // Each warp's columns: 16-byte vectors (scalar products) or 16-column chunks (tensor cores).
+  const int32_t nv = tensor_cores ? m.k / 16 : m.k / (m.fp8 ? 16 : 8);
   const int32_t v0 = nv * warp / kConsumerWarps, v1 = nv * (warp + 1) / kConsumerWarps;
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
@@ -344,10 +404,12 @@ __device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uin
     float* rb = red + (it & 1) * kMaxUnits * kConsumerWarps;
     if (!(skip & 1)) {
       const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-      if (m.fp8)
-        stage_partials<true>(units, stage, g.row_bytes, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
+      if (tensor_cores)
+        mma_partials_bf16(stage, g.row_stride, units, xs, v0, v1, rb, warp);
+      else if (m.fp8)
+        stage_partials<true>(units, stage, g.row_stride, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
       else
-        stage_partials<false>(units, stage, g.row_bytes, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
+        stage_partials<false>(units, stage, g.row_stride, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
     }
     consumer_sync();  // the stage is read; the slices are in rb
     if (t == 0) mbar_arrive(&ring.empty[slot]);
@@ -424,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (threadIdx.x >= kConsumers) {
-    producer(p, ring, key_bits);
+    producer(p, ring, key_bits, kSplit && p.mma);
     return;
   }
   uint32_t it = 0, barriers = 0;
@@ -443,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e);
     load_input(p.x, p.hidden, L.attn_norm, p.eps, xs, scratch);
     if constexpr (kSplit)
-      consume_matrix_split<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip, red);
+      consume_matrix_split<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip, red, kSplit && p.mma);
     else
       consume_matrix<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip);
     stamp(e + 1);
@@ -458,7 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 4);
     load_input(p.attn, qd, nullptr, 0.0f, xs, scratch);
     if constexpr (kSplit)
-      consume_matrix_split<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip, red);
+      consume_matrix_split<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip, red, kSplit && p.mma);
     else
       consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip);
     stamp(e + 5);
@@ -466,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 6);
     load_input(p.x, p.hidden, L.ffn_norm, p.eps, xs, scratch);
     if constexpr (kSplit)
-      consume_matrix_split<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip, red);
+      consume_matrix_split<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip, red, kSplit && p.mma);
     else
       consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip);
     stamp(e + 7);
@@ -474,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 8);
     load_input(p.act, inter, nullptr, 0.0f, xs, scratch);
     if constexpr (kSplit)
-      consume_matrix_split<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip, red);
+      consume_matrix_split<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip, red, kSplit && p.mma);
     else
       consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip);
     stamp(e + 9);
@@ -484,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp(events - 2);
   load_input(p.x, p.hidden, p.final_norm, p.eps, xs, scratch);
   if constexpr (kSplit)
-    consume_matrix_split<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip, red);
+    consume_matrix_split<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip, red, kSplit && p.mma);
   else
     consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip);
   stamp(events - 1);
@@ -504,11 +566,11 @@ bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t h
          (hq * hd) % 16 == 0;
 }
 
-bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes) {
+bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes, bool padded) {
   if (m.data == nullptr || m.rows <= 0 || m.k <= 0 || m.k % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(m.data) % 16 != 0) return false;
   if (m.fp8 && m.scale == nullptr) return false;
-  return stage_geometry(m, paired, stage_bytes).rows_per_stage >= 1;
+  return stage_geometry(m, paired, stage_bytes, padded).rows_per_stage >= 1;
 }
 
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {

@@ -83,6 +83,9 @@ struct DecodeStackParams {
   // How the consumers share a stage (INFERX_DECODE_STACK_SPLIT=1, A/B): 0, a warp owns whole rows; 1,
   // every warp takes a column slice of every row, a CTA barrier per stage (kernels_decode_stack.cu).
   uint8_t split_stages = 0;
+  // Split mode only (INFERX_DECODE_STACK_MMA=1, A/B): BF16 products on tensor cores (mma.m16n8k16, the
+  // stage's rows as N, x as A's first row), stages padded 16 bytes per row for conflict-free ldmatrix.
+  uint8_t mma = 0;
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
@@ -100,7 +103,7 @@ constexpr int64_t decode_stack_profile_events(int32_t num_layers) {
 bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t hkv, int32_t hd);
 // Whether one matrix streams through stages of `stage_bytes`: k a multiple of 16, 16-byte aligned data,
 // at least one row (gate and up rows together when paired) per stage.
-bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes);
+bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes, bool padded);
 // Shared memory the kernel needs for p's shapes (sets p.stages, p.x_bytes); 0 when it does not fit.
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k);
 // Scratch floats (qkv, attn, act, partials) for the shapes; control words: 1 + hkv.
