@@ -30,7 +30,7 @@ struct Case {
   int prompt = 300;    // tokens before the decode steps (crosses 16-token blocks and attention splits)
   int steps = 12;
   bool split = false;  // the consumers' column-slice way (CudaBackendOptions::decode_stack_split)
-  bool mma = false;    // its BF16 products on tensor cores (CudaBackendOptions::decode_stack_mma)
+  bool mma = false;    // its products on tensor cores (CudaBackendOptions::decode_stack_mma)
 };
 
 struct Trace {
@@ -147,7 +147,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "", DType::BF16, 0, 300, 12, true, true},
                       Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, true, true},
                       Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, true, true},
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, true, true}),
+                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, true, true},
+                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8, true, true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +

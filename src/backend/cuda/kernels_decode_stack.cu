@@ -366,22 +366,63 @@ __device__ __noinline__ void mma_partials_bf16(const uint8_t* stage, int32_t str
   }
 }
 
+// FP8 rows on tensor cores: one ldmatrix.x2 per 32 columns (8 rows x 16 bytes per matrix) gives lane
+// (g, t) the bytes [4t, 4t + 4) of row g in each 16-column half; E4M3 -> F16 pairs make two F16 MMAs whose
+// logical columns (2t, 2t + 1 | 2t + 8, 2t + 9) are the physical 4t, 4t + 1 | 4t + 2, 4t + 3 - any
+// permutation works when x (A's first row, F16 here, load_input_f16) follows the same one.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+__device__ __noinline__ void mma_partials_fp8(const uint8_t* stage, int32_t stride, int units,
+                                              const __half* x, int32_t c0, int32_t c1, float* red, int warp) {
+  const int lane = threadIdx.x % kWarp, t = lane % 4, r = lane & 7;
+  const uint32_t row_addr =
+      smem_addr(stage + static_cast<size_t>(r < units ? r : 0) * stride) + ((lane & 8) ? 16u : 0u);
+  const auto* x32 = reinterpret_cast<const uint32_t*>(x);  // x32[j]: columns 2j, 2j + 1
+  const bool holds_x = lane < 4;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int32_t c = c0; c < c1; ++c) {
+    uint32_t w0, w1;
+    ldmatrix_x2(row_addr + static_cast<uint32_t>(c) * 32u, w0, w1);
+    const uint32_t b0 = e4m3x2_to_f16x2(w0 & 0xFFFFu), b1 = e4m3x2_to_f16x2(w0 >> 16);
+    const uint32_t b2 = e4m3x2_to_f16x2(w1 & 0xFFFFu), b3 = e4m3x2_to_f16x2(w1 >> 16);
+    const int32_t j = 16 * c + 2 * t;
+    const uint32_t a0 = holds_x ? x32[j] : 0u, a2 = holds_x ? x32[j + 1] : 0u;
+    const uint32_t a4 = holds_x ? x32[j + 8] : 0u, a6 = holds_x ? x32[j + 9] : 0u;
+    mma_f16(d, a0, a2, b0, b1);
+    mma_f16(e, a4, a6, b2, b3);
+  }
+  if (holds_x) {
+    if (2 * t < units) red[(2 * t) * kConsumerWarps + warp] = d[0] + e[0];
+    if (2 * t + 1 < units) red[(2 * t + 1) * kConsumerWarps + warp] = d[1] + e[1];
+  }
+}
+
 // The other way to consume a matrix (DecodeStackParams::split_stages): every consumer warp takes a slice
 // [v0, v1) of the columns of every row in the stage (x loaded once for all of them), the consumers meet at
 // a CTA barrier, and thread t adds the slices of row t and writes it. A stage is then finished by all warps
 // together (a short time from landing to release, which a shallow ring rewards), at the price of a barrier
 // per stage; the row-owner way gives each warp whole rows and no barrier.
 template <Emit kEmit>
+// `mma`: tensor-core products (padded stages; x in F16 scaled by 1 / x_mult for FP8 rows, load_input_f16).
 __device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uint32_t& it,
-                                     const __nv_bfloat16* xs, float* out, uint32_t skip, float* red,
-                                     bool mma) {
+                                     const __nv_bfloat16* xs, float* out, uint32_t skip, float* red, bool mma,
+                                     float x_mult) {
   constexpr bool kPaired = kEmit == Emit::SiluMul;
   const Geom g = stage_geometry(m, kPaired, ring.stage_bytes, mma);
   const int warp = threadIdx.x / kWarp;
   const int rs = g.rows_per_stage, units = g.srcs * rs;
-  const bool tensor_cores = mma && !m.fp8;
-  // Each warp's columns: 16-byte vectors (scalar products) or 16-column chunks (tensor cores).
-  const int32_t nv = tensor_cores ? m.k / 16 : m.k / (m.fp8 ? 16 : 8);
+  // Each warp's columns: 16-byte vectors (scalar products) or 16-column (BF16) / 32-column (FP8) chunks
+  // (tensor cores).
+  const int32_t nv = mma ? m.k / (m.fp8 ? 32 : 16) : m.k / (m.fp8 ? 16 : 8);
   const int32_t v0 = nv * warp / kConsumerWarps, v1 = nv * (warp + 1) / kConsumerWarps;
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
@@ -404,7 +445,9 @@ __device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uin
     float* rb = red + (it & 1) * kMaxUnits * kConsumerWarps;
     if (!(skip & 1)) {
       const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-      if (tensor_cores)
+      if (mma && m.fp8)
+        mma_partials_fp8(stage, g.row_stride, units, reinterpret_cast<const __half*>(xs), v0, v1, rb, warp);
+      else if (mma)
         mma_partials_bf16(stage, g.row_stride, units, xs, v0, v1, rb, warp);
       else if (m.fp8)
         stage_partials<true>(units, stage, g.row_stride, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
@@ -419,7 +462,7 @@ __device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uin
         a += rb[t * kConsumerWarps + w];
         if constexpr (kPaired) b += rb[(rs + t) * kConsumerWarps + w];
       }
-      emit<kEmit>(m, out, r, a * scale0 + bias0, b * scale1 + bias1, resid);
+      emit<kEmit>(m, out, r, a * x_mult * scale0 + bias0, b * x_mult * scale1 + bias1, resid);
     }
   }
 }
@@ -455,6 +498,101 @@ __device__ void load_input(const float* src, int32_t n, const float* norm, float
     }
   }
   consumer_sync();
+}
+
+// Max over the consumer threads (scratch: kConsumerWarps floats); every consumer gets the result.
+__device__ __forceinline__ float consumer_max(float v, float* scratch) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
+  consumer_sync();
+  float m = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) m = fmaxf(m, scratch[w]);
+  consumer_sync();
+  return m;
+}
+
+__device__ __forceinline__ void store_f16x4(__half* dst, float a, float b, float c, float d) {
+  const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
+  uint2 packed;
+  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = packed;
+}
+
+// load_input for the FP8 tensor-core products: x (normed or not) in F16, scaled by a power of two 2^-s that
+// keeps its largest magnitude below 2^14 (F16 ends at 65504; BF16 activations do not); returns 2^s, which
+// the products are multiplied by. A normed input stays in registers; another is read twice (the largest
+// magnitude first).
+__device__ __noinline__ float load_input_f16(const float* src, int32_t n, const float* norm, float eps,
+                                             __half* xh, float* scratch) {
+  float4 v[kNormVecs];
+  float amax = 0.0f;
+  if (norm != nullptr) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormVecs; ++j) {
+      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
+      v[j] = i < n ? __ldcg(reinterpret_cast<const float4*>(src + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    const float rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
+#pragma unroll
+    for (int j = 0; j < kNormVecs; ++j) {
+      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
+      if (i < n) {
+        const float4 w = *reinterpret_cast<const float4*>(norm + i);
+        v[j] = make_float4(v[j].x * rs * w.x, v[j].y * rs * w.y, v[j].z * rs * w.z, v[j].w * rs * w.w);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+      }
+    }
+  } else {
+    for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
+      const float4 u = __ldcg(reinterpret_cast<const float4*>(src + i));
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))));
+    }
+  }
+  int e = 0;
+  frexpf(consumer_max(amax, scratch), &e);  // largest magnitude < 2^e
+  const int s = max(0, e - 14);
+  const float inv = ldexpf(1.0f, -s);
+  if (norm != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kNormVecs; ++j) {
+      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
+      if (i < n) store_f16x4(xh + i, v[j].x * inv, v[j].y * inv, v[j].z * inv, v[j].w * inv);
+    }
+  } else {
+    for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
+      const float4 u = __ldcg(reinterpret_cast<const float4*>(src + i));
+      store_f16x4(xh + i, u.x * inv, u.y * inv, u.z * inv, u.w * inv);
+    }
+  }
+  consumer_sync();
+  return ldexpf(1.0f, s);
+}
+
+// One product phase: the input into the x buffer (BF16, or scaled F16 for FP8 rows on tensor cores), then
+// this CTA's rows of m.
+template <Emit kEmit, bool kSplit>
+__device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const float* src, int32_t n,
+                                           const float* norm, const StackMatrix& m, float* out,
+                                           const Ring& ring, uint32_t& it, __nv_bfloat16* xs, float* scratch,
+                                           float* red) {
+  if constexpr (kSplit) {
+    const bool mma = p.mma != 0;
+    float x_mult = 1.0f;
+    if (mma && m.fp8)
+      x_mult = load_input_f16(src, n, norm, p.eps, reinterpret_cast<__half*>(xs), scratch);
+    else
+      load_input(src, n, norm, p.eps, xs, scratch);
+    consume_matrix_split<kEmit>(m, ring, it, xs, out, p.skip, red, mma, x_mult);
+  } else {
+    (void)red;
+    load_input(src, n, norm, p.eps, xs, scratch);
+    consume_matrix<kEmit>(m, ring, it, xs, out, p.skip);
+  }
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
@@ -503,11 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const StackLayer& L = p.layers[l];
     const int64_t e = static_cast<int64_t>(l) * kStackLayerEvents;
     stamp(e);
-    load_input(p.x, p.hidden, L.attn_norm, p.eps, xs, scratch);
-    if constexpr (kSplit)
-      consume_matrix_split<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip, red, kSplit && p.mma);
-    else
-      consume_matrix<Emit::Store>(L.qkv, ring, it, xs, p.qkv, p.skip);
+    gemv_phase<Emit::Store, kSplit>(p, p.x, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch, red);
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
@@ -518,37 +652,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 3);
     sync_grid();
     stamp(e + 4);
-    load_input(p.attn, qd, nullptr, 0.0f, xs, scratch);
-    if constexpr (kSplit)
-      consume_matrix_split<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip, red, kSplit && p.mma);
-    else
-      consume_matrix<Emit::AddToResidual>(L.o, ring, it, xs, p.x, p.skip);
+    gemv_phase<Emit::AddToResidual, kSplit>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch, red);
     stamp(e + 5);
     sync_grid();
     stamp(e + 6);
-    load_input(p.x, p.hidden, L.ffn_norm, p.eps, xs, scratch);
-    if constexpr (kSplit)
-      consume_matrix_split<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip, red, kSplit && p.mma);
-    else
-      consume_matrix<Emit::SiluMul>(L.gate_up, ring, it, xs, p.act, p.skip);
+    gemv_phase<Emit::SiluMul, kSplit>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch,
+                                      red);
     stamp(e + 7);
     sync_grid();
     stamp(e + 8);
-    load_input(p.act, inter, nullptr, 0.0f, xs, scratch);
-    if constexpr (kSplit)
-      consume_matrix_split<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip, red, kSplit && p.mma);
-    else
-      consume_matrix<Emit::AddToResidual>(L.down, ring, it, xs, p.x, p.skip);
+    gemv_phase<Emit::AddToResidual, kSplit>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch,
+                                            red);
     stamp(e + 9);
     sync_grid();
     stamp(e + 10);
   }
   stamp(events - 2);
-  load_input(p.x, p.hidden, p.final_norm, p.eps, xs, scratch);
-  if constexpr (kSplit)
-    consume_matrix_split<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip, red, kSplit && p.mma);
-  else
-    consume_matrix<Emit::Store>(p.lm_head, ring, it, xs, p.logits, p.skip);
+  gemv_phase<Emit::Store, kSplit>(p, p.x, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch,
+                                  red);
   stamp(events - 1);
 }
 
@@ -570,6 +691,7 @@ bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_b
   if (m.data == nullptr || m.rows <= 0 || m.k <= 0 || m.k % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(m.data) % 16 != 0) return false;
   if (m.fp8 && m.scale == nullptr) return false;
+  if (padded && m.fp8 && m.k % 32 != 0) return false;  // FP8 tensor-core chunks are 32 columns
   return stage_geometry(m, paired, stage_bytes, padded).rows_per_stage >= 1;
 }
 

@@ -83,8 +83,9 @@ struct DecodeStackParams {
   // How the consumers share a stage (INFERX_DECODE_STACK_SPLIT=1, A/B): 0, a warp owns whole rows; 1,
   // every warp takes a column slice of every row, a CTA barrier per stage (kernels_decode_stack.cu).
   uint8_t split_stages = 0;
-  // Split mode only (INFERX_DECODE_STACK_MMA=1, A/B): BF16 products on tensor cores (mma.m16n8k16, the
-  // stage's rows as N, x as A's first row), stages padded 16 bytes per row for conflict-free ldmatrix.
+  // Split mode only (INFERX_DECODE_STACK_MMA=1, A/B): products on tensor cores (mma.m16n8k16, the stage's
+  // rows as N, x as A's first row; FP8 rows converted to F16 against x in F16 scaled by a power of two),
+  // stages padded 16 bytes per row for conflict-free ldmatrix.
   uint8_t mma = 0;
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
