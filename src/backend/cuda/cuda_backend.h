@@ -57,7 +57,7 @@ struct CudaBackendOptions {
   // How its consumer warps share a ring stage (A/B): false, a warp owns whole rows; true, every warp takes
   // a column slice of every row (kernels_decode_stack.h, DecodeStackParams::split_stages).
   bool decode_stack_split = false;
-  // Its BF16 products on tensor cores (implies the split way; kernels_decode_stack.h,
+  // Its products on tensor cores, BF16 and FP8 (implies the split way; kernels_decode_stack.h,
   // DecodeStackParams::mma).
   bool decode_stack_mma = false;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
