@@ -13,6 +13,11 @@ INFERX_REQUIRE_GPU=1 timeout 60 "$C/test_cuda_engine" --gtest_color=no --gtest_f
   >"$OUT/stack_tests.log" 2>&1
 echo "decode stack tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/stack_tests.log" | tr '\n' ' ')"
 grep -E 'Failure|Expected' "$OUT/stack_tests.log" | head -5
+# The engine's own GPU tests (graph replay == eager at batch 1 and padded batches, device sampling) with
+# the kernel on: batch-1 steps then take it inside the engine's CUDA graphs.
+INFERX_DECODE_STACK=1 INFERX_REQUIRE_GPU=1 timeout 90 "$C/test_cuda_engine" --gtest_color=no \
+  --gtest_filter='-*DecodeStack*' >"$OUT/stack_engine.log" 2>&1
+echo "engine tests with the stack on: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/stack_engine.log" | tr '\n' ' ')"
 one() {  # model quant label env...
   local model=$1 q=$2 label=$3
   shift 3
