@@ -120,6 +120,7 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
                prop.name, prop.major, prop.minor);
   name_ = std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
   sm_count_ = prop.multiProcessorCount;
+  decode_stack_profiles_left_ = options_.decode_stack_profiles;
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;

@@ -60,6 +60,12 @@ struct CudaBackendOptions {
   // Its products on tensor cores, BF16 and FP8 (implies the split way; kernels_decode_stack.h,
   // DecodeStackParams::mma).
   bool decode_stack_mma = false;
+  // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
+  // barriers, 4 no attention arithmetic; wrong results, never for serving); how many eager steps print a
+  // per-phase profile on stderr.
+  int decode_stack_stage_kb = 32;
+  unsigned decode_stack_skip = 0;
+  int decode_stack_profiles = 0;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
   // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)
@@ -70,7 +76,8 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
-// INFERX_DECODE_STACK_SPLIT=0|1, INFERX_DECODE_STACK_MMA=0|1, INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_DECODE_STACK_SPLIT=0|1, INFERX_DECODE_STACK_MMA=0|1, INFERX_DECODE_STACK_STAGE_KB=8..64,
+// INFERX_DECODE_STACK_SKIP=0..7, INFERX_DECODE_STACK_PROFILE=N, INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -211,6 +218,7 @@ class CudaBackend final : public Backend {
   size_t decode_stack_smem_ = 0;  // the shared-memory size the kernel's attribute was set for
   int decode_stack_ctas_ = 0;
   int64_t decode_stack_launches_ = 0;
+  int decode_stack_profiles_left_ = 0;  // from options_.decode_stack_profiles
   Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,
       pinned_ids_;
   // The tensor whose BF16 copy shadow_ holds (null: none), and its shape.

@@ -3,7 +3,6 @@
 // before a launch, and Model::forward runs the per-op kernels instead.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -119,14 +118,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   if (!decode_stack_params_) decode_stack_params_ = std::make_unique<cuda::DecodeStackParams>();
   cuda::DecodeStackParams& p = *decode_stack_params_;
   p = cuda::DecodeStackParams{};
-  // Ring stage size: 32 KB unless INFERX_DECODE_STACK_STAGE_KB (8..64, A/B measurements) says otherwise.
-  // A stage holds at least one row (the gate and up rows together): larger for long rows (Qwen2.5-7B's
-  // 18944-column down projection in BF16).
-  static const int32_t stage_kb = [] {
-    const char* e = std::getenv("INFERX_DECODE_STACK_STAGE_KB");
-    const int v = e ? std::atoi(e) : 0;
-    return v >= 8 && v <= 64 ? v : 32;
-  }();
+  // Ring stage size: options_.decode_stack_stage_kb (32 KB by default), larger for a row (the gate and up
+  // rows together) that would not fit one (Qwen2.5-7B's 18944-column down projection in BF16).
   int64_t longest = 0;
   auto row_bytes = [](const Linear* l, int64_t copies) {
     return l == nullptr || l->weight.ndim != 2
@@ -137,13 +130,10 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     longest = std::max(
         {longest, row_bytes(l.qkv, 1), row_bytes(l.o, 1), row_bytes(l.gate_up, 2), row_bytes(l.down, 1)});
   longest = std::max(longest, row_bytes(s.lm_head, 1));
-  p.stage_bytes = static_cast<int32_t>(std::max<int64_t>(stage_kb * 1024, (longest + 1023) / 1024 * 1024));
+  p.stage_bytes = static_cast<int32_t>(
+      std::max<int64_t>(options_.decode_stack_stage_kb * 1024, (longest + 1023) / 1024 * 1024));
   if (p.stage_bytes > 64 * 1024) return false;
-  static const uint32_t skip = [] {
-    const char* e = std::getenv("INFERX_DECODE_STACK_SKIP");
-    return e ? static_cast<uint32_t>(std::atoi(e)) & 7u : 0u;
-  }();
-  p.skip = skip;
+  p.skip = options_.decode_stack_skip;
   // Tensor-core products run in the split mode only (its stages are padded; the row-owner mode reads rows
   // back to back); a padded stage gets room for 8 rows' padding.
   p.mma = options_.decode_stack_mma ? 1 : 0;
@@ -216,27 +206,15 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   if (decode_stack_ctas_ < 1) return false;
   const int grid = sm_count_;
   p.splits = std::clamp(grid / static_cast<int>(hkv), 1, 64);
-  const size_t floats =
-      cuda::decode_stack_scratch_floats(p.hq, p.hkv, p.hd, static_cast<int32_t>(inter), p.splits);
-  const size_t bytes = floats * sizeof(float) + (1 + static_cast<size_t>(hkv)) * sizeof(uint32_t);
+  const size_t bytes = cuda::decode_stack_scratch(p, static_cast<int32_t>(inter), nullptr);
   if (capturing_ && bytes > decode_stack_scratch_.bytes) return false;
-  auto* f = static_cast<float*>(scratch(decode_stack_scratch_, bytes));
-  auto up = [](size_t n) { return (n + 63) / 64 * 64; };  // decode_stack_scratch_floats' alignment
-  p.qkv = f;
-  p.attn = p.qkv + up(static_cast<size_t>(qkv_rows));
-  p.act = p.attn + up(static_cast<size_t>(hq * hd));
-  p.partials = p.act + up(static_cast<size_t>(inter));
-  p.control = reinterpret_cast<uint32_t*>(f + floats);
+  cuda::decode_stack_scratch(p, static_cast<int32_t>(inter), scratch(decode_stack_scratch_, bytes));
   p.x = x.ptr<float>();
   p.logits = logits.ptr<float>();
 
-  // INFERX_DECODE_STACK_PROFILE=N: the first N eager steps print where their time went (stderr).
-  static int profiles_left = [] {
-    const char* e = std::getenv("INFERX_DECODE_STACK_PROFILE");
-    return e ? std::max(0, std::atoi(e)) : 0;
-  }();
+  // options_.decode_stack_profiles: the first that many eager steps print where their time went (stderr).
   std::vector<uint64_t> stamps;
-  if (profiles_left > 0 && !capturing_) {
+  if (decode_stack_profiles_left_ > 0 && !capturing_) {
     stamps.assign(static_cast<size_t>(grid * cuda::decode_stack_profile_events(p.num_layers)), 0);
     p.profile = static_cast<uint64_t*>(scratch(decode_stack_profile_, stamps.size() * sizeof(uint64_t)));
   }
@@ -245,7 +223,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   drop_bf16_copy();
   ++decode_stack_launches_;
   if (p.profile != nullptr) {
-    --profiles_left;
+    --decode_stack_profiles_left_;
     CUDA_CHECK(cudaMemcpyAsync(stamps.data(), p.profile, stamps.size() * sizeof(uint64_t),
                                cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -36,6 +36,14 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* sp = std::getenv("INFERX_DECODE_STACK_SPLIT"))
     o.decode_stack_split = std::strcmp(sp, "0") != 0;
   if (const char* mm = std::getenv("INFERX_DECODE_STACK_MMA")) o.decode_stack_mma = std::strcmp(mm, "0") != 0;
+  if (const char* kb = std::getenv("INFERX_DECODE_STACK_STAGE_KB")) {
+    const int v = std::atoi(kb);
+    if (v >= 8 && v <= 64) o.decode_stack_stage_kb = v;
+  }
+  if (const char* sk = std::getenv("INFERX_DECODE_STACK_SKIP"))
+    o.decode_stack_skip = static_cast<unsigned>(std::atoi(sk)) & 7u;
+  if (const char* pr = std::getenv("INFERX_DECODE_STACK_PROFILE"))
+    o.decode_stack_profiles = std::max(0, std::atoi(pr));
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {
     const std::string v = skip;

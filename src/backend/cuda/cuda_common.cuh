@@ -36,22 +36,31 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...) allowing programmatic dependent launch. Only for
-// kernels that call pdl_wait() (every thread that touches dependent memory, before it does).
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with `attribute` (cudaLaunchKernelEx), or none
+// when `use` is false.
 template <class... Params, class... Args>
-cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       Args&&... args) {
+cudaError_t launch_with(cudaLaunchAttribute attribute, bool use, void (*kernel)(Params...), dim3 grid,
+                        dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = pdl_enabled() ? 1 : 0;
+  config.attrs = &attribute;
+  config.numAttrs = use ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) allowing programmatic dependent launch. Only for
+// kernels that call pdl_wait() (every thread that touches dependent memory, before it does).
+template <class... Params, class... Args>
+cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  return launch_with(attribute, pdl_enabled(), kernel, grid, block, smem, stream,
+                     std::forward<Args>(args)...);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

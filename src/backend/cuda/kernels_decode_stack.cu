@@ -141,18 +141,34 @@ __device__ __forceinline__ float row_bias(const StackMatrix& m, int64_t stored_r
   return m.bias ? m.bias[stored_row] : 0.0f;
 }
 
+// What turns output row r's dot products into its output: the row's scale and bias (and the up row's for
+// the SiLU product), and the residual it adds to. Loaded before the stage wait and the products, so their
+// latency hides there; store() writes the row.
 template <Emit kEmit>
-__device__ __forceinline__ void emit(const StackMatrix& m, float* out, int64_t r, float a, float up,
-                                     float resid) {
-  (void)m;
-  if constexpr (kEmit == Emit::Store) {
-    __stcg(out + r, a);
-  } else if constexpr (kEmit == Emit::AddToResidual) {
-    __stcg(out + r, resid + a);
-  } else {
-    __stcg(out + r, silu(a) * up);
+struct RowEpilogue {
+  float scale0 = 1.0f, bias0 = 0.0f, scale1 = 1.0f, bias1 = 0.0f, resid = 0.0f;
+
+  __device__ __forceinline__ void load(const StackMatrix& m, const float* out, int64_t r) {
+    scale0 = row_scale(m, r);
+    bias0 = row_bias(m, r);
+    if constexpr (kEmit == Emit::SiluMul) {
+      scale1 = row_scale(m, m.rows + r);
+      bias1 = row_bias(m, m.rows + r);
+    }
+    if constexpr (kEmit == Emit::AddToResidual) resid = __ldcg(out + r);
   }
-}
+  // d0 (and d1, the up row's) are the raw dot products times x_mult (the input's scale).
+  __device__ __forceinline__ void store(float* out, int64_t r, float d0, float d1) const {
+    const float a = d0 * scale0 + bias0;
+    if constexpr (kEmit == Emit::Store) {
+      __stcg(out + r, a);
+    } else if constexpr (kEmit == Emit::AddToResidual) {
+      __stcg(out + r, resid + a);
+    } else {
+      __stcg(out + r, silu(a) * (d1 * scale1 + bias1));
+    }
+  }
+};
 
 // The dot product of a row's 16-byte weight vectors [0, nv) with x, by one warp (every lane gets it). Four
 // vectors per lane are loaded before any is used: shared-memory latency, not issue, bounds a warp.
@@ -291,16 +307,8 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
     const bool mine = i < n;
     const int64_t r = row + i;
     // The emit's operands, loaded before the wait and the products so their latency hides there.
-    float scale0 = 1.0f, bias0 = 0.0f, scale1 = 1.0f, bias1 = 0.0f, resid = 0.0f;
-    if (mine && lane == 0) {
-      scale0 = row_scale(m, r);
-      bias0 = row_bias(m, r);
-      if constexpr (kPaired) {
-        scale1 = row_scale(m, m.rows + r);
-        bias1 = row_bias(m, m.rows + r);
-      }
-      if constexpr (kEmit == Emit::AddToResidual) resid = __ldcg(out + r);
-    }
+    RowEpilogue<kEmit> epilogue;
+    if (mine && lane == 0) epilogue.load(m, out, r);
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
     mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
     float d0 = 0.0f, d1 = 0.0f;
@@ -315,7 +323,7 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&ring.empty[slot]);
-    if (mine && lane == 0) emit<kEmit>(m, out, r, d0 * scale0 + bias0, d1 * scale1 + bias1, resid);
+    if (mine && lane == 0) epilogue.store(out, r, d0, d1);
   }
 }
 
@@ -430,16 +438,8 @@ __device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uin
   for (int32_t row = r0; row < r1; row += rs, ++it) {
     const int32_t n = min(rs, r1 - row);
     const int64_t r = row + t;
-    float scale0 = 1.0f, bias0 = 0.0f, scale1 = 1.0f, bias1 = 0.0f, resid = 0.0f;
-    if (t < n) {  // the emit's operands, loaded before the wait and the products
-      scale0 = row_scale(m, r);
-      bias0 = row_bias(m, r);
-      if constexpr (kPaired) {
-        scale1 = row_scale(m, m.rows + r);
-        bias1 = row_bias(m, m.rows + r);
-      }
-      if constexpr (kEmit == Emit::AddToResidual) resid = __ldcg(out + r);
-    }
+    RowEpilogue<kEmit> epilogue;
+    if (t < n) epilogue.load(m, out, r);
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
     mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
     float* rb = red + (it & 1) * kMaxUnits * kConsumerWarps;
@@ -462,34 +462,46 @@ __device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uin
         a += rb[t * kConsumerWarps + w];
         if constexpr (kPaired) b += rb[(rs + t) * kConsumerWarps + w];
       }
-      emit<kEmit>(m, out, r, a * x_mult * scale0 + bias0, b * x_mult * scale1 + bias1, resid);
+      epilogue.store(out, r, a * x_mult, b * x_mult);
     }
   }
 }
 
-// xs = BF16(src * rsqrt(mean(src^2) + eps) * norm) over n floats, or BF16(src) without a norm. One read
-// of src (L2 round trips are what the phase boundaries cost): a normed input (the hidden size, at most
-// kNormVecs float4 per thread) is held in registers between the sum of squares and the scaling.
+// An input's normed values, this thread's share (element 4 (threadIdx.x + j * kConsumers) onwards of v[j];
+// zeros past n): src * rsqrt(mean(src^2) + eps) * norm, read once (L2 round trips are what the phase
+// boundaries cost) and held in registers between the sum of squares and the scaling. n <= kNormVecs * 4 *
+// kConsumers (decode_stack_supported).
 constexpr int kNormVecs = 8;
+__device__ __forceinline__ void read_normed(const float* src, int32_t n, const float* norm, float eps,
+                                            float4 (&v)[kNormVecs], float* scratch) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int32_t i = (threadIdx.x + j * kConsumers) * 4;
+    v[j] = i < n ? __ldcg(reinterpret_cast<const float4*>(src + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+  }
+  const float rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kNormVecs; ++j) {
+    const int32_t i = (threadIdx.x + j * kConsumers) * 4;
+    if (i < n) {
+      const float4 w = *reinterpret_cast<const float4*>(norm + i);
+      v[j] = make_float4(v[j].x * rs * w.x, v[j].y * rs * w.y, v[j].z * rs * w.z, v[j].w * rs * w.w);
+    }
+  }
+}
+
+// xs = BF16(src normed with `norm`, read_normed), or BF16(src) without a norm.
 __device__ void load_input(const float* src, int32_t n, const float* norm, float eps, __nv_bfloat16* xs,
                            float* scratch) {
   if (norm != nullptr) {
     float4 v[kNormVecs];
-    float ss = 0.0f;
+    read_normed(src, n, norm, eps, v, scratch);
 #pragma unroll
     for (int j = 0; j < kNormVecs; ++j) {
       const int32_t i = (threadIdx.x + j * kConsumers) * 4;
-      v[j] = i < n ? __ldcg(reinterpret_cast<const float4*>(src + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    }
-    const float rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
-#pragma unroll
-    for (int j = 0; j < kNormVecs; ++j) {
-      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
-      if (i < n) {
-        const float4 w = *reinterpret_cast<const float4*>(norm + i);
-        store_bf16x4(xs + i, v[j].x * rs * w.x, v[j].y * rs * w.y, v[j].z * rs * w.z, v[j].w * rs * w.w);
-      }
+      if (i < n) store_bf16x4(xs + i, v[j].x, v[j].y, v[j].z, v[j].w);
     }
   } else {
     for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
@@ -500,25 +512,16 @@ __device__ void load_input(const float* src, int32_t n, const float* norm, float
   consumer_sync();
 }
 
-// Max over the consumer threads (scratch: kConsumerWarps floats); every consumer gets the result.
-__device__ __forceinline__ float consumer_max(float v, float* scratch) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % kWarp == 0) scratch[threadIdx.x / kWarp] = v;
-  consumer_sync();
-  float m = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kConsumerWarps; ++w) m = fmaxf(m, scratch[w]);
-  consumer_sync();
-  return m;
-}
-
 __device__ __forceinline__ void store_f16x4(__half* dst, float a, float b, float c, float d) {
   const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
   uint2 packed;
   packed.x = *reinterpret_cast<const uint32_t*>(&lo);
   packed.y = *reinterpret_cast<const uint32_t*>(&hi);
   *reinterpret_cast<uint2*>(dst) = packed;
+}
+
+__device__ __forceinline__ float abs_max4(float4 v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
 
 // load_input for the FP8 tensor-core products: x (normed or not) in F16, scaled by a power of two 2^-s that
@@ -530,31 +533,15 @@ __device__ __noinline__ float load_input_f16(const float* src, int32_t n, const 
   float4 v[kNormVecs];
   float amax = 0.0f;
   if (norm != nullptr) {
-    float ss = 0.0f;
+    read_normed(src, n, norm, eps, v, scratch);
 #pragma unroll
-    for (int j = 0; j < kNormVecs; ++j) {
-      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
-      v[j] = i < n ? __ldcg(reinterpret_cast<const float4*>(src + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    }
-    const float rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
-#pragma unroll
-    for (int j = 0; j < kNormVecs; ++j) {
-      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
-      if (i < n) {
-        const float4 w = *reinterpret_cast<const float4*>(norm + i);
-        v[j] = make_float4(v[j].x * rs * w.x, v[j].y * rs * w.y, v[j].z * rs * w.z, v[j].w * rs * w.w);
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
-      }
-    }
+    for (int j = 0; j < kNormVecs; ++j) amax = fmaxf(amax, abs_max4(v[j]));  // zeros past n
   } else {
-    for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
-      const float4 u = __ldcg(reinterpret_cast<const float4*>(src + i));
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(u.x), fabsf(u.y)), fmaxf(fabsf(u.z), fabsf(u.w))));
-    }
+    for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4)
+      amax = fmaxf(amax, abs_max4(__ldcg(reinterpret_cast<const float4*>(src + i))));
   }
   int e = 0;
-  frexpf(consumer_max(amax, scratch), &e);  // largest magnitude < 2^e
+  frexpf(consumer_reduce(amax, scratch, MaxOp{}), &e);  // largest magnitude < 2^e
   const int s = max(0, e - 14);
   const float inv = ldexpf(1.0f, -s);
   if (norm != nullptr) {
@@ -706,11 +693,22 @@ size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
   return stages * p.stage_bytes + x_bytes + kMiscBytes;
 }
 
-size_t decode_stack_scratch_floats(int32_t hq, int32_t hkv, int32_t hd, int32_t inter, int32_t splits) {
-  const size_t align = 64;  // floats: each buffer on a 256-byte boundary
-  auto up = [&](size_t n) { return (n + align - 1) / align * align; };
-  return up(static_cast<size_t>(hq + 2 * hkv) * hd) + up(static_cast<size_t>(hq) * hd) + up(inter) +
-         up(static_cast<size_t>(hq) * splits * (hd + 2));
+size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
+  // Each buffer on a 256-byte boundary: q/k/v, the attention output, the MLP activation, the split
+  // partials, then the control words.
+  auto up = [](size_t floats) { return (floats + 63) / 64 * 64; };
+  const size_t sizes[] = {up(static_cast<size_t>(p.hq + 2 * p.hkv) * p.hd),
+                          up(static_cast<size_t>(p.hq) * p.hd), up(static_cast<size_t>(inter)),
+                          up(static_cast<size_t>(p.hq) * p.splits * (p.hd + 2))};
+  float* f = static_cast<float*>(base);
+  float** const buffers[] = {&p.qkv, &p.attn, &p.act, &p.partials};
+  size_t at = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (f != nullptr) *buffers[i] = f + at;
+    at += sizes[i];
+  }
+  if (f != nullptr) p.control = reinterpret_cast<uint32_t*>(f + at);
+  return at * sizeof(float) + (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t);
 }
 
 int decode_stack_ctas_per_sm(size_t smem) {
@@ -732,18 +730,13 @@ cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t sme
     return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(p.control, 0, (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t), stream);
   if (e != cudaSuccess) return e;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1] = {};
-  attribute[0].id = cudaLaunchAttributeCooperative;
-  attribute[0].val.cooperative = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return p.split_stages ? cudaLaunchKernelEx(&config, decode_stack_kernel<true>, p)
-                        : cudaLaunchKernelEx(&config, decode_stack_kernel<false>, p);
+  cudaLaunchAttribute cooperative = {};  // all CTAs resident at once (the grid barriers need it)
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  return p.split_stages ? launch_with(cooperative, true, decode_stack_kernel<true>, dim3(grid),
+                                      dim3(kThreads), smem, stream, p)
+                        : launch_with(cooperative, true, decode_stack_kernel<false>, dim3(grid),
+                                      dim3(kThreads), smem, stream, p);
 }
 
 }  // namespace inferx::cuda

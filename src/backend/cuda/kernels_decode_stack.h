@@ -107,8 +107,9 @@ bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t h
 bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes, bool padded);
 // Shared memory the kernel needs for p's shapes (sets p.stages, p.x_bytes); 0 when it does not fit.
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k);
-// Scratch floats (qkv, attn, act, partials) for the shapes; control words: 1 + hkv.
-size_t decode_stack_scratch_floats(int32_t hq, int32_t hkv, int32_t hd, int32_t inter, int32_t splits);
+// Device scratch of p's shapes (hq, hkv, hd, splits set) for an MLP of `inter`: its bytes, and, when base is
+// not null, p.qkv / attn / act / partials / control pointed into it.
+size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base);
 // CTAs per SM the kernel can keep resident with `smem` bytes (the grid must be one per SM, all resident).
 int decode_stack_ctas_per_sm(size_t smem);
 // Zeroes p.control and launches `grid` cooperative CTAs (one per SM).
