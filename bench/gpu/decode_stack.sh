@@ -32,14 +32,16 @@ import json; j=json.load(open('$OUT/stack.json')); r=j['roofline']
 print(f\"TPOT p50 {j['tpot_ms']['p50']:.3f} ms = {r['tpot_p50_roofline_ratio']*100:.1f}% of the roofline\")" 2>&1 | tail -1)"
   grep 'inferx cuda' "$OUT/stack.err" | head -2
 }
+# MODES: label:VAR=value,VAR=value ... (each a run with those environment variables).
+DEFAULT_MODES="per-op:INFERX_DECODE_STACK=0 stack:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_PROFILE=1
+  stack-16k:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_STAGE_KB=16
+  stack-inflight2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=2"
+for s in ${SKIPS:-1 2 4}; do DEFAULT_MODES+=" skip=$s:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_SKIP=$s"; done
 for m in ${MODELS:-llama-3-8b}; do
   for q in ${QUANTS:-bf16 fp8:lm_head}; do
-    one "$m" "$q" per-op INFERX_DECODE_STACK=0
-    one "$m" "$q" stack INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_PROFILE=1
-    one "$m" "$q" stack-split INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SPLIT=1 INFERX_DECODE_STACK_PROFILE=1
-    one "$m" "$q" stack-16k INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_STAGE_KB=16
-    one "$m" "$q" stack-split-16k INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SPLIT=1 INFERX_DECODE_STACK_STAGE_KB=16
-    one "$m" "$q" stack-mma INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_MMA=1 INFERX_DECODE_STACK_PROFILE=1
-    for s in ${SKIPS:-1 2 4}; do one "$m" "$q" "skip=$s" INFERX_DECODE_STACK=1 INFERX_DECODE_STACK_SKIP="$s"; done
+    for mode in ${MODES:-$DEFAULT_MODES}; do
+      IFS=, read -r -a envs <<<"${mode#*:}"
+      one "$m" "$q" "${mode%%:*}" "${envs[@]}"
+    done
   done
 done

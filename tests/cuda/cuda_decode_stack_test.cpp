@@ -29,8 +29,7 @@ struct Case {
   int64_t window = 0;  // Model::set_sliding_window when > 0
   int prompt = 300;    // tokens before the decode steps (crosses 16-token blocks and attention splits)
   int steps = 12;
-  bool split = false;  // the consumers' column-slice way (CudaBackendOptions::decode_stack_split)
-  bool mma = false;    // its products on tensor cores (CudaBackendOptions::decode_stack_mma)
+  int inflight = 0;  // the producer's in-flight stage limit (CudaBackendOptions::decode_stack_inflight)
 };
 
 struct Trace {
@@ -51,7 +50,7 @@ int32_t argmax(const std::vector<float>& v) {
 // Runs prompt + steps; feeds `forced` tokens when given, else the greedy token of each step.
 Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& forced) {
   auto& cuda = static_cast<CudaBackend&>(model.backend());
-  cuda.set_decode_stack(stack, c.split, c.mma);  // the option is off by default (cuda_backend.h)
+  cuda.set_decode_stack(stack, c.inflight);  // the option is off by default (cuda_backend.h)
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -141,20 +140,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3},  // FP8 weights and cache
                       Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8},     // q/k/v biases, 7 per kv head
                       Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8},
-                      Case{"tiny", "", DType::BF16, 0, 300, 12, true},
-                      Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, true},
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, true},
-                      Case{"tiny", "", DType::BF16, 0, 300, 12, true, true},
-                      Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, true, true},
-                      Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, true, true},
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, true, true},
-                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8, true, true}),
+                      Case{"tiny", "", DType::BF16, 0, 300, 12, 1},
+                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 2},
+                      Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, 3}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
                       (info.param.kv == DType::F8_E4M3 ? "_kvfp8" : "") +
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "") +
-                      (info.param.split ? "_split" : "") + (info.param.mma ? "_mma" : "");
+                      (info.param.inflight ? "_inflight" + std::to_string(info.param.inflight) : "");
       for (char& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

@@ -54,16 +54,12 @@ struct CudaBackendOptions {
   // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
   // kernels so far (H200, 2026-12-03: 8B BF16 5.19 against 4.51 ms per token; docs/benchmarks.md).
   bool decode_stack = false;
-  // How its consumer warps share a ring stage (A/B): false, a warp owns whole rows; true, every warp takes
-  // a column slice of every row (kernels_decode_stack.h, DecodeStackParams::split_stages).
-  bool decode_stack_split = false;
-  // Its products on tensor cores, BF16 and FP8 (implies the split way; kernels_decode_stack.h,
-  // DecodeStackParams::mma).
-  bool decode_stack_mma = false;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
   // barriers, 4 no attention arithmetic; wrong results, never for serving); how many eager steps print a
   // per-phase profile on stderr.
   int decode_stack_stage_kb = 32;
+  // How many ring stages its producer keeps in flight (requested, not landed); 0: up to the ring's depth.
+  int decode_stack_inflight = 0;
   unsigned decode_stack_skip = 0;
   int decode_stack_profiles = 0;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
@@ -76,8 +72,9 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
-// INFERX_DECODE_STACK_SPLIT=0|1, INFERX_DECODE_STACK_MMA=0|1, INFERX_DECODE_STACK_STAGE_KB=8..64,
-// INFERX_DECODE_STACK_SKIP=0..7, INFERX_DECODE_STACK_PROFILE=N, INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_DECODE_STACK_STAGE_KB=8..64,
+// INFERX_DECODE_STACK_INFLIGHT=0..12, INFERX_DECODE_STACK_SKIP=0..7, INFERX_DECODE_STACK_PROFILE=N,
+// INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -123,10 +120,9 @@ class CudaBackend final : public Backend {
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
   // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, bool split = false, bool mma = false) {
+  void set_decode_stack(bool on, int inflight = 0) {
     options_.decode_stack = on;
-    options_.decode_stack_split = split;
-    options_.decode_stack_mma = mma;
+    options_.decode_stack_inflight = inflight;
   }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
 

@@ -26,7 +26,7 @@ bool f32_vector(const Tensor* t, int64_t n) {
 
 // The kernel's view of a linear layer with `rows` outputs (x2 stacked when paired) over k inputs; false for
 // formats and shapes it does not read.
-bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t stage_bytes, bool padded,
+bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t stage_bytes,
                   cuda::StackMatrix& m) {
   if (l == nullptr) return false;
   const Tensor& w = l->weight;
@@ -50,7 +50,7 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
   } else {
     return false;
   }
-  return cuda::decode_stack_matrix_fits(m, paired, stage_bytes, padded);
+  return cuda::decode_stack_matrix_fits(m, paired, stage_bytes);
 }
 
 // Mean over CTAs and layers of each interval between phase boundaries, and how far the CTAs' arrivals at
@@ -58,8 +58,8 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
 void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_t layers) {
   const int64_t events = cuda::decode_stack_profile_events(layers);
   static const char* const kNames[cuda::kStackLayerEvents - 1] = {
-      "norm+qkv", "barrier",      "attention", "barrier", "o",
-      "barrier",  "norm+gate/up", "barrier",   "down",    "barrier"};
+      "norm+qkv", "barrier", "rope",         "keys",    "publish", "merge",  "barrier",
+      "o",        "barrier", "norm+gate/up", "barrier", "down",    "barrier"};
   double mean[cuda::kStackLayerEvents - 1] = {}, spread[cuda::kStackLayerEvents - 1] = {};
   for (int32_t l = 0; l < layers; ++l) {
     for (int i = 0; i + 1 < cuda::kStackLayerEvents; ++i) {
@@ -134,13 +134,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
       std::max<int64_t>(options_.decode_stack_stage_kb * 1024, (longest + 1023) / 1024 * 1024));
   if (p.stage_bytes > 64 * 1024) return false;
   p.skip = options_.decode_stack_skip;
-  // Tensor-core products run in the split mode only (its stages are padded; the row-owner mode reads rows
-  // back to back); a padded stage gets room for 8 rows' padding.
-  p.mma = options_.decode_stack_mma ? 1 : 0;
-  p.split_stages = options_.decode_stack_split || p.mma ? 1 : 0;
-  if (p.mma) p.stage_bytes += 8 * 16;
+  p.inflight = options_.decode_stack_inflight;
   const int32_t stage = p.stage_bytes;
-  const bool padded = p.mma != 0;
   const int64_t qkv_rows = (hq + 2 * hkv) * hd;
   const KvCacheLayer* first = s.layers[0].cache;
   if (first == nullptr || first->k.ndim != 4) return false;
@@ -148,11 +143,11 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const DecodeStackLayer& l = s.layers[i];
     cuda::StackLayer& d = p.layers[i];
-    if (!stack_matrix(l.qkv, qkv_rows, hidden, false, stage, padded, d.qkv) ||
-        !stack_matrix(l.o, hidden, hq * hd, false, stage, padded, d.o) ||
-        !stack_matrix(l.gate_up, inter, hidden, true, stage, padded, d.gate_up) ||
-        !stack_matrix(l.down, hidden, inter, false, stage, padded, d.down) ||
-        !f32_vector(l.attn_norm, hidden) || !f32_vector(l.ffn_norm, hidden) || l.cache == nullptr)
+    if (!stack_matrix(l.qkv, qkv_rows, hidden, false, stage, d.qkv) ||
+        !stack_matrix(l.o, hidden, hq * hd, false, stage, d.o) ||
+        !stack_matrix(l.gate_up, inter, hidden, true, stage, d.gate_up) ||
+        !stack_matrix(l.down, hidden, inter, false, stage, d.down) || !f32_vector(l.attn_norm, hidden) ||
+        !f32_vector(l.ffn_norm, hidden) || l.cache == nullptr)
       return false;
     const Tensor& kc = l.cache->k;
     const Tensor& vc = l.cache->v;
@@ -165,8 +160,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     d.v_cache = vc.data;
   }
   const int64_t vocab = logits.cols();
-  if (!stack_matrix(s.lm_head, vocab, hidden, false, stage, padded, p.lm_head) ||
-      !f32_vector(s.final_norm, hidden) || block_size > INT32_MAX)
+  if (!stack_matrix(s.lm_head, vocab, hidden, false, stage, p.lm_head) || !f32_vector(s.final_norm, hidden) ||
+      block_size > INT32_MAX)
     return false;
 
   p.num_layers = static_cast<int32_t>(s.layers.size());

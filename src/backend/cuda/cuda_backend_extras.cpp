@@ -33,13 +33,12 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* gemv = std::getenv("INFERX_CUDA_GEMV")) o.gemv = std::strcmp(gemv, "0") != 0;
   if (const char* ds = std::getenv("INFERX_DECODE_SPLITS")) o.decode_splits = std::max(0, std::atoi(ds));
   if (const char* st = std::getenv("INFERX_DECODE_STACK")) o.decode_stack = std::strcmp(st, "0") != 0;
-  if (const char* sp = std::getenv("INFERX_DECODE_STACK_SPLIT"))
-    o.decode_stack_split = std::strcmp(sp, "0") != 0;
-  if (const char* mm = std::getenv("INFERX_DECODE_STACK_MMA")) o.decode_stack_mma = std::strcmp(mm, "0") != 0;
   if (const char* kb = std::getenv("INFERX_DECODE_STACK_STAGE_KB")) {
     const int v = std::atoi(kb);
     if (v >= 8 && v <= 64) o.decode_stack_stage_kb = v;
   }
+  if (const char* fl = std::getenv("INFERX_DECODE_STACK_INFLIGHT"))
+    o.decode_stack_inflight = std::clamp(std::atoi(fl), 0, 12);
   if (const char* sk = std::getenv("INFERX_DECODE_STACK_SKIP"))
     o.decode_stack_skip = static_cast<unsigned>(std::atoi(sk)) & 7u;
   if (const char* pr = std::getenv("INFERX_DECODE_STACK_PROFILE"))

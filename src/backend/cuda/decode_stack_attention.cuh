@@ -120,22 +120,29 @@ __device__ __forceinline__ float cache_rounded(float v, bool fp8, float scale) {
 // over the streamed keys (ring stages) and the new one, then the last CTA of the group merges the splits
 // into p.attn. `sm`: the x buffer as scratch: q [kMaxGroup][hd], the new k and v [hd] each, then the warps'
 // partials. Every consumer warp passes every key stage (the ring's protocol), computing or not.
-template <int kHd, bool kSplit>
+// `stamp(i)` marks the profile's sub-phase boundaries: 1 rope done, 2 keys done, 3 partials published.
+template <int kHd, class Stamp>
 __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag,
-                                const Ring& ring, uint32_t& it, const uint32_t* key_bits) {
+                                const Ring& ring, uint32_t& it, const uint32_t* key_bits,
+                                const Stamp& stamp) {
   constexpr int kDims = kHd / kWarp, kHalf = kHd / 2, kPart = kHd + 2;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int group = p.hq / p.hkv, splits = p.splits;
   const KvSpan k = kv_span(p, ring.stage_bytes);
-  if (!k.active) return;  // no item, no key stages
+  if (!k.active) {  // no item, no key stages
+    for (int i = 1; i <= 3; ++i) stamp(i);
+    return;
+  }
   const int g = k.g, s = k.s;
   const bool compute = !(p.skip & 4);
   float* q_s = sm;
   float* knew = sm + kMaxGroup * kHd;
   float* vnew = knew + kHd;
   float* wpart = vnew + kHd;
-  // Warps computing: as many as the x buffer holds partials for (at least kAttnWarps).
-  const int aw = min(kConsumerWarps, (p.x_bytes / 4 - (kMaxGroup + 2) * kHd) / (group * kPart));
+  // Key walkers per head block (below): as many as the x buffer holds partials for (the host sizes it for
+  // at least kAttnWarps) and the consumer warps allow.
+  const int blocks = (group + 3) / 4;
+  const int nkw = min(kConsumerWarps / blocks, (p.x_bytes / 4 - (kMaxGroup + 2) * kHd) / (group * kPart));
   for (int t = threadIdx.x; compute && t < (group + 1) * kHalf; t += kConsumers) {
     const int r = t / kHalf, i = t % kHalf;
     if (r == group && !k.owner) break;
@@ -165,71 +172,93 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
       }
     }
   }
+  for (int t = group * kHd + threadIdx.x; t < kMaxGroup * kHd; t += kConsumers) q_s[t] = 0.0f;
   consumer_sync();  // q, and the new k / v, in shared memory
+  stamp(1);
 
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+  // Each warp runs the online softmax of one block of 4 query heads (warp % blocks) over every nkw-th key
+  // (its walker index kw = warp / blocks): one copy of the per-key code, 4 heads of state in registers.
+  // (All 8 heads' state per warp, the per-key code inlined twice, made this phase ~70 KB of instructions,
+  // fetched from L2 every layer while the other SMs saturate it.) q_s rows past the group are zero.
+  const int hb = warp % blocks, kw = warp / blocks;
+  const bool walker = kw < nkw && compute;
+  float m[4], l[4], acc[4][kDims];
 #pragma unroll
-  for (int r = 0; r < kMaxGroup; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
+  for (int u = 0; u < 4; ++u) {
+    m[u] = -INFINITY;
+    l[u] = 0.0f;
 #pragma unroll
-    for (int d = 0; d < kDims; ++d) acc[r][d] = 0.0f;
+    for (int d = 0; d < kDims; ++d) acc[u][d] = 0.0f;
   }
-  // One key (kf) and its value (vf) into the warp's online softmax of every query head of the group.
-  auto attend = [&](const float* kf, const float* vf) {
-#pragma unroll
-    for (int r = 0; r < kMaxGroup; ++r) {
-      if (r >= group) break;
-      float sc = 0.0f;
-#pragma unroll
-      for (int d = 0; d < kDims; ++d) sc = fmaf(q_s[r * kHd + lane * kDims + d], kf[d], sc);
-      sc = warp_sum(sc);
-      const float mn = fmaxf(m[r], sc), corr = __expf(m[r] - mn), pr = __expf(sc - mn);
-      l[r] = l[r] * corr + pr;
-#pragma unroll
-      for (int d = 0; d < kDims; ++d) acc[r][d] = fmaf(acc[r][d], corr, pr * vf[d]);
-      m[r] = mn;
-    }
-  };
-  for (uint32_t st = 0; st < k.nstages; ++st, ++it) {
+  const float* qb = q_s + hb * 4 * kHd + lane * kDims;
+  // Stages 0 .. nstages - 1 are ring stages; one more pseudo-stage holds the new key (knew / vnew, already
+  // rounded as the cache stores it) for the owning split.
+  for (uint32_t st = 0; st <= k.nstages; ++st) {
+    const bool ring_stage = st < k.nstages;
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
-    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
-    const int32_t n = min(k.per_stage, k.ntok - static_cast<int32_t>(st) * k.per_stage);
+    if (ring_stage) mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+    const int32_t n =
+        ring_stage ? min(k.per_stage, k.ntok - static_cast<int32_t>(st) * k.per_stage) : (k.owner ? 1 : 0);
     const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-    for (int32_t j = warp; compute && warp < aw && j < n; j += aw) {
-      if (!((key_bits[slot * kKeyWords + j / kWarp] >> (j % kWarp)) & 1u)) continue;  // invalid block entry
+    for (int32_t j = kw; walker && j < n; j += nkw) {
       float kf[kDims], vf[kDims];
-      load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(j) * kHd + lane * kDims, p.k_scale, kf);
-      load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(k.per_stage + j) * kHd + lane * kDims, p.v_scale,
-                     vf);
-      attend(kf, vf);
+      if (ring_stage) {
+        if (!((key_bits[slot * kKeyWords + j / kWarp] >> (j % kWarp)) & 1u)) continue;  // invalid entry
+        load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(j) * kHd + lane * kDims, p.k_scale, kf);
+        load_kv<kDims>(stage, p.kv_fp8, static_cast<int64_t>(k.per_stage + j) * kHd + lane * kDims, p.v_scale,
+                       vf);
+      } else {
+#pragma unroll
+        for (int d = 0; d < kDims; ++d) kf[d] = knew[lane * kDims + d], vf[d] = vnew[lane * kDims + d];
+      }
+      float sc[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        sc[u] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < kDims; ++d) sc[u] = fmaf(qb[u * kHd + d], kf[d], sc[u]);
+      }
+#pragma unroll
+      for (int o = kWarp / 2; o > 0; o /= 2)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float mn = fmaxf(m[u], sc[u]), corr = __expf(m[u] - mn), pr = __expf(sc[u] - mn);
+        l[u] = l[u] * corr + pr;
+#pragma unroll
+        for (int d = 0; d < kDims; ++d) acc[u][d] = fmaf(acc[u][d], corr, pr * vf[d]);
+        m[u] = mn;
+      }
     }
-    release_stage<kSplit>(ring, slot);
+    if (ring_stage) {
+      release_stage(ring, slot);
+      ++it;
+    }
   }
-  if (!compute) return;
-  if (k.owner && warp == 0) {
-    float kf[kDims], vf[kDims];
-#pragma unroll
-    for (int d = 0; d < kDims; ++d) kf[d] = knew[lane * kDims + d], vf[d] = vnew[lane * kDims + d];
-    attend(kf, vf);
+  stamp(2);
+  if (!compute) {
+    stamp(3);
+    return;
   }
-  // The warps' partials, then their merge into this split's partial.
+  // The walkers' partials ([kw][r] in wpart), then their merge into this split's partial.
 #pragma unroll
-  for (int r = 0; r < kMaxGroup; ++r) {
-    if (r >= group || warp >= aw) break;
-    float* wp = wpart + (warp * group + r) * kPart;
-    if (lane == 0) wp[0] = m[r], wp[1] = l[r];
+  for (int u = 0; u < 4; ++u) {
+    const int r = hb * 4 + u;
+    if (!walker || r >= group) break;
+    float* wp = wpart + (kw * group + r) * kPart;
+    if (lane == 0) wp[0] = m[u], wp[1] = l[u];
 #pragma unroll
-    for (int d = 0; d < kDims; ++d) wp[2 + lane * kDims + d] = acc[r][d];
+    for (int d = 0; d < kDims; ++d) wp[2 + lane * kDims + d] = acc[u][d];
   }
   consumer_sync();
   for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
     const int r = idx / kHd, d = idx % kHd;
     float mx = -INFINITY;
-    for (int w = 0; w < aw; ++w) mx = fmaxf(mx, wpart[(w * group + r) * kPart]);
+    for (int w = 0; w < nkw; ++w) mx = fmaxf(mx, wpart[(w * group + r) * kPart]);
     float sum_l = 0.0f, sum_a = 0.0f;
     if (mx != -INFINITY) {
-      for (int w = 0; w < aw; ++w) {
+      for (int w = 0; w < nkw; ++w) {
         const float* wp = wpart + (w * group + r) * kPart;
         const float e = __expf(wp[0] - mx);
         sum_l += wp[1] * e;
@@ -244,20 +273,38 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
   consumer_sync();
   if (threadIdx.x == 0) *flag = atomicAdd(&p.control[1 + g], 1u) == static_cast<uint32_t>(splits - 1);
   consumer_sync();
+  stamp(3);
   if (*flag) {  // the group's last split: merge all of them
+    // Every split's (max, sum) into shared memory in one round of loads (wpart is free again), then each
+    // output element's sum over the splits with its loads issued together: dependent L2 loads one split at
+    // a time cost ~1 us each while the other SMs stream weights (H200, 2026-12-03).
     __threadfence();
+    float* ml = wpart;  // [group][splits][2]
+    for (int i = threadIdx.x; i < group * splits; i += kConsumers) {
+      const float* part = p.partials + (static_cast<int64_t>(g * group) * splits + i) * kPart;
+      ml[2 * i] = __ldcg(part);
+      ml[2 * i + 1] = __ldcg(part + 1);
+    }
+    consumer_sync();
     for (int idx = threadIdx.x; idx < group * kHd; idx += kConsumers) {
       const int r = idx / kHd, d = idx % kHd;
-      const float* part = p.partials + static_cast<int64_t>(g * group + r) * splits * kPart;
+      const float* mlr = ml + 2 * r * splits;
+      const float* part = p.partials + static_cast<int64_t>(g * group + r) * splits * kPart + 2 + d;
       float mx = -INFINITY;
-      for (int j = 0; j < splits; ++j) mx = fmaxf(mx, __ldcg(part + j * kPart));
+      for (int j = 0; j < splits; ++j) mx = fmaxf(mx, mlr[2 * j]);
       float sum_l = 0.0f, sum_a = 0.0f;
-      for (int j = 0; j < splits; ++j) {
-        const float mj = __ldcg(part + j * kPart);
-        if (mj == -INFINITY) continue;
-        const float e = __expf(mj - mx);
-        sum_l += __ldcg(part + j * kPart + 1) * e;
-        sum_a += __ldcg(part + j * kPart + 2 + d) * e;
+      for (int j0 = 0; j0 < splits; j0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = j0 + u < splits ? __ldcg(part + (j0 + u) * kPart) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const float mj = j0 + u < splits ? mlr[2 * (j0 + u)] : -INFINITY;
+          if (mj == -INFINITY) continue;
+          const float e = __expf(mj - mx);
+          sum_l += mlr[2 * (j0 + u) + 1] * e;
+          sum_a += v[u] * e;
+        }
       }
       __stcg(p.attn + static_cast<int64_t>(g * group + r) * kHd + d, sum_l > 0.0f ? sum_a / sum_l : 0.0f);
     }

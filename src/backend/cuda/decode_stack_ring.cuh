@@ -24,34 +24,27 @@ constexpr int kMaxSplits = 64;
 constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
 constexpr int kKeyWords = kMaxKeysPerStage / 32;
 constexpr int kMaxStages = 12;  // ring depth (16 KB stages fill shared memory better than 32 KB ones)
-// Offsets (floats) in the misc area: scratch and flag, the 2 x kMaxStages mbarriers, key bits, partials.
+// Offsets (floats) in the misc area: scratch and flag, the 2 x kMaxStages mbarriers, key bits.
 constexpr int kMiscKeyBits = 32 + 2 * kMaxStages * 2;
-constexpr int kMiscRed = kMiscKeyBits + kMaxStages * kKeyWords;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
-constexpr size_t kMiscBytes = 2048;        // reduction scratch, flag, mbarriers, key bits, split partials
-static_assert((kMiscRed + 2 * kMaxUnits * kConsumerWarps) * 4 <= kMiscBytes, "the misc area's layout");
+constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers, key bits
+static_assert((kMiscKeyBits + kMaxStages * kKeyWords) * 4 <= kMiscBytes, "the misc area's layout");
 
 // ---- stage geometry (host and device) -----------------------------------------------------------------
-// A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product); a
-// row (or gate + up pair) longer than a stage is not taken (the host sizes stages for the longest row).
-// Padded stages (the tensor-core products, DecodeStackParams::mma) put each row 16 bytes after the end of
-// the previous one, so that the 8 rows an ldmatrix reads start in different banks (rows of 2^n bytes would
-// all start in the same one).
-constexpr int32_t kRowPad = 16;
+// A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product),
+// back to back; a row (or gate + up pair) longer than a stage is not taken (the host sizes stages for the
+// longest row).
 struct Geom {
   int32_t srcs;            // 1, or 2 for gate/up
   int32_t row_bytes;       // bytes of one source row
-  int32_t row_stride;      // bytes from one row's start to the next in a stage (row_bytes [+ kRowPad])
   int32_t rows_per_stage;  // power of two, rows_per_stage * srcs <= kMaxUnits; 0: a row does not fit
 };
 
-__host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes,
-                                               bool padded) {
+__host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes) {
   Geom g;
   g.srcs = paired ? 2 : 1;
   g.row_bytes = m.k * (m.fp8 ? 1 : 2);
-  g.row_stride = g.row_bytes + (padded ? kRowPad : 0);
-  const int64_t fit = stage_bytes / (static_cast<int64_t>(g.row_stride) * g.srcs);
+  const int64_t fit = stage_bytes / (static_cast<int64_t>(g.row_bytes) * g.srcs);
   int rs = 1;
   while (rs * 2 <= fit && rs * 2 * g.srcs <= kMaxUnits) rs *= 2;
   g.rows_per_stage = fit >= 1 ? rs : 0;
@@ -168,18 +161,13 @@ struct Ring {
   uint64_t* empty;
   int32_t stages;
   int32_t stage_bytes;
+  uint32_t inflight;  // the producer's limit on stages requested and not landed (0: the ring's depth)
 };
 
-// A consumed stage's release: every warp's own (row-owner way), or one arrival after a CTA barrier.
-template <bool kSplit>
+// A consumed stage's release: every consumer warp arrives on the slot's "empty" barrier.
 __device__ __forceinline__ void release_stage(const Ring& ring, int32_t slot) {
-  if constexpr (kSplit) {
-    consumer_sync();
-    if (threadIdx.x == 0) mbar_arrive(&ring.empty[slot]);
-  } else {
-    __syncwarp();
-    if (threadIdx.x % kWarp == 0) mbar_arrive(&ring.empty[slot]);
-  }
+  __syncwarp();
+  if (threadIdx.x % kWarp == 0) mbar_arrive(&ring.empty[slot]);
 }
 
 }  // namespace inferx::cuda::stack

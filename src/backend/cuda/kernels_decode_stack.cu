@@ -29,9 +29,23 @@ namespace {
 using namespace stack;  // the kernel's plumbing (decode_stack_ring.cuh, decode_stack_attention.cuh)
 
 // ---- producer -------------------------------------------------------------------------------------------
-__device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it,
-                               bool padded) {
-  const Geom g = stage_geometry(m, paired, ring.stage_bytes, padded);
+// Stage `it` may be issued once the consumers have released its slot and, with ring.inflight set, once
+// stage it - inflight has landed. Every lane of the producer warp waits (so none runs a ring round ahead).
+// Why the in-flight limit: bytes requested but not yet delivered queue in the memory system, and every
+// dependent load of the consumers (grid barriers, the attention's q/k/v and partials) waits behind them:
+// 132 SMs x a 160 KB ring refilled at once is ~21 MB, ~5 us at 4.2 TB/s, while HBM needs only ~1 us of
+// requests in flight to stay busy.
+__device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
+  const uint32_t round = it / ring.stages;
+  if (round > 0) mbar_wait(&ring.empty[it % ring.stages], (round - 1) & 1);
+  if (ring.inflight > 0 && it >= ring.inflight) {
+    const uint32_t landed = it - ring.inflight;
+    mbar_wait(&ring.full[landed % ring.stages], (landed / ring.stages) & 1);
+  }
+}
+
+__device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
+  const Geom g = stage_geometry(m, paired, ring.stage_bytes);
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
   const auto* base = static_cast<const uint8_t*>(m.data);
@@ -39,23 +53,13 @@ __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ri
     const int32_t n = min(g.rows_per_stage, r1 - row);
     const uint32_t bytes = static_cast<uint32_t>(n) * g.row_bytes;
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
-    const uint32_t round = it / ring.stages;
-    // Every lane of the producer warp waits (so none runs a ring round ahead); lane 0 issues.
-    if (round > 0) mbar_wait(&ring.empty[slot], (round - 1) & 1);
-    if (threadIdx.x % kWarp != 0) continue;
+    claim_stage(ring, it);
+    if (threadIdx.x % kWarp != 0) continue;  // lane 0 issues
     mbar_expect_tx(&ring.full[slot], bytes * g.srcs);
     uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-    for (int32_t src = 0; src < g.srcs; ++src) {
-      const uint8_t* from = base + (static_cast<int64_t>(src) * m.rows + row) * g.row_bytes;
-      uint8_t* to = dst + static_cast<size_t>(src) * g.rows_per_stage * g.row_stride;
-      if (!padded) {
-        bulk_copy(to, from, bytes, &ring.full[slot]);
-      } else {
-        for (int32_t r = 0; r < n; ++r)
-          bulk_copy(to + static_cast<size_t>(r) * g.row_stride, from + static_cast<int64_t>(r) * g.row_bytes,
-                    static_cast<uint32_t>(g.row_bytes), &ring.full[slot]);
-      }
-    }
+    for (int32_t src = 0; src < g.srcs; ++src)
+      bulk_copy(dst + static_cast<size_t>(src) * g.rows_per_stage * g.row_bytes,
+                base + (static_cast<int64_t>(src) * m.rows + row) * g.row_bytes, bytes, &ring.full[slot]);
   }
 }
 
@@ -69,15 +73,16 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
   const int lane = threadIdx.x % kWarp;
   for (uint32_t st = 0; st < k.nstages; ++st, ++it) {
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
-    const uint32_t round = it / ring.stages;
-    if (round > 0) mbar_wait(&ring.empty[slot], (round - 1) & 1);
+    claim_stage(ring, it);
     const int32_t i0 = static_cast<int32_t>(st) * k.per_stage, n = min(k.per_stage, k.ntok - i0);
-    int64_t off[kKeyWords];
-#pragma unroll
-    for (int q = 0; q < kKeyWords; ++q) {
+    // Loops kept rolled (the key's cache offset computed twice): this code shares the SM's instruction
+    // cache with the consumers' phases.
+    const int words = (n + kWarp - 1) / kWarp;
+#pragma unroll 1
+    for (int q = 0; q < words; ++q) {
       const int32_t j = lane + q * kWarp;
-      off[q] = j < n ? kv_offset(p, kv_token(k, i0 + j), k.g, p.hd) : -1;
-      const uint32_t bits = __ballot_sync(0xffffffffu, off[q] >= 0);
+      const bool valid = j < n && kv_offset(p, kv_token(k, i0 + j), k.g, p.hd) >= 0;
+      const uint32_t bits = __ballot_sync(0xffffffffu, valid);
       if (lane == 0) key_bits[slot * kKeyWords + q] = bits;
     }
     __syncwarp();
@@ -86,11 +91,10 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
     __syncwarp();
     uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
     const int64_t esize = p.kv_fp8 ? 1 : 2;
-#pragma unroll
-    for (int q = 0; q < kKeyWords; ++q) {
-      const int32_t j = lane + q * kWarp;
-      if (j >= n) continue;
-      const int64_t from = (off[q] >= 0 ? off[q] : 0) * esize;
+#pragma unroll 1
+    for (int32_t j = lane; j < n; j += kWarp) {
+      const int64_t off = kv_offset(p, kv_token(k, i0 + j), k.g, p.hd);
+      const int64_t from = (off >= 0 ? off : 0) * esize;
       bulk_copy(dst + static_cast<size_t>(j) * k.row, static_cast<const uint8_t*>(L.k_cache) + from,
                 static_cast<uint32_t>(k.row), &ring.full[slot]);
       bulk_copy(dst + static_cast<size_t>(k.per_stage + j) * k.row,
@@ -100,18 +104,17 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
   }
 }
 
-// `padded`: the consumers read padded stages (split mode with tensor cores).
-__device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits, bool padded) {
+__device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits) {
   uint32_t it = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
-    produce_matrix(L.qkv, false, ring, it, padded);
+    produce_matrix(L.qkv, false, ring, it);
     produce_kv(p, L, ring, it, key_bits);
-    produce_matrix(L.o, false, ring, it, padded);
-    produce_matrix(L.gate_up, true, ring, it, padded);
-    produce_matrix(L.down, false, ring, it, padded);
+    produce_matrix(L.o, false, ring, it);
+    produce_matrix(L.gate_up, true, ring, it);
+    produce_matrix(L.down, false, ring, it);
   }
-  produce_matrix(p.lm_head, false, ring, it, padded);
+  produce_matrix(p.lm_head, false, ring, it);
 }
 
 // ---- consumers: dot products over a stage ---------------------------------------------------------------
@@ -206,84 +209,6 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
   return warp_sum(a0 + a1);
 }
 
-// Dot products of a stage's `units` rows (kUnits of them at most; rows >= n_valid skipped, for the last
-// stage of a CTA) with x, over weight vectors [v0, v1) (16 bytes each): each x vector is loaded once for all
-// rows, and the rows' products are independent chains. acc[u] is this lane's share (not yet summed).
-template <bool kFp8, int kUnits>
-__device__ __forceinline__ void dot_rows(const uint8_t* stage, int32_t row_bytes, int valid, int rs,
-                                         const __nv_bfloat16* x, int32_t v0, int32_t v1, float* acc) {
-  const int lane = threadIdx.x % kWarp;
-  const auto* x4 = reinterpret_cast<const uint4*>(x);
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) acc[u] = 0.0f;
-  for (int32_t v = v0 + lane; v < v1; v += kWarp) {
-    uint4 xa, xb;
-    if constexpr (kFp8) {
-      xa = x4[2 * v];
-      xb = x4[2 * v + 1];
-    } else {
-      xa = x4[v];
-    }
-    uint4 wv[kUnits];
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u)
-      if (u % rs < valid)
-        wv[u] = reinterpret_cast<const uint4*>(stage + static_cast<size_t>(u) * row_bytes)[v];
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-      if (u % rs >= valid) continue;
-      float a = acc[u];
-      if constexpr (kFp8) {
-        a = dot_fp8x4(wv[u].x, xa.x, xa.y, a);
-        a = dot_fp8x4(wv[u].y, xa.z, xa.w, a);
-        a = dot_fp8x4(wv[u].z, xb.x, xb.y, a);
-        a = dot_fp8x4(wv[u].w, xb.z, xb.w, a);
-      } else {
-        a = dot_bf16x2(wv[u].x, xa.x, a);
-        a = dot_bf16x2(wv[u].y, xa.y, a);
-        a = dot_bf16x2(wv[u].z, xa.z, a);
-        a = dot_bf16x2(wv[u].w, xa.w, a);
-      }
-      acc[u] = a;
-    }
-  }
-}
-
-// Not inlined: four row counts x two formats of the unrolled product inlined into every phase spilled
-// kilobytes in the kernel; called once per stage, the call costs little.
-template <bool kFp8, int kUnits>
-__device__ __noinline__ void group_partials(const uint8_t* stage, int32_t row_bytes, int valid, int rs,
-                                            const __nv_bfloat16* x, int32_t v0, int32_t v1, float* red,
-                                            int sub, int gw) {
-  float acc[kUnits];
-  dot_rows<kFp8, kUnits>(stage, row_bytes, valid, rs, x, v0, v1, acc);
-#pragma unroll
-  for (int u = 0; u < kUnits; ++u) {
-    const float t = warp_sum(acc[u]);
-    if (threadIdx.x % kWarp == 0) red[u * gw + sub] = t;
-  }
-}
-
-template <bool kFp8>
-__device__ __forceinline__ void stage_partials(int units, const uint8_t* stage, int32_t row_bytes, int valid,
-                                               int rs, const __nv_bfloat16* x, int32_t v0, int32_t v1,
-                                               float* red, int sub, int gw) {
-  switch (units) {
-    case 1:
-      group_partials<kFp8, 1>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
-      break;
-    case 2:
-      group_partials<kFp8, 2>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
-      break;
-    case 4:
-      group_partials<kFp8, 4>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
-      break;
-    default:
-      group_partials<kFp8, 8>(stage, row_bytes, valid, rs, x, v0, v1, red, sub, gw);
-      break;
-  }
-}
-
 // Consumes this CTA's stages of one matrix (the producer's order) and writes its output rows. Row j of the
 // CTA's range belongs to warp j % kConsumerWarps, which computes it whole (gate and up together) and
 // writes it: no CTA-wide barrier per stage. Every warp waits for every stage and releases it (the empty
@@ -294,7 +219,7 @@ template <Emit kEmit>
 __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t& it, const __nv_bfloat16* xs,
                                float* out, uint32_t skip) {
   constexpr bool kPaired = kEmit == Emit::SiluMul;
-  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes, false);  // the host never pads this mode
+  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int rs = g.rows_per_stage;
   const int32_t nv = m.k / (m.fp8 ? 16 : 8);
@@ -324,146 +249,6 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
     __syncwarp();
     if (lane == 0) mbar_arrive(&ring.empty[slot]);
     if (mine && lane == 0) epilogue.store(out, r, d0, d1);
-  }
-}
-
-// BF16 rows on tensor cores (DecodeStackParams::mma): D[16 x 8] += A[16 x 16] . B[16 x 8] with B = the
-// stage's (up to 8) rows as [n][k] (one ldmatrix.x2 per 16 columns: lanes 0-7 address rows 0-7 at the
-// chunk's first 8 columns, lanes 8-15 the next 8; padded rows keep it conflict-free) and A's row 0 = x
-// (lanes 0-3 hold x's pairs, every other A element is 0). Row 0 of D then holds the 8 rows' dot products
-// over the warp's chunks [c0, c1): lanes 0-3, rows 2t and 2t + 1. Two accumulator sets for two chunks in
-// flight. PTX ISA: mma.m16n8k16 fragment layouts, ldmatrix.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t& b0, uint32_t& b1) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
-}
-__device__ __noinline__ void mma_partials_bf16(const uint8_t* stage, int32_t stride, int units,
-                                               const __nv_bfloat16* x, int32_t c0, int32_t c1, float* red,
-                                               int warp) {
-  const int lane = threadIdx.x % kWarp, t = lane % 4, r = lane & 7;
-  const uint32_t row_addr =
-      smem_addr(stage + static_cast<size_t>(r < units ? r : 0) * stride) + ((lane & 8) ? 16u : 0u);
-  const auto* x32 = reinterpret_cast<const uint32_t*>(x);  // x32[c * 8 + j]: columns 16 c + 2 j, + 1
-  const bool holds_x = lane < 4;
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  int32_t c = c0;
-  for (; c + 1 < c1; c += 2) {
-    uint32_t b0, b1, b2, b3;
-    ldmatrix_x2(row_addr + static_cast<uint32_t>(c) * 32u, b0, b1);
-    ldmatrix_x2(row_addr + static_cast<uint32_t>(c + 1) * 32u, b2, b3);
-    const uint32_t a0 = holds_x ? x32[c * 8 + t] : 0u, a2 = holds_x ? x32[c * 8 + 4 + t] : 0u;
-    const uint32_t a4 = holds_x ? x32[(c + 1) * 8 + t] : 0u, a6 = holds_x ? x32[(c + 1) * 8 + 4 + t] : 0u;
-    mma_bf16(d, a0, a2, b0, b1);
-    mma_bf16(e, a4, a6, b2, b3);
-  }
-  if (c < c1) {
-    uint32_t b0, b1;
-    ldmatrix_x2(row_addr + static_cast<uint32_t>(c) * 32u, b0, b1);
-    const uint32_t a0 = holds_x ? x32[c * 8 + t] : 0u, a2 = holds_x ? x32[c * 8 + 4 + t] : 0u;
-    mma_bf16(d, a0, a2, b0, b1);
-  }
-  if (holds_x) {
-    if (2 * t < units) red[(2 * t) * kConsumerWarps + warp] = d[0] + e[0];
-    if (2 * t + 1 < units) red[(2 * t + 1) * kConsumerWarps + warp] = d[1] + e[1];
-  }
-}
-
-// FP8 rows on tensor cores: one ldmatrix.x2 per 32 columns (8 rows x 16 bytes per matrix) gives lane
-// (g, t) the bytes [4t, 4t + 4) of row g in each 16-column half; E4M3 -> F16 pairs make two F16 MMAs whose
-// logical columns (2t, 2t + 1 | 2t + 8, 2t + 9) are the physical 4t, 4t + 1 | 4t + 2, 4t + 3 - any
-// permutation works when x (A's first row, F16 here, load_input_f16) follows the same one.
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-}
-__device__ __noinline__ void mma_partials_fp8(const uint8_t* stage, int32_t stride, int units,
-                                              const __half* x, int32_t c0, int32_t c1, float* red, int warp) {
-  const int lane = threadIdx.x % kWarp, t = lane % 4, r = lane & 7;
-  const uint32_t row_addr =
-      smem_addr(stage + static_cast<size_t>(r < units ? r : 0) * stride) + ((lane & 8) ? 16u : 0u);
-  const auto* x32 = reinterpret_cast<const uint32_t*>(x);  // x32[j]: columns 2j, 2j + 1
-  const bool holds_x = lane < 4;
-  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int32_t c = c0; c < c1; ++c) {
-    uint32_t w0, w1;
-    ldmatrix_x2(row_addr + static_cast<uint32_t>(c) * 32u, w0, w1);
-    const uint32_t b0 = e4m3x2_to_f16x2(w0 & 0xFFFFu), b1 = e4m3x2_to_f16x2(w0 >> 16);
-    const uint32_t b2 = e4m3x2_to_f16x2(w1 & 0xFFFFu), b3 = e4m3x2_to_f16x2(w1 >> 16);
-    const int32_t j = 16 * c + 2 * t;
-    const uint32_t a0 = holds_x ? x32[j] : 0u, a2 = holds_x ? x32[j + 1] : 0u;
-    const uint32_t a4 = holds_x ? x32[j + 8] : 0u, a6 = holds_x ? x32[j + 9] : 0u;
-    mma_f16(d, a0, a2, b0, b1);
-    mma_f16(e, a4, a6, b2, b3);
-  }
-  if (holds_x) {
-    if (2 * t < units) red[(2 * t) * kConsumerWarps + warp] = d[0] + e[0];
-    if (2 * t + 1 < units) red[(2 * t + 1) * kConsumerWarps + warp] = d[1] + e[1];
-  }
-}
-
-// The other way to consume a matrix (DecodeStackParams::split_stages): every consumer warp takes a slice
-// [v0, v1) of the columns of every row in the stage (x loaded once for all of them), the consumers meet at
-// a CTA barrier, and thread t adds the slices of row t and writes it. A stage is then finished by all warps
-// together (a short time from landing to release, which a shallow ring rewards), at the price of a barrier
-// per stage; the row-owner way gives each warp whole rows and no barrier.
-template <Emit kEmit>
-// `mma`: tensor-core products (padded stages; x in F16 scaled by 1 / x_mult for FP8 rows, load_input_f16).
-__device__ void consume_matrix_split(const StackMatrix& m, const Ring& ring, uint32_t& it,
-                                     const __nv_bfloat16* xs, float* out, uint32_t skip, float* red, bool mma,
-                                     float x_mult) {
-  constexpr bool kPaired = kEmit == Emit::SiluMul;
-  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes, mma);
-  const int warp = threadIdx.x / kWarp;
-  const int rs = g.rows_per_stage, units = g.srcs * rs;
-  // Each warp's columns: 16-byte vectors (scalar products) or 16-column (BF16) / 32-column (FP8) chunks
-  // (tensor cores).
-  const int32_t nv = mma ? m.k / (m.fp8 ? 32 : 16) : m.k / (m.fp8 ? 16 : 8);
-  const int32_t v0 = nv * warp / kConsumerWarps, v1 = nv * (warp + 1) / kConsumerWarps;
-  int32_t r0, r1;
-  cta_rows(m.rows, r0, r1);
-  const int t = threadIdx.x;
-  for (int32_t row = r0; row < r1; row += rs, ++it) {
-    const int32_t n = min(rs, r1 - row);
-    const int64_t r = row + t;
-    RowEpilogue<kEmit> epilogue;
-    if (t < n) epilogue.load(m, out, r);
-    const int32_t slot = static_cast<int32_t>(it % ring.stages);
-    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
-    float* rb = red + (it & 1) * kMaxUnits * kConsumerWarps;
-    if (!(skip & 1)) {
-      const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-      if (mma && m.fp8)
-        mma_partials_fp8(stage, g.row_stride, units, reinterpret_cast<const __half*>(xs), v0, v1, rb, warp);
-      else if (mma)
-        mma_partials_bf16(stage, g.row_stride, units, xs, v0, v1, rb, warp);
-      else if (m.fp8)
-        stage_partials<true>(units, stage, g.row_stride, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
-      else
-        stage_partials<false>(units, stage, g.row_stride, n, rs, xs, v0, v1, rb, warp, kConsumerWarps);
-    }
-    consumer_sync();  // the stage is read; the slices are in rb
-    if (t == 0) mbar_arrive(&ring.empty[slot]);
-    if (t < n) {
-      float a = 0.0f, b = 0.0f;
-      for (int w = 0; w < kConsumerWarps; ++w) {
-        a += rb[t * kConsumerWarps + w];
-        if constexpr (kPaired) b += rb[(rs + t) * kConsumerWarps + w];
-      }
-      epilogue.store(out, r, a * x_mult, b * x_mult);
-    }
   }
 }
 
@@ -512,79 +297,18 @@ __device__ void load_input(const float* src, int32_t n, const float* norm, float
   consumer_sync();
 }
 
-__device__ __forceinline__ void store_f16x4(__half* dst, float a, float b, float c, float d) {
-  const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
-  uint2 packed;
-  packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(dst) = packed;
-}
-
-__device__ __forceinline__ float abs_max4(float4 v) {
-  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-}
-
-// load_input for the FP8 tensor-core products: x (normed or not) in F16, scaled by a power of two 2^-s that
-// keeps its largest magnitude below 2^14 (F16 ends at 65504; BF16 activations do not); returns 2^s, which
-// the products are multiplied by. A normed input stays in registers; another is read twice (the largest
-// magnitude first).
-__device__ __noinline__ float load_input_f16(const float* src, int32_t n, const float* norm, float eps,
-                                             __half* xh, float* scratch) {
-  float4 v[kNormVecs];
-  float amax = 0.0f;
-  if (norm != nullptr) {
-    read_normed(src, n, norm, eps, v, scratch);
-#pragma unroll
-    for (int j = 0; j < kNormVecs; ++j) amax = fmaxf(amax, abs_max4(v[j]));  // zeros past n
-  } else {
-    for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4)
-      amax = fmaxf(amax, abs_max4(__ldcg(reinterpret_cast<const float4*>(src + i))));
-  }
-  int e = 0;
-  frexpf(consumer_reduce(amax, scratch, MaxOp{}), &e);  // largest magnitude < 2^e
-  const int s = max(0, e - 14);
-  const float inv = ldexpf(1.0f, -s);
-  if (norm != nullptr) {
-#pragma unroll
-    for (int j = 0; j < kNormVecs; ++j) {
-      const int32_t i = (threadIdx.x + j * kConsumers) * 4;
-      if (i < n) store_f16x4(xh + i, v[j].x * inv, v[j].y * inv, v[j].z * inv, v[j].w * inv);
-    }
-  } else {
-    for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
-      const float4 u = __ldcg(reinterpret_cast<const float4*>(src + i));
-      store_f16x4(xh + i, u.x * inv, u.y * inv, u.z * inv, u.w * inv);
-    }
-  }
-  consumer_sync();
-  return ldexpf(1.0f, s);
-}
-
-// One product phase: the input into the x buffer (BF16, or scaled F16 for FP8 rows on tensor cores), then
-// this CTA's rows of m.
-template <Emit kEmit, bool kSplit>
+// One product phase: the input into the x buffer, then this CTA's rows of m.
+template <Emit kEmit>
 __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const float* src, int32_t n,
                                            const float* norm, const StackMatrix& m, float* out,
-                                           const Ring& ring, uint32_t& it, __nv_bfloat16* xs, float* scratch,
-                                           float* red) {
-  if constexpr (kSplit) {
-    const bool mma = p.mma != 0;
-    float x_mult = 1.0f;
-    if (mma && m.fp8)
-      x_mult = load_input_f16(src, n, norm, p.eps, reinterpret_cast<__half*>(xs), scratch);
-    else
-      load_input(src, n, norm, p.eps, xs, scratch);
-    consume_matrix_split<kEmit>(m, ring, it, xs, out, p.skip, red, mma, x_mult);
-  } else {
-    (void)red;
-    load_input(src, n, norm, p.eps, xs, scratch);
-    consume_matrix<kEmit>(m, ring, it, xs, out, p.skip);
-  }
+                                           const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
+                                           float* scratch) {
+  load_input(src, n, norm, p.eps, xs, scratch);
+  consume_matrix<kEmit>(m, ring, it, xs, out, p.skip);
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
 // 128 registers: 16 warps of one resident CTA per SM, four per sub-partition of 16384 registers.
-template <bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -592,26 +316,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   ring.data = smem;
   ring.stages = p.stages;
   ring.stage_bytes = p.stage_bytes;
+  ring.inflight = static_cast<uint32_t>(p.inflight < p.stages ? p.inflight : 0);
   auto* xs = reinterpret_cast<__nv_bfloat16*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes);
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
   float* scratch = misc;  // [kConsumerWarps]
   int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
-  // misc (floats): [0, 32) scratch and flag, then 2 x kMaxStages mbarriers, key bits, split partials.
+  // misc (floats): [0, 32) scratch and flag, then 2 x kMaxStages mbarriers, key bits.
   ring.full = reinterpret_cast<uint64_t*>(misc + 32);
   auto* key_bits = reinterpret_cast<uint32_t*>(misc + kMiscKeyBits);  // [stages][kKeyWords]
-  float* red = misc + kMiscRed;                                       // [2][kMaxUnits][kConsumerWarps]
   ring.empty = ring.full + p.stages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       mbar_init(&ring.full[s], 1);
-      // Row-owner way: every consumer warp releases every stage; split way: one arrival after a barrier.
-      mbar_init(&ring.empty[s], kSplit ? 1 : kConsumerWarps);
+      mbar_init(&ring.empty[s], kConsumerWarps);  // every consumer warp releases every stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   if (threadIdx.x >= kConsumers) {
-    producer(p, ring, key_bits, kSplit && p.mma);
+    producer(p, ring, key_bits);
     return;
   }
   uint32_t it = 0, barriers = 0;
@@ -628,35 +351,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     const StackLayer& L = p.layers[l];
     const int64_t e = static_cast<int64_t>(l) * kStackLayerEvents;
     stamp(e);
-    gemv_phase<Emit::Store, kSplit>(p, p.x, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch, red);
+    gemv_phase<Emit::Store>(p, p.x, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch);
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
+    auto stamp_attention = [&](int i) { stamp(e + 2 + i); };  // 1 rope, 2 keys, 3 published
     if (p.hd == 128)
-      attention_phase<128, kSplit>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
+      attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
     else
-      attention_phase<64, kSplit>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits);
-    stamp(e + 3);
-    sync_grid();
-    stamp(e + 4);
-    gemv_phase<Emit::AddToResidual, kSplit>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch, red);
-    stamp(e + 5);
-    sync_grid();
+      attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
     stamp(e + 6);
-    gemv_phase<Emit::SiluMul, kSplit>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch,
-                                      red);
+    sync_grid();
     stamp(e + 7);
-    sync_grid();
+    gemv_phase<Emit::AddToResidual>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch);
     stamp(e + 8);
-    gemv_phase<Emit::AddToResidual, kSplit>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch,
-                                            red);
-    stamp(e + 9);
     sync_grid();
+    stamp(e + 9);
+    gemv_phase<Emit::SiluMul>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
     stamp(e + 10);
+    sync_grid();
+    stamp(e + 11);
+    gemv_phase<Emit::AddToResidual>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch);
+    stamp(e + 12);
+    sync_grid();
+    stamp(e + 13);
   }
   stamp(events - 2);
-  gemv_phase<Emit::Store, kSplit>(p, p.x, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch,
-                                  red);
+  gemv_phase<Emit::Store>(p, p.x, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);
   stamp(events - 1);
 }
 
@@ -674,12 +395,11 @@ bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t h
          (hq * hd) % 16 == 0;
 }
 
-bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes, bool padded) {
+bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes) {
   if (m.data == nullptr || m.rows <= 0 || m.k <= 0 || m.k % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(m.data) % 16 != 0) return false;
   if (m.fp8 && m.scale == nullptr) return false;
-  if (padded && m.fp8 && m.k % 32 != 0) return false;  // FP8 tensor-core chunks are 32 columns
-  return stage_geometry(m, paired, stage_bytes, padded).rows_per_stage >= 1;
+  return stage_geometry(m, paired, stage_bytes).rows_per_stage >= 1;
 }
 
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
@@ -712,17 +432,14 @@ size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
 }
 
 int decode_stack_ctas_per_sm(size_t smem) {
-  int least = INT32_MAX;
-  for (auto* kernel : {decode_stack_kernel<false>, decode_stack_kernel<true>}) {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
-        cudaSuccess)
-      return 0;
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem) != cudaSuccess)
-      return 0;
-    least = std::min(least, blocks);
-  }
-  return least;
+  if (cudaFuncSetAttribute(decode_stack_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess)
+    return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_stack_kernel, kThreads, smem) !=
+      cudaSuccess)
+    return 0;
+  return blocks;
 }
 
 cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream) {
@@ -733,10 +450,7 @@ cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t sme
   cudaLaunchAttribute cooperative = {};  // all CTAs resident at once (the grid barriers need it)
   cooperative.id = cudaLaunchAttributeCooperative;
   cooperative.val.cooperative = 1;
-  return p.split_stages ? launch_with(cooperative, true, decode_stack_kernel<true>, dim3(grid),
-                                      dim3(kThreads), smem, stream, p)
-                        : launch_with(cooperative, true, decode_stack_kernel<false>, dim3(grid),
-                                      dim3(kThreads), smem, stream, p);
+  return launch_with(cooperative, true, decode_stack_kernel, dim3(grid), dim3(kThreads), smem, stream, p);
 }
 
 }  // namespace inferx::cuda

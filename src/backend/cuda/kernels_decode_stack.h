@@ -77,23 +77,17 @@ struct DecodeStackParams {
   int32_t stage_bytes = 32768;  // ring stage size
   int32_t stages = 4;           // ring depth
   int32_t x_bytes = 0;          // shared-memory bytes of the BF16 input vector (and attention scratch)
+  int32_t inflight = 0;         // stages the producer keeps requested and not landed (0: up to the depth)
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
-  // How the consumers share a stage (INFERX_DECODE_STACK_SPLIT=1, A/B): 0, a warp owns whole rows; 1,
-  // every warp takes a column slice of every row, a CTA barrier per stage (kernels_decode_stack.cu).
-  uint8_t split_stages = 0;
-  // Split mode only (INFERX_DECODE_STACK_MMA=1, A/B): products on tensor cores (mma.m16n8k16, the stage's
-  // rows as N, x as A's first row; FP8 rows converted to F16 against x in F16 scaled by a power of two),
-  // stages padded 16 bytes per row for conflict-free ldmatrix.
-  uint8_t mma = 0;
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
 };
-// Per layer: start, qkv done, barrier, attention done, barrier, o done, barrier, gate/up done, barrier,
-// down done, barrier; then the lm_head's start and end.
-constexpr int kStackLayerEvents = 11;
+// Per layer: start, qkv done, barrier, the attention's rope, keys, partials published and merge done,
+// barrier, o done, barrier, gate/up done, barrier, down done, barrier; then the lm_head's start and end.
+constexpr int kStackLayerEvents = 14;
 constexpr int64_t decode_stack_profile_events(int32_t num_layers) {
   return static_cast<int64_t>(num_layers) * kStackLayerEvents + 2;
 }
@@ -104,7 +98,7 @@ constexpr int64_t decode_stack_profile_events(int32_t num_layers) {
 bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t hkv, int32_t hd);
 // Whether one matrix streams through stages of `stage_bytes`: k a multiple of 16, 16-byte aligned data,
 // at least one row (gate and up rows together when paired) per stage.
-bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes, bool padded);
+bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes);
 // Shared memory the kernel needs for p's shapes (sets p.stages, p.x_bytes); 0 when it does not fit.
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k);
 // Device scratch of p's shapes (hq, hkv, hd, splits set) for an MLP of `inter`: its bytes, and, when base is
