@@ -24,7 +24,7 @@ one() {  # model quant label env...
   local qa=()
   [[ "$q" != bf16 ]] && qa=(--quantize "$q")
   env "$@" timeout 40 "$C/inferx" bench offline -m "dummy:$model" --dtype bf16 "${qa[@]}" --device cuda \
-    --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 128 --max-model-len 2048 --no-progress \
+    --max-batch-size 1 --num-prompts 1 --input-len "${INPUT_LEN:-1000}" --output-len 128 --max-model-len 2048 --no-progress \
     --roofline --json >"$OUT/stack.json" 2>"$OUT/stack.err"
   local rc=$?
   echo "$model $q $label: rc=$rc $(python3 -c "

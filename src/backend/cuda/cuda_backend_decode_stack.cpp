@@ -58,8 +58,8 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
 void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_t layers) {
   const int64_t events = cuda::decode_stack_profile_events(layers);
   static const char* const kNames[cuda::kStackLayerEvents - 1] = {
-      "norm+qkv", "barrier", "rope",         "keys",    "publish", "merge",  "barrier",
-      "o",        "barrier", "norm+gate/up", "barrier", "down",    "barrier"};
+      "norm+qkv", "barrier", "rope",    "landed",       "keys",    "publish", "merge",
+      "barrier",  "o",       "barrier", "norm+gate/up", "barrier", "down",    "barrier"};
   double mean[cuda::kStackLayerEvents - 1] = {}, spread[cuda::kStackLayerEvents - 1] = {};
   for (int32_t l = 0; l < layers; ++l) {
     for (int i = 0; i + 1 < cuda::kStackLayerEvents; ++i) {

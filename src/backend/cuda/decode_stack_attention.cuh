@@ -120,7 +120,8 @@ __device__ __forceinline__ float cache_rounded(float v, bool fp8, float scale) {
 // over the streamed keys (ring stages) and the new one, then the last CTA of the group merges the splits
 // into p.attn. `sm`: the x buffer as scratch: q [kMaxGroup][hd], the new k and v [hd] each, then the warps'
 // partials. Every consumer warp passes every key stage (the ring's protocol), computing or not.
-// `stamp(i)` marks the profile's sub-phase boundaries: 1 rope done, 2 keys done, 3 partials published.
+// `stamp(i)` marks the profile's sub-phase boundaries: 1 rope done, 2 the first key stage landed, 3 keys
+// done, 4 partials published.
 template <int kHd, class Stamp>
 __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L, float* sm, int* flag,
                                 const Ring& ring, uint32_t& it, const uint32_t* key_bits,
@@ -130,7 +131,7 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
   const int group = p.hq / p.hkv, splits = p.splits;
   const KvSpan k = kv_span(p, ring.stage_bytes);
   if (!k.active) {  // no item, no key stages
-    for (int i = 1; i <= 3; ++i) stamp(i);
+    for (int i = 1; i <= 4; ++i) stamp(i);
     return;
   }
   const int g = k.g, s = k.s;
@@ -197,6 +198,7 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
     const bool ring_stage = st < k.nstages;
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
     if (ring_stage) mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+    if (st == 0) stamp(2);
     const int32_t n =
         ring_stage ? min(k.per_stage, k.ntok - static_cast<int32_t>(st) * k.per_stage) : (k.owner ? 1 : 0);
     const uint8_t* stage = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
@@ -236,9 +238,9 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
       ++it;
     }
   }
-  stamp(2);
+  stamp(3);
   if (!compute) {
-    stamp(3);
+    stamp(4);
     return;
   }
   // The walkers' partials ([kw][r] in wpart), then their merge into this split's partial.
@@ -273,7 +275,7 @@ __device__ void attention_phase(const DecodeStackParams& p, const StackLayer& L,
   consumer_sync();
   if (threadIdx.x == 0) *flag = atomicAdd(&p.control[1 + g], 1u) == static_cast<uint32_t>(splits - 1);
   consumer_sync();
-  stamp(3);
+  stamp(4);
   if (*flag) {  // the group's last split: merge all of them
     // Every split's (max, sum) into shared memory in one round of loads (wpart is free again), then each
     // output element's sum over the splits with its loads issued together: dependent L2 loads one split at

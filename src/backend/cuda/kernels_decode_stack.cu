@@ -355,26 +355,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
-    auto stamp_attention = [&](int i) { stamp(e + 2 + i); };  // 1 rope, 2 keys, 3 published
+    auto stamp_attention = [&](int i) { stamp(e + 2 + i); };  // 1 rope, 2 landed, 3 keys, 4 published
     if (p.hd == 128)
       attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
     else
       attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
-    stamp(e + 6);
-    sync_grid();
     stamp(e + 7);
-    gemv_phase<Emit::AddToResidual>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch);
+    sync_grid();
     stamp(e + 8);
-    sync_grid();
+    gemv_phase<Emit::AddToResidual>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch);
     stamp(e + 9);
-    gemv_phase<Emit::SiluMul>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
+    sync_grid();
     stamp(e + 10);
-    sync_grid();
+    gemv_phase<Emit::SiluMul>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
     stamp(e + 11);
-    gemv_phase<Emit::AddToResidual>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch);
-    stamp(e + 12);
     sync_grid();
+    stamp(e + 12);
+    gemv_phase<Emit::AddToResidual>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch);
     stamp(e + 13);
+    sync_grid();
+    stamp(e + 14);
   }
   stamp(events - 2);
   gemv_phase<Emit::Store>(p, p.x, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);

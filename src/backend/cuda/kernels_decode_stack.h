@@ -85,9 +85,10 @@ struct DecodeStackParams {
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
 };
-// Per layer: start, qkv done, barrier, the attention's rope, keys, partials published and merge done,
-// barrier, o done, barrier, gate/up done, barrier, down done, barrier; then the lm_head's start and end.
-constexpr int kStackLayerEvents = 14;
+// Per layer: start, qkv done, barrier, the attention's rope, first key stage landed, keys, partials
+// published and merge done, barrier, o done, barrier, gate/up done, barrier, down done, barrier; then the
+// lm_head's start and end.
+constexpr int kStackLayerEvents = 15;
 constexpr int64_t decode_stack_profile_events(int32_t num_layers) {
   return static_cast<int64_t>(num_layers) * kStackLayerEvents + 2;
 }
