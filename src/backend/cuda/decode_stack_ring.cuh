@@ -94,6 +94,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_try_wait(bar, parity))
     if (gpu_ns() - start > kHangNs) __trap();
 }
+// The producer's wait: it backs off between polls, since a warp polling an mbarrier without pause takes
+// shared-memory pipe slots from the consumers (measured: while the ring was full during the attention, the
+// key walkers' loop ran ~2000 cycles per key).
+__device__ __forceinline__ void mbar_wait_backoff(uint64_t* bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t start = gpu_ns();
+  while (!mbar_try_wait(bar, parity)) {
+    __nanosleep(256);
+    if (gpu_ns() - start > kHangNs) __trap();
+  }
+}
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(

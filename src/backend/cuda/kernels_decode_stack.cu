@@ -37,10 +37,10 @@ using namespace stack;  // the kernel's plumbing (decode_stack_ring.cuh, decode_
 // requests in flight to stay busy.
 __device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
   const uint32_t round = it / ring.stages;
-  if (round > 0) mbar_wait(&ring.empty[it % ring.stages], (round - 1) & 1);
+  if (round > 0) mbar_wait_backoff(&ring.empty[it % ring.stages], (round - 1) & 1);
   if (ring.inflight > 0 && it >= ring.inflight) {
     const uint32_t landed = it - ring.inflight;
-    mbar_wait(&ring.full[landed % ring.stages], (landed / ring.stages) & 1);
+    mbar_wait_backoff(&ring.full[landed % ring.stages], (landed / ring.stages) & 1);
   }
 }
 
