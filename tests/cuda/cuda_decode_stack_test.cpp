@@ -2,9 +2,9 @@
 // per-op kernels on the same model, cache layout and tokens: a prompt, then decode steps fed with the
 // per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
 // 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
-// FP8 weights (per channel, and the vocabulary projection) and an FP8 KV cache, and the kernel's three ways
-// of computing the products (a warp per row, column slices per warp, column slices on tensor cores). Decode
-// steps run through SequenceRunner, so they are recorded into a CUDA graph and replayed, as in serving.
+// FP8 weights (per channel, and the vocabulary projection) and an FP8 KV cache, and the producer's
+// in-flight stage limit (1 to 3 stages). Decode steps run through SequenceRunner, so they are recorded into a
+// CUDA graph and replayed, as in serving.
 #include <gtest/gtest.h>
 
 #include <algorithm>
