@@ -60,6 +60,9 @@ struct CudaBackendOptions {
   int decode_stack_stage_kb = 32;
   // How many ring stages its producer keeps in flight (requested, not landed); 0: up to the ring's depth.
   int decode_stack_inflight = 0;
+  // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins (A/B: a spinning
+  // producer may take the shared-memory pipe from the consumers, benchmarks.md 2026-12-03 17:10-18:10).
+  int decode_stack_backoff_ns = 256;
   unsigned decode_stack_skip = 0;
   int decode_stack_profiles = 0;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
@@ -72,8 +75,8 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
-// INFERX_DECODE_STACK_STAGE_KB=8..64,
-// INFERX_DECODE_STACK_INFLIGHT=0..12, INFERX_DECODE_STACK_SKIP=0..7, INFERX_DECODE_STACK_PROFILE=N,
+// INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
+// INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_SKIP=0..7, INFERX_DECODE_STACK_PROFILE=N,
 // INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 

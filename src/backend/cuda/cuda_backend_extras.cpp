@@ -39,6 +39,8 @@ CudaBackendOptions cuda_options_from_environment() {
   }
   if (const char* fl = std::getenv("INFERX_DECODE_STACK_INFLIGHT"))
     o.decode_stack_inflight = std::clamp(std::atoi(fl), 0, 12);
+  if (const char* bo = std::getenv("INFERX_DECODE_STACK_BACKOFF_NS"))
+    o.decode_stack_backoff_ns = std::clamp(std::atoi(bo), 0, 10000);
   if (const char* sk = std::getenv("INFERX_DECODE_STACK_SKIP"))
     o.decode_stack_skip = static_cast<unsigned>(std::atoi(sk)) & 7u;
   if (const char* pr = std::getenv("INFERX_DECODE_STACK_PROFILE"))

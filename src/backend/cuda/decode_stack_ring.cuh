@@ -97,11 +97,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // The producer's wait: it backs off between polls, since a warp polling an mbarrier without pause takes
 // shared-memory pipe slots from the consumers (measured: while the ring was full during the attention, the
 // key walkers' loop ran ~2000 cycles per key).
-__device__ __forceinline__ void mbar_wait_backoff(uint64_t* bar, uint32_t parity) {
+__device__ __forceinline__ void mbar_wait_backoff(uint64_t* bar, uint32_t parity, uint32_t sleep_ns) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t start = gpu_ns();
   while (!mbar_try_wait(bar, parity)) {
-    __nanosleep(256);
+    if (sleep_ns > 0) __nanosleep(sleep_ns);
     if (gpu_ns() - start > kHangNs) __trap();
   }
 }
@@ -172,7 +172,8 @@ struct Ring {
   uint64_t* empty;
   int32_t stages;
   int32_t stage_bytes;
-  uint32_t inflight;  // the producer's limit on stages requested and not landed (0: the ring's depth)
+  uint32_t inflight;    // the producer's limit on stages requested and not landed (0: the ring's depth)
+  uint32_t backoff_ns;  // the producer's sleep between polls of a stage it waits for
 };
 
 // A consumed stage's release: every consumer warp arrives on the slot's "empty" barrier.

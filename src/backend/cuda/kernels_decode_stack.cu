@@ -37,10 +37,10 @@ using namespace stack;  // the kernel's plumbing (decode_stack_ring.cuh, decode_
 // requests in flight to stay busy.
 __device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
   const uint32_t round = it / ring.stages;
-  if (round > 0) mbar_wait_backoff(&ring.empty[it % ring.stages], (round - 1) & 1);
+  if (round > 0) mbar_wait_backoff(&ring.empty[it % ring.stages], (round - 1) & 1, ring.backoff_ns);
   if (ring.inflight > 0 && it >= ring.inflight) {
     const uint32_t landed = it - ring.inflight;
-    mbar_wait_backoff(&ring.full[landed % ring.stages], (landed / ring.stages) & 1);
+    mbar_wait_backoff(&ring.full[landed % ring.stages], (landed / ring.stages) & 1, ring.backoff_ns);
   }
 }
 
@@ -317,6 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ring.stages = p.stages;
   ring.stage_bytes = p.stage_bytes;
   ring.inflight = static_cast<uint32_t>(p.inflight < p.stages ? p.inflight : 0);
+  ring.backoff_ns = p.backoff_ns;
   auto* xs = reinterpret_cast<__nv_bfloat16*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes);
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
   float* scratch = misc;  // [kConsumerWarps]

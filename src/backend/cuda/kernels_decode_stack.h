@@ -79,6 +79,7 @@ struct DecodeStackParams {
   int32_t stages = 4;           // ring depth
   int32_t x_bytes = 0;          // shared-memory bytes of the BF16 input vector (and attention scratch)
   int32_t inflight = 0;         // stages the producer keeps requested and not landed (0: up to the depth)
+  uint32_t backoff_ns = 256;    // the producer's sleep between polls of a stage it waits for (0: spin)
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
