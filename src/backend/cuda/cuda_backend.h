@@ -63,6 +63,9 @@ struct CudaBackendOptions {
   // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins (A/B: a spinning
   // producer may take the shared-memory pipe from the consumers, benchmarks.md 2026-12-03 17:10-18:10).
   int decode_stack_backoff_ns = 256;
+  // Run its generic instance (every weight format and head size in one kernel) instead of the one for the
+  // model's format (A/B: the generic one's code is ~2x larger, kernels_decode_stack.cu).
+  bool decode_stack_generic = false;
   unsigned decode_stack_skip = 0;
   int decode_stack_profiles = 0;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
@@ -76,8 +79,8 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
-// INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_SKIP=0..7, INFERX_DECODE_STACK_PROFILE=N,
-// INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
+// INFERX_DECODE_STACK_PROFILE=N, INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -123,9 +126,10 @@ class CudaBackend final : public Backend {
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
   // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, int inflight = 0) {
+  void set_decode_stack(bool on, int inflight = 0, bool generic = false) {
     options_.decode_stack = on;
     options_.decode_stack_inflight = inflight;
+    options_.decode_stack_generic = generic;
   }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
 

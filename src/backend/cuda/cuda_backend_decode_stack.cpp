@@ -166,6 +166,22 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     return false;
 
   p.num_layers = static_cast<int32_t>(s.layers.size());
+  // The kernel instance for the stack's one weight format, unless it mixes formats (or the generic
+  // instance is asked for, options_.decode_stack_generic).
+  bool all_bf16 = true, all_fp8 = true;
+  auto note = [&](const cuda::StackMatrix& m) {
+    all_bf16 = all_bf16 && m.fp8 == 0;
+    all_fp8 = all_fp8 && m.fp8 != 0;
+  };
+  for (int32_t i = 0; i < p.num_layers; ++i) {
+    const cuda::StackLayer& d = p.layers[i];
+    for (const cuda::StackMatrix* m : {&d.qkv, &d.o, &d.gate_up, &d.down}) note(*m);
+  }
+  note(p.lm_head);
+  p.format = options_.decode_stack_generic ? cuda::kStackAnyFormat
+             : all_bf16                    ? cuda::kStackBf16
+             : all_fp8                     ? cuda::kStackFp8
+                                           : cuda::kStackAnyFormat;
   p.final_norm = s.final_norm->ptr<float>();
   p.hidden = static_cast<int32_t>(hidden);
   p.hq = static_cast<int32_t>(hq);

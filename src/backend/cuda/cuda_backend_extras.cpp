@@ -41,6 +41,8 @@ CudaBackendOptions cuda_options_from_environment() {
     o.decode_stack_inflight = std::clamp(std::atoi(fl), 0, 12);
   if (const char* bo = std::getenv("INFERX_DECODE_STACK_BACKOFF_NS"))
     o.decode_stack_backoff_ns = std::clamp(std::atoi(bo), 0, 10000);
+  if (const char* ge = std::getenv("INFERX_DECODE_STACK_GENERIC"))
+    o.decode_stack_generic = std::strcmp(ge, "0") != 0;
   if (const char* sk = std::getenv("INFERX_DECODE_STACK_SKIP"))
     o.decode_stack_skip = static_cast<unsigned>(std::atoi(sk)) & 7u;
   if (const char* pr = std::getenv("INFERX_DECODE_STACK_PROFILE"))

@@ -215,7 +215,21 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
 // barrier counts the warps), so no warp runs more than a ring ahead of the slowest.
 // (Measured against a variant where each slot had its own warp group: 2x slower, since a group then
 // alternates between computing its one stage and waiting for that stage's refill.)
-template <Emit kEmit>
+// The product of one row with x in the matrix's format: kW (StackFormat) fixes it at compile time, so a
+// kernel instance for one format carries one product loop.
+template <int kW>
+__device__ __forceinline__ float row_dot(const StackMatrix& m, const uint8_t* w, const __nv_bfloat16* x,
+                                         int32_t nv) {
+  if constexpr (kW == kStackBf16) {
+    return dot_row<false>(w, x, nv);
+  } else if constexpr (kW == kStackFp8) {
+    return dot_row<true>(w, x, nv);
+  } else {
+    return m.fp8 ? dot_row<true>(w, x, nv) : dot_row<false>(w, x, nv);
+  }
+}
+
+template <Emit kEmit, int kW>
 __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t& it, const __nv_bfloat16* xs,
                                float* out, uint32_t skip) {
   constexpr bool kPaired = kEmit == Emit::SiluMul;
@@ -240,10 +254,10 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
     if (mine && !(skip & 1)) {
       const uint8_t* w0 =
           ring.data + static_cast<size_t>(slot) * ring.stage_bytes + static_cast<size_t>(i) * g.row_bytes;
-      d0 = m.fp8 ? dot_row<true>(w0, xs, nv) : dot_row<false>(w0, xs, nv);
+      d0 = row_dot<kW>(m, w0, xs, nv);
       if constexpr (kPaired) {
         const uint8_t* w1 = w0 + static_cast<size_t>(rs) * g.row_bytes;
-        d1 = m.fp8 ? dot_row<true>(w1, xs, nv) : dot_row<false>(w1, xs, nv);
+        d1 = row_dot<kW>(m, w1, xs, nv);
       }
     }
     __syncwarp();
@@ -298,17 +312,21 @@ __device__ void load_input(const float* src, int32_t n, const float* norm, float
 }
 
 // One product phase: the input into the x buffer, then this CTA's rows of m.
-template <Emit kEmit>
+template <Emit kEmit, int kW>
 __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const float* src, int32_t n,
                                            const float* norm, const StackMatrix& m, float* out,
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
                                            float* scratch) {
   load_input(src, n, norm, p.eps, xs, scratch);
-  consume_matrix<kEmit>(m, ring, it, xs, out, p.skip);
+  consume_matrix<kEmit, kW>(m, ring, it, xs, out, p.skip);
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
 // 128 registers: 16 warps of one resident CTA per SM, four per sub-partition of 16384 registers.
+// kW (StackFormat) and kHd (64, 128, or 0: either) fix the weight format and head size at compile time:
+// an instance for one model then executes one product loop and one attention (the generic instance,
+// kept for A/B, carries every path in the code the SM's instruction cache holds).
+template <int kW, int kHd>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -352,33 +370,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     const StackLayer& L = p.layers[l];
     const int64_t e = static_cast<int64_t>(l) * kStackLayerEvents;
     stamp(e);
-    gemv_phase<Emit::Store>(p, p.x, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch);
+    gemv_phase<Emit::Store, kW>(p, p.x, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch);
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
     auto stamp_attention = [&](int i) { stamp(e + 2 + i); };  // 1 rope, 2 landed, 3 keys, 4 published
-    if (p.hd == 128)
+    if (kHd == 128 || (kHd == 0 && p.hd == 128))
       attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
-    else
+    else if (kHd == 64 || kHd == 0)
       attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
     stamp(e + 7);
     sync_grid();
     stamp(e + 8);
-    gemv_phase<Emit::AddToResidual>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch);
+    gemv_phase<Emit::AddToResidual, kW>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch);
     stamp(e + 9);
     sync_grid();
     stamp(e + 10);
-    gemv_phase<Emit::SiluMul>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
+    gemv_phase<Emit::SiluMul, kW>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
     stamp(e + 11);
     sync_grid();
     stamp(e + 12);
-    gemv_phase<Emit::AddToResidual>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch);
+    gemv_phase<Emit::AddToResidual, kW>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch);
     stamp(e + 13);
     sync_grid();
     stamp(e + 14);
   }
   stamp(events - 2);
-  gemv_phase<Emit::Store>(p, p.x, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);
+  gemv_phase<Emit::Store, kW>(p, p.x, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);
   stamp(events - 1);
 }
 
@@ -432,15 +450,32 @@ size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
   return at * sizeof(float) + (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t);
 }
 
+namespace {
+using StackKernel = void (*)(DecodeStackParams);
+// [generic, BF16 hd 128, FP8 hd 128, BF16 hd 64, FP8 hd 64]
+constexpr StackKernel kStackKernels[] = {
+    decode_stack_kernel<kStackAnyFormat, 0>, decode_stack_kernel<kStackBf16, 128>,
+    decode_stack_kernel<kStackFp8, 128>, decode_stack_kernel<kStackBf16, 64>,
+    decode_stack_kernel<kStackFp8, 64>};
+
+StackKernel stack_kernel(const DecodeStackParams& p) {
+  if (p.format == kStackAnyFormat || (p.hd != 64 && p.hd != 128)) return kStackKernels[0];
+  return kStackKernels[(p.hd == 128 ? 1 : 3) + (p.format == kStackFp8 ? 1 : 0)];
+}
+}  // namespace
+
 int decode_stack_ctas_per_sm(size_t smem) {
-  if (cudaFuncSetAttribute(decode_stack_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) != cudaSuccess)
-    return 0;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, decode_stack_kernel, kThreads, smem) !=
-      cudaSuccess)
-    return 0;
-  return blocks;
+  int least = INT32_MAX;
+  for (StackKernel kernel : kStackKernels) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+        cudaSuccess)
+      return 0;
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem) != cudaSuccess)
+      return 0;
+    least = std::min(least, blocks);
+  }
+  return least;
 }
 
 cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream) {
@@ -451,7 +486,7 @@ cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t sme
   cudaLaunchAttribute cooperative = {};  // all CTAs resident at once (the grid barriers need it)
   cooperative.id = cudaLaunchAttributeCooperative;
   cooperative.val.cooperative = 1;
-  return launch_with(cooperative, true, decode_stack_kernel, dim3(grid), dim3(kThreads), smem, stream, p);
+  return launch_with(cooperative, true, stack_kernel(p), dim3(grid), dim3(kThreads), smem, stream, p);
 }
 
 }  // namespace inferx::cuda

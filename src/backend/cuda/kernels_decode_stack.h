@@ -44,6 +44,10 @@ struct StackLayer {
   void* v_cache = nullptr;
 };
 
+// The weight format of every matrix of a stack (the kernel has an instance per format; kStackAnyFormat
+// takes mixed stacks, e.g. FP8 layers with a BF16 vocabulary projection).
+constexpr int kStackAnyFormat = 0, kStackBf16 = 1, kStackFp8 = 2;
+
 // Layers travel in the kernel's parameters (CUDA 12.1+ takes up to 32 KB there): no device descriptor to
 // upload, so the first decode step can be captured into a CUDA graph directly.
 constexpr int kMaxStackLayers = 128;
@@ -80,6 +84,9 @@ struct DecodeStackParams {
   int32_t x_bytes = 0;          // shared-memory bytes of the BF16 input vector (and attention scratch)
   int32_t inflight = 0;         // stages the producer keeps requested and not landed (0: up to the depth)
   uint32_t backoff_ns = 256;    // the producer's sleep between polls of a stage it waits for (0: spin)
+  // kStackBf16 / kStackFp8 when every matrix has that format (the host sets it; the instance for it runs),
+  // else kStackAnyFormat.
+  int32_t format = kStackAnyFormat;
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
