@@ -16,7 +16,7 @@ namespace inferx::cuda::stack {
 // With the producer that is 16 warps, four per SM sub-partition (each has a quarter of the registers).
 constexpr int kConsumerWarps = 15;
 constexpr int kConsumers = kConsumerWarps * kWarp;
-constexpr int kAttnWarps = 8;  // the fewest warps walking the keys (their partials must fit the x buffer)
+constexpr int kAttnWarps = 8;  // key walkers per head block the x buffer holds partials for (at least)
 constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
 constexpr int kMaxUnits = 8;                  // rows of a stage (gate and up rows both count)
 constexpr int kMaxGroup = 8;                  // query heads per KV head

@@ -400,8 +400,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   stamp(events - 1);
 }
 
-// The x buffer's use by the attention: q [kMaxGroup][hd], the new k and v, kAttnWarps warps' partials of
-// `group` query heads.
+// The x buffer's use by the attention: q [kMaxGroup][hd], the new k and v, the partials of kAttnWarps key
+// walkers for each of the `group` query heads.
 size_t attention_scratch_bytes(int32_t hd, int32_t group) {
   return (static_cast<size_t>(kMaxGroup + 2) * hd + static_cast<size_t>(kAttnWarps) * group * (hd + 2)) * 4;
 }
