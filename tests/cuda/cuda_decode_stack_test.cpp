@@ -87,6 +87,13 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
   ASSERT_EQ(cuda.decode_stack_launches(), 0);
   const Trace got = run(*model, c, true, ref.tokens);
   ASSERT_GT(cuda.decode_stack_launches(), 0) << "the persistent kernel did not take " << c.model;
+  // The instance for the model's one weight format and head size; the generic one when asked for, or when
+  // the formats mix ("fp8" keeps the vocabulary projection in BF16).
+  const std::string quant = c.quantize;
+  const std::string expected = c.generic || quant == "fp8" ? "generic"
+                                                           : (quant.empty() ? "bf16_hd" : "fp8_hd") +
+                                                                 std::to_string(model->config().head_dim);
+  EXPECT_EQ(std::string(cuda.decode_stack_instance()), expected);
   ASSERT_EQ(got.logits.size(), ref.logits.size());
   int argmax_checked = 0;
   for (size_t s = 0; s < ref.logits.size(); ++s) {

@@ -61,10 +61,11 @@ struct CudaBackendOptions {
   // How many ring stages its producer keeps in flight (requested, not landed); 0: up to the ring's depth.
   int decode_stack_inflight = 0;
   // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins (A/B: a spinning
-  // producer may take the shared-memory pipe from the consumers, benchmarks.md 2026-12-03 17:10-18:10).
+  // producer may take the shared-memory pipe from the consumers, benchmarks.md 2026-12-03 17:10-18:10; the
+  // default of 256 is not yet measured).
   int decode_stack_backoff_ns = 256;
   // Run its generic instance (every weight format and head size in one kernel) instead of the one for the
-  // model's format (A/B: the generic one's code is ~2x larger, kernels_decode_stack.cu).
+  // model's format (A/B: 259 against 171-179 KB of code, kernels_decode_stack.cu).
   bool decode_stack_generic = false;
   unsigned decode_stack_skip = 0;
   int decode_stack_profiles = 0;
@@ -132,6 +133,8 @@ class CudaBackend final : public Backend {
     options_.decode_stack_generic = generic;
   }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
+  // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.
+  const char* decode_stack_instance() const { return decode_stack_instance_; }
 
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
   bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
@@ -221,6 +224,7 @@ class CudaBackend final : public Backend {
   size_t decode_stack_smem_ = 0;  // the shared-memory size the kernel's attribute was set for
   int decode_stack_ctas_ = 0;
   int64_t decode_stack_launches_ = 0;
+  const char* decode_stack_instance_ = "";
   int decode_stack_profiles_left_ = 0;  // from options_.decode_stack_profiles
   Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,
       pinned_ids_;

@@ -141,6 +141,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   const KvCacheLayer* first = s.layers[0].cache;
   if (first == nullptr || first->k.ndim != 4) return false;
   const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);
+  int64_t fp8_matrices = 0;  // the kernel instance: every matrix BF16, every one FP8, or mixed
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const DecodeStackLayer& l = s.layers[i];
     cuda::StackLayer& d = p.layers[i];
@@ -155,6 +156,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     if (kc.dtype != kv || vc.dtype != kv || kc.ndim != 4 || vc.ndim != 4 || kc.dim(0) != num_blocks ||
         kc.dim(1) != block_size || kc.dim(2) != hkv || kc.dim(3) != hd || vc.numel() != kc.numel())
       return false;
+    fp8_matrices += d.qkv.fp8 + d.o.fp8 + d.gate_up.fp8 + d.down.fp8;
     d.attn_norm = l.attn_norm->ptr<float>();
     d.ffn_norm = l.ffn_norm->ptr<float>();
     d.k_cache = kc.data;
@@ -166,21 +168,13 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
     return false;
 
   p.num_layers = static_cast<int32_t>(s.layers.size());
-  // The kernel instance for the stack's one weight format, unless it mixes formats (or the generic
-  // instance is asked for, options_.decode_stack_generic).
-  bool all_bf16 = true, all_fp8 = true;
-  auto note = [&](const cuda::StackMatrix& m) {
-    all_bf16 = all_bf16 && m.fp8 == 0;
-    all_fp8 = all_fp8 && m.fp8 != 0;
-  };
-  for (int32_t i = 0; i < p.num_layers; ++i) {
-    const cuda::StackLayer& d = p.layers[i];
-    for (const cuda::StackMatrix* m : {&d.qkv, &d.o, &d.gate_up, &d.down}) note(*m);
-  }
-  note(p.lm_head);
+  // The instance for the stack's one weight format, unless it mixes formats (or the generic one is asked
+  // for, options_.decode_stack_generic).
+  fp8_matrices += p.lm_head.fp8;
+  const int64_t matrices = 4 * static_cast<int64_t>(s.layers.size()) + 1;
   p.format = options_.decode_stack_generic ? cuda::kStackAnyFormat
-             : all_bf16                    ? cuda::kStackBf16
-             : all_fp8                     ? cuda::kStackFp8
+             : fp8_matrices == 0           ? cuda::kStackBf16
+             : fp8_matrices == matrices    ? cuda::kStackFp8
                                            : cuda::kStackAnyFormat;
   p.final_norm = s.final_norm->ptr<float>();
   p.hidden = static_cast<int32_t>(hidden);
@@ -217,7 +211,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   }
   if (decode_stack_ctas_ < 1) return false;
   const int grid = sm_count_;
-  p.splits = std::clamp(grid / static_cast<int>(hkv), 1, 64);
+  p.splits = std::clamp(grid / static_cast<int>(hkv), 1, cuda::kMaxStackSplits);
   const size_t bytes = cuda::decode_stack_scratch(p, static_cast<int32_t>(inter), nullptr);
   if (capturing_ && bytes > decode_stack_scratch_.bytes) return false;
   cuda::decode_stack_scratch(p, static_cast<int32_t>(inter), scratch(decode_stack_scratch_, bytes));
@@ -234,6 +228,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   CUDA_CHECK(cuda::launch_decode_stack(p, grid, smem, stream_));
   drop_bf16_copy();
   ++decode_stack_launches_;
+  decode_stack_instance_ = cuda::decode_stack_instance_name(p);
   if (p.profile != nullptr) {
     --decode_stack_profiles_left_;
     CUDA_CHECK(cudaMemcpyAsync(stamps.data(), p.profile, stamps.size() * sizeof(uint64_t),

@@ -20,7 +20,6 @@ constexpr int kAttnWarps = 8;  // key walkers per head block the x buffer holds 
 constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
 constexpr int kMaxUnits = 8;                  // rows of a stage (gate and up rows both count)
 constexpr int kMaxGroup = 8;                  // query heads per KV head
-constexpr int kMaxSplits = 64;
 constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
 constexpr int kKeyWords = kMaxKeysPerStage / 32;
 constexpr int kMaxStages = 12;  // ring depth (16 KB stages fill shared memory better than 32 KB ones)
@@ -94,9 +93,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_try_wait(bar, parity))
     if (gpu_ns() - start > kHangNs) __trap();
 }
-// The producer's wait: it backs off between polls, since a warp polling an mbarrier without pause takes
-// shared-memory pipe slots from the consumers (measured: while the ring was full during the attention, the
-// key walkers' loop ran ~2000 cycles per key).
+// The producer's wait, sleeping sleep_ns between polls. Why (a hypothesis, not yet measured): a warp
+// polling without pause may take shared-memory pipe slots from the consumers; what was measured is that
+// the key walkers' loop ran ~2,000 cycles per key while the producer polled its full ring (H200,
+// 2026-12-03).
 __device__ __forceinline__ void mbar_wait_backoff(uint64_t* bar, uint32_t parity, uint32_t sleep_ns) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t start = gpu_ns();

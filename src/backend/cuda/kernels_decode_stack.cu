@@ -31,10 +31,10 @@ using namespace stack;  // the kernel's plumbing (decode_stack_ring.cuh, decode_
 // ---- producer -------------------------------------------------------------------------------------------
 // Stage `it` may be issued once the consumers have released its slot and, with ring.inflight set, once
 // stage it - inflight has landed. Every lane of the producer warp waits (so none runs a ring round ahead).
-// Why the in-flight limit: bytes requested but not yet delivered queue in the memory system, and every
-// dependent load of the consumers (grid barriers, the attention's q/k/v and partials) waits behind them:
-// 132 SMs x a 160 KB ring refilled at once is ~21 MB, ~5 us at 4.2 TB/s, while HBM needs only ~1 us of
-// requests in flight to stay busy.
+// Why the in-flight limit (the reasoning; measured: 2 stages ~2% faster, 1 slower, H200 2026-12-03):
+// bytes requested but not yet delivered queue in the memory system, and the consumers' dependent loads
+// (grid barriers, the attention's q/k/v and partials) may wait behind them: 132 SMs x a 160 KB ring
+// refilled at once is ~21 MB, ~5 us at 4.2 TB/s.
 __device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
   const uint32_t round = it / ring.stages;
   if (round > 0) mbar_wait_backoff(&ring.empty[it % ring.stages], (round - 1) & 1, ring.backoff_ns);
@@ -160,7 +160,7 @@ struct RowEpilogue {
     }
     if constexpr (kEmit == Emit::AddToResidual) resid = __ldcg(out + r);
   }
-  // d0 (and d1, the up row's) are the raw dot products times x_mult (the input's scale).
+  // d0 (and d1, the up row's) are the raw dot products.
   __device__ __forceinline__ void store(float* out, int64_t r, float d0, float d1) const {
     const float a = d0 * scale0 + bias0;
     if constexpr (kEmit == Emit::Store) {
@@ -209,14 +209,8 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
   return warp_sum(a0 + a1);
 }
 
-// Consumes this CTA's stages of one matrix (the producer's order) and writes its output rows. Row j of the
-// CTA's range belongs to warp j % kConsumerWarps, which computes it whole (gate and up together) and
-// writes it: no CTA-wide barrier per stage. Every warp waits for every stage and releases it (the empty
-// barrier counts the warps), so no warp runs more than a ring ahead of the slowest.
-// (Measured against a variant where each slot had its own warp group: 2x slower, since a group then
-// alternates between computing its one stage and waiting for that stage's refill.)
-// The product of one row with x in the matrix's format: kW (StackFormat) fixes it at compile time, so a
-// kernel instance for one format carries one product loop.
+// The product of one row with x in the matrix's format: kW (kStackBf16 / kStackFp8, or kStackAnyFormat: m.fp8
+// decides) fixes it at compile time, so a kernel instance for one format carries one product loop.
 template <int kW>
 __device__ __forceinline__ float row_dot(const StackMatrix& m, const uint8_t* w, const __nv_bfloat16* x,
                                          int32_t nv) {
@@ -229,6 +223,12 @@ __device__ __forceinline__ float row_dot(const StackMatrix& m, const uint8_t* w,
   }
 }
 
+// Consumes this CTA's stages of one matrix (the producer's order) and writes its output rows. Row j of the
+// CTA's range belongs to warp j % kConsumerWarps, which computes it whole (gate and up together) and
+// writes it: no CTA-wide barrier per stage. Every warp waits for every stage and releases it (the empty
+// barrier counts the warps), so no warp runs more than a ring ahead of the slowest.
+// (Measured against a variant where each slot had its own warp group: 2x slower, since a group then
+// alternates between computing its one stage and waiting for that stage's refill.)
 template <Emit kEmit, int kW>
 __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t& it, const __nv_bfloat16* xs,
                                float* out, uint32_t skip) {
@@ -260,8 +260,7 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
         d1 = row_dot<kW>(m, w1, xs, nv);
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&ring.empty[slot]);
+    release_stage(ring, slot);
     if (mine && lane == 0) epilogue.store(out, r, d0, d1);
   }
 }
@@ -323,9 +322,10 @@ __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const flo
 
 // ---- the kernel -----------------------------------------------------------------------------------------
 // 128 registers: 16 warps of one resident CTA per SM, four per sub-partition of 16384 registers.
-// kW (StackFormat) and kHd (64, 128, or 0: either) fix the weight format and head size at compile time:
-// an instance for one model then executes one product loop and one attention (the generic instance,
-// kept for A/B, carries every path in the code the SM's instruction cache holds).
+// kW (kStackBf16 / kStackFp8 / kStackAnyFormat) and kHd (64, 128, or 0: p.hd decides) fix the weight
+// format and head size at compile time: an instance for one model carries one product loop and one
+// attention (171-179 KB of code against the generic instance's 259 KB, which mixed-format stacks and the
+// A/B use).
 template <int kW, int kHd>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_stack_kernel(const __grid_constant__ DecodeStackParams p) {
@@ -375,9 +375,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     sync_grid();
     stamp(e + 2);
     auto stamp_attention = [&](int i) { stamp(e + 2 + i); };  // 1 rope, 2 landed, 3 keys, 4 published
-    if (kHd == 128 || (kHd == 0 && p.hd == 128))
+    if ((kHd != 0 ? kHd : p.hd) == 128)
       attention_phase<128>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
-    else if (kHd == 64 || kHd == 0)
+    else
       attention_phase<64>(p, L, reinterpret_cast<float*>(xs), flag, ring, it, key_bits, stamp_attention);
     stamp(e + 7);
     sync_grid();
@@ -452,21 +452,29 @@ size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
 
 namespace {
 using StackKernel = void (*)(DecodeStackParams);
-// [generic, BF16 hd 128, FP8 hd 128, BF16 hd 64, FP8 hd 64]
-constexpr StackKernel kStackKernels[] = {
-    decode_stack_kernel<kStackAnyFormat, 0>, decode_stack_kernel<kStackBf16, 128>,
-    decode_stack_kernel<kStackFp8, 128>, decode_stack_kernel<kStackBf16, 64>,
-    decode_stack_kernel<kStackFp8, 64>};
+struct StackInstance {
+  StackKernel kernel;
+  const char* name;
+};
+// Generic first; then BF16 / FP8 for hd 128 and hd 64 (decode_stack_supported takes no other head size).
+constexpr StackInstance kStackInstances[] = {{decode_stack_kernel<kStackAnyFormat, 0>, "generic"},
+                                             {decode_stack_kernel<kStackBf16, 128>, "bf16_hd128"},
+                                             {decode_stack_kernel<kStackFp8, 128>, "fp8_hd128"},
+                                             {decode_stack_kernel<kStackBf16, 64>, "bf16_hd64"},
+                                             {decode_stack_kernel<kStackFp8, 64>, "fp8_hd64"}};
 
-StackKernel stack_kernel(const DecodeStackParams& p) {
-  if (p.format == kStackAnyFormat || (p.hd != 64 && p.hd != 128)) return kStackKernels[0];
-  return kStackKernels[(p.hd == 128 ? 1 : 3) + (p.format == kStackFp8 ? 1 : 0)];
+const StackInstance& stack_instance(const DecodeStackParams& p) {
+  if (p.format == kStackAnyFormat) return kStackInstances[0];
+  return kStackInstances[(p.hd == 128 ? 1 : 3) + (p.format == kStackFp8 ? 1 : 0)];
 }
 }  // namespace
 
+const char* decode_stack_instance_name(const DecodeStackParams& p) { return stack_instance(p).name; }
+
 int decode_stack_ctas_per_sm(size_t smem) {
   int least = INT32_MAX;
-  for (StackKernel kernel : kStackKernels) {
+  for (const StackInstance& instance : kStackInstances) {
+    const StackKernel kernel = instance.kernel;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
         cudaSuccess)
       return 0;
@@ -479,14 +487,15 @@ int decode_stack_ctas_per_sm(size_t smem) {
 }
 
 cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream) {
-  if (p.num_layers < 1 || p.num_layers > kMaxStackLayers || p.splits < 1 || p.splits > kMaxSplits)
+  if (p.num_layers < 1 || p.num_layers > kMaxStackLayers || p.splits < 1 || p.splits > kMaxStackSplits)
     return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(p.control, 0, (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t), stream);
   if (e != cudaSuccess) return e;
   cudaLaunchAttribute cooperative = {};  // all CTAs resident at once (the grid barriers need it)
   cooperative.id = cudaLaunchAttributeCooperative;
   cooperative.val.cooperative = 1;
-  return launch_with(cooperative, true, stack_kernel(p), dim3(grid), dim3(kThreads), smem, stream, p);
+  return launch_with(cooperative, true, stack_instance(p).kernel, dim3(grid), dim3(kThreads), smem, stream,
+                     p);
 }
 
 }  // namespace inferx::cuda

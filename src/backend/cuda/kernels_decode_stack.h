@@ -51,6 +51,7 @@ constexpr int kStackAnyFormat = 0, kStackBf16 = 1, kStackFp8 = 2;
 // Layers travel in the kernel's parameters (CUDA 12.1+ takes up to 32 KB there): no device descriptor to
 // upload, so the first decode step can be captured into a CUDA graph directly.
 constexpr int kMaxStackLayers = 128;
+constexpr int kMaxStackSplits = 64;  // attention splits per KV head
 
 // Passed by value to the kernel (one launch per step); the buffers it points to are device memory.
 struct DecodeStackParams {
@@ -116,6 +117,8 @@ size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k);
 size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base);
 // CTAs per SM the kernel can keep resident with `smem` bytes (the grid must be one per SM, all resident).
 int decode_stack_ctas_per_sm(size_t smem);
+// The kernel instance launch_decode_stack runs for p ("generic", "bf16_hd128", "fp8_hd64", ...).
+const char* decode_stack_instance_name(const DecodeStackParams& p);
 // Zeroes p.control and launches `grid` cooperative CTAs (one per SM).
 cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream);
 
