@@ -31,6 +31,8 @@ one() {  # model quant label env...
 import json; j=json.load(open('$OUT/stack.json')); r=j['roofline']
 print(f\"TPOT p50 {j['tpot_ms']['p50']:.3f} ms = {r['tpot_p50_roofline_ratio']*100:.1f}% of the roofline\")" 2>&1 | tail -1)"
   grep 'inferx cuda' "$OUT/stack.err" | head -2
+  local keep="err_${model}_${q}_${label}.txt"
+  cp "$OUT/stack.err" "$OUT/${keep//[:=]/_}"  # the profile's lines; ':' does not come back from $OUT
 }
 # MODES: label:VAR=value,VAR=value ... (each a run with those environment variables).
 DEFAULT_MODES="per-op:INFERX_DECODE_STACK=0 stack:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_PROFILE=1
