@@ -200,17 +200,22 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
       if (k == GemvKernel::V4 && c.m != 1)
         continue;  // v4 takes one activation row (more: v1, measured above)
       cuda::set_gemv_kernel(c.dtype, k);
-      // The second variant: v3 with CTAs of 4 warps (c.warps4), v4 with 8 loads per lane and batch.
-      const bool has_alt = k == GemvKernel::V4 || (k == GemvKernel::V3 && c.warps4);
-      for (bool alt : {false, true}) {
-        if (alt && !has_alt) continue;
-        cuda::set_gemv_v3_max_warps(alt && k == GemvKernel::V3 ? 4 : 0);
-        cuda::set_gemv_v4_shape(alt && k == GemvKernel::V4 ? 8 : 4, -1);
-        const std::string name = std::string(c.name) +
-                                 (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") +
-                                 (!alt                  ? ""
-                                  : k == GemvKernel::V3 ? " w4"
-                                                        : " l8");
+      // Variants: v3 with CTAs of 4 warps (c.warps4); v4 with 8 loads per lane and batch ("l8"), and with
+      // its shared-memory prefetch at 96 / 160 / 200 KB per SM ("s96" ...).
+      struct Alt {
+        const char* suffix;
+        int v3_warps, v4_loads, v4_smem_kb;
+      };
+      const Alt alts[] = {{"", 0, 4, 0},      {" w4", 4, 4, 0},     {" l8", 0, 8, 0},
+                          {" s96", 0, 4, 96}, {" s160", 0, 4, 160}, {" s200", 0, 4, 200}};
+      for (const Alt& a : alts) {
+        const bool takes = a.suffix[0] == 0 || (k == GemvKernel::V3 && c.warps4 && a.v3_warps > 0) ||
+                           (k == GemvKernel::V4 && a.v3_warps == 0);
+        if (!takes) continue;
+        cuda::set_gemv_v3_max_warps(a.v3_warps);
+        cuda::set_gemv_v4_shape(a.v4_loads, -1, -1, a.v4_smem_kb);
+        const std::string name =
+            std::string(c.name) + (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") + a.suffix;
         row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
       }
       cuda::set_gemv_v3_max_warps(0);

@@ -359,7 +359,8 @@ TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
 
 // v4's warps stream several rows each, the next batch of loads in flight across a row's end: long rows
 // (two batches, the second partial) over few warps (one CTA per SM: 4 warps per SM for 3001 rows), both
-// batch sizes, plain products with one or two rows per warp, and SiLU products.
+// batch sizes, plain products with one or two rows per warp, and SiLU products; with the shared-memory
+// prefetch off, staging some of the first rows' batches, and staging all their full batches.
 TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
   uint32_t seed = 1300;
   for (const Variant& v : {kVariants[0], kVariants[1], kVariants[2]}) {
@@ -368,38 +369,40 @@ TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
     const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * 1501, k, ++seed);
     for (int loads : {4, 8}) {
       for (int ctas : {1, 0})
-        for (int pairs : {1, 0}) {  // plain products two rows per warp or one (n odd: a last half pair)
-          cuda::set_gemv_v4_shape(loads, ctas, pairs);
-          const std::string what = v.name + " loads=" + std::to_string(loads) +
-                                   " ctas/SM=" + std::to_string(ctas) + " pairs=" + std::to_string(pairs);
-          std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
-          for (float& e : x) e = bf16_round(e);
-          const std::vector<float> bias = randoms(size_t(n), ++seed);
-          std::vector<double> want, mag;
-          reference(h, x, 1, bias, want, mag);
-          Tensor tx = f32({1, k}, x), out = f32({1, n}, std::vector<float>(size_t(n), NAN));
-          gpu_->matmul(tx, linear(h, bias), out);
-          expect_matches(read(out), want, mag, what, 2e-6);
-          // SiLU: gate rows [0, 1501) over up rows [1501, 3002).
-          const int64_t f = 1501;
-          Tensor act = f32({1, f}, std::vector<float>(size_t(f), NAN)),
-                 gate = f32({1, f}, std::vector<float>(size_t(f))),
-                 up = f32({1, f}, std::vector<float>(size_t(f)));
-          gpu_->matmul_silu_mul(tx, linear(hs, {}), gate, up, act);
-          std::vector<double> gu, gmag;
-          reference(hs, x, 1, {}, gu, gmag);
-          const std::vector<float> got = read(act);
-          for (int64_t j = 0; j < f; ++j) {
-            const double g = gu[size_t(j)], u = gu[size_t(f + j)], s = g / (1 + std::exp(-g));
-            const double tol = (2e-6 * gmag[size_t(j)] + 1e-6) * 1.1 * std::fabs(u) +
-                               (2e-6 * gmag[size_t(f + j)] + 1e-6) * std::fabs(s) + 1e-6 * std::fabs(s * u);
-            if (!(std::fabs(got[size_t(j)] - s * u) <= tol)) {
-              ADD_FAILURE() << what << " silu: element " << j << " got " << got[size_t(j)] << " want "
-                            << s * u;
-              break;
+        for (int pairs : {1, 0})  // plain products two rows per warp or one (n odd: a last half pair)
+          for (int smem_kb : {0, 48, 200}) {  // shared-memory prefetch: off, part of a row, all full batches
+            cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb);
+            const std::string what = v.name + " loads=" + std::to_string(loads) +
+                                     " ctas/SM=" + std::to_string(ctas) + " pairs=" + std::to_string(pairs) +
+                                     " smem KB=" + std::to_string(smem_kb);
+            std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
+            for (float& e : x) e = bf16_round(e);
+            const std::vector<float> bias = randoms(size_t(n), ++seed);
+            std::vector<double> want, mag;
+            reference(h, x, 1, bias, want, mag);
+            Tensor tx = f32({1, k}, x), out = f32({1, n}, std::vector<float>(size_t(n), NAN));
+            gpu_->matmul(tx, linear(h, bias), out);
+            expect_matches(read(out), want, mag, what, 2e-6);
+            // SiLU: gate rows [0, 1501) over up rows [1501, 3002).
+            const int64_t f = 1501;
+            Tensor act = f32({1, f}, std::vector<float>(size_t(f), NAN)),
+                   gate = f32({1, f}, std::vector<float>(size_t(f))),
+                   up = f32({1, f}, std::vector<float>(size_t(f)));
+            gpu_->matmul_silu_mul(tx, linear(hs, {}), gate, up, act);
+            std::vector<double> gu, gmag;
+            reference(hs, x, 1, {}, gu, gmag);
+            const std::vector<float> got = read(act);
+            for (int64_t j = 0; j < f; ++j) {
+              const double g = gu[size_t(j)], u = gu[size_t(f + j)], s = g / (1 + std::exp(-g));
+              const double tol = (2e-6 * gmag[size_t(j)] + 1e-6) * 1.1 * std::fabs(u) +
+                                 (2e-6 * gmag[size_t(f + j)] + 1e-6) * std::fabs(s) + 1e-6 * std::fabs(s * u);
+              if (!(std::fabs(got[size_t(j)] - s * u) <= tol)) {
+                ADD_FAILURE() << what << " silu: element " << j << " got " << got[size_t(j)] << " want "
+                              << s * u;
+                break;
+              }
             }
           }
-        }
     }
     cuda::set_gemv_v4_shape(0, -1);
   }

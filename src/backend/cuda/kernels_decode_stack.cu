@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&ring.full[s], 1);
       mbar_init(&ring.empty[s], kConsumerWarps);  // every consumer warp releases every stage
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   if (threadIdx.x >= kConsumers) {

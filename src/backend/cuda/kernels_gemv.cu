@@ -33,6 +33,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels_gemv.h"
 #include "backend/cuda/kernels_gemv_decode.h"
@@ -61,6 +62,7 @@ struct GemvParams {
   int64_t rows = 0;  // warps' rows: the weight's rows (store) or f (SiLU product)
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
+  int pf_batches = 0;  // v4: batches of each warp's first row(s) staged in shared memory (0: none)
 };
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
@@ -389,14 +391,46 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // loads before it uses batch i, across row ends too.
 // kSilu (R = 2): the SiLU product; R = 2 without it: a plain product two rows per warp (x converted once
 // for both; INFERX_GEMV_V4_PAIRS).
+//
+// Shared-memory prefetch (p.pf_batches > 0, dynamic shared memory = v4_smem_bytes): before it waits for the
+// previous kernel a warp asks the copy engine (cp.async.bulk) for the first pf_batches batches of its first
+// row(s) into shared memory, so the stream does not stop across the kernel boundary: the registers hold one
+// batch, shared memory several (a whole 4096-column FP8 row pair), and the copy needs no registers while
+// the previous kernel (RMSNorm, attention) runs. Those batches are then read from shared memory.
+template <int R, int U>
+__host__ __device__ constexpr int64_t v4_batch_row_bytes() {
+  return int64_t{kWarp} * U * 16;  // bytes of one row per batch (v4's formats: 16-byte granules)
+}
+constexpr int kV4BarBytes = 128;  // the CTA's mbarriers (one per warp), then the warps' stages
+template <int R, int U>
+__host__ __device__ constexpr int64_t v4_smem_bytes(int pf_batches) {
+  return pf_batches > 0 ? kV4BarBytes + int64_t{kGemvWarps} * R * pf_batches * v4_batch_row_bytes<R, U>() : 0;
+}
+
 template <class Dec, int R, int U, bool kSilu>
 __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
   using Raw = typename Dec::Raw;
-  const int lane = threadIdx.x % kWarp;
+  extern __shared__ __align__(128) uint8_t v4_smem[];
+  const int lane = threadIdx.x % kWarp, wib = threadIdx.x / kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   const int64_t nrows = warp_row_count<R, kSilu>(p);
-  int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
+  int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + wib;
   if (n >= nrows) return;
+  const int64_t n0 = n;  // the warp's first row (group): its first p.pf_batches batches are staged
+  constexpr int64_t kBatchBytes = v4_batch_row_bytes<R, U>();
+  const int64_t pf_bytes = p.pf_batches * kBatchBytes;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(v4_smem) + wib;
+  const uint8_t* stage = v4_smem + kV4BarBytes + wib * R * pf_bytes;
+  // Batch b (< p.pf_batches) of row group n0 from shared memory: the same lanes' granules as from global.
+  auto load_staged = [&](int batch, Raw(&raw)[R][U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t g = static_cast<int64_t>(batch) * kWarp * U + kWarp * u + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        raw[r][u].v = *reinterpret_cast<const uint4*>(stage + r * pf_bytes + g * 16);
+    }
+  };
   const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
   auto first = [&](int batch) { return static_cast<int64_t>(batch) * kWarp * U + lane; };
@@ -414,7 +448,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
       next_n = n + warps;
     }
     const bool more = next_n < nrows;
-    if (more) {
+    if (more && next_n == n0 && next_b < p.pf_batches) {
+      load_staged(next_b, nxt);
+    } else if (more) {
       int64_t next_rows[R];
       warp_rows<R, kSilu>(p, next_n, next_rows);
       load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
@@ -456,12 +492,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   };
 
   Raw a[R][U], c[R][U];
-  {
-    int64_t wrow[R];
-    warp_rows<R, kSilu>(p, n, wrow);
+  int64_t wrow[R];
+  warp_rows<R, kSilu>(p, n, wrow);
+  if (p.pf_batches > 0) {
+    if (lane == 0) {
+      mbar_init(bar, 1);
+      mbar_init_fence();
+      mbar_expect_tx(bar, static_cast<uint32_t>(R * pf_bytes));
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        bulk_copy(const_cast<uint8_t*>(stage) + r * pf_bytes, p.w + wrow[r] * p.row_bytes,
+                  static_cast<uint32_t>(pf_bytes), bar);
+    }
+    __syncwarp();
+    pdl_wait();  // the staged batches are on their way (cuda_common.cuh)
+    mbar_wait(bar, 0);
+    load_staged(0, a);
+  } else {
     load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
+    pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
   }
-  pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
   while (step(a, c) && step(c, a)) {
   }
 }
@@ -959,7 +1009,7 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
 // as fit): set_gemv_v4_shape, else INFERX_GEMV_V4_LOADS (default 4: 8 measured slower, 216 vs 222 tok/s
 // bf16 and 282 vs 344 fp8 at batch 1, H200 2026-12-03 10:41) / INFERX_GEMV_V4_CTAS_PER_SM (default
 // 0). Read once.
-std::atomic<int> g_v4_loads{0}, g_v4_ctas{-1};
+std::atomic<int> g_v4_loads{0}, g_v4_ctas{-1}, g_v4_smem_kb{-1};
 int v4_loads() {
   static const int env = env_int("INFERX_GEMV_V4_LOADS", 8, 8, 4);  // 8, else 4
   const int o = g_v4_loads.load(std::memory_order_relaxed);
@@ -968,6 +1018,14 @@ int v4_loads() {
 int v4_ctas_per_sm() {
   static const int env = env_int("INFERX_GEMV_V4_CTAS_PER_SM", 0, 64, 0);
   const int o = g_v4_ctas.load(std::memory_order_relaxed);
+  return o >= 0 ? o : env;
+}
+
+// v4's shared-memory prefetch budget per SM in KB (0: off): set_gemv_v4_shape, else
+// INFERX_GEMV_V4_SMEM_KB (default 0). Read once.
+int v4_smem_kb() {
+  static const int env = env_int("INFERX_GEMV_V4_SMEM_KB", 0, 200, 0);
+  const int o = g_v4_smem_kb.load(std::memory_order_relaxed);
   return o >= 0 ? o : env;
 }
 
@@ -1002,7 +1060,28 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
   const int64_t ctas =
       std::min<int64_t>((warp_row_count<R, kSilu>(p) + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
-  return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), 0, stream, p);
+  // Shared-memory prefetch: as many whole batches of each warp's first row(s) as the budget per SM gives
+  // the CTAs that share an SM (at most the row's whole batches).
+  GemvParams q = p;
+  q.pf_batches = 0;
+  if (const int kb = v4_smem_kb(); kb > 0) {
+    const int64_t on_sm = (ctas + sms - 1) / sms;
+    const int64_t per_warp = (int64_t{kb} * 1024 / on_sm - kV4BarBytes) / kGemvWarps;
+    const int64_t batch = v4_batch_row_bytes<R, L / R>();
+    q.pf_batches = static_cast<int>(std::clamp<int64_t>(per_warp / (R * batch), 0, p.row_bytes / batch));
+  }
+  const int64_t smem = v4_smem_bytes<R, L / R>(q.pf_batches);
+  if (smem > 0) {
+    static std::atomic<bool> opted{false};  // the 227 KB opt-in, once per kernel instance
+    if (!opted.load(std::memory_order_relaxed)) {
+      const cudaError_t st =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+      if (st != cudaSuccess) return st;
+      opted.store(true, std::memory_order_relaxed);
+    }
+  }
+  return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), static_cast<size_t>(smem),
+                    stream, q);
 }
 
 // Plain products give each v4 warp two rows, x converted once for both (set_gemv_v4_shape, else
@@ -1282,10 +1361,11 @@ const char* gemv_kernel_name(GemvKernel kernel) {
 
 void set_gemv_v3_max_warps(int warps) { g_v3_max_warps.store(warps, std::memory_order_relaxed); }
 
-void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs) {
+void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs, int smem_kb) {
   g_v4_loads.store(loads, std::memory_order_relaxed);
   g_v4_ctas.store(ctas_per_sm, std::memory_order_relaxed);
   g_v4_pairs.store(pairs, std::memory_order_relaxed);
+  g_v4_smem_kb.store(smem_kb, std::memory_order_relaxed);
 }
 
 cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* perm, int64_t m, int64_t k,
