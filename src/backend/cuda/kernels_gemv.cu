@@ -1022,9 +1022,15 @@ int v4_ctas_per_sm() {
 }
 
 // v4's shared-memory prefetch budget per SM in KB (0: off): set_gemv_v4_shape, else
-// INFERX_GEMV_V4_SMEM_KB (default 0). Read once.
+// INFERX_GEMV_V4_SMEM_KB (0..200, default 96). Read once. Measured on the H200 (2026-12-03 21:50-22:00, 8B,
+// batch 1, 1k context, TPOT p50, two runs each in one call): fp8:lm_head 2.817 / 2.803 ms off, 2.804 at 64,
+// 2.748 / 2.759 at 96, 2.845 at 128, 2.899 at 160, 2.981 at 200; BF16 through v4 with 96: 4.407 / 4.417
+// against v1's 4.543 / 4.546; 70B fp8:lm_head unchanged (19.15 vs 19.18 ms). Larger budgets lose: the next
+// kernel's CTAs no longer fit beside this one's, so its prefetch starts later, not earlier. Alone in a
+// chain of the same product (bench_cuda_kernels) 96 KB gains 2-3% on 6144- and 28672-row FP8 products and
+// 3% on BF16 14336x4096, nothing on 4096x4096.
 int v4_smem_kb() {
-  static const int env = env_int("INFERX_GEMV_V4_SMEM_KB", 0, 200, 0);
+  static const int env = env_int("INFERX_GEMV_V4_SMEM_KB", 0, 200, 96);
   const int o = g_v4_smem_kb.load(std::memory_order_relaxed);
   return o >= 0 ? o : env;
 }
@@ -1117,7 +1123,8 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
 //     70.2 / 70.7, 4096x14336 70.1 / 59.0 / 58.8, gate/up+SiLU 83.1 / 81.6 / 73.9: v1; M=4 21.6 / 21.9 /
 //     45.7, M=16 7.6 / 9.9 / 39.2: v3 from two rows on. v4 (10:41): standalone no better than v1 (4096x4096
 //     51.0 vs 54.6), but in the graph at batch 1 the model decodes 344.1 vs 337.4 tok/s (fp8:lm_head 354.8
-//     vs 350.2): v4 at M=1. BF16 221.9 vs 221.3 (noise): v1 stays.
+//     vs 350.2): v4 at M=1. BF16 221.9 vs 221.3 (noise): v1 stayed until v4's shared-memory prefetch
+//     (v4_smem_kb), with which BF16 takes v4 at M=1 (the model 4.543 -> 4.407 ms at batch 1).
 //   BF16, M=1 (more rows go to cuBLASLt): v1 and v3 equal on 4096x4096, 14336x4096 and 4096x14336, v3
 //     better on 6144x4096 (80.4 vs 69.5), worse on 1024x4096 (29.0 vs 33.7), gate/up+SiLU (82.9 vs 94.5)
 //     and the 128256-row lm_head (92.6 vs 104.5): v1.
@@ -1154,6 +1161,8 @@ GemvKernel measured_kernel(DType dtype, int m) {
     case DType::Q8_0:
     case DType::Q4_K:
       return GemvKernel::V2;
+    case DType::BF16:
+      return GemvKernel::V4;  // with its shared-memory prefetch: see v4_smem_kb
     default:
       return GemvKernel::V1;
   }

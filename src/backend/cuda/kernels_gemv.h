@@ -57,7 +57,7 @@ void set_gemv_v3_max_warps(int warps);
 // v4's weight loads per lane and batch (4 or 8; else INFERX_GEMV_V4_LOADS, default 4), CTAs per SM
 // (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 0) and whether a
 // warp takes two rows of a plain product (1 / 0; -1: INFERX_GEMV_V4_PAIRS, default 1), and its shared-memory
-// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 0; kernels_gemv.cu).
+// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu).
 void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs = -1, int smem_kb = -1);
 
 // Whether the kernels take this format with k input columns (and, INT4, group size); the caller also
