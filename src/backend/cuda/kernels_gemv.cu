@@ -1022,7 +1022,7 @@ int v4_ctas_per_sm() {
 }
 
 // v4's shared-memory prefetch budget per SM in KB (0: off): set_gemv_v4_shape, else
-// INFERX_GEMV_V4_SMEM_KB (0..200, default 96). Read once. Measured on the H200 (2026-12-03 21:50-22:00, 8B,
+// INFERX_GEMV_V4_SMEM_KB (0..200, default 96). Read once. Measured on the H200 (2026-12-03 21:10-21:20, 8B,
 // batch 1, 1k context, TPOT p50, two runs each in one call): fp8:lm_head 2.817 / 2.803 ms off, 2.804 at 64,
 // 2.748 / 2.759 at 96, 2.845 at 128, 2.899 at 160, 2.981 at 200; BF16 through v4 with 96: 4.407 / 4.417
 // against v1's 4.543 / 4.546; 70B fp8:lm_head unchanged (19.15 vs 19.18 ms). Larger budgets lose: the next
