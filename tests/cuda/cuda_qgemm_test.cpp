@@ -340,18 +340,26 @@ TEST_F(QuantizedGemmTest, Fp8MatchesTheCpuW8A8OnOddShapes) {
   // then 77 outputs, which may run through the BF16 fallback (either path is accepted there).
   // Both FP8 variants: cuBLASLt's outer-vector scales when offered (the default), and the plain FP8 GEMM
   // with the epilogue kernel.
-  for (bool outer : {true, false}) {
+  // The epilogue variant with the F32 and the BF16 accumulator (set_bf16_accumulator: each product rounded to
+  // BF16, 2^-9 of its value, before scaling; 5e-3 of the output scale).
+  for (int variant : {0, 1, 2}) {
+    const bool outer = variant == 0, bf16_acc = variant == 2;
     qgemm().set_outer_scale(outer);
+    qgemm().set_bf16_accumulator(bf16_acc);
     for (bool per_channel : {true, false})
       for (int64_t t : {17, 61, 300}) {
         HostLinear h = make_layer(DType::F8_E4M3, 80, 208, 7 + static_cast<uint32_t>(t), per_channel);
         if (t == 61) h.bias = random_floats(80, 3);
-        check(h, t, outer ? QuantizedGemm::Path::Fp8OuterScale : QuantizedGemm::Path::Fp8, 5e-2, 2e-3,
-              std::string(per_channel ? "fp8 per-channel" : "fp8 per-tensor") +
-                  (outer ? " outer" : " epilogue"));
+        check(h, t, outer ? QuantizedGemm::Path::Fp8OuterScale : QuantizedGemm::Path::Fp8, 5e-2,
+              bf16_acc ? 5e-3 : 2e-3,
+              std::string(per_channel ? "fp8 per-channel" : "fp8 per-tensor") + (outer ? " outer"
+                                                                                 : bf16_acc
+                                                                                     ? " epilogue bf16 acc"
+                                                                                     : " epilogue"));
       }
   }
   qgemm().set_outer_scale(true);
+  qgemm().set_bf16_accumulator(false);
   HostLinear odd = make_layer(DType::F8_E4M3, 77, 208, 8, true);
   odd.bias = random_floats(77, 3);
   check(odd, 33, QuantizedGemm::Path::None, 5e-2, 2e-3, "fp8 77 outputs");
@@ -390,63 +398,68 @@ TEST_F(QuantizedGemmTest, Fp8FallbackThroughBf16MatchesTheCpuW8A8) {
 // only the summation order differs). Column counts: multiples of 4 (the float4 epilogue) and, for the
 // split, one that is not (the scalar epilogue).
 TEST_F(QuantizedGemmTest, Fp8FusedProjectionsMatchTheCpuBackend) {
-  for (bool per_channel : {true, false})
-    for (int64_t t : {64, 300}) {
-      for (const std::vector<int64_t>& cols :
-           {std::vector<int64_t>{96, 32, 32}, std::vector<int64_t>{58, 38}}) {
-        const int64_t n = std::accumulate(cols.begin(), cols.end(), int64_t{0}), k = 208;
-        SCOPED_TRACE(::testing::Message()
-                     << "split " << cols.size() << " per_channel " << per_channel << " t " << t);
-        HostLinear h = make_layer(DType::F8_E4M3, n, k, 31 + static_cast<uint32_t>(t), per_channel);
-        if (t == 300) h.bias = random_floats(static_cast<size_t>(n), 5);
-        const std::vector<float> x = random_floats(static_cast<size_t>(t * k), 41);
-        const Linear wg = upload(*gpu_, h), wc = upload(*cpu_, h);
-        const Tensor xg = on(*gpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
-        const Tensor xc = on(*cpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
-        std::vector<Tensor> og, oc;
-        for (int64_t c : cols) {
-          og.push_back(on(*gpu_, DType::F32, {t, c}, nullptr, static_cast<size_t>(t * c) * 4));
-          oc.push_back(on(*cpu_, DType::F32, {t, c}, nullptr, static_cast<size_t>(t * c) * 4));
+  for (bool bf16_acc : {false, true})  // the BF16 accumulator: 5e-3 (see Fp8MatchesTheCpuW8A8OnOddShapes)
+    for (bool per_channel : {true, false})
+      for (int64_t t : {64, 300}) {
+        qgemm().set_bf16_accumulator(bf16_acc);
+        const double tol = bf16_acc ? 5e-3 : 2e-3;
+        for (const std::vector<int64_t>& cols :
+             {std::vector<int64_t>{96, 32, 32}, std::vector<int64_t>{58, 38}}) {
+          const int64_t n = std::accumulate(cols.begin(), cols.end(), int64_t{0}), k = 208;
+          SCOPED_TRACE(::testing::Message() << "split " << cols.size() << " per_channel " << per_channel
+                                            << " t " << t << " bf16 acc " << bf16_acc);
+          HostLinear h = make_layer(DType::F8_E4M3, n, k, 31 + static_cast<uint32_t>(t), per_channel);
+          if (t == 300) h.bias = random_floats(static_cast<size_t>(n), 5);
+          const std::vector<float> x = random_floats(static_cast<size_t>(t * k), 41);
+          const Linear wg = upload(*gpu_, h), wc = upload(*cpu_, h);
+          const Tensor xg = on(*gpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+          const Tensor xc = on(*cpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+          std::vector<Tensor> og, oc;
+          for (int64_t c : cols) {
+            og.push_back(on(*gpu_, DType::F32, {t, c}, nullptr, static_cast<size_t>(t * c) * 4));
+            oc.push_back(on(*cpu_, DType::F32, {t, c}, nullptr, static_cast<size_t>(t * c) * 4));
+          }
+          std::vector<Tensor*> pg, pc;
+          for (size_t j = 0; j < cols.size(); ++j) {
+            pg.push_back(&og[j]);
+            pc.push_back(&oc[j]);
+          }
+          gpu_->matmul_split(xg, wg, pg);
+          cpu_->matmul_split(xc, wc, pc);
+          EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
+          for (size_t j = 0; j < cols.size(); ++j) {
+            const std::vector<float> cpu = read(*cpu_, oc[j]);
+            expect_close_to_scale(read(*gpu_, og[j]), std::vector<double>(cpu.begin(), cpu.end()), tol,
+                                  "part " + std::to_string(j));
+          }
         }
-        std::vector<Tensor*> pg, pc;
-        for (size_t j = 0; j < cols.size(); ++j) {
-          pg.push_back(&og[j]);
-          pc.push_back(&oc[j]);
-        }
-        gpu_->matmul_split(xg, wg, pg);
-        cpu_->matmul_split(xc, wc, pc);
-        EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
-        for (size_t j = 0; j < cols.size(); ++j) {
-          const std::vector<float> cpu = read(*cpu_, oc[j]);
-          expect_close_to_scale(read(*gpu_, og[j]), std::vector<double>(cpu.begin(), cpu.end()), 2e-3,
-                                "part " + std::to_string(j));
+        // [G; U] with f = 96 and 40 (2f a multiple of 16, as the FP8 GEMM needs, makes f one of 4: float4s).
+        for (int64_t f : {96, 40}) {
+          const int64_t k = 208;
+          SCOPED_TRACE(::testing::Message() << "silu f " << f << " per_channel " << per_channel << " t " << t
+                                            << " bf16 acc " << bf16_acc);
+          HostLinear h = make_layer(DType::F8_E4M3, 2 * f, k, 51 + static_cast<uint32_t>(t + f), per_channel);
+          if (t == 64) h.bias = random_floats(static_cast<size_t>(2 * f), 6);
+          const std::vector<float> x = random_floats(static_cast<size_t>(t * k), 42, -2.0f, 2.0f);
+          const Linear wg = upload(*gpu_, h), wc = upload(*cpu_, h);
+          const Tensor xg = on(*gpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+          const Tensor xc = on(*cpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
+          const size_t bytes = static_cast<size_t>(t * f) * 4;
+          Tensor gg = on(*gpu_, DType::F32, {t, f}, nullptr, bytes),
+                 ug = on(*gpu_, DType::F32, {t, f}, nullptr, bytes),
+                 outg = on(*gpu_, DType::F32, {t, f}, nullptr, bytes);
+          Tensor gc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes),
+                 uc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes),
+                 outc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes);
+          gpu_->matmul_silu_mul(xg, wg, gg, ug, outg);
+          cpu_->matmul_silu_mul(xc, wc, gc, uc, outc);
+          EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
+          const std::vector<float> cpu = read(*cpu_, outc);
+          expect_close_to_scale(read(*gpu_, outg), std::vector<double>(cpu.begin(), cpu.end()), tol,
+                                "silu * up");
         }
       }
-      // [G; U] with f = 96 and 40 (2f a multiple of 16, as the FP8 GEMM needs, makes f one of 4: float4s).
-      for (int64_t f : {96, 40}) {
-        const int64_t k = 208;
-        SCOPED_TRACE(::testing::Message() << "silu f " << f << " per_channel " << per_channel << " t " << t);
-        HostLinear h = make_layer(DType::F8_E4M3, 2 * f, k, 51 + static_cast<uint32_t>(t + f), per_channel);
-        if (t == 64) h.bias = random_floats(static_cast<size_t>(2 * f), 6);
-        const std::vector<float> x = random_floats(static_cast<size_t>(t * k), 42, -2.0f, 2.0f);
-        const Linear wg = upload(*gpu_, h), wc = upload(*cpu_, h);
-        const Tensor xg = on(*gpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
-        const Tensor xc = on(*cpu_, DType::F32, {t, k}, x.data(), x.size() * 4);
-        const size_t bytes = static_cast<size_t>(t * f) * 4;
-        Tensor gg = on(*gpu_, DType::F32, {t, f}, nullptr, bytes),
-               ug = on(*gpu_, DType::F32, {t, f}, nullptr, bytes),
-               outg = on(*gpu_, DType::F32, {t, f}, nullptr, bytes);
-        Tensor gc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes),
-               uc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes),
-               outc = on(*cpu_, DType::F32, {t, f}, nullptr, bytes);
-        gpu_->matmul_silu_mul(xg, wg, gg, ug, outg);
-        cpu_->matmul_silu_mul(xc, wc, gc, uc, outc);
-        EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
-        const std::vector<float> cpu = read(*cpu_, outc);
-        expect_close_to_scale(read(*gpu_, outg), std::vector<double>(cpu.begin(), cpu.end()), 2e-3,
-                              "silu * up");
-      }
-    }
+  qgemm().set_bf16_accumulator(false);
 }
 
 // INT4 / Q8_0 / Q4_K: BF16 activations and BF16-rounded weights (2^-9 relative each): 1e-2 of the output

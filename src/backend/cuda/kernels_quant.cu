@@ -101,6 +101,19 @@ __device__ __forceinline__ void load_v(const float* p, float (&v)[V]) {
     v[0] = *p;
   }
 }
+// The accumulator as BF16 (Fp8Epilogue::acc_bf16): 8 bytes per 4 values.
+template <int V>
+__device__ __forceinline__ void load_v(const __nv_bfloat16* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    v[0] = __uint_as_float(u.x << 16);
+    v[1] = __uint_as_float(u.x & 0xffff0000u);
+    v[2] = __uint_as_float(u.y << 16);
+    v[3] = __uint_as_float(u.y & 0xffff0000u);
+  } else {
+    v[0] = __bfloat162float(*p);
+  }
+}
 template <int V>
 __device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
   if constexpr (V == 4)
@@ -109,8 +122,9 @@ __device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
     *p = v[0];
 }
 
-template <int V>
+template <int V, class Acc>
 __global__ void __launch_bounds__(kThreads) fp8_epilogue_kernel(const __grid_constant__ Fp8Epilogue e) {
+  const Acc* acc = static_cast<const Acc*>(e.acc);
   const int64_t width = e.silu ? e.n / 2 : e.n;  // output columns per row, all outputs together
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * V;
   if (c >= width) return;
@@ -130,10 +144,10 @@ __global__ void __launch_bounds__(kThreads) fp8_epilogue_kernel(const __grid_con
   for (int64_t r = blockIdx.y; r < e.t; r += gridDim.y) {
     const float xs = e.x_scale[r];
     float a[V], y[V];
-    load_v<V>(e.acc + r * e.n + c, a);
+    load_v<V>(acc + r * e.n + c, a);
     if (e.silu) {
       float b[V];
-      load_v<V>(e.acc + r * e.n + width + c, b);
+      load_v<V>(acc + r * e.n + width + c, b);
 #pragma unroll
       for (int u = 0; u < V; ++u) y[u] = silu(a[u] * xs * ws[u] + bs[u]) * (b[u] * xs * ws2[u] + bs2[u]);
       store_v<V>(e.out[0] + r * width + c, y);
@@ -222,7 +236,7 @@ cudaError_t launch_quantize_fp8_rows(const float* x, int64_t t, int64_t k, uint8
 cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream) {
   if (e.t <= 0 || e.n <= 0) return cudaSuccess;
   const int64_t width = e.silu ? e.n / 2 : e.n;
-  bool vec = e.n % 4 == 0 && width % 4 == 0 && is_aligned(e.acc, 16);
+  bool vec = e.n % 4 == 0 && width % 4 == 0 && is_aligned(e.acc, e.acc_bf16 ? 8 : 16);
   const int outs = e.silu ? 1 : e.num_outs;
   for (int j = 0; j < outs; ++j) vec = vec && (e.silu || e.cols[j] % 4 == 0) && is_aligned(e.out[j], 16);
   const int v = vec ? 4 : 1;
@@ -231,10 +245,16 @@ cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream) {
   const int64_t row_blocks = std::min<int64_t>(e.t, std::max<int64_t>(1, 8192 / col_blocks));
   const dim3 grid(static_cast<unsigned>(col_blocks),
                   static_cast<unsigned>(std::min<int64_t>(row_blocks, 65535)));
-  if (vec)
-    fp8_epilogue_kernel<4><<<grid, kThreads, 0, stream>>>(e);
-  else
-    fp8_epilogue_kernel<1><<<grid, kThreads, 0, stream>>>(e);
+  if (e.acc_bf16) {
+    if (vec)
+      fp8_epilogue_kernel<4, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(e);
+    else
+      fp8_epilogue_kernel<1, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(e);
+  } else if (vec) {
+    fp8_epilogue_kernel<4, float><<<grid, kThreads, 0, stream>>>(e);
+  } else {
+    fp8_epilogue_kernel<1, float><<<grid, kThreads, 0, stream>>>(e);
+  }
   return cudaGetLastError();
 }
 

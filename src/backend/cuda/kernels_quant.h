@@ -18,14 +18,15 @@ namespace inferx::cuda {
 cudaError_t launch_quantize_fp8_rows(const float* x, int64_t t, int64_t k, uint8_t* q, float* scale,
                                      void* q_bf16, cudaStream_t stream);
 
-// The W8A8 epilogue: acc F32 [t, n] (the unscaled FP8 GEMM product), value(r, c) = acc[r, c] *
+// The W8A8 epilogue: acc F32 or BF16 [t, n] (the unscaled FP8 GEMM product), value(r, c) = acc[r, c] *
 // x_scale[r] * w_scale[per_channel ? c : 0] + (bias ? bias[c] : 0).
 //   silu == false: columns are split in order among num_outs (1..3) outputs, out[j] F32 [t, cols[j]]
 //     contiguous, sum of cols == n (q / k / v of a fused projection; one output may alias acc);
 //   silu == true: out[0] F32 [t, n / 2] = silu(value(r, c)) * value(r, n / 2 + c) (a fused gate/up
 //     projection: gate columns first), SiLU as the silu_mul kernel computes it.
 struct Fp8Epilogue {
-  const float* acc = nullptr;
+  const void* acc = nullptr;  // F32, or BF16 with acc_bf16 (the FP8 GEMM then wrote half the bytes)
+  bool acc_bf16 = false;
   int64_t t = 0, n = 0;
   const float* x_scale = nullptr;
   const float* w_scale = nullptr;

@@ -35,6 +35,7 @@ DequantWeight dequant_weight(const Linear& w) {
 
 QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream), lt_(stream) {
   if (const char* v = std::getenv("INFERX_CUDA_FP8_OUTER_SCALE")) outer_scale_ = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("INFERX_CUDA_FP8_ACC")) bf16_acc_ = std::strcmp(v, "bf16") == 0;
 }
 
 QuantizedGemm::~QuantizedGemm() = default;
@@ -116,16 +117,18 @@ QuantizedGemm::Fp8Input QuantizedGemm::quantize_input(const float* x, int64_t t,
   return in;
 }
 
-bool QuantizedGemm::plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, float* d) {
+bool QuantizedGemm::plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16) {
   const int64_t n = w.out_features();
   const LtOperands ops{w.weight.data, in.codes, d, nullptr, nullptr, nullptr};
-  LtMatmul::Plan* plan = lt_.plan(lt_shape(CUDA_R_8F_E4M3, n, t, w.in_features(), n, ops), ops);
+  LtMatmul::Plan* plan = lt_.plan(
+      lt_shape(CUDA_R_8F_E4M3, n, t, w.in_features(), n, ops, d_bf16 ? CUDA_R_16BF : CUDA_R_32F), ops);
   return plan != nullptr && try_run(*plan, ops);
 }
 
-void QuantizedGemm::scale_epilogue(Fp8Epilogue e, const float* acc, int64_t t, const Linear& w,
+void QuantizedGemm::scale_epilogue(Fp8Epilogue e, const void* acc, bool acc_bf16, int64_t t, const Linear& w,
                                    const float* x_scales) {
   e.acc = acc;
+  e.acc_bf16 = acc_bf16;
   e.t = t;
   e.n = w.out_features();
   e.x_scale = x_scales;
@@ -144,7 +147,8 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
     return;
   }
   // Quantized before the plans are looked up: a new plan's algorithm is timed on the real operands.
-  const Fp8Input in = quantize_input(x, t, k, 0, workspace);
+  // With the BF16 accumulator the GEMM writes scratch (half the bytes of out) and the epilogue writes out.
+  const Fp8Input in = quantize_input(x, t, k, bf16_acc_ ? static_cast<size_t>(t * n) * 2 : 0, workspace);
   if (outer_scale_) {
     // Per-row activation scale x per-channel (or per-tensor) weight scale, applied inside the GEMM.
     const LtOperands ops{w.weight.data, in.codes, out, nullptr, w.scale.data, in.scales};
@@ -158,11 +162,12 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
       return;
     }
   }
-  if (plain_fp8_gemm(w, in, t, out)) {
-    Fp8Epilogue e;  // in place
+  void* acc = bf16_acc_ ? in.extra : out;  // F32: in place
+  if (plain_fp8_gemm(w, in, t, acc, bf16_acc_)) {
+    Fp8Epilogue e;
     e.out[0] = out;
     e.cols[0] = n;
-    scale_epilogue(e, out, t, w, in.scales);
+    scale_epilogue(e, acc, bf16_acc_, t, w, in.scales);
     last_path_ = Path::Fp8;
     return;
   }
@@ -176,10 +181,10 @@ bool QuantizedGemm::fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epi
     return false;
   lt_.evict_if_full();
   const int64_t n = w.out_features();
-  const Fp8Input in = quantize_input(x, t, w.in_features(), static_cast<size_t>(t * n) * 4, workspace);
-  auto* acc = static_cast<float*>(in.extra);
-  if (!plain_fp8_gemm(w, in, t, acc)) return false;
-  scale_epilogue(e, acc, t, w, in.scales);
+  const Fp8Input in =
+      quantize_input(x, t, w.in_features(), static_cast<size_t>(t * n) * (bf16_acc_ ? 2 : 4), workspace);
+  if (!plain_fp8_gemm(w, in, t, in.extra, bf16_acc_)) return false;
+  scale_epilogue(e, in.extra, bf16_acc_, t, w, in.scales);
   last_path_ = Path::Fp8Fused;
   return true;
 }

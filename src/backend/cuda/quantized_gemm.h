@@ -84,6 +84,11 @@ class QuantizedGemm {
   void set_force_dequant(bool force) { force_dequant_ = force; }
   // Whether FP8 tries cuBLASLt's outer-vector scaling first (default on; INFERX_CUDA_FP8_OUTER_SCALE=0: off).
   void set_outer_scale(bool on) { outer_scale_ = on; }
+  // Whether the plain FP8 GEMM writes its unscaled product as BF16 instead of F32 for the epilogue to read
+  // (INFERX_CUDA_FP8_ACC=bf16|f32; default f32). BF16 halves the bytes the GEMM writes and the epilogue
+  // reads (at a 16k-token prefill step of the 8B shape ~2.8 GB per layer); each product is then rounded to
+  // BF16 (2^-9 relative) before its scales are applied, which is the rounding a BF16-output GEMM makes.
+  void set_bf16_accumulator(bool on) { bf16_acc_ = on; }
   // Tests: a smaller dequantization tile (bytes of BF16), so that small weights span several tiles.
   void set_tile_bytes(size_t bytes) { tile_bytes_ = bytes > 0 ? bytes : kTileBytes; }
 
@@ -104,10 +109,12 @@ class QuantizedGemm {
   };
   Fp8Input quantize_input(const float* x, int64_t t, int64_t k, size_t extra_bytes,
                           const std::function<void*(size_t)>& workspace);
-  // D F32 [t, n] = codes x W^T unscaled on cuBLASLt's FP8 kernels; false when none is offered or accepted.
-  bool plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, float* d);
+  // D [t, n] (F32, or BF16 with d_bf16) = codes x W^T unscaled on cuBLASLt's FP8 kernels; false when none
+  // is offered or accepted.
+  bool plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16);
   // Launches the W8A8 epilogue `e` (outputs set by the caller) over acc with w's scales and bias.
-  void scale_epilogue(Fp8Epilogue e, const float* acc, int64_t t, const Linear& w, const float* x_scales);
+  void scale_epilogue(Fp8Epilogue e, const void* acc, bool acc_bf16, int64_t t, const Linear& w,
+                      const float* x_scales);
   // Both fused projections: quantize x, FP8 GEMM over all of w into scratch, then the epilogue `e`.
   bool fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epilogue e,
                  const std::function<void*(size_t)>& workspace);
@@ -121,6 +128,7 @@ class QuantizedGemm {
   Path last_path_ = Path::None;
   bool force_dequant_ = false;
   bool outer_scale_ = true;
+  bool bf16_acc_ = false;
   size_t tile_bytes_ = kTileBytes;
 };
 
