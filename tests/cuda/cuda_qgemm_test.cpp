@@ -254,6 +254,9 @@ class QuantizedGemmTest : public ::testing::Test {
     o.kv_cache_dtype = DType::F32;
     gpu_ = make_cuda_backend(0, o);
     cpu_ = make_cpu_backend({1});
+    // The product-level tests compare at 2e-3 with the F32 accumulator; the BF16 one (the default) has its
+    // own cases at its own tolerance, and the whole-model test runs the default.
+    qgemm().set_bf16_accumulator(false);
   }
 
   Tensor on(Backend& b, DType t, std::initializer_list<int64_t> shape, const void* bytes, size_t n) {
@@ -402,7 +405,9 @@ TEST_F(QuantizedGemmTest, Fp8FusedProjectionsMatchTheCpuBackend) {
     for (bool per_channel : {true, false})
       for (int64_t t : {64, 300}) {
         qgemm().set_bf16_accumulator(bf16_acc);
-        const double tol = bf16_acc ? 5e-3 : 2e-3;
+        // SiLU * up multiplies two rounded products: 2 x 2^-9 more of the element (H200: 5.7e-3 of the
+        // output scale at an element near it), so 8e-3 there.
+        const double tol = bf16_acc ? 5e-3 : 2e-3, tol_silu = bf16_acc ? 8e-3 : 2e-3;
         for (const std::vector<int64_t>& cols :
              {std::vector<int64_t>{96, 32, 32}, std::vector<int64_t>{58, 38}}) {
           const int64_t n = std::accumulate(cols.begin(), cols.end(), int64_t{0}), k = 208;
@@ -455,7 +460,7 @@ TEST_F(QuantizedGemmTest, Fp8FusedProjectionsMatchTheCpuBackend) {
           cpu_->matmul_silu_mul(xc, wc, gc, uc, outc);
           EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
           const std::vector<float> cpu = read(*cpu_, outc);
-          expect_close_to_scale(read(*gpu_, outg), std::vector<double>(cpu.begin(), cpu.end()), tol,
+          expect_close_to_scale(read(*gpu_, outg), std::vector<double>(cpu.begin(), cpu.end()), tol_silu,
                                 "silu * up");
         }
       }
@@ -507,6 +512,7 @@ const std::string kLlamaTiny = std::string(INFERX_SOURCE_DIR) + "/tests/golden/f
 // backend is the reference: tolerance 3e-2 of the largest |logit| (FP8: an activation that differs in the
 // last bits between the backends may round to a neighbouring E4M3 value; INT4: BF16 vs int8 activations).
 TEST_F(QuantizedGemmTest, TinyModelQuantizedAtLoadMatchesTheCpuBackend) {
+  qgemm().set_bf16_accumulator(true);  // the default
   std::vector<int32_t> prompt(150);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 250);
   for (const char* plan : {"fp8", "int4", "fp8-int4"}) {

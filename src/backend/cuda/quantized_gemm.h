@@ -85,9 +85,11 @@ class QuantizedGemm {
   // Whether FP8 tries cuBLASLt's outer-vector scaling first (default on; INFERX_CUDA_FP8_OUTER_SCALE=0: off).
   void set_outer_scale(bool on) { outer_scale_ = on; }
   // Whether the plain FP8 GEMM writes its unscaled product as BF16 instead of F32 for the epilogue to read
-  // (INFERX_CUDA_FP8_ACC=bf16|f32; default f32). BF16 halves the bytes the GEMM writes and the epilogue
+  // (INFERX_CUDA_FP8_ACC=bf16|f32; default bf16). BF16 halves the bytes the GEMM writes and the epilogue
   // reads (at a 16k-token prefill step of the 8B shape ~2.8 GB per layer); each product is then rounded to
   // BF16 (2^-9 relative) before its scales are applied, which is the rounding a BF16-output GEMM makes.
+  // H200 2026-12-03 21:45, 8B FP8 + FP8 KV, 512 prompts 1000 in / 200 out offline: 38.1k / 38.1k total
+  // tok/s with F32, 40.4k / 39.7k with BF16 (+4-6%).
   void set_bf16_accumulator(bool on) { bf16_acc_ = on; }
   // Tests: a smaller dequantization tile (bytes of BF16), so that small weights span several tiles.
   void set_tile_bytes(size_t bytes) { tile_bytes_ = bytes > 0 ? bytes : kTileBytes; }
@@ -128,7 +130,7 @@ class QuantizedGemm {
   Path last_path_ = Path::None;
   bool force_dequant_ = false;
   bool outer_scale_ = true;
-  bool bf16_acc_ = false;
+  bool bf16_acc_ = true;
   size_t tile_bytes_ = kTileBytes;
 };
 
