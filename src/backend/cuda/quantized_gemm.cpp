@@ -35,7 +35,7 @@ DequantWeight dequant_weight(const Linear& w) {
 
 QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream), lt_(stream) {
   if (const char* v = std::getenv("INFERX_CUDA_FP8_OUTER_SCALE")) outer_scale_ = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("INFERX_CUDA_FP8_ACC")) bf16_acc_ = std::strcmp(v, "f32") != 0;
+  if (const char* v = std::getenv("INFERX_CUDA_FP8_ACC")) bf16_acc_ = std::strcmp(v, "bf16") == 0;
 }
 
 QuantizedGemm::~QuantizedGemm() = default;

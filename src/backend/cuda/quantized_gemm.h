@@ -85,11 +85,14 @@ class QuantizedGemm {
   // Whether FP8 tries cuBLASLt's outer-vector scaling first (default on; INFERX_CUDA_FP8_OUTER_SCALE=0: off).
   void set_outer_scale(bool on) { outer_scale_ = on; }
   // Whether the plain FP8 GEMM writes its unscaled product as BF16 instead of F32 for the epilogue to read
-  // (INFERX_CUDA_FP8_ACC=bf16|f32; default bf16). BF16 halves the bytes the GEMM writes and the epilogue
+  // (INFERX_CUDA_FP8_ACC=bf16|f32; default f32). BF16 halves the bytes the GEMM writes and the epilogue
   // reads (at a 16k-token prefill step of the 8B shape ~2.8 GB per layer); each product is then rounded to
   // BF16 (2^-9 relative) before its scales are applied, which is the rounding a BF16-output GEMM makes.
-  // H200 2026-12-03 21:45, 8B FP8 + FP8 KV, 512 prompts 1000 in / 200 out offline: 38.1k / 38.1k total
-  // tok/s with F32, 40.4k / 39.7k with BF16 (+4-6%).
+  // H200 2026-12-03, 8B FP8 + FP8 KV offline: 512 x 1000/200 38.1k -> 39.7-40.4k total tok/s, 1000 x
+  // 1000/1000 at max batch 512 13.01k -> 13.38k output tok/s. Off by default: with it the whole-model test
+  // (TinyModelQuantizedAtLoadMatchesTheCpuBackend, llama-tiny fp8 and fp8-int4, 150 tokens) exceeded its
+  // 3e-2 of the largest logit (5.6%, 3.1%) while every product-level case stayed within 5e-3 / 8e-3: the
+  // rounding may flip the next layer's E4M3 activation codes more often; not yet investigated.
   void set_bf16_accumulator(bool on) { bf16_acc_ = on; }
   // Tests: a smaller dequantization tile (bytes of BF16), so that small weights span several tiles.
   void set_tile_bytes(size_t bytes) { tile_bytes_ = bytes > 0 ? bytes : kTileBytes; }
@@ -130,7 +133,7 @@ class QuantizedGemm {
   Path last_path_ = Path::None;
   bool force_dequant_ = false;
   bool outer_scale_ = true;
-  bool bf16_acc_ = true;
+  bool bf16_acc_ = false;
   size_t tile_bytes_ = kTileBytes;
 };
 
