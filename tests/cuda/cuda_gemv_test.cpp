@@ -408,6 +408,34 @@ TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
   }
 }
 
+// v4's staging plan (host arithmetic, no GPU needed): whole batches, never more than a row's whole batches,
+// and the CTAs that share an SM within the budget; the shapes of the 8B decode give the figures the
+// measurements were taken with (o projection, FP8 pairs: 512 CTAs on 132 SMs, 96 KB -> 2 of 4 batches).
+TEST(CudaGemvV4Staging, WholeBatchesWithinTheBudget) {
+  EXPECT_EQ(cuda::gemv_v4_staged_batches(512, 132, 2, 4, 4096, 96), 2);
+  EXPECT_EQ(cuda::gemv_v4_staged_batches(512, 132, 2, 4, 4096, 200), 4);  // the whole row pair
+  EXPECT_EQ(cuda::gemv_v4_staged_batches(512, 132, 2, 4, 4096, 0), 0);    // off
+  EXPECT_EQ(cuda::gemv_v4_staged_batches(512, 132, 2, 4, 4096, 8), 0);    // less than a batch per warp
+  EXPECT_EQ(cuda::gemv_v4_smem_bytes(2, 4, 0), 0u);
+  for (int64_t ctas : {1, 132, 400, 512, 1056})
+    for (int r : {1, 2})
+      for (int loads : {4, 8})
+        for (int64_t row_bytes : {int64_t{512}, int64_t{4112}, int64_t{28672}})
+          for (int kb : {16, 48, 96, 160, 200}) {
+            const int b = cuda::gemv_v4_staged_batches(ctas, 132, r, loads, row_bytes, kb);
+            const int64_t batch = int64_t{32} * (loads / r) * 16, on_sm = (ctas + 131) / 132;
+            SCOPED_TRACE(::testing::Message() << "ctas " << ctas << " rows/warp " << r << " loads " << loads
+                                              << " row " << row_bytes << " KB " << kb << " -> " << b);
+            EXPECT_GE(b, 0);
+            EXPECT_LE(b * batch, row_bytes);  // whole batches of the row only
+            EXPECT_LE(static_cast<int64_t>(cuda::gemv_v4_smem_bytes(r, loads, b)) * on_sm,
+                      int64_t{kb} * 1024);
+            // Maximal: one batch more would overflow the budget or the row.
+            const int64_t more = static_cast<int64_t>(cuda::gemv_v4_smem_bytes(r, loads, b + 1));
+            EXPECT_TRUE((b + 1) * batch > row_bytes || more * on_sm > int64_t{kb} * 1024);
+          }
+}
+
 TEST_F(CudaGemvTest, SplitOutputsEqualSeparateProducts) {
   uint32_t seed = 500;
   for (const Variant& v : {kVariants[0], kVariants[2], kVariants[5], kVariants[8], kVariants[9]})

@@ -5,10 +5,12 @@
 //
 // Why: at batch 1 each kernel boundary costs its ramp-up and drain (~3-5 us with PDL, ~260 boundaries per
 // 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Status: correct (tests
-// against the per-op kernels) but slower so far (8B bf16 75.3% of the roofline against 77-79%), so off by
-// default (CudaBackendOptions::decode_stack, INFERX_DECODE_STACK=1); the weight stream alone reaches the
-// copy rate and the matrix phases 90-100% of it, the grid barriers and the attention are what lose
-// (benchmarks.md, 2026-12-03 14:50-15:35 and 17:10-18:10). Here one
+// against the per-op kernels) but not faster: 8B bf16 4.58 ms (78.0% of the roofline) against the per-op
+// path's 4.57 in the same call, FP8 18% slower, and the per-op path has since reached 80-81% (GEMV v4's
+// shared-memory prefetch); so off by default (CudaBackendOptions::decode_stack, INFERX_DECODE_STACK=1).
+// The weight stream alone reaches the copy rate and the matrix phases 90-100% of it; the 5 grid barriers
+// per layer (~22 us, half of it arrival spread) and the attention (~12 us) are what lose (benchmarks.md,
+// 2026-12-03 17:10-18:10 and 20:52). Here one
 // CTA per SM stays resident for the whole step; one producer warp per CTA streams the CTA's share of every
 // weight matrix, in the order they are used, through a ring of shared-memory stages (cp.async.bulk +
 // mbarriers), never waiting for the data dependencies; the consumer warps wait at grid-wide barriers between

@@ -392,20 +392,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // kSilu (R = 2): the SiLU product; R = 2 without it: a plain product two rows per warp (x converted once
 // for both; INFERX_GEMV_V4_PAIRS).
 //
-// Shared-memory prefetch (p.pf_batches > 0, dynamic shared memory = v4_smem_bytes): before it waits for the
-// previous kernel a warp asks the copy engine (cp.async.bulk) for the first pf_batches batches of its first
-// row(s) into shared memory, so the stream does not stop across the kernel boundary: the registers hold one
-// batch, shared memory several (a whole 4096-column FP8 row pair), and the copy needs no registers while
+// Shared-memory prefetch (p.pf_batches > 0, dynamic shared memory = gemv_v4_smem_bytes): before it waits for
+// the previous kernel a warp asks the copy engine (cp.async.bulk) for the first pf_batches batches of its
+// first row(s) into shared memory, so the stream does not stop across the kernel boundary: the registers hold
+// one batch, shared memory as many as the budget gives (gemv_v4_staged_batches; at the default 96 KB half of
+// an FP8 4096-column row pair for the o projection's 4 CTAs per SM), and the copy needs no registers while
 // the previous kernel (RMSNorm, attention) runs. Those batches are then read from shared memory.
-template <int R, int U>
-__host__ __device__ constexpr int64_t v4_batch_row_bytes() {
-  return int64_t{kWarp} * U * 16;  // bytes of one row per batch (v4's formats: 16-byte granules)
-}
+// Bytes of one row per batch of U 16-byte granules per lane (v4's formats: BF16, FP8).
+__host__ __device__ constexpr int64_t v4_batch_row_bytes(int u) { return int64_t{kWarp} * u * 16; }
 constexpr int kV4BarBytes = 128;  // the CTA's mbarriers (one per warp), then the warps' stages
-template <int R, int U>
-__host__ __device__ constexpr int64_t v4_smem_bytes(int pf_batches) {
-  return pf_batches > 0 ? kV4BarBytes + int64_t{kGemvWarps} * R * pf_batches * v4_batch_row_bytes<R, U>() : 0;
-}
 
 template <class Dec, int R, int U, bool kSilu>
 __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
@@ -417,10 +412,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + wib;
   if (n >= nrows) return;
   const int64_t n0 = n;  // the warp's first row (group): its first p.pf_batches batches are staged
-  constexpr int64_t kBatchBytes = v4_batch_row_bytes<R, U>();
-  const int64_t pf_bytes = p.pf_batches * kBatchBytes;
+  const int64_t pf_bytes = p.pf_batches * v4_batch_row_bytes(U);
   uint64_t* bar = reinterpret_cast<uint64_t*>(v4_smem) + wib;
-  const uint8_t* stage = v4_smem + kV4BarBytes + wib * R * pf_bytes;
+  uint8_t* stage = v4_smem + kV4BarBytes + wib * R * pf_bytes;
   // Batch b (< p.pf_batches) of row group n0 from shared memory: the same lanes' granules as from global.
   auto load_staged = [&](int batch, Raw(&raw)[R][U]) {
 #pragma unroll
@@ -501,8 +495,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
       mbar_expect_tx(bar, static_cast<uint32_t>(R * pf_bytes));
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        bulk_copy(const_cast<uint8_t*>(stage) + r * pf_bytes, p.w + wrow[r] * p.row_bytes,
-                  static_cast<uint32_t>(pf_bytes), bar);
+        bulk_copy(stage + r * pf_bytes, p.w + wrow[r] * p.row_bytes, static_cast<uint32_t>(pf_bytes), bar);
     }
     __syncwarp();
     pdl_wait();  // the staged batches are on their way (cuda_common.cuh)
@@ -1025,10 +1018,10 @@ int v4_ctas_per_sm() {
 // INFERX_GEMV_V4_SMEM_KB (0..200, default 96). Read once. Measured on the H200 (2026-12-03 21:10-21:20, 8B,
 // batch 1, 1k context, TPOT p50, two runs each in one call): fp8:lm_head 2.817 / 2.803 ms off, 2.804 at 64,
 // 2.748 / 2.759 at 96, 2.845 at 128, 2.899 at 160, 2.981 at 200; BF16 through v4 with 96: 4.407 / 4.417
-// against v1's 4.543 / 4.546; 70B fp8:lm_head unchanged (19.15 vs 19.18 ms). Larger budgets lose: the next
-// kernel's CTAs no longer fit beside this one's, so its prefetch starts later, not earlier. Alone in a
-// chain of the same product (bench_cuda_kernels) 96 KB gains 2-3% on 6144- and 28672-row FP8 products and
-// 3% on BF16 14336x4096, nothing on 4096x4096.
+// against v1's 4.543 / 4.546; 70B fp8:lm_head unchanged (19.15 vs 19.18 ms). Larger budgets lose (likely,
+// not measured: the next kernel's CTAs no longer fit beside this one's, so its prefetch starts later). Alone
+// in a chain of the same product (bench_cuda_kernels) 96 KB gains 2-3% on 6144- and 28672-row FP8 products
+// and 3% on BF16 14336x4096, nothing on 4096x4096.
 int v4_smem_kb() {
   static const int env = env_int("INFERX_GEMV_V4_SMEM_KB", 0, 200, 96);
   const int o = g_v4_smem_kb.load(std::memory_order_relaxed);
@@ -1066,24 +1059,21 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
   const int64_t ctas =
       std::min<int64_t>((warp_row_count<R, kSilu>(p) + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
-  // Shared-memory prefetch: as many whole batches of each warp's first row(s) as the budget per SM gives
-  // the CTAs that share an SM (at most the row's whole batches).
   GemvParams q = p;
-  q.pf_batches = 0;
-  if (const int kb = v4_smem_kb(); kb > 0) {
-    const int64_t on_sm = (ctas + sms - 1) / sms;
-    const int64_t per_warp = (int64_t{kb} * 1024 / on_sm - kV4BarBytes) / kGemvWarps;
-    const int64_t batch = v4_batch_row_bytes<R, L / R>();
-    q.pf_batches = static_cast<int>(std::clamp<int64_t>(per_warp / (R * batch), 0, p.row_bytes / batch));
-  }
-  const int64_t smem = v4_smem_bytes<R, L / R>(q.pf_batches);
-  if (smem > 0) {
-    static std::atomic<bool> opted{false};  // the 227 KB opt-in, once per kernel instance
-    if (!opted.load(std::memory_order_relaxed)) {
+  q.pf_batches = gemv_v4_staged_batches(ctas, sms, R, L, p.row_bytes, v4_smem_kb());
+  const size_t smem = gemv_v4_smem_bytes(R, L, q.pf_batches);
+  if (smem > 48 * 1024) {
+    // The opt-in above 48 KB is a function attribute of the current device: once per device and instance
+    // (tensor parallel ranks run other devices from the same process).
+    static std::atomic<uint32_t> opted{0};
+    int device = 0;
+    if (const cudaError_t st = cudaGetDevice(&device); st != cudaSuccess) return st;
+    const uint32_t bit = device < 32 ? 1u << device : 0u;
+    if (bit == 0 || (opted.load(std::memory_order_relaxed) & bit) == 0) {
       const cudaError_t st =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
       if (st != cudaSuccess) return st;
-      opted.store(true, std::memory_order_relaxed);
+      opted.fetch_or(bit, std::memory_order_relaxed);
     }
   }
   return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), static_cast<size_t>(smem),
@@ -1369,6 +1359,21 @@ const char* gemv_kernel_name(GemvKernel kernel) {
 }
 
 void set_gemv_v3_max_warps(int warps) { g_v3_max_warps.store(warps, std::memory_order_relaxed); }
+
+int gemv_v4_staged_batches(int64_t ctas, int sms, int rows_per_warp, int loads, int64_t row_bytes,
+                           int smem_kb) {
+  if (smem_kb <= 0 || ctas <= 0 || sms <= 0 || rows_per_warp < 1 || loads < rows_per_warp) return 0;
+  const int64_t on_sm = (ctas + sms - 1) / sms;  // the CTAs that share an SM's budget
+  const int64_t per_warp = (int64_t{smem_kb} * 1024 / on_sm - kV4BarBytes) / kGemvWarps;
+  const int64_t batch = v4_batch_row_bytes(loads / rows_per_warp);
+  return static_cast<int>(std::clamp<int64_t>(per_warp / (rows_per_warp * batch), 0, row_bytes / batch));
+}
+
+size_t gemv_v4_smem_bytes(int rows_per_warp, int loads, int batches) {
+  return batches > 0 ? static_cast<size_t>(kV4BarBytes + int64_t{kGemvWarps} * rows_per_warp * batches *
+                                                             v4_batch_row_bytes(loads / rows_per_warp))
+                     : 0;
+}
 
 void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs, int smem_kb) {
   g_v4_loads.store(loads, std::memory_order_relaxed);

@@ -16,6 +16,7 @@
 // applies an INT4 input permutation).
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -59,6 +60,13 @@ void set_gemv_v3_max_warps(int warps);
 // warp takes two rows of a plain product (1 / 0; -1: INFERX_GEMV_V4_PAIRS, default 1), and its shared-memory
 // prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu).
 void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs = -1, int smem_kb = -1);
+// v4's shared-memory staging plan for a launch of `ctas` CTAs on `sms` SMs, rows_per_warp (1 or 2) rows per
+// warp and `loads` 16-byte loads per lane and batch: whole batches of each warp's first row(s) (at most the
+// row's whole batches) such that the CTAs sharing an SM stay within smem_kb KB; 0 when the budget is 0 or
+// too small for one batch. gemv_v4_smem_bytes: the dynamic shared memory of a CTA for that many batches.
+int gemv_v4_staged_batches(int64_t ctas, int sms, int rows_per_warp, int loads, int64_t row_bytes,
+                           int smem_kb);
+size_t gemv_v4_smem_bytes(int rows_per_warp, int loads, int batches);
 
 // Whether the kernels take this format with k input columns (and, INT4, group size); the caller also
 // checks alignment with gemv_aligned.

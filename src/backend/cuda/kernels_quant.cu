@@ -84,35 +84,16 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The W8A8 epilogue over acc F32 [t, n] (Fp8Epilogue in kernels_quant.h): value(r, c) = acc * x_scale[r] *
-// w_scale[c or 0] (+ bias[c]), written to the output that owns column c, or, for SiLU, silu(value(r, c)) *
-// value(r, f + c) to out[0][r, c] with f = n / 2. Grid (column blocks, row blocks); V = 4 moves float4s
-// (every column count a multiple of 4, 16-byte aligned rows), V = 1 scalars. No 64-bit division per
-// element (the first epilogue's i / n and i % n ran at ~1.7 TB/s on the H200).
-template <int V>
-__device__ __forceinline__ void load_v(const float* p, float (&v)[V]) {
-  if constexpr (V == 4) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x;
-    v[1] = f.y;
-    v[2] = f.z;
-    v[3] = f.w;
-  } else {
-    v[0] = *p;
-  }
-}
-// The accumulator as BF16 (Fp8Epilogue::acc_bf16): 8 bytes per 4 values.
-template <int V>
-__device__ __forceinline__ void load_v(const __nv_bfloat16* p, float (&v)[V]) {
-  if constexpr (V == 4) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    v[0] = __uint_as_float(u.x << 16);
-    v[1] = __uint_as_float(u.x & 0xffff0000u);
-    v[2] = __uint_as_float(u.y << 16);
-    v[3] = __uint_as_float(u.y & 0xffff0000u);
-  } else {
-    v[0] = __bfloat162float(*p);
-  }
+// V consecutive accumulator values (F32, or BF16 with Fp8Epilogue::acc_bf16) as floats; V = 4 is one
+// vector load (16 / 8 bytes, aligned: launch_fp8_epilogue checks).
+template <int V, class T>
+__device__ __forceinline__ void load_v(const T* p, float (&v)[V]) {
+  struct alignas(V * sizeof(T)) Vec {
+    T e[V];
+  };
+  const Vec q = *reinterpret_cast<const Vec*>(p);
+#pragma unroll
+  for (int u = 0; u < V; ++u) v[u] = to_float(q.e[u]);
 }
 template <int V>
 __device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
@@ -122,6 +103,11 @@ __device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
     *p = v[0];
 }
 
+// The W8A8 epilogue over acc [t, n] (F32 or BF16) (Fp8Epilogue in kernels_quant.h): value(r, c) = acc *
+// x_scale[r] * w_scale[c or 0] (+ bias[c]), written to the output that owns column c, or, for SiLU,
+// silu(value(r, c)) * value(r, f + c) to out[0][r, c] with f = n / 2. Grid (column blocks, row blocks); V = 4
+// moves float4s (every column count a multiple of 4, 16-byte aligned rows), V = 1 scalars. No 64-bit division
+// per element (the first epilogue's i / n and i % n ran at ~1.7 TB/s on the H200).
 template <int V, class Acc>
 __global__ void __launch_bounds__(kThreads) fp8_epilogue_kernel(const __grid_constant__ Fp8Epilogue e) {
   const Acc* acc = static_cast<const Acc*>(e.acc);
