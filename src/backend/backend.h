@@ -138,6 +138,38 @@ class Backend {
     matmul(x, linear_rows(w, f, f), up);
     silu_mul(gate, up, out);
   }
+  // The pre-norm transformer's residual stream around its norms. pre_norm: residual += add (add null:
+  // residual as is), h = rmsnorm(residual) * norm. norm_matmul_split / norm_matmul_silu_mul: pre_norm, then
+  // the product of h (one output: matmul; else matmul_split; matmul_silu_mul). matmul_before_norm: out =
+  // x @ W^T where out is the `add` of the next pre_norm / norm_matmul_* on `residual` with `next_norm`,
+  // which must be the next call on this backend. A backend may fuse across these calls: add out into the
+  // residual in the product's epilogue and prepare the norm there (out then stays unwritten), fuse the norm
+  // into the next product (h then stays unwritten): callers read only the products' outputs and residual.
+  virtual void pre_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h) {
+    if (add) {
+      add_rmsnorm(residual, *add, norm, eps, h);
+    } else {
+      rmsnorm(residual, norm, eps, h);
+    }
+  }
+  virtual void norm_matmul_split(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
+                                 Tensor& h, const Linear& w, std::span<Tensor* const> outs) {
+    pre_norm(residual, add, norm, eps, h);
+    if (outs.size() == 1) {
+      matmul(h, w, *outs[0]);
+    } else {
+      matmul_split(h, w, outs);
+    }
+  }
+  virtual void norm_matmul_silu_mul(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
+                                    Tensor& h, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) {
+    pre_norm(residual, add, norm, eps, h);
+    matmul_silu_mul(h, w, gate, up, out);
+  }
+  virtual void matmul_before_norm(const Tensor& x, const Linear& w, Tensor& out, Tensor& residual,
+                                  const Tensor& next_norm, float eps) {
+    matmul(x, w, out);
+  }
   // One whole decode step for a batch of exactly one token (embedding, every layer, final norm and the
   // logits into logits [1, vocab] F32; x [1, hidden] F32 is the residual-stream workspace), as
   // Model::forward would compute it, when the backend has a fused program for these weights, shapes and

@@ -102,18 +102,18 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   } else {
     backend_.embedding(weights_.token_embedding, batch.token_ids, T, x);
   }
+  // One row that is also the row that needs logits: the final norm runs with the vocabulary projection
+  // (no gather).
+  const bool final_with_logits = T == 1 && batch.num_logits == 1;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];
     // Attention block: x += o(attention(rope(q), rope(k), v)) over the pre-normed input.
-    if (i == 0) {
-      backend_.rmsnorm(x, l.attn_norm, c.rms_norm_eps, h);
-    } else {
-      backend_.add_rmsnorm(x, proj, l.attn_norm, c.rms_norm_eps, h);  // adds the previous MLP output
-    }
+    const Tensor* mlp_out = i == 0 ? nullptr : &proj;  // the previous MLP output joins the residual here
     if (!l.qkv.weight.empty()) {
       Tensor* qkv[] = {&q, &k, &v};
-      backend_.matmul_split(h, l.qkv, qkv);
+      backend_.norm_matmul_split(x, mlp_out, l.attn_norm, c.rms_norm_eps, h, l.qkv, qkv);
     } else {
+      backend_.pre_norm(x, mlp_out, l.attn_norm, c.rms_norm_eps, h);
       backend_.matmul(h, l.q, q);
       backend_.matmul(h, l.k, k);
       backend_.matmul(h, l.v, v);
@@ -125,22 +125,40 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     KvCacheLayer& layer_cache = cache.layer(static_cast<int64_t>(i));
     backend_.rope_and_write_kv(q, k, v, batch, rope, layer_cache);
     backend_.attention(q, layer_cache, batch, ap, attn);
-    backend_.matmul(attn, l.o, proj);
-    if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: o is row-parallel
-    // MLP block: x += down(silu(gate(h)) * up(h)).
-    backend_.add_rmsnorm(x, proj, l.ffn_norm, c.rms_norm_eps, h);
-    if (!l.gate_up.weight.empty()) {
-      backend_.matmul_silu_mul(h, l.gate_up, gate, up, act);
+    if (rank_) {
+      backend_.matmul(attn, l.o, proj);
+      rank_->all_reduce_sum(proj);  // tensor parallel: o is row-parallel (summed before the residual add)
     } else {
+      backend_.matmul_before_norm(attn, l.o, proj, x, l.ffn_norm, c.rms_norm_eps);
+    }
+    // MLP block: x += down(silu(gate(h)) * up(h)).
+    if (!l.gate_up.weight.empty()) {
+      backend_.norm_matmul_silu_mul(x, &proj, l.ffn_norm, c.rms_norm_eps, h, l.gate_up, gate, up, act);
+    } else {
+      backend_.pre_norm(x, &proj, l.ffn_norm, c.rms_norm_eps, h);
       backend_.matmul(h, l.gate, gate);
       backend_.matmul(h, l.up, up);
       backend_.silu_mul(gate, up, act);
     }
-    backend_.matmul(act, l.down, proj);
-    if (rank_) rank_->all_reduce_sum(proj);  // tensor parallel: down is row-parallel
+    // The next norm: the next layer's, or the final one when it runs with the vocabulary projection.
+    const bool last = i + 1 == weights_.layers.size();
+    if (rank_) {
+      backend_.matmul(act, l.down, proj);
+      rank_->all_reduce_sum(proj);  // tensor parallel: down is row-parallel
+    } else if (!last || final_with_logits) {
+      const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[i + 1].attn_norm;
+      backend_.matmul_before_norm(act, l.down, proj, x, next_norm, c.rms_norm_eps);
+    } else {
+      backend_.matmul(act, l.down, proj);
+    }
   }
   // Only the rows that need logits go through the final norm and the vocabulary projection.
   Tensor last = w.last.rows_view(0, batch.num_logits), out = w.out.rows_view(0, batch.num_logits);
+  if (final_with_logits) {
+    Tensor* logits[] = {&out};
+    backend_.norm_matmul_split(x, &proj, weights_.final_norm, c.rms_norm_eps, h, weights_.lm_head, logits);
+    return out;
+  }
   backend_.add_rmsnorm(x, proj, weights_.final_norm, c.rms_norm_eps, h);
   backend_.gather_rows(h, batch.logits_rows, batch.num_logits, last);
   backend_.matmul(last, weights_.lm_head, out);

@@ -132,7 +132,9 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);
-  for (Scratch* s : {&gemv_x_, &gemv_out_, &decode_stack_scratch_, &decode_stack_profile_}) release(*s);
+  for (Scratch* s :
+       {&gemv_x_, &gemv_out_, &norm_row_, &norm_partials_, &decode_stack_scratch_, &decode_stack_profile_})
+    release(*s);
   release(qgemm_ws_);
   qgemm_.reset();
   release_upload_staging();

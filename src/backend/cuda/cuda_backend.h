@@ -121,6 +121,13 @@ class CudaBackend final : public Backend {
   bool prefers_fused_projections() const override { return options_.gemv; }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;
   void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
+  void pre_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h) override;
+  void norm_matmul_split(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h,
+                         const Linear& w, std::span<Tensor* const> outs) override;
+  void norm_matmul_silu_mul(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h,
+                            const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
+  void matmul_before_norm(const Tensor& x, const Linear& w, Tensor& out, Tensor& residual,
+                          const Tensor& next_norm, float eps) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
   // The batch-1 persistent decode kernel (cuda_backend_decode_stack.cpp).
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
@@ -197,6 +204,18 @@ class CudaBackend final : public Backend {
   bool gemv_takes(const Tensor& x, const Linear& w) const;
   const void* gemv_input(const Tensor& x, const Linear& w);
   void run_gemv(const Tensor& x, const Linear& w, std::span<Tensor* const> outs);
+  // The norm fusion of one-row products (kernels_gemv.h GemvResidual / GemvPrenorm): matmul_before_norm
+  // records the norm its epilogue prepared; the next pre_norm / norm_matmul_* takes it (take_pending_norm:
+  // true when the add is done and the normed row is ready; it must be the recorded norm's call).
+  struct PendingNorm {
+    const void* residual = nullptr;
+    const void* add = nullptr;
+    const void* norm = nullptr;
+    int ctas = 0;
+    float eps = 0.0f;
+  };
+  bool take_pending_norm(const Tensor& residual, const Tensor* add, const Tensor& norm, float eps);
+  bool gemv_norm_takes(const Tensor& x, const Linear& w) const;  // x: one row
 
   // Makes device_ current on the calling thread (the engine loop may run on another thread than the one
   // that created the backend; the current device is per thread).
@@ -243,6 +262,9 @@ class CudaBackend final : public Backend {
   Scratch upload_[2];
   CUevent_st* upload_events_[2] = {nullptr, nullptr};
   Scratch gemv_x_, gemv_out_;
+  // The norm fusion's BF16 normed row and per-CTA partial sums, and the norm they hold.
+  Scratch norm_row_, norm_partials_;
+  PendingNorm pending_norm_;
   // The prefill MLP's stacked [gate | up] GEMM output in BF16 (matmul_silu_mul with more than one row).
   Scratch gate_up_bf16_;
   // FP8 fused projections at prefill sizes as one FP8 GEMM + one epilogue (QuantizedGemm::matmul_split /

@@ -150,6 +150,118 @@ void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate
   }
 }
 
+// The norm between one-row products (decode at batch 1) -----------------------------------------------
+// kernels_gemv.h's norm fusion: o / down add into the residual stream and prepare the next norm in their
+// epilogue; qkv / gate-up / lm_head read the prepared row. No norm kernel, no kernel boundary for it, no
+// round trip of o / down's output. Products the v4 GEMV does not take run unfused; a norm that was
+// prepared for a product that then runs unfused becomes a plain rmsnorm of the (already added) residual.
+
+bool CudaBackend::gemv_norm_takes(const Tensor& x, const Linear& w) const {
+  return x.rows() == 1 && w.weight.device == Device::CUDA && w.input_perm.empty() &&
+         !(options_.timing_skip & kTimingSkipNorm) && gemv_format(w) &&
+         cuda::gemv_norm_fuses(w.weight.dtype, w.in_features()) && gemv_takes(x, w) &&
+         (w.bias.empty() || (w.bias.dtype == DType::F32 && w.bias.numel() == w.out_features()));
+}
+
+bool CudaBackend::take_pending_norm(const Tensor& residual, const Tensor* add, const Tensor& norm,
+                                    float eps) {
+  if (pending_norm_.residual == nullptr) return false;
+  const PendingNorm p = pending_norm_;
+  pending_norm_ = {};
+  INFERX_CHECK(p.residual == residual.data && add != nullptr && p.add == add->data && p.norm == norm.data &&
+                   p.eps == eps,
+               "cuda backend: the norm after matmul_before_norm must be the one it named (residual, add, "
+               "norm weight and eps)");
+  return true;
+}
+
+void CudaBackend::pre_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h) {
+  if (take_pending_norm(residual, add, norm, eps)) {
+    rmsnorm(residual, norm, eps, h);  // the add is done
+    return;
+  }
+  Backend::pre_norm(residual, add, norm, eps, h);
+}
+
+void CudaBackend::matmul_before_norm(const Tensor& x, const Linear& w, Tensor& out, Tensor& residual,
+                                     const Tensor& next_norm, float eps) {
+  const int64_t n = w.out_features();
+  const auto f32_row = [n](const Tensor& t) {
+    return t.device == Device::CUDA && t.dtype == DType::F32 && t.numel() == n;
+  };
+  if (!(x.device == Device::CUDA && x.dtype == DType::F32 && x.cols() == w.in_features() &&
+        f32_row(residual) && f32_row(next_norm) && out.numel() == n && gemv_norm_takes(x, w) &&
+        cuda::gemv_norm_fuses(w.weight.dtype, n))) {  // the next product reads n columns
+    matmul(x, w, out);
+    return;
+  }
+  use_device();
+  const void* xb = gemv_input(x, w);
+  cuda::GemvResidual r;
+  r.residual = residual.ptr<float>();
+  r.norm_weight = next_norm.ptr<float>();
+  r.normed = scratch(norm_row_, static_cast<size_t>(n) * 2);
+  r.partials = static_cast<float*>(scratch(norm_partials_, sizeof(float) * cuda::kGemvMaxPartials));
+  const cuda::GemvOutput o{nullptr, n, n};
+  CUDA_CHECK(cuda::launch_gemv(gemv_weight(w), xb, 1, x.cols(),
+                               w.bias.empty() ? nullptr : w.bias.ptr<float>(), &o, 1, stream_, &r));
+  last_matmul_bf16_ = true;
+  drop_bf16_copy_if_overlaps(residual);
+  pending_norm_ = {residual.data, out.data, next_norm.data, r.ctas, eps};
+}
+
+void CudaBackend::norm_matmul_split(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
+                                    Tensor& h, const Linear& w, std::span<Tensor* const> outs) {
+  const bool ready = pending_norm_.residual != nullptr;
+  const PendingNorm p = pending_norm_;
+  if (!ready || outs.empty() || outs.size() > static_cast<size_t>(cuda::kGemvMaxOutputs) ||
+      !gemv_norm_takes(h, w) || w.in_features() != residual.cols()) {
+    Backend::norm_matmul_split(residual, add, norm, eps, h, w, outs);  // pre_norm takes a prepared norm
+    return;
+  }
+  take_pending_norm(residual, add, norm, eps);
+  use_device();
+  drop_bf16_copy();  // h is not written
+  cuda::GemvOutput o[cuda::kGemvMaxOutputs];
+  int64_t total = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    check_out(h, *outs[i], "matmul");
+    o[i] = {outs[i]->ptr<float>(), outs[i]->cols(), outs[i]->cols()};
+    total += outs[i]->cols();
+  }
+  INFERX_CHECK(total == w.out_features(), "cuda backend: split matmul outputs of {} columns for W {}", total,
+               w.weight.shape_string());
+  const cuda::GemvPrenorm pre{static_cast<const float*>(norm_partials_.data), p.ctas, eps};
+  CUDA_CHECK(cuda::launch_gemv(gemv_weight(w), norm_row_.data, 1, w.in_features(),
+                               w.bias.empty() ? nullptr : w.bias.ptr<float>(), o,
+                               static_cast<int>(outs.size()), stream_, nullptr, &pre));
+  last_matmul_bf16_ = true;
+}
+
+void CudaBackend::norm_matmul_silu_mul(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
+                                       Tensor& h, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) {
+  const int64_t f = w.out_features() / 2;
+  const bool ready = pending_norm_.residual != nullptr;
+  const PendingNorm p = pending_norm_;
+  if (!ready || w.out_features() % 2 != 0 || !gemv_norm_takes(h, w) || w.in_features() != residual.cols()) {
+    Backend::norm_matmul_silu_mul(residual, add, norm, eps, h, w, gate, up, out);
+    return;
+  }
+  take_pending_norm(residual, add, norm, eps);
+  check_out(h, out, "gate/up");
+  INFERX_CHECK(out.cols() == f && out.numel() == f, "cuda backend: gate/up output {} for W {}",
+               out.shape_string(), w.weight.shape_string());
+  use_device();
+  drop_bf16_copy();
+  void* ob = options_.bf16_activations ? scratch(gemv_out_, static_cast<size_t>(out.numel()) * 2) : nullptr;
+  const cuda::GemvPrenorm pre{static_cast<const float*>(norm_partials_.data), p.ctas, eps};
+  CUDA_CHECK(cuda::launch_gemv_silu_mul(gemv_weight(w), norm_row_.data, 1, w.in_features(), f,
+                                        w.bias.empty() ? nullptr : w.bias.ptr<float>(), out.ptr<float>(), ob,
+                                        stream_, &pre));
+  last_matmul_bf16_ = true;
+  if (ob) adopt_bf16_copy(out);
+}
+
 // FP8 weights at prefill sizes (QuantizedGemm::prefers_fused): the fused projection as one FP8 GEMM over the
 // stacked weight + one epilogue (quantized_gemm.h); false when that path does not take it.
 bool CudaBackend::fused_quantized_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {

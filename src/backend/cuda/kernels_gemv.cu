@@ -63,6 +63,18 @@ struct GemvParams {
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
   int pf_batches = 0;  // v4: batches of each warp's first row(s) staged in shared memory (0: none)
+  // v4's norm fusion (kernels_gemv.h). Residual epilogue (one output): residual[j] += out_j (out not stored),
+  // normed[j] = BF16(residual[j] * norm_weight[j]), partials[CTA] = the CTA's sum of the new residual[j]^2.
+  float* residual = nullptr;
+  const float* norm_weight = nullptr;
+  __nv_bfloat16* normed = nullptr;
+  float* partials = nullptr;
+  // Prenormed input (x = a residual epilogue's normed row): the sums times rsqrt(sum(in_partials[0,
+  // in_ctas)) / k + eps).
+  const float* in_partials = nullptr;
+  int in_ctas = 0;
+  float eps = 0.0f;
+  int* launched_ctas = nullptr;  // host memory, for the launcher only: receives the residual epilogue's grid
 };
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
@@ -245,7 +257,8 @@ __device__ __forceinline__ float silu_fast(float g) { return g / (1.0f + __expf(
 // the SiLU product at column n; else each of the first `valid` rows wrow[r] of the stacked weight.
 template <class Dec, int MR, int R, bool kSilu>
 __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, const int64_t (&wrow)[R],
-                                            float (&acc)[R][MR], int valid) {
+                                            float (&acc)[R][MR], int valid, float in_scale = 1.0f,
+                                            float* residual_ss = nullptr) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -255,10 +268,22 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
   float scale[R], bias[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    scale[r] = Dec::row_scale(p, wrow[r]);
+    scale[r] = Dec::row_scale(p, wrow[r]) * in_scale;
     bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
   }
   if constexpr (!kSilu) {
+    if (residual_ss != nullptr) {  // v4's residual epilogue: one output, one activation row
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= valid) break;
+        const int64_t col = wrow[r];
+        const float s = p.residual[col] + (acc[r][0] * scale[r] + bias[r]);
+        p.residual[col] = s;
+        p.normed[col] = __float2bfloat16_rn(s * p.norm_weight[col]);
+        *residual_ss += s * s;
+      }
+      return;
+    }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= valid) break;
@@ -410,7 +435,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
   const int64_t nrows = warp_row_count<R, kSilu>(p);
   int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + wib;
-  if (n >= nrows) return;
+  // The norm fusion's CTA-wide sums need every warp, rows or not.
+  const bool active = n < nrows, cta_wide = p.residual != nullptr || p.in_partials != nullptr;
+  if (!active && !cta_wide) return;
+  __shared__ float sums[kWarp];
+  float in_scale = 1.0f, residual_ss = 0.0f;
   const int64_t n0 = n;  // the warp's first row (group): its first p.pf_batches batches are staged
   const int64_t pf_bytes = p.pf_batches * v4_batch_row_bytes(U);
   uint64_t* bar = reinterpret_cast<uint64_t*>(v4_smem) + wib;
@@ -476,7 +505,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
       const int valid = warp_rows<R, kSilu>(p, n, wrow);
-      gemv_finish<Dec, 1, R, kSilu>(p, n, wrow, acc, valid);
+      gemv_finish<Dec, 1, R, kSilu>(p, n, wrow, acc, valid, in_scale, p.residual ? &residual_ss : nullptr);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
     }
@@ -487,8 +516,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
 
   Raw a[R][U], c[R][U];
   int64_t wrow[R];
-  warp_rows<R, kSilu>(p, n, wrow);
-  if (p.pf_batches > 0) {
+  if (active) warp_rows<R, kSilu>(p, n, wrow);
+  const bool staged = active && p.pf_batches > 0;
+  if (staged) {
     if (lane == 0) {
       mbar_init(bar, 1);
       mbar_init_fence();
@@ -498,14 +528,30 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
         bulk_copy(stage + r * pf_bytes, p.w + wrow[r] * p.row_bytes, static_cast<uint32_t>(pf_bytes), bar);
     }
     __syncwarp();
-    pdl_wait();  // the staged batches are on their way (cuda_common.cuh)
-    mbar_wait(bar, 0);
-    load_staged(0, a);
-  } else {
+  } else if (active) {
     load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
-    pdl_wait();  // the first batch is in flight before the wait (cuda_common.cuh)
   }
-  while (step(a, c) && step(c, a)) {
+  pdl_wait();  // the staged batches or the first batch are in flight (cuda_common.cuh)
+  if (p.in_partials != nullptr) {
+    // The residual epilogue's partial sums of squares, summed in a fixed order (deterministic), while
+    // the first weights arrive.
+    float ss = 0.0f;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < p.in_ctas; i += kGemvThreads) ss += p.in_partials[i];
+    ss = block_sum(ss, sums);
+    in_scale = rsqrtf(ss / static_cast<float>(p.k) + p.eps);
+  }
+  if (active) {
+    if (staged) {
+      mbar_wait(bar, 0);
+      load_staged(0, a);
+    }
+    while (step(a, c) && step(c, a)) {
+    }
+  }
+  if (p.residual != nullptr) {
+    residual_ss = block_sum(residual_ss, sums);  // lane 0 of each warp holds its rows' sum
+    if (threadIdx.x == 0) p.partials[blockIdx.x] = residual_ss;
   }
 }
 
@@ -1076,6 +1122,8 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
       opted.fetch_or(bit, std::memory_order_relaxed);
     }
   }
+  if (p.residual != nullptr && ctas > kGemvMaxPartials) return cudaErrorNotSupported;
+  if (p.launched_ctas != nullptr) *p.launched_ctas = static_cast<int>(ctas);
   return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kGemvThreads), static_cast<size_t>(smem),
                     stream, q);
 }
@@ -1219,6 +1267,12 @@ cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream) {
 
 template <int R>
 cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream) {
+  if (p.residual != nullptr || p.in_partials != nullptr) {  // the norm fusion: v4 only (gemv_norm_fuses)
+    if (p.m != 1 || kernel_for(dtype, 1) != GemvKernel::V4) return cudaErrorNotSupported;
+    if (dtype == DType::BF16) return launch_stream<DecodeBf16, R>(p, stream);
+    if (dtype == DType::F8_E4M3) return launch_stream<DecodeFp8, R>(p, stream);
+    return cudaErrorNotSupported;
+  }
   GemvKernel kernel = kernel_for(dtype, p.m);
   if (kernel == GemvKernel::V3) {
     const int subsets = dtype == DType::INT4 ? 4 >> p.group_shift : 1;
@@ -1369,6 +1423,12 @@ int gemv_v4_staged_batches(int64_t ctas, int sms, int rows_per_warp, int loads, 
   return static_cast<int>(std::clamp<int64_t>(per_warp / (rows_per_warp * batch), 0, row_bytes / batch));
 }
 
+bool gemv_norm_fuses(DType dtype, int64_t k) {
+  static const bool enabled = env_int("INFERX_GEMV_NORM", 0, 1, 1) == 1;
+  return enabled && (dtype == DType::BF16 || dtype == DType::F8_E4M3) &&
+         kernel_for(dtype, 1) == GemvKernel::V4 && gemv_supports(dtype, k, 0);
+}
+
 size_t gemv_v4_smem_bytes(int rows_per_warp, int loads, int batches) {
   return batches > 0 ? static_cast<size_t>(kV4BarBytes + int64_t{kGemvWarps} * rows_per_warp * batches *
                                                              v4_batch_row_bytes(loads / rows_per_warp))
@@ -1389,10 +1449,37 @@ cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* per
                     m, k, static_cast<__nv_bfloat16*>(out));
 }
 
+namespace {
+// The norm fusion's arguments into the launch's parameters (both need one activation row on v4).
+bool apply_norm_fusion(DType dtype, int64_t m, int64_t k, GemvResidual* resid, const GemvPrenorm* pre,
+                       GemvParams& p) {
+  if (resid == nullptr && pre == nullptr) return true;
+  if (m != 1 || !gemv_norm_fuses(dtype, k)) return false;
+  if (resid != nullptr) {
+    if (!resid->residual || !resid->norm_weight || !resid->normed || !resid->partials) return false;
+    p.residual = resid->residual;
+    p.norm_weight = resid->norm_weight;
+    p.normed = static_cast<__nv_bfloat16*>(resid->normed);
+    p.partials = resid->partials;
+    p.launched_ctas = &resid->ctas;
+  }
+  if (pre != nullptr) {
+    if (!pre->partials || pre->ctas < 1) return false;
+    p.in_partials = pre->partials;
+    p.in_ctas = pre->ctas;
+    p.eps = pre->eps;
+  }
+  return true;
+}
+}  // namespace
+
 cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,
-                        const GemvOutput* outs, int num_outs, cudaStream_t stream) {
+                        const GemvOutput* outs, int num_outs, cudaStream_t stream, GemvResidual* resid,
+                        const GemvPrenorm* pre) {
   if (num_outs < 1 || num_outs > kGemvMaxOutputs) return cudaErrorInvalidValue;
   GemvParams p = base_params(w, k);
+  if (resid != nullptr && num_outs != 1) return cudaErrorNotSupported;
+  if (!apply_norm_fusion(w.dtype, m, k, resid, pre, p)) return cudaErrorNotSupported;
   p.bias = bias;
   p.num_outs = num_outs;
   for (int i = 0; i < num_outs; ++i) {
@@ -1411,8 +1498,10 @@ cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k
 }
 
 cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, int64_t k, int64_t f,
-                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream) {
+                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream,
+                                 const GemvPrenorm* pre) {
   GemvParams p = base_params(w, k);
+  if (!apply_norm_fusion(w.dtype, m, k, nullptr, pre, p)) return cudaErrorNotSupported;
   p.bias = bias;
   p.num_outs = 1;
   p.rows = p.f = f;

@@ -45,6 +45,31 @@ struct GemvOutput {
   int64_t count = 0;
 };
 
+// The RMSNorm between two one-row products fused into both (decode at batch 1; v4 only, gemv_norm_fuses):
+// the product before the norm (o, down) adds its output into the residual stream in its epilogue (a
+// GemvResidual: the output itself is not stored) and writes the normed row's numerator BF16(residual *
+// norm weight) plus one partial sum of squares per CTA; the product after it (qkv, gate/up, lm_head)
+// takes that BF16 row as x and a GemvPrenorm, summing the partials (fixed order: deterministic) into
+// rsqrt(mean(residual^2) + eps), which scales its sums. Against a norm kernel (x = BF16(residual * rstd *
+// weight)) the BF16 rounding falls on residual * weight instead: the same relative error. Saves the norm
+// kernel, its kernel boundary and the product output's round trip.
+constexpr int kGemvMaxPartials = 4096;
+struct GemvResidual {
+  float* residual = nullptr;           // [n] F32, n = the product's rows
+  const float* norm_weight = nullptr;  // [n] F32
+  void* normed = nullptr;              // [n] BF16, written
+  float* partials = nullptr;           // [kGemvMaxPartials] F32, written (the first `ctas`)
+  int ctas = 0;                        // set by the launch: how many partials it writes
+};
+struct GemvPrenorm {
+  const float* partials = nullptr;  // a GemvResidual's partials and ctas
+  int ctas = 0;
+  float eps = 0.0f;
+};
+// Whether the one-row products of this format and k take GemvResidual / GemvPrenorm (BF16 and FP8 on v4;
+// INFERX_GEMV_NORM=0 turns the fusion off, read once).
+bool gemv_norm_fuses(DType dtype, int64_t k);
+
 // The kernel generation that runs a format's products; Default: the measured choice (or the environment's).
 enum class GemvKernel : uint8_t { Default, V1, V2, V3, V4 };
 bool gemv_kernel_reads(GemvKernel kernel, DType dtype);
@@ -78,14 +103,18 @@ cudaError_t launch_gemv_prepare_x(const void* x, bool x_bf16, const int32_t* per
                                   void* out, cudaStream_t stream);
 
 // out_i[r, c] = x[r, :] . W[begin_i + c, :] + bias[begin_i + c] for the row ranges of `outs` (their
-// counts sum to the weight's rows). bias: F32 [sum of counts] or null.
+// counts sum to the weight's rows). bias: F32 [sum of counts] or null. resid (one output, whose data is
+// then unused) / pre: the norm fusion above (m = 1; else cudaErrorNotSupported and nothing launched).
 cudaError_t launch_gemv(const GemvWeight& w, const void* x, int64_t m, int64_t k, const float* bias,
-                        const GemvOutput* outs, int num_outs, cudaStream_t stream);
+                        const GemvOutput* outs, int num_outs, cudaStream_t stream,
+                        GemvResidual* resid = nullptr, const GemvPrenorm* pre = nullptr);
 
 // Fused gate/up projection: W holds 2f rows, gate rows [0, f) stacked over up rows [f, 2f) (bias the
 // same, or null); out[r, j] = silu(g) * u with g = x[r] . W[j] + b[j], u = x[r] . W[f + j] + b[f + j].
 // out is [m, f] contiguous; out_bf16 (null: none) receives the same values rounded to BF16.
+// pre: as launch_gemv's.
 cudaError_t launch_gemv_silu_mul(const GemvWeight& w, const void* x, int64_t m, int64_t k, int64_t f,
-                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream);
+                                 const float* bias, float* out, void* out_bf16, cudaStream_t stream,
+                                 const GemvPrenorm* pre = nullptr);
 
 }  // namespace inferx::cuda
