@@ -444,7 +444,16 @@ TEST(CudaGemvV4Staging, WholeBatchesWithinTheBudget) {
 // producing CTAs; consumers of 3001 rows and of 5 (one CTA, idle warps); three calls in a row with fresh
 // inputs (the partials are rewritten each time) and a repeated call that must give the same bits. An INT4
 // consumer does not fuse: the prepared norm becomes a norm kernel over the already added residual.
+// The fusion on for a test's scope, whatever the default.
+struct NormFusionScope {
+  NormFusionScope() { cuda::set_gemv_norm_fusion(1); }
+  ~NormFusionScope() { cuda::set_gemv_norm_fusion(-1); }
+  NormFusionScope(const NormFusionScope&) = delete;
+  NormFusionScope& operator=(const NormFusionScope&) = delete;
+};
+
 TEST_F(CudaGemvTest, NormFusionMatchesNormThenProduct) {
+  const NormFusionScope on;
   uint32_t seed = 2100;
   const float eps = 1e-5f;
   const int64_t k_in = 512;
@@ -561,6 +570,7 @@ TEST_F(CudaGemvTest, NormFusionMatchesNormThenProduct) {
 // A prepared norm must be taken by the call it was prepared for: another residual or norm weight is a
 // contract violation, reported instead of computing with the wrong row.
 TEST_F(CudaGemvTest, NormFusionRefusesAnotherNorm) {
+  const NormFusionScope on;
   const Variant& v = kVariants[0];
   const int64_t k = 256;
   const HostWeight ho = make_weight(v, k, 64, 3), h = make_weight(v, 16, k, 4);
@@ -1022,16 +1032,22 @@ TEST_F(CudaGemvTest, FusedModelMatchesUnfusedModel) {
   EXPECT_EQ(l.up.weight.data, static_cast<char*>(l.gate_up.weight.data) + l.gate.weight.nbytes());
   EXPECT_TRUE(unfused->weights().layers[0].qkv.weight.empty());
   EXPECT_EQ(fused->weight_bytes_per_token(), unfused->weight_bytes_per_token());
-  SequenceRunner a(*fused, 64), b(*unfused, 64);
-  std::vector<float> la = a.step({1, 17, 300, 42, 5, 9, 77, 128, 3}),
-                     lb = b.step({1, 17, 300, 42, 5, 9, 77, 128, 3});
-  EXPECT_LE(relative_gap(la, lb), 2e-2) << "prefill";
-  for (int i = 0; i < 12; ++i) {
-    const int32_t next = static_cast<int32_t>(std::max_element(lb.begin(), lb.end()) - lb.begin());
-    la = a.step({next});
-    lb = b.step({next});
-    ASSERT_LE(relative_gap(la, lb), 2e-2) << "decode step " << i;
+  // Decode steps with the norms fused into the one-row products (kernels_gemv.h) and without.
+  for (int norm_fusion : {0, 1}) {
+    SCOPED_TRACE(norm_fusion ? "norm fusion on" : "norm fusion off");
+    cuda::set_gemv_norm_fusion(norm_fusion);
+    SequenceRunner a(*fused, 64), b(*unfused, 64);
+    std::vector<float> la = a.step({1, 17, 300, 42, 5, 9, 77, 128, 3}),
+                       lb = b.step({1, 17, 300, 42, 5, 9, 77, 128, 3});
+    EXPECT_LE(relative_gap(la, lb), 2e-2) << "prefill";
+    for (int i = 0; i < 12; ++i) {
+      const int32_t next = static_cast<int32_t>(std::max_element(lb.begin(), lb.end()) - lb.begin());
+      la = a.step({next});
+      lb = b.step({next});
+      EXPECT_LE(relative_gap(la, lb), 2e-2) << "decode step " << i;
+    }
   }
+  cuda::set_gemv_norm_fusion(-1);
 }
 
 TEST_F(CudaGemvTest, NativeGgufQuantizedModelMatchesCpu) {

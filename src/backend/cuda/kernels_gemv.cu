@@ -75,6 +75,10 @@ struct GemvParams {
   int in_ctas = 0;
   float eps = 0.0f;
   int* launched_ctas = nullptr;  // host memory, for the launcher only: receives the residual epilogue's grid
+  // Experiments (INFERX_GEMV_NORM_EXP, read once; bit 1: the residual epilogue lets its dependents launch
+  // only when it exits; bit 2: each warp sums the partials itself).
+  bool late_trigger = false;
+  bool warp_prenorm = false;
 };
 
 // 16 bytes of a streamed weight: not kept in L1 (x is).
@@ -253,12 +257,19 @@ struct DecodeQ4K {
 // within its BF16 tolerance); cuda_common.cuh's silu is the exact form.
 __device__ __forceinline__ float silu_fast(float g) { return g / (1.0f + __expf(-g)); }
 
+// v4's residual epilogue, lane 0: its rows' residual and norm weight, loaded when the warp starts the rows
+// (their latency hidden behind the rows' weight stream), and the sum of squares of what it stored.
+struct ResidualRows {
+  float res[2] = {0.0f, 0.0f}, gam[2] = {0.0f, 0.0f};
+  float ss = 0.0f;
+};
+
 // The warp's sums to its outputs (lane 0 stores): scale, bias, and with kSilu (R = 2: rows n and f + n)
 // the SiLU product at column n; else each of the first `valid` rows wrow[r] of the stacked weight.
 template <class Dec, int MR, int R, bool kSilu>
 __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, const int64_t (&wrow)[R],
                                             float (&acc)[R][MR], int valid, float in_scale = 1.0f,
-                                            float* residual_ss = nullptr) {
+                                            ResidualRows* rr = nullptr) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -272,15 +283,15 @@ __device__ __forceinline__ void gemv_finish(const GemvParams& p, int64_t n, cons
     bias[r] = p.bias ? p.bias[wrow[r]] : 0.0f;
   }
   if constexpr (!kSilu) {
-    if (residual_ss != nullptr) {  // v4's residual epilogue: one output, one activation row
+    if (rr != nullptr) {  // v4's residual epilogue: one output, one activation row
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         if (r >= valid) break;
         const int64_t col = wrow[r];
-        const float s = p.residual[col] + (acc[r][0] * scale[r] + bias[r]);
+        const float s = rr->res[r] + (acc[r][0] * scale[r] + bias[r]);
         p.residual[col] = s;
-        p.normed[col] = __float2bfloat16_rn(s * p.norm_weight[col]);
-        *residual_ss += s * s;
+        p.normed[col] = __float2bfloat16_rn(s * rr->gam[r]);
+        rr->ss += s * s;
       }
       return;
     }
@@ -439,7 +450,22 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   const bool active = n < nrows, cta_wide = p.residual != nullptr || p.in_partials != nullptr;
   if (!active && !cta_wide) return;
   __shared__ float sums[kWarp];
-  float in_scale = 1.0f, residual_ss = 0.0f;
+  float in_scale = 1.0f;
+  ResidualRows rr;
+  // Lane 0 loads row group g's residual and norm weight for the epilogue (p.residual; after the PDL wait:
+  // the previous kernels write the residual).
+  auto load_residual_rows = [&](int64_t g) {
+    if (p.residual == nullptr || lane != 0) return;
+    int64_t rows[R];
+    const int valid = warp_rows<R, kSilu>(p, g, rows);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < valid) {
+        rr.res[r] = p.residual[rows[r]];
+        rr.gam[r] = __ldg(p.norm_weight + rows[r]);
+      }
+    }
+  };
   const int64_t n0 = n;  // the warp's first row (group): its first p.pf_batches batches are staged
   const int64_t pf_bytes = p.pf_batches * v4_batch_row_bytes(U);
   uint64_t* bar = reinterpret_cast<uint64_t*>(v4_smem) + wib;
@@ -478,7 +504,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
       warp_rows<R, kSilu>(p, next_n, next_rows);
       load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
     } else {
-      pdl_launch_dependents();  // after the weight stream (see the file comment)
+      if (!p.late_trigger) pdl_launch_dependents();  // after the weight stream (see the file comment)
     }
     // Not dot_granules (v1's order: each weight granule expanded, then x loaded per 8 columns and row): x's
     // granule loaded and converted once for the R rows, then their weights. With dot_granules v4 measured
@@ -505,9 +531,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     if (next_b == 0) {  // row n is complete
       int64_t wrow[R];
       const int valid = warp_rows<R, kSilu>(p, n, wrow);
-      gemv_finish<Dec, 1, R, kSilu>(p, n, wrow, acc, valid, in_scale, p.residual ? &residual_ss : nullptr);
+      gemv_finish<Dec, 1, R, kSilu>(p, n, wrow, acc, valid, in_scale, p.residual ? &rr : nullptr);
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+      if (more) load_residual_rows(next_n);
     }
     n = next_n;
     b = next_b;
@@ -532,16 +559,24 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
   }
   pdl_wait();  // the staged batches or the first batch are in flight (cuda_common.cuh)
+  if (!active && !p.late_trigger) pdl_launch_dependents();  // no weights to stream (others: after theirs)
   if (p.in_partials != nullptr) {
     // The residual epilogue's partial sums of squares, summed in a fixed order (deterministic), while
     // the first weights arrive.
     float ss = 0.0f;
+    if (p.warp_prenorm) {  // each warp on its own: no CTA barrier
 #pragma unroll 4
-    for (int i = threadIdx.x; i < p.in_ctas; i += kGemvThreads) ss += p.in_partials[i];
-    ss = block_sum(ss, sums);
+      for (int i = lane; i < p.in_ctas; i += kWarp) ss += p.in_partials[i];
+      ss = warp_sum(ss);
+    } else {
+#pragma unroll 4
+      for (int i = threadIdx.x; i < p.in_ctas; i += kGemvThreads) ss += p.in_partials[i];
+      ss = block_sum(ss, sums);
+    }
     in_scale = rsqrtf(ss / static_cast<float>(p.k) + p.eps);
   }
   if (active) {
+    load_residual_rows(n);
     if (staged) {
       mbar_wait(bar, 0);
       load_staged(0, a);
@@ -550,8 +585,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     }
   }
   if (p.residual != nullptr) {
-    residual_ss = block_sum(residual_ss, sums);  // lane 0 of each warp holds its rows' sum
-    if (threadIdx.x == 0) p.partials[blockIdx.x] = residual_ss;
+    const float ss = block_sum(rr.ss, sums);  // lane 0 of each warp holds its rows' sum
+    if (threadIdx.x == 0) p.partials[blockIdx.x] = ss;
   }
 }
 
@@ -1116,8 +1151,12 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
     if (const cudaError_t st = cudaGetDevice(&device); st != cudaSuccess) return st;
     const uint32_t bit = device < 32 ? 1u << device : 0u;
     if (bit == 0 || (opted.load(std::memory_order_relaxed) & bit) == 0) {
-      const cudaError_t st =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+      // The most a CTA may take (227 KB on Hopper) less the kernel's static shared memory.
+      cudaFuncAttributes attr{};
+      cudaError_t st = cudaFuncGetAttributes(&attr, kernel);
+      if (st != cudaSuccess) return st;
+      st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                227 * 1024 - static_cast<int>(attr.sharedSizeBytes));
       if (st != cudaSuccess) return st;
       opted.fetch_or(bit, std::memory_order_relaxed);
     }
@@ -1423,8 +1462,14 @@ int gemv_v4_staged_batches(int64_t ctas, int sms, int rows_per_warp, int loads, 
   return static_cast<int>(std::clamp<int64_t>(per_warp / (rows_per_warp * batch), 0, row_bytes / batch));
 }
 
+// The norm fusion's switch: set_gemv_norm_fusion, else INFERX_GEMV_NORM (0 / 1, default 0), read once.
+std::atomic<int> g_norm_fusion{-1};
+void set_gemv_norm_fusion(int on) { g_norm_fusion.store(on, std::memory_order_relaxed); }
+
 bool gemv_norm_fuses(DType dtype, int64_t k) {
-  static const bool enabled = env_int("INFERX_GEMV_NORM", 0, 1, 1) == 1;
+  static const int env = env_int("INFERX_GEMV_NORM", 0, 1, 0);
+  const int o = g_norm_fusion.load(std::memory_order_relaxed);
+  const bool enabled = (o == 0 || o == 1 ? o : env) == 1;
   return enabled && (dtype == DType::BF16 || dtype == DType::F8_E4M3) &&
          kernel_for(dtype, 1) == GemvKernel::V4 && gemv_supports(dtype, k, 0);
 }
@@ -1455,6 +1500,9 @@ bool apply_norm_fusion(DType dtype, int64_t m, int64_t k, GemvResidual* resid, c
                        GemvParams& p) {
   if (resid == nullptr && pre == nullptr) return true;
   if (m != 1 || !gemv_norm_fuses(dtype, k)) return false;
+  static const int exp = env_int("INFERX_GEMV_NORM_EXP", 0, 3, 0);
+  p.late_trigger = resid != nullptr && (exp & 1) != 0;
+  p.warp_prenorm = (exp & 2) != 0;
   if (resid != nullptr) {
     if (!resid->residual || !resid->norm_weight || !resid->normed || !resid->partials) return false;
     p.residual = resid->residual;

@@ -66,9 +66,10 @@ struct GemvPrenorm {
   int ctas = 0;
   float eps = 0.0f;
 };
-// Whether the one-row products of this format and k take GemvResidual / GemvPrenorm (BF16 and FP8 on v4;
-// INFERX_GEMV_NORM=0 turns the fusion off, read once).
+// Whether the one-row products of this format and k take GemvResidual / GemvPrenorm (BF16 and FP8 on v4,
+// with the fusion on: set_gemv_norm_fusion(1 / 0; -1: INFERX_GEMV_NORM=1|0, default 0, read once)).
 bool gemv_norm_fuses(DType dtype, int64_t k);
+void set_gemv_norm_fusion(int on);
 
 // The kernel generation that runs a format's products; Default: the measured choice (or the environment's).
 enum class GemvKernel : uint8_t { Default, V1, V2, V3, V4 };
