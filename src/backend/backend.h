@@ -170,6 +170,20 @@ class Backend {
                                   const Tensor& next_norm, float eps) {
     matmul(x, w, out);
   }
+  // The whole MLP block of a pre-norm layer: norm_matmul_silu_mul into act (w = [G; U] stacked), then
+  // out = act @ down^T (matmul_before_norm with next_norm when given, else matmul). `add` and `out` may be
+  // the same tensor (read before it is written). A backend may fuse across the products: act (and h) then
+  // stay unwritten.
+  virtual void norm_mlp(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h,
+                        const Linear& gate_up, Tensor& gate, Tensor& up, Tensor& act, const Linear& down,
+                        Tensor& out, const Tensor* next_norm) {
+    norm_matmul_silu_mul(residual, add, norm, eps, h, gate_up, gate, up, act);
+    if (next_norm) {
+      matmul_before_norm(act, down, out, residual, *next_norm, eps);
+    } else {
+      matmul(act, down, out);
+    }
+  }
   // One whole decode step for a batch of exactly one token (embedding, every layer, final norm and the
   // logits into logits [1, vocab] F32; x [1, hidden] F32 is the residual-stream workspace), as
   // Model::forward would compute it, when the backend has a fused program for these weights, shapes and

@@ -132,6 +132,16 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
       backend_.matmul_before_norm(attn, l.o, proj, x, l.ffn_norm, c.rms_norm_eps);
     }
     // MLP block: x += down(silu(gate(h)) * up(h)).
+    // The next norm: the next layer's, or the final one when it runs with the vocabulary projection.
+    const bool last = i + 1 == weights_.layers.size();
+    const Tensor* next_norm = !last               ? &weights_.layers[i + 1].attn_norm
+                              : final_with_logits ? &weights_.final_norm
+                                                  : nullptr;
+    if (!l.gate_up.weight.empty() && !rank_) {
+      backend_.norm_mlp(x, &proj, l.ffn_norm, c.rms_norm_eps, h, l.gate_up, gate, up, act, l.down, proj,
+                        next_norm);
+      continue;
+    }
     if (!l.gate_up.weight.empty()) {
       backend_.norm_matmul_silu_mul(x, &proj, l.ffn_norm, c.rms_norm_eps, h, l.gate_up, gate, up, act);
     } else {
@@ -140,14 +150,11 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
       backend_.matmul(h, l.up, up);
       backend_.silu_mul(gate, up, act);
     }
-    // The next norm: the next layer's, or the final one when it runs with the vocabulary projection.
-    const bool last = i + 1 == weights_.layers.size();
     if (rank_) {
       backend_.matmul(act, l.down, proj);
       rank_->all_reduce_sum(proj);  // tensor parallel: down is row-parallel
-    } else if (!last || final_with_logits) {
-      const Tensor& next_norm = last ? weights_.final_norm : weights_.layers[i + 1].attn_norm;
-      backend_.matmul_before_norm(act, l.down, proj, x, next_norm, c.rms_norm_eps);
+    } else if (next_norm) {
+      backend_.matmul_before_norm(act, l.down, proj, x, *next_norm, c.rms_norm_eps);
     } else {
       backend_.matmul(act, l.down, proj);
     }

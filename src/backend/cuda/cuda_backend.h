@@ -128,6 +128,9 @@ class CudaBackend final : public Backend {
                             const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
   void matmul_before_norm(const Tensor& x, const Linear& w, Tensor& out, Tensor& residual,
                           const Tensor& next_norm, float eps) override;
+  void norm_mlp(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h,
+                const Linear& gate_up, Tensor& gate, Tensor& up, Tensor& act, const Linear& down, Tensor& out,
+                const Tensor* next_norm) override;
   void copy_on_device(void* dst, const void* src, size_t bytes) override;
   // The batch-1 persistent decode kernel (cuda_backend_decode_stack.cpp).
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
@@ -271,6 +274,13 @@ class CudaBackend final : public Backend {
   // matmul_silu_mul); false when they do not apply (the caller takes the next path).
   bool fused_quantized_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs);
   bool fused_quantized_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
+  // The same products with the norm before them (and in norm_mlp the down product) fused into the FP8
+  // activation quantization (QuantizedGemm::norm_matmul_split / norm_mlp). No: nothing ran; InputOnly: the
+  // norm ran into h, the caller runs the products on h.
+  enum class FusedNorm { No, InputOnly, Done };
+  FusedNorm fused_quantized_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
+                                 Tensor& h, const Linear& w, std::span<Tensor* const> outs,
+                                 const Linear* down, Tensor* act);
   // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
   void run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,

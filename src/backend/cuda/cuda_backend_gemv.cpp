@@ -216,8 +216,21 @@ void CudaBackend::norm_matmul_split(Tensor& residual, const Tensor* add, const T
   const PendingNorm p = pending_norm_;
   if (!ready || outs.empty() || outs.size() > static_cast<size_t>(cuda::kGemvMaxOutputs) ||
       !gemv_norm_takes(h, w) || w.in_features() != residual.cols()) {
-    Backend::norm_matmul_split(residual, add, norm, eps, h, w, outs);  // pre_norm takes a prepared norm
-    return;
+    switch (ready ? FusedNorm::No
+                  : fused_quantized_norm(residual, add, norm, eps, h, w, outs, nullptr, nullptr)) {
+      case FusedNorm::Done:
+        return;
+      case FusedNorm::InputOnly:
+        if (outs.size() == 1) {
+          matmul(h, w, *outs[0]);
+        } else {
+          matmul_split(h, w, outs);
+        }
+        return;
+      case FusedNorm::No:
+        Backend::norm_matmul_split(residual, add, norm, eps, h, w, outs);  // pre_norm takes a prepared norm
+        return;
+    }
   }
   take_pending_norm(residual, add, norm, eps);
   use_device();
@@ -260,6 +273,73 @@ void CudaBackend::norm_matmul_silu_mul(Tensor& residual, const Tensor* add, cons
                                         stream_, &pre));
   last_matmul_bf16_ = true;
   if (ob) adopt_bf16_copy(out);
+}
+
+void CudaBackend::norm_mlp(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h,
+                           const Linear& gate_up, Tensor& gate, Tensor& up, Tensor& act, const Linear& down,
+                           Tensor& out, const Tensor* next_norm) {
+  Tensor* outs[] = {&out};
+  const FusedNorm r = pending_norm_.residual != nullptr
+                          ? FusedNorm::No
+                          : fused_quantized_norm(residual, add, norm, eps, h, gate_up, outs, &down, &act);
+  if (r == FusedNorm::Done) return;
+  if (r == FusedNorm::InputOnly) {
+    matmul_silu_mul(h, gate_up, gate, up, act);
+    if (next_norm) {
+      matmul_before_norm(act, down, out, residual, *next_norm, eps);
+    } else {
+      matmul(act, down, out);
+    }
+    return;
+  }
+  Backend::norm_mlp(residual, add, norm, eps, h, gate_up, gate, up, act, down, out, next_norm);
+}
+
+// Prefill-sized steps with FP8 weights: the norm before the products writes their FP8 codes directly
+// (QuantizedGemm::norm_matmul_split / norm_mlp). down != null: the MLP, outs[0] the down projection's output
+// and act its input's workspace; else a (split) projection.
+CudaBackend::FusedNorm CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add,
+                                                         const Tensor& norm, float eps, Tensor& h,
+                                                         const Linear& w, std::span<Tensor* const> outs,
+                                                         const Linear* down, Tensor* act) {
+  const int64_t t = residual.rows(), k = residual.cols();
+  const auto f32_like = [&](const Tensor& x) {
+    return x.device == Device::CUDA && x.dtype == DType::F32 && x.rows() == t && x.cols() == k;
+  };
+  if (outs.empty() || outs.size() > 3 || w.weight.device != Device::CUDA || w.in_features() != k ||
+      !f32_like(residual) || !f32_like(h) || (add && !f32_like(*add)) || norm.dtype != DType::F32 ||
+      norm.numel() != k || !cuda::QuantizedGemm::supports(w) || !cuda::QuantizedGemm::prefers_fused(w, t))
+    return FusedNorm::No;
+  if (down && (down->weight.device != Device::CUDA || !cuda::QuantizedGemm::supports(*down) ||
+               act->device != Device::CUDA || act->dtype != DType::F32 || act->rows() != t ||
+               act->cols() * 2 != w.out_features()))
+    return FusedNorm::No;
+  for (Tensor* o : outs) check_out(residual, *o, down ? "down" : "split matmul");
+  cuda::QuantizedGemm::NormInput in;
+  in.residual = residual.ptr<float>();
+  in.add = add ? add->ptr<float>() : nullptr;
+  in.norm = norm.ptr<float>();
+  in.eps = eps;
+  in.h = h.ptr<float>();
+  use_device();
+  const auto ws = [this](size_t bytes) { return scratch(qgemm_ws_, bytes); };
+  cuda::QuantizedGemm::Fused r;
+  if (down) {
+    r = qgemm_->norm_mlp(in, t, w, *down, act->ptr<float>(), outs[0]->ptr<float>(), ws);
+  } else {
+    float* ptrs[3];
+    int64_t cols[3];
+    for (size_t j = 0; j < outs.size(); ++j) {
+      ptrs[j] = outs[j]->ptr<float>();
+      cols[j] = outs[j]->cols();
+    }
+    r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws);
+  }
+  if (r == cuda::QuantizedGemm::Fused::No) return FusedNorm::No;
+  // The residual, h, act and the outputs changed (or stay unwritten): no BF16 copy of any is current.
+  drop_bf16_copy();
+  last_matmul_bf16_ = false;
+  return r == cuda::QuantizedGemm::Fused::Done ? FusedNorm::Done : FusedNorm::InputOnly;
 }
 
 // FP8 weights at prefill sizes (QuantizedGemm::prefers_fused): the fused projection as one FP8 GEMM over the

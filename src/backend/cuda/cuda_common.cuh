@@ -83,6 +83,22 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
+// Largest value over the whole block (as block_sum; fmaxf, so NaN is ignored as std::fmax does). The
+// quantizers pass |x|: an all-zero block gives 0.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = lane < warps ? scratch[lane] : 0.0f;
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  __syncthreads();
+  return m;
+}
+
 template <class T>
 __device__ __forceinline__ float to_float(T v);
 template <>

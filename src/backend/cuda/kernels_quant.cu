@@ -12,20 +12,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr float kFp8Max = 448.0f;  // quant/fp8.h: the largest finite E4M3 value
 
-// Largest |x| of the row over the block (blockDim.x == kThreads); NaN is ignored as std::fmax does.
-__device__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float m = lane < kThreads / kWarp ? scratch[lane] : 0.0f;
-#pragma unroll
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  __syncthreads();
-  return m;
-}
-
 __global__ void quantize_fp8_rows_kernel(const float* x, int64_t t, int64_t k, uint8_t* q, float* scale,
                                          __nv_bfloat16* q_bf16) {
   __shared__ float scratch[kWarp];

@@ -39,6 +39,27 @@ struct Fp8Epilogue {
 };
 cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream);
 
+// The passes around the FP8 GEMMs of prefill-sized steps with the activation quantization folded in
+// (kernels_quant_fused.cu), so that the F32 rows the next GEMM quantizes are never written and read back:
+//   norm_quantize: residual [t, k] (+= add [t, k] when add is not null, written back), h = RMSNorm(residual)
+//     * w as the rmsnorm kernels compute it, quantized per row as launch_quantize_fp8_rows (codes q [t, k],
+//     scale [t]). h itself is not stored. Takes k % 4 == 0 and k <= 8192 with 16-byte aligned rows
+//     (fp8_norm_quantize_takes); others: cudaErrorNotSupported, nothing launched.
+//   silu_quantize: the SiLU * up epilogue of a fused gate/up FP8 GEMM (e.silu, Fp8Epilogue above; e.out
+//     unused) quantized per row in the same pass: codes q [t, n / 2], scale [t] - the codes and scales that
+//     launch_fp8_epilogue followed by launch_quantize_fp8_rows give. One CTA per row, the row's values held
+//     in shared memory (n / 2 floats: fp8_silu_quantize_takes); others: cudaErrorNotSupported.
+//   dequantize: out [t, k] F32 = e4m3 value of q * scale[row] (the fallback when a GEMM after a fused pass
+//     is refused: the W8A8 values, which quantize back to the same codes).
+bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k);
+cudaError_t launch_norm_quantize_fp8_rows(float* residual, const float* add, const float* w, float eps,
+                                          int64_t t, int64_t k, uint8_t* q, float* scale,
+                                          cudaStream_t stream);
+bool fp8_silu_quantize_takes(const Fp8Epilogue& e);
+cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* scale, cudaStream_t stream);
+cudaError_t launch_dequantize_fp8_rows(const uint8_t* q, const float* scale, int64_t t, int64_t k, float* out,
+                                       cudaStream_t stream);
+
 // A quantized weight as the dequantizer reads it (layouts: quant/fp8.h, quant/int4.h,
 // quant/gguf_block_layouts.h). Pointers are to row 0 of the whole weight.
 struct DequantWeight {

@@ -36,6 +36,7 @@ DequantWeight dequant_weight(const Linear& w) {
 QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream), lt_(stream) {
   if (const char* v = std::getenv("INFERX_CUDA_FP8_OUTER_SCALE")) outer_scale_ = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("INFERX_CUDA_FP8_ACC")) bf16_acc_ = std::strcmp(v, "bf16") == 0;
+  if (const char* v = std::getenv("INFERX_CUDA_FP8_FUSE")) fused_passes_ = std::strcmp(v, "0") != 0;
 }
 
 QuantizedGemm::~QuantizedGemm() = default;
@@ -107,26 +108,40 @@ bool fp8_gemm_shape(const Linear& w, const void* d) {
 
 }  // namespace
 
+QuantizedGemm::Fp8Input QuantizedGemm::reserve_input(int64_t t, int64_t k, size_t extra_bytes,
+                                                     const std::function<void*(size_t)>& workspace) {
+  const size_t q_bytes = round_up(static_cast<size_t>(t * k)), s_bytes = round_up(static_cast<size_t>(t) * 4);
+  auto* ws = static_cast<char*>(workspace(q_bytes + s_bytes + extra_bytes));
+  return Fp8Input{reinterpret_cast<uint8_t*>(ws), reinterpret_cast<float*>(ws + q_bytes),
+                  ws + q_bytes + s_bytes};
+}
+
 QuantizedGemm::Fp8Input QuantizedGemm::quantize_input(const float* x, int64_t t, int64_t k,
                                                       size_t extra_bytes,
                                                       const std::function<void*(size_t)>& workspace) {
-  const size_t q_bytes = round_up(static_cast<size_t>(t * k)), s_bytes = round_up(static_cast<size_t>(t) * 4);
-  auto* ws = static_cast<char*>(workspace(q_bytes + s_bytes + extra_bytes));
-  Fp8Input in{reinterpret_cast<uint8_t*>(ws), reinterpret_cast<float*>(ws + q_bytes), ws + q_bytes + s_bytes};
+  const Fp8Input in = reserve_input(t, k, extra_bytes, workspace);
   CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, in.codes, in.scales, nullptr, stream_));
   return in;
 }
 
-bool QuantizedGemm::plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16) {
+LtMatmul::Plan* QuantizedGemm::fp8_plan(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16,
+                                        LtOperands& ops) {
   const int64_t n = w.out_features();
-  const LtOperands ops{w.weight.data, in.codes, d, nullptr, nullptr, nullptr};
-  LtMatmul::Plan* plan = lt_.plan(
-      lt_shape(CUDA_R_8F_E4M3, n, t, w.in_features(), n, ops, d_bf16 ? CUDA_R_16BF : CUDA_R_32F), ops);
+  ops = LtOperands{w.weight.data, in.codes, d, nullptr, nullptr, nullptr};
+  return lt_.plan(lt_shape(CUDA_R_8F_E4M3, n, t, w.in_features(), n, ops, d_bf16 ? CUDA_R_16BF : CUDA_R_32F),
+                  ops);
+}
+
+bool QuantizedGemm::plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16) {
+  LtOperands ops;
+  LtMatmul::Plan* plan = fp8_plan(w, in, t, d, d_bf16, ops);
   return plan != nullptr && try_run(*plan, ops);
 }
 
-void QuantizedGemm::scale_epilogue(Fp8Epilogue e, const void* acc, bool acc_bf16, int64_t t, const Linear& w,
-                                   const float* x_scales) {
+namespace {
+
+Fp8Epilogue epilogue_for(Fp8Epilogue e, const void* acc, bool acc_bf16, int64_t t, const Linear& w,
+                         const float* x_scales) {
   e.acc = acc;
   e.acc_bf16 = acc_bf16;
   e.t = t;
@@ -135,7 +150,14 @@ void QuantizedGemm::scale_epilogue(Fp8Epilogue e, const void* acc, bool acc_bf16
   e.w_scale = static_cast<const float*>(w.scale.data);
   e.per_channel = w.scale.numel() > 1;
   e.bias = w.bias.empty() ? nullptr : w.bias.ptr<float>();
-  CUDA_CHECK(launch_fp8_epilogue(e, stream_));
+  return e;
+}
+
+}  // namespace
+
+void QuantizedGemm::scale_epilogue(Fp8Epilogue e, const void* acc, bool acc_bf16, int64_t t, const Linear& w,
+                                   const float* x_scales) {
+  CUDA_CHECK(launch_fp8_epilogue(epilogue_for(e, acc, acc_bf16, t, w, x_scales), stream_));
 }
 
 void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
@@ -213,6 +235,96 @@ bool QuantizedGemm::matmul_silu_mul(const float* x, int64_t t, const Linear& w, 
   e.silu = true;
   e.out[0] = out;
   return fp8_fused(x, t, w, e, workspace);
+}
+
+bool QuantizedGemm::fp8_takes(const Linear& w) const {
+  return w.weight.dtype == DType::F8_E4M3 && !force_dequant_ && supports(w) && fp8_gemm_shape(w, nullptr);
+}
+
+void QuantizedGemm::norm_fallback(const NormInput& in, int64_t t, int64_t k) {
+  CUDA_CHECK(launch_rmsnorm(in.residual, in.norm, in.eps, t, k, in.h, nullptr, stream_));
+}
+
+QuantizedGemm::Fused QuantizedGemm::norm_matmul_split(const NormInput& in, int64_t t, const Linear& w,
+                                                      float* const* outs, const int64_t* cols, int num_outs,
+                                                      const std::function<void*(size_t)>& workspace) {
+  const int64_t k = w.in_features(), n = w.out_features();
+  if (!fused_passes_ || t <= 0 || num_outs < 1 || num_outs > 3 || !fp8_takes(w) ||
+      !fp8_norm_quantize_takes(in.residual, in.add, in.norm, k))
+    return Fused::No;
+  Fp8Epilogue e;
+  e.num_outs = num_outs;
+  int64_t total = 0;
+  for (int j = 0; j < num_outs; ++j) {
+    e.out[j] = outs[j];
+    e.cols[j] = cols[j];
+    total += cols[j];
+  }
+  INFERX_CHECK(total == n, "cuda backend: split FP8 matmul outputs of {} columns for W {}", total,
+               w.weight.shape_string());
+  lt_.evict_if_full();
+  const Fp8Input x = reserve_input(t, k, static_cast<size_t>(t * n) * (bf16_acc_ ? 2 : 4), workspace);
+  // The plan first (it may time the GEMM on these operands: scratch only): without one nothing has run.
+  LtOperands ops;
+  LtMatmul::Plan* plan = fp8_plan(w, x, t, x.extra, bf16_acc_, ops);
+  if (plan == nullptr) return Fused::No;
+  CUDA_CHECK(
+      launch_norm_quantize_fp8_rows(in.residual, in.add, in.norm, in.eps, t, k, x.codes, x.scales, stream_));
+  if (!try_run(*plan, ops)) {
+    norm_fallback(in, t, k);
+    return Fused::InputOnly;
+  }
+  scale_epilogue(e, x.extra, bf16_acc_, t, w, x.scales);
+  last_path_ = Path::Fp8Fused;
+  return Fused::Done;
+}
+
+QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, const Linear& gate_up,
+                                             const Linear& down, float* act, float* out,
+                                             const std::function<void*(size_t)>& workspace) {
+  const int64_t k = gate_up.in_features(), n2 = gate_up.out_features(), f = n2 / 2, n = down.out_features();
+  Fp8Epilogue silu;
+  silu.silu = true;
+  silu.n = n2;
+  if (!fused_passes_ || t <= 0 || n2 % 2 != 0 || down.in_features() != f || !fp8_takes(gate_up) ||
+      !fp8_takes(down) || !fp8_gemm_shape(down, out) || !fp8_silu_quantize_takes(silu) ||
+      !fp8_norm_quantize_takes(in.residual, in.add, in.norm, k))
+    return Fused::No;
+  lt_.evict_if_full();
+  // One workspace: x's codes and scales, the gate/up product, then act's codes and scales.
+  const size_t acc_bytes = round_up(static_cast<size_t>(t * n2) * (bf16_acc_ ? 2 : 4));
+  const Fp8Input x = reserve_input(
+      t, k, acc_bytes + round_up(static_cast<size_t>(t * f)) + round_up(static_cast<size_t>(t) * 4),
+      workspace);
+  auto* act_codes = static_cast<uint8_t*>(x.extra) + acc_bytes;
+  const Fp8Input a{act_codes, reinterpret_cast<float*>(act_codes + round_up(static_cast<size_t>(t * f))),
+                   nullptr};
+  LtOperands gu_ops;
+  LtMatmul::Plan* gu_plan = fp8_plan(gate_up, x, t, x.extra, bf16_acc_, gu_ops);
+  if (gu_plan == nullptr) return Fused::No;
+  CUDA_CHECK(
+      launch_norm_quantize_fp8_rows(in.residual, in.add, in.norm, in.eps, t, k, x.codes, x.scales, stream_));
+  if (!try_run(*gu_plan, gu_ops)) {
+    norm_fallback(in, t, k);
+    return Fused::InputOnly;
+  }
+  CUDA_CHECK(launch_fp8_silu_quantize(epilogue_for(silu, x.extra, bf16_acc_, t, gate_up, x.scales), a.codes,
+                                      a.scales, stream_));
+  // The down plan only now: timing a new plan writes `out`, which may be the norm's `add`.
+  LtOperands down_ops;
+  LtMatmul::Plan* down_plan = fp8_plan(down, a, t, out, false, down_ops);
+  if (down_plan == nullptr || !try_run(*down_plan, down_ops)) {
+    // act's W8A8 values (they quantize back to the same codes), then the unfused product.
+    CUDA_CHECK(launch_dequantize_fp8_rows(a.codes, a.scales, t, f, act, stream_));
+    matmul(act, t, down, out, workspace);
+    return Fused::Done;
+  }
+  Fp8Epilogue e;
+  e.out[0] = out;
+  e.cols[0] = n;
+  scale_epilogue(e, out, false, t, down, a.scales);
+  last_path_ = Path::Fp8Fused;
+  return Fused::Done;
 }
 
 void QuantizedGemm::dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,

@@ -78,6 +78,34 @@ class QuantizedGemm {
   bool matmul_silu_mul(const float* x, int64_t t, const Linear& w, float* out,
                        const std::function<void*(size_t)>& workspace);
 
+  // The FP8 products of prefill-sized steps with the passes around them fused (kernels_quant_fused.cu):
+  // the input is the pre-norm residual stream, normed and quantized in one pass (residual += add when add
+  // is not null; h = RMSNorm(residual) * norm is not written), and in mlp the SiLU * up epilogue of the
+  // gate/up GEMM writes the down projection's codes (act is not written). Same codes and scales as the
+  // unfused passes, so the same values as add_rmsnorm + matmul_split / matmul_silu_mul + matmul.
+  //   No: nothing ran (a weight or shape these paths do not take, no FP8 algorithm offered, or the fusion
+  //     switched off): the caller runs the unfused ops.
+  //   InputOnly: the norm ran (residual updated) but a GEMM was then refused; h [t, k] now holds the normed
+  //     rows and the caller runs the products on h.
+  //   Done: outs / out hold the products.
+  enum class Fused { No, InputOnly, Done };
+  struct NormInput {
+    float* residual = nullptr;    // [t, k]
+    const float* add = nullptr;   // [t, k] or null
+    const float* norm = nullptr;  // [k]
+    float eps = 0.0f;
+    float* h = nullptr;  // [t, k]: written only for InputOnly
+  };
+  Fused norm_matmul_split(const NormInput& in, int64_t t, const Linear& w, float* const* outs,
+                          const int64_t* cols, int num_outs, const std::function<void*(size_t)>& workspace);
+  // out [t, down.out_features] = down(silu(h @ G^T) * (h @ U^T)) for gate_up = [G; U]; act [t, f] is
+  // written only when the down GEMM is refused after the gate/up one ran (it then runs unfused from act).
+  Fused norm_mlp(const NormInput& in, int64_t t, const Linear& gate_up, const Linear& down, float* act,
+                 float* out, const std::function<void*(size_t)>& workspace);
+  // Whether the fused passes above are tried (default on; INFERX_CUDA_FP8_FUSE=0: off).
+  void set_fused_passes(bool on) { fused_passes_ = on; }
+  bool fused_passes() const { return fused_passes_; }
+
   // The path the last matmul took (tests and benchmarks).
   Path last_path() const { return last_path_; }
   // Tests: force the dequantizing path for FP8 weights too.
@@ -114,6 +142,16 @@ class QuantizedGemm {
   };
   Fp8Input quantize_input(const float* x, int64_t t, int64_t k, size_t extra_bytes,
                           const std::function<void*(size_t)>& workspace);
+  // The same layout without the quantization (the caller quantizes).
+  Fp8Input reserve_input(int64_t t, int64_t k, size_t extra_bytes,
+                         const std::function<void*(size_t)>& workspace);
+  // Whether w runs on the FP8 GEMM at all (format, shape, not forced through the BF16 path).
+  bool fp8_takes(const Linear& w) const;
+  // The plan of D [t, n] (F32, or BF16 with d_bf16) = codes x W^T unscaled; null when none is offered.
+  LtMatmul::Plan* fp8_plan(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16,
+                           LtOperands& ops);
+  // The fused norm ran and a GEMM was then refused: h = RMSNorm(residual) * norm (the add is done).
+  void norm_fallback(const NormInput& in, int64_t t, int64_t k);
   // D [t, n] (F32, or BF16 with d_bf16) = codes x W^T unscaled on cuBLASLt's FP8 kernels; false when none
   // is offered or accepted.
   bool plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16);
@@ -134,6 +172,7 @@ class QuantizedGemm {
   bool force_dequant_ = false;
   bool outer_scale_ = true;
   bool bf16_acc_ = false;
+  bool fused_passes_ = true;
   size_t tile_bytes_ = kTileBytes;
 };
 

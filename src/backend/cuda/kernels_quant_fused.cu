@@ -1,0 +1,211 @@
+// The passes around the FP8 GEMMs of prefill-sized steps with the per-token activation quantization folded
+// in (kernels_quant.h): the RMSNorm before q/k/v and gate/up writes E4M3 codes instead of F32 rows, and the
+// SiLU * up epilogue of the gate/up GEMM writes the down projection's codes. At a 16k-token step of the 8B
+// shape that is ~0.5 GB less traffic per norm and ~1.9 GB per MLP, and two kernels fewer per layer
+// (docs/benchmarks.md, 2026-12-03 20:55: the norms, epilogues and quantization passes were 43% of the step).
+// Each computes its values with the same expressions as the unfused kernels (kernels_norm.cu,
+// kernels_quant.cu), so the codes and scales are those of the unfused passes.
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels_quant.h"
+#include "backend/cuda/kernels_quant_math.h"
+
+namespace inferx::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kFp8Max = 448.0f;  // quant/fp8.h: the largest finite E4M3 value
+constexpr int kNormMaxVec = 8;     // float4s per thread: rows up to 8192 columns (Llama-3-70B)
+// Shared memory of the SiLU pass: one row of n / 2 floats (28672 for Llama-3-70B: 112 KB).
+constexpr size_t kSiluMaxSmem = 200 * 1024;
+
+__device__ __forceinline__ uint32_t pack_codes(float a, float b, float c, float d, float s) {
+  return static_cast<uint32_t>(float_to_fp8(__fdiv_rn(a, s))) |
+         static_cast<uint32_t>(float_to_fp8(__fdiv_rn(b, s))) << 8 |
+         static_cast<uint32_t>(float_to_fp8(__fdiv_rn(c, s))) << 16 |
+         static_cast<uint32_t>(float_to_fp8(__fdiv_rn(d, s))) << 24;
+}
+
+// One row per CTA iteration, held in registers (kVec float4s per thread): the residual add and the norm
+// as rmsnorm_regs_kernel (same per-thread order, same block_sum), then quantize_fp8_rows_vec_kernel's
+// scale and codes.
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    norm_quantize_kernel(float* x, const float* add, const float* w, float eps, int64_t t, int64_t cols,
+                         uint8_t* q, float* scale) {
+  __shared__ float scratch[kWarp];
+  const int64_t n4 = cols / 4;
+  float4 g[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < n4) g[j] = reinterpret_cast<const float4*>(w)[i];
+  }
+  for (int64_t r = blockIdx.x; r < t; r += gridDim.x) {
+    float* row = x + r * cols;
+    const float* add_row = add ? add + r * cols : nullptr;
+    float4 v[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+      if (i < n4) v[j] = reinterpret_cast<const float4*>(row)[i];
+    }
+    if (add_row) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+        if (i < n4) {
+          const float4 a = reinterpret_cast<const float4*>(add_row)[i];
+          v[j] = make_float4(v[j].x + a.x, v[j].y + a.y, v[j].z + a.z, v[j].w + a.w);
+          reinterpret_cast<float4*>(row)[i] = v[j];
+        }
+      }
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+      if (i < n4) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    ss = block_sum(ss, scratch);
+    const float norm = rsqrtf(ss / static_cast<float>(cols) + eps);
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+      if (i < n4) {
+        v[j] = make_float4(v[j].x * norm * g[j].x, v[j].y * norm * g[j].y, v[j].z * norm * g[j].z,
+                           v[j].w * norm * g[j].w);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+      }
+    }
+    amax = block_max(amax, scratch);
+    const float s = amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+    if (threadIdx.x == 0) scale[r] = s;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+      if (i < n4)
+        reinterpret_cast<uint32_t*>(q + r * cols)[i] = pack_codes(v[j].x, v[j].y, v[j].z, v[j].w, s);
+    }
+  }
+}
+
+// V consecutive accumulator values as floats (V = 4: one aligned vector load).
+template <int V, class T>
+__device__ __forceinline__ void load_acc(const T* p, float (&v)[V]) {
+  struct alignas(V * sizeof(T)) Vec {
+    T e[V];
+  };
+  const Vec q = *reinterpret_cast<const Vec*>(p);
+#pragma unroll
+  for (int u = 0; u < V; ++u) v[u] = to_float(q.e[u]);
+}
+
+// fp8_epilogue_kernel's SiLU * up values of row r (same expression, bias 0 when absent) into shared memory,
+// then the row's scale and codes. V = 4: float4 / BF16x4 loads and 4 codes per store.
+template <int V, class Acc>
+__global__ void __launch_bounds__(kThreads)
+    silu_quantize_kernel(const __grid_constant__ Fp8Epilogue e, uint8_t* q, float* scale) {
+  extern __shared__ float vals[];
+  __shared__ float scratch[kWarp];
+  const Acc* acc = static_cast<const Acc*>(e.acc);
+  const int64_t f = e.n / 2;
+  for (int64_t r = blockIdx.x; r < e.t; r += gridDim.x) {
+    const float xs = e.x_scale[r];
+    float amax = 0.0f;
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < f; c += kThreads * V) {
+      float a[V], b[V];
+      load_acc<V>(acc + r * e.n + c, a);
+      load_acc<V>(acc + r * e.n + f + c, b);
+#pragma unroll
+      for (int u = 0; u < V; ++u) {
+        const float ws = e.w_scale[e.per_channel ? c + u : 0], ws2 = e.w_scale[e.per_channel ? f + c + u : 0];
+        const float bs = e.bias ? e.bias[c + u] : 0.0f, bs2 = e.bias ? e.bias[f + c + u] : 0.0f;
+        const float y = silu(a[u] * xs * ws + bs) * (b[u] * xs * ws2 + bs2);
+        vals[c + u] = y;
+        amax = fmaxf(amax, fabsf(y));
+      }
+    }
+    amax = block_max(amax, scratch);  // its barriers also publish vals
+    const float s = amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+    if (threadIdx.x == 0) scale[r] = s;
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < f; c += kThreads * V) {
+      if constexpr (V == 4)
+        *reinterpret_cast<uint32_t*>(q + r * f + c) =
+            pack_codes(vals[c], vals[c + 1], vals[c + 2], vals[c + 3], s);
+      else
+        q[r * f + c] = float_to_fp8(__fdiv_rn(vals[c], s));
+    }
+    __syncthreads();  // the next row overwrites vals
+  }
+}
+
+__global__ void dequantize_fp8_rows_kernel(const uint8_t* q, const float* scale, int64_t t, int64_t k,
+                                           float* out) {
+  const int64_t total = t * k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = fp8_to_float(q[i]) * scale[i / k];
+}
+
+unsigned row_blocks(int64_t t) { return static_cast<unsigned>(std::min<int64_t>(t, 65535)); }
+
+}  // namespace
+
+bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k) {
+  return k > 0 && k % 4 == 0 && k / 4 <= int64_t{kThreads} * kNormMaxVec && is_aligned(residual, 16) &&
+         is_aligned(add, 16) && is_aligned(w, 16);
+}
+
+cudaError_t launch_norm_quantize_fp8_rows(float* residual, const float* add, const float* w, float eps,
+                                          int64_t t, int64_t k, uint8_t* q, float* scale,
+                                          cudaStream_t stream) {
+  if (!fp8_norm_quantize_takes(residual, add, w, k) || !is_aligned(q, 4)) return cudaErrorNotSupported;
+  if (t <= 0) return cudaSuccess;
+  const int64_t per_thread = (k / 4 + kThreads - 1) / kThreads;
+  const unsigned blocks = row_blocks(t);
+  if (per_thread <= 2)
+    norm_quantize_kernel<2><<<blocks, kThreads, 0, stream>>>(residual, add, w, eps, t, k, q, scale);
+  else if (per_thread <= 4)
+    norm_quantize_kernel<4><<<blocks, kThreads, 0, stream>>>(residual, add, w, eps, t, k, q, scale);
+  else
+    norm_quantize_kernel<kNormMaxVec><<<blocks, kThreads, 0, stream>>>(residual, add, w, eps, t, k, q, scale);
+  return cudaGetLastError();
+}
+
+bool fp8_silu_quantize_takes(const Fp8Epilogue& e) {
+  return e.silu && e.n > 0 && e.n % 2 == 0 && static_cast<size_t>(e.n / 2) * sizeof(float) <= kSiluMaxSmem;
+}
+
+cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* scale, cudaStream_t stream) {
+  if (!fp8_silu_quantize_takes(e)) return cudaErrorNotSupported;
+  if (e.t <= 0) return cudaSuccess;
+  const int64_t f = e.n / 2;
+  const bool vec = f % 4 == 0 && is_aligned(e.acc, e.acc_bf16 ? 8 : 16) && is_aligned(q, 4);
+  const size_t smem = static_cast<size_t>(f) * sizeof(float);
+  const auto run = [&](auto kernel) {
+    if (smem > 48 * 1024) {
+      // Above 48 KB a kernel opts in (per device: cheap enough to repeat at prefill-sized steps).
+      const cudaError_t st =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (st != cudaSuccess) return st;
+    }
+    kernel<<<row_blocks(e.t), kThreads, smem, stream>>>(e, q, scale);
+    return cudaGetLastError();
+  };
+  if (e.acc_bf16)
+    return vec ? run(silu_quantize_kernel<4, __nv_bfloat16>) : run(silu_quantize_kernel<1, __nv_bfloat16>);
+  return vec ? run(silu_quantize_kernel<4, float>) : run(silu_quantize_kernel<1, float>);
+}
+
+cudaError_t launch_dequantize_fp8_rows(const uint8_t* q, const float* scale, int64_t t, int64_t k, float* out,
+                                       cudaStream_t stream) {
+  if (t <= 0 || k <= 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((t * k + kThreads - 1) / kThreads, 8192);
+  dequantize_fp8_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(q, scale, t, k, out);
+  return cudaGetLastError();
+}
+
+}  // namespace inferx::cuda
