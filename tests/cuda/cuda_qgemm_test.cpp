@@ -478,8 +478,9 @@ TEST_F(QuantizedGemmTest, Fp8NormFusionMatchesTheUnfusedPasses) {
   for (bool per_channel : {true, false})
     for (int64_t t : {64, 300})
       for (bool with_add : {true, false}) {
-        // f: 2f a multiple of 16, f of 4 (the float4 SiLU pass); the down product writes over the add.
-        const int64_t k = 208, f = 104, n_down = k;
+        // f: a multiple of 16 (the down GEMM's K; the SiLU pass then takes float4s); the down product writes
+        // over the add.
+        const int64_t k = 208, f = 112, n_down = k;
         SCOPED_TRACE(::testing::Message()
                      << "per_channel " << per_channel << " t " << t << " add " << with_add);
         const std::vector<float> res = random_floats(static_cast<size_t>(t * k), 61, -2.0f, 2.0f),
