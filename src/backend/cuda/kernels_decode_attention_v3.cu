@@ -28,7 +28,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/attention_tiles.cuh"
@@ -179,9 +178,8 @@ __device__ __forceinline__ int out_dim(int mt, int row) {
     return 16 * mt + row;
 }
 
-// Grid: (token * kv heads * head chunks, split), as v2. kTerms: F16 / BF16 terms of Q and P (2: the
-// F32-equivalent products; 1: the rounded value alone, see decode_attention_terms).
-template <class CacheT, int HD, int NT, int kTerms>
+// Grid: (token * kv heads * head chunks, split), as v2.
+template <class CacheT, int HD, int NT>
 __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     decode_attention_kernel_v3(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
                                const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
@@ -305,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int term = 0; term < kTerms; ++term)
+          for (int term = 0; term < 2; ++term)
             mma<kFp8>(sc[term][nt], a, qb[term][nt][2 * c + kk][0], qb[term][nt][2 * c + kk][1]);
       }
     }
@@ -373,8 +371,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int term = kTerms - 1; term >= 0; --term)
-              mma<true>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+            for (int term = 1; term >= 0; --term) mma<true>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
         }
       }
     } else {
@@ -386,8 +383,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int term = kTerms - 1; term >= 0; --term)
-            mma<false>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+          for (int term = 1; term >= 0; --term) mma<false>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
       }
     }
     __syncwarp();  // the warp's next copies overwrite its rows of this stage
@@ -427,25 +423,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
        out_scale});
 }
 
-// Terms of Q and P over an FP8 cache: 2 (default: F32-equivalent products, the float64 tests' 1e-5), or 1
-// (INFERX_CUDA_DECODE_ATTN_TERMS=1: F16 Q and P as the prefill kernel's BF16 - half the tensor-core work; an
-// experiment). Read once.
-int decode_attention_terms() {
-  static const int terms = [] {
-    const char* v = std::getenv("INFERX_CUDA_DECODE_ATTN_TERMS");
-    return v && v[0] == '1' ? 1 : 2;
-  }();
-  return terms;
-}
-
-template <class CacheT, int HD, int NT, int kTerms>
+template <class CacheT, int HD, int NT>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream) {
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
   const cudaError_t st =
-      attn::allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kTerms>, kSmem, smem_set);
+      attn::allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));
@@ -461,8 +446,8 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
     s_scale = std::ldexp(1.0f, e + 4);
   }
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
-  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTerms>, grid, dim3(kThreads), kSmem, stream,
-                    q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
+  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT>, grid, dim3(kThreads), kSmem, stream, q,
+                    static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
                     cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, q_mult, s_scale,
                     out_scale, window, part_acc, part_ml, counters, out,
                     static_cast<__nv_bfloat16*>(out_bf16));
@@ -472,19 +457,11 @@ template <class CacheT, int HD>
 cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream) {
-  // The single-term products are built for the FP8 cache only (where E4M3's own rounding dominates).
-  if (sizeof(CacheT) == 1 && decode_attention_terms() == 1) {
-    if (hq / hkv <= 8)
-      return launch_typed<CacheT, HD, 1, 1>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                            counters, out, out_bf16, stream);
-    return launch_typed<CacheT, HD, 2, 1>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
-                                          out, out_bf16, stream);
-  }
   if (hq / hkv <= 8)
-    return launch_typed<CacheT, HD, 1, 2>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
-                                          out, out_bf16, stream);
-  return launch_typed<CacheT, HD, 2, 2>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
-                                        out, out_bf16, stream);
+    return launch_typed<CacheT, HD, 1>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+                                       out, out_bf16, stream);
+  return launch_typed<CacheT, HD, 2>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
+                                     out_bf16, stream);
 }
 
 }  // namespace
