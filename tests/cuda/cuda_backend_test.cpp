@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/kernels.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "cuda_test_util.h"
@@ -310,48 +311,57 @@ void rotate_ref(float* head, int64_t hd, int32_t pos, const std::vector<double>&
   }
 }
 
+// Both kernels (cuda::set_rope_token_blocks: blocks of heads, and one block per token with several passes
+// over the heads: 6 heads in one pass, 40 in several) on every layout and scaling.
 TEST_F(CudaBackendTest, RopeAndKvWriteMatchReferenceForEveryLayoutAndScaling) {
-  const int64_t hq = 4, hkv = 2, bs = 16, num_blocks = 12, max_blocks = 4;
-  for (int64_t hd : {64, 128}) {  // one thread per rotated pair: 32 and 64 threads per head
-    RopeParams cases[3];
-    cases[0] = {hd, 10000.0f, RopeLayout::NeoX, {}};
-    cases[1] = {hd, 500000.0f, RopeLayout::Interleaved, {RopeScaling::Kind::Llama3, 8.0f, 1.0f, 4.0f, 8192}};
-    cases[2] = {hd, 1000000.0f, RopeLayout::NeoX, {RopeScaling::Kind::Linear, 2.0f}};
-    for (const RopeParams& rope : cases) {
-      SCOPED_TRACE(::testing::Message()
-                   << "hd " << hd << " theta " << rope.theta << " layout " << int(rope.layout));
-      // A prefill from 0, a chunk continuing at 20 (crossing a block edge) and a decode at 60.
-      const HostBatch hb = make_batch({0, 20, 60}, {5, 14, 1}, max_blocks, num_blocks, 13);
-      const auto tokens = static_cast<int64_t>(hb.positions.size());
-      auto q = random_floats(tokens * hq * hd, 14), k = random_floats(tokens * hkv * hd, 15);
-      const auto v = random_floats(tokens * hkv * hd, 16);
-      Both tq = both_f32({tokens, hq * hd}, q), tk = both_f32({tokens, hkv * hd}, k),
-           tv = both_f32({tokens, hkv * hd}, v);
-      const std::vector<float> zeros(num_blocks * bs * hkv * hd);
-      Both ck = both_f32({num_blocks, bs, hkv, hd}, zeros), cv = both_f32({num_blocks, bs, hkv, hd}, zeros);
-      KvCacheLayer gpu_cache{ck.gpu, cv.gpu}, cpu_cache{ck.cpu, cv.cpu};
-      gpu_->rope_and_write_kv(tq.gpu, tk.gpu, tv.gpu, view(*gpu_, hb), rope, gpu_cache);
-      cpu_->rope_and_write_kv(tq.cpu, tk.cpu, tv.cpu, view(*cpu_, hb), rope, cpu_cache);
+  const int64_t bs = 16, num_blocks = 12, max_blocks = 4;
+  for (int token_blocks : {0, 1})
+    for (const auto& [hq, hkv] : {std::pair<int64_t, int64_t>{4, 2}, std::pair<int64_t, int64_t>{32, 8}})
+      for (int64_t hd : {64, 128}) {  // one thread per rotated pair: 32 and 64 threads per head
+        cuda::set_rope_token_blocks(token_blocks);
+        RopeParams cases[3];
+        cases[0] = {hd, 10000.0f, RopeLayout::NeoX, {}};
+        cases[1] = {
+            hd, 500000.0f, RopeLayout::Interleaved, {RopeScaling::Kind::Llama3, 8.0f, 1.0f, 4.0f, 8192}};
+        cases[2] = {hd, 1000000.0f, RopeLayout::NeoX, {RopeScaling::Kind::Linear, 2.0f}};
+        for (const RopeParams& rope : cases) {
+          SCOPED_TRACE(::testing::Message()
+                       << "token blocks " << token_blocks << " heads " << hq << "/" << hkv << " hd " << hd
+                       << " theta " << rope.theta << " layout " << int(rope.layout));
+          // A prefill from 0, a chunk continuing at 20 (crossing a block edge) and a decode at 60.
+          const HostBatch hb = make_batch({0, 20, 60}, {5, 14, 1}, max_blocks, num_blocks, 13);
+          const auto tokens = static_cast<int64_t>(hb.positions.size());
+          auto q = random_floats(tokens * hq * hd, 14), k = random_floats(tokens * hkv * hd, 15);
+          const auto v = random_floats(tokens * hkv * hd, 16);
+          Both tq = both_f32({tokens, hq * hd}, q), tk = both_f32({tokens, hkv * hd}, k),
+               tv = both_f32({tokens, hkv * hd}, v);
+          const std::vector<float> zeros(num_blocks * bs * hkv * hd);
+          Both ck = both_f32({num_blocks, bs, hkv, hd}, zeros),
+               cv = both_f32({num_blocks, bs, hkv, hd}, zeros);
+          KvCacheLayer gpu_cache{ck.gpu, cv.gpu}, cpu_cache{ck.cpu, cv.cpu};
+          gpu_->rope_and_write_kv(tq.gpu, tk.gpu, tv.gpu, view(*gpu_, hb), rope, gpu_cache);
+          cpu_->rope_and_write_kv(tq.cpu, tk.cpu, tv.cpu, view(*cpu_, hb), rope, cpu_cache);
 
-      const auto inv = inv_freq_ref(hd, rope.theta, rope.scaling);
-      std::vector<float> want_k_cache = zeros, want_v_cache = zeros;
-      for (int64_t t = 0; t < tokens; ++t) {
-        const int32_t pos = hb.positions[t];
-        for (int64_t h = 0; h < hq; ++h) rotate_ref(&q[(t * hq + h) * hd], hd, pos, inv, rope.layout);
-        for (int64_t h = 0; h < hkv; ++h) rotate_ref(&k[(t * hkv + h) * hd], hd, pos, inv, rope.layout);
-        const int32_t block = hb.block_tables[hb.seq_of[t] * max_blocks + pos / bs];
-        const int64_t slot = (block * bs + pos % bs) * hkv * hd;
-        std::copy_n(&k[t * hkv * hd], hkv * hd, &want_k_cache[slot]);
-        std::copy_n(&v[t * hkv * hd], hkv * hd, &want_v_cache[slot]);
+          const auto inv = inv_freq_ref(hd, rope.theta, rope.scaling);
+          std::vector<float> want_k_cache = zeros, want_v_cache = zeros;
+          for (int64_t t = 0; t < tokens; ++t) {
+            const int32_t pos = hb.positions[t];
+            for (int64_t h = 0; h < hq; ++h) rotate_ref(&q[(t * hq + h) * hd], hd, pos, inv, rope.layout);
+            for (int64_t h = 0; h < hkv; ++h) rotate_ref(&k[(t * hkv + h) * hd], hd, pos, inv, rope.layout);
+            const int32_t block = hb.block_tables[hb.seq_of[t] * max_blocks + pos / bs];
+            const int64_t slot = (block * bs + pos % bs) * hkv * hd;
+            std::copy_n(&k[t * hkv * hd], hkv * hd, &want_k_cache[slot]);
+            std::copy_n(&v[t * hkv * hd], hkv * hd, &want_v_cache[slot]);
+          }
+          expect_close(read(*gpu_, tq.gpu), q, 2e-6, 1e-5, "q");
+          expect_close(read(*gpu_, tk.gpu), k, 2e-6, 1e-5, "k");
+          expect_close(read(*gpu_, ck.gpu), want_k_cache, 2e-6, 1e-5, "k cache");
+          expect_close(read(*gpu_, cv.gpu), want_v_cache, 0, 0, "v cache");
+          expect_close(read(*gpu_, tq.gpu), read(*cpu_, tq.cpu), 2e-6, 1e-5, "q gpu vs cpu");
+          expect_close(read(*gpu_, ck.gpu), read(*cpu_, ck.cpu), 2e-6, 1e-5, "k cache gpu vs cpu");
+        }
       }
-      expect_close(read(*gpu_, tq.gpu), q, 2e-6, 1e-5, "q");
-      expect_close(read(*gpu_, tk.gpu), k, 2e-6, 1e-5, "k");
-      expect_close(read(*gpu_, ck.gpu), want_k_cache, 2e-6, 1e-5, "k cache");
-      expect_close(read(*gpu_, cv.gpu), want_v_cache, 0, 0, "v cache");
-      expect_close(read(*gpu_, tq.gpu), read(*cpu_, tq.cpu), 2e-6, 1e-5, "q gpu vs cpu");
-      expect_close(read(*gpu_, ck.gpu), read(*cpu_, ck.cpu), 2e-6, 1e-5, "k cache gpu vs cpu");
-    }
-  }
+  cuda::set_rope_token_blocks(-1);
 }
 
 // Attention --------------------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ struct BatchArgs {  // device pointers of a BatchView
 cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
                                  bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
                                  const PagedKv& cache, cudaStream_t stream);
+// Tests and benchmarks: the per-token-block RoPE kernel for launches of many tokens (1: always, 0: never,
+// -1: INFERX_ROPE_TOKEN_BLOCKS, else from 64 tokens; kernels_rope_kv.cu).
+void set_rope_token_blocks(int mode);
 
 // kernels_attention.cu --------------------------------------------------------------------------------
 constexpr int kMaxAttentionHeadDim = 256;
