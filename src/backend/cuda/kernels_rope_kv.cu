@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -101,8 +100,7 @@ __global__ void __launch_bounds__(kTokenThreads)
     rope_write_kv_token_kernel(float* q, float* k, const float* v, int hq, int hkv, int hd, bool interleaved,
                                const __grid_constant__ RopeFrequencies freqs,
                                const __grid_constant__ BatchArgs batch, CacheT* k_cache, CacheT* v_cache,
-                               int64_t num_blocks, int64_t block_size, float inv_k_scale, float inv_v_scale,
-                               bool late_trigger) {
+                               int64_t num_blocks, int64_t block_size, float inv_k_scale, float inv_v_scale) {
   __shared__ int64_t s_slot;
   const int t = blockIdx.x, half = hd / 2, per_pass = kTokenThreads / half;
   const int i = threadIdx.x % half, h0 = threadIdx.x / half;
@@ -124,9 +122,7 @@ __global__ void __launch_bounds__(kTokenThreads)
   __syncthreads();
   const int64_t slot = s_slot;
   pdl_wait();
-  // late_trigger: the dependents (the attention, launched with PDL) start only as this grid's blocks exit,
-  // so that their CTAs, which wait for all of this grid, do not take the SMs its remaining blocks need.
-  if (!late_trigger) pdl_launch_dependents();
+  pdl_launch_dependents();
   if (h0 >= per_pass) return;  // threads past the last whole head of a pass (256 not a multiple of hd / 2)
   const int a = interleaved ? 2 * i : i;
   const int b = interleaved ? 2 * i + 1 : i + half;
@@ -169,16 +165,6 @@ __global__ void __launch_bounds__(kTokenThreads)
   }
 }
 
-// When the per-token kernel lets its dependents launch: INFERX_ROPE_TRIGGER=early (after its wait) or late
-// (as its blocks exit; default). Read once.
-bool rope_late_trigger() {
-  static const bool late = [] {
-    const char* v = std::getenv("INFERX_ROPE_TRIGGER");
-    return !(v && std::string_view(v) == "early");
-  }();
-  return late;
-}
-
 // Which kernel a launch takes: set_rope_token_blocks (tests), else INFERX_ROPE_TOKEN_BLOCKS (0: never,
 // 1: always), else from kRopeTokenBlocksFrom tokens.
 constexpr int32_t kRopeTokenBlocksFrom = 64;
@@ -203,7 +189,7 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                       dim3(kTokenThreads), 0, stream, q, k, v, static_cast<int>(hq), static_cast<int>(hkv),
                       static_cast<int>(hd), interleaved, freqs, batch, static_cast<CacheT*>(cache.k),
                       static_cast<CacheT*>(cache.v), cache.num_blocks, cache.block_size, 1.0f / cache.k_scale,
-                      1.0f / cache.v_scale, rope_late_trigger());
+                      1.0f / cache.v_scale);
   const int64_t heads_per_block = std::max<int64_t>(1, kRopeBlockThreads / (hd / 2));
   const int64_t groups = (hq + hkv + heads_per_block - 1) / heads_per_block;
   return launch_pdl(rope_write_kv_kernel<CacheT>,
