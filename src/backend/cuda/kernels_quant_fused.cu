@@ -1,8 +1,10 @@
 // The passes around the FP8 GEMMs of prefill-sized steps with the per-token activation quantization folded
 // in (kernels_quant.h): the RMSNorm before q/k/v and gate/up writes E4M3 codes instead of F32 rows, and the
 // SiLU * up epilogue of the gate/up GEMM writes the down projection's codes. At a 16k-token step of the 8B
-// shape that is ~0.5 GB less traffic per norm and ~1.9 GB per MLP, and two kernels fewer per layer
+// shape that is ~0.5 GB less traffic per norm and ~1.9 GB per MLP, and three kernels fewer per layer
 // (docs/benchmarks.md, 2026-12-03 20:55: the norms, epilogues and quantization passes were 43% of the step).
+// Measured end to end (H200 2026-12-04, 8B FP8 + FP8 KV offline, same call): +1.6% at 512 x 1000/200, +1.9%
+// at 1000 x 1000/1000 - half of what the bytes predict.
 // Each computes its values with the same expressions as the unfused kernels (kernels_norm.cu,
 // kernels_quant.cu), so the codes and scales are those of the unfused passes.
 #include <algorithm>
