@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/dot_kernels.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels_quant_math.h"
 #include "backend/cuda/quantized_gemm.h"
@@ -592,22 +593,30 @@ const std::string kLlamaTiny = std::string(INFERX_SOURCE_DIR) + "/tests/golden/f
 // product takes the quantized GEMM, fused projections included), logits of every position. The CPU
 // backend is the reference: tolerance 3e-2 of the largest |logit| (FP8: an activation that differs in the
 // last bits between the backends may round to a neighbouring E4M3 value; INT4: BF16 vs int8 activations).
+// The BF16 accumulator (QuantizedGemm::set_bf16_accumulator) against the CPU backend with the same rounding
+// (cpu::set_fp8_bf16_accumulator): the same tolerance, since both now round the same unscaled sums.
 TEST_F(QuantizedGemmTest, TinyModelQuantizedAtLoadMatchesTheCpuBackend) {
   std::vector<int32_t> prompt(150);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 250);
-  for (const char* plan : {"fp8", "int4", "fp8-int4"}) {
-    LoadOptions lo;
-    lo.quantize = parse_quant_options(plan);
-    auto gm = Model::load(kLlamaTiny, *gpu_, lo);
-    auto cm = Model::load(kLlamaTiny, *cpu_, lo);
-    const DType attn = std::string(plan) == "int4" ? DType::INT4 : DType::F8_E4M3;
-    EXPECT_EQ(gm->weights().layers[0].q.weight.dtype, attn) << plan << ": kept quantized on the GPU";
-    EXPECT_EQ(gm->weight_bytes_per_token(), cm->weight_bytes_per_token()) << plan;
-    SequenceRunner gr(*gm, 256), cr(*cm, 256);
-    const std::vector<float> got = gr.step_all_logits(prompt), want = cr.step_all_logits(prompt);
-    EXPECT_NE(qgemm().last_path(), QuantizedGemm::Path::None) << plan;
-    expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), 3e-2, plan);
-  }
+  for (bool bf16_acc : {false, true})
+    for (const char* plan : {"fp8", "int4", "fp8-int4"}) {
+      SCOPED_TRACE(::testing::Message() << "bf16 accumulator " << bf16_acc);
+      qgemm().set_bf16_accumulator(bf16_acc);
+      cpu::set_fp8_bf16_accumulator(bf16_acc);
+      LoadOptions lo;
+      lo.quantize = parse_quant_options(plan);
+      auto gm = Model::load(kLlamaTiny, *gpu_, lo);
+      auto cm = Model::load(kLlamaTiny, *cpu_, lo);
+      const DType attn = std::string(plan) == "int4" ? DType::INT4 : DType::F8_E4M3;
+      EXPECT_EQ(gm->weights().layers[0].q.weight.dtype, attn) << plan << ": kept quantized on the GPU";
+      EXPECT_EQ(gm->weight_bytes_per_token(), cm->weight_bytes_per_token()) << plan;
+      SequenceRunner gr(*gm, 256), cr(*cm, 256);
+      const std::vector<float> got = gr.step_all_logits(prompt), want = cr.step_all_logits(prompt);
+      EXPECT_NE(qgemm().last_path(), QuantizedGemm::Path::None) << plan;
+      expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), 3e-2, plan);
+    }
+  qgemm().set_bf16_accumulator(false);
+  cpu::set_fp8_bf16_accumulator(false);
 }
 
 // dummy:tiny --quantize fp8 / int4 on the GPU: codes generated on the device; the weights stay quantized,

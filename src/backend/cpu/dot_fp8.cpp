@@ -8,10 +8,13 @@
 // final scale. The NaN codes (0x7F, 0xFF) are never produced by our quantizers.
 #include "backend/cpu/simd.h"
 // simd.h first (see its pragma note).
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/dot_kernels.h"
+#include "core/half.h"
 #include "quant/fp8.h"
 
 namespace inferx::cpu {
@@ -19,6 +22,12 @@ namespace inferx::cpu {
 namespace {
 
 int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
+
+// set_fp8_bf16_accumulator, else INFERX_CPU_FP8_ACC=bf16.
+std::atomic<bool> g_bf16_accumulator{[] {
+  const char* v = std::getenv("INFERX_CPU_FP8_ACC");
+  return v != nullptr && std::strcmp(v, "bf16") == 0;
+}()};
 
 #if defined(INFERX_X86_SIMD)
 // 8 codes -> 8 f16 bit patterns (value / 256).
@@ -69,7 +78,12 @@ void rows(const uint8_t* w, const void* act, int64_t stride, int64_t k, float* o
     const float wv = fp8_e4m3_to_f32(w[i]);
     for (int r = 0; r < NR; ++r) tail[r] += wv * a[r][i];
   }
-  for (int r = 0; r < NR; ++r) out[r] = (vec[r] * 256.0f + tail[r]) * scale[r];
+  const bool bf16 = g_bf16_accumulator.load(std::memory_order_relaxed);
+  for (int r = 0; r < NR; ++r) {
+    float sum = vec[r] * 256.0f + tail[r];  // the unscaled product, as the FP8 GEMM forms it
+    if (bf16) sum = bf16_to_f32(f32_to_bf16(sum));
+    out[r] = sum * scale[r];
+  }
 }
 
 }  // namespace
@@ -80,6 +94,8 @@ void quantize_act_f8(const float* x, int64_t k, void* row) {
   auto* q = static_cast<float*>(row);
   q[k] = quantize_fp8_activation_row(x, k, q);
 }
+
+void set_fp8_bf16_accumulator(bool on) { g_bf16_accumulator.store(on, std::memory_order_relaxed); }
 
 void dot_f8_rows(const void* w, const void* act, int64_t stride, int nrows, int64_t k, float* out) {
   const auto* b = static_cast<const uint8_t*>(w);

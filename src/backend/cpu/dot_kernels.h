@@ -87,6 +87,10 @@ void dot_q6_k_rows(const void* w, const void* act, int64_t act_stride, int nrows
 int64_t act_f8_row_bytes(int64_t k);
 void quantize_act_f8(const float* x, int64_t k, void* row);
 void dot_f8_rows(const void* w, const void* act, int64_t act_stride, int nrows, int64_t k, float* out);
+// The CUDA backend's FP8 GEMM may write its unscaled product as BF16 (INFERX_CUDA_FP8_ACC=bf16,
+// backend/cuda/quantized_gemm.h): with this on (tests; else INFERX_CPU_FP8_ACC=bf16) dot_f8_rows rounds
+// the unscaled sum to BF16 the same way before the row scale, so the CPU reference has the same numerics.
+void set_fp8_bf16_accumulator(bool on);
 
 // INT4 group-quantized weights (quant/int4.h) against ActQ8_0 activations: one weight row and its
 // group scales / zero points (zero nullptr: symmetric, zero point 8).

@@ -119,8 +119,11 @@ class QuantizedGemm {
   // H200 2026-12-03, 8B FP8 + FP8 KV offline: 512 x 1000/200 38.1k -> 39.7-40.4k total tok/s, 1000 x
   // 1000/1000 at max batch 512 13.01k -> 13.38k output tok/s. Off by default: with it the whole-model test
   // (TinyModelQuantizedAtLoadMatchesTheCpuBackend, llama-tiny fp8 and fp8-int4, 150 tokens) exceeded its
-  // 3e-2 of the largest logit (5.6%, 3.1%) while every product-level case stayed within 5e-3 / 8e-3: the
-  // rounding may flip the next layer's E4M3 activation codes more often; not yet investigated.
+  // 3e-2 of the largest logit (5.6%, 3.1%) against the CPU backend's F32 sums, while every product-level
+  // case stayed within 5e-3 / 8e-3. The CPU backend can now round the same sums (cpu::
+  // set_fp8_bf16_accumulator; that test compares the two with it, not yet run on a GPU), and on the trained
+  // stories260K the rounding costs nothing measurable (CPU, 2026-12-04: fp8 perplexity 3.9920 vs 3.9952,
+  // mean KL 0.0112 vs 0.0109 nats, top-1 95.9% vs 95.1%): the candidate default once that test passes.
   void set_bf16_accumulator(bool on) { bf16_acc_ = on; }
   // Tests: a smaller dequantization tile (bytes of BF16), so that small weights span several tiles.
   void set_tile_bytes(size_t bytes) { tile_bytes_ = bytes > 0 ? bytes : kTileBytes; }

@@ -67,6 +67,42 @@ TEST_P(Fp8Matmul, MatchesRoundedActivationReference) {
 INSTANTIATE_TEST_SUITE_P(Rows, Fp8Matmul,
                          ::testing::Combine(::testing::Values(1, 3, 4, 9), ::testing::Bool()));
 
+// The CUDA backend's BF16-accumulator option emulated (cpu::set_fp8_bf16_accumulator): the unscaled sum of
+// the code products is rounded to BF16 (nearest even) before the activation row's scale, bit for bit: the
+// same activation row with scale 1 gives the kernel's unscaled sum, which must come back rounded, and
+// times the real scale.
+TEST(QuantMatmul, Fp8Bf16AccumulatorRoundsTheUnscaledSum) {
+  const int64_t n = 5, k = 200;
+  const auto w = gaussian(n * k, 7, 0.05f);
+  const auto x = gaussian(k, 8, 1.0f);
+  const Fp8Weight q = quantize_fp8_weight(w.data(), n, k, Fp8Granularity::PerChannel);
+  std::vector<uint8_t> row(static_cast<size_t>(cpu::act_f8_row_bytes(k)));
+  cpu::quantize_act_f8(x.data(), k, row.data());
+  float* act = reinterpret_cast<float*>(row.data());
+  const float scale = act[k];
+  ASSERT_NE(scale, 1.0f);
+  int rounded = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint8_t* wr = q.codes.data() + j * k;
+    float unscaled = 0, plain = 0, bf16 = 0, bf16_unit = 0;
+    cpu::set_fp8_bf16_accumulator(false);
+    cpu::dot_f8_rows(wr, row.data(), 0, 1, k, &plain);
+    act[k] = 1.0f;
+    cpu::dot_f8_rows(wr, row.data(), 0, 1, k, &unscaled);
+    cpu::set_fp8_bf16_accumulator(true);
+    cpu::dot_f8_rows(wr, row.data(), 0, 1, k, &bf16_unit);
+    act[k] = scale;
+    cpu::dot_f8_rows(wr, row.data(), 0, 1, k, &bf16);
+    cpu::set_fp8_bf16_accumulator(false);
+    const float want = bf16_to_f32(f32_to_bf16(unscaled));
+    EXPECT_EQ(plain, unscaled * scale) << j;
+    EXPECT_EQ(bf16_unit, want) << j;
+    EXPECT_EQ(bf16, want * scale) << j;
+    rounded += want != unscaled;
+  }
+  EXPECT_GT(rounded, 0) << "sums of 200 products should not all be BF16 values already";
+}
+
 // The Q8_0 activation row as the integer kernels see it, dequantized.
 std::vector<float> q8_activation(const float* x, int64_t k) {
   std::vector<uint8_t> row(static_cast<size_t>(cpu::act_q8_0_row_bytes(k)));
