@@ -476,77 +476,84 @@ TEST_F(QuantizedGemmTest, Fp8FusedProjectionsMatchTheCpuBackend) {
 // unfused products. Row counts at the fused threshold and above, with and without the add (the MLP then
 // writes over it, as in the model), per-channel and per-tensor scales, with and without biases.
 TEST_F(QuantizedGemmTest, Fp8NormFusionMatchesTheUnfusedPasses) {
-  for (bool per_channel : {true, false})
-    for (int64_t t : {64, 300})
-      for (bool with_add : {true, false}) {
-        // f: a multiple of 16 (the down GEMM's K; the SiLU pass then takes float4s); the down product writes
-        // over the add.
-        const int64_t k = 208, f = 112, n_down = k;
-        SCOPED_TRACE(::testing::Message()
-                     << "per_channel " << per_channel << " t " << t << " add " << with_add);
-        const std::vector<float> res = random_floats(static_cast<size_t>(t * k), 61, -2.0f, 2.0f),
-                                 add = random_floats(static_cast<size_t>(t * k), 62),
-                                 gamma = random_floats(static_cast<size_t>(k), 63, 0.5f, 1.5f);
-        HostLinear qkv = make_layer(DType::F8_E4M3, 160, k, 71 + static_cast<uint32_t>(t), per_channel);
-        HostLinear gu = make_layer(DType::F8_E4M3, 2 * f, k, 72 + static_cast<uint32_t>(t), per_channel);
-        HostLinear dn = make_layer(DType::F8_E4M3, n_down, f, 73 + static_cast<uint32_t>(t), per_channel);
-        if (t == 300) {
-          qkv.bias = random_floats(160, 7);
-          gu.bias = random_floats(static_cast<size_t>(2 * f), 8);
-          dn.bias = random_floats(static_cast<size_t>(n_down), 9);
+  // Both accumulators (the BF16 one: the SiLU pass reads BF16; the CPU backend rounds the same sums).
+  for (bool bf16_acc : {false, true})
+    for (bool per_channel : {true, false})
+      for (int64_t t : {64, 300})
+        for (bool with_add : {true, false}) {
+          qgemm().set_bf16_accumulator(bf16_acc);
+          cpu::set_fp8_bf16_accumulator(bf16_acc);
+          // f: a multiple of 16 (the down GEMM's K; the SiLU pass then takes float4s); the down product
+          // writes over the add.
+          const int64_t k = 208, f = 112, n_down = k;
+          SCOPED_TRACE(::testing::Message() << "bf16 acc " << bf16_acc << " per_channel " << per_channel
+                                            << " t " << t << " add " << with_add);
+          const std::vector<float> res = random_floats(static_cast<size_t>(t * k), 61, -2.0f, 2.0f),
+                                   add = random_floats(static_cast<size_t>(t * k), 62),
+                                   gamma = random_floats(static_cast<size_t>(k), 63, 0.5f, 1.5f);
+          HostLinear qkv = make_layer(DType::F8_E4M3, 160, k, 71 + static_cast<uint32_t>(t), per_channel);
+          HostLinear gu = make_layer(DType::F8_E4M3, 2 * f, k, 72 + static_cast<uint32_t>(t), per_channel);
+          HostLinear dn = make_layer(DType::F8_E4M3, n_down, f, 73 + static_cast<uint32_t>(t), per_channel);
+          if (t == 300) {
+            qkv.bias = random_floats(160, 7);
+            gu.bias = random_floats(static_cast<size_t>(2 * f), 8);
+            dn.bias = random_floats(static_cast<size_t>(n_down), 9);
+          }
+          const size_t xb = res.size() * 4;
+          struct Run {
+            std::vector<float> residual, q, k, v, mlp;
+          };
+          // kind 0: GPU fused, 1: GPU unfused, 2: CPU.
+          auto run = [&](int kind) {
+            Backend& b = kind == 2 ? *cpu_ : *gpu_;
+            if (kind < 2) qgemm().set_fused_passes(kind == 0);
+            const Linear wq = upload(b, qkv), wg = upload(b, gu), wd = upload(b, dn);
+            Tensor r = on(b, DType::F32, {t, k}, res.data(), xb),
+                   a = on(b, DType::F32, {t, k}, add.data(), xb);
+            Tensor g = on(b, DType::F32, {k}, gamma.data(), gamma.size() * 4);
+            Tensor h = on(b, DType::F32, {t, k}, nullptr, xb);
+            Tensor q = on(b, DType::F32, {t, 96}, nullptr, static_cast<size_t>(t * 96) * 4),
+                   kk = on(b, DType::F32, {t, 32}, nullptr, static_cast<size_t>(t * 32) * 4),
+                   v = on(b, DType::F32, {t, 32}, nullptr, static_cast<size_t>(t * 32) * 4);
+            Tensor* outs[] = {&q, &kk, &v};
+            b.norm_matmul_split(r, with_add ? &a : nullptr, g, 1e-5f, h, wq, outs);
+            if (kind == 0) {
+              EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
+            }
+            Run out;
+            out.q = read(b, q);
+            out.k = read(b, kk);
+            out.v = read(b, v);
+            // The MLP on the updated residual, its output written over the add (as the model does).
+            const size_t fb = static_cast<size_t>(t * f) * 4;
+            Tensor gate = on(b, DType::F32, {t, f}, nullptr, fb), up = on(b, DType::F32, {t, f}, nullptr, fb),
+                   act = on(b, DType::F32, {t, f}, nullptr, fb);
+            Tensor proj = with_add ? a : on(b, DType::F32, {t, n_down}, nullptr, xb);
+            b.norm_mlp(r, with_add ? &a : nullptr, g, 1e-5f, h, wg, gate, up, act, wd, proj, nullptr);
+            if (kind == 0) {
+              EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
+            }
+            out.mlp = read(b, proj);
+            out.residual = read(b, r);
+            return out;
+          };
+          const Run fused = run(0), unfused = run(1), cpu = run(2);
+          qgemm().set_fused_passes(true);
+          EXPECT_EQ(fused.residual, unfused.residual);
+          const auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+          expect_close_to_scale(fused.q, d(unfused.q), 1e-6, "q fused vs unfused");
+          expect_close_to_scale(fused.k, d(unfused.k), 1e-6, "k fused vs unfused");
+          expect_close_to_scale(fused.v, d(unfused.v), 1e-6, "v fused vs unfused");
+          expect_close_to_scale(fused.mlp, d(unfused.mlp), 1e-6, "mlp fused vs unfused");
+          expect_close_to_scale(fused.residual, d(cpu.residual), 1e-6, "residual vs CPU");
+          expect_close_to_scale(fused.q, d(cpu.q), 2e-3, "q vs CPU");
+          expect_close_to_scale(fused.v, d(cpu.v), 2e-3, "v vs CPU");
+          // Two quantized products in a row: an activation that differs in its last bits between the
+          // backends may take the neighbouring E4M3 code (as TinyModelQuantizedAtLoadMatchesTheCpuBackend).
+          expect_close_to_scale(fused.mlp, d(cpu.mlp), 2e-2, "mlp vs CPU");
         }
-        const size_t xb = res.size() * 4;
-        struct Run {
-          std::vector<float> residual, q, k, v, mlp;
-        };
-        // kind 0: GPU fused, 1: GPU unfused, 2: CPU.
-        auto run = [&](int kind) {
-          Backend& b = kind == 2 ? *cpu_ : *gpu_;
-          if (kind < 2) qgemm().set_fused_passes(kind == 0);
-          const Linear wq = upload(b, qkv), wg = upload(b, gu), wd = upload(b, dn);
-          Tensor r = on(b, DType::F32, {t, k}, res.data(), xb), a = on(b, DType::F32, {t, k}, add.data(), xb);
-          Tensor g = on(b, DType::F32, {k}, gamma.data(), gamma.size() * 4);
-          Tensor h = on(b, DType::F32, {t, k}, nullptr, xb);
-          Tensor q = on(b, DType::F32, {t, 96}, nullptr, static_cast<size_t>(t * 96) * 4),
-                 kk = on(b, DType::F32, {t, 32}, nullptr, static_cast<size_t>(t * 32) * 4),
-                 v = on(b, DType::F32, {t, 32}, nullptr, static_cast<size_t>(t * 32) * 4);
-          Tensor* outs[] = {&q, &kk, &v};
-          b.norm_matmul_split(r, with_add ? &a : nullptr, g, 1e-5f, h, wq, outs);
-          if (kind == 0) {
-            EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
-          }
-          Run out;
-          out.q = read(b, q);
-          out.k = read(b, kk);
-          out.v = read(b, v);
-          // The MLP on the updated residual, its output written over the add (as the model does).
-          const size_t fb = static_cast<size_t>(t * f) * 4;
-          Tensor gate = on(b, DType::F32, {t, f}, nullptr, fb), up = on(b, DType::F32, {t, f}, nullptr, fb),
-                 act = on(b, DType::F32, {t, f}, nullptr, fb);
-          Tensor proj = with_add ? a : on(b, DType::F32, {t, n_down}, nullptr, xb);
-          b.norm_mlp(r, with_add ? &a : nullptr, g, 1e-5f, h, wg, gate, up, act, wd, proj, nullptr);
-          if (kind == 0) {
-            EXPECT_EQ(qgemm().last_path(), QuantizedGemm::Path::Fp8Fused);
-          }
-          out.mlp = read(b, proj);
-          out.residual = read(b, r);
-          return out;
-        };
-        const Run fused = run(0), unfused = run(1), cpu = run(2);
-        qgemm().set_fused_passes(true);
-        EXPECT_EQ(fused.residual, unfused.residual);
-        const auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
-        expect_close_to_scale(fused.q, d(unfused.q), 1e-6, "q fused vs unfused");
-        expect_close_to_scale(fused.k, d(unfused.k), 1e-6, "k fused vs unfused");
-        expect_close_to_scale(fused.v, d(unfused.v), 1e-6, "v fused vs unfused");
-        expect_close_to_scale(fused.mlp, d(unfused.mlp), 1e-6, "mlp fused vs unfused");
-        expect_close_to_scale(fused.residual, d(cpu.residual), 1e-6, "residual vs CPU");
-        expect_close_to_scale(fused.q, d(cpu.q), 2e-3, "q vs CPU");
-        expect_close_to_scale(fused.v, d(cpu.v), 2e-3, "v vs CPU");
-        // Two quantized products in a row: an activation that differs in its last bits between the
-        // backends may take the neighbouring E4M3 code (as TinyModelQuantizedAtLoadMatchesTheCpuBackend).
-        expect_close_to_scale(fused.mlp, d(cpu.mlp), 2e-2, "mlp vs CPU");
-      }
+  qgemm().set_bf16_accumulator(false);
+  cpu::set_fp8_bf16_accumulator(false);
 }
 
 // INT4 / Q8_0 / Q4_K: BF16 activations and BF16-rounded weights (2^-9 relative each): 1e-2 of the output
