@@ -546,8 +546,11 @@ TEST_F(QuantizedGemmTest, Fp8NormFusionMatchesTheUnfusedPasses) {
           expect_close_to_scale(fused.v, d(unfused.v), 1e-6, "v fused vs unfused");
           expect_close_to_scale(fused.mlp, d(unfused.mlp), 1e-6, "mlp fused vs unfused");
           expect_close_to_scale(fused.residual, d(cpu.residual), 1e-6, "residual vs CPU");
-          expect_close_to_scale(fused.q, d(cpu.q), 2e-3, "q vs CPU");
-          expect_close_to_scale(fused.v, d(cpu.v), 2e-3, "v vs CPU");
+          // BF16 sums: a sum the two backends' summation orders put on either side of a BF16 rounding
+          // boundary differs by one BF16 step (2^-8 of it): 5e-3, as Fp8MatchesTheCpuW8A8OnOddShapes.
+          const double tol = bf16_acc ? 5e-3 : 2e-3;
+          expect_close_to_scale(fused.q, d(cpu.q), tol, "q vs CPU");
+          expect_close_to_scale(fused.v, d(cpu.v), tol, "v vs CPU");
           // Two quantized products in a row: an activation that differs in its last bits between the
           // backends may take the neighbouring E4M3 code (as TinyModelQuantizedAtLoadMatchesTheCpuBackend).
           expect_close_to_scale(fused.mlp, d(cpu.mlp), 2e-2, "mlp vs CPU");
