@@ -12,7 +12,7 @@
 //      exact BF16 and multiplied on tensor cores (mma.m16n8k16, weights as the A operand, x as B), so a
 //      weight costs its decode only (BF16 none, E4M3 ~2.5 instructions, INT4 1.5), and up to 16 rows of
 //      x cost about the same.
-//   v4 (gemv_stream_kernel): v1's BF16 / FP8 / INT4 decoders on one wave of persistent warps, each streaming
+//   v4 (gemv_stream_kernel): v1's BF16 / FP8 decoders on one wave of persistent warps, each streaming
 //      rows w, w + W, ... (plain products: pairs of rows) with the next batch of loads in flight while it
 //      multiplies the current one.
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
@@ -163,14 +163,10 @@ struct DecodeInt4 {
   __device__ static Raw load(const GemvParams& p, const uint8_t* row, int64_t n, int64_t g) {
     Raw r;
     r.v = load_stream(row + g * 16);
-    load_group(p, n, g, r);
-    return r;
-  }
-  // Granule g's group scale and zero point (v4 also for granules it staged in shared memory).
-  __device__ static void load_group(const GemvParams& p, int64_t n, int64_t g, Raw& r) {
     const int64_t at = n * p.groups_per_row + (g >> p.group_shift);
     r.scale = __half2float(__ldg(static_cast<const __half*>(p.scale) + at));
     r.zero = p.zero ? static_cast<float>(__ldg(p.zero + at)) : 8.0f;
+    return r;
   }
   __device__ static void expand(const GemvParams&, const Raw& r, float* w) {
     const uint32_t words[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
@@ -438,7 +434,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // one batch, shared memory as many as the budget gives (gemv_v4_staged_batches; at the default 96 KB half of
 // an FP8 4096-column row pair for the o projection's 4 CTAs per SM), and the copy needs no registers while
 // the previous kernel (RMSNorm, attention) runs. Those batches are then read from shared memory.
-// Bytes of one row per batch of U 16-byte granules per lane (v4's formats: BF16, FP8, INT4).
+// Bytes of one row per batch of U 16-byte granules per lane (v4's formats: BF16, FP8).
 __host__ __device__ constexpr int64_t v4_batch_row_bytes(int u) { return int64_t{kWarp} * u * 16; }
 constexpr int kV4BarBytes = 128;  // the CTA's mbarriers (one per warp), then the warps' stages
 
@@ -471,8 +467,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     }
   };
   const int64_t n0 = n;  // the warp's first row (group): its first p.pf_batches batches are staged
-  int64_t rows0[R] = {};
-  if (active) warp_rows<R, kSilu>(p, n0, rows0);
   const int64_t pf_bytes = p.pf_batches * v4_batch_row_bytes(U);
   uint64_t* bar = reinterpret_cast<uint64_t*>(v4_smem) + wib;
   uint8_t* stage = v4_smem + kV4BarBytes + wib * R * pf_bytes;
@@ -482,10 +476,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     for (int u = 0; u < U; ++u) {
       const int64_t g = static_cast<int64_t>(batch) * kWarp * U + kWarp * u + lane;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < R; ++r)
         raw[r][u].v = *reinterpret_cast<const uint4*>(stage + r * pf_bytes + g * 16);
-        if constexpr (std::is_same_v<Dec, DecodeInt4>) Dec::load_group(p, rows0[r], g, raw[r][u]);
-      }
     }
   };
   const int64_t granules = p.k / Dec::kElems;
@@ -1215,8 +1207,7 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
 //     and the 128256-row lm_head (92.6 vs 104.5): v1.
 //   Q8_0 / Q4_K (00:34, again at 04:20): v2 (60.6 / 47.5 and 31.2 / 20.9 at 14336x4096 / 4096x14336).
 // v3 reads BF16, FP8 and INT4 with K a multiple of 32 / 64 / 128 (whole 4-chunk sets) and up to 16 / S
-// activation rows per launch (other products: v1), v4 BF16, FP8 and INT4 (not yet measured: INT4 stays on
-// v3 until it is; INFERX_GEMV_KERNEL=int4=v4) with one activation row (more: v1),
+// activation rows per launch (other products: v1), v4 BF16 and FP8 with one activation row (more: v1),
 // v2 the four quantized formats, v1 all five.
 
 int format_index(DType dtype) {
@@ -1330,7 +1321,6 @@ cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream)
   if (kernel == GemvKernel::V4) {
     if (p.m == 1 && dtype == DType::BF16) return launch_stream<DecodeBf16, R>(p, stream);
     if (p.m == 1 && dtype == DType::F8_E4M3) return launch_stream<DecodeFp8, R>(p, stream);
-    if (p.m == 1 && dtype == DType::INT4) return launch_stream<DecodeInt4, R>(p, stream);
     kernel = GemvKernel::V1;  // v4 takes one activation row
   }
   const bool v1 = kernel != GemvKernel::V2;
@@ -1434,7 +1424,7 @@ bool gemv_kernel_reads(GemvKernel kernel, DType dtype) {
     case GemvKernel::V3:
       return dtype == DType::BF16 || dtype == DType::F8_E4M3 || dtype == DType::INT4;
     case GemvKernel::V4:
-      return dtype == DType::BF16 || dtype == DType::F8_E4M3 || dtype == DType::INT4;
+      return dtype == DType::BF16 || dtype == DType::F8_E4M3;
     default:
       return false;
   }
