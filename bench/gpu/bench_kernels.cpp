@@ -27,6 +27,7 @@
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_gemv.h"
+#include "backend/cuda/kernels_quant.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
 
@@ -647,6 +648,54 @@ int run(bool quick, bool gemm_only) {
     Tensor gate = b.f32(T, F, 20), up = b.f32(T, F, 21), act = b.f32(T, F, 22);
     s = b.time([&] { gpu.silu_mul(gate, up, act); }, reps);
     row("silu_mul+bf16", "8192x14336", s, double(T) * F * (3 * 4 + 2), false, copy_gbs);
+
+    // The FP8 prefill passes (kernels_quant_fused.cu) against the separate passes they replace, launched
+    // directly on a stream of their own. Bytes: what each variant moves.
+    b.keep.push_back(gpu.allocate(static_cast<size_t>(T * F)));
+    auto* codes = static_cast<uint8_t*>(b.keep.back()->data());
+    Tensor row_scales = b.f32(1, T, 24), w_scales = b.f32(1, 2 * F, 25), acc = b.f32(T, 2 * F, 26);
+    cudaStream_t st = nullptr;
+    CUDA_CHECK(cudaStreamCreate(&st));
+    auto time_on_stream = [&](const std::function<void()>& f) {
+      for (int i = 0; i < 3; ++i) f();
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) f();
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    };
+    gpu.synchronize();
+    float* sc = row_scales.ptr<float>();  // the SiLU pass's input row scales
+    Tensor q_scales = b.f32(1, T, 27);
+    float* qs = q_scales.ptr<float>();  // the quantizers' output row scales
+    s = time_on_stream([&] {
+      CUDA_CHECK(cuda::launch_norm_quantize_fp8_rows(res.ptr<float>(), x.ptr<float>(), w.ptr<float>(), 1e-5f,
+                                                     T, D, codes, qs, st));
+    });
+    row("norm->fp8 fused", "8192x4096", s, double(T) * D * (3 * 4 + 1), false, copy_gbs);
+    s = time_on_stream([&] {
+      CUDA_CHECK(cuda::launch_add_rmsnorm(res.ptr<float>(), x.ptr<float>(), w.ptr<float>(), 1e-5f, T, D,
+                                          h.ptr<float>(), nullptr, st));
+      CUDA_CHECK(cuda::launch_quantize_fp8_rows(h.ptr<float>(), T, D, codes, qs, nullptr, st));
+    });
+    row("norm, fp8 quant", "8192x4096 (separate)", s, double(T) * D * (4 * 4 + 4 + 1), false, copy_gbs);
+    cuda::Fp8Epilogue e;
+    e.acc = acc.data;
+    e.t = T;
+    e.n = 2 * F;
+    e.x_scale = sc;
+    e.w_scale = w_scales.ptr<float>();
+    e.per_channel = true;
+    e.silu = true;
+    e.out[0] = act.ptr<float>();
+    s = time_on_stream([&] { CUDA_CHECK(cuda::launch_fp8_silu_quantize(e, codes, qs, st)); });
+    row("silu->fp8 fused", "8192x14336", s, double(T) * F * (2 * 4 + 1), false, copy_gbs);
+    s = time_on_stream([&] {
+      CUDA_CHECK(cuda::launch_fp8_epilogue(e, st));
+      CUDA_CHECK(cuda::launch_quantize_fp8_rows(act.ptr<float>(), T, F, codes, qs, nullptr, st));
+    });
+    row("silu, fp8 quant", "8192x14336 (separate)", s, double(T) * F * (2 * 4 + 4 + 4 + 1), false, copy_gbs);
+    CUDA_CHECK(cudaStreamDestroy(st));
   }
 
   // Sampling over the Llama 3 vocabulary: bytes = the logits read once (argmax) per row.
