@@ -55,13 +55,20 @@ struct Bench {
     gpu.copy_to_device(keep.back()->data(), v.data(), v.size() * 4);
     return static_cast<const int32_t*>(keep.back()->data());
   }
-  // Seconds per call: 3 warm-up calls, then `reps` calls between two synchronisations.
-  double time(const std::function<void()>& f, int reps) {
+  // Seconds per call: 3 warm-up calls, then `reps` calls between two synchronisations (of the backend's
+  // stream, or of `stream` for kernels launched directly on one).
+  double time(const std::function<void()>& f, int reps, cudaStream_t stream = nullptr) {
+    const auto sync = [&] {
+      if (stream)
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+      else
+        gpu.synchronize();
+    };
     for (int i = 0; i < 3; ++i) f();
-    gpu.synchronize();
+    sync();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < reps; ++i) f();
-    gpu.synchronize();
+    sync();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
   }
 };
@@ -656,28 +663,24 @@ int run(bool quick, bool gemm_only) {
     Tensor row_scales = b.f32(1, T, 24), w_scales = b.f32(1, 2 * F, 25), acc = b.f32(T, 2 * F, 26);
     cudaStream_t st = nullptr;
     CUDA_CHECK(cudaStreamCreate(&st));
-    auto time_on_stream = [&](const std::function<void()>& f) {
-      for (int i = 0; i < 3; ++i) f();
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < reps; ++i) f();
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-    };
     gpu.synchronize();
     float* sc = row_scales.ptr<float>();  // the SiLU pass's input row scales
     Tensor q_scales = b.f32(1, T, 27);
     float* qs = q_scales.ptr<float>();  // the quantizers' output row scales
-    s = time_on_stream([&] {
-      CUDA_CHECK(cuda::launch_norm_quantize_fp8_rows(res.ptr<float>(), x.ptr<float>(), w.ptr<float>(), 1e-5f,
-                                                     T, D, codes, qs, st));
-    });
+    s = b.time(
+        [&] {
+          CUDA_CHECK(cuda::launch_norm_quantize_fp8_rows(res.ptr<float>(), x.ptr<float>(), w.ptr<float>(),
+                                                         1e-5f, T, D, codes, qs, st));
+        },
+        reps, st);
     row("norm->fp8 fused", "8192x4096", s, double(T) * D * (3 * 4 + 1), false, copy_gbs);
-    s = time_on_stream([&] {
-      CUDA_CHECK(cuda::launch_add_rmsnorm(res.ptr<float>(), x.ptr<float>(), w.ptr<float>(), 1e-5f, T, D,
-                                          h.ptr<float>(), nullptr, st));
-      CUDA_CHECK(cuda::launch_quantize_fp8_rows(h.ptr<float>(), T, D, codes, qs, nullptr, st));
-    });
+    s = b.time(
+        [&] {
+          CUDA_CHECK(cuda::launch_add_rmsnorm(res.ptr<float>(), x.ptr<float>(), w.ptr<float>(), 1e-5f, T, D,
+                                              h.ptr<float>(), nullptr, st));
+          CUDA_CHECK(cuda::launch_quantize_fp8_rows(h.ptr<float>(), T, D, codes, qs, nullptr, st));
+        },
+        reps, st);
     row("norm, fp8 quant", "8192x4096 (separate)", s, double(T) * D * (4 * 4 + 4 + 1), false, copy_gbs);
     cuda::Fp8Epilogue e;
     e.acc = acc.data;
@@ -688,12 +691,14 @@ int run(bool quick, bool gemm_only) {
     e.per_channel = true;
     e.silu = true;
     e.out[0] = act.ptr<float>();
-    s = time_on_stream([&] { CUDA_CHECK(cuda::launch_fp8_silu_quantize(e, codes, qs, st)); });
+    s = b.time([&] { CUDA_CHECK(cuda::launch_fp8_silu_quantize(e, codes, qs, st)); }, reps, st);
     row("silu->fp8 fused", "8192x14336", s, double(T) * F * (2 * 4 + 1), false, copy_gbs);
-    s = time_on_stream([&] {
-      CUDA_CHECK(cuda::launch_fp8_epilogue(e, st));
-      CUDA_CHECK(cuda::launch_quantize_fp8_rows(act.ptr<float>(), T, F, codes, qs, nullptr, st));
-    });
+    s = b.time(
+        [&] {
+          CUDA_CHECK(cuda::launch_fp8_epilogue(e, st));
+          CUDA_CHECK(cuda::launch_quantize_fp8_rows(act.ptr<float>(), T, F, codes, qs, nullptr, st));
+        },
+        reps, st);
     row("silu, fp8 quant", "8192x14336 (separate)", s, double(T) * F * (2 * 4 + 4 + 4 + 1), false, copy_gbs);
     CUDA_CHECK(cudaStreamDestroy(st));
   }

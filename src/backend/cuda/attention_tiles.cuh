@@ -261,17 +261,4 @@ __device__ __forceinline__ void start_decode_tiles(Loader& loader, Smem& sm, int
   if (kAhead < n_tiles) loader.prefetch(key0 + kAhead * kTile, k_end);
 }
 
-// Sets the dynamic shared memory limit of `kernel` once per device (the attribute is per device).
-template <class Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, int bytes, unsigned& done_mask) {
-  int device = 0;
-  cudaError_t st = cudaGetDevice(&device);
-  if (st != cudaSuccess) return st;
-  const unsigned bit = device < 32 ? 1u << device : 0u;
-  if (bit != 0 && (__atomic_load_n(&done_mask, __ATOMIC_ACQUIRE) & bit)) return cudaSuccess;
-  st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (st == cudaSuccess && bit != 0) __atomic_fetch_or(&done_mask, bit, __ATOMIC_RELEASE);
-  return st;
-}
-
 }  // namespace inferx::cuda::attn

@@ -275,12 +275,11 @@ class CudaBackend final : public Backend {
   bool fused_quantized_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs);
   bool fused_quantized_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
   // The same products with the norm before them (and in norm_mlp the down product) fused into the FP8
-  // activation quantization (QuantizedGemm::norm_matmul_split / norm_mlp). No: nothing ran; InputOnly: the
-  // norm ran into h, the caller runs the products on h.
-  enum class FusedNorm { No, InputOnly, Done };
-  FusedNorm fused_quantized_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
-                                 Tensor& h, const Linear& w, std::span<Tensor* const> outs,
-                                 const Linear* down, Tensor* act);
+  // activation quantization (QuantizedGemm::norm_matmul_split / norm_mlp). False: nothing ran; true with
+  // h_only: the norm ran into h and the caller runs the products on h.
+  bool fused_quantized_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h,
+                            const Linear& w, std::span<Tensor* const> outs, const Linear* down, Tensor* act,
+                            bool& h_only);
   // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
   void run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,

@@ -214,23 +214,20 @@ void CudaBackend::norm_matmul_split(Tensor& residual, const Tensor* add, const T
                                     Tensor& h, const Linear& w, std::span<Tensor* const> outs) {
   const bool ready = pending_norm_.residual != nullptr;
   const PendingNorm p = pending_norm_;
+  bool h_only = false;
+  if (!ready && fused_quantized_norm(residual, add, norm, eps, h, w, outs, nullptr, nullptr, h_only)) {
+    if (!h_only) return;
+    if (outs.size() == 1) {  // the norm ran into h, the fused GEMM was refused
+      matmul(h, w, *outs[0]);
+    } else {
+      matmul_split(h, w, outs);
+    }
+    return;
+  }
   if (!ready || outs.empty() || outs.size() > static_cast<size_t>(cuda::kGemvMaxOutputs) ||
       !gemv_norm_takes(h, w) || w.in_features() != residual.cols()) {
-    switch (ready ? FusedNorm::No
-                  : fused_quantized_norm(residual, add, norm, eps, h, w, outs, nullptr, nullptr)) {
-      case FusedNorm::Done:
-        return;
-      case FusedNorm::InputOnly:
-        if (outs.size() == 1) {
-          matmul(h, w, *outs[0]);
-        } else {
-          matmul_split(h, w, outs);
-        }
-        return;
-      case FusedNorm::No:
-        Backend::norm_matmul_split(residual, add, norm, eps, h, w, outs);  // pre_norm takes a prepared norm
-        return;
-    }
+    Backend::norm_matmul_split(residual, add, norm, eps, h, w, outs);  // pre_norm takes a prepared norm
+    return;
   }
   take_pending_norm(residual, add, norm, eps);
   use_device();
@@ -279,12 +276,11 @@ void CudaBackend::norm_mlp(Tensor& residual, const Tensor* add, const Tensor& no
                            const Linear& gate_up, Tensor& gate, Tensor& up, Tensor& act, const Linear& down,
                            Tensor& out, const Tensor* next_norm) {
   Tensor* outs[] = {&out};
-  const FusedNorm r = pending_norm_.residual != nullptr
-                          ? FusedNorm::No
-                          : fused_quantized_norm(residual, add, norm, eps, h, gate_up, outs, &down, &act);
-  if (r == FusedNorm::Done) return;
-  if (r == FusedNorm::InputOnly) {
-    matmul_silu_mul(h, gate_up, gate, up, act);
+  bool h_only = false;
+  if (pending_norm_.residual == nullptr &&
+      fused_quantized_norm(residual, add, norm, eps, h, gate_up, outs, &down, &act, h_only)) {
+    if (!h_only) return;
+    matmul_silu_mul(h, gate_up, gate, up, act);  // the norm ran into h, the fused GEMM was refused
     if (next_norm) {
       matmul_before_norm(act, down, out, residual, *next_norm, eps);
     } else {
@@ -297,23 +293,24 @@ void CudaBackend::norm_mlp(Tensor& residual, const Tensor* add, const Tensor& no
 
 // Prefill-sized steps with FP8 weights: the norm before the products writes their FP8 codes directly
 // (QuantizedGemm::norm_matmul_split / norm_mlp). down != null: the MLP, outs[0] the down projection's output
-// and act its input's workspace; else a (split) projection.
-CudaBackend::FusedNorm CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add,
-                                                         const Tensor& norm, float eps, Tensor& h,
-                                                         const Linear& w, std::span<Tensor* const> outs,
-                                                         const Linear* down, Tensor* act) {
+// and act its input's workspace; else a (split) projection. False: nothing ran. True with h_only: the norm
+// ran into h (residual updated) and cuBLASLt then refused the GEMM: the caller runs the products on h.
+bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
+                                       Tensor& h, const Linear& w, std::span<Tensor* const> outs,
+                                       const Linear* down, Tensor* act, bool& h_only) {
   const int64_t t = residual.rows(), k = residual.cols();
+  if (!cuda::QuantizedGemm::prefers_fused(w, t)) return false;  // decode sizes: the GEMV's
   const auto f32_like = [&](const Tensor& x) {
     return x.device == Device::CUDA && x.dtype == DType::F32 && x.rows() == t && x.cols() == k;
   };
   if (outs.empty() || outs.size() > 3 || w.weight.device != Device::CUDA || w.in_features() != k ||
       !f32_like(residual) || !f32_like(h) || (add && !f32_like(*add)) || norm.dtype != DType::F32 ||
-      norm.numel() != k || !cuda::QuantizedGemm::supports(w) || !cuda::QuantizedGemm::prefers_fused(w, t))
-    return FusedNorm::No;
+      norm.numel() != k || !cuda::QuantizedGemm::supports(w))
+    return false;
   if (down && (down->weight.device != Device::CUDA || !cuda::QuantizedGemm::supports(*down) ||
                act->device != Device::CUDA || act->dtype != DType::F32 || act->rows() != t ||
                act->cols() * 2 != w.out_features()))
-    return FusedNorm::No;
+    return false;
   for (Tensor* o : outs) check_out(residual, *o, down ? "down" : "split matmul");
   cuda::QuantizedGemm::NormInput in;
   in.residual = residual.ptr<float>();
@@ -335,11 +332,12 @@ CudaBackend::FusedNorm CudaBackend::fused_quantized_norm(Tensor& residual, const
     }
     r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws);
   }
-  if (r == cuda::QuantizedGemm::Fused::No) return FusedNorm::No;
+  if (r == cuda::QuantizedGemm::Fused::No) return false;
   // The residual, h, act and the outputs changed (or stay unwritten): no BF16 copy of any is current.
   drop_bf16_copy();
   last_matmul_bf16_ = false;
-  return r == cuda::QuantizedGemm::Fused::Done ? FusedNorm::Done : FusedNorm::InputOnly;
+  h_only = r == cuda::QuantizedGemm::Fused::InputOnly;
+  return true;
 }
 
 // FP8 weights at prefill sizes (QuantizedGemm::prefers_fused): the fused projection as one FP8 GEMM over the

@@ -141,6 +141,20 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float a, float 
   *reinterpret_cast<uint2*>(dst) = packed;
 }
 
+// Sets the dynamic shared memory limit of `kernel` once per device (the attribute is per device; done_mask:
+// one bit per device, a static of the caller's kernel instance).
+template <class Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, int bytes, unsigned& done_mask) {
+  int device = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st != cudaSuccess) return st;
+  const unsigned bit = device < 32 ? 1u << device : 0u;
+  if (bit != 0 && (__atomic_load_n(&done_mask, __ATOMIC_ACQUIRE) & bit)) return cudaSuccess;
+  st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (st == cudaSuccess && bit != 0) __atomic_fetch_or(&done_mask, bit, __ATOMIC_RELEASE);
+  return st;
+}
+
 // Whether p is a multiple of `bytes` (launchers choose vectorised kernels with it; null counts as aligned).
 inline bool is_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 

@@ -623,9 +623,8 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const bool v2 = !decode_attention_v1() && reinterpret_cast<uintptr_t>(q) % 16 == 0;
   static unsigned smem_set = 0, smem_set_v2 = 0;
   constexpr int kSmem = smem_bytes<HD>(), kSmem2 = smem_bytes_v2<CacheT, HD>();
-  const cudaError_t st =
-      v2 ? attn::allow_dynamic_smem(decode_attention_kernel_v2<CacheT, HD>, kSmem2, smem_set_v2)
-         : attn::allow_dynamic_smem(decode_attention_kernel<CacheT, HD>, kSmem, smem_set);
+  const cudaError_t st = v2 ? allow_dynamic_smem(decode_attention_kernel_v2<CacheT, HD>, kSmem2, smem_set_v2)
+                            : allow_dynamic_smem(decode_attention_kernel<CacheT, HD>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kRows - 1) / kRows;
   // Token-major, KV heads adjacent (see the kernels); the split count is at most kDecodeMaxSplits.

@@ -429,8 +429,7 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
                          void* out_bf16, cudaStream_t stream) {
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
-  const cudaError_t st =
-      attn::allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT>, kSmem, smem_set);
+  const cudaError_t st = allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));

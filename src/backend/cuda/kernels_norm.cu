@@ -3,6 +3,7 @@
 // few thousand elements agree to ~1e-6 relative).
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/norm_rows.cuh"
 
 namespace inferx::cuda {
 namespace {
@@ -22,49 +23,22 @@ __global__ void __launch_bounds__(kNormThreads)
   __shared__ float scratch[kWarp];
   const int64_t n4 = cols / 4;
   float4 g[kVec], v[kVec];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
-    if (i < n4) g[j] = reinterpret_cast<const float4*>(w)[i];
-  }
+  norm_rows::load<kVec, kNormThreads>(w, n4, g);
   pdl_wait();  // x / add come from the previous kernels
   pdl_launch_dependents();
   float* row = x + blockIdx.x * cols;
   const float* add_row = add ? add + blockIdx.x * cols : nullptr;
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
-    if (i < n4) v[j] = reinterpret_cast<const float4*>(row)[i];
-  }
-  if (add_row) {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
-      if (i < n4) {
-        const float4 a = reinterpret_cast<const float4*>(add_row)[i];
-        v[j] = make_float4(v[j].x + a.x, v[j].y + a.y, v[j].z + a.z, v[j].w + a.w);
-        reinterpret_cast<float4*>(row)[i] = v[j];
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
-    if (i < n4) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-  }
-  ss = block_sum(ss, scratch);
-  const float scale = rsqrtf(ss / static_cast<float>(cols) + eps);
+  const float ss =
+      block_sum(norm_rows::add_and_sum_squares<kVec, kNormThreads>(row, add_row, n4, v), scratch);
+  norm_rows::normalize<kVec, kNormThreads>(v, g, rsqrtf(ss / static_cast<float>(cols) + eps), n4);
   float* out_row = out + blockIdx.x * cols;
   __nv_bfloat16* bf_row = out_bf16 ? out_bf16 + blockIdx.x * cols : nullptr;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kNormThreads;
     if (i < n4) {
-      const float4 y = make_float4(v[j].x * scale * g[j].x, v[j].y * scale * g[j].y, v[j].z * scale * g[j].z,
-                                   v[j].w * scale * g[j].w);
-      reinterpret_cast<float4*>(out_row)[i] = y;
-      if (bf_row) store_bf16x4(bf_row + 4 * i, y.x, y.y, y.z, y.w);
+      reinterpret_cast<float4*>(out_row)[i] = v[j];
+      if (bf_row) store_bf16x4(bf_row + 4 * i, v[j].x, v[j].y, v[j].z, v[j].w);
     }
   }
 }

@@ -376,7 +376,7 @@ cudaError_t launch_wg(const float* q, const PagedKv& cache, const BatchArgs& bat
   constexpr bool kFp8 = sizeof(CacheT) == 1;
   constexpr int kSmem = WgLayout<HD, kWG, kBN, kStages, kFp8>::kSmem;
   const auto kernel = prefill_attention_wg<HD, kWG, kBN, kStages, CacheT>;
-  const cudaError_t st = attn::allow_dynamic_smem(kernel, kSmem, smem_set);
+  const cudaError_t st = allow_dynamic_smem(kernel, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   constexpr int kRows = 64 * kWG;
   const dim3 grid(static_cast<unsigned>(hq), static_cast<unsigned>(batch.num_seqs),

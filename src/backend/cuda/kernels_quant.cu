@@ -5,12 +5,12 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels_quant.h"
 #include "backend/cuda/kernels_quant_math.h"
+#include "backend/cuda/quant_codes.cuh"
 
 namespace inferx::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kFp8Max = 448.0f;  // quant/fp8.h: the largest finite E4M3 value
 
 __global__ void quantize_fp8_rows_kernel(const float* x, int64_t t, int64_t k, uint8_t* q, float* scale,
                                          __nv_bfloat16* q_bf16) {
@@ -19,11 +19,10 @@ __global__ void quantize_fp8_rows_kernel(const float* x, int64_t t, int64_t k, u
     const float* row = x + r * k;
     float amax = 0.0f;
     for (int64_t c = threadIdx.x; c < k; c += blockDim.x) amax = fmaxf(amax, fabsf(row[c]));
-    amax = block_max(amax, scratch);
-    const float s = amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+    const float s = fp8_row_scale(block_max(amax, scratch));
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t c = threadIdx.x; c < k; c += blockDim.x) {
-      const uint8_t code = float_to_fp8(__fdiv_rn(row[c], s));
+      const uint8_t code = fp8_code(row[c], s);
       if (q) q[r * k + c] = code;
       if (q_bf16) q_bf16[r * k + c] = __float2bfloat16_rn(fp8_to_float(code) * s);
     }
@@ -48,21 +47,17 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kVec; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
       v[j] = i < n4 ? row[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+      amax = fmaxf(amax, abs_max4(v[j]));
     }
-    amax = block_max(amax, scratch);
-    const float s = amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+    const float s = fp8_row_scale(block_max(amax, scratch));
     if (threadIdx.x == 0) scale[r] = s;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
       if (i >= n4) continue;
-      const uint8_t c0 = float_to_fp8(__fdiv_rn(v[j].x, s)), c1 = float_to_fp8(__fdiv_rn(v[j].y, s)),
-                    c2 = float_to_fp8(__fdiv_rn(v[j].z, s)), c3 = float_to_fp8(__fdiv_rn(v[j].w, s));
-      if (q)
-        reinterpret_cast<uint32_t*>(q + r * k)[i] =
-            static_cast<uint32_t>(c0) | static_cast<uint32_t>(c1) << 8 | static_cast<uint32_t>(c2) << 16 |
-            static_cast<uint32_t>(c3) << 24;
+      const uint8_t c0 = fp8_code(v[j].x, s), c1 = fp8_code(v[j].y, s), c2 = fp8_code(v[j].z, s),
+                    c3 = fp8_code(v[j].w, s);
+      if (q) reinterpret_cast<uint32_t*>(q + r * k)[i] = pack_codes(c0, c1, c2, c3);
       if (q_bf16)
         store_bf16x4(q_bf16 + r * k + 4 * i, fp8_to_float(c0) * s, fp8_to_float(c1) * s, fp8_to_float(c2) * s,
                      fp8_to_float(c3) * s);
@@ -70,17 +65,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// V consecutive accumulator values (F32, or BF16 with Fp8Epilogue::acc_bf16) as floats; V = 4 is one
-// vector load (16 / 8 bytes, aligned: launch_fp8_epilogue checks).
-template <int V, class T>
-__device__ __forceinline__ void load_v(const T* p, float (&v)[V]) {
-  struct alignas(V * sizeof(T)) Vec {
-    T e[V];
-  };
-  const Vec q = *reinterpret_cast<const Vec*>(p);
-#pragma unroll
-  for (int u = 0; u < V; ++u) v[u] = to_float(q.e[u]);
-}
 template <int V>
 __device__ __forceinline__ void store_v(float* p, const float (&v)[V]) {
   if constexpr (V == 4)
@@ -121,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) fp8_epilogue_kernel(const __grid_con
       float b[V];
       load_v<V>(acc + r * e.n + width + c, b);
 #pragma unroll
-      for (int u = 0; u < V; ++u) y[u] = silu(a[u] * xs * ws[u] + bs[u]) * (b[u] * xs * ws2[u] + bs2[u]);
+      for (int u = 0; u < V; ++u) y[u] = w8a8_silu_up(a[u], b[u], xs, ws[u], bs[u], ws2[u], bs2[u]);
       store_v<V>(e.out[0] + r * width + c, y);
     } else {
 #pragma unroll

@@ -12,26 +12,20 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels_quant.h"
 #include "backend/cuda/kernels_quant_math.h"
+#include "backend/cuda/norm_rows.cuh"
+#include "backend/cuda/quant_codes.cuh"
 
 namespace inferx::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kFp8Max = 448.0f;  // quant/fp8.h: the largest finite E4M3 value
-constexpr int kNormMaxVec = 8;     // float4s per thread: rows up to 8192 columns (Llama-3-70B)
+constexpr int kNormMaxVec = 8;  // float4s per thread: rows up to 8192 columns (Llama-3-70B)
 // Shared memory of the SiLU pass: one row of n / 2 floats (28672 for Llama-3-70B: 112 KB).
 constexpr size_t kSiluMaxSmem = 200 * 1024;
 
-__device__ __forceinline__ uint32_t pack_codes(float a, float b, float c, float d, float s) {
-  return static_cast<uint32_t>(float_to_fp8(__fdiv_rn(a, s))) |
-         static_cast<uint32_t>(float_to_fp8(__fdiv_rn(b, s))) << 8 |
-         static_cast<uint32_t>(float_to_fp8(__fdiv_rn(c, s))) << 16 |
-         static_cast<uint32_t>(float_to_fp8(__fdiv_rn(d, s))) << 24;
-}
-
 // One row per CTA iteration, held in registers (kVec float4s per thread): the residual add and the norm
-// as rmsnorm_regs_kernel (same per-thread order, same block_sum), then quantize_fp8_rows_vec_kernel's
-// scale and codes.
+// through rmsnorm_regs_kernel's own steps (norm_rows.cuh), then quantize_fp8_rows_vec_kernel's scale and
+// codes (quant_codes.cuh).
 template <int kVec>
 __global__ void __launch_bounds__(kThreads)
     norm_quantize_kernel(float* x, const float* add, const float* w, float eps, int64_t t, int64_t cols,
@@ -39,73 +33,30 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float scratch[kWarp];
   const int64_t n4 = cols / 4;
   float4 g[kVec];
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    if (i < n4) g[j] = reinterpret_cast<const float4*>(w)[i];
-  }
+  norm_rows::load<kVec, kThreads>(w, n4, g);
   for (int64_t r = blockIdx.x; r < t; r += gridDim.x) {
-    float* row = x + r * cols;
-    const float* add_row = add ? add + r * cols : nullptr;
     float4 v[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (i < n4) v[j] = reinterpret_cast<const float4*>(row)[i];
-    }
-    if (add_row) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-        if (i < n4) {
-          const float4 a = reinterpret_cast<const float4*>(add_row)[i];
-          v[j] = make_float4(v[j].x + a.x, v[j].y + a.y, v[j].z + a.z, v[j].w + a.w);
-          reinterpret_cast<float4*>(row)[i] = v[j];
-        }
-      }
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (i < n4) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    }
-    ss = block_sum(ss, scratch);
-    const float norm = rsqrtf(ss / static_cast<float>(cols) + eps);
+    const float ss = block_sum(
+        norm_rows::add_and_sum_squares<kVec, kThreads>(x + r * cols, add ? add + r * cols : nullptr, n4, v),
+        scratch);
+    norm_rows::normalize<kVec, kThreads>(v, g, rsqrtf(ss / static_cast<float>(cols) + eps), n4);
     float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (i < n4) {
-        v[j] = make_float4(v[j].x * norm * g[j].x, v[j].y * norm * g[j].y, v[j].z * norm * g[j].z,
-                           v[j].w * norm * g[j].w);
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
-      }
-    }
-    amax = block_max(amax, scratch);
-    const float s = amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+    for (int j = 0; j < kVec; ++j)
+      if (threadIdx.x + static_cast<int64_t>(j) * kThreads < n4) amax = fmaxf(amax, abs_max4(v[j]));
+    const float s = fp8_row_scale(block_max(amax, scratch));
     if (threadIdx.x == 0) scale[r] = s;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
       if (i < n4)
-        reinterpret_cast<uint32_t*>(q + r * cols)[i] = pack_codes(v[j].x, v[j].y, v[j].z, v[j].w, s);
+        reinterpret_cast<uint32_t*>(q + r * cols)[i] =
+            pack_codes(fp8_code(v[j].x, s), fp8_code(v[j].y, s), fp8_code(v[j].z, s), fp8_code(v[j].w, s));
     }
   }
 }
 
-// V consecutive accumulator values as floats (V = 4: one aligned vector load).
-template <int V, class T>
-__device__ __forceinline__ void load_acc(const T* p, float (&v)[V]) {
-  struct alignas(V * sizeof(T)) Vec {
-    T e[V];
-  };
-  const Vec q = *reinterpret_cast<const Vec*>(p);
-#pragma unroll
-  for (int u = 0; u < V; ++u) v[u] = to_float(q.e[u]);
-}
-
-// fp8_epilogue_kernel's SiLU * up values of row r (same expression, bias 0 when absent) into shared memory,
+// fp8_epilogue_kernel's SiLU * up values of row r (w8a8_silu_up, bias 0 when absent) into shared memory,
 // then the row's scale and codes. V = 4: float4 / BF16x4 loads and 4 codes per store.
 template <int V, class Acc>
 __global__ void __launch_bounds__(kThreads)
@@ -119,26 +70,26 @@ __global__ void __launch_bounds__(kThreads)
     float amax = 0.0f;
     for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < f; c += kThreads * V) {
       float a[V], b[V];
-      load_acc<V>(acc + r * e.n + c, a);
-      load_acc<V>(acc + r * e.n + f + c, b);
+      load_v<V>(acc + r * e.n + c, a);
+      load_v<V>(acc + r * e.n + f + c, b);
 #pragma unroll
       for (int u = 0; u < V; ++u) {
         const float ws = e.w_scale[e.per_channel ? c + u : 0], ws2 = e.w_scale[e.per_channel ? f + c + u : 0];
         const float bs = e.bias ? e.bias[c + u] : 0.0f, bs2 = e.bias ? e.bias[f + c + u] : 0.0f;
-        const float y = silu(a[u] * xs * ws + bs) * (b[u] * xs * ws2 + bs2);
+        const float y = w8a8_silu_up(a[u], b[u], xs, ws, bs, ws2, bs2);
         vals[c + u] = y;
         amax = fmaxf(amax, fabsf(y));
       }
     }
-    amax = block_max(amax, scratch);  // its barriers also publish vals
-    const float s = amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+    const float s = fp8_row_scale(block_max(amax, scratch));  // block_max's barriers also publish vals
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < f; c += kThreads * V) {
       if constexpr (V == 4)
         *reinterpret_cast<uint32_t*>(q + r * f + c) =
-            pack_codes(vals[c], vals[c + 1], vals[c + 2], vals[c + 3], s);
+            pack_codes(fp8_code(vals[c], s), fp8_code(vals[c + 1], s), fp8_code(vals[c + 2], s),
+                       fp8_code(vals[c + 3], s));
       else
-        q[r * f + c] = float_to_fp8(__fdiv_rn(vals[c], s));
+        q[r * f + c] = fp8_code(vals[c], s);
     }
     __syncthreads();  // the next row overwrites vals
   }
@@ -153,6 +104,17 @@ __global__ void dequantize_fp8_rows_kernel(const uint8_t* q, const float* scale,
 }
 
 unsigned row_blocks(int64_t t) { return static_cast<unsigned>(std::min<int64_t>(t, 65535)); }
+
+// One instance of the SiLU pass, its shared-memory limit raised to kSiluMaxSmem once per device.
+template <int V, class Acc>
+cudaError_t launch_silu(const Fp8Epilogue& e, uint8_t* q, float* scale, size_t smem, cudaStream_t stream) {
+  static unsigned smem_set = 0;
+  const cudaError_t st =
+      allow_dynamic_smem(silu_quantize_kernel<V, Acc>, static_cast<int>(kSiluMaxSmem), smem_set);
+  if (st != cudaSuccess) return st;
+  silu_quantize_kernel<V, Acc><<<row_blocks(e.t), kThreads, smem, stream>>>(e, q, scale);
+  return cudaGetLastError();
+}
 
 }  // namespace
 
@@ -187,19 +149,11 @@ cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* sc
   const int64_t f = e.n / 2;
   const bool vec = f % 4 == 0 && is_aligned(e.acc, e.acc_bf16 ? 8 : 16) && is_aligned(q, 4);
   const size_t smem = static_cast<size_t>(f) * sizeof(float);
-  const auto run = [&](auto kernel) {
-    if (smem > 48 * 1024) {
-      // Above 48 KB a kernel opts in (per device: cheap enough to repeat at prefill-sized steps).
-      const cudaError_t st =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (st != cudaSuccess) return st;
-    }
-    kernel<<<row_blocks(e.t), kThreads, smem, stream>>>(e, q, scale);
-    return cudaGetLastError();
-  };
   if (e.acc_bf16)
-    return vec ? run(silu_quantize_kernel<4, __nv_bfloat16>) : run(silu_quantize_kernel<1, __nv_bfloat16>);
-  return vec ? run(silu_quantize_kernel<4, float>) : run(silu_quantize_kernel<1, float>);
+    return vec ? launch_silu<4, __nv_bfloat16>(e, q, scale, smem, stream)
+               : launch_silu<1, __nv_bfloat16>(e, q, scale, smem, stream);
+  return vec ? launch_silu<4, float>(e, q, scale, smem, stream)
+             : launch_silu<1, float>(e, q, scale, smem, stream);
 }
 
 cudaError_t launch_dequantize_fp8_rows(const uint8_t* q, const float* scale, int64_t t, int64_t k, float* out,

@@ -28,6 +28,55 @@ __device__ __forceinline__ void store_kv<uint8_t>(uint8_t* dst, float v, float i
   *dst = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
 }
 
+// What both kernels take (one __grid_constant__ block).
+template <class CacheT>
+struct RopeKvArgs {
+  float* q;
+  float* k;
+  const float* v;
+  int hq, hkv, hd;
+  bool interleaved;
+  RopeFrequencies freqs;
+  BatchArgs batch;
+  CacheT* k_cache;
+  CacheT* v_cache;
+  int64_t num_blocks, block_size;
+  float inv_k_scale, inv_v_scale;
+
+  __device__ int64_t kv_row() const { return static_cast<int64_t>(hkv) * hd; }
+  // Head h of token t (q heads first, then k heads).
+  __device__ float* head(int t, int h) const {
+    return h >= hq ? k + t * kv_row() + static_cast<int64_t>(h - hq) * hd
+                   : q + (static_cast<int64_t>(t) * hq + h) * hd;
+  }
+  // Element offset of token t's cache slot: block_tables[seq][pos / bs], offset pos % bs. -1 for entries the
+  // engine never produces (the write is skipped rather than corrupt other blocks).
+  __device__ int64_t cache_slot(int t, int32_t pos) const {
+    if (pos < 0 || pos / block_size >= batch.max_blocks_per_seq) return -1;
+    const int s = find_sequence(batch.query_start, batch.num_seqs, t);
+    const int32_t block =
+        batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + pos / block_size];
+    return block >= 0 && block < num_blocks ? (block * block_size + pos % block_size) * kv_row() : -1;
+  }
+  // The rotated pair (a, b) of k head h - hq and the same elements of its v head into the slot.
+  __device__ void store_pair(int64_t slot, int h, int a, int b, float y0, float y1, float v0,
+                             float v1) const {
+    const int64_t off = slot + static_cast<int64_t>(h - hq) * hd;
+    store_kv(k_cache + off + a, y0, inv_k_scale);
+    store_kv(k_cache + off + b, y1, inv_k_scale);
+    store_kv(v_cache + off + a, v0, inv_v_scale);
+    store_kv(v_cache + off + b, v1, inv_v_scale);
+  }
+  // Pair i's elements: (2i, 2i + 1) interleaved, (i, i + hd / 2) NeoX.
+  __device__ int pair_a(int i) const { return interleaved ? 2 * i : i; }
+  __device__ int pair_b(int i) const { return interleaved ? 2 * i + 1 : i + hd / 2; }
+};
+
+__device__ __forceinline__ void rotate(float x0, float x1, float cs, float sn, float& y0, float& y1) {
+  y0 = x0 * cs - x1 * sn;
+  y1 = x1 * cs + x0 * sn;
+}
+
 // Grid (token, group of heads); block (hd / 2, heads per block): q heads first, then k heads; one thread per
 // rotated pair, each forming its own angle. A k head's threads also write the rotated key and its v head
 // into the token's cache slot (each thread the two elements of its pair). One block per token (the first
@@ -36,112 +85,74 @@ __device__ __forceinline__ void store_kv<uint8_t>(uint8_t* dst, float v, float i
 // chunk (82k tiny blocks: block launch rate), hence several heads per block.
 template <class CacheT>
 __global__ void __launch_bounds__(kRopeBlockThreads)
-    rope_write_kv_kernel(float* q, float* k, const float* v, int hq, int hkv, int hd, bool interleaved,
-                         const __grid_constant__ RopeFrequencies freqs,
-                         const __grid_constant__ BatchArgs batch, CacheT* k_cache, CacheT* v_cache,
-                         int64_t num_blocks, int64_t block_size, float inv_k_scale, float inv_v_scale) {
+    rope_write_kv_kernel(const __grid_constant__ RopeKvArgs<CacheT> p) {
   const int t = blockIdx.x, h = blockIdx.y * blockDim.y + threadIdx.y, i = threadIdx.x;
-  const int half = hd / 2;
-  if (h >= hq + hkv) {  // past the last head: nothing to rotate, but the PDL calls stay uniform
+  if (h >= p.hq + p.hkv) {  // past the last head: nothing to rotate, but the PDL calls stay uniform
     pdl_wait();
     pdl_launch_dependents();
     return;
   }
-  const bool is_k = h >= hq;
+  const bool is_k = h >= p.hq;
   // positions and block tables were copied before the step's first kernel: read before the wait; q, k, v
   // and the cache slots come from the kernels before this one (cuda_common.cuh, programmatic dependent
   // launch).
-  const int32_t pos = batch.positions[t];
+  const int32_t pos = p.batch.positions[t];
   float sn, cs;
-  sincosf(static_cast<float>(pos) * freqs.inv_freq[i], &sn, &cs);
-  // Cache slot of this token: block_tables[seq][pos / bs], offset pos % bs. Invalid entries (which the
-  // engine never produces) skip the write rather than corrupt other blocks.
-  const int64_t kv_row = static_cast<int64_t>(hkv) * hd;
-  int64_t slot = -1;
-  if (is_k && pos >= 0 && pos / block_size < batch.max_blocks_per_seq) {
-    const int s = find_sequence(batch.query_start, batch.num_seqs, t);
-    const int32_t block =
-        batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + pos / block_size];
-    if (block >= 0 && block < num_blocks) slot = (block * block_size + pos % block_size) * kv_row;
-  }
+  sincosf(static_cast<float>(pos) * p.freqs.inv_freq[i], &sn, &cs);
+  const int64_t slot = is_k ? p.cache_slot(t, pos) : -1;
   pdl_wait();
   pdl_launch_dependents();
 
-  const int a = interleaved ? 2 * i : i;
-  const int b = interleaved ? 2 * i + 1 : i + half;
-  float* head = is_k ? k + static_cast<int64_t>(t) * kv_row + static_cast<int64_t>(h - hq) * hd
-                     : q + (static_cast<int64_t>(t) * hq + h) * hd;
-  const float x0 = head[a], x1 = head[b];
-  const float y0 = x0 * cs - x1 * sn;
-  const float y1 = x1 * cs + x0 * sn;
+  const int a = p.pair_a(i), b = p.pair_b(i);
+  float* head = p.head(t, h);
+  float y0, y1;
+  rotate(head[a], head[b], cs, sn, y0, y1);
   head[a] = y0;
   head[b] = y1;
   if (slot >= 0) {
-    const int64_t off = slot + static_cast<int64_t>(h - hq) * hd;
-    store_kv(k_cache + off + a, y0, inv_k_scale);
-    store_kv(k_cache + off + b, y1, inv_k_scale);
-    const float* v_head = v + static_cast<int64_t>(t) * kv_row + static_cast<int64_t>(h - hq) * hd;
-    store_kv(v_cache + off + a, v_head[a], inv_v_scale);
-    store_kv(v_cache + off + b, v_head[b], inv_v_scale);
+    const float* v_head = p.v + t * p.kv_row() + static_cast<int64_t>(h - p.hq) * p.hd;
+    p.store_pair(slot, h, a, b, y0, y1, v_head[a], v_head[b]);
   }
 }
 
 // Steps of many tokens (prefill chunks, serving batches): one 256-thread block per token. A thread keeps one
 // rotated pair i (sincos formed once) across the token's heads, 256 / (hd / 2) heads at a time, and the
 // token's cache slot is looked up once per block. The kernel above runs each (token, group of heads) as
-// its own short block: at mixed serving steps (~1000 tokens, 512 sequences) that is ~9 waves of blocks
-// each waiting on its own position / sequence / block-table loads, and the RoPE launches measured 7.8% of
-// the 8B FP8 1000/1000 offline run (H200 2026-12-04, INFERX_TIMING_SKIP=rope: 73.2 -> 67.6 s).
+// its own short block: at mixed serving steps (~1000 tokens, 512 sequences) that is ~9 waves of blocks each
+// waiting on its own position / sequence / block-table loads. Measured (H200 2026-12-04): 8B FP8 1000/1000
+// offline +1.7% against the kernel above in the same call; ncu, an 8192-token launch 114.6 us at 3.14 TB/s.
 constexpr int kTokenThreads = 256;
 constexpr int kTokenBatch = 4;  // passes whose loads are issued before any is rotated and stored
 
 template <class CacheT>
 __global__ void __launch_bounds__(kTokenThreads)
-    rope_write_kv_token_kernel(float* q, float* k, const float* v, int hq, int hkv, int hd, bool interleaved,
-                               const __grid_constant__ RopeFrequencies freqs,
-                               const __grid_constant__ BatchArgs batch, CacheT* k_cache, CacheT* v_cache,
-                               int64_t num_blocks, int64_t block_size, float inv_k_scale, float inv_v_scale) {
+    rope_write_kv_token_kernel(const __grid_constant__ RopeKvArgs<CacheT> p) {
   __shared__ int64_t s_slot;
-  const int t = blockIdx.x, half = hd / 2, per_pass = kTokenThreads / half;
+  const int t = blockIdx.x, half = p.hd / 2, per_pass = kTokenThreads / half;
   const int i = threadIdx.x % half, h0 = threadIdx.x / half;
-  const int64_t kv_row = static_cast<int64_t>(hkv) * hd;
   // Step metadata: read before the wait (as above).
-  const int32_t pos = batch.positions[t];
-  if (threadIdx.x == 0) {
-    int64_t slot = -1;
-    if (pos >= 0 && pos / block_size < batch.max_blocks_per_seq) {
-      const int s = find_sequence(batch.query_start, batch.num_seqs, t);
-      const int32_t block =
-          batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + pos / block_size];
-      if (block >= 0 && block < num_blocks) slot = (block * block_size + pos % block_size) * kv_row;
-    }
-    s_slot = slot;
-  }
+  const int32_t pos = p.batch.positions[t];
+  if (threadIdx.x == 0) s_slot = p.cache_slot(t, pos);
   float sn, cs;
-  sincosf(static_cast<float>(pos) * freqs.inv_freq[i], &sn, &cs);
+  sincosf(static_cast<float>(pos) * p.freqs.inv_freq[i], &sn, &cs);
   __syncthreads();
   const int64_t slot = s_slot;
   pdl_wait();
   pdl_launch_dependents();
   if (h0 >= per_pass) return;  // threads past the last whole head of a pass (256 not a multiple of hd / 2)
-  const int a = interleaved ? 2 * i : i;
-  const int b = interleaved ? 2 * i + 1 : i + half;
-  const int heads = hq + hkv;
+  const int a = p.pair_a(i), b = p.pair_b(i);
+  const int heads = p.hq + p.hkv;
   for (int base = h0; base < heads; base += kTokenBatch * per_pass) {
     float x0[kTokenBatch] = {}, x1[kTokenBatch] = {}, v0[kTokenBatch] = {}, v1[kTokenBatch] = {};
-    float* ptr[kTokenBatch];
 #pragma unroll
     for (int j = 0; j < kTokenBatch; ++j) {
       const int h = base + j * per_pass;
-      ptr[j] = nullptr;
       if (h >= heads) continue;
-      const bool is_k = h >= hq;
-      ptr[j] = is_k ? k + static_cast<int64_t>(t) * kv_row + static_cast<int64_t>(h - hq) * hd
-                    : q + (static_cast<int64_t>(t) * hq + h) * hd;
-      x0[j] = ptr[j][a];
-      x1[j] = ptr[j][b];
-      if (is_k && slot >= 0) {
-        const float* v_head = v + static_cast<int64_t>(t) * kv_row + static_cast<int64_t>(h - hq) * hd;
+      const float* head = p.head(t, h);
+      x0[j] = head[a];
+      x1[j] = head[b];
+      if (h >= p.hq && slot >= 0) {
+        const float* v_head = p.v + t * p.kv_row() + static_cast<int64_t>(h - p.hq) * p.hd;
         v0[j] = v_head[a];
         v1[j] = v_head[b];
       }
@@ -150,17 +161,12 @@ __global__ void __launch_bounds__(kTokenThreads)
     for (int j = 0; j < kTokenBatch; ++j) {
       const int h = base + j * per_pass;
       if (h >= heads) continue;
-      const float y0 = x0[j] * cs - x1[j] * sn;
-      const float y1 = x1[j] * cs + x0[j] * sn;
-      ptr[j][a] = y0;
-      ptr[j][b] = y1;
-      if (h >= hq && slot >= 0) {
-        const int64_t off = slot + static_cast<int64_t>(h - hq) * hd;
-        store_kv(k_cache + off + a, y0, inv_k_scale);
-        store_kv(k_cache + off + b, y1, inv_k_scale);
-        store_kv(v_cache + off + a, v0[j], inv_v_scale);
-        store_kv(v_cache + off + b, v1[j], inv_v_scale);
-      }
+      float* head = p.head(t, h);
+      float y0, y1;
+      rotate(x0[j], x1[j], cs, sn, y0, y1);
+      head[a] = y0;
+      head[b] = y1;
+      if (h >= p.hq && slot >= 0) p.store_pair(slot, h, a, b, y0, y1, v0[j], v1[j]);
     }
   }
 }
@@ -184,20 +190,30 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                          bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
                          const PagedKv& cache, cudaStream_t stream) {
   if (hd % 2 != 0 || hd / 2 > kMaxRopePairs) return cudaErrorInvalidValue;  // the caller checks
+  const RopeKvArgs<CacheT> args{q,
+                                k,
+                                v,
+                                static_cast<int>(hq),
+                                static_cast<int>(hkv),
+                                static_cast<int>(hd),
+                                interleaved,
+                                freqs,
+                                batch,
+                                static_cast<CacheT*>(cache.k),
+                                static_cast<CacheT*>(cache.v),
+                                cache.num_blocks,
+                                cache.block_size,
+                                1.0f / cache.k_scale,
+                                1.0f / cache.v_scale};
   if (hd / 2 <= kTokenThreads && token_blocks(batch.num_tokens))
     return launch_pdl(rope_write_kv_token_kernel<CacheT>, dim3(static_cast<unsigned>(batch.num_tokens)),
-                      dim3(kTokenThreads), 0, stream, q, k, v, static_cast<int>(hq), static_cast<int>(hkv),
-                      static_cast<int>(hd), interleaved, freqs, batch, static_cast<CacheT*>(cache.k),
-                      static_cast<CacheT*>(cache.v), cache.num_blocks, cache.block_size, 1.0f / cache.k_scale,
-                      1.0f / cache.v_scale);
+                      dim3(kTokenThreads), 0, stream, args);
   const int64_t heads_per_block = std::max<int64_t>(1, kRopeBlockThreads / (hd / 2));
   const int64_t groups = (hq + hkv + heads_per_block - 1) / heads_per_block;
   return launch_pdl(rope_write_kv_kernel<CacheT>,
                     dim3(static_cast<unsigned>(batch.num_tokens), static_cast<unsigned>(groups)),
-                    dim3(static_cast<unsigned>(hd / 2), static_cast<unsigned>(heads_per_block)), 0, stream, q,
-                    k, v, static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(hd), interleaved,
-                    freqs, batch, static_cast<CacheT*>(cache.k), static_cast<CacheT*>(cache.v),
-                    cache.num_blocks, cache.block_size, 1.0f / cache.k_scale, 1.0f / cache.v_scale);
+                    dim3(static_cast<unsigned>(hd / 2), static_cast<unsigned>(heads_per_block)), 0, stream,
+                    args);
 }
 
 }  // namespace

@@ -196,26 +196,53 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   dequant_matmul(x, t, w, out, workspace);
 }
 
-bool QuantizedGemm::fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epilogue e,
-                              const std::function<void*(size_t)>& workspace) {
-  if (w.weight.dtype != DType::F8_E4M3 || force_dequant_ || !supports(w) || t <= 0 ||
-      !fp8_gemm_shape(w, nullptr))
-    return false;
-  lt_.evict_if_full();
-  const int64_t n = w.out_features();
-  const Fp8Input in =
-      quantize_input(x, t, w.in_features(), static_cast<size_t>(t * n) * (bf16_acc_ ? 2 : 4), workspace);
-  if (!plain_fp8_gemm(w, in, t, in.extra, bf16_acc_)) return false;
-  scale_epilogue(e, in.extra, bf16_acc_, t, w, in.scales);
-  last_path_ = Path::Fp8Fused;
-  return true;
+bool QuantizedGemm::fp8_takes(const Linear& w) const {
+  return w.weight.dtype == DType::F8_E4M3 && !force_dequant_ && supports(w) && fp8_gemm_shape(w, nullptr);
 }
 
-bool QuantizedGemm::matmul_split(const float* x, int64_t t, const Linear& w, float* const* outs,
-                                 const int64_t* cols, int num_outs,
-                                 const std::function<void*(size_t)>& workspace) {
+QuantizedGemm::Fused QuantizedGemm::fp8_first_gemm(const Fp8Source& src, int64_t t, const Linear& w,
+                                                   size_t after_acc,
+                                                   const std::function<void*(size_t)>& workspace,
+                                                   Fp8Input& in, size_t& acc_bytes) {
+  const int64_t k = w.in_features();
+  const NormInput* norm = src.norm;
+  if (t <= 0 || !fp8_takes(w) ||
+      (norm && (!fused_passes_ || !fp8_norm_quantize_takes(norm->residual, norm->add, norm->norm, k))))
+    return Fused::No;
+  lt_.evict_if_full();
+  acc_bytes = round_up(static_cast<size_t>(t * w.out_features()) * (bf16_acc_ ? 2 : 4));
+  in = reserve_input(t, k, acc_bytes + after_acc, workspace);
+  // The plan first (timing a new one runs the GEMM on these operands: scratch only).
+  LtOperands ops;
+  LtMatmul::Plan* plan = fp8_plan(w, in, t, in.extra, bf16_acc_, ops);
+  if (plan == nullptr) return Fused::No;
+  if (norm) {
+    CUDA_CHECK(launch_norm_quantize_fp8_rows(norm->residual, norm->add, norm->norm, norm->eps, t, k, in.codes,
+                                             in.scales, stream_));
+  } else {
+    CUDA_CHECK(launch_quantize_fp8_rows(src.x, t, k, in.codes, in.scales, nullptr, stream_));
+  }
+  if (try_run(*plan, ops)) return Fused::Done;
+  if (!norm) return Fused::No;
+  // The residual is updated; the caller runs the products on h (the add is done).
+  CUDA_CHECK(launch_rmsnorm(norm->residual, norm->norm, norm->eps, t, k, norm->h, nullptr, stream_));
+  return Fused::InputOnly;
+}
+
+QuantizedGemm::Fused QuantizedGemm::fp8_fused(const Fp8Source& src, int64_t t, const Linear& w, Fp8Epilogue e,
+                                              const std::function<void*(size_t)>& workspace) {
+  Fp8Input in{};
+  size_t acc_bytes = 0;
+  const Fused r = fp8_first_gemm(src, t, w, 0, workspace, in, acc_bytes);
+  if (r != Fused::Done) return r;
+  scale_epilogue(e, in.extra, bf16_acc_, t, w, in.scales);
+  last_path_ = src.norm ? Path::Fp8NormFused : Path::Fp8Fused;
+  return Fused::Done;
+}
+
+bool QuantizedGemm::split_epilogue(const Linear& w, float* const* outs, const int64_t* cols, int num_outs,
+                                   Fp8Epilogue& e) {
   if (num_outs < 1 || num_outs > 3) return false;
-  Fp8Epilogue e;
   e.num_outs = num_outs;
   int64_t total = 0;
   for (int j = 0; j < num_outs; ++j) {
@@ -225,7 +252,15 @@ bool QuantizedGemm::matmul_split(const float* x, int64_t t, const Linear& w, flo
   }
   INFERX_CHECK(total == w.out_features(), "cuda backend: split FP8 matmul outputs of {} columns for W {}",
                total, w.weight.shape_string());
-  return fp8_fused(x, t, w, e, workspace);
+  return true;
+}
+
+bool QuantizedGemm::matmul_split(const float* x, int64_t t, const Linear& w, float* const* outs,
+                                 const int64_t* cols, int num_outs,
+                                 const std::function<void*(size_t)>& workspace) {
+  Fp8Epilogue e;
+  return split_epilogue(w, outs, cols, num_outs, e) &&
+         fp8_fused({x, nullptr}, t, w, e, workspace) == Fused::Done;
 }
 
 bool QuantizedGemm::matmul_silu_mul(const float* x, int64_t t, const Linear& w, float* out,
@@ -234,80 +269,37 @@ bool QuantizedGemm::matmul_silu_mul(const float* x, int64_t t, const Linear& w, 
   Fp8Epilogue e;
   e.silu = true;
   e.out[0] = out;
-  return fp8_fused(x, t, w, e, workspace);
-}
-
-bool QuantizedGemm::fp8_takes(const Linear& w) const {
-  return w.weight.dtype == DType::F8_E4M3 && !force_dequant_ && supports(w) && fp8_gemm_shape(w, nullptr);
-}
-
-void QuantizedGemm::norm_fallback(const NormInput& in, int64_t t, int64_t k) {
-  CUDA_CHECK(launch_rmsnorm(in.residual, in.norm, in.eps, t, k, in.h, nullptr, stream_));
+  return fp8_fused({x, nullptr}, t, w, e, workspace) == Fused::Done;
 }
 
 QuantizedGemm::Fused QuantizedGemm::norm_matmul_split(const NormInput& in, int64_t t, const Linear& w,
                                                       float* const* outs, const int64_t* cols, int num_outs,
                                                       const std::function<void*(size_t)>& workspace) {
-  const int64_t k = w.in_features(), n = w.out_features();
-  if (!fused_passes_ || t <= 0 || num_outs < 1 || num_outs > 3 || !fp8_takes(w) ||
-      !fp8_norm_quantize_takes(in.residual, in.add, in.norm, k))
-    return Fused::No;
   Fp8Epilogue e;
-  e.num_outs = num_outs;
-  int64_t total = 0;
-  for (int j = 0; j < num_outs; ++j) {
-    e.out[j] = outs[j];
-    e.cols[j] = cols[j];
-    total += cols[j];
-  }
-  INFERX_CHECK(total == n, "cuda backend: split FP8 matmul outputs of {} columns for W {}", total,
-               w.weight.shape_string());
-  lt_.evict_if_full();
-  const Fp8Input x = reserve_input(t, k, static_cast<size_t>(t * n) * (bf16_acc_ ? 2 : 4), workspace);
-  // The plan first (it may time the GEMM on these operands: scratch only): without one nothing has run.
-  LtOperands ops;
-  LtMatmul::Plan* plan = fp8_plan(w, x, t, x.extra, bf16_acc_, ops);
-  if (plan == nullptr) return Fused::No;
-  CUDA_CHECK(
-      launch_norm_quantize_fp8_rows(in.residual, in.add, in.norm, in.eps, t, k, x.codes, x.scales, stream_));
-  if (!try_run(*plan, ops)) {
-    norm_fallback(in, t, k);
-    return Fused::InputOnly;
-  }
-  scale_epilogue(e, x.extra, bf16_acc_, t, w, x.scales);
-  last_path_ = Path::Fp8Fused;
-  return Fused::Done;
+  if (!split_epilogue(w, outs, cols, num_outs, e)) return Fused::No;
+  return fp8_fused({nullptr, &in}, t, w, e, workspace);
 }
 
 QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, const Linear& gate_up,
                                              const Linear& down, float* act, float* out,
                                              const std::function<void*(size_t)>& workspace) {
-  const int64_t k = gate_up.in_features(), n2 = gate_up.out_features(), f = n2 / 2, n = down.out_features();
+  const int64_t n2 = gate_up.out_features(), f = n2 / 2;
   Fp8Epilogue silu;
   silu.silu = true;
   silu.n = n2;
-  if (!fused_passes_ || t <= 0 || n2 % 2 != 0 || down.in_features() != f || !fp8_takes(gate_up) ||
-      !fp8_takes(down) || !fp8_gemm_shape(down, out) || !fp8_silu_quantize_takes(silu) ||
-      !fp8_norm_quantize_takes(in.residual, in.add, in.norm, k))
+  if (n2 % 2 != 0 || down.in_features() != f || !fp8_takes(down) || !fp8_gemm_shape(down, out) ||
+      !fp8_silu_quantize_takes(silu))
     return Fused::No;
-  lt_.evict_if_full();
-  // One workspace: x's codes and scales, the gate/up product, then act's codes and scales.
-  const size_t acc_bytes = round_up(static_cast<size_t>(t * n2) * (bf16_acc_ ? 2 : 4));
-  const Fp8Input x = reserve_input(
-      t, k, acc_bytes + round_up(static_cast<size_t>(t * f)) + round_up(static_cast<size_t>(t) * 4),
-      workspace);
+  // After the gate/up product: act's codes and scales.
+  const size_t act_codes_bytes = round_up(static_cast<size_t>(t * f));
+  Fp8Input x{};
+  size_t acc_bytes = 0;
+  const Fused r =
+      fp8_first_gemm({nullptr, &in}, t, gate_up, act_codes_bytes + round_up(static_cast<size_t>(t) * 4),
+                     workspace, x, acc_bytes);
+  if (r != Fused::Done) return r;
   auto* act_codes = static_cast<uint8_t*>(x.extra) + acc_bytes;
-  const Fp8Input a{act_codes, reinterpret_cast<float*>(act_codes + round_up(static_cast<size_t>(t * f))),
-                   nullptr};
-  LtOperands gu_ops;
-  LtMatmul::Plan* gu_plan = fp8_plan(gate_up, x, t, x.extra, bf16_acc_, gu_ops);
-  if (gu_plan == nullptr) return Fused::No;
-  CUDA_CHECK(
-      launch_norm_quantize_fp8_rows(in.residual, in.add, in.norm, in.eps, t, k, x.codes, x.scales, stream_));
-  if (!try_run(*gu_plan, gu_ops)) {
-    norm_fallback(in, t, k);
-    return Fused::InputOnly;
-  }
+  const Fp8Input a{act_codes, reinterpret_cast<float*>(act_codes + act_codes_bytes), nullptr};
   CUDA_CHECK(launch_fp8_silu_quantize(epilogue_for(silu, x.extra, bf16_acc_, t, gate_up, x.scales), a.codes,
                                       a.scales, stream_));
   // The down plan only now: timing a new plan writes `out`, which may be the norm's `add`.
@@ -321,9 +313,9 @@ QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, con
   }
   Fp8Epilogue e;
   e.out[0] = out;
-  e.cols[0] = n;
+  e.cols[0] = down.out_features();
   scale_epilogue(e, out, false, t, down, a.scales);
-  last_path_ = Path::Fp8Fused;
+  last_path_ = Path::Fp8NormFused;
   return Fused::Done;
 }
 

@@ -42,8 +42,9 @@ class QuantizedGemm {
   // Fp8: FP8 GEMM + scaling epilogue kernel; Fp8OuterScale: FP8 GEMM with cuBLASLt's outer-vector scales
   // (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F: per-row A scale x per-column B scale, applied in the
   // GEMM; no epilogue pass), taken when the heuristic offers it; Fp8ViaBf16: the BF16 fallback.
-  // Fp8Fused: a fused projection (matmul_split / matmul_silu_mul below) as one FP8 GEMM + one epilogue.
-  enum class Path { None, Fp8, Fp8OuterScale, Fp8ViaBf16, Dequant, Fp8Fused };
+  // Fp8Fused: a fused projection (matmul_split / matmul_silu_mul below) as one FP8 GEMM + one epilogue;
+  // Fp8NormFused: the same with the norm writing the FP8 input (norm_matmul_split / norm_mlp).
+  enum class Path { None, Fp8, Fp8OuterScale, Fp8ViaBf16, Dequant, Fp8Fused, Fp8NormFused };
 
   explicit QuantizedGemm(cudaStream_t stream);
   ~QuantizedGemm();
@@ -153,17 +154,31 @@ class QuantizedGemm {
   // The plan of D [t, n] (F32, or BF16 with d_bf16) = codes x W^T unscaled; null when none is offered.
   LtMatmul::Plan* fp8_plan(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16,
                            LtOperands& ops);
-  // The fused norm ran and a GEMM was then refused: h = RMSNorm(residual) * norm (the add is done).
-  void norm_fallback(const NormInput& in, int64_t t, int64_t k);
   // D [t, n] (F32, or BF16 with d_bf16) = codes x W^T unscaled on cuBLASLt's FP8 kernels; false when none
   // is offered or accepted.
   bool plain_fp8_gemm(const Linear& w, const Fp8Input& in, int64_t t, void* d, bool d_bf16);
   // Launches the W8A8 epilogue `e` (outputs set by the caller) over acc with w's scales and bias.
   void scale_epilogue(Fp8Epilogue e, const void* acc, bool acc_bf16, int64_t t, const Linear& w,
                       const float* x_scales);
-  // Both fused projections: quantize x, FP8 GEMM over all of w into scratch, then the epilogue `e`.
-  bool fp8_fused(const float* x, int64_t t, const Linear& w, Fp8Epilogue e,
-                 const std::function<void*(size_t)>& workspace);
+  // The input of the fused paths: F32 rows x, or (norm set) the residual stream normed in the same pass
+  // as its quantization.
+  struct Fp8Source {
+    const float* x = nullptr;
+    const NormInput* norm = nullptr;
+  };
+  // What the fused paths share: workspace (x's codes and scales, then w's unscaled product into
+  // in.extra, then `after_acc` bytes for the caller at in.extra + acc_bytes), the plan (looked up first, so
+  // that without one nothing has run), the quantization of the source, the GEMM. Done: in set; No: nothing
+  // ran; InputOnly: the norm ran, cuBLASLt then refused the GEMM, and the norm's h holds the normed rows.
+  Fused fp8_first_gemm(const Fp8Source& src, int64_t t, const Linear& w, size_t after_acc,
+                       const std::function<void*(size_t)>& workspace, Fp8Input& in, size_t& acc_bytes);
+  // Both fused projections (plain or normed input): the first GEMM over all of w, then the epilogue `e`.
+  Fused fp8_fused(const Fp8Source& src, int64_t t, const Linear& w, Fp8Epilogue e,
+                  const std::function<void*(size_t)>& workspace);
+  // The split projection's epilogue: outs[j] take cols[j] columns in order; false for other than 1..3
+  // outputs (their columns must add up to w's rows).
+  static bool split_epilogue(const Linear& w, float* const* outs, const int64_t* cols, int num_outs,
+                             Fp8Epilogue& e);
   void fp8_matmul(const float* x, int64_t t, const Linear& w, float* out,
                   const std::function<void*(size_t)>& workspace);
   void dequant_matmul(const float* x, int64_t t, const Linear& w, float* out,

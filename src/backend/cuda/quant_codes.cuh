@@ -1,0 +1,46 @@
+#pragma once
+// Device pieces the FP8 activation passes share (kernels_quant.cu: the separate quantization and W8A8
+// epilogue; kernels_quant_fused.cu: the same work folded into the norm and the SiLU pass), so that the fused
+// passes compute exactly the codes, scales and values of the separate ones.
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels_quant_math.h"
+
+namespace inferx::cuda {
+
+constexpr float kFp8Max = 448.0f;  // quant/fp8.h: the largest finite E4M3 value
+
+// Per-token E4M3 quantization (quant/fp8.h convention): the row's scale from its largest |x| (1 for an
+// all-zero row), and a value's code (IEEE division, round to nearest even, saturating).
+__device__ __forceinline__ float fp8_row_scale(float amax) {
+  return amax > 0.0f ? __fdiv_rn(amax, kFp8Max) : 1.0f;
+}
+__device__ __forceinline__ uint8_t fp8_code(float v, float s) { return float_to_fp8(__fdiv_rn(v, s)); }
+// Four codes as one 32-bit store, the first at the lowest address.
+__device__ __forceinline__ uint32_t pack_codes(uint8_t c0, uint8_t c1, uint8_t c2, uint8_t c3) {
+  return static_cast<uint32_t>(c0) | static_cast<uint32_t>(c1) << 8 | static_cast<uint32_t>(c2) << 16 |
+         static_cast<uint32_t>(c3) << 24;
+}
+__device__ __forceinline__ float abs_max4(const float4& v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
+// The W8A8 SiLU * up value of one gate / up column pair from the unscaled FP8 products a, b: row scale xs,
+// the columns' weight scales and biases (0 when absent).
+__device__ __forceinline__ float w8a8_silu_up(float a, float b, float xs, float ws, float bs, float ws2,
+                                              float bs2) {
+  return silu(a * xs * ws + bs) * (b * xs * ws2 + bs2);
+}
+
+// V consecutive accumulator values (F32, or BF16 when the FP8 GEMM wrote BF16) as floats; V = 4 is one
+// vector load (16 / 8 bytes, aligned: the launchers check).
+template <int V, class T>
+__device__ __forceinline__ void load_v(const T* p, float (&v)[V]) {
+  struct alignas(V * sizeof(T)) Vec {
+    T e[V];
+  };
+  const Vec q = *reinterpret_cast<const Vec*>(p);
+#pragma unroll
+  for (int u = 0; u < V; ++u) v[u] = to_float(q.e[u]);
+}
+
+}  // namespace inferx::cuda
