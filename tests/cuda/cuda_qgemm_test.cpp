@@ -61,6 +61,16 @@ void expect_close_to_scale(const std::vector<float>& got, const std::vector<doub
                                        << want[at] << " (output scale " << scale << ")";
 }
 
+// The largest |a - b| as a fraction of max |b|: how far a perturbation moved an output.
+double moved_by(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 0, worst = 0;
+  for (size_t i = 0; i < b.size() && i < a.size(); ++i) {
+    scale = std::max(scale, std::fabs(double(b[i])));
+    worst = std::max(worst, std::fabs(double(a[i]) - b[i]));
+  }
+  return scale > 0 ? worst / scale : 0.0;
+}
+
 // Host Tensors for the supports()/prefers() checks: never dereferenced.
 Tensor fake(DType t, std::initializer_list<int64_t> shape, Device d = Device::CUDA) {
   static char byte;
@@ -79,10 +89,10 @@ TEST(QuantizedGemmDispatch, SupportsTheFormatsWithValidScales) {
   EXPECT_FALSE(QuantizedGemm::supports(fp8));
   fp8.scale = fake(DType::F16, {n});
   EXPECT_FALSE(QuantizedGemm::supports(fp8));
-  Linear fp8_odd;  // cuBLASLt FP8 needs K a multiple of 16
+  Linear fp8_odd;  // K not a multiple of 16 (cuBLASLt FP8's requirement): taken, through BF16
   fp8_odd.weight = fake(DType::F8_E4M3, {n, 40});
   fp8_odd.scale = fake(DType::F32, {1});
-  EXPECT_FALSE(QuantizedGemm::supports(fp8_odd));
+  EXPECT_TRUE(QuantizedGemm::supports(fp8_odd));
   Linear host = fp8;  // host memory is never taken
   host.scale = fake(DType::F32, {1});
   host.weight = fake(DType::F8_E4M3, {n, k}, Device::CPU);
@@ -255,8 +265,8 @@ class QuantizedGemmTest : public ::testing::Test {
     o.kv_cache_dtype = DType::F32;
     gpu_ = make_cuda_backend(0, o);
     cpu_ = make_cpu_backend({1});
-    // The F32 accumulator (the default, also when INFERX_CUDA_FP8_ACC is set); the BF16 one has its own
-    // product-level cases at its own tolerance.
+    // The F32 accumulator (also when INFERX_CUDA_FP8_ACC is set); the BF16 one (the default) has its own
+    // cases at its own tolerance.
     qgemm().set_bf16_accumulator(false);
   }
 
@@ -367,6 +377,14 @@ TEST_F(QuantizedGemmTest, Fp8MatchesTheCpuW8A8OnOddShapes) {
   HostLinear odd = make_layer(DType::F8_E4M3, 77, 208, 8, true);
   odd.bias = random_floats(77, 3);
   check(odd, 33, QuantizedGemm::Path::None, 5e-2, 2e-3, "fp8 77 outputs");
+  // K that cuBLASLt FP8 refuses (stories260K's down_proj: 172; 100: not a multiple of 8 either): the same
+  // W8A8 values through BF16 (the activations' FP8 values are exact in BF16; code x scale of the weights is
+  // rounded, 2^-9: 1e-2 against the CPU, as the 77-output case when it takes this path).
+  for (int64_t k : {172, 100}) {
+    HostLinear h = make_layer(DType::F8_E4M3, 64, k, 9 + static_cast<uint32_t>(k), k == 172);
+    h.bias = random_floats(64, 4);
+    check(h, 45, QuantizedGemm::Path::Fp8ViaBf16, 5e-2, 1e-2, "fp8 K " + std::to_string(k));
+  }
 }
 
 // The FP8 GEMMs share the BF16 GEMM's algorithm autotuning (gemm_cublaslt.h): a new row bucket is tuned
@@ -501,7 +519,7 @@ TEST_F(QuantizedGemmTest, Fp8NormFusionMatchesTheUnfusedPasses) {
           }
           const size_t xb = res.size() * 4;
           struct Run {
-            std::vector<float> residual, q, k, v, mlp;
+            std::vector<float> residual, q, k, v, mlp, act;
           };
           // kind 0: GPU fused, 1: GPU unfused, 2: CPU.
           auto run = [&](int kind) {
@@ -539,6 +557,7 @@ TEST_F(QuantizedGemmTest, Fp8NormFusionMatchesTheUnfusedPasses) {
             }
             out.mlp = read(b, proj);
             out.residual = read(b, r);
+            if (kind == 2) out.act = read(b, act);  // the CPU writes it (F32, before its FP8 codes)
             return out;
           };
           const Run fused = run(0), unfused = run(1), cpu = run(2);
@@ -550,14 +569,39 @@ TEST_F(QuantizedGemmTest, Fp8NormFusionMatchesTheUnfusedPasses) {
           expect_close_to_scale(fused.v, d(unfused.v), 1e-6, "v fused vs unfused");
           expect_close_to_scale(fused.mlp, d(unfused.mlp), 1e-6, "mlp fused vs unfused");
           expect_close_to_scale(fused.residual, d(cpu.residual), 1e-6, "residual vs CPU");
-          // BF16 sums: a sum the two backends' summation orders put on either side of a BF16 rounding
-          // boundary differs by one BF16 step (2^-8 of it): 5e-3, as Fp8MatchesTheCpuW8A8OnOddShapes.
-          const double tol = bf16_acc ? 5e-3 : 2e-3;
+          // BF16 sums (both backends round them): two sums the summation orders put on either side of a
+          // rounding boundary differ by one BF16 step, up to 2^-7 of the value (8 significant bits; the
+          // step is 2^-7 of a value just above a power of two): 2e-3 + 2^-7 = 1e-2.
+          const double tol = bf16_acc ? 1e-2 : 2e-3;
           expect_close_to_scale(fused.q, d(cpu.q), tol, "q vs CPU");
           expect_close_to_scale(fused.v, d(cpu.v), tol, "v vs CPU");
           // Two quantized products in a row: an activation that differs in its last bits between the
-          // backends may take the neighbouring E4M3 code (as TinyModelQuantizedAtLoadMatchesTheCpuBackend).
-          expect_close_to_scale(fused.mlp, d(cpu.mlp), 2e-2, "mlp vs CPU");
+          // backends may take the neighbouring E4M3 code (as TinyModelQuantizedAtLoadMatchesTheCpuBackend):
+          // 2e-2 of the scale. With BF16 sums, gate/up sums that differ in their last bits round to BF16
+          // values a step (2^-8) apart, and such an activation takes the neighbouring code far more often
+          // (measured: one output off by 3.1% of the scale, its row's largest term moved): there each
+          // output may also differ by one E4M3 step (2^-3 of the value) of one activation of its row.
+          if (!bf16_acc) {
+            expect_close_to_scale(fused.mlp, d(cpu.mlp), 2e-2, "mlp vs CPU");
+          } else {
+            double scale = 0;
+            for (float w : cpu.mlp) scale = std::max(scale, std::fabs(double(w)));
+            int over = 0;
+            for (int64_t r = 0; r < t; ++r)
+              for (int64_t i = 0; i < n_down; ++i) {
+                double flip = 0;  // the largest one-code change of one activation of row r in output i
+                for (int64_t j = 0; j < f; ++j)
+                  flip = std::max(flip, 0.125 * std::fabs(cpu.act[static_cast<size_t>(r * f + j)] *
+                                                          dn.dequant[static_cast<size_t>(i * f + j)]));
+                const size_t at = static_cast<size_t>(r * n_down + i);
+                const double diff = std::fabs(double(fused.mlp[at]) - cpu.mlp[at]);
+                if (!(diff <= 2e-2 * scale + flip) && over++ < 3)
+                  ADD_FAILURE() << "mlp vs CPU: row " << r << " output " << i << " got " << fused.mlp[at]
+                                << " want " << cpu.mlp[at] << " (scale " << scale << ", one flip " << flip
+                                << ")";
+              }
+            EXPECT_EQ(over, 0) << "mlp outputs beyond 2e-2 of the scale + one activation code";
+          }
         }
   qgemm().set_bf16_accumulator(false);
   cpu::set_fp8_bf16_accumulator(false);
@@ -608,7 +652,12 @@ const std::string kLlamaTiny = std::string(INFERX_SOURCE_DIR) + "/tests/golden/f
 // backend is the reference: tolerance 3e-2 of the largest |logit| (FP8: an activation that differs in the
 // last bits between the backends may round to a neighbouring E4M3 value; INT4: BF16 vs int8 activations).
 // The BF16 accumulator (QuantizedGemm::set_bf16_accumulator) against the CPU backend with the same rounding
-// (cpu::set_fp8_bf16_accumulator): the same tolerance, since both now round the same unscaled sums.
+// (cpu::set_fp8_bf16_accumulator). This random-weight model is sensitive to any 2^-9 perturbation (an
+// activation pushed across an E4M3 boundary flips its code; measured on the H200 2026-12-04: the CPU's own
+// F32 -> BF16 sums move its fp8 logits by 6.2% of the largest, the GPU's by 5.9%, GPU vs CPU both BF16 5.0%),
+// so with BF16 sums the bound is 3e-2 or what the rounding does to the CPU's own logits, whichever is larger.
+// The accuracy that matters is on a trained model: stories260K on the GPU, mean KL to the unquantized model
+// 0.01134 nats with BF16 sums against 0.01119 with F32 (docs/benchmarks.md).
 TEST_F(QuantizedGemmTest, TinyModelQuantizedAtLoadMatchesTheCpuBackend) {
   std::vector<int32_t> prompt(150);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 250);
@@ -627,7 +676,14 @@ TEST_F(QuantizedGemmTest, TinyModelQuantizedAtLoadMatchesTheCpuBackend) {
       SequenceRunner gr(*gm, 256), cr(*cm, 256);
       const std::vector<float> got = gr.step_all_logits(prompt), want = cr.step_all_logits(prompt);
       EXPECT_NE(qgemm().last_path(), QuantizedGemm::Path::None) << plan;
-      expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), 3e-2, plan);
+      double tol = 3e-2;
+      if (bf16_acc) {
+        cpu::set_fp8_bf16_accumulator(false);
+        SequenceRunner f32(*cm, 256);
+        tol = std::max(tol, moved_by(f32.step_all_logits(prompt), want));
+        cpu::set_fp8_bf16_accumulator(true);
+      }
+      expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), tol, plan);
     }
   qgemm().set_bf16_accumulator(false);
   cpu::set_fp8_bf16_accumulator(false);

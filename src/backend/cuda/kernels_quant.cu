@@ -129,6 +129,19 @@ __global__ void dequantize_rows_kernel(DequantWeight w, int64_t row0, int64_t ro
   }
 }
 
+// F8_E4M3 with K not a multiple of 8: one element per thread (rows of odd length are not 16-byte aligned).
+__global__ void dequantize_fp8_elements_kernel(DequantWeight w, int64_t row0, int64_t rows,
+                                               __nv_bfloat16* out) {
+  const int64_t total = rows * w.k;
+  const auto* codes = static_cast<const uint8_t*>(w.data);
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < total;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = row0 + u / w.k;
+    out[u] =
+        __float2bfloat16_rn(fp8_to_float(codes[row * w.k + u % w.k]) * w.fp8_scale[w.per_channel ? row : 0]);
+  }
+}
+
 __global__ void activations_bf16_kernel(const float* x, const int32_t* perm, int64_t t, int64_t k,
                                         __nv_bfloat16* out) {
   const int64_t total = t * k;
@@ -217,7 +230,12 @@ cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream) {
 cudaError_t launch_dequantize_rows_bf16(const DequantWeight& w, int64_t row0, int64_t rows, void* out,
                                         cudaStream_t stream) {
   if (rows <= 0 || w.k <= 0) return cudaSuccess;
-  if (w.k % 8 != 0) return cudaErrorInvalidValue;
+  if (w.k % 8 != 0) {
+    if (w.dtype != DType::F8_E4M3) return cudaErrorInvalidValue;
+    dequantize_fp8_elements_kernel<<<grid_for(rows * w.k, kThreads, 8192), kThreads, 0, stream>>>(
+        w, row0, rows, static_cast<__nv_bfloat16*>(out));
+    return cudaGetLastError();
+  }
   dequantize_rows_kernel<<<grid_for(rows * (w.k / 8), kThreads, 8192), kThreads, 0, stream>>>(
       w, row0, rows, static_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();

@@ -65,7 +65,7 @@ cudaError_t launch_dequantize_fp8_rows(const uint8_t* q, const float* scale, int
 struct DequantWeight {
   DType dtype = DType::F8_E4M3;  // F8_E4M3, INT4, Q8_0 or Q4_K
   const void* data = nullptr;
-  int64_t k = 0;                     // input columns (F8_E4M3: multiple of 8; others: of the block size)
+  int64_t k = 0;                     // input columns (F8_E4M3: any; others: a multiple of the block size)
   const float* fp8_scale = nullptr;  // F8_E4M3: [1] or [n]
   bool per_channel = false;
   const uint16_t* int4_scale = nullptr;  // INT4: F16 [n, k / group]

@@ -35,7 +35,7 @@ DequantWeight dequant_weight(const Linear& w) {
 
 QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream), lt_(stream) {
   if (const char* v = std::getenv("INFERX_CUDA_FP8_OUTER_SCALE")) outer_scale_ = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("INFERX_CUDA_FP8_ACC")) bf16_acc_ = std::strcmp(v, "bf16") == 0;
+  if (const char* v = std::getenv("INFERX_CUDA_FP8_ACC")) bf16_acc_ = std::strcmp(v, "f32") != 0;
   if (const char* v = std::getenv("INFERX_CUDA_FP8_FUSE")) fused_passes_ = std::strcmp(v, "0") != 0;
 }
 
@@ -48,8 +48,9 @@ bool QuantizedGemm::supports(const Linear& w) {
   if (n <= 0 || k <= 0) return false;
   switch (t.dtype) {
     case DType::F8_E4M3:
-      // cuBLASLt FP8: leading dimensions a multiple of 16 bytes (K here, one byte per element).
-      return k % 16 == 0 && w.scale.dtype == DType::F32 && w.scale.data != nullptr &&
+      // Any K: cuBLASLt FP8 needs K a multiple of 16 (fp8_gemm_shape), other shapes (stories260K's
+      // down_proj, K = 172) run their W8A8 values through BF16 (dequant_matmul).
+      return w.scale.dtype == DType::F32 && w.scale.data != nullptr &&
              (w.scale.numel() == 1 || w.scale.numel() == n) && w.input_perm.empty();
     case DType::INT4: {
       const int64_t g = w.group_size;
@@ -171,7 +172,9 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   // Quantized before the plans are looked up: a new plan's algorithm is timed on the real operands.
   // With the BF16 accumulator the GEMM writes scratch (half the bytes of out) and the epilogue writes out.
   const Fp8Input in = quantize_input(x, t, k, bf16_acc_ ? static_cast<size_t>(t * n) * 2 : 0, workspace);
-  if (outer_scale_) {
+  // With the BF16 accumulator every FP8 product rounds its unscaled sum (the CPU backend's reference rounds
+  // the same sums): the scales are applied after, not inside the GEMM.
+  if (outer_scale_ && !bf16_acc_) {
     // Per-row activation scale x per-channel (or per-tensor) weight scale, applied inside the GEMM.
     const LtOperands ops{w.weight.data, in.codes, out, nullptr, w.scale.data, in.scales};
     LtShape scaled_shape = lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops);
@@ -290,21 +293,25 @@ QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, con
   if (n2 % 2 != 0 || down.in_features() != f || !fp8_takes(down) || !fp8_gemm_shape(down, out) ||
       !fp8_silu_quantize_takes(silu))
     return Fused::No;
-  // After the gate/up product: act's codes and scales.
-  const size_t act_codes_bytes = round_up(static_cast<size_t>(t * f));
+  // After the gate/up product: act's codes and scales, then (BF16 accumulator) the down product's sums.
+  const size_t act_codes_bytes = round_up(static_cast<size_t>(t * f)),
+               act_scales_bytes = round_up(static_cast<size_t>(t) * 4),
+               down_acc_bytes = bf16_acc_ ? round_up(static_cast<size_t>(t * down.out_features()) * 2) : 0;
   Fp8Input x{};
   size_t acc_bytes = 0;
   const Fused r =
-      fp8_first_gemm({nullptr, &in}, t, gate_up, act_codes_bytes + round_up(static_cast<size_t>(t) * 4),
+      fp8_first_gemm({nullptr, &in}, t, gate_up, act_codes_bytes + act_scales_bytes + down_acc_bytes,
                      workspace, x, acc_bytes);
   if (r != Fused::Done) return r;
   auto* act_codes = static_cast<uint8_t*>(x.extra) + acc_bytes;
   const Fp8Input a{act_codes, reinterpret_cast<float*>(act_codes + act_codes_bytes), nullptr};
   CUDA_CHECK(launch_fp8_silu_quantize(epilogue_for(silu, x.extra, bf16_acc_, t, gate_up, x.scales), a.codes,
                                       a.scales, stream_));
-  // The down plan only now: timing a new plan writes `out`, which may be the norm's `add`.
+  // The down plan only now: timing a new plan writes its output, which may be the norm's `add`. With the
+  // BF16 accumulator the sums go to scratch and round as fp8_matmul's do.
+  void* down_acc = bf16_acc_ ? static_cast<void*>(act_codes + act_codes_bytes + act_scales_bytes) : out;
   LtOperands down_ops;
-  LtMatmul::Plan* down_plan = fp8_plan(down, a, t, out, false, down_ops);
+  LtMatmul::Plan* down_plan = fp8_plan(down, a, t, down_acc, bf16_acc_, down_ops);
   if (down_plan == nullptr || !try_run(*down_plan, down_ops)) {
     // act's W8A8 values (they quantize back to the same codes), then the unfused product.
     CUDA_CHECK(launch_dequantize_fp8_rows(a.codes, a.scales, t, f, act, stream_));
@@ -314,7 +321,7 @@ QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, con
   Fp8Epilogue e;
   e.out[0] = out;
   e.cols[0] = down.out_features();
-  scale_epilogue(e, out, false, t, down, a.scales);
+  scale_epilogue(e, down_acc, bf16_acc_, t, down, a.scales);
   last_path_ = Path::Fp8NormFused;
   return Fused::Done;
 }
