@@ -114,11 +114,16 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
                                     void* scratch, int* counters, float* out, void* out_bf16,
                                     cudaStream_t stream);
 // The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments
-// (power-of-two block sizes and aligned buffers only; the others go to v2).
+// (power-of-two block sizes and aligned buffers only; the others go to v2). bulk_tiles (FP8 caches; an
+// experiment, INFERX_CUDA_DECODE_ATTN=v3bulk): whole key rows by bulk copy instead of 16-byte cp.async.
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, int splits,
                                        void* scratch, int* counters, float* out, void* out_bf16,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, bool bulk_tiles = false);
+
+// kernels_read_stream.cu: the read-only bandwidth ceiling. Reads bytes (a multiple of 16, 16-byte aligned)
+// at p once with sms * 8 blocks; sink: a device word it almost never writes.
+cudaError_t launch_read_stream(const void* p, size_t bytes, uint32_t* sink, int sms, cudaStream_t stream);
 
 // kernels_prefill_attention.cu ------------------------------------------------------------------------
 // FlashAttention-2 style tiled attention on tensor cores (wgmma, BF16 operands, F32 accumulation) for

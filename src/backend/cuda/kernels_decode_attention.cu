@@ -52,12 +52,14 @@ constexpr int kTerms = 3;  // BF16 terms of a float (8 + 8 + 8 significant bits)
 
 // INFERX_CUDA_DECODE_ATTN=v1|v2 selects an older kernel (v1: three-term splits, 64-bit index math, and its
 // split count; v2: below), so a regression of v3 (kernels_decode_attention_v3.cu, the default) can be
-// switched off without a rebuild. Read once.
+// switched off without a rebuild; =v3bulk is v3 with FP8 tiles by bulk copy (an experiment, not yet run on
+// a GPU). Read once.
 int decode_attention_version() {
   static const int version = [] {
     const char* e = std::getenv("INFERX_CUDA_DECODE_ATTN");
     if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
     if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
+    if (e != nullptr && std::strcmp(e, "v3bulk") == 0) return 4;  // v3 with bulk-copied FP8 tiles
     return 3;
   }();
   return version;
@@ -710,10 +712,11 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
   // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take
   // v2/v1.
   const bool pow2_blocks = cache.block_size > 0 && (cache.block_size & (cache.block_size - 1)) == 0;
-  if (decode_attention_version() == 3 && pow2_blocks && is_aligned(q, 16) && is_aligned(out, 16) &&
+  if (decode_attention_version() >= 3 && pow2_blocks && is_aligned(q, 16) && is_aligned(out, 16) &&
       is_aligned(out_bf16, 8))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
-                                      splits, scratch, counters, out, out_bf16, stream);
+                                      splits, scratch, counters, out, out_bf16, stream,
+                                      decode_attention_version() == 4);
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "backend/cuda/attention_tiles.cuh"
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/decode_attention_epilogue.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -44,20 +45,32 @@ constexpr int kGroupChunk = 16;     // query heads per CTA at most (two n8 tiles
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <class CacheT, int HD>
-struct Layout {
+struct TileSizes {
   static constexpr bool kFp8 = sizeof(CacheT) == 1;
   static constexpr int kRowBytes = HD * static_cast<int>(sizeof(CacheT));
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per key row
   static constexpr int kStages = kFp8 ? 3 : 2;
   static constexpr int kTileBytes = kTile * kRowBytes;
+};
+
+// kSwizzle: the XOR chunk layout below (cp.async tiles); false: rows as in the cache (bulk-copied tiles,
+// whose rows land whole).
+template <class CacheT, int HD, bool kSwizzle = true>
+struct Layout : TileSizes<CacheT, HD> {
+  using TileSizes<CacheT, HD>::kFp8;
+  using TileSizes<CacheT, HD>::kChunks;
   // Physical chunk of logical chunk c of key row `key`. K: a read instruction's lanes take rows g (and
   // g + 8) at chunks {2c, 2c + 1} (FP8, 8 bytes a lane: rows 0..3 per 16-lane phase) or {4c .. 4c + 3}
   // (BF16, 16 bytes: rows 0..1 per 8-lane phase). V: one chunk per lane of rows 2t (+1, +8, +9): FP8 rows
   // 0, 2, 4, 6 per phase; BF16 ldmatrix rows 0..7 of one chunk.
   __device__ __forceinline__ static int k_chunk(int key, int c) {
+    if constexpr (!kSwizzle) return c;
     return c ^ ((kFp8 ? (key & 3) << 1 : (key & 1) << 2) & (kChunks - 1));
   }
-  __device__ __forceinline__ static int v_chunk(int key, int c) { return c ^ (key & 7 & (kChunks - 1)); }
+  __device__ __forceinline__ static int v_chunk(int key, int c) {
+    if constexpr (!kSwizzle) return c;
+    return c ^ (key & 7 & (kChunks - 1));
+  }
 };
 
 template <class CacheT, int HD>
@@ -65,6 +78,7 @@ struct Smem {
   using L = Layout<CacheT, HD>;
   alignas(16) uint8_t k[L::kStages][L::kTileBytes];
   alignas(16) uint8_t v[L::kStages][L::kTileBytes];
+  uint64_t bar[kWarps][L::kStages];  // BulkLoader: the bytes of a warp's rows of a stage
   bool ok[L::kStages][kTile];
 };
 
@@ -132,6 +146,46 @@ struct Loader {
   }
 };
 
+// INFERX_CUDA_DECODE_ATTN=v3bulk, FP8 caches: each lane of a warp copies one whole row of the warp's 16 keys
+// of a tile (lanes 0-15 K, 16-31 V) with one bulk copy (cp.async.bulk, completing on the warp's mbarrier for
+// the stage), instead of eight 16-byte cp.async per lane; the rows land unswizzled (Layout<.., false>).
+// Invalid keys (past the end, a bad block) get zero rows, as cp.async's zero fill. The block table is read
+// one tile ahead, as Loader.
+template <int HD>
+struct BulkLoader {
+  using L = Layout<uint8_t, HD, false>;
+  const uint8_t* base;  // this lane's cache (K or V) + its kv head
+  const int32_t* table;
+  int max_blocks, num_blocks, block_size, bs_shift, kv_row;
+  int warp, row;  // row: the warp's key (0..15) this lane copies
+  bool is_v;
+  int32_t blk;
+
+  __device__ __forceinline__ void prefetch(int j0, int end) {
+    const int j = j0 + row, b = j >> bs_shift;
+    blk = j < end && b < max_blocks ? __ldg(&table[b]) : -1;
+  }
+  __device__ __forceinline__ void begin(Smem<uint8_t, HD>& s, int stage, int j0) {
+    const bool valid = blk >= 0 && blk < num_blocks;
+    const int key = warp * 16 + row, slot = (j0 + row) & (block_size - 1);
+    if (!is_v) s.ok[stage][key] = valid;
+    uint8_t* dst = (is_v ? s.v[stage] : s.k[stage]) + key * L::kRowBytes;
+    const unsigned lanes = __ballot_sync(0xffffffffu, valid);
+    uint64_t* bar = &s.bar[warp][stage];
+    // The warp's generic reads of this stage's last tile are done (the loop's closing __syncwarp); order
+    // them before the async proxy's writes.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (row == 0 && !is_v) mbar_expect_tx(bar, static_cast<uint32_t>(__popc(lanes) * L::kRowBytes));
+    __syncwarp();
+    if (valid) {
+      bulk_copy(dst, base + (static_cast<int64_t>(blk) * block_size + slot) * kv_row, L::kRowBytes, bar);
+    } else {
+#pragma unroll
+      for (int i = 0; i < L::kRowBytes / 16; ++i) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+};
+
 // (x0, x1) as the high term (rounded) and the low term (the rounding's remainder, rounded) of F16 (kF16) or
 // BF16 pairs, the first value at the lower address.
 template <bool kF16>
@@ -179,7 +233,7 @@ __device__ __forceinline__ int out_dim(int mt, int row) {
 }
 
 // Grid: (token * kv heads * head chunks, split), as v2.
-template <class CacheT, int HD, int NT>
+template <class CacheT, int HD, int NT, bool kBulk>
 __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     decode_attention_kernel_v3(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
                                const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
@@ -187,7 +241,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                float s_scale, float out_scale, int64_t window, float* __restrict__ part_acc,
                                float* __restrict__ part_ml, int* __restrict__ counters,
                                float* __restrict__ out, __nv_bfloat16* __restrict__ out_bf16) {
-  using L = Layout<CacheT, HD>;
+  static_assert(!kBulk || sizeof(CacheT) == 1, "bulk-copied tiles: FP8 caches only");
+  using L = Layout<CacheT, HD, !kBulk>;
   constexpr bool kFp8 = L::kFp8;
   constexpr int kH = 8 * NT;  // query heads a CTA holds
   constexpr int kStages = L::kStages, kAhead = kStages - 1;
@@ -211,11 +266,24 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   const int last = keys.last, k_begin = keys.k_begin, k_end = keys.k_end, n_tiles = keys.n_tiles;
   const int w0 = k_begin + warp * 16;  // this warp's first key of tile 0
 
-  Loader<CacheT, HD> loader;
-  loader.key0 = warp * 16 + lane / L::kChunks;
-  loader.c = lane % L::kChunks;
-  loader.k_base = k_cache + static_cast<int64_t>(kvh) * HD + loader.c * Loader<CacheT, HD>::kElems;
-  loader.v_base = v_cache + static_cast<int64_t>(kvh) * HD + loader.c * Loader<CacheT, HD>::kElems;
+  std::conditional_t<kBulk, BulkLoader<HD>, Loader<CacheT, HD>> loader;
+  if constexpr (kBulk) {
+    loader.warp = warp;
+    loader.row = lane % 16;
+    loader.is_v = lane >= 16;
+    loader.base = (loader.is_v ? v_cache : k_cache) + static_cast<int64_t>(kvh) * HD;
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) mbar_init(&sm.bar[warp][st], 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  } else {
+    loader.key0 = warp * 16 + lane / L::kChunks;
+    loader.c = lane % L::kChunks;
+    loader.k_base = k_cache + static_cast<int64_t>(kvh) * HD + loader.c * Loader<CacheT, HD>::kElems;
+    loader.v_base = v_cache + static_cast<int64_t>(kvh) * HD + loader.c * Loader<CacheT, HD>::kElems;
+  }
   loader.table = batch.block_tables + static_cast<int64_t>(s) * batch.max_blocks_per_seq;
   loader.max_blocks = batch.max_blocks_per_seq;
   loader.num_blocks = static_cast<int>(num_blocks);
@@ -263,13 +331,17 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
       loader.begin(sm, (it + kAhead) % kStages, w0 + (it + kAhead) * kTile);
       if (it + kAhead + 1 < n_tiles) loader.prefetch(w0 + (it + kAhead + 1) * kTile, k_end);
     }
-    const int after = min(kAhead, n_tiles - 1 - it);  // groups committed after tile it's
-    if (after >= 2)
-      attn::cp_async_wait<(kAhead >= 2 ? 2 : 0)>();
-    else if (after == 1)
-      attn::cp_async_wait<1>();
-    else
-      attn::cp_async_wait<0>();
+    if constexpr (kBulk) {
+      mbar_wait(&sm.bar[warp][st], static_cast<uint32_t>((it / kStages) & 1));
+    } else {
+      const int after = min(kAhead, n_tiles - 1 - it);  // groups committed after tile it's
+      if (after >= 2)
+        attn::cp_async_wait<(kAhead >= 2 ? 2 : 0)>();
+      else if (after == 1)
+        attn::cp_async_wait<1>();
+      else
+        attn::cp_async_wait<0>();
+    }
     __syncwarp();  // the warp's 16 keys of tile it, copied by its own lanes
     const uint8_t* ks = sm.k[st];
     const uint8_t* vs = sm.v[st];
@@ -423,13 +495,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
        out_scale});
 }
 
-template <class CacheT, int HD, int NT>
+template <class CacheT, int HD, int NT, bool kBulk>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream) {
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
-  const cudaError_t st = allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT>, kSmem, smem_set);
+  const cudaError_t st =
+      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kBulk>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));
@@ -445,22 +518,22 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
     s_scale = std::ldexp(1.0f, e + 4);
   }
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
-  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT>, grid, dim3(kThreads), kSmem, stream, q,
+  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kBulk>, grid, dim3(kThreads), kSmem, stream, q,
                     static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
                     cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, q_mult, s_scale,
                     out_scale, window, part_acc, part_ml, counters, out,
                     static_cast<__nv_bfloat16*>(out_bf16));
 }
 
-template <class CacheT, int HD>
+template <class CacheT, int HD, bool kBulk>
 cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream) {
   if (hq / hkv <= 8)
-    return launch_typed<CacheT, HD, 1>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
-                                       out, out_bf16, stream);
-  return launch_typed<CacheT, HD, 2>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
-                                     out_bf16, stream);
+    return launch_typed<CacheT, HD, 1, kBulk>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                              counters, out, out_bf16, stream);
+  return launch_typed<CacheT, HD, 2, kBulk>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                            counters, out, out_bf16, stream);
 }
 
 }  // namespace
@@ -468,19 +541,26 @@ cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, int splits,
                                        void* scratch, int* counters, float* out, void* out_bf16,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, bool bulk_tiles) {
   if (cache.dtype == DType::F8_E4M3) {
+    if (bulk_tiles) {
+      if (hd == 64)
+        return launch_heads<uint8_t, 64, true>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                               counters, out, out_bf16, stream);
+      return launch_heads<uint8_t, 128, true>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                              counters, out, out_bf16, stream);
+    }
     if (hd == 64)
-      return launch_heads<uint8_t, 64>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
-                                       out, out_bf16, stream);
-    return launch_heads<uint8_t, 128>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
-                                      out_bf16, stream);
+      return launch_heads<uint8_t, 64, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                              counters, out, out_bf16, stream);
+    return launch_heads<uint8_t, 128, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                             counters, out, out_bf16, stream);
   }
   if (hd == 64)
-    return launch_heads<__nv_bfloat16, 64>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
-                                           out, out_bf16, stream);
-  return launch_heads<__nv_bfloat16, 128>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
-                                          out, out_bf16, stream);
+    return launch_heads<__nv_bfloat16, 64, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                                  counters, out, out_bf16, stream);
+  return launch_heads<__nv_bfloat16, 128, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                                 counters, out, out_bf16, stream);
 }
 
 }  // namespace inferx::cuda
