@@ -52,14 +52,17 @@ constexpr int kTerms = 3;  // BF16 terms of a float (8 + 8 + 8 significant bits)
 
 // INFERX_CUDA_DECODE_ATTN=v1|v2 selects an older kernel (v1: three-term splits, 64-bit index math, and its
 // split count; v2: below), so a regression of v3 (kernels_decode_attention_v3.cu, the default) can be
-// switched off without a rebuild; =v3bulk is v3 with FP8 tiles by bulk copy (an experiment, not yet run on
-// a GPU). Read once.
+// switched off without a rebuild; =v3bulk, v3five, v3bulkfive are v3's FP8 experiments (bulk-copied rows,
+// five CTAs per SM; not yet run on a GPU). Read once.
 int decode_attention_version() {
   static const int version = [] {
     const char* e = std::getenv("INFERX_CUDA_DECODE_ATTN");
     if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
     if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
-    if (e != nullptr && std::strcmp(e, "v3bulk") == 0) return 4;  // v3 with bulk-copied FP8 tiles
+    // v3's FP8 variants (launch_decode_attention_v3): 3 + the variant bits.
+    if (e != nullptr && std::strcmp(e, "v3bulk") == 0) return 4;
+    if (e != nullptr && std::strcmp(e, "v3five") == 0) return 5;
+    if (e != nullptr && std::strcmp(e, "v3bulkfive") == 0) return 6;
     return 3;
   }();
   return version;
@@ -716,7 +719,7 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
       is_aligned(out_bf16, 8))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
                                       splits, scratch, counters, out, out_bf16, stream,
-                                      decode_attention_version() == 4);
+                                      decode_attention_version() - 3);
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,

@@ -44,21 +44,27 @@ constexpr int kTile = kWarps * 16;  // keys per tile: 16 per warp (the MMA's M)
 constexpr int kGroupChunk = 16;     // query heads per CTA at most (two n8 tiles)
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <class CacheT, int HD>
+// Tile stages in flight per warp: FP8 three (16 KiB a tile), BF16 two; the 5-CTA FP8 variant two.
+template <class CacheT>
+constexpr int default_stages() {
+  return sizeof(CacheT) == 1 ? 3 : 2;
+}
+
+template <class CacheT, int HD, int S = default_stages<CacheT>()>
 struct TileSizes {
   static constexpr bool kFp8 = sizeof(CacheT) == 1;
   static constexpr int kRowBytes = HD * static_cast<int>(sizeof(CacheT));
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per key row
-  static constexpr int kStages = kFp8 ? 3 : 2;
+  static constexpr int kStages = S;
   static constexpr int kTileBytes = kTile * kRowBytes;
 };
 
 // kSwizzle: the XOR chunk layout below (cp.async tiles); false: rows as in the cache (bulk-copied tiles,
 // whose rows land whole).
-template <class CacheT, int HD, bool kSwizzle = true>
-struct Layout : TileSizes<CacheT, HD> {
-  using TileSizes<CacheT, HD>::kFp8;
-  using TileSizes<CacheT, HD>::kChunks;
+template <class CacheT, int HD, bool kSwizzle = true, int S = default_stages<CacheT>()>
+struct Layout : TileSizes<CacheT, HD, S> {
+  using TileSizes<CacheT, HD, S>::kFp8;
+  using TileSizes<CacheT, HD, S>::kChunks;
   // Physical chunk of logical chunk c of key row `key`. K: a read instruction's lanes take rows g (and
   // g + 8) at chunks {2c, 2c + 1} (FP8, 8 bytes a lane: rows 0..3 per 16-lane phase) or {4c .. 4c + 3}
   // (BF16, 16 bytes: rows 0..1 per 8-lane phase). V: one chunk per lane of rows 2t (+1, +8, +9): FP8 rows
@@ -73,27 +79,32 @@ struct Layout : TileSizes<CacheT, HD> {
   }
 };
 
-template <class CacheT, int HD>
+template <class CacheT, int HD, int S = default_stages<CacheT>()>
 struct Smem {
-  using L = Layout<CacheT, HD>;
+  using L = Layout<CacheT, HD, true, S>;
   alignas(16) uint8_t k[L::kStages][L::kTileBytes];
   alignas(16) uint8_t v[L::kStages][L::kTileBytes];
   uint64_t bar[kWarps][L::kStages];  // BulkLoader: the bytes of a warp's rows of a stage
   bool ok[L::kStages][kTile];
 };
 
-template <class CacheT, int HD, int NT>
+template <class CacheT, int HD, int NT, int S>
 constexpr int smem_bytes() {
-  constexpr int tiles = static_cast<int>(sizeof(Smem<CacheT, HD>));
+  constexpr int tiles = static_cast<int>(sizeof(Smem<CacheT, HD, S>));
   constexpr int merge = (kWarps * 8 * NT * HD + 2 * kWarps * 8 * NT) * 4;
   return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
 }
 
-// CTAs per SM the register budget is sized for (FP8, one n-tile: four; BF16 tiles take 64 KiB: three).
-template <class CacheT, int NT>
+// CTAs per SM the register budget is sized for (FP8, one n-tile: four, or five with two stages - 96
+// registers, the rest spilled; BF16 tiles take 64 KiB: three).
+template <class CacheT, int NT, bool kFive>
 constexpr int min_blocks() {
-  return NT > 1 ? 2 : (sizeof(CacheT) == 1 ? 4 : 3);
+  return NT > 1 ? 2 : (sizeof(CacheT) == 1 ? (kFive ? 5 : 4) : 3);
 }
+
+// The kernel's variants (INFERX_CUDA_DECODE_ATTN, FP8 caches; experiments, not yet run on a GPU): bit 0
+// bulk-copied rows (BulkLoader), bit 1 two stages at five CTAs per SM.
+constexpr int kVariantBulk = 1, kVariantFive = 2;
 
 // Each warp gathers the 16 keys of every tile it computes (tile keys warp * 16 ..), lane (key0, c) the
 // 16-byte chunk c of keys key0, key0 + kKeyStep, ...; the block-table entries of a tile are loaded one tile
@@ -127,7 +138,8 @@ struct Loader {
     }
   }
   // j0: the first key of this warp's 16 in the tile.
-  __device__ __forceinline__ void begin(Smem<CacheT, HD>& s, int stage, int j0) {
+  template <class SmemT>
+  __device__ __forceinline__ void begin(SmemT& s, int stage, int j0) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int32_t b = blk[i];
@@ -165,7 +177,8 @@ struct BulkLoader {
     const int j = j0 + row, b = j >> bs_shift;
     blk = j < end && b < max_blocks ? __ldg(&table[b]) : -1;
   }
-  __device__ __forceinline__ void begin(Smem<uint8_t, HD>& s, int stage, int j0) {
+  template <class SmemT>
+  __device__ __forceinline__ void begin(SmemT& s, int stage, int j0) {
     const bool valid = blk >= 0 && blk < num_blocks;
     const int key = warp * 16 + row, slot = (j0 + row) & (block_size - 1);
     if (!is_v) s.ok[stage][key] = valid;
@@ -233,22 +246,24 @@ __device__ __forceinline__ int out_dim(int mt, int row) {
 }
 
 // Grid: (token * kv heads * head chunks, split), as v2.
-template <class CacheT, int HD, int NT, bool kBulk>
-__global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
+template <class CacheT, int HD, int NT, int kVariant>
+__global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT, (kVariant & kVariantFive) != 0>())
     decode_attention_kernel_v3(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
                                const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
                                const __grid_constant__ BatchArgs batch, int hq, int hkv, float q_mult,
                                float s_scale, float out_scale, int64_t window, float* __restrict__ part_acc,
                                float* __restrict__ part_ml, int* __restrict__ counters,
                                float* __restrict__ out, __nv_bfloat16* __restrict__ out_bf16) {
-  static_assert(!kBulk || sizeof(CacheT) == 1, "bulk-copied tiles: FP8 caches only");
-  using L = Layout<CacheT, HD, !kBulk>;
+  constexpr bool kBulk = (kVariant & kVariantBulk) != 0;
+  constexpr int kS = (kVariant & kVariantFive) != 0 ? 2 : default_stages<CacheT>();
+  static_assert(kVariant == 0 || sizeof(CacheT) == 1, "the variants: FP8 caches only");
+  using L = Layout<CacheT, HD, !kBulk, kS>;
   constexpr bool kFp8 = L::kFp8;
   constexpr int kH = 8 * NT;  // query heads a CTA holds
   constexpr int kStages = L::kStages, kAhead = kStages - 1;
   static_assert(kAhead >= 1 && kAhead <= 2, "the cp.async waits below handle one or two tiles ahead");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<Smem<CacheT, HD>*>(smem_raw);
+  auto& sm = *reinterpret_cast<Smem<CacheT, HD, kS>*>(smem_raw);
 
   const int group = hq / hkv;
   const int chunks = (group + kGroupChunk - 1) / kGroupChunk;
@@ -495,14 +510,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
        out_scale});
 }
 
-template <class CacheT, int HD, int NT, bool kBulk>
+template <class CacheT, int HD, int NT, int kVariant>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream) {
   static unsigned smem_set = 0;
-  constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
+  constexpr int kSmem = smem_bytes < CacheT, HD, NT,
+                (kVariant & kVariantFive) != 0 ? 2 : default_stages<CacheT>() > ();
   const cudaError_t st =
-      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kBulk>, kSmem, smem_set);
+      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kVariant>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));
@@ -518,22 +534,43 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
     s_scale = std::ldexp(1.0f, e + 4);
   }
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
-  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kBulk>, grid, dim3(kThreads), kSmem, stream, q,
-                    static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
+  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kVariant>, grid, dim3(kThreads), kSmem, stream,
+                    q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
                     cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, q_mult, s_scale,
                     out_scale, window, part_acc, part_ml, counters, out,
                     static_cast<__nv_bfloat16*>(out_bf16));
 }
 
-template <class CacheT, int HD, bool kBulk>
+// Two n-tiles (GQA groups of 9-16 heads) run at two CTAs per SM: the five-CTA variant does not apply.
+template <class CacheT, int HD, int kVariant>
 cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream) {
   if (hq / hkv <= 8)
-    return launch_typed<CacheT, HD, 1, kBulk>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                              counters, out, out_bf16, stream);
-  return launch_typed<CacheT, HD, 2, kBulk>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                            counters, out, out_bf16, stream);
+    return launch_typed<CacheT, HD, 1, kVariant>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                                 counters, out, out_bf16, stream);
+  return launch_typed<CacheT, HD, 2, kVariant & kVariantBulk>(q, cache, batch, hq, hkv, scale, window, splits,
+                                                              scratch, counters, out, out_bf16, stream);
+}
+
+template <int HD>
+cudaError_t launch_fp8(int variant, const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
+                       int hkv, float scale, int64_t window, int splits, void* scratch, int* counters,
+                       float* out, void* out_bf16, cudaStream_t stream) {
+  switch (variant) {
+    case kVariantBulk:
+      return launch_heads<uint8_t, HD, kVariantBulk>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                                     counters, out, out_bf16, stream);
+    case kVariantFive:
+      return launch_heads<uint8_t, HD, kVariantFive>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                                     counters, out, out_bf16, stream);
+    case kVariantBulk | kVariantFive:
+      return launch_heads<uint8_t, HD, kVariantBulk | kVariantFive>(
+          q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out, out_bf16, stream);
+    default:
+      return launch_heads<uint8_t, HD, 0>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+                                          out, out_bf16, stream);
+  }
 }
 
 }  // namespace
@@ -541,26 +578,19 @@ cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, int splits,
                                        void* scratch, int* counters, float* out, void* out_bf16,
-                                       cudaStream_t stream, bool bulk_tiles) {
+                                       cudaStream_t stream, int variant) {
   if (cache.dtype == DType::F8_E4M3) {
-    if (bulk_tiles) {
-      if (hd == 64)
-        return launch_heads<uint8_t, 64, true>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                               counters, out, out_bf16, stream);
-      return launch_heads<uint8_t, 128, true>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                              counters, out, out_bf16, stream);
-    }
     if (hd == 64)
-      return launch_heads<uint8_t, 64, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                              counters, out, out_bf16, stream);
-    return launch_heads<uint8_t, 128, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                             counters, out, out_bf16, stream);
+      return launch_fp8<64>(variant, q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
+                            out_bf16, stream);
+    return launch_fp8<128>(variant, q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
+                           out_bf16, stream);
   }
   if (hd == 64)
-    return launch_heads<__nv_bfloat16, 64, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                                  counters, out, out_bf16, stream);
-  return launch_heads<__nv_bfloat16, 128, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
-                                                 counters, out, out_bf16, stream);
+    return launch_heads<__nv_bfloat16, 64, 0>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                              counters, out, out_bf16, stream);
+  return launch_heads<__nv_bfloat16, 128, 0>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+                                             counters, out, out_bf16, stream);
 }
 
 }  // namespace inferx::cuda
