@@ -475,6 +475,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT, (kVariant & k
     }
     __syncwarp();  // the warp's next copies overwrite its rows of this stage
   }
+  if constexpr (kBulk) {  // every tile's copies were waited for; the merge below reuses the barriers' bytes
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) mbar_inval(&sm.bar[warp][st]);
+    }
+  }
   __syncthreads();  // every warp is done with the tiles: the merge below reuses them
 
   // Merge the 4 warps' states through shared memory.
