@@ -1,7 +1,8 @@
 #pragma once
 // Hopper's bulk asynchronous copies into shared memory and the mbarriers that count their bytes (PTX ISA:
-// cp.async.bulk, mbarrier), shared by the persistent decode kernel's ring (decode_stack_ring.cuh) and GEMV
-// v4's shared-memory prefetch (kernels_gemv.cu).
+// cp.async.bulk, mbarrier), shared by the persistent decode kernel's ring (decode_stack_ring.cuh), GEMV
+// v4's shared-memory prefetch (kernels_gemv.cu) and the decode attention's bulk tile loader (v3bulk,
+// kernels_decode_attention_v3.cu).
 #include <cstdint>
 
 namespace inferx::cuda {
