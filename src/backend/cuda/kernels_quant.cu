@@ -133,13 +133,9 @@ __global__ void dequantize_rows_kernel(DequantWeight w, int64_t row0, int64_t ro
 __global__ void dequantize_fp8_elements_kernel(DequantWeight w, int64_t row0, int64_t rows,
                                                __nv_bfloat16* out) {
   const int64_t total = rows * w.k;
-  const auto* codes = static_cast<const uint8_t*>(w.data);
   for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < total;
-       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = row0 + u / w.k;
-    out[u] =
-        __float2bfloat16_rn(fp8_to_float(codes[row * w.k + u % w.k]) * w.fp8_scale[w.per_channel ? row : 0]);
-  }
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[u] = __float2bfloat16_rn(dequantize_fp8(w, row0 + u / w.k, u % w.k));
 }
 
 __global__ void activations_bf16_kernel(const float* x, const int32_t* perm, int64_t t, int64_t k,

@@ -33,17 +33,20 @@ INFERX_HD float half_bits_to_float(uint16_t bits) {
   return __half2float(__half(r));
 }
 
+// Column c of an F8_E4M3 weight's row `row` (any K).
+INFERX_HD float dequantize_fp8(const DequantWeight& w, int64_t row, int64_t c) {
+  return fp8_to_float(static_cast<const uint8_t*>(w.data)[row * w.k + c]) *
+         w.fp8_scale[w.per_channel ? row : 0];
+}
+
 // Eight consecutive columns [c0, c0 + 8) of weight row `row` (c0 a multiple of 8: never crosses a group,
 // an INT4 run half, a Q8_0 block or a Q4_K sub-block).
 INFERX_HD void dequantize8(const DequantWeight& w, int64_t row, int64_t c0, float* v) {
   const int64_t k = w.k;
   switch (w.dtype) {
-    case DType::F8_E4M3: {
-      const auto* p = static_cast<const uint8_t*>(w.data) + row * k + c0;
-      const float s = w.fp8_scale[w.per_channel ? row : 0];
-      for (int e = 0; e < 8; ++e) v[e] = fp8_to_float(p[e]) * s;
+    case DType::F8_E4M3:
+      for (int e = 0; e < 8; ++e) v[e] = dequantize_fp8(w, row, c0 + e);
       return;
-    }
     case DType::INT4: {
       // quant/int4.h: per 32-column run, byte j holds column j (low nibble) and column 16 + j (high).
       const auto* p = static_cast<const uint8_t*>(w.data) + row * (k / 2) + (c0 / 32) * 16;

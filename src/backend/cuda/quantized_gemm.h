@@ -112,6 +112,8 @@ class QuantizedGemm {
   // Tests: force the dequantizing path for FP8 weights too.
   void set_force_dequant(bool force) { force_dequant_ = force; }
   // Whether FP8 tries cuBLASLt's outer-vector scaling first (default on; INFERX_CUDA_FP8_OUTER_SCALE=0: off).
+  // It applies the scales inside the GEMM, so only the F32 accumulator (set_bf16_accumulator(false)) takes
+  // it.
   void set_outer_scale(bool on) { outer_scale_ = on; }
   // Whether the plain FP8 GEMM writes its unscaled product as BF16 instead of F32 for the epilogue to read
   // (INFERX_CUDA_FP8_ACC=bf16|f32; default bf16, as the BF16 outputs of vLLM's and TensorRT-LLM's FP8
