@@ -427,33 +427,25 @@ int run(bool quick, bool gemm_only) {
   b.keep.push_back(gpu.allocate(copy_bytes));
   void* dst = b.keep.back()->data();
   // cudaMemcpy between device buffers returns before the copy ends (no host synchronisation for
-  // device-to-device), and the backend's stream is another stream: time on the device's own clock.
-  double t_copy = 0;
-  {
-    for (int i = 0; i < 3; ++i)
-      CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, nullptr));
+  // device-to-device), and the backend's stream is another stream: both ceilings run on the default stream
+  // and are timed over a whole-device synchronisation.
+  const auto time_on_device = [&](const std::function<void()>& f) {
+    for (int i = 0; i < 3; ++i) f();
     CUDA_CHECK(cudaDeviceSynchronize());
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i)
-      CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, nullptr));
+    for (int i = 0; i < reps; ++i) f();
     CUDA_CHECK(cudaDeviceSynchronize());
-    t_copy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-  }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  const double t_copy = time_on_device(
+      [&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, nullptr)); });
   const double copy_gbs = 2.0 * copy_bytes / t_copy / 1e9;
   // The read-only ceiling (kernels_read_stream.cu): what a kernel that only streams its operands in
   // (decode attention) can reach.
-  double t_read = 0;
-  {
-    auto* sink = static_cast<uint32_t*>(dst);
-    for (int i = 0; i < 3; ++i)
-      CUDA_CHECK(cuda::launch_read_stream(src, copy_bytes, sink, gpu.sm_count(), nullptr));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i)
-      CUDA_CHECK(cuda::launch_read_stream(src, copy_bytes, sink, gpu.sm_count(), nullptr));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    t_read = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-  }
+  const double t_read = time_on_device([&] {
+    CUDA_CHECK(
+        cuda::launch_read_stream(src, copy_bytes, static_cast<uint32_t*>(dst), gpu.sm_count(), nullptr));
+  });
   const double read_gbs = copy_bytes / t_read / 1e9;
   b.keep.pop_back();
   b.keep.erase(b.keep.begin());
