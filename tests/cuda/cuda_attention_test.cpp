@@ -176,9 +176,18 @@ struct Cache {
   std::vector<double> k, v;
 };
 
+// nan_unused: every slot outside the sequences (the rest of their last blocks, blocks no table holds) holds
+// NaN codes, as a cache may after earlier sequences' garbage: no kernel may let them reach an output.
 Cache random_cache(CudaAttentionTest& f, const Case& c, const Layout& d, DType dtype, float k_scale,
-                   float v_scale, std::mt19937& rng) {
+                   float v_scale, std::mt19937& rng, bool nan_unused = false) {
   const size_t n = static_cast<size_t>(d.num_blocks * c.bs * c.hkv * c.hd);
+  std::vector<bool> used(n, !nan_unused);
+  for (size_t s = 0; nan_unused && s < d.seq_lens.size(); ++s) {
+    for (int32_t pos = 0; pos < d.seq_lens[s]; ++pos) {
+      const int64_t slot = int64_t(d.tables[s * d.max_blocks + pos / c.bs]) * c.bs + pos % c.bs;
+      std::fill_n(used.begin() + slot * c.hkv * c.hd, c.hkv * c.hd, true);
+    }
+  }
   Cache out;
   out.k.resize(n);
   out.v.resize(n);
@@ -189,8 +198,8 @@ Cache random_cache(CudaAttentionTest& f, const Case& c, const Layout& d, DType d
   if (dtype == DType::F8_E4M3) {
     std::vector<uint8_t> kc(n), vc(n);
     for (size_t i = 0; i < n; ++i) {
-      kc[i] = f32_to_fp8_e4m3(kf[i] / k_scale);
-      vc[i] = f32_to_fp8_e4m3(vf[i] / v_scale);
+      kc[i] = used[i] ? f32_to_fp8_e4m3(kf[i] / k_scale) : 0x7f;  // 0x7f: E4M3's NaN
+      vc[i] = used[i] ? f32_to_fp8_e4m3(vf[i] / v_scale) : 0x7f;
       out.k[i] = double(fp8_e4m3_to_f32(kc[i])) * k_scale;
       out.v[i] = double(fp8_e4m3_to_f32(vc[i])) * v_scale;
     }
@@ -198,8 +207,8 @@ Cache random_cache(CudaAttentionTest& f, const Case& c, const Layout& d, DType d
   } else {
     std::vector<uint16_t> kc(n), vc(n);
     for (size_t i = 0; i < n; ++i) {
-      kc[i] = f32_to_bf16(kf[i]);
-      vc[i] = f32_to_bf16(vf[i]);
+      kc[i] = used[i] ? f32_to_bf16(kf[i]) : 0x7fc0;  // BF16's quiet NaN
+      vc[i] = used[i] ? f32_to_bf16(vf[i]) : 0x7fc0;
       out.k[i] = bf16_to_f32(kc[i]);
       out.v[i] = bf16_to_f32(vc[i]);
     }
@@ -238,9 +247,10 @@ std::vector<Case> cases(std::mt19937& rng, bool decode_only, bool long_chunks) {
 // sensitivity to their rounding: the tolerance of the F32-equivalent kernels is scaled with it.
 void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_scale, float v_scale,
                    const Case& c, std::mt19937& rng,
-                   const std::vector<std::pair<CudaAttentionKernel, int>>& kernels, float q_amp = 1.0f) {
+                   const std::vector<std::pair<CudaAttentionKernel, int>>& kernels, float q_amp = 1.0f,
+                   bool nan_unused = false) {
   const Layout d = make_layout(c, rng);
-  const Cache cache = random_cache(f, c, d, dtype, k_scale, v_scale, rng);
+  const Cache cache = random_cache(f, c, d, dtype, k_scale, v_scale, rng, nan_unused);
   const int64_t T = static_cast<int64_t>(d.positions.size());
   const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng, -q_amp, q_amp);
   const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
@@ -275,14 +285,14 @@ void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_
 // `kernels`; block_size > 0 replaces the cases' block sizes, q_amp as check_kernels.
 void check_decode_cases(CudaAttentionTest& f, std::mt19937& rng,
                         const std::vector<std::pair<CudaAttentionKernel, int>>& kernels, float q_amp = 1.0f,
-                        int64_t block_size = 0) {
+                        int64_t block_size = 0, bool nan_unused = false) {
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
     CudaBackend& gpu = f.backend(dt, ks, vs);
     for (Case c : cases(rng, /*decode_only=*/true, false)) {
       if (block_size > 0) c.bs = block_size;
       SCOPED_TRACE(describe(c, dt));
-      check_kernels(f, gpu, dt, ks, vs, c, rng, kernels, q_amp);
+      check_kernels(f, gpu, dt, ks, vs, c, rng, kernels, q_amp, nan_unused);
     }
   }
 }
@@ -295,6 +305,19 @@ TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
                       {CudaAttentionKernel::Decode, 5},
                       {CudaAttentionKernel::Decode, 64},
                       {CudaAttentionKernel::Reference, 0}});
+}
+
+// NaN codes in every cache slot outside the sequences (stale blocks, the tails of the last blocks): the
+// decode kernels' tiles cover whole blocks (the tensor-copy loader, INFERX_DECODE_ATTN_TMA=1, copies 16 rows
+// at a time), so the keys past a sequence's end must contribute exact zeros, not 0 * NaN.
+TEST_F(CudaAttentionTest, DecodeKernelIgnoresNaNOutsideTheSequences) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  check_decode_cases(*this, rng_,
+                     {{CudaAttentionKernel::Decode, 0},
+                      {CudaAttentionKernel::Decode, 3},
+                      {CudaAttentionKernel::Decode, 64},
+                      {CudaAttentionKernel::Reference, 0}},
+                     1.0f, /*block_size=*/0, /*nan_unused=*/true);
 }
 
 // Block sizes that are not powers of two: the launcher routes them past v3 (which finds a key's block by a

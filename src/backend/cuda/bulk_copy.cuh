@@ -1,8 +1,7 @@
 #pragma once
 // Hopper's bulk asynchronous copies into shared memory and the mbarriers that count their bytes (PTX ISA:
-// cp.async.bulk, mbarrier), shared by the persistent decode kernel's ring (decode_stack_ring.cuh), GEMV
-// v4's shared-memory prefetch (kernels_gemv.cu) and the decode attention's bulk tile loader (v3bulk,
-// kernels_decode_attention_v3.cu).
+// cp.async.bulk, mbarrier), shared by the persistent decode kernel's ring (decode_stack_ring.cuh) and GEMV
+// v4's shared-memory prefetch (kernels_gemv.cu).
 #include <cstdint>
 
 namespace inferx::cuda {
@@ -12,10 +11,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// Before an mbarrier's shared memory is used for anything else (PTX ISA: mbarrier.inval).
-__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 // Makes mbarrier.init visible to the async proxy (the bulk copies that complete on it).
 __device__ __forceinline__ void mbar_init_fence() {

@@ -114,13 +114,11 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
                                     void* scratch, int* counters, float* out, void* out_bf16,
                                     cudaStream_t stream);
 // The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments
-// (power-of-two block sizes and aligned buffers only; the others go to v2). variant (FP8 caches;
-// experiments, INFERX_CUDA_DECODE_ATTN=v3bulk|v3five|v3bulkfive): bit 0 whole key rows by bulk copy instead
-// of 16-byte cp.async, bit 1 two tile stages at five CTAs per SM instead of three at four.
+// (power-of-two block sizes and aligned buffers only; the others go to v2).
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, int splits,
                                        void* scratch, int* counters, float* out, void* out_bf16,
-                                       cudaStream_t stream, int variant = 0);
+                                       cudaStream_t stream);
 
 // kernels_read_stream.cu: the read-only bandwidth ceiling. Reads bytes (a multiple of 16, 16-byte aligned)
 // at p once with sms * 8 blocks; sink: a device word it almost never writes.

@@ -30,7 +30,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <type_traits>
 
 #include "backend/cuda/attention_tiles.cuh"
@@ -53,26 +52,17 @@ constexpr int kTerms = 3;  // BF16 terms of a float (8 + 8 + 8 significant bits)
 
 // INFERX_CUDA_DECODE_ATTN=v1|v2 selects an older kernel (v1: three-term splits, 64-bit index math, and its
 // split count; v2: below), so a regression of v3 (kernels_decode_attention_v3.cu, the default) can be
-// switched off without a rebuild; =v3bulk, v3five, v3bulkfive are v3's FP8 experiments (bulk-copied rows,
-// five CTAs per SM; not yet run on a GPU). Read once.
-struct DecodeAttentionChoice {
-  int version = 3;     // 1, 2 or 3
-  int v3_variant = 0;  // launch_decode_attention_v3's variant bits (1: bulk rows, 2: five CTAs per SM)
-};
-const DecodeAttentionChoice& decode_attention_choice() {
-  static const DecodeAttentionChoice choice = [] {
+// switched off without a rebuild. Read once.
+int decode_attention_version() {
+  static const int version = [] {
     const char* e = std::getenv("INFERX_CUDA_DECODE_ATTN");
-    const std::string v = e ? e : "";
-    if (v == "v1") return DecodeAttentionChoice{1, 0};
-    if (v == "v2") return DecodeAttentionChoice{2, 0};
-    if (v == "v3bulk") return DecodeAttentionChoice{3, 1};
-    if (v == "v3five") return DecodeAttentionChoice{3, 2};
-    if (v == "v3bulkfive") return DecodeAttentionChoice{3, 3};
-    return DecodeAttentionChoice{};
+    if (e != nullptr && std::strcmp(e, "v1") == 0) return 1;
+    if (e != nullptr && std::strcmp(e, "v2") == 0) return 2;
+    return 3;
   }();
-  return choice;
+  return version;
 }
-bool decode_attention_v1() { return decode_attention_choice().version == 1; }
+bool decode_attention_v1() { return decode_attention_version() == 1; }
 
 // Dynamic shared memory: the K/V tiles (reused for the warps' merge at the end), then Q's three terms.
 template <int HD>
@@ -720,11 +710,10 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
   // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take
   // v2/v1.
   const bool pow2_blocks = cache.block_size > 0 && (cache.block_size & (cache.block_size - 1)) == 0;
-  const DecodeAttentionChoice& choice = decode_attention_choice();
-  if (choice.version == 3 && pow2_blocks && is_aligned(q, 16) && is_aligned(out, 16) &&
+  if (decode_attention_version() == 3 && pow2_blocks && is_aligned(q, 16) && is_aligned(out, 16) &&
       is_aligned(out_bf16, 8))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
-                                      splits, scratch, counters, out, out_bf16, stream, choice.v3_variant);
+                                      splits, scratch, counters, out, out_bf16, stream);
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,
