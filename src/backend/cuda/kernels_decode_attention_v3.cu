@@ -142,11 +142,13 @@ struct Loader {
 // FP8 caches, head_dim 128, block sizes that are multiples of 16, no window (launch_decode_attention_v3 picks
 // it; INFERX_DECODE_ATTN_TMA): a warp's 16 keys of a tile are 16 consecutive slots of one block (tiles start
 // at multiples of 64 keys), so lane 0 copies them with two 2-D tensor copies (K and V: 16 rows of 128 bytes
-// at the block's row stride), completing on the warp's mbarrier for the stage, instead of 16 cp.async per
-// lane. Why: with 16-byte cp.async the L2 sees two sector lookups per DRAM sector and is the kernel's
-// busiest unit (88%), and one bulk copy per row (tried) halved the lookups but cost 20% in copy issue.
-// Rows past the split's keys or in an invalid block get zero V rows after the copy lands (V must be finite
-// where P is 0; their K rows are masked by ok).
+// at the block's row stride), completing on the warp's mbarrier for the stage, instead of eight 16-byte
+// cp.async per lane. Why: on some H200 nodes the L2 saw two sector lookups per DRAM sector with the 16-byte
+// copies (88% busy, the kernel at 76% of copy), and one bulk copy per row halved them but cost 20% in copy
+// issue; two copies per warp and tile keep the bulk path's requests without that cost. Measured on a node
+// without the doubling (docs/benchmarks.md, 2026-12-04): level at the kernel, 11% fewer instructions, +1.4%
+// end to end. Rows past the split's keys or in an invalid block get zero V rows after the copy lands (V must
+// be finite where P is 0; their K rows are masked by ok).
 template <int HD>
 struct TmaLoader {
   using L = Layout<uint8_t, HD, true>;
