@@ -565,10 +565,10 @@ bool encode_kv_map(CUtensorMap& map, const void* base, const PagedKv& cache, int
 }
 
 // Whether TmaLoader takes this launch (its conditions: the comment above it).
-bool tma_applies(const PagedKv& cache, int hkv, int hd, int64_t window) {
+bool tma_applies(const PagedKv& cache, int hd, int64_t window) {
   return tma_enabled() && cache.dtype == DType::F8_E4M3 && hd == 128 && window <= 0 &&
          cache.block_size % 16 == 0 && is_aligned(cache.k, 16) && is_aligned(cache.v, 16) &&
-         (static_cast<int64_t>(hkv) * hd) % 16 == 0 && cache.num_blocks * cache.block_size < (1ll << 31);
+         cache.num_blocks * cache.block_size < (1ll << 31);
 }
 
 template <class CacheT, int HD, int NT, bool kTma>
@@ -607,7 +607,7 @@ cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& 
                          void* out_bf16, cudaStream_t stream) {
   TmaMaps maps{};
   if constexpr (sizeof(CacheT) == 1 && HD == 128) {
-    if (tma_applies(cache, hkv, HD, window) && encode_kv_map(maps.k, cache.k, cache, hkv, HD) &&
+    if (tma_applies(cache, HD, window) && encode_kv_map(maps.k, cache.k, cache, hkv, HD) &&
         encode_kv_map(maps.v, cache.v, cache, hkv, HD)) {
       if (hq / hkv <= 8)
         return launch_typed<CacheT, HD, 1, true>(q, cache, batch, hq, hkv, scale, window, splits, scratch,

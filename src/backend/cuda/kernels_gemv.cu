@@ -81,15 +81,6 @@ struct GemvParams {
   bool warp_prenorm = false;
 };
 
-// 16 bytes of a streamed weight: not kept in L1 (x is).
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // 8 bytes of a streamed weight (v2 kernel).
 __device__ __forceinline__ uint2 load_stream8(const void* p) {
   uint2 v;

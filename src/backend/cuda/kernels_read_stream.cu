@@ -1,24 +1,17 @@
 // The read-only streaming ceiling (bench/gpu/bench_kernels.cpp reports kernels against it): every byte of
 // a buffer read once with 16-byte loads that skip L1 (as the decode attention and the GEMVs stream their
-// operands), folded (XOR) so the loads cannot be dropped. The device copy ceiling moves read + write bytes; a
-// kernel that only reads (decode attention over the KV cache) can go past half of it, so its bandwidth is
-// reported against this one too.
+// operands), folded (XOR) so the loads cannot be dropped (load_stream, cuda_common.cuh). The device copy
+// ceiling moves read + write bytes; a kernel that only reads (decode attention over the KV cache) can go past
+// half of it, so its bandwidth is reported against this one too.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace inferx::cuda {
 namespace {
-
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // Four loads in flight per thread before any is used (a grid of sms * 8 blocks of 256 threads then keeps
 // ~17 MB in flight, several times what the bandwidth-latency product needs).
