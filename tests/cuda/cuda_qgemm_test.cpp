@@ -613,6 +613,92 @@ TEST_F(QuantizedGemmTest, Fp8NormFusionMatchesTheUnfusedPasses) {
   cpu::set_fp8_bf16_accumulator(false);
 }
 
+// Deferred products (quantized_gemm.h): o and down leave their W8A8 epilogue to the norm that consumes them,
+// which adds the values as it reads the BF16 sums. The residual stream, and so the codes of the norms and
+// every product after them, must be those of the launched epilogues to the bit. A deferred product's own
+// output stays unwritten (NaN here), which shows that the deferral engaged; a consumer that does not take
+// it (a plain pre_norm) and a read of the output (copy_to_host) get the epilogue launched first.
+TEST_F(QuantizedGemmTest, DeferredEpiloguesMatchTheLaunchedOnes) {
+  qgemm().set_bf16_accumulator(true);  // deferral needs the BF16 sums
+  for (bool per_channel : {true, false})
+    for (int64_t t : {64, 300}) {
+      const int64_t k = 208, f = 112, qd = 96;
+      SCOPED_TRACE(::testing::Message() << "per_channel " << per_channel << " t " << t);
+      HostLinear o = make_layer(DType::F8_E4M3, k, qd, 81 + static_cast<uint32_t>(t), per_channel);
+      HostLinear gu = make_layer(DType::F8_E4M3, 2 * f, k, 82 + static_cast<uint32_t>(t), per_channel);
+      HostLinear dn = make_layer(DType::F8_E4M3, k, f, 83 + static_cast<uint32_t>(t), per_channel);
+      HostLinear qkv = make_layer(DType::F8_E4M3, 160, k, 84 + static_cast<uint32_t>(t), per_channel);
+      if (t == 300) {
+        o.bias = random_floats(static_cast<size_t>(k), 11);
+        dn.bias = random_floats(static_cast<size_t>(k), 12);
+      }
+      const std::vector<float> res = random_floats(static_cast<size_t>(t * k), 91, -2.0f, 2.0f),
+                               attn = random_floats(static_cast<size_t>(t * qd), 92),
+                               g1 = random_floats(static_cast<size_t>(k), 93, 0.5f, 1.5f),
+                               g2 = random_floats(static_cast<size_t>(k), 94, 0.5f, 1.5f),
+                               nan(static_cast<size_t>(t * k), std::nanf(""));
+      struct Run {
+        std::vector<float> residual, q, k, v, proj, h, proj2, residual2, proj3;
+      };
+      auto run = [&](bool defer) {
+        qgemm().set_deferred_epilogues(defer);
+        Backend& b = *gpu_;
+        const Linear wo = upload(b, o), wg = upload(b, gu), wd = upload(b, dn), wq = upload(b, qkv);
+        const size_t xb = static_cast<size_t>(t * k) * 4, fb = static_cast<size_t>(t * f) * 4;
+        Tensor r = on(b, DType::F32, {t, k}, res.data(), xb);
+        const Tensor a = on(b, DType::F32, {t, qd}, attn.data(), attn.size() * 4);
+        const Tensor n1 = on(b, DType::F32, {k}, g1.data(), g1.size() * 4),
+                     n2 = on(b, DType::F32, {k}, g2.data(), g2.size() * 4);
+        Tensor proj = on(b, DType::F32, {t, k}, nan.data(), xb), h = on(b, DType::F32, {t, k}, nullptr, xb);
+        Tensor gate = on(b, DType::F32, {t, f}, nullptr, fb), up = on(b, DType::F32, {t, f}, nullptr, fb),
+               act = on(b, DType::F32, {t, f}, nullptr, fb);
+        Tensor q = on(b, DType::F32, {t, 96}, nullptr, static_cast<size_t>(t * 96) * 4),
+               kk = on(b, DType::F32, {t, 32}, nullptr, static_cast<size_t>(t * 32) * 4),
+               v = on(b, DType::F32, {t, 32}, nullptr, static_cast<size_t>(t * 32) * 4);
+        // The model's order: o before the MLP's norm, the MLP (down before the next layer's norm), q/k/v.
+        b.matmul_before_norm(a, wo, proj, r, n1, 1e-5f);
+        b.norm_mlp(r, &proj, n1, 1e-5f, h, wg, gate, up, act, wd, proj, &n2);
+        Tensor* outs[] = {&q, &kk, &v};
+        b.norm_matmul_split(r, &proj, n2, 1e-5f, h, wq, outs);
+        Run out;
+        out.residual = read(b, r);
+        out.q = read(b, q);
+        out.k = read(b, kk);
+        out.v = read(b, v);
+        out.proj = read(b, proj);
+        // A consumer that does not take a deferred product: the epilogue runs before the plain norm.
+        Tensor proj2 = on(b, DType::F32, {t, k}, nan.data(), xb);
+        b.matmul_before_norm(a, wo, proj2, r, n1, 1e-5f);
+        b.pre_norm(r, &proj2, n1, 1e-5f, h);
+        out.h = read(b, h);
+        out.proj2 = read(b, proj2);
+        out.residual2 = read(b, r);
+        // A read of a deferred product's output launches its epilogue.
+        Tensor proj3 = on(b, DType::F32, {t, k}, nan.data(), xb);
+        b.matmul_before_norm(a, wo, proj3, r, n1, 1e-5f);
+        out.proj3 = read(b, proj3);
+        return out;
+      };
+      const Run launched = run(false), deferred = run(true);
+      qgemm().set_deferred_epilogues(true);
+      EXPECT_EQ(deferred.residual, launched.residual);
+      EXPECT_EQ(deferred.q, launched.q);
+      EXPECT_EQ(deferred.k, launched.k);
+      EXPECT_EQ(deferred.v, launched.v);
+      EXPECT_EQ(deferred.h, launched.h);
+      EXPECT_EQ(deferred.proj2, launched.proj2);
+      EXPECT_EQ(deferred.residual2, launched.residual2);
+      EXPECT_EQ(deferred.proj3, launched.proj3);
+      const auto nans = [](const std::vector<float>& v) {
+        return std::count_if(v.begin(), v.end(), [](float x) { return std::isnan(x); });
+      };
+      EXPECT_EQ(nans(launched.proj), 0) << "the launched epilogues write the down product";
+      EXPECT_EQ(nans(deferred.proj), t * k) << "deferred: neither o nor down wrote their output";
+      EXPECT_EQ(nans(deferred.proj2) + nans(deferred.proj3), 0);
+    }
+  qgemm().set_bf16_accumulator(false);
+}
+
 // INT4 / Q8_0 / Q4_K: BF16 activations and BF16-rounded weights (2^-9 relative each): 1e-2 of the output
 // scale against the exact product; the CPU backend quantizes activations to int8 blocks (4e-3 from the
 // exact product on these shapes): 1.5e-2.

@@ -135,7 +135,7 @@ CudaBackend::~CudaBackend() {
   for (Scratch* s :
        {&gemv_x_, &gemv_out_, &norm_row_, &norm_partials_, &decode_stack_scratch_, &decode_stack_profile_})
     release(*s);
-  release(qgemm_ws_);
+  for (Scratch* s : {&qgemm_ws_, &deferred_hold_[0], &deferred_hold_[1]}) release(*s);
   qgemm_.reset();
   release_upload_staging();
   for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
@@ -186,6 +186,7 @@ void CudaBackend::copy_to_device(void* dst, const void* host_src, size_t bytes) 
 }
 
 void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  finish_deferred();  // a deferred product's output may be what is read
   if (bytes == 0) return;
   use_device();
   CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
@@ -193,6 +194,7 @@ void CudaBackend::copy_to_host(void* host_dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::synchronize() {
+  finish_deferred();
   use_device();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

@@ -277,9 +277,30 @@ class CudaBackend final : public Backend {
   // The same products with the norm before them (and in norm_mlp the down product) fused into the FP8
   // activation quantization (QuantizedGemm::norm_matmul_split / norm_mlp). False: nothing ran; true with
   // h_only: the norm ran into h and the caller runs the products on h.
+  // next_norm (norm_mlp): the norm after the down product, which may then be deferred (below).
   bool fused_quantized_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h,
                             const Linear& w, std::span<Tensor* const> outs, const Linear* down, Tensor* act,
-                            bool& h_only);
+                            bool& h_only, const Tensor* next_norm = nullptr);
+  // Deferred FP8 products (QuantizedGemm::matmul_deferred; the epilogue itself is QuantizedGemm's pending()):
+  // o / down before the residual add leave their epilogue to the norm named with them, which takes the
+  // product as its add (fused_quantized_norm); any other next call launches the epilogue first
+  // (finish_deferred: pre_norm, the norm calls that do not fuse, matmul_before_norm, synchronize,
+  // copy_to_host, end_graph_capture). The product's sums live in one of two holds, alternately: the norm
+  // that consumes one may defer the next product into the other.
+  struct DeferredFor {
+    const void* residual = nullptr;
+    const void* norm = nullptr;
+    float eps = 0.0f;
+  };
+  bool defer_product(const Tensor& x, const Linear& w, Tensor& out, const Tensor& residual,
+                     const Tensor& next_norm, float eps);
+  // Whether the pending product is this norm's add (residual / add / norm / eps those it was deferred for).
+  bool deferred_for(const Tensor& residual, const Tensor* add, const Tensor& norm, float eps) const;
+  void* next_hold(size_t bytes) { return scratch(deferred_hold_[deferred_next_], bytes); }
+  void finish_deferred();
+  DeferredFor deferred_;
+  Scratch deferred_hold_[2];
+  int deferred_next_ = 0;  // the hold the next deferred product takes
   // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
   void run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,

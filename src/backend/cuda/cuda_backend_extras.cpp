@@ -12,6 +12,7 @@
 #include "backend/cuda/gemm_cublaslt.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_quant.h"
+#include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
 
 namespace inferx {
@@ -170,6 +171,12 @@ bool CudaBackend::begin_graph_capture() {
 
 void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
   if (!capturing_) return;
+  // Recorded in the graph (none is pending at the end of a model step); after an error: dropped.
+  if (keep) {
+    finish_deferred();
+  } else {
+    qgemm_->drop_pending();
+  }
   capturing_ = false;
   gemm_->set_capturing(false);
   cudaGraph_t graph = nullptr;

@@ -176,6 +176,7 @@ bool CudaBackend::take_pending_norm(const Tensor& residual, const Tensor* add, c
 }
 
 void CudaBackend::pre_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h) {
+  finish_deferred();  // this norm reads add as written
   if (take_pending_norm(residual, add, norm, eps)) {
     rmsnorm(residual, norm, eps, h);  // the add is done
     return;
@@ -185,6 +186,7 @@ void CudaBackend::pre_norm(Tensor& residual, const Tensor* add, const Tensor& no
 
 void CudaBackend::matmul_before_norm(const Tensor& x, const Linear& w, Tensor& out, Tensor& residual,
                                      const Tensor& next_norm, float eps) {
+  finish_deferred();  // none is pending in the model's order of calls
   const int64_t n = w.out_features();
   const auto f32_row = [n](const Tensor& t) {
     return t.device == Device::CUDA && t.dtype == DType::F32 && t.numel() == n;
@@ -192,7 +194,7 @@ void CudaBackend::matmul_before_norm(const Tensor& x, const Linear& w, Tensor& o
   if (!(x.device == Device::CUDA && x.dtype == DType::F32 && x.cols() == w.in_features() &&
         f32_row(residual) && f32_row(next_norm) && out.numel() == n && gemv_norm_takes(x, w) &&
         cuda::gemv_norm_fuses(w.weight.dtype, n))) {  // the next product reads n columns
-    matmul(x, w, out);
+    if (!defer_product(x, w, out, residual, next_norm, eps)) matmul(x, w, out);
     return;
   }
   use_device();
@@ -251,6 +253,7 @@ void CudaBackend::norm_matmul_split(Tensor& residual, const Tensor* add, const T
 void CudaBackend::norm_matmul_silu_mul(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
                                        Tensor& h, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) {
   const int64_t f = w.out_features() / 2;
+  finish_deferred();  // the norm below reads add as written
   const bool ready = pending_norm_.residual != nullptr;
   const PendingNorm p = pending_norm_;
   if (!ready || w.out_features() % 2 != 0 || !gemv_norm_takes(h, w) || w.in_features() != residual.cols()) {
@@ -278,7 +281,7 @@ void CudaBackend::norm_mlp(Tensor& residual, const Tensor* add, const Tensor& no
   Tensor* outs[] = {&out};
   bool h_only = false;
   if (pending_norm_.residual == nullptr &&
-      fused_quantized_norm(residual, add, norm, eps, h, gate_up, outs, &down, &act, h_only)) {
+      fused_quantized_norm(residual, add, norm, eps, h, gate_up, outs, &down, &act, h_only, next_norm)) {
     if (!h_only) return;
     matmul_silu_mul(h, gate_up, gate, up, act);  // the norm ran into h, the fused GEMM was refused
     if (next_norm) {
@@ -297,7 +300,19 @@ void CudaBackend::norm_mlp(Tensor& residual, const Tensor* add, const Tensor& no
 // ran into h (residual updated) and cuBLASLt then refused the GEMM: the caller runs the products on h.
 bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps,
                                        Tensor& h, const Linear& w, std::span<Tensor* const> outs,
-                                       const Linear* down, Tensor* act, bool& h_only) {
+                                       const Linear* down, Tensor* act, bool& h_only,
+                                       const Tensor* next_norm) {
+  // A deferred product is this norm's add when it was deferred for it; on every path that does not take it
+  // (false below) its epilogue runs first, so the caller's unfused ops read add as written.
+  const bool product = deferred_for(residual, add, norm, eps);
+  if (!product) finish_deferred();  // one deferred for another norm (none in the model's order)
+  struct FinishUnlessTaken {
+    CudaBackend* self;
+    bool armed;
+    ~FinishUnlessTaken() {
+      if (armed) self->finish_deferred();
+    }
+  } finish{this, product};
   const int64_t t = residual.rows(), k = residual.cols();
   if (!cuda::QuantizedGemm::prefers_fused(w, t)) return false;  // decode sizes: the GEMV's
   const auto f32_like = [&](const Tensor& x) {
@@ -314,7 +329,8 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
   for (Tensor* o : outs) check_out(residual, *o, down ? "down" : "split matmul");
   cuda::QuantizedGemm::NormInput in;
   in.residual = residual.ptr<float>();
-  in.add = add ? add->ptr<float>() : nullptr;
+  in.add = add && !product ? add->ptr<float>() : nullptr;
+  in.add_pending = product;
   in.norm = norm.ptr<float>();
   in.eps = eps;
   in.h = h.ptr<float>();
@@ -322,7 +338,24 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
   const auto ws = [this](size_t bytes) { return scratch(qgemm_ws_, bytes); };
   cuda::QuantizedGemm::Fused r;
   if (down) {
-    r = qgemm_->norm_mlp(in, t, w, *down, act->ptr<float>(), outs[0]->ptr<float>(), ws);
+    // The down product is deferred to the next norm when there is one (and the hold is not the one the
+    // norm here reads: next_hold alternates).
+    const int64_t n_down = down->out_features();
+    const bool defer = next_norm && qgemm_->defers() && next_norm->dtype == DType::F32 &&
+                       next_norm->numel() == n_down && outs[0]->cols() == n_down;
+    const cuda::QuantizedGemm::Hold hold =
+        defer ? cuda::QuantizedGemm::hold_at(next_hold(cuda::QuantizedGemm::hold_bytes(t, n_down)), t, n_down)
+              : cuda::QuantizedGemm::Hold{};
+    r = qgemm_->norm_mlp(in, t, w, *down, act->ptr<float>(), outs[0]->ptr<float>(), ws,
+                         defer ? &hold : nullptr);
+    if (r != cuda::QuantizedGemm::Fused::No) {
+      finish.armed = false;  // the norm took the product (if any) as its add
+      deferred_ = {};
+      if (qgemm_->pending()) {
+        deferred_ = {residual.data, next_norm->data, eps};
+        deferred_next_ ^= 1;
+      }
+    }
   } else {
     float* ptrs[3];
     int64_t cols[3];
@@ -331,12 +364,52 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
       cols[j] = outs[j]->cols();
     }
     r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws);
+    if (r != cuda::QuantizedGemm::Fused::No) {
+      finish.armed = false;  // the norm took the product (if any) as its add
+      deferred_ = {};
+    }
   }
   if (r == cuda::QuantizedGemm::Fused::No) return false;
   // The residual, h, act and the outputs changed (or stay unwritten): no BF16 copy of any is current.
   drop_bf16_copy();
   last_matmul_bf16_ = false;
   h_only = r == cuda::QuantizedGemm::Fused::InputOnly;
+  return true;
+}
+
+bool CudaBackend::deferred_for(const Tensor& residual, const Tensor* add, const Tensor& norm,
+                               float eps) const {
+  const cuda::Fp8Epilogue* e = qgemm_->pending();
+  return e != nullptr && add != nullptr && add->data == e->out[0] && residual.data == deferred_.residual &&
+         norm.data == deferred_.norm && eps == deferred_.eps && residual.rows() == e->t &&
+         add->rows() == e->t && add->cols() == e->n;
+}
+
+void CudaBackend::finish_deferred() {
+  if (qgemm_->pending() == nullptr) return;
+  use_device();
+  qgemm_->finish_pending();
+}
+
+bool CudaBackend::defer_product(const Tensor& x, const Linear& w, Tensor& out, const Tensor& residual,
+                                const Tensor& next_norm, float eps) {
+  const int64_t t = x.rows(), n = w.out_features();
+  if (!qgemm_->defers() || !cuda::QuantizedGemm::prefers_fused(w, t) || w.weight.device != Device::CUDA ||
+      !cuda::QuantizedGemm::supports(w) || x.device != Device::CUDA || x.dtype != DType::F32 ||
+      x.cols() != w.in_features() || out.device != Device::CUDA || out.dtype != DType::F32 ||
+      out.rows() != t || out.cols() != n || residual.dtype != DType::F32 || residual.rows() != t ||
+      residual.cols() != n || next_norm.dtype != DType::F32 || next_norm.numel() != n ||
+      !cuda::fp8_norm_quantize_takes(residual.ptr<float>(), nullptr, next_norm.ptr<float>(), n))
+    return false;
+  use_device();
+  const auto hold = cuda::QuantizedGemm::hold_at(next_hold(cuda::QuantizedGemm::hold_bytes(t, n)), t, n);
+  if (!qgemm_->matmul_deferred(x.ptr<float>(), t, w, out.ptr<float>(), hold,
+                               [this](size_t bytes) { return scratch(qgemm_ws_, bytes); }))
+    return false;
+  deferred_ = {residual.data, next_norm.data, eps};
+  deferred_next_ ^= 1;
+  last_matmul_bf16_ = false;
+  drop_bf16_copy_if_overlaps(out);
   return true;
 }
 

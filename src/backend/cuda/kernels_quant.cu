@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) fp8_epilogue_kernel(const __grid_con
       store_v<V>(e.out[0] + r * width + c, y);
     } else {
 #pragma unroll
-      for (int u = 0; u < V; ++u) y[u] = a[u] * xs * ws[u] + bs[u];
+      for (int u = 0; u < V; ++u) y[u] = w8a8_value(a[u], xs, ws[u], bs[u]);
       store_v<V>(e.out[j] + r * e.cols[j] + local, y);
     }
   }

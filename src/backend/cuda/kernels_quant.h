@@ -51,10 +51,14 @@ cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream);
 //     in shared memory (n / 2 floats: fp8_silu_quantize_takes); others: cudaErrorNotSupported.
 //   dequantize: out [t, k] F32 = e4m3 value of q * scale[row] (the fallback when a GEMM after a fused pass
 //     is refused: the W8A8 values, which quantize back to the same codes).
-bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k);
+//     add_product (add then null): a deferred product (quantized_gemm.h) whose values are the add - residual
+//     += the values launch_fp8_epilogue(*add_product) would have written (BF16 sums, one output of k
+//     columns, add_product->t == t), to the bit; its output is not written.
+bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k,
+                             const Fp8Epilogue* add_product = nullptr);
 cudaError_t launch_norm_quantize_fp8_rows(float* residual, const float* add, const float* w, float eps,
-                                          int64_t t, int64_t k, uint8_t* q, float* scale,
-                                          cudaStream_t stream);
+                                          int64_t t, int64_t k, uint8_t* q, float* scale, cudaStream_t stream,
+                                          const Fp8Epilogue* add_product = nullptr);
 bool fp8_silu_quantize_takes(const Fp8Epilogue& e);
 cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* scale, cudaStream_t stream);
 cudaError_t launch_dequantize_fp8_rows(const uint8_t* q, const float* scale, int64_t t, int64_t k, float* out,

@@ -23,22 +23,55 @@ constexpr int kNormMaxVec = 8;  // float4s per thread: rows up to 8192 columns (
 // Shared memory of the SiLU pass: one row of n / 2 floats (28672 for Llama-3-70B: 112 KB).
 constexpr size_t kSiluMaxSmem = 200 * 1024;
 
-// One row per CTA iteration, held in registers (kVec float4s per thread): the residual add and the norm
-// through rmsnorm_regs_kernel's own steps (norm_rows.cuh), then quantize_fp8_rows_vec_kernel's scale and
-// codes (quant_codes.cuh).
+// v = row + row r of a deferred product's W8A8 values (BF16 sums, fp8_epilogue_kernel's w8a8_value), written
+// back to row; returns this thread's sum of squares. The same v as the F32 add of the values the epilogue
+// would have written, so the same norm, codes and scales.
 template <int kVec>
+__device__ __forceinline__ float add_product_and_sum_squares(float* row, const Fp8Epilogue& e, int64_t r,
+                                                             int64_t n4, float4 (&v)[kVec]) {
+  norm_rows::load<kVec, kThreads>(row, n4, v);
+  const float xs = e.x_scale[r];
+  const auto* acc = static_cast<const __nv_bfloat16*>(e.acc) + r * e.n;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < n4) {
+      float a[4], ws[4], bs[4] = {};
+      load_v<4>(acc + 4 * i, a);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        ws[u] = e.w_scale[e.per_channel ? 4 * i + u : 0];
+        if (e.bias) bs[u] = e.bias[4 * i + u];
+      }
+      v[j] = make_float4(
+          v[j].x + w8a8_value(a[0], xs, ws[0], bs[0]), v[j].y + w8a8_value(a[1], xs, ws[1], bs[1]),
+          v[j].z + w8a8_value(a[2], xs, ws[2], bs[2]), v[j].w + w8a8_value(a[3], xs, ws[3], bs[3]));
+      reinterpret_cast<float4*>(row)[i] = v[j];
+    }
+  }
+  return norm_rows::sum_squares<kVec, kThreads>(v, n4);
+}
+
+// One row per CTA iteration, held in registers (kVec float4s per thread): the residual add (of add's rows,
+// or kProduct: of the deferred product e's values) and the norm through rmsnorm_regs_kernel's own steps
+// (norm_rows.cuh), then quantize_fp8_rows_vec_kernel's scale and codes (quant_codes.cuh).
+template <int kVec, bool kProduct>
 __global__ void __launch_bounds__(kThreads)
-    norm_quantize_kernel(float* x, const float* add, const float* w, float eps, int64_t t, int64_t cols,
-                         uint8_t* q, float* scale) {
+    norm_quantize_kernel(float* x, const float* add, const __grid_constant__ Fp8Epilogue e, const float* w,
+                         float eps, int64_t t, int64_t cols, uint8_t* q, float* scale) {
   __shared__ float scratch[kWarp];
   const int64_t n4 = cols / 4;
   float4 g[kVec];
   norm_rows::load<kVec, kThreads>(w, n4, g);
   for (int64_t r = blockIdx.x; r < t; r += gridDim.x) {
     float4 v[kVec];
-    const float ss = block_sum(
-        norm_rows::add_and_sum_squares<kVec, kThreads>(x + r * cols, add ? add + r * cols : nullptr, n4, v),
-        scratch);
+    float ss;
+    if constexpr (kProduct)
+      ss = add_product_and_sum_squares<kVec>(x + r * cols, e, r, n4, v);
+    else
+      ss =
+          norm_rows::add_and_sum_squares<kVec, kThreads>(x + r * cols, add ? add + r * cols : nullptr, n4, v);
+    ss = block_sum(ss, scratch);
     norm_rows::normalize<kVec, kThreads>(v, g, rsqrtf(ss / static_cast<float>(cols) + eps), n4);
     float amax = 0.0f;
 #pragma unroll
@@ -118,24 +151,49 @@ cudaError_t launch_silu(const Fp8Epilogue& e, uint8_t* q, float* scale, size_t s
 
 }  // namespace
 
-bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k) {
+bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k,
+                             const Fp8Epilogue* add_product) {
+  if (add_product) {
+    const Fp8Epilogue& e = *add_product;
+    if (add || !e.acc_bf16 || e.silu || e.num_outs != 1 || e.n != k || !is_aligned(e.acc, 8) ||
+        e.x_scale == nullptr || e.w_scale == nullptr)
+      return false;
+  }
   return k > 0 && k % 4 == 0 && k / 4 <= int64_t{kThreads} * kNormMaxVec && is_aligned(residual, 16) &&
          is_aligned(add, 16) && is_aligned(w, 16);
 }
 
-cudaError_t launch_norm_quantize_fp8_rows(float* residual, const float* add, const float* w, float eps,
-                                          int64_t t, int64_t k, uint8_t* q, float* scale,
-                                          cudaStream_t stream) {
-  if (!fp8_norm_quantize_takes(residual, add, w, k) || !is_aligned(q, 4)) return cudaErrorNotSupported;
-  if (t <= 0) return cudaSuccess;
+namespace {
+
+template <bool kProduct>
+void launch_norm_quantize(float* residual, const float* add, const Fp8Epilogue& e, const float* w, float eps,
+                          int64_t t, int64_t k, uint8_t* q, float* scale, cudaStream_t stream) {
   const int64_t per_thread = (k / 4 + kThreads - 1) / kThreads;
   const unsigned blocks = row_blocks(t);
   if (per_thread <= 2)
-    norm_quantize_kernel<2><<<blocks, kThreads, 0, stream>>>(residual, add, w, eps, t, k, q, scale);
+    norm_quantize_kernel<2, kProduct>
+        <<<blocks, kThreads, 0, stream>>>(residual, add, e, w, eps, t, k, q, scale);
   else if (per_thread <= 4)
-    norm_quantize_kernel<4><<<blocks, kThreads, 0, stream>>>(residual, add, w, eps, t, k, q, scale);
+    norm_quantize_kernel<4, kProduct>
+        <<<blocks, kThreads, 0, stream>>>(residual, add, e, w, eps, t, k, q, scale);
   else
-    norm_quantize_kernel<kNormMaxVec><<<blocks, kThreads, 0, stream>>>(residual, add, w, eps, t, k, q, scale);
+    norm_quantize_kernel<kNormMaxVec, kProduct>
+        <<<blocks, kThreads, 0, stream>>>(residual, add, e, w, eps, t, k, q, scale);
+}
+
+}  // namespace
+
+cudaError_t launch_norm_quantize_fp8_rows(float* residual, const float* add, const float* w, float eps,
+                                          int64_t t, int64_t k, uint8_t* q, float* scale, cudaStream_t stream,
+                                          const Fp8Epilogue* add_product) {
+  if (!fp8_norm_quantize_takes(residual, add, w, k, add_product) || !is_aligned(q, 4))
+    return cudaErrorNotSupported;
+  if (add_product && add_product->t != t) return cudaErrorInvalidValue;
+  if (t <= 0) return cudaSuccess;
+  if (add_product)
+    launch_norm_quantize<true>(residual, nullptr, *add_product, w, eps, t, k, q, scale, stream);
+  else
+    launch_norm_quantize<false>(residual, add, Fp8Epilogue{}, w, eps, t, k, q, scale, stream);
   return cudaGetLastError();
 }
 

@@ -15,6 +15,18 @@ __device__ __forceinline__ void load(const float* p, int64_t n4, float4 (&v)[kVe
   }
 }
 
+// This thread's sum of squares of its float4s (one order for every norm of this file's users).
+template <int kVec, int kThreads>
+__device__ __forceinline__ float sum_squares(const float4 (&v)[kVec], int64_t n4) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < n4) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+  }
+  return ss;
+}
+
 // v = row (+ add_row, written back to row when add_row is not null); returns this thread's sum of squares.
 template <int kVec, int kThreads>
 __device__ __forceinline__ float add_and_sum_squares(float* row, const float* add_row, int64_t n4,
@@ -31,13 +43,7 @@ __device__ __forceinline__ float add_and_sum_squares(float* row, const float* ad
       }
     }
   }
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    if (i < n4) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-  }
-  return ss;
+  return sum_squares<kVec, kThreads>(v, n4);
 }
 
 // v = v * scale * g, element by element (scale = rsqrt(mean of squares + eps), g the norm weight).

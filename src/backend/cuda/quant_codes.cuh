@@ -24,11 +24,16 @@ __device__ __forceinline__ float abs_max4(const float4& v) {
   return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
 
-// The W8A8 SiLU * up value of one gate / up column pair from the unscaled FP8 products a, b: row scale xs,
-// the columns' weight scales and biases (0 when absent).
+// The W8A8 value of one output from its unscaled FP8 product a: row scale xs, the column's weight scale ws
+// and bias bs (0 when absent). The rounding steps are pinned (no contraction left to the compiler), so the
+// epilogue and the norm that adds a deferred product's values (kernels_quant_fused.cu) agree to the bit.
+__device__ __forceinline__ float w8a8_value(float a, float xs, float ws, float bs) {
+  return __fmaf_rn(__fmul_rn(a, xs), ws, bs);
+}
+// The W8A8 SiLU * up value of one gate / up column pair from the unscaled FP8 products a, b.
 __device__ __forceinline__ float w8a8_silu_up(float a, float b, float xs, float ws, float bs, float ws2,
                                               float bs2) {
-  return silu(a * xs * ws + bs) * (b * xs * ws2 + bs2);
+  return silu(w8a8_value(a, xs, ws, bs)) * w8a8_value(b, xs, ws2, bs2);
 }
 
 // V consecutive accumulator values (F32, or BF16 when the FP8 GEMM wrote BF16) as floats; V = 4 is one

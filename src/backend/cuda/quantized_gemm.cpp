@@ -37,6 +37,7 @@ QuantizedGemm::QuantizedGemm(cudaStream_t stream) : stream_(stream), lt_(stream)
   if (const char* v = std::getenv("INFERX_CUDA_FP8_OUTER_SCALE")) outer_scale_ = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("INFERX_CUDA_FP8_ACC")) bf16_acc_ = std::strcmp(v, "f32") != 0;
   if (const char* v = std::getenv("INFERX_CUDA_FP8_FUSE")) fused_passes_ = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("INFERX_CUDA_FP8_DEFER")) deferred_ = std::strcmp(v, "0") != 0;
 }
 
 QuantizedGemm::~QuantizedGemm() = default;
@@ -199,6 +200,34 @@ void QuantizedGemm::fp8_matmul(const float* x, int64_t t, const Linear& w, float
   dequant_matmul(x, t, w, out, workspace);
 }
 
+bool QuantizedGemm::matmul_deferred(const float* x, int64_t t, const Linear& w, float* out, const Hold& hold,
+                                    const std::function<void*(size_t)>& workspace) {
+  if (t <= 0 || !defers() || pending_.acc || !supports(w) || !fp8_takes(w) || !fp8_gemm_shape(w, hold.acc))
+    return false;
+  lt_.evict_if_full();
+  const int64_t n = w.out_features(), k = w.in_features();
+  Fp8Input in = reserve_input(t, k, 0, workspace);
+  in.scales = hold.scales;  // read by the consumer's norm, after the next call reused the workspace
+  LtOperands ops;
+  LtMatmul::Plan* plan = fp8_plan(w, in, t, hold.acc, true, ops);
+  if (plan == nullptr) return false;
+  CUDA_CHECK(launch_quantize_fp8_rows(x, t, k, in.codes, in.scales, nullptr, stream_));
+  if (!try_run(*plan, ops)) return false;  // only scratch was written
+  Fp8Epilogue d;
+  d.out[0] = out;
+  d.cols[0] = n;
+  pending_ = epilogue_for(d, hold.acc, true, t, w, in.scales);
+  last_path_ = Path::Fp8;
+  return true;
+}
+
+void QuantizedGemm::finish_pending() {
+  if (pending_.acc == nullptr) return;
+  const Fp8Epilogue e = pending_;
+  pending_ = {};
+  CUDA_CHECK(launch_fp8_epilogue(e, stream_));
+}
+
 bool QuantizedGemm::fp8_takes(const Linear& w) const {
   return w.weight.dtype == DType::F8_E4M3 && !force_dequant_ && supports(w) && fp8_gemm_shape(w, nullptr);
 }
@@ -209,8 +238,10 @@ QuantizedGemm::Fused QuantizedGemm::fp8_first_gemm(const Fp8Source& src, int64_t
                                                    Fp8Input& in, size_t& acc_bytes) {
   const int64_t k = w.in_features();
   const NormInput* norm = src.norm;
-  if (t <= 0 || !fp8_takes(w) ||
-      (norm && (!fused_passes_ || !fp8_norm_quantize_takes(norm->residual, norm->add, norm->norm, k))))
+  const Fp8Epilogue* product = norm && norm->add_pending ? pending() : nullptr;
+  if (t <= 0 || !fp8_takes(w) || (norm && norm->add_pending && (!product || norm->add || product->t != t)) ||
+      (norm &&
+       (!fused_passes_ || !fp8_norm_quantize_takes(norm->residual, norm->add, norm->norm, k, product))))
     return Fused::No;
   lt_.evict_if_full();
   acc_bytes = round_up(static_cast<size_t>(t * w.out_features()) * (bf16_acc_ ? 2 : 4));
@@ -221,7 +252,8 @@ QuantizedGemm::Fused QuantizedGemm::fp8_first_gemm(const Fp8Source& src, int64_t
   if (plan == nullptr) return Fused::No;
   if (norm) {
     CUDA_CHECK(launch_norm_quantize_fp8_rows(norm->residual, norm->add, norm->norm, norm->eps, t, k, in.codes,
-                                             in.scales, stream_));
+                                             in.scales, stream_, product));
+    pending_ = {};  // the norm took it (launched with a copy of it)
   } else {
     CUDA_CHECK(launch_quantize_fp8_rows(src.x, t, k, in.codes, in.scales, nullptr, stream_));
   }
@@ -285,7 +317,8 @@ QuantizedGemm::Fused QuantizedGemm::norm_matmul_split(const NormInput& in, int64
 
 QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, const Linear& gate_up,
                                              const Linear& down, float* act, float* out,
-                                             const std::function<void*(size_t)>& workspace) {
+                                             const std::function<void*(size_t)>& workspace,
+                                             const Hold* defer_down) {
   const int64_t n2 = gate_up.out_features(), f = n2 / 2;
   Fp8Epilogue silu;
   silu.silu = true;
@@ -304,12 +337,17 @@ QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, con
                      workspace, x, acc_bytes);
   if (r != Fused::Done) return r;
   auto* act_codes = static_cast<uint8_t*>(x.extra) + acc_bytes;
-  const Fp8Input a{act_codes, reinterpret_cast<float*>(act_codes + act_codes_bytes), nullptr};
+  // Deferred: the down product's sums and its input's row scales go to the hold (read by the next norm).
+  const bool defer = defer_down && defers() && !pending_.acc && pointer_alignment(defer_down->acc) >= 16;
+  const Fp8Input a{
+      act_codes, defer ? defer_down->scales : reinterpret_cast<float*>(act_codes + act_codes_bytes), nullptr};
   CUDA_CHECK(launch_fp8_silu_quantize(epilogue_for(silu, x.extra, bf16_acc_, t, gate_up, x.scales), a.codes,
                                       a.scales, stream_));
   // The down plan only now: timing a new plan writes its output, which may be the norm's `add`. With the
   // BF16 accumulator the sums go to scratch and round as fp8_matmul's do.
-  void* down_acc = bf16_acc_ ? static_cast<void*>(act_codes + act_codes_bytes + act_scales_bytes) : out;
+  void* down_acc = defer       ? defer_down->acc
+                   : bf16_acc_ ? static_cast<void*>(act_codes + act_codes_bytes + act_scales_bytes)
+                               : out;
   LtOperands down_ops;
   LtMatmul::Plan* down_plan = fp8_plan(down, a, t, down_acc, bf16_acc_, down_ops);
   if (down_plan == nullptr || !try_run(*down_plan, down_ops)) {
@@ -321,7 +359,11 @@ QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, con
   Fp8Epilogue e;
   e.out[0] = out;
   e.cols[0] = down.out_features();
-  scale_epilogue(e, down_acc, bf16_acc_, t, down, a.scales);
+  if (defer) {
+    pending_ = epilogue_for(e, down_acc, true, t, down, a.scales);
+  } else {
+    scale_epilogue(e, down_acc, bf16_acc_, t, down, a.scales);
+  }
   last_path_ = Path::Fp8NormFused;
   return Fused::Done;
 }

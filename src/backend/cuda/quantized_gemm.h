@@ -96,13 +96,49 @@ class QuantizedGemm {
     const float* norm = nullptr;  // [k]
     float eps = 0.0f;
     float* h = nullptr;  // [t, k]: written only for InputOnly
+    // The add is the pending deferred product (below; add then null): the norm adds its values as it reads
+    // them, and the product is no longer pending. With No nothing ran and it is still pending.
+    bool add_pending = false;
   };
   Fused norm_matmul_split(const NormInput& in, int64_t t, const Linear& w, float* const* outs,
                           const int64_t* cols, int num_outs, const std::function<void*(size_t)>& workspace);
+  // Deferred products: an FP8 product whose only reader is the next norm (o and down before the residual
+  // add, in prefill- and batch-sized steps) leaves its W8A8 scaling epilogue to that norm, which adds the
+  // values to the residual stream as it reads the BF16 sums (kernels_quant.h, add_product) - the same values
+  // to the bit, without the epilogue kernel and the F32 output's write and read (per layer of the 8B shape
+  // 2 x t x 4096 x 6 bytes). Hold: memory of the caller's that outlives the workspace (the next call's
+  // quantization reuses the workspace while the norm reads the sums): acc BF16 [t, n] and scales [t]
+  // (hold_bytes). Taken with the BF16 accumulator and the fused passes only (defers()).
+  struct Hold {
+    void* acc = nullptr;
+    float* scales = nullptr;
+  };
+  static size_t hold_acc_bytes(int64_t t, int64_t n) {
+    return (static_cast<size_t>(t * n) * 2 + 255) / 256 * 256;
+  }
+  static size_t hold_bytes(int64_t t, int64_t n) { return hold_acc_bytes(t, n) + static_cast<size_t>(t) * 4; }
+  static Hold hold_at(void* p, int64_t t, int64_t n) {
+    return {p, reinterpret_cast<float*>(static_cast<char*>(p) + hold_acc_bytes(t, n))};
+  }
+  bool defers() const { return deferred_ && bf16_acc_ && fused_passes_; }
+  // Whether products are deferred at all (default on; INFERX_CUDA_FP8_DEFER=0: off).
+  void set_deferred_epilogues(bool on) { deferred_ = on; }
+  // out [t, n] = x @ w^T as a deferred product: the input quantized, the FP8 GEMM into hold, the epilogue
+  // that would write out pending (not launched). False: nothing that matters ran (not an FP8 weight or shape
+  // the GEMM takes, no algorithm, !defers(), a product already pending): the caller runs matmul.
+  bool matmul_deferred(const float* x, int64_t t, const Linear& w, float* out, const Hold& hold,
+                       const std::function<void*(size_t)>& workspace);
+  // The pending deferred product's epilogue (null: none); finish_pending launches it (for a next call that
+  // does not take it as its add) and clears it.
+  const Fp8Epilogue* pending() const { return pending_.acc ? &pending_ : nullptr; }
+  void finish_pending();
+  void drop_pending() { pending_ = {}; }
   // out [t, down.out_features] = down(silu(h @ G^T) * (h @ U^T)) for gate_up = [G; U]; act [t, f] is
   // written only when the down GEMM is refused after the gate/up one ran (it then runs unfused from act).
+  // defer_down asks for the down product deferred into that hold: pending() afterwards tells whether it was
+  // (else out is written).
   Fused norm_mlp(const NormInput& in, int64_t t, const Linear& gate_up, const Linear& down, float* act,
-                 float* out, const std::function<void*(size_t)>& workspace);
+                 float* out, const std::function<void*(size_t)>& workspace, const Hold* defer_down = nullptr);
   // Whether the fused passes above are tried (default on; INFERX_CUDA_FP8_FUSE=0: off).
   void set_fused_passes(bool on) { fused_passes_ = on; }
   bool fused_passes() const { return fused_passes_; }
@@ -192,6 +228,8 @@ class QuantizedGemm {
   bool outer_scale_ = true;
   bool bf16_acc_ = true;
   bool fused_passes_ = true;
+  bool deferred_ = true;
+  Fp8Epilogue pending_;  // the deferred product (acc null: none)
   size_t tile_bytes_ = kTileBytes;
 };
 
