@@ -457,6 +457,39 @@ int run(bool quick, bool gemm_only) {
     bench_gemv(b, copy_gbs, quick);
     return 0;
   }
+  // =silu: the FP8 SiLU * up pass as the FP8 MLP runs it (BF16 sums, per-channel scales) at a decode and a
+  // prefill step's rows; bytes = the BF16 sums read + the codes written.
+  if (only != nullptr && std::strcmp(only, "silu") == 0) {
+    const int64_t F = 14336;
+    cudaStream_t st = nullptr;
+    CUDA_CHECK(cudaStreamCreate(&st));
+    for (int64_t T : {int64_t{300}, int64_t{512}, int64_t{8192}}) {
+      const size_t mark = b.keep.size();
+      Tensor xs = b.f32(1, T, 31), ws = b.f32(1, 2 * F, 32);
+      void* acc = b.random(static_cast<size_t>(T * 2 * F) * 2, 33);  // random BF16 bits: finite mostly
+      b.keep.push_back(gpu.allocate(static_cast<size_t>(T * F) + static_cast<size_t>(T) * 4));
+      auto* codes = static_cast<uint8_t*>(b.keep.back()->data());
+      cuda::Fp8Epilogue e;
+      e.acc = acc;
+      e.acc_bf16 = true;
+      e.t = T;
+      e.n = 2 * F;
+      e.x_scale = xs.ptr<float>();
+      e.w_scale = ws.ptr<float>();
+      e.per_channel = true;
+      e.silu = true;
+      const double s = b.time(
+          [&] {
+            CUDA_CHECK(cuda::launch_fp8_silu_quantize(e, codes, reinterpret_cast<float*>(codes + T * F), st));
+          },
+          reps, st);
+      row("silu->fp8 (bf16 sums)", fmt_shape("%lldx14336", T), s, double(T) * F * (2 * 2 + 1), false,
+          copy_gbs);
+      b.keep.resize(mark);
+    }
+    CUDA_CHECK(cudaStreamDestroy(st));
+    return 0;
+  }
 
   // Decode attention, Llama-3-8B heads: bytes = K and V of every visible key, BF16.
   const int64_t hq = 32, hkv = 8, hd = 128, bs = 16;

@@ -76,7 +76,9 @@ class Backend {
   // out[T, N] = x[T, K] @ W[N, K]^T (+ bias).
   virtual void matmul(const Tensor& x, const Linear& w, Tensor& out) = 0;
   // Applies RoPE at batch.positions to q [T, Hq*hd] and k [T, Hkv*hd] in place, then writes k and v
-  // into the paged cache at (block_tables[seq][pos / bs], pos % bs).
+  // into the paged cache at (block_tables[seq][pos / bs], pos % bs). When q / k / v are the outputs of the
+  // norm_matmul_split just before, a backend may read them from that product directly: k and v then stay
+  // unwritten (callers read q and the cache only).
   virtual void rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
                                  const RopeParams& rope, KvCacheLayer& cache) = 0;
   // Causal attention of q [T, Hq*hd] over each sequence's cached keys/values (positions < seq_len,

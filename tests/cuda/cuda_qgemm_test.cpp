@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/dot_kernels.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_quant_math.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
@@ -696,6 +697,97 @@ TEST_F(QuantizedGemmTest, DeferredEpiloguesMatchTheLaunchedOnes) {
       EXPECT_EQ(nans(deferred.proj), t * k) << "deferred: neither o nor down wrote their output";
       EXPECT_EQ(nans(deferred.proj2) + nans(deferred.proj3), 0);
     }
+  qgemm().set_bf16_accumulator(false);
+}
+
+// The q/k/v split of a fused FP8 projection deferred to RoPE + KV write (quantized_gemm.h defer_split): the
+// RoPE kernel reads the BF16 sums and forms the split epilogue's values itself. q after RoPE and the cache
+// must be those of the launched epilogue to the bit, for both RoPE kernels; the deferred k and v tensors
+// stay unwritten (NaN), which shows that the deferral engaged.
+TEST_F(QuantizedGemmTest, DeferredQkvProductMatchesTheLaunchedSplit) {
+  qgemm().set_bf16_accumulator(true);
+  const int64_t k = 208, hq = 4, hkv = 2, hd = 64, qd = hq * hd, kvd = hkv * hd, bs = 16;
+  const RopeParams rope{hd, 500000.0f, RopeLayout::NeoX, {}};
+  for (int token_blocks : {0, 1})
+    for (bool per_channel : {true, false})
+      for (int64_t t : {64, 300}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "token blocks " << token_blocks << " per_channel " << per_channel << " t " << t);
+        cuda::set_rope_token_blocks(token_blocks);
+        HostLinear qkv =
+            make_layer(DType::F8_E4M3, qd + 2 * kvd, k, 101 + static_cast<uint32_t>(t), per_channel);
+        if (t == 300) qkv.bias = random_floats(static_cast<size_t>(qd + 2 * kvd), 13);
+        const std::vector<float> res = random_floats(static_cast<size_t>(t * k), 102, -2.0f, 2.0f),
+                                 gamma = random_floats(static_cast<size_t>(k), 103, 0.5f, 1.5f),
+                                 nan(static_cast<size_t>(t * qd), std::nanf(""));
+        // One sequence prefilled from position 0 through shuffled blocks.
+        const int64_t blocks = (t + bs - 1) / bs;
+        std::vector<int32_t> meta;  // positions, query_start, seq_lens, block table
+        for (int64_t i = 0; i < t; ++i) meta.push_back(static_cast<int32_t>(i));
+        meta.push_back(0);
+        meta.push_back(static_cast<int32_t>(t));
+        meta.push_back(static_cast<int32_t>(t));
+        std::vector<int32_t> table(static_cast<size_t>(blocks));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), std::mt19937(7));
+        meta.insert(meta.end(), table.begin(), table.end());
+        struct Run {
+          std::vector<float> q, k, v, residual;
+          std::vector<uint16_t> k_cache, v_cache;
+        };
+        auto run = [&](bool defer) {
+          qgemm().set_deferred_epilogues(defer);
+          Backend& b = *gpu_;
+          const Linear w = upload(b, qkv);
+          Tensor r = on(b, DType::F32, {t, k}, res.data(), res.size() * 4);
+          const Tensor g = on(b, DType::F32, {k}, gamma.data(), gamma.size() * 4);
+          Tensor h = on(b, DType::F32, {t, k}, nullptr, res.size() * 4);
+          Tensor q = on(b, DType::F32, {t, qd}, nan.data(), static_cast<size_t>(t * qd) * 4),
+                 kk = on(b, DType::F32, {t, kvd}, nan.data(), static_cast<size_t>(t * kvd) * 4),
+                 v = on(b, DType::F32, {t, kvd}, nan.data(), static_cast<size_t>(t * kvd) * 4);
+          const size_t cache_bytes = static_cast<size_t>(blocks * bs * kvd) * 2;
+          KvCacheLayer cache{on(b, DType::BF16, {blocks, bs, hkv, hd}, nullptr, cache_bytes),
+                             on(b, DType::BF16, {blocks, bs, hkv, hd}, nullptr, cache_bytes)};
+          const Tensor m =
+              on(b, DType::I32, {static_cast<int64_t>(meta.size())}, meta.data(), meta.size() * 4);
+          const auto* mp = static_cast<const int32_t*>(m.data);
+          BatchView batch;
+          batch.num_tokens = static_cast<int32_t>(t);
+          batch.num_seqs = 1;
+          batch.positions = mp;
+          batch.query_start = mp + t;
+          batch.seq_lens = mp + t + 2;
+          batch.block_tables = mp + t + 3;
+          batch.max_blocks_per_seq = static_cast<int32_t>(blocks);
+          batch.max_query_len = batch.max_seq_len = static_cast<int32_t>(t);
+          Tensor* outs[] = {&q, &kk, &v};
+          b.norm_matmul_split(r, nullptr, g, 1e-5f, h, w, outs);
+          b.rope_and_write_kv(q, kk, v, batch, rope, cache);
+          Run out;
+          out.q = read(b, q);
+          out.k = read(b, kk);
+          out.v = read(b, v);
+          out.residual = read(b, r);
+          out.k_cache.resize(cache_bytes / 2);
+          out.v_cache.resize(cache_bytes / 2);
+          b.copy_to_host(out.k_cache.data(), cache.k.data, cache_bytes);
+          b.copy_to_host(out.v_cache.data(), cache.v.data, cache_bytes);
+          return out;
+        };
+        const Run launched = run(false), deferred = run(true);
+        qgemm().set_deferred_epilogues(true);
+        EXPECT_EQ(deferred.q, launched.q);
+        EXPECT_EQ(deferred.k_cache, launched.k_cache);
+        EXPECT_EQ(deferred.v_cache, launched.v_cache);
+        EXPECT_EQ(deferred.residual, launched.residual);
+        const auto nans = [](const std::vector<float>& x) {
+          return std::count_if(x.begin(), x.end(), [](float y) { return std::isnan(y); });
+        };
+        EXPECT_EQ(nans(launched.q) + nans(launched.k) + nans(launched.v), 0);
+        EXPECT_EQ(nans(deferred.q), 0);
+        EXPECT_EQ(nans(deferred.k) + nans(deferred.v), 2 * t * kvd) << "deferred: k and v are not written";
+      }
+  cuda::set_rope_token_blocks(-1);
   qgemm().set_bf16_accumulator(false);
 }
 

@@ -202,6 +202,7 @@ void CudaBackend::synchronize() {
 // Ops --------------------------------------------------------------------------------------------------
 
 void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_device(table, "embedding table");
   check_f32(out, "embedding output");
   INFERX_CHECK(is_plain_float(table.dtype),
@@ -218,6 +219,7 @@ void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, 
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_f32(x, "rmsnorm input");
   check_f32(weight, "rmsnorm weight");
   check_f32(out, "rmsnorm output");
@@ -234,6 +236,7 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
 
 void CudaBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps,
                               Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_f32(residual, "residual");
   check_f32(x, "add_rmsnorm input");
   check_f32(weight, "add_rmsnorm weight");
@@ -251,6 +254,7 @@ void CudaBackend::add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& w
 }
 
 void CudaBackend::head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight, float eps) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_f32(x, "head_rmsnorm input");
   check_f32(weight, "head_rmsnorm weight");
   INFERX_CHECK(head_dim > 0 && x.cols() % head_dim == 0 && weight.numel() == head_dim,
@@ -263,6 +267,7 @@ void CudaBackend::head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight
 }
 
 void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_f32(x, "matmul input");
   check_f32(out, "matmul output");
   check_device(w.weight, "matmul weight");
@@ -329,10 +334,22 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   std::memcpy(freqs.inv_freq, inv.data(), inv.size() * sizeof(float));
   use_device();
   drop_bf16_copy();
-  if (options_.timing_skip & kTimingSkipRope) return;
+  // The q/k/v product deferred for this call (QuantizedGemm::norm_matmul_split's defer_split): read from its
+  // BF16 sums here, so its split epilogue never runs (k and v then stay unwritten); else launched first.
+  const cuda::Fp8Epilogue* product = qgemm_->pending();
+  if (!(product && deferred_.rope && product->out[0] == q.data && product->out[1] == k.data &&
+        product->out[2] == v.data && cuda::rope_takes_product(*product, hq, hkv, hd, q.rows()))) {
+    finish_deferred();
+    product = nullptr;
+  }
+  if (options_.timing_skip & kTimingSkipRope) {
+    finish_deferred();
+    return;
+  }
   CUDA_CHECK(cuda::launch_rope_write_kv(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), hq, hkv, hd,
                                         rope.layout == RopeLayout::Interleaved, freqs, batch_args(batch),
-                                        paged(cache, options_), stream_));
+                                        paged(cache, options_), stream_, product));
+  if (product) qgemm_->drop_pending();  // taken (the launch copied it)
 }
 
 // The split-KV decode kernel over args' tokens (one query each); out_bf16 may be null.
@@ -365,6 +382,7 @@ void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv,
 
 void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
                             const AttentionParams& p, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_f32(q, "attention q");
   check_f32(out, "attention output");
   INFERX_CHECK(p.head_dim > 0 && p.head_dim <= cuda::kMaxAttentionHeadDim,
@@ -445,6 +463,7 @@ void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const Ba
 }
 
 void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_f32(gate, "silu_mul gate");
   check_f32(up, "silu_mul up");
   check_f32(out, "silu_mul output");
@@ -459,6 +478,7 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
 }
 
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_device(x, "gather_rows input");
   check_device(out, "gather_rows output");
   INFERX_CHECK(x.dtype == out.dtype && x.cols() == out.cols() && out.rows() >= n && n >= 0,

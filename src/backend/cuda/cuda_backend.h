@@ -287,7 +287,10 @@ class CudaBackend final : public Backend {
   // (finish_deferred: pre_norm, the norm calls that do not fuse, matmul_before_norm, synchronize,
   // copy_to_host, end_graph_capture). The product's sums live in one of two holds, alternately: the norm
   // that consumes one may defer the next product into the other.
+  // What the pending product was deferred for: a norm (o / down: residual, norm weight, eps) or RoPE + KV
+  // write (the q/k/v split of a fused projection: its outputs are the epilogue's).
   struct DeferredFor {
+    bool rope = false;
     const void* residual = nullptr;
     const void* norm = nullptr;
     float eps = 0.0f;

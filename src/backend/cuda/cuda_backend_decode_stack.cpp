@@ -96,6 +96,7 @@ void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_
 
 bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, const RopeParams& rope,
                                const AttentionParams& ap, Tensor& x, Tensor& logits) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   if (!options_.decode_stack || options_.timing_skip != 0) return false;
   if (batch.num_tokens != 1 || batch.num_seqs != 1 || batch.num_logits != 1 || batch.max_blocks_per_seq < 1)
     return false;

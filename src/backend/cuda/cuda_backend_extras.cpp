@@ -253,6 +253,7 @@ bool CudaBackend::memory_info(size_t& free_bytes, size_t& total_bytes) {
 
 void CudaBackend::run_sampler(const Tensor& logits, const cuda::SampleParams* host_params,
                               int32_t* host_ids) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   INFERX_CHECK(logits.device == Device::CUDA && logits.dtype == DType::F32 && logits.ndim == 2,
                "cuda backend: sampling needs F32 [rows, vocab] logits on the GPU, got {} {}",
                dtype_name(logits.dtype), logits.shape_string());

@@ -103,6 +103,7 @@ void CudaBackend::run_gemv(const Tensor& x, const Linear& w, std::span<Tensor* c
 }
 
 void CudaBackend::matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   INFERX_CHECK(
       x.device == Device::CUDA && x.dtype == DType::F32 && w.weight.ndim == 2 && x.cols() == w.in_features(),
       "cuda backend: split matmul of x {} {} with W {}", dtype_name(x.dtype), x.shape_string(),
@@ -120,6 +121,7 @@ void CudaBackend::matmul_split(const Tensor& x, const Linear& w, std::span<Tenso
 }
 
 void CudaBackend::matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   INFERX_CHECK(x.device == Device::CUDA && x.dtype == DType::F32 && w.weight.ndim == 2 &&
                    x.cols() == w.in_features() && w.out_features() % 2 == 0,
                "cuda backend: gate/up matmul of x {} {} with W {}", dtype_name(x.dtype), x.shape_string(),
@@ -352,7 +354,7 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
       finish.armed = false;  // the norm took the product (if any) as its add
       deferred_ = {};
       if (qgemm_->pending()) {
-        deferred_ = {residual.data, next_norm->data, eps};
+        deferred_ = {false, residual.data, next_norm->data, eps};
         deferred_next_ ^= 1;
       }
     }
@@ -363,10 +365,14 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
       ptrs[j] = outs[j]->ptr<float>();
       cols[j] = outs[j]->cols();
     }
-    r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws);
+    // q / k / v: their split epilogue is left to RoPE + KV write, which reads the BF16 sums itself
+    // (rope_and_write_kv; any other next call launches it).
+    const bool defer_split = outs.size() == 3 && qgemm_->defers();
+    r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws, defer_split);
     if (r != cuda::QuantizedGemm::Fused::No) {
       finish.armed = false;  // the norm took the product (if any) as its add
       deferred_ = {};
+      if (qgemm_->pending()) deferred_.rope = true;
     }
   }
   if (r == cuda::QuantizedGemm::Fused::No) return false;
@@ -380,9 +386,9 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
 bool CudaBackend::deferred_for(const Tensor& residual, const Tensor* add, const Tensor& norm,
                                float eps) const {
   const cuda::Fp8Epilogue* e = qgemm_->pending();
-  return e != nullptr && add != nullptr && add->data == e->out[0] && residual.data == deferred_.residual &&
-         norm.data == deferred_.norm && eps == deferred_.eps && residual.rows() == e->t &&
-         add->rows() == e->t && add->cols() == e->n;
+  return e != nullptr && !deferred_.rope && add != nullptr && add->data == e->out[0] &&
+         residual.data == deferred_.residual && norm.data == deferred_.norm && eps == deferred_.eps &&
+         residual.rows() == e->t && add->rows() == e->t && add->cols() == e->n;
 }
 
 void CudaBackend::finish_deferred() {
@@ -406,7 +412,7 @@ bool CudaBackend::defer_product(const Tensor& x, const Linear& w, Tensor& out, c
   if (!qgemm_->matmul_deferred(x.ptr<float>(), t, w, out.ptr<float>(), hold,
                                [this](size_t bytes) { return scratch(qgemm_ws_, bytes); }))
     return false;
-  deferred_ = {residual.data, next_norm.data, eps};
+  deferred_ = {false, residual.data, next_norm.data, eps};
   deferred_next_ ^= 1;
   last_matmul_bf16_ = false;
   drop_bf16_copy_if_overlaps(out);
@@ -478,6 +484,7 @@ bool CudaBackend::stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out
 }
 
 void CudaBackend::copy_on_device(void* dst, const void* src, size_t bytes) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
   if (bytes == 0) return;
   use_device();
   drop_bf16_copy();

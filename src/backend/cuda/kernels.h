@@ -77,9 +77,16 @@ struct BatchArgs {  // device pointers of a BatchView
 // Rotates q [T, hq*hd] and k [T, hkv*hd] in place (interleaved pairs (2i, 2i+1) or NeoX pairs (i, i+hd/2))
 // and writes the rotated k and v [T, hkv*hd] into the paged cache (F32, BF16, or FP8 E4M3 of k / k_scale
 // and v / v_scale, rounded to nearest and saturated to +-448).
+// product (not null): the deferred q/k/v product of a fused projection (QuantizedGemm::pending(), the
+// split epilogue's Fp8Epilogue: BF16 sums [T, (hq + 2 hkv) hd], q / k / v columns in that order) is read
+// instead of q, k and v, its W8A8 values exactly as the epilogue would have written them; q is written
+// (rotated), k and v are not (rope_takes_product says which products it takes; else cudaErrorInvalidValue).
+struct Fp8Epilogue;
+bool rope_takes_product(const Fp8Epilogue& e, int64_t hq, int64_t hkv, int64_t hd, int64_t tokens);
 cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
                                  bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
-                                 const PagedKv& cache, cudaStream_t stream);
+                                 const PagedKv& cache, cudaStream_t stream,
+                                 const Fp8Epilogue* product = nullptr);
 // Tests and benchmarks: the per-token-block RoPE kernel for launches of many tokens (1: always, 0: never,
 // -1: INFERX_ROPE_TOKEN_BLOCKS, else from 64 tokens; kernels_rope_kv.cu).
 void set_rope_token_blocks(int mode);

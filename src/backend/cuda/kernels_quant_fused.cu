@@ -90,8 +90,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // fp8_epilogue_kernel's SiLU * up values of row r (w8a8_silu_up, bias 0 when absent) into shared memory,
-// then the row's scale and codes. V = 4: float4 / BF16x4 loads and 4 codes per store.
-template <int V, class Acc>
+// then the row's scale and codes. V = 4: float4 / BF16x4 loads and 4 codes per store. kUnroll chunks of a
+// thread are loaded before any is used (their loads in flight together: one CTA per row walks 14336 columns
+// in 14 dependent rounds otherwise), and per-channel weight scales come as float4s (kVecScales). Measured
+// against the form before (one chunk at a time, scalar scale loads, accurate expf and division in the
+// silu; H200 2026-12-04, BF16 sums, per channel): 8192 rows 373 -> 280 us, 300 rows 20.7 -> 16.7 us;
+// 8B FP8 1000 x 1000/1000 offline 15,411 -> 15,554 output tok/s in the same call.
+constexpr int kUnroll = 4;
+template <int V, class Acc, bool kVecScales>
 __global__ void __launch_bounds__(kThreads)
     silu_quantize_kernel(const __grid_constant__ Fp8Epilogue e, uint8_t* q, float* scale) {
   extern __shared__ float vals[];
@@ -100,18 +106,48 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t f = e.n / 2;
   for (int64_t r = blockIdx.x; r < e.t; r += gridDim.x) {
     const float xs = e.x_scale[r];
+    const Acc* row = acc + r * e.n;
     float amax = 0.0f;
-    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < f; c += kThreads * V) {
-      float a[V], b[V];
-      load_v<V>(acc + r * e.n + c, a);
-      load_v<V>(acc + r * e.n + f + c, b);
+    for (int64_t c0 = static_cast<int64_t>(threadIdx.x) * V; c0 < f; c0 += kThreads * V * kUnroll) {
+      float a[kUnroll][V], b[kUnroll][V];
 #pragma unroll
-      for (int u = 0; u < V; ++u) {
-        const float ws = e.w_scale[e.per_channel ? c + u : 0], ws2 = e.w_scale[e.per_channel ? f + c + u : 0];
-        const float bs = e.bias ? e.bias[c + u] : 0.0f, bs2 = e.bias ? e.bias[f + c + u] : 0.0f;
-        const float y = w8a8_silu_up(a[u], b[u], xs, ws, bs, ws2, bs2);
-        vals[c + u] = y;
-        amax = fmaxf(amax, fabsf(y));
+      for (int j = 0; j < kUnroll; ++j) {
+        const int64_t c = c0 + static_cast<int64_t>(j) * kThreads * V;
+        if (c < f) {
+          load_v<V>(row + c, a[j]);
+          load_v<V>(row + f + c, b[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int64_t c = c0 + static_cast<int64_t>(j) * kThreads * V;
+        if (c >= f) continue;
+        float ws[V], ws2[V], bs[V] = {}, bs2[V] = {};
+        if constexpr (kVecScales) {  // per channel, V == 4, 16-byte aligned (the launcher checks)
+          const float4 w1 = *reinterpret_cast<const float4*>(e.w_scale + c),
+                       w2 = *reinterpret_cast<const float4*>(e.w_scale + f + c);
+          ws[0] = w1.x, ws[1] = w1.y, ws[2] = w1.z, ws[3] = w1.w;
+          ws2[0] = w2.x, ws2[1] = w2.y, ws2[2] = w2.z, ws2[3] = w2.w;
+        } else {
+#pragma unroll
+          for (int u = 0; u < V; ++u) {
+            ws[u] = e.w_scale[e.per_channel ? c + u : 0];
+            ws2[u] = e.w_scale[e.per_channel ? f + c + u : 0];
+          }
+        }
+        if (e.bias) {
+#pragma unroll
+          for (int u = 0; u < V; ++u) {
+            bs[u] = e.bias[c + u];
+            bs2[u] = e.bias[f + c + u];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+          const float y = w8a8_silu_up(a[j][u], b[j][u], xs, ws[u], bs[u], ws2[u], bs2[u]);
+          vals[c + u] = y;
+          amax = fmaxf(amax, fabsf(y));
+        }
       }
     }
     const float s = fp8_row_scale(block_max(amax, scratch));  // block_max's barriers also publish vals
@@ -139,13 +175,13 @@ __global__ void dequantize_fp8_rows_kernel(const uint8_t* q, const float* scale,
 unsigned row_blocks(int64_t t) { return static_cast<unsigned>(std::min<int64_t>(t, 65535)); }
 
 // One instance of the SiLU pass, its shared-memory limit raised to kSiluMaxSmem once per device.
-template <int V, class Acc>
+template <int V, class Acc, bool kVecScales = false>
 cudaError_t launch_silu(const Fp8Epilogue& e, uint8_t* q, float* scale, size_t smem, cudaStream_t stream) {
   static unsigned smem_set = 0;
-  const cudaError_t st =
-      allow_dynamic_smem(silu_quantize_kernel<V, Acc>, static_cast<int>(kSiluMaxSmem), smem_set);
+  const auto kernel = silu_quantize_kernel<V, Acc, kVecScales>;
+  const cudaError_t st = allow_dynamic_smem(kernel, static_cast<int>(kSiluMaxSmem), smem_set);
   if (st != cudaSuccess) return st;
-  silu_quantize_kernel<V, Acc><<<row_blocks(e.t), kThreads, smem, stream>>>(e, q, scale);
+  kernel<<<row_blocks(e.t), kThreads, smem, stream>>>(e, q, scale);
   return cudaGetLastError();
 }
 
@@ -207,6 +243,8 @@ cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* sc
   const int64_t f = e.n / 2;
   const bool vec = f % 4 == 0 && is_aligned(e.acc, e.acc_bf16 ? 8 : 16) && is_aligned(q, 4);
   const size_t smem = static_cast<size_t>(f) * sizeof(float);
+  if (e.acc_bf16 && vec && e.per_channel && is_aligned(e.w_scale, 16))
+    return launch_silu<4, __nv_bfloat16, true>(e, q, scale, smem, stream);
   if (e.acc_bf16)
     return vec ? launch_silu<4, __nv_bfloat16>(e, q, scale, smem, stream)
                : launch_silu<1, __nv_bfloat16>(e, q, scale, smem, stream);

@@ -13,6 +13,8 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_quant.h"
+#include "backend/cuda/quant_codes.cuh"
 
 namespace inferx::cuda {
 namespace {
@@ -42,8 +44,29 @@ struct RopeKvArgs {
   CacheT* v_cache;
   int64_t num_blocks, block_size;
   float inv_k_scale, inv_v_scale;
+  // The deferred q/k/v product (launch_rope_write_kv's product; acc null: none): its BF16 sums [T, n] with
+  // their W8A8 scales and bias, read instead of q / k / v (q heads, then k heads, then v heads).
+  const __nv_bfloat16* acc;
+  int64_t n;
+  const float *x_scale, *w_scale, *bias;
+  bool per_channel;
 
   __device__ int64_t kv_row() const { return static_cast<int64_t>(hkv) * hd; }
+  // Element e of head h of token t (q heads, then k heads, then v heads: h up to hq + 2 hkv) as the product
+  // wrote it: the F32 tensors, or the deferred product's value (the split epilogue's, to the bit).
+  __device__ float load(int t, int h, int e) const {
+    if (acc) {
+      const int64_t c = static_cast<int64_t>(h) * hd + e;
+      return w8a8_value(to_float(acc[t * n + c]), x_scale[t], w_scale[per_channel ? c : 0],
+                        bias ? bias[c] : 0.0f);
+    }
+    if (h >= hq + hkv) return v[t * kv_row() + static_cast<int64_t>(h - hq - hkv) * hd + e];
+    return head(t, h)[e];
+  }
+  // Writes the rotated element back: q always (attention reads it), k only when it was read from k.
+  __device__ void store(int t, int h, int e, float y) const {
+    if (h < hq || !acc) head(t, h)[e] = y;
+  }
   // Head h of token t (q heads first, then k heads).
   __device__ float* head(int t, int h) const {
     return h >= hq ? k + t * kv_row() + static_cast<int64_t>(h - hq) * hd
@@ -104,15 +127,11 @@ __global__ void __launch_bounds__(kRopeBlockThreads)
   pdl_launch_dependents();
 
   const int a = p.pair_a(i), b = p.pair_b(i);
-  float* head = p.head(t, h);
   float y0, y1;
-  rotate(head[a], head[b], cs, sn, y0, y1);
-  head[a] = y0;
-  head[b] = y1;
-  if (slot >= 0) {
-    const float* v_head = p.v + t * p.kv_row() + static_cast<int64_t>(h - p.hq) * p.hd;
-    p.store_pair(slot, h, a, b, y0, y1, v_head[a], v_head[b]);
-  }
+  rotate(p.load(t, h, a), p.load(t, h, b), cs, sn, y0, y1);
+  p.store(t, h, a, y0);
+  p.store(t, h, b, y1);
+  if (slot >= 0) p.store_pair(slot, h, a, b, y0, y1, p.load(t, h + p.hkv, a), p.load(t, h + p.hkv, b));
 }
 
 // Steps of many tokens (prefill chunks, serving batches): one 256-thread block per token. A thread keeps one
@@ -148,24 +167,21 @@ __global__ void __launch_bounds__(kTokenThreads)
     for (int j = 0; j < kTokenBatch; ++j) {
       const int h = base + j * per_pass;
       if (h >= heads) continue;
-      const float* head = p.head(t, h);
-      x0[j] = head[a];
-      x1[j] = head[b];
-      if (h >= p.hq && slot >= 0) {
-        const float* v_head = p.v + t * p.kv_row() + static_cast<int64_t>(h - p.hq) * p.hd;
-        v0[j] = v_head[a];
-        v1[j] = v_head[b];
+      x0[j] = p.load(t, h, a);
+      x1[j] = p.load(t, h, b);
+      if (h >= p.hq && slot >= 0) {  // its v head: h + hkv in load's numbering
+        v0[j] = p.load(t, h + p.hkv, a);
+        v1[j] = p.load(t, h + p.hkv, b);
       }
     }
 #pragma unroll
     for (int j = 0; j < kTokenBatch; ++j) {
       const int h = base + j * per_pass;
       if (h >= heads) continue;
-      float* head = p.head(t, h);
       float y0, y1;
       rotate(x0[j], x1[j], cs, sn, y0, y1);
-      head[a] = y0;
-      head[b] = y1;
+      p.store(t, h, a, y0);
+      p.store(t, h, b, y1);
       if (h >= p.hq && slot >= 0) p.store_pair(slot, h, a, b, y0, y1, v0[j], v1[j]);
     }
   }
@@ -188,8 +204,11 @@ bool token_blocks(int32_t tokens) {
 template <class CacheT>
 cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
                          bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
-                         const PagedKv& cache, cudaStream_t stream) {
+                         const PagedKv& cache, const Fp8Epilogue* product, cudaStream_t stream) {
   if (hd % 2 != 0 || hd / 2 > kMaxRopePairs) return cudaErrorInvalidValue;  // the caller checks
+  if (product && !rope_takes_product(*product, hq, hkv, hd, batch.num_tokens)) return cudaErrorInvalidValue;
+  const Fp8Epilogue none;
+  const Fp8Epilogue& e = product ? *product : none;
   const RopeKvArgs<CacheT> args{q,
                                 k,
                                 v,
@@ -204,7 +223,13 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                                 cache.num_blocks,
                                 cache.block_size,
                                 1.0f / cache.k_scale,
-                                1.0f / cache.v_scale};
+                                1.0f / cache.v_scale,
+                                static_cast<const __nv_bfloat16*>(e.acc),
+                                e.n,
+                                e.x_scale,
+                                e.w_scale,
+                                e.bias,
+                                e.per_channel};
   if (hd / 2 <= kTokenThreads && token_blocks(batch.num_tokens))
     return launch_pdl(rope_write_kv_token_kernel<CacheT>, dim3(static_cast<unsigned>(batch.num_tokens)),
                       dim3(kTokenThreads), 0, stream, args);
@@ -220,16 +245,22 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
 
 void set_rope_token_blocks(int mode) { g_token_blocks.store(mode, std::memory_order_relaxed); }
 
+bool rope_takes_product(const Fp8Epilogue& e, int64_t hq, int64_t hkv, int64_t hd, int64_t tokens) {
+  return e.acc != nullptr && e.acc_bf16 && !e.silu && e.t == tokens && e.n == (hq + 2 * hkv) * hd &&
+         e.x_scale != nullptr && e.w_scale != nullptr;
+}
+
 cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq, int64_t hkv, int64_t hd,
                                  bool interleaved, const RopeFrequencies& freqs, const BatchArgs& batch,
-                                 const PagedKv& cache, cudaStream_t stream) {
+                                 const PagedKv& cache, cudaStream_t stream, const Fp8Epilogue* product) {
   if (batch.num_tokens == 0) return cudaSuccess;
   if (cache.dtype == DType::F32)
-    return launch_typed<float>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
+    return launch_typed<float>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, product, stream);
   if (cache.dtype == DType::BF16)
-    return launch_typed<__nv_bfloat16>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
+    return launch_typed<__nv_bfloat16>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, product,
+                                       stream);
   if (cache.dtype == DType::F8_E4M3)
-    return launch_typed<uint8_t>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, stream);
+    return launch_typed<uint8_t>(q, k, v, hq, hkv, hd, interleaved, freqs, batch, cache, product, stream);
   return cudaErrorInvalidValue;  // the caller validates the cache dtype first
 }
 

@@ -30,10 +30,14 @@ __device__ __forceinline__ float abs_max4(const float4& v) {
 __device__ __forceinline__ float w8a8_value(float a, float xs, float ws, float bs) {
   return __fmaf_rn(__fmul_rn(a, xs), ws, bs);
 }
+// SiLU with the fast exponential and division (ex2.approx and a reciprocal, a few ulp): the FP8 passes round
+// the product to E4M3 (2^-4) right after, and their accurate expf and IEEE division were most of the SiLU
+// pass's instructions at prefill sizes. Every FP8 path (epilogue and fused pass) uses this one.
+__device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
 // The W8A8 SiLU * up value of one gate / up column pair from the unscaled FP8 products a, b.
 __device__ __forceinline__ float w8a8_silu_up(float a, float b, float xs, float ws, float bs, float ws2,
                                               float bs2) {
-  return silu(w8a8_value(a, xs, ws, bs)) * w8a8_value(b, xs, ws2, bs2);
+  return silu_fast(w8a8_value(a, xs, ws, bs)) * w8a8_value(b, xs, ws2, bs2);
 }
 
 // V consecutive accumulator values (F32, or BF16 when the FP8 GEMM wrote BF16) as floats; V = 4 is one

@@ -265,12 +265,16 @@ QuantizedGemm::Fused QuantizedGemm::fp8_first_gemm(const Fp8Source& src, int64_t
 }
 
 QuantizedGemm::Fused QuantizedGemm::fp8_fused(const Fp8Source& src, int64_t t, const Linear& w, Fp8Epilogue e,
-                                              const std::function<void*(size_t)>& workspace) {
+                                              const std::function<void*(size_t)>& workspace, bool defer) {
   Fp8Input in{};
   size_t acc_bytes = 0;
   const Fused r = fp8_first_gemm(src, t, w, 0, workspace, in, acc_bytes);
   if (r != Fused::Done) return r;
-  scale_epilogue(e, in.extra, bf16_acc_, t, w, in.scales);
+  if (defer && defers() && !pending_.acc) {
+    pending_ = epilogue_for(e, in.extra, true, t, w, in.scales);
+  } else {
+    scale_epilogue(e, in.extra, bf16_acc_, t, w, in.scales);
+  }
   last_path_ = src.norm ? Path::Fp8NormFused : Path::Fp8Fused;
   return Fused::Done;
 }
@@ -309,10 +313,11 @@ bool QuantizedGemm::matmul_silu_mul(const float* x, int64_t t, const Linear& w, 
 
 QuantizedGemm::Fused QuantizedGemm::norm_matmul_split(const NormInput& in, int64_t t, const Linear& w,
                                                       float* const* outs, const int64_t* cols, int num_outs,
-                                                      const std::function<void*(size_t)>& workspace) {
+                                                      const std::function<void*(size_t)>& workspace,
+                                                      bool defer_split) {
   Fp8Epilogue e;
   if (!split_epilogue(w, outs, cols, num_outs, e)) return Fused::No;
-  return fp8_fused({nullptr, &in}, t, w, e, workspace);
+  return fp8_fused({nullptr, &in}, t, w, e, workspace, defer_split);
 }
 
 QuantizedGemm::Fused QuantizedGemm::norm_mlp(const NormInput& in, int64_t t, const Linear& gate_up,

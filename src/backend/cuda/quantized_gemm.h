@@ -100,8 +100,12 @@ class QuantizedGemm {
     // them, and the product is no longer pending. With No nothing ran and it is still pending.
     bool add_pending = false;
   };
+  // defer_split: the split epilogue is left pending (not launched) for a consumer that reads the BF16 sums
+  // itself (RoPE + KV write: kernels.h, launch_rope_write_kv's product); the sums and the row scales stay in
+  // the workspace, which the next call reuses, so the consumer must come first (any other call finishes it).
   Fused norm_matmul_split(const NormInput& in, int64_t t, const Linear& w, float* const* outs,
-                          const int64_t* cols, int num_outs, const std::function<void*(size_t)>& workspace);
+                          const int64_t* cols, int num_outs, const std::function<void*(size_t)>& workspace,
+                          bool defer_split = false);
   // Deferred products: an FP8 product whose only reader is the next norm (o and down before the residual
   // add, in prefill- and batch-sized steps) leaves its W8A8 scaling epilogue to that norm, which adds the
   // values to the residual stream as it reads the BF16 sums (kernels_quant.h, add_product) - the same values
@@ -211,7 +215,7 @@ class QuantizedGemm {
                        const std::function<void*(size_t)>& workspace, Fp8Input& in, size_t& acc_bytes);
   // Both fused projections (plain or normed input): the first GEMM over all of w, then the epilogue `e`.
   Fused fp8_fused(const Fp8Source& src, int64_t t, const Linear& w, Fp8Epilogue e,
-                  const std::function<void*(size_t)>& workspace);
+                  const std::function<void*(size_t)>& workspace, bool defer = false);
   // The split projection's epilogue: outs[j] take cols[j] columns in order; false for other than 1..3
   // outputs (their columns must add up to w's rows).
   static bool split_epilogue(const Linear& w, float* const* outs, const int64_t* cols, int num_outs,
