@@ -398,6 +398,8 @@ void bench_fp8_gemm(Bench& b, double gemm_tflops, int reps) {
   CUDA_CHECK(cudaStreamDestroy(qs));
 }
 
+void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps);
+
 int run(bool quick, bool gemm_only) {
   auto backend = make_cuda_backend(0);
   auto& gpu = static_cast<CudaBackend&>(*backend);
@@ -455,6 +457,10 @@ int run(bool quick, bool gemm_only) {
   std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
   if (gemv_only) {
     bench_gemv(b, copy_gbs, quick);
+    return 0;
+  }
+  if (only != nullptr && std::strcmp(only, "sampling") == 0) {  // =sampling: the argmax / sampler rows only
+    bench_sampling(b, gpu, copy_gbs, reps);
     return 0;
   }
   // =silu: the FP8 SiLU * up pass as the FP8 MLP runs it (BF16 sums, per-channel scales) at a decode and a
@@ -759,8 +765,13 @@ int run(bool quick, bool gemm_only) {
     CUDA_CHECK(cudaStreamDestroy(st));
   }
 
-  // Sampling over the Llama 3 vocabulary: bytes = the logits read once (argmax) per row.
-  for (int64_t rows : {int64_t{1}, int64_t{256}}) {
+  bench_sampling(b, gpu, copy_gbs, reps);
+  return 0;
+}
+
+// Sampling over the Llama 3 vocabulary: bytes = the logits read once (argmax) per row.
+void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps) {
+  for (int64_t rows : {int64_t{1}, int64_t{256}, int64_t{512}}) {
     const int64_t vocab = 128256;
     Tensor logits = b.f32(rows, vocab, 23);
     std::vector<int32_t> ids(rows);
@@ -770,7 +781,6 @@ int run(bool quick, bool gemm_only) {
     s = b.time([&] { gpu.sample(logits, params.data(), ids.data()); }, reps);
     row("sample k/p/min-p", fmt_shape("%lldx128256", rows), s, double(rows) * vocab * 4, false, copy_gbs);
   }
-  return 0;
 }
 
 }  // namespace

@@ -355,17 +355,28 @@ TEST_F(CudaKernelsTest, ArgmaxPicksTheLowestIndexOfTheMaximum) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  const int64_t rows = 6, vocab = 128256;
-  auto logits = uniform(rows * vocab, rng, -10, 10);
-  logits[2 * vocab + 5000] = 50;
-  logits[2 * vocab + 100000] = 50;  // tie: 5000 wins
-  logits[5 * vocab + vocab - 1] = 60;
-  Tensor t = f32(logits, {rows, vocab});
-  std::vector<int32_t> ids(rows, -1);
-  gpu_->argmax(t, ids.data());
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto row = logits.begin() + r * vocab;
-    EXPECT_EQ(ids[r], std::max_element(row, row + vocab) - row) << "row " << r;
+  // 128256: Llama 3's vocabulary (the float4 path); 1001: scalar loads (rows not 16-byte aligned).
+  for (int64_t vocab : {int64_t{128256}, int64_t{1001}}) {
+    const int64_t rows = 7;
+    auto logits = uniform(rows * vocab, rng, -10, 10);
+    logits[1 * vocab + 9] = 70;
+    logits[1 * vocab + 8] = 70;  // tie inside one float4: 8 wins
+    logits[2 * vocab + 500] = 50;
+    logits[2 * vocab + vocab - 7] = 50;      // tie across threads: 500 wins
+    logits[3 * vocab + 17] = std::nanf("");  // NaN never wins
+    logits[3 * vocab + 18] = 40;
+    std::fill_n(logits.begin() + 4 * vocab, vocab, -3.0f);  // all equal: index 0
+    logits[5 * vocab + vocab - 1] = 60;
+    Tensor t = f32(logits, {rows, vocab});
+    std::vector<int32_t> ids(rows, -1);
+    gpu_->argmax(t, ids.data());
+    const int32_t want[rows] = {-1, 8, 500, 18, 0, static_cast<int32_t>(vocab - 1), -1};
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto row = logits.begin() + r * vocab;
+      const int32_t expected =
+          want[r] >= 0 ? want[r] : static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      EXPECT_EQ(ids[r], expected) << "vocab " << vocab << " row " << r;
+    }
   }
 }
 

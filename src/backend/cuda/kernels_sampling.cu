@@ -66,12 +66,37 @@ __device__ void block_argmax(float& v, int& idx) {
 __device__ int row_argmax(const float* row, int64_t vocab) {
   float best = -CUDART_INF_F;
   int idx = INT_MAX;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = row[i];
+  const auto take = [&](float v, int64_t i) {
     if (v > best || (v == best && i < idx)) {  // NaN never wins
       best = v;
       idx = static_cast<int>(i);
     }
+  };
+  if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+    // float4s, kUnroll of them loaded before any is compared: one scalar load at a time kept a 128k-entry
+    // row's CTA on its load latency (H200: 107 us for ~300 rows of Llama 3's vocabulary, 1.4 TB/s).
+    constexpr int kUnroll = 4;
+    const auto* row4 = reinterpret_cast<const float4*>(row);
+    const int64_t n4 = vocab / 4;
+    for (int64_t base = threadIdx.x; base < n4; base += static_cast<int64_t>(blockDim.x) * kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int64_t i = base + static_cast<int64_t>(j) * blockDim.x;
+        if (i < n4) v[j] = row4[i];
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        const int64_t i = base + static_cast<int64_t>(j) * blockDim.x;
+        if (i >= n4) continue;
+        take(v[j].x, 4 * i);
+        take(v[j].y, 4 * i + 1);
+        take(v[j].z, 4 * i + 2);
+        take(v[j].w, 4 * i + 3);
+      }
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) take(row[i], i);
   }
   block_argmax(best, idx);
   return idx == INT_MAX ? 0 : idx;
