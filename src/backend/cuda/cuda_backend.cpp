@@ -151,6 +151,8 @@ void CudaBackend::use_device() const { CUDA_CHECK(cudaSetDevice(device_)); }
 // Memory -----------------------------------------------------------------------------------------------
 
 std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
+  // As at a step's start (embedding): nothing allocates between a deferred product and its consumer.
+  if (qgemm_) qgemm_->drop_pending();
   use_device();
   if (bytes == 0) return std::make_unique<CudaDeviceBuffer>(nullptr, 0);
   void* p = nullptr;
@@ -202,7 +204,9 @@ void CudaBackend::synchronize() {
 // Ops --------------------------------------------------------------------------------------------------
 
 void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) {
-  finish_deferred();  // a deferred product is read only by the call it was deferred for
+  // A step starts here: a product still pending is left from a step that stopped early (an error between it
+  // and its consumer); its output may be freed memory by now, so it is dropped, not launched.
+  if (qgemm_) qgemm_->drop_pending();
   check_device(table, "embedding table");
   check_f32(out, "embedding output");
   INFERX_CHECK(is_plain_float(table.dtype),

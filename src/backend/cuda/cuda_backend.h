@@ -284,11 +284,11 @@ class CudaBackend final : public Backend {
   // Deferred FP8 products (QuantizedGemm::matmul_deferred; the epilogue itself is QuantizedGemm's pending()):
   // o / down before the residual add leave their epilogue to the norm named with them, which takes the
   // product as its add (fused_quantized_norm); any other next call launches the epilogue first
-  // (finish_deferred: pre_norm, the norm calls that do not fuse, matmul_before_norm, synchronize,
-  // copy_to_host, end_graph_capture). The product's sums live in one of two holds, alternately: the norm
-  // that consumes one may defer the next product into the other.
-  // What the pending product was deferred for: a norm (o / down: residual, norm weight, eps) or RoPE + KV
-  // write (the q/k/v split of a fused projection: its outputs are the epilogue's).
+  // (finish_deferred: pre_norm, the norm calls that do not fuse, matmul_before_norm, the other ops,
+  // synchronize, copy_to_host, end_graph_capture); embedding (a step's start) and allocate drop a stale one.
+  // The product's sums live in one of two holds, alternately: the norm that consumes one may defer the next
+  // product into the other. What the pending product was deferred for: a norm (o / down: residual, norm
+  // weight, eps) or RoPE + KV write (the q/k/v split of a fused projection: its outputs are the epilogue's).
   struct DeferredFor {
     bool rope = false;
     const void* residual = nullptr;
