@@ -170,6 +170,10 @@ class CudaBackend final : public Backend {
   int sm_count() const { return sm_count_; }
   // The quantized GEMM of large row counts (quantized_gemm.h), for tests and benchmarks.
   cuda::QuantizedGemm& quantized_gemm() { return *qgemm_; }
+  // Steps of at least this many rows leave an FP8 q/k/v projection's split epilogue to RoPE + KV write
+  // (fused_quantized_norm); smaller ones launch it. INFERX_DEFER_SPLIT_ROWS overrides it (A/B runs; 64 is
+  // the threshold of the first version, measured in docs/benchmarks.md 2026-12-04 16:00-16:30).
+  static constexpr int64_t kDeferSplitMinRows = 1024;
 
  private:
   // Device scratch grown on demand (stream-ordered); growth bumps generation_ so that graphs captured

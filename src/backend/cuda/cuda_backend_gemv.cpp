@@ -4,6 +4,7 @@
 // takes them), and the fused projections (one launch for q/k/v, one for silu(gate) * up); products the
 // GEMV does not take run the fused weights as row slices (Backend's defaults).
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -365,9 +366,16 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
       ptrs[j] = outs[j]->ptr<float>();
       cols[j] = outs[j]->cols();
     }
-    // q / k / v: their split epilogue is left to RoPE + KV write, which reads the BF16 sums itself
-    // (rope_and_write_kv; any other next call launches it).
-    const bool defer_split = outs.size() == 3 && qgemm_->defers();
+    // q / k / v of prefill-sized steps: their split epilogue is left to RoPE + KV write, which reads the BF16
+    // sums itself (rope_and_write_kv; any other next call launches it). Not at decode sizes: there the RoPE
+    // kernel reading the sums with their scales per element took 18 us at ~100 rows (H200 ncu, 2026-12-04),
+    // more than the epilogue and the F32 RoPE it replaces (~6 + ~8 us); from 1024 rows the bytes it saves
+    // (an F32 q/k/v written and read back) dominate.
+    static const int64_t min_rows = [] {
+      const char* v = std::getenv("INFERX_DEFER_SPLIT_ROWS");
+      return v ? std::max<int64_t>(1, std::atoll(v)) : kDeferSplitMinRows;
+    }();
+    const bool defer_split = outs.size() == 3 && qgemm_->defers() && t >= min_rows;
     r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws, defer_split);
     if (r != cuda::QuantizedGemm::Fused::No) {
       finish.armed = false;  // the norm took the product (if any) as its add
