@@ -172,7 +172,7 @@ class CudaBackend final : public Backend {
   cuda::QuantizedGemm& quantized_gemm() { return *qgemm_; }
   // Steps of at least this many rows leave an FP8 q/k/v projection's split epilogue to RoPE + KV write
   // (fused_quantized_norm); smaller ones launch it. INFERX_DEFER_SPLIT_ROWS overrides it (A/B runs; 64 is
-  // the threshold of the first version, measured in docs/benchmarks.md 2026-12-04 16:00-16:30).
+  // the threshold of the first version, measured in docs/benchmarks.md 2026-12-04 15:55-16:40).
   static constexpr int64_t kDeferSplitMinRows = 1024;
 
  private:
