@@ -400,6 +400,62 @@ void bench_fp8_gemm(Bench& b, double gemm_tflops, int reps) {
 
 void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps);
 
+// INFERX_BENCH_ONLY=decode_splits: the FP8-cache decode attention (Llama-3-8B heads) over decode batches of
+// 32-512 rows at 1k-4k context, with the split count the model picks (decode_attention_splits, for the
+// batch's own block-table width and for a decode graph's 4096-key width) and forced to 1-8 splits, against
+// the copy ceiling: the data to calibrate the split model with (ncu of ~100-row FP8 decode steps on
+// 2026-12-04 had 5 splits at 48% of copy where 1 split ran at 67%).
+void bench_decode_splits(double copy_gbs, int reps) {
+  auto backend = make_cuda_backend(0, [] {
+    CudaBackendOptions o;
+    o.kv_cache_dtype = DType::F8_E4M3;
+    return o;
+  }());
+  auto& gpu = static_cast<CudaBackend&>(*backend);
+  Bench b{gpu, {}};
+  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, graph_keys = 4096;
+  const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+  for (int64_t ctx : {int64_t{1024}, int64_t{1536}, int64_t{4096}})
+    for (int64_t rows : {int64_t{32}, int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192}, int64_t{256},
+                         int64_t{384}, int64_t{512}}) {
+      const size_t mark = b.keep.size();
+      const int64_t blocks_per_seq = (ctx + bs - 1) / bs, num_blocks = blocks_per_seq * rows;
+      std::vector<int32_t> table(static_cast<size_t>(num_blocks));
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), std::mt19937(5));
+      std::vector<int32_t> positions(rows, static_cast<int32_t>(ctx - 1)), qs(rows + 1),
+          lens(rows, static_cast<int32_t>(ctx));
+      std::iota(qs.begin(), qs.end(), 0);
+      BatchView view;
+      view.num_tokens = view.num_seqs = static_cast<int32_t>(rows);
+      view.positions = b.ints(positions);
+      view.query_start = b.ints(qs);
+      view.seq_lens = b.ints(lens);
+      view.block_tables = b.ints(table);
+      view.max_blocks_per_seq = static_cast<int32_t>(blocks_per_seq);
+      view.max_query_len = 1;
+      view.max_seq_len = static_cast<int32_t>(ctx);
+      const size_t cache_bytes = static_cast<size_t>(num_blocks * bs * hkv * hd);
+      const KvCacheLayer cache{
+          Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, b.random(cache_bytes, 6), Device::CUDA),
+          Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, b.random(cache_bytes, 7), Device::CUDA)};
+      Tensor q = b.f32(rows, hq * hd, 8), out = b.f32(rows, hq * hd, 9);
+      const double bytes = 2.0 * rows * ctx * hkv * hd;
+      const int own = cuda::decode_attention_splits(rows, hkv, hq, blocks_per_seq * bs, gpu.sm_count()),
+                graph = cuda::decode_attention_splits(rows, hkv, hq, graph_keys, gpu.sm_count());
+      std::printf("rows %lld ctx %lld: the model picks %d splits (own width), %d (4096-key graph width)\n",
+                  static_cast<long long>(rows), static_cast<long long>(ctx), own, graph);
+      for (int splits : {1, 2, 3, 4, 6, 8}) {
+        gpu.set_attention_kernel(CudaAttentionKernel::Decode, splits);
+        const double t = b.time([&] { gpu.attention(q, cache, view, p, out); }, reps);
+        row(fmt_shape("fp8 decode %lld splits", splits).c_str(), fmt_shape("b%lld ctx%lld", rows, ctx), t,
+            bytes, false, copy_gbs);
+      }
+      gpu.set_attention_kernel(CudaAttentionKernel::Auto);
+      b.keep.resize(mark);
+    }
+}
+
 int run(bool quick, bool gemm_only) {
   auto backend = make_cuda_backend(0);
   auto& gpu = static_cast<CudaBackend&>(*backend);
@@ -457,6 +513,10 @@ int run(bool quick, bool gemm_only) {
   std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
   if (gemv_only) {
     bench_gemv(b, copy_gbs, quick);
+    return 0;
+  }
+  if (only != nullptr && std::strcmp(only, "decode_splits") == 0) {
+    bench_decode_splits(copy_gbs, reps);
     return 0;
   }
   if (only != nullptr && std::strcmp(only, "sampling") == 0) {  // =sampling: the argmax / sampler rows only
