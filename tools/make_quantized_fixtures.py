@@ -21,6 +21,10 @@ Layouts (written from their published descriptions, numpy only):
   gptq-actorder            the same with desc_act true, asymmetric: input rows are quantized in a
                            permuted order, g_idx[row] = position of the row in that order // G.
 
+The "-tp" variants (awq-tp, gptq-tp, fp8-channel-tp) have an MLP of 128 columns (random weights, seeded, of
+the original MLP's spread) instead of llama-tiny's 96, so that two tensor-parallel ranks each get whole
+groups of 32 of down's input (96 / 2 = 48 would cut one).
+
 Usage: python3 tools/make_quantized_fixtures.py [--out tests/unit/model/fixtures]
 """
 import argparse
@@ -193,29 +197,42 @@ def main():
         "gptq-actorder": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": True, "sym": False,
                           "checkpoint_format": "gptq"},
     }
+    layouts["awq-tp"] = layouts["awq"]
+    layouts["gptq-tp"] = layouts["gptq"]
+    layouts["fp8-channel-tp"] = layouts["fp8-channel"]
+    mlp_rng = np.random.default_rng(4321)
+    wide = {}  # the -tp variants' MLP: 128 columns
+    for lin, shape in (("mlp.gate_proj", (128, 64)), ("mlp.up_proj", (128, 64)), ("mlp.down_proj", (64, 128))):
+        spread = float(src["model.layers.0." + lin + ".weight"].astype(np.float32).std())
+        wide["model.layers.0." + lin + ".weight"] = (mlp_rng.standard_normal(shape) * spread).astype(np.float32)
     for name, qc in layouts.items():
         tensors, ref = dict(base), {}
         for lin in LINEARS:
             p = "model.layers.0." + lin
             w = src[p + ".weight"].astype(np.float32)
+            if name.endswith("-tp") and p + ".weight" in wide:
+                w = wide[p + ".weight"]
             if name.startswith("fp8"):
                 codes, scale, deq = fp8(w, name == "fp8-channel")
                 tensors[p + ".weight"] = ("F8_E4M3", codes)
                 tensors[p + ".weight_scale"] = ("F32", scale)
             else:
-                parts, deq = awq(w) if name == "awq" else gptq(w, name == "gptq-actorder", rng)
+                parts, deq = awq(w) if name.startswith("awq") else gptq(w, name == "gptq-actorder", rng)
                 for k, v in parts.items():
                     tensors[p + "." + k] = v
             ref[p + ".weight"] = ("F32", deq)
         d = os.path.join(args.out, name + "-tiny")
         os.makedirs(d, exist_ok=True)
         cfg = dict(config)
+        if name.endswith("-tp"):
+            cfg["intermediate_size"] = 128
         cfg["quantization_config"] = qc
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
             f.write("\n")
         write_safetensors(os.path.join(d, "model.safetensors"), tensors)
-        write_safetensors(os.path.join(d, "dequant_reference.safetensors"), ref)
+        if not name.endswith("-tp"):  # the -tp variants are checked against each other, not against llama-tiny
+            write_safetensors(os.path.join(d, "dequant_reference.safetensors"), ref)
         print("wrote", d)
 
 

@@ -230,11 +230,6 @@ std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& ba
   OpenedModel opened = open_model(spec, *s.primary, options);
   Model& top = *opened.model;
   const ModelConfig& c = top.config();
-  INFERX_CHECK(
-      opened.hf_quant.method == HfQuantConfig::Method::None,
-      "{}: --tensor-parallel-size {} cannot split pre-quantized checkpoints yet (FP8/AWQ/GPTQ scales "
-      "would need slicing too); load the unquantized weights, optionally with --quantize",
-      top.source()->describe(), n);
   tp->plan_ = plan_tensor_parallel(c, n);
   const TensorParallelPlan& plan = tp->plan_;
   if (!plan.vocab_parallel)

@@ -56,8 +56,11 @@ struct TensorParallelPlan {
 // intermediate size); the vocabulary is replicated instead of split when it does not divide.
 TensorParallelPlan plan_tensor_parallel(const ModelConfig& config, int size);
 
-// Rank `rank`'s view of `base`: the tensors of one rank under their original names. Throws naming the
-// tensor when a column slice would cut a quantization block (e.g. Q4_K's 256 columns).
+// Rank `rank`'s view of `base`: the tensors of one rank under their original names, pre-quantized
+// checkpoints' companions (FP8 / InferX INT4 scales and zero points, AWQ / GPTQ qweight, qzeros, scales,
+// g_idx) sliced with their weights. Throws naming the tensor when a column slice would cut a quantization
+// block or group (e.g. Q4_K's 256 columns, an AWQ group of 32), and for GPTQ act-order (desc_act) weights
+// split by their input rows.
 std::unique_ptr<TensorSource> make_rank_source(const TensorSource& base, const ModelConfig& full,
                                                WeightNaming naming, const TensorParallelPlan& plan, int rank);
 

@@ -1,8 +1,8 @@
 // --tensor-parallel-size on the CPU backend (in-process communicator): TP=2 and TP=4 against TP=1 for
 // every golden fixture (tests/golden/fixtures: Llama 2 GQA, Llama 3 with RoPE scaling / rope_freqs,
 // Mistral's sliding window, Qwen2's qkv bias, Qwen3's q/k norm, and the GGUF exports), prefill and decode;
-// a two-sequence step; Q8_0 weights; the shapes each rank holds; the vocabulary replicated when it does
-// not split; and the errors for shapes that do not split.
+// a two-sequence step; Q8_0 weights; pre-quantized AWQ / GPTQ / FP8 checkpoints; the shapes each rank
+// holds; the vocabulary replicated when it does not split; and the errors for shapes that do not split.
 //
 // Tolerance: the ranks' o/down partial sums are added by the all-reduce instead of inside one dot
 // product, so results differ from TP=1 by float32 rounding only:
@@ -180,6 +180,67 @@ TEST(TensorParallel, QuantizedLmHeadSplitsByVocabularyRows) {
           << name << " rank " << r;
     }
   }
+}
+
+// Pre-quantized Hugging Face checkpoints (tests/unit/model/fixtures, tools/make_quantized_fixtures.py): the
+// ranks slice the packed tensors, their scales and zero points. AWQ and GPTQ (weight-only INT4: the CPU
+// backend's activations are quantized in blocks of 32, which the split keeps) match TP=1 to float32
+// rounding; the "-tp" fixtures have an MLP of 128 so that down's 64 input columns per rank are whole groups.
+const std::string kQuantFixtures = std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/";
+const std::vector<int32_t> kQuantIds = {1, 17, 200, 42, 255, 7, 99, 128, 3, 64};
+
+TEST(TensorParallel, PrequantizedInt4CheckpointsSplit) {
+  for (const char* name : {"awq-tp-tiny", "gptq-tp-tiny"}) {
+    SCOPED_TRACE(name);
+    expect_same_as_single_rank(kQuantFixtures + name, kQuantIds, 2);
+  }
+}
+
+// FP8 (compressed-tensors): every rank holds exactly its slice of the checkpoint's codes and scales (per
+// output channel: o / down keep all their scales). Logits are not compared to float32 rounding: W8A8
+// quantizes each rank's slice of the o / down input with its own per-token scale (as vLLM's tensor
+// parallelism does), which changes activation codes.
+TEST(TensorParallel, PrequantizedFp8CheckpointSlicesAreExact) {
+  for (const char* name : {"fp8-channel-tiny", "fp8-tensor-tiny", "fp8-channel-tp-tiny"}) {
+    SCOPED_TRACE(name);
+    Loaded one = load(kQuantFixtures + name, 1), two = load(kQuantFixtures + name, 2);
+    const LayerWeights& whole = one.model->weights().layers[0];
+    for (int r = 0; r < 2; ++r) {
+      const LayerWeights& part = two.model->tensor_parallel()->rank_model(r).weights().layers[0];
+      // Column-parallel q (rows) and row-parallel down (columns).
+      const Linear* cases[][2] = {{&whole.q, &part.q}, {&whole.down, &part.down}};
+      for (const auto& [w, p] : cases) {
+        ASSERT_EQ(p->weight.dtype, DType::F8_E4M3);
+        const bool rows = p->in_features() == w->in_features();
+        const int64_t n = p->out_features(), k = p->in_features();
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t src_row = rows ? r * n + i : i, src_col = rows ? 0 : r * k;
+          ASSERT_EQ(std::memcmp(p->weight.ptr<uint8_t>() + i * k,
+                                w->weight.ptr<uint8_t>() + src_row * w->in_features() + src_col,
+                                static_cast<size_t>(k)),
+                    0)
+              << "rank " << r << " row " << i;
+          const int64_t si = w->scale.numel() == 1 ? 0 : src_row, pi = p->scale.numel() == 1 ? 0 : i;
+          ASSERT_EQ(p->scale.ptr<float>()[pi], w->scale.ptr<float>()[si]) << "rank " << r << " row " << i;
+        }
+      }
+    }
+    SequenceRunner runner(*two.model, 8);
+    for (float v : runner.step({1, 5, 9})) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+TEST(TensorParallel, PrequantizedSplitsThatCutAGroupAreRefused) {
+  // awq-tiny: down's 96 input columns are 48 per rank of 2, groups of 32.
+  std::string msg = error_of([] { load(kQuantFixtures + "awq-tiny", 2); });
+  EXPECT_NE(msg.find("groups of 32"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--tensor-parallel-size 2"), std::string::npos) << msg;
+  // awq-tp-tiny over 4 ranks: o's 64 input columns are 16 per rank.
+  msg = error_of([] { load(kQuantFixtures + "awq-tp-tiny", 4); });
+  EXPECT_NE(msg.find("groups of 32"), std::string::npos) << msg;
+  // GPTQ act-order: the groups span the whole input.
+  msg = error_of([] { load(kQuantFixtures + "gptq-actorder-tiny", 2); });
+  EXPECT_NE(msg.find("desc_act"), std::string::npos) << msg;
 }
 
 TEST(TensorParallel, BlockFormatThatWouldBeCutIsRefused) {
