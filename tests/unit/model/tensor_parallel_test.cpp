@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -227,6 +228,85 @@ TEST(TensorParallel, PrequantizedFp8CheckpointSlicesAreExact) {
     }
     SequenceRunner runner(*two.model, 8);
     for (float v : runner.step({1, 5, 9})) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// A weights file in memory, for the rank views' byte-level checks.
+class MemorySource final : public TensorSource {
+ public:
+  void add(const std::string& name, DType dtype, std::vector<int64_t> shape, size_t bytes) {
+    Item& it = items_[name];
+    it.bytes.resize(bytes);
+    for (size_t i = 0; i < bytes; ++i) it.bytes[i] = static_cast<uint8_t>((i * 7 + name.size()) % 251);
+    it.entry = {name, dtype, std::move(shape), it.bytes.data(), bytes, "memory"};
+  }
+  const TensorEntry* find(std::string_view name) const override {
+    auto it = items_.find(std::string(name));
+    return it == items_.end() ? nullptr : &it->second.entry;
+  }
+  std::vector<std::string> tensor_names() const override {
+    std::vector<std::string> v;
+    for (const auto& [name, item] : items_) v.push_back(name);
+    return v;
+  }
+  std::string describe() const override { return "memory"; }
+
+ private:
+  struct Item {
+    TensorEntry entry;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, Item> items_;
+};
+
+// The InferX checkpoint layout (docs/quantized-checkpoint.md): FP8 rows with per-channel scales, and INT4
+// weights (U8 [n, k/2], runs of 32 columns) whose input columns, F16 group scales and zero points a
+// row-parallel split cuts on group boundaries - byte for byte what each rank's view holds.
+TEST(TensorParallel, RankViewsSliceTheInferXQuantizedLayout) {
+  ModelConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 64;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 128;
+  c.vocab_size = 256;
+  MemorySource base;
+  const std::string L = "model.layers.0.";
+  base.add(L + "self_attn.q_proj.weight", DType::F8_E4M3, {64, 64}, 64 * 64);
+  base.add(L + "self_attn.q_proj.weight_scale", DType::F32, {64}, 64 * 4);
+  base.add(L + "self_attn.o_proj.weight", DType::U8, {64, 32}, 64 * 32);  // k = 64, two columns a byte
+  base.add(L + "self_attn.o_proj.weight_scale", DType::F16, {64, 2}, 64 * 2 * 2);  // groups of 32
+  base.add(L + "self_attn.o_proj.weight_zero_point", DType::U8, {64, 2}, 64 * 2);
+  base.add(L + "mlp.down_proj.weight", DType::U8, {64, 64}, 64 * 64);  // k = 128
+  base.add(L + "mlp.down_proj.weight_scale", DType::F16, {64, 4}, 64 * 4 * 2);
+  const TensorParallelPlan plan = plan_tensor_parallel(c, 2);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    auto view = make_rank_source(base, c, WeightNaming::HuggingFace, plan, r);
+    // A [rows, cols] slice of `name` (element size `es`) starting at (row0, col0) of the whole.
+    auto expect_slice = [&](const std::string& name, std::vector<int64_t> shape, int64_t row0, int64_t col0,
+                            int64_t es) {
+      const TensorEntry* whole = base.find(name);
+      const TensorEntry* part = view->find(name);
+      ASSERT_TRUE(whole && part) << name;
+      ASSERT_EQ(part->shape, shape) << name;
+      const int64_t rows = shape.size() == 2 ? shape[0] : 1, cols = shape.back();
+      const int64_t whole_cols = whole->shape.back();
+      ASSERT_EQ(part->nbytes, static_cast<uint64_t>(rows * cols * es)) << name;
+      for (int64_t i = 0; i < rows; ++i)
+        ASSERT_EQ(std::memcmp(part->data + i * cols * es, whole->data + ((row0 + i) * whole_cols + col0) * es,
+                              static_cast<size_t>(cols * es)),
+                  0)
+            << name << " row " << i;
+    };
+    expect_slice(L + "self_attn.q_proj.weight", {32, 64}, 32 * r, 0, 1);
+    expect_slice(L + "self_attn.q_proj.weight_scale", {32}, 0, 32 * r, 4);
+    expect_slice(L + "self_attn.o_proj.weight", {64, 16}, 0, 16 * r, 1);
+    expect_slice(L + "self_attn.o_proj.weight_scale", {64, 1}, 0, r, 2);
+    expect_slice(L + "self_attn.o_proj.weight_zero_point", {64, 1}, 0, r, 1);
+    expect_slice(L + "mlp.down_proj.weight", {64, 32}, 0, 32 * r, 1);
+    expect_slice(L + "mlp.down_proj.weight_scale", {64, 2}, 0, 2 * r, 2);
   }
 }
 
