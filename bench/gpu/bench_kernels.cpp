@@ -456,6 +456,99 @@ void bench_decode_splits(double copy_gbs, int reps) {
     }
 }
 
+// INFERX_BENCH_ONLY=overlap: what running a decode step's memory-bound attention and compute-bound GEMMs at
+// the same time could give (docs/architecture.md: two half-batches on two streams). Two backends, two
+// streams: one runs the FP8-cache decode attention of `rows` sequences at 1.5k context (Llama-3-8B heads),
+// the other the four FP8 W8A8 products of one Llama-3-8B layer for `rows` tokens (q/k/v, o, gate/up, down),
+// each `layers` times; printed: each alone, both launched together, and the saving against their sum.
+void bench_overlap(int reps) {
+  auto make = [] {
+    CudaBackendOptions o;
+    o.kv_cache_dtype = DType::F8_E4M3;
+    return make_cuda_backend(0, o);
+  };
+  auto attn_backend = make(), gemm_backend = make();
+  auto& ga = static_cast<CudaBackend&>(*attn_backend);
+  auto& gg = static_cast<CudaBackend&>(*gemm_backend);
+  Bench ba{ga, {}}, bg{gg, {}};
+  ga.set_attention_kernel(CudaAttentionKernel::Decode);
+  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, ctx = 1536, D = 4096, F = 14336, layers = 8;
+  const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+  // FP8 weights of one layer (random codes, per-channel scales) on the GEMM backend.
+  auto fp8_linear = [&](int64_t n, int64_t k, uint64_t seed) {
+    Linear l;
+    bg.keep.push_back(gg.allocate(static_cast<size_t>(n * k)));
+    l.weight = Tensor(DType::F8_E4M3, {n, k}, bg.keep.back()->data(), Device::CUDA);
+    gg.fill_random(l.weight, seed, 200.0f, 0.0f);
+    bg.keep.push_back(gg.allocate(static_cast<size_t>(n) * 4));
+    l.scale = Tensor(DType::F32, {n}, bg.keep.back()->data(), Device::CUDA);
+    gg.fill_random(l.scale, seed + 1, 0.0005f, 0.001f);
+    return l;
+  };
+  const Linear qkv = fp8_linear(6144, D, 51), o = fp8_linear(D, D, 53), gate_up = fp8_linear(2 * F, D, 55),
+               down = fp8_linear(D, F, 57);
+  for (int64_t rows : {int64_t{128}, int64_t{256}}) {
+    const size_t mark_a = ba.keep.size(), mark_g = bg.keep.size();
+    // Attention inputs.
+    const int64_t blocks_per_seq = ctx / bs, num_blocks = blocks_per_seq * rows;
+    std::vector<int32_t> table(static_cast<size_t>(num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(5));
+    std::vector<int32_t> positions(rows, static_cast<int32_t>(ctx - 1)), qs(rows + 1),
+        lens(rows, static_cast<int32_t>(ctx));
+    std::iota(qs.begin(), qs.end(), 0);
+    BatchView view;
+    view.num_tokens = view.num_seqs = static_cast<int32_t>(rows);
+    view.positions = ba.ints(positions);
+    view.query_start = ba.ints(qs);
+    view.seq_lens = ba.ints(lens);
+    view.block_tables = ba.ints(table);
+    view.max_blocks_per_seq = static_cast<int32_t>(blocks_per_seq);
+    view.max_query_len = 1;
+    view.max_seq_len = static_cast<int32_t>(ctx);
+    const size_t cache_bytes = static_cast<size_t>(num_blocks * bs * hkv * hd);
+    const KvCacheLayer cache{
+        Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, ba.random(cache_bytes, 6), Device::CUDA),
+        Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, ba.random(cache_bytes, 7), Device::CUDA)};
+    Tensor q = ba.f32(rows, hq * hd, 8), attn_out = ba.f32(rows, hq * hd, 9);
+    // GEMM inputs and outputs.
+    Tensor x = bg.f32(rows, D, 61), y_qkv = bg.f32(rows, 6144, 62), y_o = bg.f32(rows, D, 63),
+           act = bg.f32(rows, F, 64), y_gu = bg.f32(rows, 2 * F, 65), y_down = bg.f32(rows, D, 66);
+    const auto attention = [&] {
+      for (int64_t l = 0; l < layers; ++l) ga.attention(q, cache, view, p, attn_out);
+    };
+    const auto gemms = [&] {
+      for (int64_t l = 0; l < layers; ++l) {
+        gg.matmul(x, qkv, y_qkv);
+        gg.matmul(x, o, y_o);
+        gg.matmul(x, gate_up, y_gu);
+        gg.matmul(act, down, y_down);
+      }
+    };
+    const auto timed = [&](const std::function<void()>& f) {
+      for (int i = 0; i < 2; ++i) f();
+      ga.synchronize();
+      gg.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) f();
+      ga.synchronize();
+      gg.synchronize();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    };
+    const double ta = timed(attention), tg = timed(gemms), both = timed([&] {
+                                                             attention();
+                                                             gemms();
+                                                           });
+    std::printf(
+        "overlap rows %lld, %lld layers: attention %.1f us, FP8 GEMMs %.1f us, sum %.1f us, together %.1f us "
+        "(%.1f%% of the sum; the larger alone is %.1f%%)\n",
+        static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * ta, 1e6 * tg, 1e6 * (ta + tg),
+        1e6 * both, 100.0 * both / (ta + tg), 100.0 * std::max(ta, tg) / (ta + tg));
+    ba.keep.resize(mark_a);
+    bg.keep.resize(mark_g);
+  }
+}
+
 int run(bool quick, bool gemm_only) {
   auto backend = make_cuda_backend(0);
   auto& gpu = static_cast<CudaBackend&>(*backend);
@@ -513,6 +606,10 @@ int run(bool quick, bool gemm_only) {
   std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
   if (gemv_only) {
     bench_gemv(b, copy_gbs, quick);
+    return 0;
+  }
+  if (only != nullptr && std::strcmp(only, "overlap") == 0) {
+    bench_overlap(reps);
     return 0;
   }
   if (only != nullptr && std::strcmp(only, "decode_splits") == 0) {
