@@ -56,6 +56,41 @@ struct Bench {
     gpu.copy_to_device(keep.back()->data(), v.data(), v.size() * 4);
     return static_cast<const int32_t*>(keep.back()->data());
   }
+  // A decode-only batch of `rows` sequences of `ctx` keys (the new token at position ctx - 1), their blocks
+  // of `bs` slots shuffled over the cache (a wrong block-table lookup reads another sequence's keys);
+  // num_blocks: what the cache must hold.
+  struct DecodeBatch {
+    BatchView view;
+    int64_t num_blocks = 0;
+  };
+  DecodeBatch decode_batch(int64_t rows, int64_t ctx, int64_t bs) {
+    const int64_t per_seq = (ctx + bs - 1) / bs;
+    DecodeBatch d;
+    d.num_blocks = per_seq * rows;
+    std::vector<int32_t> table(static_cast<size_t>(d.num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(5));
+    std::vector<int32_t> positions(static_cast<size_t>(rows), static_cast<int32_t>(ctx - 1)),
+        qs(static_cast<size_t>(rows) + 1), lens(static_cast<size_t>(rows), static_cast<int32_t>(ctx));
+    std::iota(qs.begin(), qs.end(), 0);
+    BatchView& v = d.view;
+    v.num_tokens = v.num_seqs = static_cast<int32_t>(rows);
+    v.positions = ints(positions);
+    v.query_start = ints(qs);
+    v.seq_lens = ints(lens);
+    v.block_tables = ints(table);
+    v.max_blocks_per_seq = static_cast<int32_t>(per_seq);
+    v.max_query_len = 1;
+    v.max_seq_len = static_cast<int32_t>(ctx);
+    return d;
+  }
+  // One layer's K and V cache [blocks, bs, kv heads, head dim] of `dtype` filled with random bytes (as FP8
+  // codes a few are NaN, which costs the same time as any other value); seeds `seed` and `seed + 1`.
+  KvCacheLayer kv_layer(DType dtype, int64_t blocks, int64_t bs, int64_t hkv, int64_t hd, uint64_t seed) {
+    const size_t bytes = static_cast<size_t>(blocks * bs * hkv * hd) * (dtype == DType::F8_E4M3 ? 1 : 2);
+    return {Tensor(dtype, {blocks, bs, hkv, hd}, random(bytes, seed), Device::CUDA),
+            Tensor(dtype, {blocks, bs, hkv, hd}, random(bytes, seed + 1), Device::CUDA)};
+  }
   // Seconds per call: 3 warm-up calls, then `reps` calls between two synchronisations (of the backend's
   // stream, or of `stream` for kernels launched directly on one).
   double time(const std::function<void()>& f, int reps, cudaStream_t stream = nullptr) {
@@ -419,29 +454,13 @@ void bench_decode_splits(double copy_gbs, int reps) {
     for (int64_t rows : {int64_t{32}, int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192}, int64_t{256},
                          int64_t{384}, int64_t{512}}) {
       const size_t mark = b.keep.size();
-      const int64_t blocks_per_seq = (ctx + bs - 1) / bs, num_blocks = blocks_per_seq * rows;
-      std::vector<int32_t> table(static_cast<size_t>(num_blocks));
-      std::iota(table.begin(), table.end(), 0);
-      std::shuffle(table.begin(), table.end(), std::mt19937(5));
-      std::vector<int32_t> positions(rows, static_cast<int32_t>(ctx - 1)), qs(rows + 1),
-          lens(rows, static_cast<int32_t>(ctx));
-      std::iota(qs.begin(), qs.end(), 0);
-      BatchView view;
-      view.num_tokens = view.num_seqs = static_cast<int32_t>(rows);
-      view.positions = b.ints(positions);
-      view.query_start = b.ints(qs);
-      view.seq_lens = b.ints(lens);
-      view.block_tables = b.ints(table);
-      view.max_blocks_per_seq = static_cast<int32_t>(blocks_per_seq);
-      view.max_query_len = 1;
-      view.max_seq_len = static_cast<int32_t>(ctx);
-      const size_t cache_bytes = static_cast<size_t>(num_blocks * bs * hkv * hd);
-      const KvCacheLayer cache{
-          Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, b.random(cache_bytes, 6), Device::CUDA),
-          Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, b.random(cache_bytes, 7), Device::CUDA)};
+      const Bench::DecodeBatch batch = b.decode_batch(rows, ctx, bs);
+      const BatchView& view = batch.view;
+      const KvCacheLayer cache = b.kv_layer(DType::F8_E4M3, batch.num_blocks, bs, hkv, hd, 6);
       Tensor q = b.f32(rows, hq * hd, 8), out = b.f32(rows, hq * hd, 9);
       const double bytes = 2.0 * rows * ctx * hkv * hd;
-      const int own = cuda::decode_attention_splits(rows, hkv, hq, blocks_per_seq * bs, gpu.sm_count()),
+      const int own = cuda::decode_attention_splits(rows, hkv, hq, view.max_blocks_per_seq * bs,
+                                                    gpu.sm_count()),
                 graph = cuda::decode_attention_splits(rows, hkv, hq, graph_keys, gpu.sm_count());
       std::printf("rows %lld ctx %lld: the model picks %d splits (own width), %d (4096-key graph width)\n",
                   static_cast<long long>(rows), static_cast<long long>(ctx), own, graph);
@@ -490,26 +509,9 @@ void bench_overlap(int reps) {
   for (int64_t rows : {int64_t{128}, int64_t{256}}) {
     const size_t mark_a = ba.keep.size(), mark_g = bg.keep.size();
     // Attention inputs.
-    const int64_t blocks_per_seq = ctx / bs, num_blocks = blocks_per_seq * rows;
-    std::vector<int32_t> table(static_cast<size_t>(num_blocks));
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(5));
-    std::vector<int32_t> positions(rows, static_cast<int32_t>(ctx - 1)), qs(rows + 1),
-        lens(rows, static_cast<int32_t>(ctx));
-    std::iota(qs.begin(), qs.end(), 0);
-    BatchView view;
-    view.num_tokens = view.num_seqs = static_cast<int32_t>(rows);
-    view.positions = ba.ints(positions);
-    view.query_start = ba.ints(qs);
-    view.seq_lens = ba.ints(lens);
-    view.block_tables = ba.ints(table);
-    view.max_blocks_per_seq = static_cast<int32_t>(blocks_per_seq);
-    view.max_query_len = 1;
-    view.max_seq_len = static_cast<int32_t>(ctx);
-    const size_t cache_bytes = static_cast<size_t>(num_blocks * bs * hkv * hd);
-    const KvCacheLayer cache{
-        Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, ba.random(cache_bytes, 6), Device::CUDA),
-        Tensor(DType::F8_E4M3, {num_blocks, bs, hkv, hd}, ba.random(cache_bytes, 7), Device::CUDA)};
+    const Bench::DecodeBatch batch = ba.decode_batch(rows, ctx, bs);
+    const BatchView& view = batch.view;
+    const KvCacheLayer cache = ba.kv_layer(DType::F8_E4M3, batch.num_blocks, bs, hkv, hd, 6);
     Tensor q = ba.f32(rows, hq * hd, 8), attn_out = ba.f32(rows, hq * hd, 9);
     // GEMM inputs and outputs.
     Tensor x = bg.f32(rows, D, 61), y_qkv = bg.f32(rows, 6144, 62), y_o = bg.f32(rows, D, 63),
@@ -669,27 +671,9 @@ int run(bool quick, bool gemm_only) {
     if (prefill_only) break;
     if (quick && ds.context > 8192) continue;
     const size_t mark = b.keep.size();
-    const int64_t blocks_per_seq = (ds.context + bs - 1) / bs;
-    const int64_t num_blocks = blocks_per_seq * ds.batch;
-    std::vector<int32_t> table(static_cast<size_t>(num_blocks));
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(5));
-    std::vector<int32_t> positions(ds.batch, static_cast<int32_t>(ds.context - 1)), qs(ds.batch + 1),
-        lens(ds.batch, static_cast<int32_t>(ds.context));
-    std::iota(qs.begin(), qs.end(), 0);
-    BatchView view;
-    view.num_tokens = view.num_seqs = static_cast<int32_t>(ds.batch);
-    view.positions = b.ints(positions);
-    view.query_start = b.ints(qs);
-    view.seq_lens = b.ints(lens);
-    view.block_tables = b.ints(table);
-    view.max_blocks_per_seq = static_cast<int32_t>(blocks_per_seq);
-    view.max_query_len = 1;
-    view.max_seq_len = static_cast<int32_t>(ds.context);
-    const size_t cache_bytes = static_cast<size_t>(num_blocks * bs * hkv * hd) * 2;
-    KvCacheLayer cache{
-        Tensor(DType::BF16, {num_blocks, bs, hkv, hd}, b.random(cache_bytes, 6), Device::CUDA),
-        Tensor(DType::BF16, {num_blocks, bs, hkv, hd}, b.random(cache_bytes, 7), Device::CUDA)};
+    const Bench::DecodeBatch batch = b.decode_batch(ds.batch, ds.context, bs);
+    const BatchView& view = batch.view;
+    const KvCacheLayer cache = b.kv_layer(DType::BF16, batch.num_blocks, bs, hkv, hd, 6);
     Tensor q = b.f32(ds.batch, hq * hd, 8), out = b.f32(ds.batch, hq * hd, 9);
     const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
     gpu.set_attention_kernel(CudaAttentionKernel::Decode);
@@ -726,27 +710,14 @@ int run(bool quick, bool gemm_only) {
   // Batch-1 decode attention of a whole 8B step: 32 layers (32 distinct caches, 128 MB, more than the L2)
   // at 1k context, captured once in a CUDA graph as the engine runs it; time per step.
   if (!prefill_only) {
-    const int64_t ctx = 1024, layers = 32, blocks = ctx / bs;
-    std::vector<int32_t> table(static_cast<size_t>(blocks)), positions = {static_cast<int32_t>(ctx - 1)},
-                                                             qs = {0, 1}, lens = {static_cast<int32_t>(ctx)};
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(5));
-    BatchView view;
-    view.num_tokens = view.num_seqs = 1;
-    view.positions = b.ints(positions);
-    view.query_start = b.ints(qs);
-    view.seq_lens = b.ints(lens);
-    view.block_tables = b.ints(table);
-    view.max_blocks_per_seq = static_cast<int32_t>(blocks);
-    view.max_query_len = 1;
-    view.max_seq_len = static_cast<int32_t>(ctx);
+    const int64_t ctx = 1024, layers = 32;
+    const Bench::DecodeBatch batch = b.decode_batch(1, ctx, bs);
+    const BatchView& view = batch.view;
     const size_t mark = b.keep.size();
-    const size_t cache_bytes = static_cast<size_t>(blocks * bs * hkv * hd) * 2;
     std::vector<KvCacheLayer> caches;
     for (int64_t l = 0; l < layers; ++l)
       caches.push_back(
-          {Tensor(DType::BF16, {blocks, bs, hkv, hd}, b.random(cache_bytes, 40 + 2 * l), Device::CUDA),
-           Tensor(DType::BF16, {blocks, bs, hkv, hd}, b.random(cache_bytes, 41 + 2 * l), Device::CUDA)});
+          b.kv_layer(DType::BF16, batch.num_blocks, bs, hkv, hd, 40 + 2 * static_cast<uint64_t>(l)));
     Tensor q = b.f32(1, hq * hd, 8), out = b.f32(1, hq * hd, 9);
     const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
     gpu.set_attention_kernel(CudaAttentionKernel::Decode);

@@ -206,7 +206,7 @@ LinearDesc lm_head_desc(const ModelConfig& c) {
   return {"lm_head", LinearRole::LmHead, -1, c.vocab_size, c.hidden_size};
 }
 
-static std::string prefix_of(const std::string& weight_name) {
+std::string linear_prefix(const std::string& weight_name) {
   const std::string suffix = ".weight";
   INFERX_CHECK(weight_name.size() > suffix.size() &&
                    weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0,
@@ -215,7 +215,7 @@ static std::string prefix_of(const std::string& weight_name) {
 }
 
 bool is_prequantized(const TensorSource& src, const std::string& weight_name) {
-  const std::string prefix = prefix_of(weight_name);
+  const std::string prefix = linear_prefix(weight_name);
   if (src.find(prefix + ".qweight") != nullptr) return true;
   const TensorEntry* w = src.find(prefix + ".weight");
   return w != nullptr && (w->dtype == DType::F8_E4M3 || w->dtype == DType::U8);
@@ -224,7 +224,7 @@ bool is_prequantized(const TensorSource& src, const std::string& weight_name) {
 Linear resolve_quantized_linear(const TensorSource& src, const std::string& weight_name, int64_t n, int64_t k,
                                 const HfQuantConfig& hf, const LayerQuant& plan, Device device,
                                 const PlaceFn& place_fn) {
-  const std::string prefix = prefix_of(weight_name);
+  const std::string prefix = linear_prefix(weight_name);
   const Placer place{place_fn};
   const std::string where = src.describe() + ": " + prefix;
   if (const TensorEntry* qw = src.find(prefix + ".qweight")) {

@@ -33,6 +33,10 @@ LinearDesc lm_head_desc(const ModelConfig& config);
 // Puts host bytes on the backend and returns the tensor (the loader's owned-buffer allocator).
 using PlaceFn = std::function<Tensor(DType, const std::vector<int64_t>&, const void*, size_t)>;
 
+// A linear layer's tensor-name prefix: its weight's name minus ".weight" (the pre-quantized layouts keep
+// their companions beside it: prefix.weight_scale, prefix.qweight, ...). Throws for another name.
+std::string linear_prefix(const std::string& weight_name);
+
 // True when the layer whose weight is named `weight_name` ("model.layers.0.mlp.up_proj.weight",
 // "blk.0.ffn_up.weight") is stored pre-quantized in `source` (its prefix is the name minus ".weight").
 bool is_prequantized(const TensorSource& source, const std::string& weight_name);

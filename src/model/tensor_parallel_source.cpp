@@ -185,24 +185,6 @@ class RankSource final : public TensorSource {
   std::map<std::string, Slice, std::less<>> sliced_;
 };
 
-}  // namespace
-
-namespace {
-
-std::string linear_prefix(const std::string& weight_name) {
-  const std::string suffix = ".weight";
-  return weight_name.size() > suffix.size() &&
-                 weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0
-             ? weight_name.substr(0, weight_name.size() - suffix.size())
-             : weight_name;
-}
-
-int64_t numel(const TensorEntry& e) {
-  int64_t n = 1;
-  for (int64_t d : e.shape) n *= d;
-  return n;
-}
-
 // A column-parallel linear [n, k] (q / k / v / gate / up, the vocabulary-parallel lm_head): output rows
 // [begin, begin + count) of the weight and of whatever a pre-quantized checkpoint stores beside it
 // (quantized_linear.cpp reads the same names): FP8 / InferX INT4 per-row scales and zero points; AWQ
@@ -211,7 +193,7 @@ int64_t numel(const TensorEntry& e) {
 void split_output(RankSource& src, const std::string& weight_name, int64_t n, int64_t begin, int64_t count) {
   const std::string p = linear_prefix(weight_name);
   src.rows(weight_name, begin, count);
-  if (const TensorEntry* s = src.entry(p + ".weight_scale"); s != nullptr && numel(*s) > 1) {
+  if (const TensorEntry* s = src.entry(p + ".weight_scale"); s != nullptr && s->view().numel() > 1) {
     if (s->shape.size() == 1) {
       src.elements(p + ".weight_scale", begin, count);  // FP8 per channel [n]
     } else {

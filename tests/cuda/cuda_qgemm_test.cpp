@@ -701,9 +701,9 @@ TEST_F(QuantizedGemmTest, DeferredEpiloguesMatchTheLaunchedOnes) {
 }
 
 // The q/k/v split of a fused FP8 projection deferred to RoPE + KV write (quantized_gemm.h defer_split; from
-// CudaBackend::kDeferSplitMinRows rows): the RoPE kernel reads the BF16 sums and forms the split epilogue's
-// values itself. q after RoPE and the cache must be those of the launched epilogue to the bit, for both
-// RoPE kernels; the deferred k and v tensors stay unwritten (NaN), which shows that the deferral engaged
+// CudaBackendOptions::defer_split_rows rows): the RoPE kernel reads the BF16 sums and forms the split
+// epilogue's values itself. q after RoPE and the cache must be those of the launched epilogue to the bit, for
+// both RoPE kernels; the deferred k and v tensors stay unwritten (NaN), which shows that the deferral engaged
 // (and below the threshold, that it did not).
 TEST_F(QuantizedGemmTest, DeferredQkvProductMatchesTheLaunchedSplit) {
   qgemm().set_bf16_accumulator(true);
@@ -786,7 +786,7 @@ TEST_F(QuantizedGemmTest, DeferredQkvProductMatchesTheLaunchedSplit) {
         };
         EXPECT_EQ(nans(launched.q) + nans(launched.k) + nans(launched.v), 0);
         EXPECT_EQ(nans(deferred.q), 0);
-        const bool defers = t >= CudaBackend::kDeferSplitMinRows;
+        const bool defers = t >= CudaBackendOptions{}.defer_split_rows;  // the fixture backend's options
         EXPECT_EQ(nans(deferred.k) + nans(deferred.v), defers ? 2 * t * kvd : 0)
             << (defers ? "deferred: k and v are not written" : "decode sizes: the split epilogue runs");
       }

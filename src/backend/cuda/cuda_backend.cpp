@@ -341,13 +341,13 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   // The q/k/v product deferred for this call (QuantizedGemm::norm_matmul_split's defer_split): read from its
   // BF16 sums here, so its split epilogue never runs (k and v then stay unwritten); else launched first.
   const cuda::Fp8Epilogue* product = qgemm_->pending();
-  if (!(product && deferred_.rope && product->out[0] == q.data && product->out[1] == k.data &&
+  if (!(product && product->num_outs == 3 && product->out[0] == q.data && product->out[1] == k.data &&
         product->out[2] == v.data && cuda::rope_takes_product(*product, hq, hkv, hd, q.rows()))) {
     finish_deferred();
     product = nullptr;
   }
   if (options_.timing_skip & kTimingSkipRope) {
-    finish_deferred();
+    finish_deferred();  // a matched product too: skipping RoPE must not skip q/k/v
     return;
   }
   CUDA_CHECK(cuda::launch_rope_write_kv(q.ptr<float>(), k.ptr<float>(), v.ptr<float>(), hq, hkv, hd,

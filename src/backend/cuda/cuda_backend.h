@@ -50,6 +50,12 @@ struct CudaBackendOptions {
   bool gemv_long_rows = false;
   // Split count of every decode-attention launch (A/B measurements; 0: decode_attention_splits' choice).
   int decode_splits = 0;
+  // Steps of at least this many rows leave an FP8 q/k/v projection's split epilogue to RoPE + KV write
+  // (quantized_gemm.h, deferred products); smaller ones launch it. At ~100 decode rows the RoPE kernel that
+  // reads the BF16 sums took 18 us per layer (H200 ncu, 2026-12-04), more than the F32 RoPE took at ~300
+  // rows (10.5 us) - the epilogue it saves was not timed at that size. 1024: not yet measured against 64
+  // (the first version's threshold); INFERX_DEFER_SPLIT_ROWS=N for the A/B.
+  int64_t defer_split_rows = 1024;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
   // kernels so far (H200, 2026-12-03: 8B BF16 5.19 against 4.51 ms per token; docs/benchmarks.md).
@@ -80,7 +86,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
-// INFERX_DECODE_STACK_PROFILE=N, INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -170,10 +176,6 @@ class CudaBackend final : public Backend {
   int sm_count() const { return sm_count_; }
   // The quantized GEMM of large row counts (quantized_gemm.h), for tests and benchmarks.
   cuda::QuantizedGemm& quantized_gemm() { return *qgemm_; }
-  // Steps of at least this many rows leave an FP8 q/k/v projection's split epilogue to RoPE + KV write
-  // (fused_quantized_norm); smaller ones launch it. INFERX_DEFER_SPLIT_ROWS overrides it (A/B runs; 64 is
-  // the threshold of the first version, measured in docs/benchmarks.md 2026-12-04 15:55-16:40).
-  static constexpr int64_t kDeferSplitMinRows = 1024;
 
  private:
   // Device scratch grown on demand (stream-ordered); growth bumps generation_ so that graphs captured
@@ -291,10 +293,9 @@ class CudaBackend final : public Backend {
   // (finish_deferred: pre_norm, the norm calls that do not fuse, matmul_before_norm, the other ops,
   // synchronize, copy_to_host, end_graph_capture); embedding (a step's start) and allocate drop a stale one.
   // The product's sums live in one of two holds, alternately: the norm that consumes one may defer the next
-  // product into the other. What the pending product was deferred for: a norm (o / down: residual, norm
-  // weight, eps) or RoPE + KV write (the q/k/v split of a fused projection: its outputs are the epilogue's).
+  // product into the other. What a pending product of one output (o / down) was deferred for: the norm's
+  // residual, weight and eps; a q/k/v split (three outputs) is for RoPE + KV write on those outputs.
   struct DeferredFor {
-    bool rope = false;
     const void* residual = nullptr;
     const void* norm = nullptr;
     float eps = 0.0f;

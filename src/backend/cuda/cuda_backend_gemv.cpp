@@ -4,7 +4,6 @@
 // takes them), and the fused projections (one launch for q/k/v, one for silu(gate) * up); products the
 // GEMV does not take run the fused weights as row slices (Backend's defaults).
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
@@ -355,7 +354,7 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
       finish.armed = false;  // the norm took the product (if any) as its add
       deferred_ = {};
       if (qgemm_->pending()) {
-        deferred_ = {false, residual.data, next_norm->data, eps};
+        deferred_ = {residual.data, next_norm->data, eps};
         deferred_next_ ^= 1;
       }
     }
@@ -367,20 +366,13 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
       cols[j] = outs[j]->cols();
     }
     // q / k / v of prefill-sized steps: their split epilogue is left to RoPE + KV write, which reads the BF16
-    // sums itself (rope_and_write_kv; any other next call launches it). Not at decode sizes: there the RoPE
-    // kernel reading the sums with their scales per element took 18 us at ~100 rows (H200 ncu, 2026-12-04),
-    // more than the epilogue and the F32 RoPE it replaces (~6 + ~8 us); from 1024 rows the bytes it saves
-    // (an F32 q/k/v written and read back) dominate.
-    static const int64_t min_rows = [] {
-      const char* v = std::getenv("INFERX_DEFER_SPLIT_ROWS");
-      return v ? std::max<int64_t>(1, std::atoll(v)) : kDeferSplitMinRows;
-    }();
-    const bool defer_split = outs.size() == 3 && qgemm_->defers() && t >= min_rows;
+    // sums itself (rope_and_write_kv; any other next call launches it); options_.defer_split_rows says why
+    // not at decode sizes.
+    const bool defer_split = outs.size() == 3 && qgemm_->defers() && t >= options_.defer_split_rows;
     r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws, defer_split);
     if (r != cuda::QuantizedGemm::Fused::No) {
       finish.armed = false;  // the norm took the product (if any) as its add
-      deferred_ = {};
-      if (qgemm_->pending()) deferred_.rope = true;
+      deferred_ = {};        // a pending split is RoPE's: rope_and_write_kv matches it by its outputs
     }
   }
   if (r == cuda::QuantizedGemm::Fused::No) return false;
@@ -394,7 +386,7 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
 bool CudaBackend::deferred_for(const Tensor& residual, const Tensor* add, const Tensor& norm,
                                float eps) const {
   const cuda::Fp8Epilogue* e = qgemm_->pending();
-  return e != nullptr && !deferred_.rope && add != nullptr && add->data == e->out[0] &&
+  return e != nullptr && e->num_outs == 1 && add != nullptr && add->data == e->out[0] &&
          residual.data == deferred_.residual && norm.data == deferred_.norm && eps == deferred_.eps &&
          residual.rows() == e->t && add->rows() == e->t && add->cols() == e->n;
 }
@@ -409,10 +401,10 @@ bool CudaBackend::defer_product(const Tensor& x, const Linear& w, Tensor& out, c
                                 const Tensor& next_norm, float eps) {
   const int64_t t = x.rows(), n = w.out_features();
   if (!qgemm_->defers() || !cuda::QuantizedGemm::prefers_fused(w, t) || w.weight.device != Device::CUDA ||
-      !cuda::QuantizedGemm::supports(w) || x.device != Device::CUDA || x.dtype != DType::F32 ||
-      x.cols() != w.in_features() || out.device != Device::CUDA || out.dtype != DType::F32 ||
-      out.rows() != t || out.cols() != n || residual.dtype != DType::F32 || residual.rows() != t ||
-      residual.cols() != n || next_norm.dtype != DType::F32 || next_norm.numel() != n ||
+      x.device != Device::CUDA || x.dtype != DType::F32 || x.cols() != w.in_features() ||
+      out.device != Device::CUDA || out.dtype != DType::F32 || out.rows() != t || out.cols() != n ||
+      residual.dtype != DType::F32 || residual.rows() != t || residual.cols() != n ||
+      next_norm.dtype != DType::F32 || next_norm.numel() != n ||
       !cuda::fp8_norm_quantize_takes(residual.ptr<float>(), nullptr, next_norm.ptr<float>(), n))
     return false;
   use_device();
@@ -420,7 +412,7 @@ bool CudaBackend::defer_product(const Tensor& x, const Linear& w, Tensor& out, c
   if (!qgemm_->matmul_deferred(x.ptr<float>(), t, w, out.ptr<float>(), hold,
                                [this](size_t bytes) { return scratch(qgemm_ws_, bytes); }))
     return false;
-  deferred_ = {false, residual.data, next_norm.data, eps};
+  deferred_ = {residual.data, next_norm.data, eps};
   deferred_next_ ^= 1;
   last_matmul_bf16_ = false;
   drop_bf16_copy_if_overlaps(out);

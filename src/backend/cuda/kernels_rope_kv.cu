@@ -46,26 +46,23 @@ struct RopeKvArgs {
   float inv_k_scale, inv_v_scale;
   // The deferred q/k/v product (launch_rope_write_kv's product; acc null: none): its BF16 sums [T, n] with
   // their W8A8 scales and bias, read instead of q / k / v (q heads, then k heads, then v heads).
-  const __nv_bfloat16* acc;
-  int64_t n;
-  const float *x_scale, *w_scale, *bias;
-  bool per_channel;
+  Fp8Epilogue product;
 
   __device__ int64_t kv_row() const { return static_cast<int64_t>(hkv) * hd; }
   // Element e of head h of token t (q heads, then k heads, then v heads: h up to hq + 2 hkv) as the product
   // wrote it: the F32 tensors, or the deferred product's value (the split epilogue's, to the bit).
   __device__ float load(int t, int h, int e) const {
-    if (acc) {
+    if (const Fp8Epilogue& d = product; d.acc) {
       const int64_t c = static_cast<int64_t>(h) * hd + e;
-      return w8a8_value(to_float(acc[t * n + c]), x_scale[t], w_scale[per_channel ? c : 0],
-                        bias ? bias[c] : 0.0f);
+      return w8a8_value(to_float(static_cast<const __nv_bfloat16*>(d.acc)[t * d.n + c]), d.x_scale[t],
+                        d.w_scale[d.per_channel ? c : 0], d.bias ? d.bias[c] : 0.0f);
     }
     if (h >= hq + hkv) return v[t * kv_row() + static_cast<int64_t>(h - hq - hkv) * hd + e];
     return head(t, h)[e];
   }
   // Writes the rotated element back: q always (attention reads it), k only when it was read from k.
   __device__ void store(int t, int h, int e, float y) const {
-    if (h < hq || !acc) head(t, h)[e] = y;
+    if (h < hq || !product.acc) head(t, h)[e] = y;
   }
   // Head h of token t (q heads first, then k heads).
   __device__ float* head(int t, int h) const {
@@ -207,8 +204,6 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                          const PagedKv& cache, const Fp8Epilogue* product, cudaStream_t stream) {
   if (hd % 2 != 0 || hd / 2 > kMaxRopePairs) return cudaErrorInvalidValue;  // the caller checks
   if (product && !rope_takes_product(*product, hq, hkv, hd, batch.num_tokens)) return cudaErrorInvalidValue;
-  const Fp8Epilogue none;
-  const Fp8Epilogue& e = product ? *product : none;
   const RopeKvArgs<CacheT> args{q,
                                 k,
                                 v,
@@ -224,12 +219,7 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                                 cache.block_size,
                                 1.0f / cache.k_scale,
                                 1.0f / cache.v_scale,
-                                static_cast<const __nv_bfloat16*>(e.acc),
-                                e.n,
-                                e.x_scale,
-                                e.w_scale,
-                                e.bias,
-                                e.per_channel};
+                                product ? *product : Fp8Epilogue{}};
   if (hd / 2 <= kTokenThreads && token_blocks(batch.num_tokens))
     return launch_pdl(rope_write_kv_token_kernel<CacheT>, dim3(static_cast<unsigned>(batch.num_tokens)),
                       dim3(kTokenThreads), 0, stream, args);

@@ -74,7 +74,8 @@ __device__ int row_argmax(const float* row, int64_t vocab) {
   };
   if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
     // float4s, kUnroll of them loaded before any is compared: one scalar load at a time kept a 128k-entry
-    // row's CTA on its load latency (H200: 107 us for ~300 rows of Llama 3's vocabulary, 1.4 TB/s).
+    // row's CTA on its load latency (H200: 76 us for 256 rows of Llama 3's vocabulary with the copy back,
+    // 50.6 us now; docs/benchmarks.md 2026-12-04).
     constexpr int kUnroll = 4;
     const auto* row4 = reinterpret_cast<const float4*>(row);
     const int64_t n4 = vocab / 4;

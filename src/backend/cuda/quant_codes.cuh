@@ -31,8 +31,9 @@ __device__ __forceinline__ float w8a8_value(float a, float xs, float ws, float b
   return __fmaf_rn(__fmul_rn(a, xs), ws, bs);
 }
 // SiLU with the fast exponential and division (ex2.approx and a reciprocal, a few ulp): the FP8 passes round
-// the product to E4M3 (2^-4) right after, and their accurate expf and IEEE division were most of the SiLU
-// pass's instructions at prefill sizes. Every FP8 path (epilogue and fused pass) uses this one.
+// the product to E4M3 (2^-4) right after, and the SiLU pass was bound by its per-value arithmetic, not its
+// loads (H200 2026-12-04: all of a row's loads in flight made it slower); measured together with the pass's
+// other changes (kernels_quant_fused.cu), not alone. Every FP8 path (epilogue and fused pass) uses this one.
 __device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
 // The W8A8 SiLU * up value of one gate / up column pair from the unscaled FP8 products a, b.
 __device__ __forceinline__ float w8a8_silu_up(float a, float b, float xs, float ws, float bs, float ws2,
