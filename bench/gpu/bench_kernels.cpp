@@ -63,13 +63,18 @@ struct Bench {
     BatchView view;
     int64_t num_blocks = 0;
   };
-  DecodeBatch decode_batch(int64_t rows, int64_t ctx, int64_t bs) {
+  // capacity > ctx: block-table rows of `capacity` keys, as a captured decode graph's (entries past ctx unused).
+  DecodeBatch decode_batch(int64_t rows, int64_t ctx, int64_t bs, int64_t capacity = 0) {
     const int64_t per_seq = (ctx + bs - 1) / bs;
+    const int64_t width = std::max(per_seq, (capacity + bs - 1) / bs);
     DecodeBatch d;
     d.num_blocks = per_seq * rows;
-    std::vector<int32_t> table(static_cast<size_t>(d.num_blocks));
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), std::mt19937(5));
+    std::vector<int32_t> blocks(static_cast<size_t>(d.num_blocks));
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), std::mt19937(5));
+    std::vector<int32_t> table(static_cast<size_t>(rows * width), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(blocks.begin() + r * per_seq, per_seq, table.begin() + r * width);
     std::vector<int32_t> positions(static_cast<size_t>(rows), static_cast<int32_t>(ctx - 1)),
         qs(static_cast<size_t>(rows) + 1), lens(static_cast<size_t>(rows), static_cast<int32_t>(ctx));
     std::iota(qs.begin(), qs.end(), 0);
@@ -79,7 +84,7 @@ struct Bench {
     v.query_start = ints(qs);
     v.seq_lens = ints(lens);
     v.block_tables = ints(table);
-    v.max_blocks_per_seq = static_cast<int32_t>(per_seq);
+    v.max_blocks_per_seq = static_cast<int32_t>(width);
     v.max_query_len = 1;
     v.max_seq_len = static_cast<int32_t>(ctx);
     return d;
@@ -435,44 +440,54 @@ void bench_fp8_gemm(Bench& b, double gemm_tflops, int reps) {
 
 void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps);
 
-// INFERX_BENCH_ONLY=decode_splits: the FP8-cache decode attention (Llama-3-8B heads) over decode batches of
-// 32-512 rows at 1k-4k context, with the split count the model picks (decode_attention_splits, for the
-// batch's own block-table width and for a decode graph's 4096-key width) and forced to 1-8 splits, against
-// the copy ceiling: the data to calibrate the split model with (ncu of ~100-row FP8 decode steps on
-// 2026-12-04 had 5 splits at 48% of copy where 1 split ran at 67%).
+// INFERX_BENCH_ONLY=decode_splits: the decode attention (Llama-3-8B heads) over decode batches of 32-512 rows
+// at 1k-4k context, FP8 cache (and BF16 at 1k and 4k), forced to 1-8 splits and with the split plan
+// (decode_attention_plan) for the batch's own block-table width and for a captured graph's 4096- and
+// 8192-key widths (the contexts stay as given): the data the plan's model is calibrated with.
 void bench_decode_splits(double copy_gbs, int reps) {
-  auto backend = make_cuda_backend(0, [] {
-    CudaBackendOptions o;
-    o.kv_cache_dtype = DType::F8_E4M3;
-    return o;
-  }());
-  auto& gpu = static_cast<CudaBackend&>(*backend);
-  Bench b{gpu, {}};
-  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, graph_keys = 4096;
-  const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
-  for (int64_t ctx : {int64_t{1024}, int64_t{1536}, int64_t{4096}})
-    for (int64_t rows : {int64_t{32}, int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192}, int64_t{256},
-                         int64_t{384}, int64_t{512}}) {
-      const size_t mark = b.keep.size();
-      const Bench::DecodeBatch batch = b.decode_batch(rows, ctx, bs);
-      const BatchView& view = batch.view;
-      const KvCacheLayer cache = b.kv_layer(DType::F8_E4M3, batch.num_blocks, bs, hkv, hd, 6);
-      Tensor q = b.f32(rows, hq * hd, 8), out = b.f32(rows, hq * hd, 9);
-      const double bytes = 2.0 * rows * ctx * hkv * hd;
-      const int own = cuda::decode_attention_splits(rows, hkv, hq, view.max_blocks_per_seq * bs,
-                                                    gpu.sm_count()),
-                graph = cuda::decode_attention_splits(rows, hkv, hq, graph_keys, gpu.sm_count());
-      std::printf("rows %lld ctx %lld: the model picks %d splits (own width), %d (4096-key graph width)\n",
-                  static_cast<long long>(rows), static_cast<long long>(ctx), own, graph);
-      for (int splits : {1, 2, 3, 4, 6, 8}) {
-        gpu.set_attention_kernel(CudaAttentionKernel::Decode, splits);
-        const double t = b.time([&] { gpu.attention(q, cache, view, p, out); }, reps);
-        row(fmt_shape("fp8 decode %lld splits", splits).c_str(), fmt_shape("b%lld ctx%lld", rows, ctx), t,
-            bytes, false, copy_gbs);
+  for (DType dt : {DType::F8_E4M3, DType::BF16}) {
+    auto backend = make_cuda_backend(0, [dt] {
+      CudaBackendOptions o;
+      o.kv_cache_dtype = dt;
+      return o;
+    }());
+    auto& gpu = static_cast<CudaBackend&>(*backend);
+    Bench b{gpu, {}};
+    const int64_t hq = 32, hkv = 8, hd = 128, bs = 16;
+    const int64_t elem = dt == DType::F8_E4M3 ? 1 : 2;
+    const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+    const char* name = dt == DType::F8_E4M3 ? "fp8" : "bf16";
+    for (int64_t ctx : {int64_t{1024}, int64_t{1536}, int64_t{4096}}) {
+      if (dt == DType::BF16 && ctx == 1536) continue;
+      for (int64_t rows : {int64_t{8}, int64_t{32}, int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192},
+                           int64_t{256}, int64_t{384}, int64_t{512}}) {
+        const size_t mark = b.keep.size();
+        const Bench::DecodeBatch batch = b.decode_batch(rows, ctx, bs);
+        const KvCacheLayer cache = b.kv_layer(dt, batch.num_blocks, bs, hkv, hd, 6);
+        Tensor q = b.f32(rows, hq * hd, 8), out = b.f32(rows, hq * hd, 9);
+        const double bytes = 2.0 * rows * ctx * hkv * hd * elem;
+        for (int splits : {1, 2, 3, 4, 8}) {
+          gpu.set_attention_kernel(CudaAttentionKernel::Decode, splits);
+          const double t = b.time([&] { gpu.attention(q, cache, batch.view, p, out); }, reps);
+          char label[48];
+          std::snprintf(label, sizeof label, "%s decode %d splits", name, splits);
+          row(label, fmt_shape("b%lld ctx%lld", rows, ctx), t, bytes, false, copy_gbs);
+        }
+        gpu.set_attention_kernel(CudaAttentionKernel::Auto);
+        for (int64_t capacity : {int64_t{0}, int64_t{4096}, int64_t{8192}}) {
+          const Bench::DecodeBatch wide = b.decode_batch(rows, ctx, bs, capacity);
+          const cuda::DecodeSplitPlan plan = cuda::decode_attention_plan(
+              rows, hkv, hq, int64_t{wide.view.max_blocks_per_seq} * bs, gpu.sm_count(), dt);
+          const double t = b.time([&] { gpu.attention(q, cache, wide.view, p, out); }, reps);
+          char label[48];
+          std::snprintf(label, sizeof label, "%s plan %d/%d cap%lld", name, plan.splits, plan.min_tiles,
+                        static_cast<long long>(capacity));
+          row(label, fmt_shape("b%lld ctx%lld", rows, ctx), t, bytes, false, copy_gbs);
+        }
+        b.keep.resize(mark);
       }
-      gpu.set_attention_kernel(CudaAttentionKernel::Auto);
-      b.keep.resize(mark);
     }
+  }
 }
 
 // INFERX_BENCH_ONLY=overlap: what running a decode step's memory-bound attention and compute-bound GEMMs at

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Offline throughput A/B (no HTTP) of environment switches, in one device call (after bench/gpu/stage.sh):
 #   tar -xzf gpu-carry-z/carry.tgz && VARIANTS="fused: unfused:INFERX_CUDA_FP8_FUSE=0" bash bench/gpu/offline_ab.sh
-# VARIANTS: space-separated "name:ENV=VAL,ENV=VAL"; WORKLOADS: space-separated PROMPTSxINPUT/OUTPUT (default
+# VARIANTS: space-separated "name:ENV=VAL,ENV=VAL" (BIN=NAME runs $C/NAME instead of $C/inferx); WORKLOADS: space-separated PROMPTSxINPUT/OUTPUT (default
 # 512x1000/200 1000x1000/1000, the second the setting TensorRT-LLM publishes 17.7k output tok/s for in FP8);
 # QUANT_ARGS: the model's quantization (default FP8 weights + FP8 KV cache). `inferx bench offline` on the
 # Llama-3-8B shape with dummy weights, --max-batch-size MAX_BATCH (default 512); ENGINE_ARGS: more engine
@@ -21,9 +21,14 @@ for w in $WORKLOADS; do
   for v in $VARIANTS; do
     name=${v%%:*}
     IFS=, read -r -a kv <<<"${v#*:}"
+    # BIN=NAME (not an environment setting): run $C/NAME instead of $C/inferx (an older build staged beside it).
+    bin="$C/inferx"
+    for i in "${!kv[@]}"; do
+      [[ "${kv[$i]}" == BIN=* ]] && bin="$C/${kv[$i]#BIN=}" && unset 'kv[i]'
+    done
     tag="${prompts}_${in}_${out}_$name"
     [[ "${STEP_PROFILE:-0}" == 1 ]] && kv+=(INFERX_STEP_PROFILE=1)
-    env "${kv[@]}" timeout "${RUN_TIMEOUT:-200}" "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 \
+    env "${kv[@]}" timeout "${RUN_TIMEOUT:-200}" "$bin" bench offline -m dummy:llama-3-8b --dtype bf16 \
       "${quant[@]}" "${engine[@]}" --device cuda --max-batch-size "${MAX_BATCH:-512}" --num-prompts "$prompts" \
       --input-len "$in" \
       --output-len "$out" --max-model-len 4096 --no-progress --json >"$OUT/off_$tag.json" 2>"$OUT/off_$tag.err"

@@ -243,11 +243,19 @@ std::vector<Case> cases(std::mt19937& rng, bool decode_only, bool long_chunks) {
   return out;
 }
 
+// A kernel to check: splits > 0 forces the decode kernel's split count, min_tiles its tiles per split (the
+// split plan's cut of contexts shorter than the plan's capacity, DecodeSplitPlan).
+struct KernelChoice {
+  CudaAttentionKernel kernel;
+  int splits = 0;
+  int min_tiles = 1;
+};
+
 // q_amp: queries uniform in [-q_amp, q_amp]; scores then grow with q_amp, and so does the softmax's
 // sensitivity to their rounding: the tolerance of the F32-equivalent kernels is scaled with it.
 void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_scale, float v_scale,
                    const Case& c, std::mt19937& rng,
-                   const std::vector<std::pair<CudaAttentionKernel, int>>& kernels, float q_amp = 1.0f,
+                   const std::vector<KernelChoice>& kernels, float q_amp = 1.0f,
                    bool nan_unused = false) {
   const Layout d = make_layout(c, rng);
   const Cache cache = random_cache(f, c, d, dtype, k_scale, v_scale, rng, nan_unused);
@@ -257,10 +265,11 @@ void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_
   const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
   const BatchView b = f.view(d);
   const Tensor q = f.f32(qv, T, c.hq * c.hd);
-  for (const auto& [kernel, splits] : kernels) {
-    SCOPED_TRACE(::testing::Message() << "kernel " << static_cast<int>(kernel) << " splits " << splits);
+  for (const auto& [kernel, splits, min_tiles] : kernels) {
+    SCOPED_TRACE(::testing::Message() << "kernel " << static_cast<int>(kernel) << " splits " << splits
+                                      << " min tiles " << min_tiles);
     Tensor out = f.f32(std::vector<float>(qv.size(), std::nanf("")), T, c.hq * c.hd);
-    gpu.set_attention_kernel(kernel, splits);
+    gpu.set_attention_kernel(kernel, splits, min_tiles);
     gpu.attention(q, cache.layer, b, p, out);
     const Errors e = compare(f.download<float>(out.data, qv.size()), want);
     // F32 arithmetic (v0) or F32-equivalent (decode: three-term BF16 splits of Q and P) vs BF16 Q and P.
@@ -284,7 +293,7 @@ void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_
 // Every decode-only case of the grid over a BF16 cache and an FP8 cache (k_scale 0.02, v_scale 1.5) through
 // `kernels`; block_size > 0 replaces the cases' block sizes, q_amp as check_kernels.
 void check_decode_cases(CudaAttentionTest& f, std::mt19937& rng,
-                        const std::vector<std::pair<CudaAttentionKernel, int>>& kernels, float q_amp = 1.0f,
+                        const std::vector<KernelChoice>& kernels, float q_amp = 1.0f,
                         int64_t block_size = 0, bool nan_unused = false) {
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
@@ -305,6 +314,49 @@ TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
                       {CudaAttentionKernel::Decode, 5},
                       {CudaAttentionKernel::Decode, 64},
                       {CudaAttentionKernel::Reference, 0}});
+}
+
+// Split plans that cut a token's keys into fewer, longer splits than the launch has (min_tiles > 1: a graph
+// planned for a longer capacity than the contexts): the unused splits return at once and the merge takes
+// the used ones; a token needing one split writes its output directly.
+TEST_F(CudaAttentionTest, DecodeKernelWithMinimumTilesPerSplitMatchesFloat64) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  check_decode_cases(*this, rng_,
+                     {{CudaAttentionKernel::Decode, 8, 3},
+                      {CudaAttentionKernel::Decode, 64, 5},
+                      {CudaAttentionKernel::Decode, 3, 16},
+                      {CudaAttentionKernel::Decode, 2, 100}});
+}
+
+// The split plan (host arithmetic, no GPU needed) on the H200's 132 SMs, Llama-3-8B heads: what the
+// calibration measured (docs/benchmarks.md, 2026-12-04 evening: one split from 64 rows at 1-4k keys but
+// 96 rows x 4k, more splits for fewer rows), and contexts shorter than a graph's capacity cut as one split
+// where the launch fills the GPU.
+TEST(DecodeSplitPlan, FollowsTheCalibration) {
+  const auto plan = [](int64_t rows, int64_t keys) {
+    return cuda::decode_attention_plan(rows, 8, 32, keys, 132, DType::F8_E4M3);
+  };
+  for (int64_t keys : {1024, 1536, 4096, 8192, 131072}) {
+    SCOPED_TRACE(::testing::Message() << "keys " << keys);
+    for (int64_t rows : {128, 256, 512, 1024}) EXPECT_EQ(plan(rows, keys).splits, 1) << rows;
+    // Batch 1 spreads its 8 groups over the chip (latency-bound: every split of every token).
+    const cuda::DecodeSplitPlan one = plan(1, keys);
+    EXPECT_EQ(one.splits, std::min<int64_t>(cuda::kDecodeMaxSplits, keys / 64));
+    EXPECT_EQ(one.min_tiles, 1);
+    EXPECT_EQ(plan(8, keys).splits, 8);
+    EXPECT_EQ(plan(64, keys).splits, 1);
+  }
+  EXPECT_EQ(plan(32, 4096).splits, 2);
+  EXPECT_EQ(plan(96, 4096).splits, 2);
+  EXPECT_EQ(plan(96, 1536).splits, 1);
+  // 96 rows under an 8k-key capacity: split for 8k contexts, but a 1.5k one (24 tiles) stays one split.
+  const cuda::DecodeSplitPlan wide = plan(96, 8192);
+  EXPECT_GT(wide.splits, 1);
+  EXPECT_GE(wide.min_tiles, 24);
+  EXPECT_LE(wide.min_tiles * wide.splits, 8192 / 64 + wide.splits);
+  // BF16 caches (3 CTAs per SM, half the fixed cost in tiles): one split at 512 rows x 1k.
+  EXPECT_EQ(cuda::decode_attention_plan(512, 8, 32, 1024, 132, DType::BF16).splits, 1);
+  EXPECT_EQ(cuda::decode_attention_plan(1, 8, 32, 0, 132, DType::BF16).splits, 1);  // no keys: one split
 }
 
 // NaN codes in every cache slot outside the sequences (stale blocks, the tails of the last blocks): the

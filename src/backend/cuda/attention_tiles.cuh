@@ -214,20 +214,27 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // The keys a decode CTA (v2, v3) attends: its token's visible keys end at `last` (its position, within the
-// sequence) and start `window` keys earlier (0: at 0); split `split` of `splits` takes whole tiles of
-// them, [k_begin, k_end), n_tiles tiles (none when the split starts past `last`).
+// sequence) and start `window` keys earlier (0: at 0); split `split` of the launch's `splits` takes whole
+// tiles of them, [k_begin, k_end), n_tiles tiles. The token's own split count `used` counts only the splits
+// that get keys (at least one: a token without keys still writes its zero output): every split takes
+// ceil(tiles / splits) tiles but at least `min_tiles` (v3: CudaBackend's split plan for contexts shorter
+// than the capacity it was chosen for; 1 keeps the launch's split length), so the splits from `used` on are
+// empty - v3 returns from them at once and merges `used` partials; v2 ignores `used` (min_tiles 1).
 struct SplitKeys {
-  int last, k_begin, k_end, n_tiles;
+  int last, k_begin, k_end, n_tiles, used;
 };
 template <int kTile>
-__device__ __forceinline__ SplitKeys split_keys(int pos, int seq_len, int64_t window, int split, int splits) {
+__device__ __forceinline__ SplitKeys split_keys(int pos, int seq_len, int64_t window, int split, int splits,
+                                                int min_tiles = 1) {
   const int last = min(pos, seq_len - 1);
   const int first = window > 0 ? static_cast<int>(max(static_cast<int64_t>(0), pos - window + 1)) : 0;
   const int n_keys = last >= first ? last - first + 1 : 0;
-  const int per_split = ((n_keys + splits - 1) / splits + kTile - 1) / kTile * kTile;  // whole tiles
-  const int k_begin = first + split * per_split;
-  const int k_end = min(last + 1, k_begin + per_split);
-  return {last, k_begin, k_end, k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0};
+  const int tiles = (n_keys + kTile - 1) / kTile;
+  const int per_split = max((tiles + splits - 1) / splits, max(min_tiles, 1));  // tiles
+  const int used = max(1, (tiles + per_split - 1) / per_split);
+  const int k_begin = first + split * per_split * kTile;
+  const int k_end = min(last + 1, k_begin + per_split * kTile);
+  return {last, k_begin, k_end, k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0, used};
 }
 
 // The first kAhead tiles of a decode split (v2, v3), around the wait for the previous kernel. The step's

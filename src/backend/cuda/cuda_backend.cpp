@@ -363,9 +363,11 @@ void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv,
   // captured graph stays valid as the sequences grow (the kernel cuts the actual keys on the device).
   const int64_t capacity = static_cast<int64_t>(args.max_blocks_per_seq) * kv.block_size;
   const int forced = options_.decode_splits;
-  const int splits = forced > 0 ? std::min(forced, cuda::kDecodeMaxSplits)
-                                : cuda::decode_attention_splits(args.num_tokens, p.num_kv_heads, p.num_heads,
-                                                                capacity, sm_count_);
+  const cuda::DecodeSplitPlan plan =
+      forced > 0 ? cuda::DecodeSplitPlan{std::min(forced, cuda::kDecodeMaxSplits), std::max(decode_min_tiles_, 1)}
+                 : cuda::decode_attention_plan(args.num_tokens, p.num_kv_heads, p.num_heads, capacity, sm_count_,
+                                               kv.dtype);
+  const int splits = plan.splits;
   const size_t bytes = cuda::decode_attention_scratch_bytes(args.num_tokens, p.num_heads, p.head_dim, splits);
   void* partials = bytes > 0 ? scratch(decode_partials_, bytes) : nullptr;
   // The merge tickets: zeroed when (re)allocated; every launch leaves them zero.
@@ -380,7 +382,7 @@ void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv,
       CUDA_CHECK(cudaMemsetAsync(counters, 0, decode_counters_.bytes, stream_));
   }
   CUDA_CHECK(cuda::launch_decode_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads, p.head_dim,
-                                           p.scale, p.sliding_window, splits, partials, counters,
+                                           p.scale, p.sliding_window, plan, partials, counters,
                                            out.ptr<float>(), out_bf16, stream_));
 }
 

@@ -168,10 +168,11 @@ class CudaBackend final : public Backend {
   void sample(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
 
   // Tests and benchmarks: force an attention kernel and (0: automatic) the decode split count (this
-  // replaces the options' decode_splits).
-  void set_attention_kernel(CudaAttentionKernel kernel, int decode_splits = 0) {
+  // replaces the options' decode_splits) with at least decode_min_tiles 64-key tiles per split.
+  void set_attention_kernel(CudaAttentionKernel kernel, int decode_splits = 0, int decode_min_tiles = 1) {
     attention_kernel_ = kernel;
     options_.decode_splits = decode_splits;
+    decode_min_tiles_ = decode_min_tiles;
   }
   int sm_count() const { return sm_count_; }
   // The quantized GEMM of large row counts (quantized_gemm.h), for tests and benchmarks.
@@ -244,6 +245,7 @@ class CudaBackend final : public Backend {
   RopeParams inv_freq_params_;
 
   CudaAttentionKernel attention_kernel_ = CudaAttentionKernel::Auto;
+  int decode_min_tiles_ = 1;  // of a forced decode split count (set_attention_kernel)
   // The persistent decode kernel's scratch (q/k/v, attention output and partials, MLP activation, grid
   // barrier) and its parameter block (~25 KB, built per step; heap, not the stack).
   Scratch decode_stack_scratch_, decode_stack_profile_;

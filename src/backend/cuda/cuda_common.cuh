@@ -184,8 +184,12 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535) {
   return static_cast<unsigned>(blocks < cap ? blocks : cap);
 }
 
-// Index of the sequence owning flattened token t: the s with query_start[s] <= t < query_start[s + 1].
+// Index of the sequence owning flattened token t: the s with query_start[s] <= t < query_start[s + 1] (the
+// last such s if some sequences are empty). Decode rows come first in a batch and hold one token each, so
+// token t < num_seqs is first tried as sequence t: two independent loads instead of the binary search's
+// ~log2(num_seqs) dependent ones, which every decode-attention CTA waits for before its first K/V load.
 __device__ __forceinline__ int find_sequence(const int32_t* query_start, int num_seqs, int t) {
+  if (t < num_seqs && query_start[t] == t && query_start[t + 1] > t) return t;
   int lo = 0, hi = num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;

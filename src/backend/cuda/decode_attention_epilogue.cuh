@@ -17,13 +17,15 @@ namespace inferx::cuda::attn {
 struct DecodeResult {
   float* out;               // [tokens * hq, HD]
   __nv_bfloat16* out_bf16;  // the same rounded to BF16, or null
-  float* part_acc;          // [tokens * hq, splits, HD] numerators (splits > 1)
-  float* part_ml;           // [tokens * hq, splits, 2] max and denominator
+  float* part_acc;          // [tokens * hq, stride, HD] numerators (splits > 1)
+  float* part_ml;           // [tokens * hq, stride, 2] max and denominator
   int* ticket;              // this (token, group chunk)'s merge ticket (splits > 1)
   int64_t row0;             // the CTA's first output row: token * hq + first head
   int nh;                   // rows it writes
-  int splits, split;
-  float out_scale;  // FP8 caches: v_scale
+  int splits;               // the token's splits that the merge combines (SplitKeys::used)
+  int split;                // this CTA's
+  int stride;               // the launch's split count: partials per output row
+  float out_scale;          // FP8 caches: v_scale
 };
 
 // s_o [warp][row][HD], s_m / s_l [warp][row] (kRows rows per warp) hold every warp's numerator, running
@@ -36,7 +38,7 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
   __shared__ float s_w[kRows][kDecodeMaxSplits];
   __shared__ float s_den[kRows];
   __shared__ bool s_last;
-  const int splits = res.splits;
+  const int splits = res.splits, stride = res.stride;
   for (int idx = threadIdx.x; idx < res.nh * HD; idx += kThreads) {
     const int r = idx / HD, d = idx % HD;
     float mx = -CUDART_INF_F;
@@ -58,10 +60,10 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
       res.out[row * HD + d] = v;
       if (res.out_bf16) res.out_bf16[row * HD + d] = __float2bfloat16_rn(v);
     } else {
-      res.part_acc[(row * splits + res.split) * HD + d] = num;
+      res.part_acc[(row * stride + res.split) * HD + d] = num;
       if (d == 0) {
-        res.part_ml[(row * splits + res.split) * 2] = mx;
-        res.part_ml[(row * splits + res.split) * 2 + 1] = den;
+        res.part_ml[(row * stride + res.split) * 2] = mx;
+        res.part_ml[(row * stride + res.split) * 2 + 1] = den;
       }
     }
   }
@@ -79,7 +81,7 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
   // A warp per row: lane i weighs splits i and i + 32 and the warp sums the denominator.
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   for (int r = warp; r < res.nh; r += kWarps) {
-    const float2* ml = reinterpret_cast<const float2*>(res.part_ml) + (res.row0 + r) * splits;
+    const float2* ml = reinterpret_cast<const float2*>(res.part_ml) + (res.row0 + r) * stride;
     const float2 a = lane < splits ? __ldcg(&ml[lane]) : make_float2(-CUDART_INF_F, 0.0f);
     const float2 b = lane + kWarp < splits ? __ldcg(&ml[lane + kWarp]) : make_float2(-CUDART_INF_F, 0.0f);
     float mx = fmaxf(a.x, b.x);
@@ -97,7 +99,7 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
   for (int idx = threadIdx.x; idx < res.nh * (HD / kV); idx += kThreads) {
     const int r = idx / (HD / kV), d = idx % (HD / kV) * kV;
     const int64_t row = res.row0 + r;
-    const float* acc = res.part_acc + row * splits * HD + d;
+    const float* acc = res.part_acc + row * stride * HD + d;
     const float f = s_den[r] > 0.0f ? res.out_scale / s_den[r] : 0.0f;
     if constexpr (kVec4) {
       float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

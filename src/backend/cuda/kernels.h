@@ -105,10 +105,20 @@ cudaError_t launch_paged_attention(const float* q, const PagedKv& cache, const B
 // for all the query heads of the group; the last CTA of a (token, group) merges the splits' partials.
 // Any token works (a prefill token too), but it pays for one-token queries.
 constexpr int kDecodeMaxSplits = 64;
-// Split count for `tokens` queries of `kv_heads` groups over up to `max_keys` keys on `sms` SMs: the count
-// with the fewest estimated waves x tiles per split (v2; v1: enough CTAs to give every SM three), at least
-// 64 keys per split.
-int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms);
+// How a decode launch cuts each token's keys: `splits` CTAs per (token, group) in the grid, each taking
+// ceil(tiles / splits) 64-key tiles of its token but at least `min_tiles` (v3; v1/v2 take 1), so a token
+// whose context is shorter than the one the plan was made for uses fewer splits (the rest return at once).
+struct DecodeSplitPlan {
+  int splits = 1;
+  int min_tiles = 1;
+};
+// The plan for `tokens` queries of `kv_heads` groups with block tables of `max_keys` keys (a captured
+// graph's capacity: the actual contexts may be shorter) on `sms` SMs over a `cache` (F8_E4M3 or BF16) cache.
+// v3: the split count with the least estimated time (waves of CTAs x (tiles per split + a fixed cost per
+// CTA + a merge cost per split), calibrated on the H200), and min_tiles so that contexts shorter than
+// max_keys split only when the launch cannot fill the GPU anyway; v2 and v1: their older models, min_tiles 1.
+DecodeSplitPlan decode_attention_plan(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms,
+                                      DType cache);
 // Bytes of scratch the split partials need (0 when splits == 1).
 size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, int splits);
 // int32 tickets the merge needs when splits > 1: zero before the first launch; each launch leaves them
@@ -117,13 +127,13 @@ int64_t decode_attention_counters(int64_t tokens, int64_t hq, int64_t hkv);
 bool decode_attention_supported(const PagedKv& cache, int64_t hd);
 // out [tokens, hq * hd] F32; out_bf16 (may be null) receives the same values rounded to BF16.
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
-                                    int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
-                                    void* scratch, int* counters, float* out, void* out_bf16,
-                                    cudaStream_t stream);
+                                    int64_t hkv, int64_t hd, float scale, int64_t sliding_window,
+                                    DecodeSplitPlan plan, void* scratch, int* counters, float* out,
+                                    void* out_bf16, cudaStream_t stream);
 // The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments
 // (power-of-two block sizes and aligned buffers only; the others go to v2).
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
-                                       int hkv, int hd, float scale, int64_t window, int splits,
+                                       int hkv, int hd, float scale, int64_t window, DecodeSplitPlan plan,
                                        void* scratch, int* counters, float* out, void* out_bf16,
                                        cudaStream_t stream);
 

@@ -28,6 +28,7 @@
 // seq_len - 1)], block_tables[s][j / bs] slot j % bs; a token with no visible key gets a zero output.
 #include <math_constants.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -274,7 +275,7 @@ __global__ void __launch_bounds__(kThreads)
   finish_mma_rows<HD>(smem_raw, o, m0, l0, m1, l1,
                       {out, out_bf16, part_acc, part_ml,
                        counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr,
-                       static_cast<int64_t>(t) * hq + h0, nh, splits, split, out_scale});
+                       static_cast<int64_t>(t) * hq + h0, nh, splits, split, splits, out_scale});
 }
 
 // ---- v2 (INFERX_CUDA_DECODE_ATTN=v2; the fallback of v3) -----------------------------
@@ -612,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   finish_mma_rows<HD>(smem_raw, o, m0, l0, m1, l1,
                       {out, out_bf16, part_acc, part_ml,
                        counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr,
-                       static_cast<int64_t>(t) * hq + h0, nh, splits, split, out_scale});
+                       static_cast<int64_t>(t) * hq + h0, nh, splits, split, splits, out_scale});
 }
 
 template <class CacheT, int HD>
@@ -650,39 +651,63 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
 
 }  // namespace
 
-int decode_attention_splits(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms) {
+DecodeSplitPlan decode_attention_plan(int64_t tokens, int64_t kv_heads, int64_t hq, int64_t max_keys, int sms,
+                                      DType cache) {
   const int64_t chunks = (hq / kv_heads + kRows - 1) / kRows;
   const int64_t ctas = tokens * kv_heads * chunks;
-  // About three CTAs fit on an SM (a double-buffered 64-key tile of K and V for head_dim 128 is 68 KiB):
-  // enough splits to give every SM three, and at least one full tile of keys per split.
-  if (decode_attention_v1()) {
-    int64_t want = (3 * static_cast<int64_t>(sms) + ctas - 1) / ctas;
-    const int64_t by_len = max_keys / kTile;
-    want = want < by_len ? want : by_len;
-    if (want < 1) want = 1;
-    return static_cast<int>(want < kDecodeMaxSplits ? want : kDecodeMaxSplits);
-  }
-  // v2: two CTAs per SM (registers and 70 KiB of tiles). Estimated time of a split count = waves of CTAs
-  // x (tiles per split + one tile's worth of fixed cost: setup, partials, merge); the smallest estimate
-  // wins, fewer splits on ties. v3 fits 3 (BF16) or 4 (FP8) CTAs per SM, but the model still counts 2
-  // until INFERX_DECODE_CTAS_PER_SM=3|4 (read once) is measured: more slots mean more splits at 32-64
-  // decode rows (and 2 instead of 1 at 256 BF16 rows), each split adding a partial and a merge.
-  static const int64_t per_sm = env_int("INFERX_DECODE_CTAS_PER_SM", 1, 8, 2);
-  const int64_t slots = per_sm * static_cast<int64_t>(sms > 0 ? sms : 1);
-  int64_t max_splits = max_keys / kTile;
+  int64_t max_splits = max_keys / kTile;  // at least one full tile of keys per split
   if (max_splits > kDecodeMaxSplits) max_splits = kDecodeMaxSplits;
   if (max_splits < 1) max_splits = 1;
-  int64_t best = 1, best_cost = -1;
-  for (int64_t sp = 1; sp <= max_splits; ++sp) {
-    const int64_t waves = (ctas * sp + slots - 1) / slots;
-    const int64_t keys = (max_keys + sp - 1) / sp;
-    const int64_t cost = waves * ((keys + kTile - 1) / kTile + 1);
-    if (best_cost < 0 || cost < best_cost) {
-      best = sp;
-      best_cost = cost;
-    }
+  // v1: about three CTAs fit on an SM (a double-buffered 64-key tile of K and V for head_dim 128 is 68 KiB):
+  // enough splits to give every SM three.
+  if (decode_attention_v1()) {
+    const int64_t want = (3 * static_cast<int64_t>(sms) + ctas - 1) / ctas;
+    return {static_cast<int>(want < 1 ? 1 : want < max_splits ? want : max_splits), 1};
   }
-  return static_cast<int>(best);
+  if (decode_attention_version() == 2) {
+    // v2: two CTAs per SM (registers and 70 KiB of tiles). Estimated time of a split count = waves of CTAs x
+    // (tiles per split + one tile's worth of fixed cost: setup, partials, merge); fewer splits on ties.
+    const int64_t slots = 2 * static_cast<int64_t>(sms > 0 ? sms : 1);
+    int64_t best = 1, best_cost = -1;
+    for (int64_t sp = 1; sp <= max_splits; ++sp) {
+      const int64_t waves = (ctas * sp + slots - 1) / slots;
+      const int64_t cost = waves * (((max_keys + sp - 1) / sp + kTile - 1) / kTile + 1);
+      if (best_cost < 0 || cost < best_cost) best = sp, best_cost = cost;
+    }
+    return {static_cast<int>(best), 1};
+  }
+  // v3 (the default). CTAs per SM: 4 with an FP8 cache, 3 with BF16 (INFERX_DECODE_CTAS_PER_SM overrides,
+  // read once). Estimated time of `sp` splits = waves x (tiles per split + a fixed cost per CTA + a merge
+  // cost when split), waves the mean of ceil(CTAs / slots) and max(1, CTAs / slots): a partial last wave
+  // costs less than a full one (its CTAs share the freed bandwidth) but more than its share; a larger count
+  // must be 3% cheaper (the waves' rounding alone made 3-5 splits look 0.5% better at 128k keys). Fixed cost 3
+  // tiles, merge 1 tile (FP8; a BF16 tile moves twice the bytes: 1.5 and 0.5), fitted to
+  // `INFERX_BENCH_ONLY=decode_splits bench_cuda_kernels` on the H200 (2026-12-04, FP8 cache, 32-512 rows x
+  // 1k-4k keys, forced 1-8 splits: time ~ rows x (3.6 us + 0.032 us per key) per CTA slot): it picks the
+  // fastest count at every measured point but b32 x 1.5k (2 splits, 1.6% slower than 1), where the old
+  // model (2 CTAs per SM, 1-tile cost) picked 5 splits at ~100 rows x 1.5k (1 split: 98 vs 153 us, ncu).
+  const bool fp8 = cache == DType::F8_E4M3;
+  static const int64_t per_sm_env = env_int("INFERX_DECODE_CTAS_PER_SM", 0, 8, 0);
+  const int64_t per_sm = per_sm_env > 0 ? per_sm_env : fp8 ? 4 : 3;
+  const double slots = static_cast<double>(per_sm * (sms > 0 ? sms : 1));
+  const double fixed = fp8 ? 3.0 : 1.5, merge = fp8 ? 1.0 : 0.5;
+  const int64_t cap_tiles = (max_keys + kTile - 1) / kTile;
+  int64_t best = 1;
+  double best_cost = -1.0;
+  for (int64_t sp = 1; sp <= max_splits; ++sp) {
+    const double w = static_cast<double>(ctas * sp) / slots;
+    const double waves = (std::ceil(w) + (w > 1.0 ? w : 1.0)) / 2.0;
+    const double tiles = static_cast<double>((cap_tiles + sp - 1) / sp);
+    const double cost = waves * (tiles + fixed + (sp > 1 ? merge : 0.0));
+    if (best_cost < 0.0 || cost < best_cost * 0.97) best = sp, best_cost = cost;  // more splits: 3% better
+  }
+  // The plan was made for max_keys (a graph's capacity); most contexts are shorter. Where its CTAs fit in one
+  // wave the launch is latency-bound and each token takes all the splits its tiles allow (min_tiles 1);
+  // where they do not, a token splits only as far as a max_keys context would: a 1.5k context under a
+  // 4k- or 8k-key plan of 2-3 splits at ~100 rows then runs as one split, as the measurements prefer.
+  const bool one_wave = static_cast<double>(ctas * best) <= slots;
+  const int64_t min_tiles = one_wave || best == 1 ? 1 : (cap_tiles + best - 1) / best;
+  return {static_cast<int>(best), static_cast<int>(min_tiles)};
 }
 
 size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, int splits) {
@@ -699,11 +724,12 @@ bool decode_attention_supported(const PagedKv& cache, int64_t hd) {
 }
 
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
-                                    int64_t hkv, int64_t hd, float scale, int64_t sliding_window, int splits,
-                                    void* scratch, int* counters, float* out, void* out_bf16,
-                                    cudaStream_t stream) {
+                                    int64_t hkv, int64_t hd, float scale, int64_t sliding_window,
+                                    DecodeSplitPlan plan, void* scratch, int* counters, float* out,
+                                    void* out_bf16, cudaStream_t stream) {
   if (batch.num_tokens == 0 || hq == 0) return cudaSuccess;
-  if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits ||
+  const int splits = plan.splits;
+  if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits || plan.min_tiles < 1 ||
       (splits > 1 && (scratch == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;  // the caller checks these first
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
@@ -713,7 +739,7 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
   if (decode_attention_version() == 3 && pow2_blocks && is_aligned(q, 16) && is_aligned(out, 16) &&
       is_aligned(out_bf16, 8))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
-                                      splits, scratch, counters, out, out_bf16, stream);
+                                      plan, scratch, counters, out, out_bf16, stream);
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,

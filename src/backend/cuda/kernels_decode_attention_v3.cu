@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                const CacheT* __restrict__ k_cache, const CacheT* __restrict__ v_cache,
                                int64_t num_blocks, int block_size, const __grid_constant__ BatchArgs batch,
                                int hq, int hkv, float q_mult, float s_scale, float out_scale, int64_t window,
-                               float* __restrict__ part_acc, float* __restrict__ part_ml,
+                               int min_split_tiles, float* __restrict__ part_acc, float* __restrict__ part_ml,
                                int* __restrict__ counters, float* __restrict__ out,
                                __nv_bfloat16* __restrict__ out_bf16) {
   static_assert(!kTma || sizeof(CacheT) == 1, "tensor copies: FP8 caches");
@@ -286,7 +286,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 
   const int s = find_sequence(batch.query_start, batch.num_seqs, t);
   const attn::SplitKeys keys =
-      attn::split_keys<kTile>(batch.positions[t], batch.seq_lens[s], window, split, splits);
+      attn::split_keys<kTile>(batch.positions[t], batch.seq_lens[s], window, split, splits, min_split_tiles);
+  // A split past the token's keys: nothing to read, no partial to write (the merge takes keys.used). Whole
+  // CTA (split and used are uniform), before any barrier; its exit counts as its PDL trigger.
+  if (split >= keys.used) return;
   const int last = keys.last, k_begin = keys.k_begin, k_end = keys.k_end, n_tiles = keys.n_tiles;
   const int w0 = k_begin + warp * 16;  // this warp's first key of tile 0
 
@@ -520,8 +523,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   attn::finish_decode<kWarps, kH, HD, kThreads, true>(
       s_o, s_m, s_l,
       {out, out_bf16, part_acc, part_ml,
-       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, splits, split,
-       out_scale});
+       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, keys.used, split,
+       splits, out_scale});
 }
 
 // INFERX_DECODE_ATTN_TMA=0|1 (read once; default 1): TmaLoader where it applies. Measured (H200, 2026-12-04,
@@ -573,7 +576,7 @@ bool tma_applies(const PagedKv& cache, int hd, int64_t window) {
 
 template <class CacheT, int HD, int NT, bool kTma>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
-                         float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
+                         float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream, const TmaMaps& maps) {
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
@@ -581,6 +584,7 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
       allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kTma>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
+  const int splits = plan.splits;
   const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));
   float* part_acc = static_cast<float*>(scratch);
   float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
@@ -597,49 +601,49 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTma>, grid, dim3(kThreads), kSmem, stream,
                     maps, q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
                     cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, q_mult, s_scale,
-                    out_scale, window, part_acc, part_ml, counters, out,
+                    out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
                     static_cast<__nv_bfloat16*>(out_bf16));
 }
 
 template <class CacheT, int HD>
 cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
-                         float scale, int64_t window, int splits, void* scratch, int* counters, float* out,
+                         float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters, float* out,
                          void* out_bf16, cudaStream_t stream) {
   TmaMaps maps{};
   if constexpr (sizeof(CacheT) == 1 && HD == 128) {
     if (tma_applies(cache, HD, window) && encode_kv_map(maps.k, cache.k, cache, hkv, HD) &&
         encode_kv_map(maps.v, cache.v, cache, hkv, HD)) {
       if (hq / hkv <= 8)
-        return launch_typed<CacheT, HD, 1, true>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+        return launch_typed<CacheT, HD, 1, true>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
                                                  counters, out, out_bf16, stream, maps);
-      return launch_typed<CacheT, HD, 2, true>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+      return launch_typed<CacheT, HD, 2, true>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
                                                counters, out, out_bf16, stream, maps);
     }
   }
   if (hq / hkv <= 8)
-    return launch_typed<CacheT, HD, 1, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+    return launch_typed<CacheT, HD, 1, false>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
                                               counters, out, out_bf16, stream, maps);
-  return launch_typed<CacheT, HD, 2, false>(q, cache, batch, hq, hkv, scale, window, splits, scratch,
+  return launch_typed<CacheT, HD, 2, false>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
                                             counters, out, out_bf16, stream, maps);
 }
 
 }  // namespace
 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
-                                       int hkv, int hd, float scale, int64_t window, int splits,
+                                       int hkv, int hd, float scale, int64_t window, DecodeSplitPlan plan,
                                        void* scratch, int* counters, float* out, void* out_bf16,
                                        cudaStream_t stream) {
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
-      return launch_heads<uint8_t, 64>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+      return launch_heads<uint8_t, 64>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
                                        out, out_bf16, stream);
-    return launch_heads<uint8_t, 128>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters, out,
+    return launch_heads<uint8_t, 128>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters, out,
                                       out_bf16, stream);
   }
   if (hd == 64)
-    return launch_heads<__nv_bfloat16, 64>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+    return launch_heads<__nv_bfloat16, 64>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
                                            out, out_bf16, stream);
-  return launch_heads<__nv_bfloat16, 128>(q, cache, batch, hq, hkv, scale, window, splits, scratch, counters,
+  return launch_heads<__nv_bfloat16, 128>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
                                           out, out_bf16, stream);
 }
 
