@@ -525,12 +525,15 @@ TEST_F(CudaKernelsTest, DecodeStepsReplayedFromAGraphMatchEagerSteps) {
 // The SiLU * up pass of a fused gate/up FP8 product quantized in the same pass (launch_fp8_silu_quantize)
 // gives exactly the codes and scales of the unfused pair launch_fp8_epilogue + launch_quantize_fp8_rows,
 // from a few columns (38: one column per load; 40; 5000) to Llama-3-8B's 14336 and Llama-3-70B's 28672
-// and past them (40000), per-channel and per-tensor scales, with biases.
+// and past them (40000), per-channel and per-tensor scales, with biases. Per-channel rows of up to 14336
+// take the register-resident kernel (4, 8 or 14 chunks of 4 per thread: 4096 and 8192 fill 4 and 8, 8196
+// leaves most of the 14 idle), the others the shared-memory one.
 TEST_F(CudaKernelsTest, SiluQuantizePassMatchesTheUnfusedPassesExactly) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  for (int64_t f : {int64_t{40}, int64_t{38}, int64_t{5000}, int64_t{14336}, int64_t{28672}, int64_t{40000}})
+  for (int64_t f : {int64_t{40}, int64_t{38}, int64_t{4096}, int64_t{5000}, int64_t{8192}, int64_t{8196},
+                    int64_t{14336}, int64_t{28672}, int64_t{40000}})
     for (bool per_channel : {true, false})
       for (int64_t t : {int64_t{1}, int64_t{37}}) {
         SCOPED_TRACE(::testing::Message() << "f " << f << " per_channel " << per_channel << " t " << t);
