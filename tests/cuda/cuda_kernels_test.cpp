@@ -525,9 +525,8 @@ TEST_F(CudaKernelsTest, DecodeStepsReplayedFromAGraphMatchEagerSteps) {
 // The SiLU * up pass of a fused gate/up FP8 product quantized in the same pass (launch_fp8_silu_quantize)
 // gives exactly the codes and scales of the unfused pair launch_fp8_epilogue + launch_quantize_fp8_rows,
 // from a few columns (38: one column per load; 40; 5000) to Llama-3-8B's 14336 and Llama-3-70B's 28672
-// and past them (40000), per-channel and per-tensor scales, with biases. Per-channel rows of up to 14336
-// take the register-resident kernel (4, 8 or 14 chunks of 4 per thread: 4096 and 8192 fill 4 and 8, 8196
-// leaves most of the 14 idle), the others the shared-memory one.
+// and past them (40000), per-channel and per-tensor scales, with biases (4096, 8192 and 8196: row widths
+// around the thread count's multiples).
 TEST_F(CudaKernelsTest, SiluQuantizePassMatchesTheUnfusedPassesExactly) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);

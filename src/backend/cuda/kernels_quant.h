@@ -47,10 +47,8 @@ cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream);
 //     (fp8_norm_quantize_takes); others: cudaErrorNotSupported, nothing launched.
 //   silu_quantize: the SiLU * up epilogue of a fused gate/up FP8 GEMM (e.silu, Fp8Epilogue above; e.out
 //     unused) quantized per row in the same pass: codes q [t, n / 2], scale [t] - the codes and scales that
-//     launch_fp8_epilogue followed by launch_quantize_fp8_rows give. One CTA per row; BF16 sums with
-//     per-channel scales and rows up to 14336 wide keep the row in registers (INFERX_SILU_REGS=0: never),
-//     the others hold its values in shared memory (n / 2 floats: fp8_silu_quantize_takes); others:
-//     cudaErrorNotSupported.
+//     launch_fp8_epilogue followed by launch_quantize_fp8_rows give. One CTA per row, the row's values held
+//     in shared memory (n / 2 floats: fp8_silu_quantize_takes); others: cudaErrorNotSupported.
 //   dequantize: out [t, k] F32 = e4m3 value of q * scale[row] (the fallback when a GEMM after a fused pass
 //     is refused: the W8A8 values, which quantize back to the same codes).
 //     add_product (add then null): a deferred product (quantized_gemm.h) whose values are the add - residual

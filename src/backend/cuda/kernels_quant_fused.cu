@@ -164,75 +164,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The SiLU pass for BF16 sums with per-channel weight scales (the FP8 MLP's usual case) and rows of up to
-// kThreads * 4 * kChunks values (Llama-3-8B's 14336: 14 chunks of 4 per thread): the row's sums stay in
-// registers, every load of the row issued at once, and there is no shared-memory row buffer (56 KB at 14336
-// columns, which held silu_quantize_kernel to 3 CTAs per SM with 16 KB of loads in flight each; that pass
-// ran at ~50% of the copy bandwidth at 8192 rows). The values are computed twice, for the row maximum and
-// then for the codes, rather than held (the held values took 152 registers: one CTA per SM); the same
-// expressions in the same order as silu_quantize_kernel's, so the same scale and codes.
-__device__ __forceinline__ void silu_up4(const uint2& ra, const uint2& rb, const Fp8Epilogue& e, int64_t c,
-                                         int64_t f, float xs, float (&y)[4]) {
-  const float4 w1 = *reinterpret_cast<const float4*>(e.w_scale + c),
-               w2 = *reinterpret_cast<const float4*>(e.w_scale + f + c);
-  const float ws[4] = {w1.x, w1.y, w1.z, w1.w}, ws2[4] = {w2.x, w2.y, w2.z, w2.w};
-  float bs[4] = {}, bs2[4] = {};
-  if (e.bias) {
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      bs[u] = e.bias[c + u];
-      bs2[u] = e.bias[f + c + u];
-    }
-  }
-  const uint32_t av[4] = {ra.x << 16, ra.x & 0xffff0000u, ra.y << 16, ra.y & 0xffff0000u};  // BF16 -> F32
-  const uint32_t bv[4] = {rb.x << 16, rb.x & 0xffff0000u, rb.y << 16, rb.y & 0xffff0000u};
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-    y[u] = w8a8_silu_up(__uint_as_float(av[u]), __uint_as_float(bv[u]), xs, ws[u], bs[u], ws2[u], bs2[u]);
-}
-
-template <int kChunks>
-__global__ void __launch_bounds__(kThreads, kChunks > 8 ? 3 : 4)
-    silu_quantize_regs_kernel(const __grid_constant__ Fp8Epilogue e, uint8_t* q, float* scale) {
-  __shared__ float scratch[kWarp];
-  const auto* acc = static_cast<const __nv_bfloat16*>(e.acc);
-  const int64_t f = e.n / 2, f4 = f / 4;
-  for (int64_t r = blockIdx.x; r < e.t; r += gridDim.x) {
-    const __nv_bfloat16* row = acc + r * e.n;
-    uint2 ra[kChunks], rb[kChunks];  // 4 BF16 sums each: gate columns 4i.., up columns f + 4i..
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (i < f4) {
-        ra[j] = *reinterpret_cast<const uint2*>(row + 4 * i);
-        rb[j] = *reinterpret_cast<const uint2*>(row + f + 4 * i);
-      }
-    }
-    const float xs = e.x_scale[r];
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (i >= f4) continue;
-      float y[4];
-      silu_up4(ra[j], rb[j], e, 4 * i, f, xs, y);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) amax = fmaxf(amax, fabsf(y[u]));
-    }
-    const float s = fp8_row_scale(block_max(amax, scratch));  // its barriers also free scratch for the next row
-    if (threadIdx.x == 0) scale[r] = s;
-#pragma unroll
-    for (int j = 0; j < kChunks; ++j) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-      if (i >= f4) continue;
-      float y[4];
-      silu_up4(ra[j], rb[j], e, 4 * i, f, xs, y);
-      reinterpret_cast<uint32_t*>(q + r * f)[i] =
-          pack_codes(fp8_code(y[0], s), fp8_code(y[1], s), fp8_code(y[2], s), fp8_code(y[3], s));
-    }
-  }
-}
-
 __global__ void dequantize_fp8_rows_kernel(const uint8_t* q, const float* scale, int64_t t, int64_t k,
                                            float* out) {
   const int64_t total = t * k;
@@ -312,21 +243,8 @@ cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* sc
   const int64_t f = e.n / 2;
   const bool vec = f % 4 == 0 && is_aligned(e.acc, e.acc_bf16 ? 8 : 16) && is_aligned(q, 4);
   const size_t smem = static_cast<size_t>(f) * sizeof(float);
-  if (e.acc_bf16 && vec && e.per_channel && is_aligned(e.w_scale, 16)) {
-    // Rows that fit the registers (INFERX_SILU_REGS=0, read once, keeps the shared-memory pass for A/Bs).
-    static const bool regs = env_int("INFERX_SILU_REGS", 0, 1, 1) == 1;
-    const int64_t chunks = (f / 4 + kThreads - 1) / kThreads;
-    if (regs && chunks <= 14) {
-      if (chunks <= 4)
-        silu_quantize_regs_kernel<4><<<row_blocks(e.t), kThreads, 0, stream>>>(e, q, scale);
-      else if (chunks <= 8)
-        silu_quantize_regs_kernel<8><<<row_blocks(e.t), kThreads, 0, stream>>>(e, q, scale);
-      else
-        silu_quantize_regs_kernel<14><<<row_blocks(e.t), kThreads, 0, stream>>>(e, q, scale);
-      return cudaGetLastError();
-    }
+  if (e.acc_bf16 && vec && e.per_channel && is_aligned(e.w_scale, 16))
     return launch_silu<4, __nv_bfloat16, true>(e, q, scale, smem, stream);
-  }
   if (e.acc_bf16)
     return vec ? launch_silu<4, __nv_bfloat16>(e, q, scale, smem, stream)
                : launch_silu<1, __nv_bfloat16>(e, q, scale, smem, stream);
