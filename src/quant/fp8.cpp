@@ -115,7 +115,10 @@ float quantize_fp8_activation_row(const float* x, int64_t k, float* q) {
   float amax = 0;
   for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(x[i]));
   const float s = fp8_scale_for(amax);
-  for (int64_t i = 0; i < k; ++i) q[i] = round_to_fp8_e4m3(x[i] / s);
+  // x * (1 / s), not x / s: one multiplication per value, as the CUDA passes compute it (quant_codes.cuh),
+  // so both backends give the same codes.
+  const float inv = 1.0f / s;
+  for (int64_t i = 0; i < k; ++i) q[i] = round_to_fp8_e4m3(x[i] * inv);
   return s;
 }
 

@@ -35,8 +35,9 @@ Fp8Weight quantize_fp8_weight(const float* w, int64_t n, int64_t k, Fp8Granulari
 // out[i] = fp8(codes[i]) * scale for one row of k codes.
 void dequantize_fp8_row(const uint8_t* codes, float scale, float* out, int64_t k);
 
-// W8A8 activations: quantizes one row of k activations per token: returns the row's scale and writes
-// the E4M3 values (already multiplied out, exact in f32) to q.
+// W8A8 activations: quantizes one row of k activations per token: returns the row's scale s = max|x| / 448
+// (1 for an all-zero row) and writes the E4M3 values of x * (1 / s) (already multiplied out, exact in f32)
+// to q.
 float quantize_fp8_activation_row(const float* x, int64_t k, float* q);
 
 }  // namespace inferx

@@ -20,9 +20,10 @@ __global__ void quantize_fp8_rows_kernel(const float* x, int64_t t, int64_t k, u
     float amax = 0.0f;
     for (int64_t c = threadIdx.x; c < k; c += blockDim.x) amax = fmaxf(amax, fabsf(row[c]));
     const float s = fp8_row_scale(block_max(amax, scratch));
+    const float inv = fp8_inverse(s);
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t c = threadIdx.x; c < k; c += blockDim.x) {
-      const uint8_t code = fp8_code(row[c], s);
+      const uint8_t code = fp8_code(row[c], inv);
       if (q) q[r * k + c] = code;
       if (q_bf16) q_bf16[r * k + c] = __float2bfloat16_rn(fp8_to_float(code) * s);
     }
@@ -50,13 +51,14 @@ __global__ void __launch_bounds__(kThreads)
       amax = fmaxf(amax, abs_max4(v[j]));
     }
     const float s = fp8_row_scale(block_max(amax, scratch));
+    const float inv = fp8_inverse(s);
     if (threadIdx.x == 0) scale[r] = s;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
       if (i >= n4) continue;
-      const uint8_t c0 = fp8_code(v[j].x, s), c1 = fp8_code(v[j].y, s), c2 = fp8_code(v[j].z, s),
-                    c3 = fp8_code(v[j].w, s);
+      const uint8_t c0 = fp8_code(v[j].x, inv), c1 = fp8_code(v[j].y, inv), c2 = fp8_code(v[j].z, inv),
+                    c3 = fp8_code(v[j].w, inv);
       if (q) reinterpret_cast<uint32_t*>(q + r * k)[i] = pack_codes(c0, c1, c2, c3);
       if (q_bf16)
         store_bf16x4(q_bf16 + r * k + 4 * i, fp8_to_float(c0) * s, fp8_to_float(c1) * s, fp8_to_float(c2) * s,

@@ -78,13 +78,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kVec; ++j)
       if (threadIdx.x + static_cast<int64_t>(j) * kThreads < n4) amax = fmaxf(amax, abs_max4(v[j]));
     const float s = fp8_row_scale(block_max(amax, scratch));
+    const float inv = fp8_inverse(s);
     if (threadIdx.x == 0) scale[r] = s;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
       if (i < n4)
         reinterpret_cast<uint32_t*>(q + r * cols)[i] =
-            pack_codes(fp8_code(v[j].x, s), fp8_code(v[j].y, s), fp8_code(v[j].z, s), fp8_code(v[j].w, s));
+            pack_codes(fp8_code(v[j].x, inv), fp8_code(v[j].y, inv), fp8_code(v[j].z, inv), fp8_code(v[j].w, inv));
     }
   }
 }
@@ -151,14 +152,15 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     const float s = fp8_row_scale(block_max(amax, scratch));  // block_max's barriers also publish vals
+    const float inv = fp8_inverse(s);
     if (threadIdx.x == 0) scale[r] = s;
     for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < f; c += kThreads * V) {
       if constexpr (V == 4)
         *reinterpret_cast<uint32_t*>(q + r * f + c) =
-            pack_codes(fp8_code(vals[c], s), fp8_code(vals[c + 1], s), fp8_code(vals[c + 2], s),
-                       fp8_code(vals[c + 3], s));
+            pack_codes(fp8_code(vals[c], inv), fp8_code(vals[c + 1], inv), fp8_code(vals[c + 2], inv),
+                       fp8_code(vals[c + 3], inv));
       else
-        q[r * f + c] = fp8_code(vals[c], s);
+        q[r * f + c] = fp8_code(vals[c], inv);
     }
     __syncthreads();  // the next row overwrites vals
   }
