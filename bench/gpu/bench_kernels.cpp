@@ -63,7 +63,8 @@ struct Bench {
     BatchView view;
     int64_t num_blocks = 0;
   };
-  // capacity > ctx: block-table rows of `capacity` keys, as a captured decode graph's (entries past ctx unused).
+  // capacity > ctx: block-table rows of `capacity` keys, as a captured decode graph's (entries past ctx
+  // unused).
   DecodeBatch decode_batch(int64_t rows, int64_t ctx, int64_t bs, int64_t capacity = 0) {
     const int64_t per_seq = (ctx + bs - 1) / bs;
     const int64_t width = std::max(per_seq, (capacity + bs - 1) / bs);

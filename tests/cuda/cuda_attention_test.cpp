@@ -254,9 +254,8 @@ struct KernelChoice {
 // q_amp: queries uniform in [-q_amp, q_amp]; scores then grow with q_amp, and so does the softmax's
 // sensitivity to their rounding: the tolerance of the F32-equivalent kernels is scaled with it.
 void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_scale, float v_scale,
-                   const Case& c, std::mt19937& rng,
-                   const std::vector<KernelChoice>& kernels, float q_amp = 1.0f,
-                   bool nan_unused = false) {
+                   const Case& c, std::mt19937& rng, const std::vector<KernelChoice>& kernels,
+                   float q_amp = 1.0f, bool nan_unused = false) {
   const Layout d = make_layout(c, rng);
   const Cache cache = random_cache(f, c, d, dtype, k_scale, v_scale, rng, nan_unused);
   const int64_t T = static_cast<int64_t>(d.positions.size());
@@ -292,9 +291,8 @@ void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_
 
 // Every decode-only case of the grid over a BF16 cache and an FP8 cache (k_scale 0.02, v_scale 1.5) through
 // `kernels`; block_size > 0 replaces the cases' block sizes, q_amp as check_kernels.
-void check_decode_cases(CudaAttentionTest& f, std::mt19937& rng,
-                        const std::vector<KernelChoice>& kernels, float q_amp = 1.0f,
-                        int64_t block_size = 0, bool nan_unused = false) {
+void check_decode_cases(CudaAttentionTest& f, std::mt19937& rng, const std::vector<KernelChoice>& kernels,
+                        float q_amp = 1.0f, int64_t block_size = 0, bool nan_unused = false) {
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
     CudaBackend& gpu = f.backend(dt, ks, vs);

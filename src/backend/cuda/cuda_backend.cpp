@@ -364,9 +364,10 @@ void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv,
   const int64_t capacity = static_cast<int64_t>(args.max_blocks_per_seq) * kv.block_size;
   const int forced = options_.decode_splits;
   const cuda::DecodeSplitPlan plan =
-      forced > 0 ? cuda::DecodeSplitPlan{std::min(forced, cuda::kDecodeMaxSplits), std::max(decode_min_tiles_, 1)}
-                 : cuda::decode_attention_plan(args.num_tokens, p.num_kv_heads, p.num_heads, capacity, sm_count_,
-                                               kv.dtype);
+      forced > 0
+          ? cuda::DecodeSplitPlan{std::min(forced, cuda::kDecodeMaxSplits), std::max(decode_min_tiles_, 1)}
+          : cuda::decode_attention_plan(args.num_tokens, p.num_kv_heads, p.num_heads, capacity, sm_count_,
+                                        kv.dtype);
   const int splits = plan.splits;
   const size_t bytes = cuda::decode_attention_scratch_bytes(args.num_tokens, p.num_heads, p.head_dim, splits);
   void* partials = bytes > 0 ? scratch(decode_partials_, bytes) : nullptr;

@@ -680,12 +680,13 @@ DecodeSplitPlan decode_attention_plan(int64_t tokens, int64_t kv_heads, int64_t 
   // read once). Estimated time of `sp` splits = waves x (tiles per split + a fixed cost per CTA + a merge
   // cost when split), waves the mean of ceil(CTAs / slots) and max(1, CTAs / slots): a partial last wave
   // costs less than a full one (its CTAs share the freed bandwidth) but more than its share; a larger count
-  // must be 3% cheaper (the waves' rounding alone made 3-5 splits look 0.5% better at 128k keys). Fixed cost 3
-  // tiles, merge 1 tile (FP8; a BF16 tile moves twice the bytes: 1.5 and 0.5), fitted to
+  // must be 3% cheaper (the waves' rounding alone made 3-5 splits look 0.5% better at 128k keys). Fixed cost
+  // 3 tiles, merge 1 tile (FP8; a BF16 tile moves twice the bytes: 1.5 and 0.5), fitted to
   // `INFERX_BENCH_ONLY=decode_splits bench_cuda_kernels` on the H200 (2026-12-04, FP8 cache, 32-512 rows x
   // 1k-4k keys, forced 1-8 splits: time ~ rows x (3.6 us + 0.032 us per key) per CTA slot): it picks the
-  // fastest count at every measured point but b32 x 1.5k (2 splits, 1.6% slower than 1), where the old
-  // model (2 CTAs per SM, 1-tile cost) picked 5 splits at ~100 rows x 1.5k (1 split: 98 vs 153 us, ncu).
+  // fastest count at every measured point but 32 rows x 1.5k (2 splits, 1.6% slower than 1; 6% at 32 x 1k
+  // and 1.5k in a later run of the same bench), where the old model (2 CTAs per SM, 1-tile cost) picked 5
+  // splits at ~100 rows x 1.5k (1 split: 98 vs 153 us, ncu).
   const bool fp8 = cache == DType::F8_E4M3;
   static const int64_t per_sm_env = env_int("INFERX_DECODE_CTAS_PER_SM", 0, 8, 0);
   const int64_t per_sm = per_sm_env > 0 ? per_sm_env : fp8 ? 4 : 3;
@@ -729,8 +730,8 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
                                     void* out_bf16, cudaStream_t stream) {
   if (batch.num_tokens == 0 || hq == 0) return cudaSuccess;
   const int splits = plan.splits;
-  if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits || plan.min_tiles < 1 ||
-      (splits > 1 && (scratch == nullptr || counters == nullptr)))
+  if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits ||
+      plan.min_tiles < 1 || (splits > 1 && (scratch == nullptr || counters == nullptr)))
     return cudaErrorInvalidValue;  // the caller checks these first
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
   // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take

@@ -576,8 +576,8 @@ bool tma_applies(const PagedKv& cache, int hd, int64_t window) {
 
 template <class CacheT, int HD, int NT, bool kTma>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
-                         float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters, float* out,
-                         void* out_bf16, cudaStream_t stream, const TmaMaps& maps) {
+                         float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
+                         float* out, void* out_bf16, cudaStream_t stream, const TmaMaps& maps) {
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
   const cudaError_t st =
@@ -607,8 +607,8 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
 
 template <class CacheT, int HD>
 cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
-                         float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters, float* out,
-                         void* out_bf16, cudaStream_t stream) {
+                         float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
+                         float* out, void* out_bf16, cudaStream_t stream) {
   TmaMaps maps{};
   if constexpr (sizeof(CacheT) == 1 && HD == 128) {
     if (tma_applies(cache, HD, window) && encode_kv_map(maps.k, cache.k, cache, hkv, HD) &&
@@ -623,8 +623,8 @@ cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& 
   if (hq / hkv <= 8)
     return launch_typed<CacheT, HD, 1, false>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
                                               counters, out, out_bf16, stream, maps);
-  return launch_typed<CacheT, HD, 2, false>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
-                                            counters, out, out_bf16, stream, maps);
+  return launch_typed<CacheT, HD, 2, false>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
+                                            out, out_bf16, stream, maps);
 }
 
 }  // namespace
@@ -635,8 +635,8 @@ cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, con
                                        cudaStream_t stream) {
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
-      return launch_heads<uint8_t, 64>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
-                                       out, out_bf16, stream);
+      return launch_heads<uint8_t, 64>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters, out,
+                                       out_bf16, stream);
     return launch_heads<uint8_t, 128>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters, out,
                                       out_bf16, stream);
   }

@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kVec; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
       if (i < n4)
-        reinterpret_cast<uint32_t*>(q + r * cols)[i] =
-            pack_codes(fp8_code(v[j].x, inv), fp8_code(v[j].y, inv), fp8_code(v[j].z, inv), fp8_code(v[j].w, inv));
+        reinterpret_cast<uint32_t*>(q + r * cols)[i] = pack_codes(
+            fp8_code(v[j].x, inv), fp8_code(v[j].y, inv), fp8_code(v[j].z, inv), fp8_code(v[j].w, inv));
     }
   }
 }
