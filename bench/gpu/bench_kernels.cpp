@@ -66,18 +66,28 @@ struct Bench {
   // capacity > ctx: block-table rows of `capacity` keys, as a captured decode graph's (entries past ctx
   // unused).
   DecodeBatch decode_batch(int64_t rows, int64_t ctx, int64_t bs, int64_t capacity = 0) {
-    const int64_t per_seq = (ctx + bs - 1) / bs;
-    const int64_t width = std::max(per_seq, (capacity + bs - 1) / bs);
+    return decode_batch(std::vector<int64_t>(static_cast<size_t>(rows), ctx), bs, capacity);
+  }
+  // One sequence per entry of `ctxs` (its context length), in that order.
+  DecodeBatch decode_batch(const std::vector<int64_t>& ctxs, int64_t bs, int64_t capacity = 0) {
+    const int64_t rows = static_cast<int64_t>(ctxs.size());
+    const int64_t longest = *std::max_element(ctxs.begin(), ctxs.end());
+    const int64_t width = std::max((longest + bs - 1) / bs, (capacity + bs - 1) / bs);
     DecodeBatch d;
-    d.num_blocks = per_seq * rows;
+    for (int64_t ctx : ctxs) d.num_blocks += (ctx + bs - 1) / bs;
     std::vector<int32_t> blocks(static_cast<size_t>(d.num_blocks));
     std::iota(blocks.begin(), blocks.end(), 0);
     std::shuffle(blocks.begin(), blocks.end(), std::mt19937(5));
-    std::vector<int32_t> table(static_cast<size_t>(rows * width), 0);
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy_n(blocks.begin() + r * per_seq, per_seq, table.begin() + r * width);
-    std::vector<int32_t> positions(static_cast<size_t>(rows), static_cast<int32_t>(ctx - 1)),
-        qs(static_cast<size_t>(rows) + 1), lens(static_cast<size_t>(rows), static_cast<int32_t>(ctx));
+    std::vector<int32_t> table(static_cast<size_t>(rows * width), 0), positions,
+        qs(static_cast<size_t>(rows) + 1), lens;
+    int64_t next = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t ctx = ctxs[static_cast<size_t>(r)], per_seq = (ctx + bs - 1) / bs;
+      std::copy_n(blocks.begin() + next, per_seq, table.begin() + r * width);
+      next += per_seq;
+      positions.push_back(static_cast<int32_t>(ctx - 1));
+      lens.push_back(static_cast<int32_t>(ctx));
+    }
     std::iota(qs.begin(), qs.end(), 0);
     BatchView& v = d.view;
     v.num_tokens = v.num_seqs = static_cast<int32_t>(rows);
@@ -87,7 +97,7 @@ struct Bench {
     v.block_tables = ints(table);
     v.max_blocks_per_seq = static_cast<int32_t>(width);
     v.max_query_len = 1;
-    v.max_seq_len = static_cast<int32_t>(ctx);
+    v.max_seq_len = static_cast<int32_t>(longest);
     return d;
   }
   // One layer's K and V cache [blocks, bs, kv heads, head dim] of `dtype` filled with random bytes (as FP8
@@ -485,6 +495,38 @@ void bench_decode_splits(double copy_gbs, int reps) {
                         static_cast<long long>(capacity));
           row(label, fmt_shape("b%lld ctx%lld", rows, ctx), t, bytes, false, copy_gbs);
         }
+        b.keep.resize(mark);
+      }
+    }
+    if (dt != DType::F8_E4M3) continue;
+    // Mixed context lengths, as a 1000 x 1000/1000 run's decode steps hold (1k-2k keys, the oldest and
+    // longest sequences first in the scheduler's order), against the same lengths shuffled and ascending, and
+    // a uniform batch of their mean: how much of the run's per-row gap to the uniform bench (docs/
+    // benchmarks.md, 2026-12-04 call 3) the mix and its order explain. The plan for a 4096-key capacity.
+    for (int64_t rows : {int64_t{256}, int64_t{512}}) {
+      std::mt19937 rng(11);
+      std::uniform_int_distribution<int64_t> len(1000, 2000);
+      std::vector<int64_t> ctxs(static_cast<size_t>(rows));
+      for (int64_t& c : ctxs) c = len(rng);
+      const double mean = std::accumulate(ctxs.begin(), ctxs.end(), 0.0) / static_cast<double>(rows);
+      const double bytes = 2.0 * mean * static_cast<double>(rows) * hkv * hd * elem;
+      std::vector<std::pair<const char*, std::vector<int64_t>>> orders;
+      std::vector<int64_t> desc = ctxs, asc = ctxs;
+      std::sort(desc.begin(), desc.end(), std::greater<>());
+      std::sort(asc.begin(), asc.end());
+      orders.push_back({"mix longest first", desc});
+      orders.push_back({"mix shuffled", ctxs});
+      orders.push_back({"mix shortest first", asc});
+      orders.push_back({"uniform mean", std::vector<int64_t>(ctxs.size(), static_cast<int64_t>(mean))});
+      for (const auto& [label, lens] : orders) {
+        const size_t mark = b.keep.size();
+        const Bench::DecodeBatch batch = b.decode_batch(lens, bs, 4096);
+        const KvCacheLayer cache = b.kv_layer(dt, batch.num_blocks, bs, hkv, hd, 6);
+        Tensor q = b.f32(rows, hq * hd, 8), out = b.f32(rows, hq * hd, 9);
+        const double t = b.time([&] { gpu.attention(q, cache, batch.view, p, out); }, reps);
+        char name_buf[48];
+        std::snprintf(name_buf, sizeof name_buf, "fp8 %s", label);
+        row(name_buf, fmt_shape("b%lld ctx1k-2k", rows), t, bytes, false, copy_gbs);
         b.keep.resize(mark);
       }
     }
