@@ -51,6 +51,14 @@ class DeviceBuffer {
   virtual size_t size() const = 0;
 };
 
+// Host memory a backend can copy from without staging (Backend::allocate_upload).
+class UploadBuffer {
+ public:
+  virtual ~UploadBuffer() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -62,6 +70,15 @@ class Backend {
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Host memory for per-step uploads (upload_async); CUDA: page-locked, so that a copy from it needs no
+  // staging and the call returns at once. The default is ordinary (64-byte aligned) memory.
+  virtual std::unique_ptr<UploadBuffer> allocate_upload(size_t bytes);
+  // Queues a copy from host memory to device memory behind the work already issued, without waiting for
+  // it: the caller leaves host_src unchanged until the device has made the copy (after the next
+  // synchronize() or copy_to_host()). The default copies at once (copy_to_device).
+  virtual void upload_async(void* dst, const void* host_src, size_t bytes) {
+    copy_to_device(dst, host_src, bytes);
+  }
 
   // Ops (shapes: T = batch.num_tokens, D = hidden size) ----------------------------------------------
   // out[t, :] = table[ids[t], :] converted to F32. table may be any weight dtype.

@@ -25,6 +25,12 @@ class ForwardingBackend : public Backend {
     inner_.copy_to_host(dst, src, bytes);
   }
   void synchronize() override { inner_.synchronize(); }
+  std::unique_ptr<UploadBuffer> allocate_upload(size_t bytes) override {
+    return inner_.allocate_upload(bytes);
+  }
+  void upload_async(void* dst, const void* src, size_t bytes) override {
+    inner_.upload_async(dst, src, bytes);
+  }
   void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override {
     inner_.embedding(table, ids, n, out);
   }

@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
+  std::unique_ptr<UploadBuffer> allocate_upload(size_t bytes) override;
+  void upload_async(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
 
   void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <random>
 
 #include "engine/batch_builder.h"
 #include "engine/block_table.h"
@@ -126,6 +127,64 @@ TEST_F(DecodeGraphsCpu, PaddedDecodeGivesTheUnpaddedLogitsForRealRows) {
     }
   }
   EXPECT_GE(decode_steps, 8);
+}
+
+// The metadata written for a sequence of decode steps whose rows change length (a row holding a long
+// sequence, then a short one), bucket and block-table contents (dropped window blocks): each step's view has
+// exactly a freshly written layout - the row's blocks, then the scratch block to the row's end; padding rows
+// all scratch - although build() rewrites only what changed in each of its two host copies.
+TEST_F(DecodeGraphsCpu, MetadataIsExactAcrossShrinkingRowsAndBuckets) {
+  constexpr int32_t kBlocks = 64, kBs = 16, kMaxLen = 256, kM = kMaxLen / kBs;
+  KvCache kv(*backend_, model_->config(), kBlocks + 1, kBs);
+  DecodeGraphConfig gc;
+  gc.max_batch_size = 8;
+  gc.max_blocks_per_seq = kM;
+  gc.scratch_block = kBlocks;
+  gc.capture = false;
+  DecodeGraphs graphs(*model_, kv, gc);
+  std::mt19937 rng(3);
+  std::vector<Sequence> seqs(8);
+  for (int step = 0; step < 40; ++step) {
+    // 1-8 sequences of 1-256 tokens (so 1-16 blocks), some with a dropped (-1) leading block.
+    const int n = 1 + static_cast<int>(rng() % 8);
+    SchedulerOutput out;
+    for (int i = 0; i < n; ++i) {
+      Sequence& s = seqs[static_cast<size_t>(i)];
+      const int32_t len = 1 + static_cast<int32_t>(rng() % kMaxLen);
+      s.tokens.assign(static_cast<size_t>(len), 7 + i);
+      s.blocks.clear();
+      for (int32_t j = 0; j < (len + kBs - 1) / kBs; ++j)
+        s.blocks.push_back(j == 0 && rng() % 4 == 0 ? -1 : static_cast<int32_t>(rng() % kBlocks));
+      out.seqs.push_back({&s, len - 1, 1, true});
+    }
+    ASSERT_TRUE(graphs.accepts(out));
+    const int32_t bucket = graphs.bucket_for(n);
+    const BatchView v = graphs.build(out, bucket);
+    ASSERT_EQ(v.num_seqs, bucket);
+    ASSERT_EQ(v.max_blocks_per_seq, kM);
+    for (int32_t r = 0; r < bucket; ++r) {
+      SCOPED_TRACE(::testing::Message() << "step " << step << " row " << r << " of " << n);
+      ASSERT_EQ(v.query_start[r], r);
+      const int32_t* bt = v.block_tables + static_cast<ptrdiff_t>(r) * kM;
+      if (r < n) {
+        const Sequence& s = seqs[static_cast<size_t>(r)];
+        ASSERT_EQ(v.token_ids[r], s.tokens.back());
+        ASSERT_EQ(v.positions[r], static_cast<int32_t>(s.tokens.size()) - 1);
+        ASSERT_EQ(v.seq_lens[r], static_cast<int32_t>(s.tokens.size()));
+        for (int32_t j = 0; j < kM; ++j) {
+          const int32_t want =
+              j < static_cast<int32_t>(s.blocks.size()) && s.blocks[static_cast<size_t>(j)] >= 0
+                  ? s.blocks[static_cast<size_t>(j)]
+                  : kBlocks;
+          ASSERT_EQ(bt[j], want) << "entry " << j;
+        }
+      } else {
+        ASSERT_EQ(v.seq_lens[r], 1);
+        for (int32_t j = 0; j < kM; ++j) ASSERT_EQ(bt[j], kBlocks) << "padding entry " << j;
+      }
+    }
+    ASSERT_EQ(v.query_start[bucket], bucket);
+  }
 }
 
 TEST_F(DecodeGraphsCpu, EngineWithPaddedDecodeStepsGivesTheSameGreedyText) {
