@@ -65,7 +65,8 @@ struct RequestState {
   int32_t num_finished = 0;
   int32_t cached_prompt_tokens = 0;
   RequestTimes times;
-  std::string error;  // non-empty: the request failed
+  std::string error;     // non-empty: the request failed
+  bool touched = false;  // in the engine's list of requests with output to emit this step
 };
 
 // Seconds on the steady clock (RequestTimes).
