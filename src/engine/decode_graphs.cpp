@@ -25,7 +25,7 @@ DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, const DecodeGraphConfig& c
   // A padded bucket B is B one-token sequences, each wanting logits.
   const size_t ints =
       BatchLayout(buckets_.back(), buckets_.back(), config_.max_blocks_per_seq, buckets_.back()).total();
-  for (HostCopy& c : host_) c.ints = model_.backend().allocate_upload(ints * sizeof(int32_t));
+  for (auto& h : host_) h = model_.backend().allocate_upload(ints * sizeof(int32_t));
   // Allocated once, before any recording: its address never changes.
   device_ = model_.backend().allocate(ints * sizeof(int32_t));
   state_.assign(buckets_.size(), 0);
@@ -67,19 +67,12 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
   const BatchLayout layout(B, B, M, B);
   const size_t o_pos = layout.positions(), o_qs = layout.query_start(), o_len = layout.seq_lens(),
                o_bt = layout.block_tables(), o_rows = layout.logits_rows(), total = layout.total();
-  HostCopy& copy = host_[next_host_];
+  int32_t* h = static_cast<int32_t*>(host_[next_host_]->data());
   next_host_ ^= 1;
-  int32_t* h = static_cast<int32_t*>(copy.ints->data());
   const int32_t scratch = config_.scratch_block;
-  if (copy.bucket != B) {  // another layout: every block-table entry of this bucket's rows anew
-    std::fill(h + o_bt, h + o_bt + static_cast<size_t>(B) * static_cast<size_t>(M), scratch);
-    copy.extent.assign(static_cast<size_t>(B), 0);
-    copy.bucket = B;
-  }
   for (int32_t i = 0; i < B; ++i) {
     const auto k = static_cast<size_t>(i);
     int32_t* bt = h + o_bt + k * static_cast<size_t>(M);
-    int32_t& extent = copy.extent[k];
     h[o_qs + k] = i;
     h[o_rows + k] = i;
     if (i < S) {
@@ -93,14 +86,12 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
         const int32_t id = s.seq->blocks[static_cast<size_t>(j)];
         bt[j] = id >= 0 ? id : scratch;
       }
-      if (extent > nb) std::fill(bt + nb, bt + extent, scratch);
-      extent = nb;
+      std::fill(bt + nb, bt + M, scratch);
     } else {  // padding: a one-token sequence at position 0 living in the scratch block
       h[k] = 0;
       h[o_pos + k] = 0;
       h[o_len + k] = 1;
-      std::fill(bt, bt + extent, scratch);
-      extent = 0;
+      std::fill(bt, bt + M, scratch);
     }
   }
   h[o_qs + static_cast<size_t>(B)] = B;

@@ -65,16 +65,8 @@ class DecodeGraphs {
   DecodeGraphConfig config_;
   std::vector<int32_t> buckets_;
   // The metadata is written into one of two host copies in turn (page-locked on GPUs: the upload is queued
-  // behind the previous work, not waited for) and uploaded whole. Per copy: the bucket whose layout it
-  // holds, and per row how many leading block-table entries may differ from the scratch block - the rest
-  // are scratch already, so a step rewrites a row only up to its longer of the old and new block counts
-  // (512 rows x 256 entries at a 4k-token max-model-len are 0.5 MB).
-  struct HostCopy {
-    std::unique_ptr<UploadBuffer> ints;
-    int32_t bucket = -1;
-    std::vector<int32_t> extent;
-  };
-  HostCopy host_[2];
+  // behind the previous work, not waited for) and uploaded whole.
+  std::unique_ptr<UploadBuffer> host_[2];
   int next_host_ = 0;
   std::unique_ptr<DeviceBuffer> device_;
   // Per bucket index: 0 nothing recorded, 1 recorded, -1 recording failed (stay eager).

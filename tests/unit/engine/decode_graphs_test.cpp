@@ -132,7 +132,7 @@ TEST_F(DecodeGraphsCpu, PaddedDecodeGivesTheUnpaddedLogitsForRealRows) {
 // The metadata written for a sequence of decode steps whose rows change length (a row holding a long
 // sequence, then a short one), bucket and block-table contents (dropped window blocks): each step's view has
 // exactly a freshly written layout - the row's blocks, then the scratch block to the row's end; padding rows
-// all scratch - although build() rewrites only what changed in each of its two host copies.
+// all scratch - through build()'s two host copies used in turn.
 TEST_F(DecodeGraphsCpu, MetadataIsExactAcrossShrinkingRowsAndBuckets) {
   constexpr int32_t kBlocks = 64, kBs = 16, kMaxLen = 256, kM = kMaxLen / kBs;
   KvCache kv(*backend_, model_->config(), kBlocks + 1, kBs);
