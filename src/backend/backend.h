@@ -43,18 +43,11 @@ struct AttentionParams {
   int64_t sliding_window = 0;  // 0: full causal; else a query at p sees keys in (p - window, p]
 };
 
-// Device memory owned by a backend.
+// Memory owned by a backend: device memory (allocate), or host memory the device copies from without
+// staging (allocate_upload).
 class DeviceBuffer {
  public:
   virtual ~DeviceBuffer() = default;
-  virtual void* data() const = 0;
-  virtual size_t size() const = 0;
-};
-
-// Host memory a backend can copy from without staging (Backend::allocate_upload).
-class UploadBuffer {
- public:
-  virtual ~UploadBuffer() = default;
   virtual void* data() const = 0;
   virtual size_t size() const = 0;
 };
@@ -71,8 +64,8 @@ class Backend {
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
   // Host memory for per-step uploads (upload_async); CUDA: page-locked, so that a copy from it needs no
-  // staging and the call returns at once. The default is ordinary (64-byte aligned) memory.
-  virtual std::unique_ptr<UploadBuffer> allocate_upload(size_t bytes);
+  // staging and the call returns at once; CPU: allocate's (host) memory.
+  virtual std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) = 0;
   // Queues a copy from host memory to device memory behind the work already issued, without waiting for
   // it: the caller leaves host_src unchanged until the device has made the copy (after the next
   // synchronize() or copy_to_host()). The default copies at once (copy_to_device).

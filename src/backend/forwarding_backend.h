@@ -25,7 +25,7 @@ class ForwardingBackend : public Backend {
     inner_.copy_to_host(dst, src, bytes);
   }
   void synchronize() override { inner_.synchronize(); }
-  std::unique_ptr<UploadBuffer> allocate_upload(size_t bytes) override {
+  std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) override {
     return inner_.allocate_upload(bytes);
   }
   void upload_async(void* dst, const void* src, size_t bytes) override {

@@ -66,7 +66,7 @@ class DecodeGraphs {
   std::vector<int32_t> buckets_;
   // The metadata is written into one of two host copies in turn (page-locked on GPUs: the upload is queued
   // behind the previous work, not waited for) and uploaded whole.
-  std::unique_ptr<UploadBuffer> host_[2];
+  std::unique_ptr<DeviceBuffer> host_[2];
   int next_host_ = 0;
   std::unique_ptr<DeviceBuffer> device_;
   // Per bucket index: 0 nothing recorded, 1 recorded, -1 recording failed (stay eager).

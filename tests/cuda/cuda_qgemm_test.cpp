@@ -39,6 +39,11 @@
 namespace inferx {
 namespace {
 
+// NaN entries of a downloaded tensor (outputs poisoned with NaN: how many a path left unwritten).
+int64_t nans(const std::vector<float>& v) {
+  return std::count_if(v.begin(), v.end(), [](float x) { return std::isnan(x); });
+}
+
 using cuda::QuantizedGemm;
 
 std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -690,9 +695,6 @@ TEST_F(QuantizedGemmTest, DeferredEpiloguesMatchTheLaunchedOnes) {
       EXPECT_EQ(deferred.proj2, launched.proj2);
       EXPECT_EQ(deferred.residual2, launched.residual2);
       EXPECT_EQ(deferred.proj3, launched.proj3);
-      const auto nans = [](const std::vector<float>& v) {
-        return std::count_if(v.begin(), v.end(), [](float x) { return std::isnan(x); });
-      };
       EXPECT_EQ(nans(launched.proj), 0) << "the launched epilogues write the down product";
       EXPECT_EQ(nans(deferred.proj), t * k) << "deferred: neither o nor down wrote their output";
       EXPECT_EQ(nans(deferred.proj2) + nans(deferred.proj3), 0);
@@ -781,9 +783,6 @@ TEST_F(QuantizedGemmTest, DeferredQkvProductMatchesTheLaunchedSplit) {
         EXPECT_EQ(deferred.k_cache, launched.k_cache);
         EXPECT_EQ(deferred.v_cache, launched.v_cache);
         EXPECT_EQ(deferred.residual, launched.residual);
-        const auto nans = [](const std::vector<float>& x) {
-          return std::count_if(x.begin(), x.end(), [](float y) { return std::isnan(y); });
-        };
         EXPECT_EQ(nans(launched.q) + nans(launched.k) + nans(launched.v), 0);
         EXPECT_EQ(nans(deferred.q), 0);
         const bool defers = t >= CudaBackendOptions{}.defer_split_rows;  // the fixture backend's options

@@ -16,6 +16,7 @@ class CpuBackend final : public Backend {
   std::string name() const override;
 
   std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override;
+  std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) override { return allocate(bytes); }
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   void synchronize() override {}

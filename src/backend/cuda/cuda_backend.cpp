@@ -16,15 +16,17 @@ namespace inferx {
 
 namespace {
 
-class CudaDeviceBuffer final : public DeviceBuffer {
+// Memory from cudaMalloc (kFree = cudaFree) or page-locked host memory from cudaHostAlloc (cudaFreeHost).
+template <cudaError_t (*kFree)(void*)>
+class CudaMemory final : public DeviceBuffer {
  public:
-  CudaDeviceBuffer(void* p, size_t bytes) : ptr_(p), size_(bytes) {}
-  ~CudaDeviceBuffer() override {
-    // cudaFree waits for work using the memory; destructors cannot throw, so a failure is only reported.
-    if (ptr_ && cudaFree(ptr_) != cudaSuccess) std::fprintf(stderr, "inferx cuda: cudaFree failed\n");
+  CudaMemory(void* p, size_t bytes) : ptr_(p), size_(bytes) {}
+  ~CudaMemory() override {
+    // Freeing waits for work using the memory; destructors cannot throw, so a failure is only reported.
+    if (ptr_ && kFree(ptr_) != cudaSuccess) std::fprintf(stderr, "inferx cuda: freeing memory failed\n");
   }
-  CudaDeviceBuffer(const CudaDeviceBuffer&) = delete;
-  CudaDeviceBuffer& operator=(const CudaDeviceBuffer&) = delete;
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
   void* data() const override { return ptr_; }
   size_t size() const override { return size_; }
 
@@ -32,23 +34,8 @@ class CudaDeviceBuffer final : public DeviceBuffer {
   void* ptr_;
   size_t size_;
 };
-
-// Page-locked host memory (cudaHostAlloc): copies from it need no staging.
-class CudaUploadBuffer final : public UploadBuffer {
- public:
-  CudaUploadBuffer(void* p, size_t bytes) : ptr_(p), size_(bytes) {}
-  ~CudaUploadBuffer() override {
-    if (ptr_ && cudaFreeHost(ptr_) != cudaSuccess) std::fprintf(stderr, "inferx cuda: cudaFreeHost failed\n");
-  }
-  CudaUploadBuffer(const CudaUploadBuffer&) = delete;
-  CudaUploadBuffer& operator=(const CudaUploadBuffer&) = delete;
-  void* data() const override { return ptr_; }
-  size_t size() const override { return size_; }
-
- private:
-  void* ptr_;
-  size_t size_;
-};
+using CudaDeviceBuffer = CudaMemory<cudaFree>;
+using CudaPinnedBuffer = CudaMemory<cudaFreeHost>;
 
 void check_device(const Tensor& t, const char* what) {
   INFERX_CHECK(t.device == Device::CUDA && (!t.empty() || t.numel() == 0),
@@ -191,16 +178,17 @@ std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
   return buffer;
 }
 
-std::unique_ptr<UploadBuffer> CudaBackend::allocate_upload(size_t bytes) {
+std::unique_ptr<DeviceBuffer> CudaBackend::allocate_upload(size_t bytes) {
   use_device();
   void* p = nullptr;
   if (bytes > 0) CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
-  return std::make_unique<CudaUploadBuffer>(p, bytes);
+  return std::make_unique<CudaPinnedBuffer>(p, bytes);
 }
 
 // On the stream, not waited for: a decode graph's step metadata (~0.5 MB at 512 rows and a 4k-token
-// max-model-len) went through copy_to_device's pageable copy and stream synchronisation before every replay
-// while the GPU sat idle (the step profile's launch phase: 0.65 ms of a 23.9 ms step, H200 2026-12-04).
+// max-model-len) went through copy_to_device's pageable copy and stream synchronisation before every replay,
+// with the GPU idle (part of the step profile's launch phase, 0.65 ms of a 23.9 ms step on the H200,
+// 2026-12-04; how much of it the copy was is not measured).
 void CudaBackend::upload_async(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
   drop_bf16_copy();  // the destination may be the tensor the BF16 copy mirrors
@@ -398,10 +386,10 @@ void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv,
   const int64_t capacity = static_cast<int64_t>(args.max_blocks_per_seq) * kv.block_size;
   const int forced = options_.decode_splits;
   const cuda::DecodeSplitPlan plan =
-      forced > 0
-          ? cuda::DecodeSplitPlan{std::min(forced, cuda::kDecodeMaxSplits), std::max(decode_min_tiles_, 1)}
-          : cuda::decode_attention_plan(args.num_tokens, p.num_kv_heads, p.num_heads, capacity, sm_count_,
-                                        kv.dtype);
+      forced > 0 ? cuda::DecodeSplitPlan{std::min(forced, cuda::kDecodeMaxSplits),
+                                         std::max(options_.decode_min_tiles, 1)}
+                 : cuda::decode_attention_plan(args.num_tokens, p.num_kv_heads, p.num_heads, capacity,
+                                               sm_count_, kv.dtype);
   const int splits = plan.splits;
   const size_t bytes = cuda::decode_attention_scratch_bytes(args.num_tokens, p.num_heads, p.head_dim, splits);
   void* partials = bytes > 0 ? scratch(decode_partials_, bytes) : nullptr;

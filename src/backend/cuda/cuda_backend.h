@@ -48,13 +48,15 @@ struct CudaBackendOptions {
   // Off: measured on the H200 (2026-12-03 04:44, batch-1 decode at 1k context) 192.9 tok/s with cuBLASLt
   // against 188.6 on the GEMV (earlier single-kernel runs disagreed: 31.3 vs 34.3 us, then 31.4 vs 30.4).
   bool gemv_long_rows = false;
-  // Split count of every decode-attention launch (A/B measurements; 0: decode_attention_splits' choice).
+  // Split count of every decode-attention launch (A/B measurements; 0: decode_attention_plan's choice) and
+  // the least tiles per split that forced count takes (DecodeSplitPlan::min_tiles).
   int decode_splits = 0;
+  int decode_min_tiles = 1;
   // Steps of at least this many rows leave an FP8 q/k/v projection's split epilogue to RoPE + KV write
   // (quantized_gemm.h, deferred products); smaller ones launch it. At ~100 decode rows the RoPE kernel that
   // reads the BF16 sums took 18 us per layer (H200 ncu, 2026-12-04), more than the F32 RoPE took at ~300
-  // rows (10.5 us) - the epilogue it saves was not timed at that size. 1024: not yet measured against 64
-  // (the first version's threshold); INFERX_DEFER_SPLIT_ROWS=N for the A/B.
+  // rows (10.5 us). Against 64 rows (the first version's threshold), 1000 x 1000/1000 FP8 offline: 15,146
+  // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 1024;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
@@ -110,7 +112,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override;
   void copy_to_device(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
-  std::unique_ptr<UploadBuffer> allocate_upload(size_t bytes) override;
+  std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) override;
   void upload_async(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
 
@@ -170,11 +172,11 @@ class CudaBackend final : public Backend {
   void sample(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
 
   // Tests and benchmarks: force an attention kernel and (0: automatic) the decode split count (this
-  // replaces the options' decode_splits) with at least decode_min_tiles 64-key tiles per split.
+  // replaces the options' decode_splits / decode_min_tiles).
   void set_attention_kernel(CudaAttentionKernel kernel, int decode_splits = 0, int decode_min_tiles = 1) {
     attention_kernel_ = kernel;
     options_.decode_splits = decode_splits;
-    decode_min_tiles_ = decode_min_tiles;
+    options_.decode_min_tiles = decode_min_tiles;
   }
   int sm_count() const { return sm_count_; }
   // The quantized GEMM of large row counts (quantized_gemm.h), for tests and benchmarks.
@@ -247,7 +249,6 @@ class CudaBackend final : public Backend {
   RopeParams inv_freq_params_;
 
   CudaAttentionKernel attention_kernel_ = CudaAttentionKernel::Auto;
-  int decode_min_tiles_ = 1;  // of a forced decode split count (set_attention_kernel)
   // The persistent decode kernel's scratch (q/k/v, attention output and partials, MLP activation, grid
   // barrier) and its parameter block (~25 KB, built per step; heap, not the stack).
   Scratch decode_stack_scratch_, decode_stack_profile_;
@@ -309,6 +310,11 @@ class CudaBackend final : public Backend {
   // Whether the pending product is this norm's add (residual / add / norm / eps those it was deferred for).
   bool deferred_for(const Tensor& residual, const Tensor* add, const Tensor& norm, float eps) const;
   void* next_hold(size_t bytes) { return scratch(deferred_hold_[deferred_next_], bytes); }
+  // After a product went into next_hold: what it is deferred for, and the other hold for the next one.
+  void note_deferred(const Tensor& residual, const Tensor& norm, float eps) {
+    deferred_ = {residual.data, norm.data, eps};
+    deferred_next_ ^= 1;
+  }
   void finish_deferred();
   DeferredFor deferred_;
   Scratch deferred_hold_[2];

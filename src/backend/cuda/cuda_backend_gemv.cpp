@@ -352,11 +352,7 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
                          defer ? &hold : nullptr);
     if (r != cuda::QuantizedGemm::Fused::No) {
       finish.armed = false;  // the norm took the product (if any) as its add
-      deferred_ = {};
-      if (qgemm_->pending()) {
-        deferred_ = {residual.data, next_norm->data, eps};
-        deferred_next_ ^= 1;
-      }
+      if (qgemm_->pending()) note_deferred(residual, *next_norm, eps);
     }
   } else {
     float* ptrs[3];
@@ -370,10 +366,9 @@ bool CudaBackend::fused_quantized_norm(Tensor& residual, const Tensor* add, cons
     // not at decode sizes.
     const bool defer_split = outs.size() == 3 && qgemm_->defers() && t >= options_.defer_split_rows;
     r = qgemm_->norm_matmul_split(in, t, w, ptrs, cols, static_cast<int>(outs.size()), ws, defer_split);
-    if (r != cuda::QuantizedGemm::Fused::No) {
-      finish.armed = false;  // the norm took the product (if any) as its add
-      deferred_ = {};        // a pending split is RoPE's: rope_and_write_kv matches it by its outputs
-    }
+    // A pending split is RoPE's: rope_and_write_kv matches it by its outputs (deferred_ is for one-output
+    // products only: deferred_for checks that).
+    if (r != cuda::QuantizedGemm::Fused::No) finish.armed = false;  // the norm took the product (if any)
   }
   if (r == cuda::QuantizedGemm::Fused::No) return false;
   // The residual, h, act and the outputs changed (or stay unwritten): no BF16 copy of any is current.
@@ -412,8 +407,7 @@ bool CudaBackend::defer_product(const Tensor& x, const Linear& w, Tensor& out, c
   if (!qgemm_->matmul_deferred(x.ptr<float>(), t, w, out.ptr<float>(), hold,
                                [this](size_t bytes) { return scratch(qgemm_ws_, bytes); }))
     return false;
-  deferred_ = {residual.data, next_norm.data, eps};
-  deferred_next_ ^= 1;
+  note_deferred(residual, next_norm, eps);
   last_matmul_bf16_ = false;
   drop_bf16_copy_if_overlaps(out);
   return true;

@@ -36,16 +36,11 @@ __device__ __forceinline__ float add_product_and_sum_squares(float* row, const F
   for (int j = 0; j < kVec; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
     if (i < n4) {
-      float a[4], ws[4], bs[4] = {};
+      float a[4];
       load_v<4>(acc + 4 * i, a);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        ws[u] = e.w_scale[e.per_channel ? 4 * i + u : 0];
-        if (e.bias) bs[u] = e.bias[4 * i + u];
-      }
-      v[j] = make_float4(
-          v[j].x + w8a8_value(a[0], xs, ws[0], bs[0]), v[j].y + w8a8_value(a[1], xs, ws[1], bs[1]),
-          v[j].z + w8a8_value(a[2], xs, ws[2], bs[2]), v[j].w + w8a8_value(a[3], xs, ws[3], bs[3]));
+      const int64_t c = 4 * i;
+      v[j] = make_float4(v[j].x + w8a8_value(e, a[0], xs, c), v[j].y + w8a8_value(e, a[1], xs, c + 1),
+                         v[j].z + w8a8_value(e, a[2], xs, c + 2), v[j].w + w8a8_value(e, a[3], xs, c + 3));
       reinterpret_cast<float4*>(row)[i] = v[j];
     }
   }

@@ -54,8 +54,7 @@ struct RopeKvArgs {
   __device__ float load(int t, int h, int e) const {
     if (const Fp8Epilogue& d = product; d.acc) {
       const int64_t c = static_cast<int64_t>(h) * hd + e;
-      return w8a8_value(to_float(static_cast<const __nv_bfloat16*>(d.acc)[t * d.n + c]), d.x_scale[t],
-                        d.w_scale[d.per_channel ? c : 0], d.bias ? d.bias[c] : 0.0f);
+      return w8a8_value(d, to_float(static_cast<const __nv_bfloat16*>(d.acc)[t * d.n + c]), d.x_scale[t], c);
     }
     if (h >= hq + hkv) return v[t * kv_row() + static_cast<int64_t>(h - hq - hkv) * hd + e];
     return head(t, h)[e];

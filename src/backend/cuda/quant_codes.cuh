@@ -3,6 +3,7 @@
 // epilogue; kernels_quant_fused.cu: the same work folded into the norm and the SiLU pass), so that the fused
 // passes compute exactly the codes, scales and values of the separate ones.
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels_quant.h"
 #include "backend/cuda/kernels_quant_math.h"
 
 namespace inferx::cuda {
@@ -33,6 +34,11 @@ __device__ __forceinline__ float abs_max4(const float4& v) {
 // epilogue and the norm that adds a deferred product's values (kernels_quant_fused.cu) agree to the bit.
 __device__ __forceinline__ float w8a8_value(float a, float xs, float ws, float bs) {
   return __fmaf_rn(__fmul_rn(a, xs), ws, bs);
+}
+// The same for column c of a product the epilogue e describes (its row's scale xs), for the kernels that
+// read a deferred product's sums instead of its output.
+__device__ __forceinline__ float w8a8_value(const Fp8Epilogue& e, float a, float xs, int64_t c) {
+  return w8a8_value(a, xs, e.w_scale[e.per_channel ? c : 0], e.bias ? e.bias[c] : 0.0f);
 }
 // SiLU with the fast exponential and division (ex2.approx and a reciprocal, a few ulp): the FP8 passes round
 // the product to E4M3 (2^-4) right after, and the SiLU pass was bound by its per-value arithmetic, not its
