@@ -204,10 +204,6 @@ class Backend {
                             const AttentionParams& attention, Tensor& x, Tensor& logits) {
     return false;
   }
-  // A hint before the ops that precede `w`'s product in a step of `rows` token rows: a backend whose
-  // memory would otherwise idle through them (a GPU at small batches, where RoPE and attention are a
-  // latency chain) may start bringing w's weights closer (L2) now. Never changes results; default none.
-  virtual void prefetch_weights(const Linear& w, int64_t rows) {}
   // Copies between two places of this backend's memory (default: staged through the host).
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) {
     std::vector<uint8_t> host(bytes);

@@ -75,7 +75,6 @@ class ForwardingBackend : public Backend {
   void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override {
     inner_.matmul_silu_mul(x, w, gate, up, out);
   }
-  void prefetch_weights(const Linear& w, int64_t rows) override { inner_.prefetch_weights(w, rows); }
   void copy_on_device(void* dst, const void* src, size_t bytes) override {
     inner_.copy_on_device(dst, src, bytes);
   }

@@ -123,7 +123,6 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
       backend_.head_rmsnorm(k, c.head_dim, l.k_norm, c.rms_norm_eps);
     }
     KvCacheLayer& layer_cache = cache.layer(static_cast<int64_t>(i));
-    backend_.prefetch_weights(l.o, T);  // RoPE and attention may leave memory idle (backend.h)
     backend_.rope_and_write_kv(q, k, v, batch, rope, layer_cache);
     backend_.attention(q, layer_cache, batch, ap, attn);
     if (rank_) {

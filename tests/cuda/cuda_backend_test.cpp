@@ -267,44 +267,6 @@ TEST_F(CudaBackendTest, MatmulMatchesReferenceForEveryFloatWeightType) {
   }
 }
 
-// The L2 prefetch hint (a side stream forked from the main one) changes no result, eagerly or recorded in
-// a graph (whose capture must join the side stream back before it ends), for any range: unaligned starts,
-// fewer than 16 bytes, and calls above the row threshold (which do nothing).
-TEST_F(CudaBackendTest, PrefetchWeightsChangesNoResultEagerOrRecorded) {
-  const int64_t k = 96, n = 80;
-  std::vector<float> w = random_floats(n * k, 21);
-  const std::vector<float> x = random_floats(k, 22);
-  const std::vector<uint8_t> wb = encode(DType::BF16, w);
-  Linear lin;
-  lin.weight = both(DType::BF16, {n, k}, wb.data()).gpu;
-  Linear odd = lin;  // a 2-byte-offset view: the prefetch rounds its start up to 16 bytes
-  odd.weight = Tensor(DType::BF16, {n - 1, k}, static_cast<char*>(lin.weight.data) + 2, Device::CUDA);
-  Linear tiny = lin;
-  tiny.weight = Tensor(DType::BF16, {1, 4}, lin.weight.data, Device::CUDA);  // 8 bytes: nothing to issue
-  const Tensor tx = both_f32({1, k}, x).gpu;
-  const std::vector<float> zeros(n);
-  Tensor plain = both_f32({1, n}, zeros).gpu, hinted = both_f32({1, n}, zeros).gpu,
-         recorded = both_f32({1, n}, zeros).gpu;
-  gpu_->matmul(tx, lin, plain);
-  for (const Linear* l : {&lin, &odd, &tiny}) gpu_->prefetch_weights(*l, 1);
-  gpu_->prefetch_weights(lin, 1 << 20);  // above any threshold: no-op
-  gpu_->matmul(tx, lin, hinted);
-  const std::vector<float> want = read(*gpu_, plain);
-  EXPECT_EQ(read(*gpu_, hinted), want);
-
-  constexpr uint64_t kKey = 0x5eed;
-  ASSERT_TRUE(gpu_->begin_graph_capture());
-  gpu_->prefetch_weights(lin, 1);
-  gpu_->matmul(tx, lin, recorded);
-  gpu_->prefetch_weights(odd, 1);  // a second fork in the same recording
-  gpu_->end_graph_capture(kKey);
-  for (int replay = 0; replay < 3; ++replay) {
-    ASSERT_TRUE(gpu_->replay_graph(kKey));
-    EXPECT_EQ(read(*gpu_, recorded), want) << "replay " << replay;
-  }
-  gpu_->drop_graph(kKey);
-}
-
 TEST_F(CudaBackendTest, MatmulRejectsQuantizedWeights) {
   // Q8_0 / Q4_K / FP8 / INT4 now run on the GEMV (cuda_gemv_test.cpp); Q4_0 has no CUDA kernel.
   const int64_t k = 64, n = 8;

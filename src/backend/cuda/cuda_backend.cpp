@@ -144,12 +144,6 @@ CudaBackend::~CudaBackend() {
   release_upload_staging();
   for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
   gemm_.reset();
-  if (prefetch_stream_) {
-    if (cudaStreamSynchronize(prefetch_stream_) != cudaSuccess ||
-        cudaStreamDestroy(prefetch_stream_) != cudaSuccess ||
-        cudaEventDestroy(prefetch_fork_) != cudaSuccess || cudaEventDestroy(prefetch_join_) != cudaSuccess)
-      std::fprintf(stderr, "inferx cuda: releasing the prefetch stream failed\n");
-  }
   if (stream_) {
     if (cudaStreamSynchronize(stream_) != cudaSuccess || cudaStreamDestroy(stream_) != cudaSuccess)
       std::fprintf(stderr, "inferx cuda: releasing the stream failed\n");
@@ -522,31 +516,6 @@ void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, T
   use_device();
   drop_bf16_copy();
   CUDA_CHECK(cuda::launch_gather_rows(x.data, x.rows(), x.row_bytes(), rows, n, out.data, stream_));
-}
-
-// Forks the side stream after the ops queued so far (so the prefetch starts when they have finished and
-// the RoPE + attention chain begins) and leaves it unjoined: nothing reads what it does.
-void CudaBackend::prefetch_weights(const Linear& w, int64_t rows) {
-  if (rows <= 0 || rows > options_.l2_prefetch_rows || w.weight.empty() || w.weight.device != Device::CUDA)
-    return;
-  const int64_t bytes = std::min<int64_t>(w.weight.nbytes(), options_.l2_prefetch_mb << 20);
-  if (bytes <= 0) return;
-  use_device();
-  if (!prefetch_stream_) {
-    cudaStream_t s = nullptr;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    prefetch_stream_ = s;
-    cudaEvent_t fork = nullptr, join = nullptr;
-    CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-    prefetch_fork_ = fork;
-    prefetch_join_ = join;
-  }
-  CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
-  CUDA_CHECK(cuda::launch_l2_prefetch(w.weight.data, bytes, sm_count_, prefetch_stream_));
-  CUDA_CHECK(cudaEventRecord(prefetch_join_, prefetch_stream_));
-  if (capturing_) prefetch_unjoined_ = true;
 }
 
 }  // namespace inferx

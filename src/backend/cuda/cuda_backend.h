@@ -58,10 +58,6 @@ struct CudaBackendOptions {
   // rows (10.5 us). Against 64 rows (the first version's threshold), 1000 x 1000/1000 FP8 offline: 15,146
   // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 1024;
-  // prefetch_weights (the o projection before RoPE + attention) acts in steps of at most this many rows
-  // (0: never), for at most l2_prefetch_mb of the weight. INFERX_L2_PREFETCH_ROWS, INFERX_L2_PREFETCH_MB.
-  int64_t l2_prefetch_rows = 8;
-  int64_t l2_prefetch_mb = 40;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
   // kernels so far (H200, 2026-12-03: 8B BF16 5.19 against 4.51 ms per token; docs/benchmarks.md).
@@ -92,8 +88,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
-// INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_L2_PREFETCH_ROWS=N,
-// INFERX_L2_PREFETCH_MB=N, INFERX_TIMING_SKIP=norm,rope,attention.
+// INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention.
 CudaBackendOptions cuda_options_from_environment();
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
@@ -132,7 +127,6 @@ class CudaBackend final : public Backend {
                  const AttentionParams& params, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override;
-  void prefetch_weights(const Linear& w, int64_t rows) override;
   // Decode GEMV and fused projections (cuda_backend_gemv.cpp, kernels_gemv.h).
   bool prefers_fused_projections() const override { return options_.gemv; }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;
@@ -278,12 +272,6 @@ class CudaBackend final : public Backend {
     uint64_t generation = 0;
   };
   std::map<uint64_t, Graph> graphs_;
-  // prefetch_weights' side stream, forked from stream_ after the ops before it (fork event) and joined back
-  // only where a recording must end (join event; a prefetch has no consumer).
-  CUstream_st* prefetch_stream_ = nullptr;
-  CUevent_st* prefetch_fork_ = nullptr;
-  CUevent_st* prefetch_join_ = nullptr;
-  bool prefetch_unjoined_ = false;  // the capture in progress forked the side stream
   // The GEMV's BF16 input; the fused SiLU product's BF16 copy (then swapped with shadow_).
   Scratch upload_[2];
   CUevent_st* upload_events_[2] = {nullptr, nullptr};

@@ -51,10 +51,6 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
-  if (const char* pr = std::getenv("INFERX_L2_PREFETCH_ROWS"))
-    o.l2_prefetch_rows = std::max<int64_t>(0, std::atoll(pr));
-  if (const char* pm = std::getenv("INFERX_L2_PREFETCH_MB"))
-    o.l2_prefetch_mb = std::max<int64_t>(0, std::atoll(pm));
   if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {
     const std::string v = skip;
     size_t begin = 0;
@@ -185,10 +181,6 @@ void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
   }
   capturing_ = false;
   gemm_->set_capturing(false);
-  if (prefetch_unjoined_) {  // every stream forked during a capture joins it before it ends
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
-    prefetch_unjoined_ = false;
-  }
   cudaGraph_t graph = nullptr;
   const cudaError_t status = cudaStreamEndCapture(stream_, &graph);
   if (!keep || status != cudaSuccess) {

@@ -50,11 +50,6 @@ cudaError_t launch_convert_f32(const float* x, int64_t n, DType to, void* out, c
 // out[r, :] += bias for rows x cols.
 cudaError_t launch_add_bias(float* out, const float* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 
-// kernels_l2_prefetch.cu ------------------------------------------------------------------------------
-// Asks L2 to fetch `bytes` from p (cp.async.bulk.prefetch, a hint: nothing is written, nothing waits),
-// spread over up to sm_count CTAs. For a side stream while DRAM is otherwise idle.
-cudaError_t launch_l2_prefetch(const void* p, int64_t bytes, int sm_count, cudaStream_t stream);
-
 // kernels_rope_kv.cu ----------------------------------------------------------------------------------
 constexpr int kMaxRopePairs = 256;  // head_dim <= 512
 struct RopeFrequencies {
