@@ -99,6 +99,12 @@ struct EngineConfig {
   bool enforce_eager = false;
   // Threads sampling host-side rows of large batches; 0: min(4, hardware threads); 1: the engine thread.
   int32_t sampler_threads = 0;
+  // Overlapped decode steps (vLLM's async scheduling): a decode step is launched before the previous
+  // one's tokens reach the host, its input ids gathered on the device, so the host's scheduling, metadata
+  // and token handling run while the device computes. Applies to padded decode steps (CUDA graphs) whose
+  // rows sample on the device; a sequence that stops on a token costs one extra row. INFERX_ASYNC_DECODE=0
+  // turns it off.
+  bool async_decode = true;
 };
 
 struct EngineStats {
@@ -110,6 +116,7 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t decode_graph_steps = 0;     // decode steps padded to a bucket (replayed from a graph on a GPU)
   int64_t device_sampled_tokens = 0;  // tokens chosen by Backend::sample_tokens (the rest on the host)
+  int64_t overlapped_steps = 0;       // decode steps launched before the previous step's tokens arrived
 };
 
 class Engine {

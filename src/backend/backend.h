@@ -14,6 +14,7 @@
 #include "backend/fused_linear.h"
 #include "backend/linear.h"
 #include "backend/token_sampling.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "formats/model_config.h"
 
@@ -114,6 +115,23 @@ class Backend {
   // host).
   virtual bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) {
     return false;
+  }
+  // Asynchronous token selection, for the engine's overlapped decode steps (step N + 1 is launched before
+  // step N's ids reach the host; engine.cpp). Two id slots alternate. async_sampling() says what a backend
+  // can do. sample_tokens_async queues what sample_tokens does, into slot `slot`'s device ids and a copy of
+  // them to the host, and returns at once; wait_sampled_tokens waits for that copy and returns the `rows`
+  // ids; gather_sampled_tokens queues out[i] = ids[slot][rows[i]] (rows and out: int32 in backend memory,
+  // e.g. the next step's token-id row), so the next step reads its input tokens where they were sampled.
+  enum class AsyncSampling { None, Greedy, Full };  // Greedy: params must be null (argmax on every row)
+  virtual AsyncSampling async_sampling() const { return AsyncSampling::None; }
+  virtual void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) {
+    fail("backend {}: sample_tokens_async is not supported (async_sampling() is None)", name());
+  }
+  virtual void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) {
+    fail("backend {}: wait_sampled_tokens is not supported (async_sampling() is None)", name());
+  }
+  virtual void gather_sampled_tokens(int slot, const int32_t* rows, int64_t n, int32_t* out) {
+    fail("backend {}: gather_sampled_tokens is not supported (async_sampling() is None)", name());
   }
   // Free and total bytes of the backend's own device memory (cudaMemGetInfo); false when it has none of
   // its own (CPU: the engine then sizes the KV cache from --kv-cache-memory).

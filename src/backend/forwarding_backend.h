@@ -65,6 +65,16 @@ class ForwardingBackend : public Backend {
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override {
     return inner_.sample_tokens(logits, params, host_ids);
   }
+  AsyncSampling async_sampling() const override { return inner_.async_sampling(); }
+  void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override {
+    inner_.sample_tokens_async(logits, params, slot);
+  }
+  void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) override {
+    inner_.wait_sampled_tokens(slot, host_ids, rows);
+  }
+  void gather_sampled_tokens(int slot, const int32_t* rows, int64_t n, int32_t* out) override {
+    inner_.gather_sampled_tokens(slot, rows, n, out);
+  }
   bool memory_info(size_t& free_bytes, size_t& total_bytes) override {
     return inner_.memory_info(free_bytes, total_bytes);
   }

@@ -22,9 +22,11 @@ DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, const DecodeGraphConfig& c
   INFERX_CHECK(config_.scratch_block >= 0 && config_.scratch_block < kv.num_blocks(),
                "decode graphs: scratch block {} is not in the cache of {} blocks", config_.scratch_block,
                kv.num_blocks());
-  // A padded bucket B is B one-token sequences, each wanting logits.
+  // A padded bucket B is B one-token sequences, each wanting logits; after the layout, an overlapped
+  // step's row map (SampledTokenSource::prev_rows) for the token gather.
   const size_t ints =
-      BatchLayout(buckets_.back(), buckets_.back(), config_.max_blocks_per_seq, buckets_.back()).total();
+      BatchLayout(buckets_.back(), buckets_.back(), config_.max_blocks_per_seq, buckets_.back()).total() +
+      static_cast<size_t>(buckets_.back());
   for (auto& h : host_) h = model_.backend().allocate_upload(ints * sizeof(int32_t));
   // Allocated once, before any recording: its address never changes.
   device_ = model_.backend().allocate(ints * sizeof(int32_t));
@@ -59,7 +61,7 @@ bool DecodeGraphs::accepts(const SchedulerOutput& out) const {
   return true;
 }
 
-BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
+BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens) {
   const auto S = static_cast<int32_t>(out.seqs.size());
   const int32_t B = bucket, M = config_.max_blocks_per_seq;
   INFERX_CHECK(S > 0 && S <= B && B <= buckets_.back(), "decode graphs: {} sequences in a bucket of {}", S,
@@ -77,7 +79,7 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
     h[o_rows + k] = i;
     if (i < S) {
       const ScheduledSequence& s = out.seqs[k];
-      h[k] = s.seq->tokens[static_cast<size_t>(s.start)];
+      h[k] = tokens ? 0 : s.seq->tokens[static_cast<size_t>(s.start)];  // gathered below
       h[o_pos + k] = s.start;
       h[o_len + k] = s.start + 1;
       const auto nb = static_cast<int32_t>(s.seq->blocks.size());
@@ -95,8 +97,19 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
     }
   }
   h[o_qs + static_cast<size_t>(B)] = B;
+  size_t upload = total;
+  if (tokens) {
+    INFERX_CHECK(tokens->prev_rows && tokens->prev_rows->size() == static_cast<size_t>(S),
+                 "decode graphs: {} sampled-token rows for {} sequences",
+                 tokens->prev_rows ? tokens->prev_rows->size() : 0, S);
+    std::copy(tokens->prev_rows->begin(), tokens->prev_rows->end(), h + total);
+    upload += static_cast<size_t>(S);
+  }
   // Queued: the sampling at the end of the step waits for the device, long before this copy is reused.
-  model_.backend().upload_async(device_->data(), h, total * sizeof(int32_t));
+  Backend& be = model_.backend();
+  be.upload_async(device_->data(), h, upload * sizeof(int32_t));
+  auto* dev = static_cast<int32_t*>(device_->data());
+  if (tokens) be.gather_sampled_tokens(tokens->slot, dev + total, S, dev);  // the token ids lead the layout
   BatchView v = layout.view(static_cast<const int32_t*>(device_->data()));
   v.max_query_len = 1;
   // A host hint frozen into a recording: the largest length any replay may see.
@@ -104,12 +117,12 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket) {
   return v;
 }
 
-Tensor DecodeGraphs::run(const SchedulerOutput& out) {
+Tensor DecodeGraphs::run(const SchedulerOutput& out, const SampledTokenSource* tokens) {
   const auto S = static_cast<int32_t>(out.seqs.size());
   const int32_t B = bucket_for(S);
   const auto bi =
       static_cast<size_t>(std::lower_bound(buckets_.begin(), buckets_.end(), B) - buckets_.begin());
-  const BatchView batch = build(out, B);
+  const BatchView batch = build(out, B, tokens);
   Backend& be = model_.backend();
   if (state_[bi] == 1) {
     if (be.replay_graph(key(B))) {

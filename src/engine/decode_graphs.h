@@ -28,6 +28,14 @@ namespace inferx {
 // The padded batch sizes, ascending, the last one max_batch_size.
 std::vector<int32_t> decode_buckets(int32_t max_batch_size);
 
+// An overlapped decode step's input tokens (engine.cpp): real row i feeds the id the previous step sampled
+// in its row prev_rows[i], still in the backend's sampling slot `slot` (Backend::gather_sampled_tokens),
+// not a token of seq->tokens.
+struct SampledTokenSource {
+  int slot = 0;
+  const std::vector<int32_t>* prev_rows = nullptr;
+};
+
 struct DecodeGraphConfig {
   int32_t max_batch_size = 256;
   int32_t max_blocks_per_seq = 1;  // ceil(max_model_len / block_size)
@@ -47,9 +55,10 @@ class DecodeGraphs {
   bool accepts(const SchedulerOutput& out) const;
   // Runs the step padded to its bucket; returns the logits of the real rows ([num_seqs, vocab] F32 in
   // backend memory, valid until the next forward).
-  Tensor run(const SchedulerOutput& out);
+  // With `tokens`, the real rows' input ids come from the previous step's sampling slot.
+  Tensor run(const SchedulerOutput& out, const SampledTokenSource* tokens = nullptr);
   // Writes the padded metadata of `out` into the fixed buffer (tests inspect it through the view).
-  BatchView build(const SchedulerOutput& out, int32_t bucket);
+  BatchView build(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens = nullptr);
   int32_t bucket_for(int32_t num_seqs) const;
 
   int64_t replays() const { return replays_; }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -103,6 +104,19 @@ struct Engine::Impl {
   std::unique_ptr<DecodeGraphs> decode_graphs;  // null: every step eager
   bool defer_emit = false;  // GPU: emit a step's outputs while the next step runs on the device
   std::vector<SampledToken> sampled;
+  // Overlapped decode steps (EngineConfig::async_decode): the step launched but not collected yet.
+  struct InFlight {
+    SchedulerOutput out;        // its sequences (a copy of the scheduler's plan), every row a sampled decode
+    std::vector<int32_t> rows;  // out.seqs[i]'s row among the step's sampled ids
+    int64_t num_rows = 0;       // ids the step samples (rows whose sequence ended since are dropped)
+    int slot = 0;               // the backend's sampling slot holding them
+  };
+  std::optional<InFlight> in_flight;
+  bool async_decode = false;
+  int next_slot = 0;
+  std::vector<int32_t> async_ids, prev_rows;
+  std::vector<char> ends;
+  int64_t overlapped_steps = 0;
   std::vector<int32_t> eos_ids;
   std::unordered_map<std::string, std::unique_ptr<RequestState>> requests;
   std::vector<RequestState*> touched;  // requests with output to emit this step
@@ -139,6 +153,10 @@ struct Engine::Impl {
   std::unique_ptr<Sequence> make_sequence(RequestState& r, int32_t index);
   void accept(Submitted&& s);
   void handle_token(SampledToken& t, double now);
+  bool overlappable(const SchedulerOutput& out) const;
+  bool ends_with_next_token(const Sequence& seq) const;
+  static void drop_finished(InFlight& f);
+  bool step_overlapped();
   void finish(Sequence& seq, FinishReason reason, double now);
   void abort_request(RequestState& r, const std::string& error);
   void touch(RequestState& r);
@@ -259,6 +277,12 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
     decode_graphs = std::make_unique<DecodeGraphs>(model, *kv, gc);
   }
   defer_emit = gpu;
+  const char* ad = std::getenv("INFERX_ASYNC_DECODE");
+  if (ad) config.async_decode = std::strcmp(ad, "0") != 0;
+  // The token gather writes rank 0's metadata only: tensor-parallel steps stay in order.
+  async_decode = config.async_decode && decode_graphs && !model.tensor_parallel() &&
+                 model.backend().async_sampling() != Backend::AsyncSampling::None;
+  config.async_decode = async_decode;
   eos_ids = mc.eos_token_ids;
   if (tokenizer && tokenizer->eos_id() >= 0 && !is_eos(tokenizer->eos_id()))
     eos_ids.push_back(tokenizer->eos_id());
@@ -465,6 +489,7 @@ void Engine::Impl::publish_stats() {
   s.steps = steps;
   s.decode_graph_steps = graph_steps;
   s.device_sampled_tokens = step_sampler->device_rows();
+  s.overlapped_steps = overlapped_steps;
   std::lock_guard<std::mutex> lock(mu);
   s.waiting = scheduler->num_waiting() + static_cast<int32_t>(inbox.size());
   snapshot = s;
@@ -486,7 +511,12 @@ bool Engine::Impl::step() {
     if (it != requests.end()) abort_request(*it->second, "");
   }
   new_aborts.clear();
+  if (in_flight) {
+    drop_finished(*in_flight);  // aborted just now: their requests may be destroyed by the next emit
+    if (in_flight->out.seqs.empty()) in_flight.reset();
+  }
   profile.mark(StepProfile::kIntake);
+  if (in_flight) return step_overlapped();
 
   const SchedulerOutput& out = scheduler->schedule();
   if (out.empty()) {
@@ -520,6 +550,24 @@ bool Engine::Impl::step() {
     if (defer_emit) emit();
     profile.mark(StepProfile::kEmitOverlapped);
     scheduler->on_step_computed(out);
+    if (graph_step && overlappable(out)) {
+      // Left in flight: the next step() plans and launches the step after it before collecting it.
+      InFlight f;
+      f.out = out;
+      f.num_rows = static_cast<int64_t>(out.seqs.size());
+      f.rows.resize(out.seqs.size());
+      for (size_t i = 0; i < f.rows.size(); ++i) f.rows[i] = static_cast<int32_t>(i);
+      f.slot = next_slot;
+      next_slot ^= 1;
+      step_sampler->sample_async(out, logits, f.slot, /*pending=*/0);
+      in_flight = std::move(f);
+      ++steps;
+      profile.mark(StepProfile::kSample);
+      publish_stats();
+      profile.mark(StepProfile::kPublish);
+      profile.end_step(StepProfile::kGraphDecode, static_cast<int64_t>(out.seqs.size()));
+      return true;
+    }
     step_sampler->sample(out, logits, sampled);
     profile.mark(StepProfile::kSample);
   } catch (const std::exception& e) {
@@ -546,6 +594,113 @@ bool Engine::Impl::step() {
   profile.mark(StepProfile::kPublish);
   profile.end_step(graph_step ? StepProfile::kGraphDecode : StepProfile::kOther,
                    static_cast<int64_t>(out.seqs.size()));
+  return true;
+}
+
+bool Engine::Impl::overlappable(const SchedulerOutput& out) const {
+  if (!async_decode || !step_sampler->can_sample_async(out)) return false;
+  for (const ScheduledSequence& s : out.seqs) {
+    // A request's first token forks its n - 1 other sequences (handle_token): that step is collected first.
+    if (!s.seq->request->forked) return false;
+  }
+  return true;
+}
+
+// Whether the token `seq` is about to receive ends it by length (handle_token's limits), so that the step
+// planned before the token arrives leaves it out.
+bool Engine::Impl::ends_with_next_token(const Sequence& seq) const {
+  return seq.num_generated() + 1 >= seq.request->req.params.max_tokens ||
+         static_cast<int64_t>(seq.tokens.size()) + 1 >= config.max_model_len;
+}
+
+void Engine::Impl::drop_finished(InFlight& f) {
+  size_t kept = 0;
+  for (size_t i = 0; i < f.out.seqs.size(); ++i) {
+    if (f.out.seqs[i].seq->finished()) continue;
+    f.out.seqs[kept] = f.out.seqs[i];
+    f.rows[kept] = f.rows[i];
+    ++kept;
+  }
+  f.out.seqs.resize(kept);
+  f.rows.resize(kept);
+  f.out.num_tokens = static_cast<int32_t>(kept);
+}
+
+// Step N is in flight (launched, its sampling queued). Plans and launches step N + 1 from N's plan, its
+// input ids gathered on the device from N's sampling slot, and only then waits for N's ids and handles
+// them; N + 1 stays in flight. Where N + 1 cannot be planned without N's tokens (Scheduler::schedule_after),
+// N is collected alone and the next step() schedules as usual.
+bool Engine::Impl::step_overlapped() {
+  InFlight prev = std::move(*in_flight);
+  in_flight.reset();
+  std::optional<InFlight> next;
+  try {
+    ends.assign(prev.out.seqs.size(), 0);
+    for (size_t i = 0; i < ends.size(); ++i) ends[i] = ends_with_next_token(*prev.out.seqs[i].seq);
+    const SchedulerOutput* plan = scheduler->schedule_after(prev.out, ends);
+    profile.mark(StepProfile::kSchedule);
+    if (plan) {
+      INFERX_CHECK(decode_graphs->accepts(*plan), "engine: an overlapped step the decode graphs refuse");
+      prev_rows.clear();
+      for (size_t i = 0; i < ends.size(); ++i) {
+        if (!ends[i]) prev_rows.push_back(prev.rows[i]);
+      }
+      InFlight f;
+      f.out = *plan;
+      f.num_rows = static_cast<int64_t>(plan->seqs.size());
+      f.rows.resize(plan->seqs.size());
+      for (size_t i = 0; i < f.rows.size(); ++i) f.rows[i] = static_cast<int32_t>(i);
+      f.slot = prev.slot ^ 1;
+      const SampledTokenSource src{prev.slot, &prev_rows};
+      const Tensor logits = decode_graphs->run(*plan, &src);
+      ++graph_steps;
+      step_sampler->sample_async(*plan, logits, f.slot, /*pending=*/1);
+      next_slot = f.slot ^ 1;
+      next = std::move(f);
+      ++steps;
+      ++overlapped_steps;
+    }
+    profile.mark(StepProfile::kLaunch);
+    if (defer_emit) emit();
+    profile.mark(StepProfile::kEmitOverlapped);
+    step_sampler->collect_async(prev.slot, prev.num_rows, async_ids);
+    profile.mark(StepProfile::kSample);
+  } catch (const std::exception& e) {
+    std::vector<RequestState*> failed;
+    for (const InFlight* f : {&prev, next ? &*next : nullptr}) {
+      if (!f) continue;
+      for (const ScheduledSequence& s : f->out.seqs) {
+        if (std::find(failed.begin(), failed.end(), s.seq->request) == failed.end())
+          failed.push_back(s.seq->request);
+      }
+    }
+    for (RequestState* r : failed) abort_request(*r, fmt::format("engine step failed: {}", e.what()));
+    profile.cancel_step();
+    emit();
+    publish_stats();
+    return true;
+  }
+  const double done = engine_now();
+  sampled.resize(prev.out.seqs.size());
+  for (size_t i = 0; i < prev.out.seqs.size(); ++i) {
+    sampled[i] = SampledToken{};
+    sampled[i].seq = prev.out.seqs[i].seq;
+    sampled[i].token = async_ids[static_cast<size_t>(prev.rows[i])];
+  }
+  for (SampledToken& t : sampled) handle_token(t, done);
+  if (next) {
+    // Rows whose sequence ended on N's token were computed once more: their ids are never read.
+    drop_finished(*next);
+    // N's tokens are appended now, so the blocks N + 1 filled hash the right tokens.
+    scheduler->on_step_computed(next->out);
+    if (!next->out.seqs.empty()) in_flight = std::move(next);
+  }
+  profile.mark(StepProfile::kHandle);
+  if (!defer_emit || (scheduler->num_running() == 0 && scheduler->num_waiting() == 0)) emit();
+  profile.mark(StepProfile::kEmitTail);
+  publish_stats();
+  profile.mark(StepProfile::kPublish);
+  profile.end_step(StepProfile::kGraphDecode, static_cast<int64_t>(prev.out.seqs.size()));
   return true;
 }
 

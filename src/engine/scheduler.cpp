@@ -207,6 +207,48 @@ const SchedulerOutput& Scheduler::schedule() {
   return out_;
 }
 
+const SchedulerOutput* Scheduler::schedule_after(const SchedulerOutput& prev, const std::vector<char>& ends) {
+  INFERX_CHECK(ends.size() == prev.seqs.size(), "scheduler: {} end flags for {} sequences", ends.size(),
+               prev.seqs.size());
+  if (prev.seqs.size() != running_.size()) return nullptr;
+  int32_t continuing = 0, new_blocks = 0;
+  for (size_t i = 0; i < prev.seqs.size(); ++i) {
+    const ScheduledSequence& s = prev.seqs[i];
+    if (s.num_new != 1 || !s.sample || s.seq->status != SequenceStatus::Running) return nullptr;
+    if (ends[i]) continue;
+    ++continuing;
+    new_blocks += blocks_for_tokens(s.seq->num_computed + 1, config_.block_size) -
+                  static_cast<int32_t>(s.seq->blocks.size());
+  }
+  if (continuing == 0 || continuing > config_.max_num_batched_tokens) return nullptr;
+  // Blocks a sliding window releases this step are not counted: schedule() would be no shorter of blocks.
+  if (new_blocks > pool_.num_free()) return nullptr;
+  if (!waiting_.empty()) {
+    const int32_t forks = pending_forks(std::get<3>(*waiting_.begin()));
+    if (continuing + reserved_ + 1 + forks <= config_.max_batch_size) return nullptr;  // it would admit
+  }
+  out_.seqs.clear();
+  out_.preempted.clear();
+  out_.num_tokens = 0;
+  budget_ = config_.max_num_batched_tokens;
+  for (size_t i = 0; i < prev.seqs.size(); ++i) {
+    if (ends[i]) continue;
+    Sequence* seq = prev.seqs[i].seq;
+    release_window_blocks(seq);
+    const bool ok = ensure_blocks(seq, seq->num_computed + 1);  // counted above: never preempts
+    INFERX_CHECK(ok, "scheduler: overlapped step ran out of blocks after counting them");
+    ScheduledSequence s;
+    s.seq = seq;
+    s.start = seq->num_computed;
+    s.num_new = 1;
+    s.sample = true;  // the token it feeds is not in seq->tokens yet
+    out_.seqs.push_back(s);
+    out_.num_tokens += 1;
+    budget_ -= 1;
+  }
+  return &out_;
+}
+
 void Scheduler::on_step_computed(const SchedulerOutput& out) {
   const int32_t bs = config_.block_size;
   for (const ScheduledSequence& s : out.seqs) {

@@ -62,6 +62,13 @@ class Scheduler {
 
   // Plans one step. The output stays valid until the next call.
   const SchedulerOutput& schedule();
+  // Plans the step after `prev` while prev's sampled tokens are still on their way (an overlapped decode
+  // step, engine.cpp): each sequence of prev (every row a one-token decode that samples) feeds its pending
+  // token at position num_computed, except those with ends[i] set (they end with prev's token, by length).
+  // Returns null, having changed nothing, wherever schedule() after prev's tokens could plan otherwise: a
+  // running sequence not in prev (a prompt part-way), a waiting sequence it would admit into a free slot,
+  // or too few free blocks (it would preempt). prev must be on_step_computed already.
+  const SchedulerOutput* schedule_after(const SchedulerOutput& prev, const std::vector<char>& ends);
   // After the forward pass: the scheduled tokens are computed; full blocks enter the prefix cache.
   void on_step_computed(const SchedulerOutput& out);
 

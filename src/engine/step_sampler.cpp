@@ -20,14 +20,14 @@ float device_uniform(uint64_t seed, int64_t token_index) {
   return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // top 24 bits / 2^24
 }
 
-TokenSampleParams device_sample_params(const Sequence& seq) {
+TokenSampleParams device_sample_params(const Sequence& seq, int32_t pending) {
   const GenerationParams& p = seq.request->req.params;
   TokenSampleParams t;
   t.temperature = p.temperature;
   t.top_k = p.top_k;
   t.top_p = p.top_p;
   t.min_p = p.min_p;
-  t.uniform = p.temperature > 0.0f ? device_uniform(seq.seed, seq.num_generated()) : 0.0f;
+  t.uniform = p.temperature > 0.0f ? device_uniform(seq.seed, seq.num_generated() + pending) : 0.0f;
   return t;
 }
 
@@ -99,6 +99,35 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
   for (size_t k = 0; k < host_index_.size(); ++k)
     result[static_cast<size_t>(host_index_[k])] = std::move(host_result_[k]);
   host_rows_ += static_cast<int64_t>(host_index_.size());
+}
+
+bool StepSampler::can_sample_async(const SchedulerOutput& out) const {
+  const Backend::AsyncSampling a = backend_.async_sampling();
+  if (!device_ok_ || a == Backend::AsyncSampling::None) return false;
+  for (const ScheduledSequence& s : out.seqs) {
+    if (!s.sample || !samples_on_device(*s.seq)) return false;
+    if (a == Backend::AsyncSampling::Greedy && s.seq->request->req.params.temperature > 0.0f) return false;
+  }
+  return !out.seqs.empty();
+}
+
+void StepSampler::sample_async(const SchedulerOutput& out, const Tensor& logits, int slot, int32_t pending) {
+  INFERX_CHECK(logits.dtype == DType::F32 && logits.rows() == static_cast<int64_t>(out.seqs.size()),
+               "step sampler: {} sampled sequences but logits {} {}", out.seqs.size(),
+               dtype_name(logits.dtype), logits.shape_string());
+  params_.resize(out.seqs.size());
+  bool all_greedy = true;
+  for (size_t i = 0; i < out.seqs.size(); ++i) {
+    params_[i] = device_sample_params(*out.seqs[i].seq, pending);
+    all_greedy = all_greedy && !(params_[i].temperature > 0.0f);
+  }
+  backend_.sample_tokens_async(logits, all_greedy ? nullptr : params_.data(), slot);
+  device_rows_ += static_cast<int64_t>(out.seqs.size());
+}
+
+void StepSampler::collect_async(int slot, int64_t rows, std::vector<int32_t>& ids) {
+  ids.resize(static_cast<size_t>(rows));
+  backend_.wait_sampled_tokens(slot, ids.data(), rows);
 }
 
 }  // namespace inferx

@@ -25,8 +25,9 @@ bool samples_on_device(const Sequence& seq);
 // The draw in [0, 1) for the token at generated index `token_index` of a sequence seeded `seed`
 // (splitmix64 of both; 24 bits, so exactly representable and below 1).
 float device_uniform(uint64_t seed, int64_t token_index);
-// The device sampler's parameters for the next token of `seq`.
-TokenSampleParams device_sample_params(const Sequence& seq);
+// The device sampler's parameters for the next token of `seq`; `pending` tokens sampled before it have not
+// been appended yet (an overlapped decode step: its draw index is past them).
+TokenSampleParams device_sample_params(const Sequence& seq, int32_t pending = 0);
 
 class StepSampler {
  public:
@@ -37,6 +38,16 @@ class StepSampler {
   // `logits` [rows, vocab] F32 in backend memory: one row per sampled sequence of `out`, in order.
   // Replaces `result` with one SampledToken per sampled sequence, in the same order.
   void sample(const SchedulerOutput& out, const Tensor& logits, std::vector<SampledToken>& result);
+
+  // Overlapped decode steps (engine.cpp: step N + 1 launched before step N's ids reach the host). Whether
+  // every sampled row of `out` can be sampled asynchronously (Backend::async_sampling: on the device, and
+  // greedy where the backend can do only that).
+  bool can_sample_async(const SchedulerOutput& out) const;
+  // Queues the sampling of every row of `out` (all sampled, one logits row each) into the backend's
+  // `slot`; `pending`: tokens of each sequence sampled but not appended yet.
+  void sample_async(const SchedulerOutput& out, const Tensor& logits, int slot, int32_t pending);
+  // Waits for `slot`'s `rows` ids.
+  void collect_async(int slot, int64_t rows, std::vector<int32_t>& ids);
 
   // Rows sampled on each path so far (tests, stats).
   int64_t device_rows() const { return device_rows_; }

@@ -265,6 +265,28 @@ TEST_F(CudaEngine, EngineWithGraphsGivesThePaddedEagerTextExactly) {
               ps.size(), static_cast<long long>(gs.decode_graph_steps));
 }
 
+// Overlapped decode steps (step N + 1 launched before N's ids reach the host, its input ids gathered on the
+// device from N's sampling slot) against the in-order engine: the same graphs on the same buckets, so the
+// text must be identical, greedy and seeded, with more requests than the batch holds (admissions).
+TEST_F(CudaEngine, OverlappedDecodeStepsGiveTheInOrderTextExactly) {
+  std::vector<GenerationParams> ps;
+  for (int i = 0; i < 22; ++i) ps.push_back(greedy(6 + 5 * (i % 7)));
+  ps[3].temperature = 0.9f;
+  ps[3].seed = 5;
+  ps[9].temperature = 1.1f;
+  ps[9].top_p = 0.9f;
+  ps[9].seed = 6;
+  EngineStats on, off;
+  const auto overlapped = run(ps, Env(Vars{}), &on);
+  const auto in_order = run(ps, Env(Vars{{"INFERX_ASYNC_DECODE", "0"}}), &off);
+  EXPECT_EQ(overlapped, in_order);
+  EXPECT_EQ(off.overlapped_steps, 0);
+  EXPECT_GT(on.overlapped_steps, 20);
+  EXPECT_EQ(on.decode_graph_steps, off.decode_graph_steps);
+  std::printf("overlapped steps %lld of %lld graph steps\n", static_cast<long long>(on.overlapped_steps),
+              static_cast<long long>(on.decode_graph_steps));
+}
+
 TEST_F(CudaEngine, KvCacheIsSizedFromGpuMemoryUtilization) {
   size_t free_bytes = 0, total_bytes = 0;
   ASSERT_TRUE(backend_->memory_info(free_bytes, total_bytes));

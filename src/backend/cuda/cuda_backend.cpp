@@ -143,6 +143,14 @@ CudaBackend::~CudaBackend() {
   qgemm_.reset();
   release_upload_staging();
   for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
+  for (AsyncSlot& a : async_) {
+    release(a.ids_dev);
+    release(a.params_dev);
+    release_pinned(a.ids_host);
+    release_pinned(a.params_host);
+    if (a.done && cudaEventDestroy(a.done) != cudaSuccess)
+      std::fprintf(stderr, "inferx cuda: releasing a sampling event failed\n");
+  }
   gemm_.reset();
   if (stream_) {
     if (cudaStreamSynchronize(stream_) != cudaSuccess || cudaStreamDestroy(stream_) != cudaSuccess)

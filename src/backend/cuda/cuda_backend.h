@@ -158,6 +158,10 @@ class CudaBackend final : public Backend {
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
   bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override;
+  AsyncSampling async_sampling() const override { return AsyncSampling::Full; }
+  void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override;
+  void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) override;
+  void gather_sampled_tokens(int slot, const int32_t* rows, int64_t n, int32_t* out) override;
   bool memory_info(size_t& free_bytes, size_t& total_bytes) override;
   bool begin_graph_capture() override;
   void end_graph_capture(uint64_t key, bool keep = true) override;
@@ -212,6 +216,12 @@ class CudaBackend final : public Backend {
   // Writing out over the mirrored tensor makes the copy stale.
   void drop_bf16_copy_if_overlaps(const Tensor& out);
   void run_sampler(const Tensor& logits, const cuda::SampleParams* host_params, int32_t* host_ids);
+  // Where a sampling pass puts its ids (device, pinned host copy) and stages its parameters.
+  struct SamplerBuffers {
+    Scratch &ids_dev, &ids_host, &params_dev, &params_host;
+  };
+  // Queues the selection of one id per row and the ids' copy to b.ids_host; returns the row count.
+  int64_t queue_sampler(const Tensor& logits, const cuda::SampleParams* host_params, const SamplerBuffers& b);
   // The GEMV path (cuda_backend_gemv.cpp): whether it takes this product (BF16 with one row, or a format
   // cuBLASLt cannot take), x as BF16 (the current copy, or converted / permuted into gemv_x_), and the
   // launch of a product split over `outs`.
@@ -260,6 +270,13 @@ class CudaBackend final : public Backend {
   int decode_stack_profiles_left_ = 0;  // from options_.decode_stack_profiles
   Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,
       pinned_ids_;
+  // sample_tokens_async's two slots; `done` is recorded after the ids' copy to the host.
+  struct AsyncSlot {
+    Scratch ids_dev, ids_host, params_dev, params_host;
+    int64_t rows = 0;
+    CUevent_st* done = nullptr;
+  };
+  AsyncSlot async_[2];
   // The tensor whose BF16 copy shadow_ holds (null: none), and its shape.
   const void* shadow_src_ = nullptr;
   int64_t shadow_rows_ = 0, shadow_cols_ = 0;

@@ -255,32 +255,81 @@ bool CudaBackend::memory_info(size_t& free_bytes, size_t& total_bytes) {
 
 void CudaBackend::run_sampler(const Tensor& logits, const cuda::SampleParams* host_params,
                               int32_t* host_ids) {
+  const SamplerBuffers b{sample_ids_, pinned_ids_, sample_params_, pinned_params_};
+  const int64_t rows = queue_sampler(logits, host_params, b);
+  if (rows == 0) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(host_ids, pinned_ids_.data, static_cast<size_t>(rows) * sizeof(int32_t));
+}
+
+int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParams* host_params,
+                                   const SamplerBuffers& b) {
   finish_deferred();  // a deferred product is read only by the call it was deferred for
   INFERX_CHECK(logits.device == Device::CUDA && logits.dtype == DType::F32 && logits.ndim == 2,
                "cuda backend: sampling needs F32 [rows, vocab] logits on the GPU, got {} {}",
                dtype_name(logits.dtype), logits.shape_string());
   INFERX_CHECK(!capturing_, "cuda backend: sampling copies to the host and cannot be captured");
   const int64_t rows = logits.rows(), vocab = logits.cols();
-  if (rows == 0) return;
+  if (rows == 0) return 0;
   INFERX_CHECK(vocab > 0 && vocab < (int64_t{1} << 31), "cuda backend: sampling over a vocabulary of {}",
                vocab);
   use_device();
   const size_t id_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
-  auto* ids_dev = static_cast<int32_t*>(scratch(sample_ids_, id_bytes));
-  auto* ids_host = static_cast<int32_t*>(pinned(pinned_ids_, id_bytes));
+  auto* ids_dev = static_cast<int32_t*>(scratch(b.ids_dev, id_bytes));
+  auto* ids_host = static_cast<int32_t*>(pinned(b.ids_host, id_bytes));
   if (host_params) {
     const size_t param_bytes = static_cast<size_t>(rows) * sizeof(cuda::SampleParams);
-    auto* staged = static_cast<cuda::SampleParams*>(pinned(pinned_params_, param_bytes));
+    auto* staged = static_cast<cuda::SampleParams*>(pinned(b.params_host, param_bytes));
     std::memcpy(staged, host_params, param_bytes);
-    auto* params_dev = static_cast<cuda::SampleParams*>(scratch(sample_params_, param_bytes));
+    auto* params_dev = static_cast<cuda::SampleParams*>(scratch(b.params_dev, param_bytes));
     CUDA_CHECK(cudaMemcpyAsync(params_dev, staged, param_bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cuda::launch_sample(logits.ptr<float>(), rows, vocab, params_dev, ids_dev, stream_));
   } else {
     CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_));
   }
   CUDA_CHECK(cudaMemcpyAsync(ids_host, ids_dev, id_bytes, cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::memcpy(host_ids, ids_host, id_bytes);
+  return rows;
+}
+
+// Each slot has its own device ids, pinned copy and staged parameters: while step N's copy is queued,
+// step N + 1 stages into the other slot (one staging buffer would be overwritten before N's copy ran).
+void CudaBackend::sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) {
+  INFERX_CHECK(slot == 0 || slot == 1, "cuda backend: sampling slot {} (0 or 1)", slot);
+  AsyncSlot& a = async_[slot];
+  // Sized for a large batch at once: each growth would move the buffer (and void the recorded graphs).
+  constexpr size_t kRows = 4096;
+  (void)scratch(a.ids_dev, kRows * sizeof(int32_t));
+  if (params) (void)scratch(a.params_dev, kRows * sizeof(cuda::SampleParams));
+  const SamplerBuffers b{a.ids_dev, a.ids_host, a.params_dev, a.params_host};
+  a.rows = queue_sampler(logits, params, b);
+  if (!a.done) {
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    a.done = e;
+  }
+  CUDA_CHECK(cudaEventRecord(a.done, stream_));
+}
+
+void CudaBackend::wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) {
+  INFERX_CHECK(slot == 0 || slot == 1, "cuda backend: sampling slot {} (0 or 1)", slot);
+  AsyncSlot& a = async_[slot];
+  INFERX_CHECK(rows == a.rows && (rows == 0 || a.done),
+               "cuda backend: {} sampled ids wanted from slot {} of {}", rows, slot, a.rows);
+  if (rows == 0) return;
+  use_device();
+  CUDA_CHECK(cudaEventSynchronize(a.done));
+  std::memcpy(host_ids, a.ids_host.data, static_cast<size_t>(rows) * sizeof(int32_t));
+}
+
+void CudaBackend::gather_sampled_tokens(int slot, const int32_t* rows, int64_t n, int32_t* out) {
+  INFERX_CHECK(slot == 0 || slot == 1, "cuda backend: sampling slot {} (0 or 1)", slot);
+  const AsyncSlot& a = async_[slot];
+  if (n == 0) return;
+  INFERX_CHECK(a.rows > 0, "cuda backend: gathering from the empty sampling slot {}", slot);
+  finish_deferred();
+  use_device();
+  drop_bf16_copy();
+  CUDA_CHECK(cuda::launch_gather_rows(a.ids_dev.data, a.rows, sizeof(int32_t), rows, n, out, stream_));
 }
 
 }  // namespace inferx

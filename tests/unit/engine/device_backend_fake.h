@@ -4,6 +4,10 @@
 // maxima (what the CUDA kernel and the host sampler do); sampled rows draw from softmax(logits / T) with
 // the given uniform (top-k/top-p/min-p are ignored: the tests check routing and batch invariance, the
 // CUDA kernel itself is tested in tests/cuda).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -51,13 +55,38 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
     return true;
   }
 
-  int64_t sample_calls = 0, sampled_rows = 0, host_copies = 0;
+  // Asynchronous sampling (overlapped decode steps): the ids are chosen at once into the slot (host memory
+  // is this backend's device memory); a wait only hands them out, a gather reads them where they are.
+  AsyncSampling async_sampling() const override {
+    return can_sample_ ? AsyncSampling::Full : AsyncSampling::None;
+  }
+  void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override {
+    auto& ids = slots_.at(static_cast<size_t>(slot));
+    ids.assign(static_cast<size_t>(logits.rows()), -1);
+    if (!ids.empty()) sample_tokens(logits, params, ids.data());
+    ++async_calls;
+  }
+  void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) override {
+    const auto& ids = slots_.at(static_cast<size_t>(slot));
+    ASSERT_EQ(static_cast<int64_t>(ids.size()), rows) << "slot " << slot;
+    std::copy(ids.begin(), ids.end(), host_ids);
+  }
+  void gather_sampled_tokens(int slot, const int32_t* rows, int64_t n, int32_t* out) override {
+    const auto& ids = slots_.at(static_cast<size_t>(slot));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(rows[i] >= 0 && static_cast<size_t>(rows[i]) < ids.size()) << "row " << rows[i];
+      out[i] = ids[static_cast<size_t>(rows[i])];
+    }
+  }
+
+  int64_t sample_calls = 0, sampled_rows = 0, host_copies = 0, async_calls = 0;
 
  private:
   DeviceSamplingCpuBackend(std::unique_ptr<Backend> cpu, bool can_sample)
       : ForwardingBackend(*cpu), cpu_(std::move(cpu)), can_sample_(can_sample) {}
   std::unique_ptr<Backend> cpu_;
   bool can_sample_;
+  std::array<std::vector<int32_t>, 2> slots_;
 };
 
 }  // namespace inferx::testing

@@ -10,6 +10,8 @@
 #include <random>
 #include <set>
 
+#include "core/error.h"
+
 namespace inferx {
 namespace {
 
@@ -286,6 +288,64 @@ TEST(Scheduler, RespectsMaxBatchSize) {
   }
   EXPECT_EQ(h.sched.num_running(), 4);
   EXPECT_EQ(h.sched.num_waiting(), 6);
+}
+
+// schedule_after (overlapped decode steps): the step after a decode step, planned before its tokens are
+// appended, is the step schedule() would plan once they are, or nothing.
+TEST(Scheduler, ScheduleAfterPlansTheNextDecodeOrNothing) {
+  Harness h(1000, config(4096, /*max_batch=*/2, /*bs=*/4));
+  Sequence* a = h.submit(tokens(6, 1), 50);
+  Sequence* b = h.submit(tokens(7, 2), 50);
+  h.submit(tokens(5, 3), 50);             // waiting: the batch of 2 is full
+  h.step();                               // both prompts
+  const SchedulerOutput prev = h.step();  // both decode; their tokens are appended by the harness
+  ASSERT_EQ(prev.seqs.size(), 2u);
+  // As if prev's tokens were still on their way: take them back out.
+  a->tokens.pop_back();
+  b->tokens.pop_back();
+  const int32_t a_len = a->num_computed, blocks_a = static_cast<int32_t>(a->blocks.size());
+  const SchedulerOutput* next = h.sched.schedule_after(prev, {0, 0});
+  ASSERT_NE(next, nullptr) << "a full batch admits nothing: the plan does not need prev's tokens";
+  ASSERT_EQ(next->seqs.size(), 2u);
+  EXPECT_EQ(next->seqs[0].seq, a);
+  EXPECT_EQ(next->seqs[0].start, a_len);
+  EXPECT_TRUE(next->seqs[0].sample && next->seqs[0].num_new == 1);
+  // a's next position a_len = 7 with blocks of 4 needs 2 blocks; it has them (no new block yet).
+  EXPECT_EQ(static_cast<int32_t>(a->blocks.size()), std::max(blocks_a, (a_len + 1 + 3) / 4));
+
+  // One of the two ends with prev's token: a slot frees, and the waiting one would be admitted.
+  EXPECT_EQ(h.sched.schedule_after(prev, {0, 1}), nullptr);
+  // Flags of the wrong length are a programming error.
+  EXPECT_THROW(h.sched.schedule_after(prev, {0}), Error);
+}
+
+TEST(Scheduler, ScheduleAfterRefusesPrefillsAndShortPools) {
+  {
+    // A prompt part-way (chunked) is running beside the decode: schedule() would give it tokens.
+    Harness h(1000, config(8, /*max_batch=*/4, /*bs=*/4));
+    Sequence* a = h.submit(tokens(5, 1), 50);
+    h.step();  // a's prompt (5 of the budget of 8)
+    h.submit(tokens(30, 2), 50);
+    const SchedulerOutput prev = h.step();  // a decodes, the long prompt takes the rest of the budget
+    a->tokens.pop_back();
+    EXPECT_EQ(h.sched.schedule_after(prev, std::vector<char>(prev.seqs.size(), 0)), nullptr);
+  }
+  for (int32_t pool_blocks : {3, 4}) {
+    // Two sequences about to cross into their second block: with one block free schedule() would
+    // preempt (nothing planned, nothing allocated); with two both get one.
+    Harness h(pool_blocks, config(64, /*max_batch=*/2, /*bs=*/4), /*caching=*/false);
+    Sequence* a = h.submit(tokens(3, 1), 50);
+    Sequence* b = h.submit(tokens(3, 2), 50);
+    h.step();                               // prompts: 1 block each
+    const SchedulerOutput prev = h.step();  // positions 3, still the first block
+    a->tokens.pop_back();
+    b->tokens.pop_back();
+    ASSERT_EQ(h.pool.num_free(), pool_blocks - 2);
+    const SchedulerOutput* next = h.sched.schedule_after(prev, {0, 0});
+    EXPECT_EQ(next != nullptr, pool_blocks == 4) << pool_blocks << " blocks";
+    EXPECT_EQ(h.pool.num_free(), pool_blocks == 4 ? 0 : 1);
+    EXPECT_EQ(a->blocks.size(), pool_blocks == 4 ? 2u : 1u);
+  }
 }
 
 // Property: thousands of random submits, aborts and steps over a small pool (so preemption, eviction,

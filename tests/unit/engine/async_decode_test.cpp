@@ -1,0 +1,164 @@
+// Overlapped decode steps (EngineConfig::async_decode): step N + 1 is planned and launched before step N's
+// tokens reach the host, its input ids gathered from N's sampling slot. On the CPU with padded decode
+// steps (INFERX_GRAPHS=pad) and a backend that samples "on the device" asynchronously
+// (device_backend_fake.h), every output must equal the in-order engine's exactly: greedy and seeded
+// sampling, sequences ending by length or on a stop token (the extra row they cost is dropped), n > 1,
+// admissions from a waiting queue, chunked prefill, preemption, sliding windows and aborts mid-flight.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "device_backend_fake.h"
+#include "engine/block_pool.h"
+#include "engine/scheduler.h"
+#include "inferx/engine.h"
+#include "model/model.h"
+
+namespace inferx {
+namespace {
+
+using testing::DeviceSamplingCpuBackend;
+
+struct Outcome {
+  std::vector<std::map<int32_t, std::vector<int32_t>>> tokens;  // per request, per sequence index
+  std::vector<std::map<int32_t, FinishReason>> finish;
+  EngineStats stats;
+};
+
+class AsyncDecode : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setenv("INFERX_GRAPHS", "pad", 1);  // padded decode steps on the CPU (what CUDA graphs replay)
+    dev_ = new DeviceSamplingCpuBackend();
+    model_ = Model::load("dummy:tiny", *dev_).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete dev_;
+    unsetenv("INFERX_GRAPHS");
+  }
+  static std::vector<int32_t> prompt(int32_t len, int32_t salt) {
+    std::vector<int32_t> p;
+    for (int32_t i = 0; i < len; ++i) p.push_back((i * 37 + salt * 101 + 7) % 512);
+    return p;
+  }
+  static GenerationParams greedy(int32_t max_tokens) {
+    GenerationParams g;
+    g.temperature = 0.0f;
+    g.max_tokens = max_tokens;
+    g.ignore_eos = true;
+    return g;
+  }
+  static EngineConfig base_config() {
+    EngineConfig c;
+    c.max_model_len = 256;
+    c.max_num_batched_tokens = 64;
+    c.max_batch_size = 4;
+    return c;
+  }
+  // Runs every request to its end (request i: prompt(prompt_len(i), i)); `abort_after`: steps after which
+  // request `abort_id` is aborted (-1: never).
+  static Outcome run(const std::vector<GenerationParams>& params, EngineConfig cfg, bool async,
+                     int abort_after = -1, size_t abort_id = 0) {
+    cfg.async_decode = async;
+    Engine engine(*model_, nullptr, cfg);
+    Outcome o;
+    o.tokens.resize(params.size());
+    o.finish.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      EngineRequest r;
+      r.id = fmt::format("r{}", i);
+      r.prompt = prompt(6 + 7 * static_cast<int32_t>(i % 5), static_cast<int32_t>(i));
+      r.params = params[i];
+      r.on_output = [&o, i](RequestOutput&& out) {
+        for (const SequenceDelta& d : out.deltas) {
+          auto& t = o.tokens[i][d.index];
+          t.insert(t.end(), d.token_ids.begin(), d.token_ids.end());
+          if (d.finish_reason != FinishReason::None) o.finish[i][d.index] = d.finish_reason;
+        }
+      };
+      engine.submit(std::move(r));
+    }
+    int steps = 0;
+    while (engine.step()) {
+      if (++steps == abort_after) engine.abort(fmt::format("r{}", abort_id));
+    }
+    o.stats = engine.stats();
+    return o;
+  }
+  static DeviceSamplingCpuBackend* dev_;
+  static Model* model_;
+};
+DeviceSamplingCpuBackend* AsyncDecode::dev_ = nullptr;
+Model* AsyncDecode::model_ = nullptr;
+
+TEST_F(AsyncDecode, OverlappedStepsGiveTheInOrderEnginesOutputExactly) {
+  std::vector<GenerationParams> ps;
+  for (int32_t m : {24, 9, 17, 30, 12, 5, 21}) ps.push_back(greedy(m));  // more than max_batch_size 4
+  GenerationParams seeded = greedy(20);
+  seeded.temperature = 0.8f;
+  seeded.top_k = 40;
+  seeded.seed = 7;
+  ps.push_back(seeded);
+  GenerationParams two = greedy(14);  // n = 2: forked off the prompt at the first token
+  two.n = 2;
+  two.temperature = 1.0f;
+  two.seed = 3;
+  ps.push_back(two);
+  // A request that stops on a token mid-way: the token its greedy output has at index 6.
+  const Outcome probe = run(ps, base_config(), /*async=*/false);
+  ASSERT_GE(probe.tokens[3].at(0).size(), 7u);
+  ps[3].stop_token_ids = {probe.tokens[3].at(0)[6]};
+
+  const Outcome in_order = run(ps, base_config(), false);
+  const Outcome overlapped = run(ps, base_config(), true);
+  EXPECT_EQ(overlapped.tokens, in_order.tokens);
+  EXPECT_EQ(overlapped.finish, in_order.finish);
+  EXPECT_EQ(in_order.finish[3].at(0), FinishReason::Stop);
+  EXPECT_LE(in_order.tokens[3].at(0).size(), 7u);
+  EXPECT_EQ(in_order.stats.overlapped_steps, 0);
+  EXPECT_GT(overlapped.stats.overlapped_steps, 20) << "the overlapped path must actually run";
+  EXPECT_EQ(overlapped.stats.generation_tokens, in_order.stats.generation_tokens);
+  EXPECT_EQ(overlapped.stats.running, 0);
+}
+
+TEST_F(AsyncDecode, PreemptionChunkedPrefillAndSlidingWindowsStayExact) {
+  std::vector<GenerationParams> ps;
+  for (int32_t m : {40, 33, 45, 28, 38, 50}) ps.push_back(greedy(m));
+  EngineConfig small = base_config();
+  small.max_num_batched_tokens = 16;  // prompts in chunks
+  small.max_model_len = 128;
+  small.kv_cache_bytes = 10 * KvCache::bytes_per_block(*model_, small.block_size);  // 160 tokens for 4 rows
+  const Outcome in_order = run(ps, small, false), overlapped = run(ps, small, true);
+  EXPECT_EQ(overlapped.tokens, in_order.tokens);
+  EXPECT_GT(in_order.stats.preemptions, 0) << "the pool must be short enough to preempt";
+  EXPECT_GT(overlapped.stats.overlapped_steps, 0);
+
+  EngineConfig window = base_config();
+  window.sliding_window = 24;
+  const Outcome w_in_order = run(ps, window, false), w_overlapped = run(ps, window, true);
+  EXPECT_EQ(w_overlapped.tokens, w_in_order.tokens);
+  EXPECT_GT(w_overlapped.stats.overlapped_steps, 0);
+}
+
+TEST_F(AsyncDecode, AbortWhileAStepIsInFlightEndsOnlyThatRequest) {
+  const std::vector<GenerationParams> ps(3, greedy(30));
+  const Outcome in_order = run(ps, base_config(), false);
+  // Abort r1 after 12 steps: its steps are overlapped by then (prompts take one step).
+  const Outcome aborted = run(ps, base_config(), true, /*abort_after=*/12, /*abort_id=*/1);
+  EXPECT_GT(aborted.stats.overlapped_steps, 5);
+  EXPECT_EQ(aborted.finish[1].at(0), FinishReason::Abort);
+  EXPECT_LT(aborted.tokens[1].at(0).size(), 30u);
+  const auto& full = in_order.tokens[1].at(0);
+  const auto& part = aborted.tokens[1].at(0);
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), full.begin())) << "the aborted text is a prefix";
+  EXPECT_EQ(aborted.tokens[0], in_order.tokens[0]);
+  EXPECT_EQ(aborted.tokens[2], in_order.tokens[2]);
+  EXPECT_EQ(aborted.stats.kv_blocks_used, 0) << "every block is back in the pool";
+}
+
+}  // namespace
+}  // namespace inferx
