@@ -48,6 +48,8 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_flag("--enable-alp", a.enable_alp, "Chunked prefill (on by default)");
   sub.add_flag("--no-chunked-prefill", a.no_chunked_prefill, "Prefill whole prompts in one step");
   sub.add_flag("--enforce-eager", a.enforce_eager, "GPU: run every step eagerly (no CUDA graphs)");
+  sub.add_flag("--no-async-decode", a.no_async_decode,
+               "GPU: wait for each decode step's tokens before launching the next (no overlapped steps)");
   add_quantize_options(sub, a.quantize, a.calibration);
   add_tensor_parallel_option(sub, a.tensor_parallel_size);
 }
@@ -111,6 +113,7 @@ EngineConfig engine_config(const EngineArgs& a, Device device) {
   c.enable_chunked_prefill = a.enable_alp && !a.no_chunked_prefill;
   c.max_model_len = a.max_model_len;
   c.enforce_eager = a.enforce_eager;
+  c.async_decode = !a.no_async_decode;
   const std::string sw = "sliding-window-";
   if (a.kv_cache_strategy == "full") {
     c.sliding_window = 0;

@@ -28,7 +28,8 @@ struct EngineArgs {
   bool no_prefix_caching = false;
   bool enable_alp = true;  // chunked prefill (on by default; the flag exists for the quick start)
   bool no_chunked_prefill = false;
-  bool enforce_eager = false;  // GPU: no CUDA graphs for decode steps
+  bool enforce_eager = false;    // GPU: no CUDA graphs for decode steps
+  bool no_async_decode = false;  // GPU: no overlapped decode steps (EngineConfig::async_decode)
   std::string quantize = "none";
   std::string calibration;  // --quantize auto
   int tensor_parallel_size = 1;
