@@ -39,6 +39,12 @@ ServerMetrics::ServerMetrics(std::string model_version)
       preemptions_(
           registry_.counter("inferx_num_preemptions_total", "Sequences preempted (recomputed later)")),
       steps_(registry_.counter("inferx_engine_steps_total", "Engine steps (forward passes)")),
+      graph_steps_(
+          registry_.counter("inferx_decode_graph_steps_total",
+                            "Decode steps padded to a batch bucket (replayed from a CUDA graph on a GPU)")),
+      overlapped_steps_(
+          registry_.counter("inferx_overlapped_decode_steps_total",
+                            "Decode steps launched before the previous step's tokens reached the host")),
       ttft_(registry_.histogram("inferx_time_to_first_token_seconds", "Time from arrival to the first token",
                                 kLatency)),
       itl_(registry_.histogram("inferx_inter_token_latency_seconds",
@@ -81,6 +87,8 @@ void ServerMetrics::update_engine(const EngineStats& s) {
   prefix_hits_.set({}, static_cast<double>(s.prefix_cache_hits));
   preemptions_.set({}, static_cast<double>(s.preemptions));
   steps_.set({}, static_cast<double>(s.steps));
+  graph_steps_.set({}, static_cast<double>(s.decode_graph_steps));
+  overlapped_steps_.set({}, static_cast<double>(s.overlapped_steps));
 }
 
 }  // namespace inferx::server

@@ -42,6 +42,8 @@ class ServerMetrics {
   MetricFamily& prefix_hits_;
   MetricFamily& preemptions_;
   MetricFamily& steps_;
+  MetricFamily& graph_steps_;
+  MetricFamily& overlapped_steps_;
   MetricFamily& ttft_;
   MetricFamily& itl_;
   MetricFamily& e2e_;
