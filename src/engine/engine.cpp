@@ -730,6 +730,14 @@ Engine::Engine(Model& model, const Tokenizer* tokenizer, const EngineConfig& con
 
 Engine::~Engine() {
   stop();
+  if (impl_->in_flight) {
+    // A step still on the device writes the sampling slot's pinned copy: let it land before anything goes.
+    try {
+      impl_->model.backend().synchronize();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "inferx engine: waiting for the step in flight failed: %s\n", e.what());
+    }
+  }
   if (impl_->profile.enabled()) std::fputs(impl_->profile.report().c_str(), stderr);
 }
 
