@@ -533,6 +533,86 @@ void bench_decode_splits(double copy_gbs, int reps) {
   }
 }
 
+// INFERX_BENCH_ONLY=decode_context: the FP8-cache decode attention of a 1000 x 1000/1000 run's decode step
+// (490 rows, 1k-2k keys, longest first as the scheduler orders them, a 4096-key graph capacity) in the
+// settings the run has and the kernel rows lack, to find where the run's 76-81% of copy (docs/benchmarks.md,
+// 2026-12-04) parts from the bench's 92%: alone back to back; behind RoPE + KV write (the PDL predecessor it
+// waits for in a step; RoPE alone subtracted); the same two recorded in a CUDA graph and replayed; and
+// cycling over 32 layers' caches, each its own allocation, as a step's 32 launches do.
+void bench_decode_context(double copy_gbs, int reps) {
+  CudaBackendOptions o;
+  o.kv_cache_dtype = DType::F8_E4M3;
+  auto backend = make_cuda_backend(0, o);
+  auto& gpu = static_cast<CudaBackend&>(*backend);
+  Bench b{gpu, {}};
+  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, rows = 490, layers = 32;
+  const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+  const RopeParams rope{hd, 500000.0f, RopeLayout::NeoX, {}};
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int64_t> len(1000, 2000);
+  std::vector<int64_t> ctxs(static_cast<size_t>(rows));
+  for (int64_t& c : ctxs) c = len(rng);
+  std::sort(ctxs.begin(), ctxs.end(), std::greater<>());
+  const double mean = std::accumulate(ctxs.begin(), ctxs.end(), 0.0) / static_cast<double>(rows);
+  const double bytes = 2.0 * mean * static_cast<double>(rows) * hkv * hd;
+  const Bench::DecodeBatch batch = b.decode_batch(ctxs, bs, 4096);
+  std::vector<KvCacheLayer> caches;
+  for (int64_t l = 0; l < layers; ++l)
+    caches.push_back(
+        b.kv_layer(DType::F8_E4M3, batch.num_blocks, bs, hkv, hd, 100 + 2 * static_cast<uint64_t>(l)));
+  Tensor q = b.f32(rows, hq * hd, 8), k = b.f32(rows, hkv * hd, 9), v = b.f32(rows, hkv * hd, 10),
+         out = b.f32(rows, hq * hd, 11);
+  const std::string shape = fmt_shape("b%lld ctx1k-2k desc", rows);
+  const auto attend = [&](int64_t l) {
+    gpu.attention(q, caches[static_cast<size_t>(l)], batch.view, p, out);
+  };
+  const auto rope_write = [&](int64_t l) {
+    gpu.rope_and_write_kv(q, k, v, batch.view, rope, caches[static_cast<size_t>(l)]);
+  };
+  const double alone = b.time([&] { attend(0); }, reps);
+  row("fp8 attn alone", shape, alone, bytes, false, copy_gbs);
+  const double t_rope = b.time([&] { rope_write(0); }, reps);
+  const double both = b.time([&] { rope_write(0), attend(0); }, reps);
+  row("fp8 attn after rope", shape, both - t_rope, bytes, false, copy_gbs);
+  std::printf("%-22s %-34s %10.1f us\n", "rope + kv write", shape.c_str(), 1e6 * t_rope);
+  // Graphs: `layers` launches per replay, as a step has.
+  const auto graph_time = [&](const std::function<void()>& body, uint64_t key) {
+    body();  // eager first: sizes every scratch buffer before the recording
+    gpu.synchronize();
+    if (!gpu.begin_graph_capture()) return -1.0;
+    body();
+    gpu.end_graph_capture(key);
+    const double t =
+        b.time([&] { INFERX_CHECK(gpu.replay_graph(key), "bench: graph {} was dropped", key); }, reps);
+    gpu.drop_graph(key);
+    return t / static_cast<double>(layers);
+  };
+  const double g_rope = graph_time(
+      [&] {
+        for (int64_t l = 0; l < layers; ++l) rope_write(l);
+      },
+      0xdec1);
+  const double g_both = graph_time(
+      [&] {
+        for (int64_t l = 0; l < layers; ++l) rope_write(l), attend(l);
+      },
+      0xdec2);
+  const double g_attn = graph_time(
+      [&] {
+        for (int64_t l = 0; l < layers; ++l) attend(l);
+      },
+      0xdec3);
+  row("fp8 attn graph", shape, g_attn, bytes, false, copy_gbs);
+  row("fp8 attn graph+rope", shape, g_both - g_rope, bytes, false, copy_gbs);
+  const double cycled = b.time(
+                            [&] {
+                              for (int64_t l = 0; l < layers; ++l) attend(l);
+                            },
+                            reps) /
+                        static_cast<double>(layers);
+  row("fp8 attn 32 caches", shape, cycled, bytes, false, copy_gbs);
+}
+
 // INFERX_BENCH_ONLY=overlap: what running a decode step's memory-bound attention and compute-bound GEMMs at
 // the same time could give (docs/architecture.md: two half-batches on two streams). Two backends, two
 // streams: one runs the FP8-cache decode attention of `rows` sequences at 1.5k context (Llama-3-8B heads),
@@ -674,6 +754,10 @@ int run(bool quick, bool gemm_only) {
   }
   if (only != nullptr && std::strcmp(only, "decode_splits") == 0) {
     bench_decode_splits(copy_gbs, reps);
+    return 0;
+  }
+  if (only != nullptr && std::strcmp(only, "decode_context") == 0) {
+    bench_decode_context(copy_gbs, reps);
     return 0;
   }
   if (only != nullptr && std::strcmp(only, "sampling") == 0) {  // =sampling: the argmax / sampler rows only
