@@ -3,6 +3,8 @@
 // percentiles and throughput (bench_stats.h), with a progress bar on stderr and --json for machines.
 #include "cli/bench.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -133,6 +135,15 @@ void run_bench_offline(BenchOfflineArgs a) {
                           {"max_batch_size", a.engine.max_batch_size},
                           {"backend", l.backend->name()}};
   BenchSummary s = summarize(records, duration, setup);
+  // The engine's own counters over the process (warm-up requests included): how the steps ran.
+  const EngineStats es = l.engine->stats();
+  s.json["engine"] = {{"steps", es.steps},
+                      {"decode_graph_steps", es.decode_graph_steps},
+                      {"overlapped_decode_steps", es.overlapped_steps},
+                      {"preemptions", es.preemptions},
+                      {"device_sampled_tokens", es.device_sampled_tokens}};
+  s.text += fmt::format("engine: {} steps ({} padded decode, {} overlapped), {} preemptions\n", es.steps,
+                        es.decode_graph_steps, es.overlapped_steps, es.preemptions);
   if (a.roofline) add_roofline(s, roofline);
   if (a.json)
     std::printf("%s\n", s.json.dump(2).c_str());

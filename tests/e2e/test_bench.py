@@ -21,6 +21,11 @@ def test_offline_counts_every_token_and_reports_the_roofline():
     assert j["mode"] == "offline" and j["num_prompts"] == 3 and j["max_batch_size"] == 2
     assert 0 < j["ttft_ms"]["p50"] <= j["e2e_ms"]["p99"]
     assert j["tpot_ms"]["p50"] > 0 and j["output_throughput"] > 0
+    # The engine's counters: at least one step per output token of a request; on the CPU no padded (graph)
+    # decode steps and none overlapped (that needs device sampling).
+    eng = j["engine"]
+    assert eng["steps"] >= 5 and eng["preemptions"] == 0
+    assert eng["decode_graph_steps"] == 0 and eng["overlapped_decode_steps"] == 0
     roof = j["roofline"]
     assert roof["weight_bytes_per_token"] > 0 and roof["bandwidth_gbs"] > 0
     assert "host streaming read" in roof["probe"] and "1 threads" in roof["probe"]
