@@ -1,33 +1,16 @@
-// Engine::Impl: the serving loop (schedule -> build batch -> forward -> sample -> update -> emit) on its
-// own thread. Other threads only touch the inbox (submit/abort) and the stats snapshot, both under one
-// mutex; every other piece of state belongs to the engine thread (or to step()'s caller without start()).
+// Engine::Impl (engine_impl.h): the serving loop (schedule -> build batch -> forward -> sample -> update ->
+// emit) on its own thread. Other threads only touch the inbox (submit/abort) and the stats snapshot, both
+// under one mutex; every other piece of state belongs to the engine thread (or to step()'s caller without
+// start()). Overlapped decode steps: overlapped_steps.cpp.
 #include "inferx/engine.h"
 
-#include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
-#include <mutex>
-#include <optional>
-#include <random>
-#include <thread>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
-#include "engine/batch_builder.h"
-#include "engine/batch_sampler.h"
 #include "engine/block_table.h"
-#include "engine/decode_graphs.h"
-#include "engine/scheduler.h"
-#include "engine/sequence.h"
-#include "engine/step_profile.h"
-#include "engine/step_sampler.h"
-#include "model/model.h"
+#include "engine/engine_impl.h"
 
 namespace inferx {
 namespace {
@@ -86,84 +69,6 @@ void validate_params(const GenerationParams& p, int64_t vocab, int32_t max_batch
 }
 
 }  // namespace
-
-struct Engine::Impl {
-  Impl(Model& m, const Tokenizer* tok, const EngineConfig& c);
-
-  // Engine-thread state ------------------------------------------------------------------------------
-  Model& model;
-  const Tokenizer* tokenizer;
-  EngineConfig config;
-  int64_t vocab = 0;
-  std::unique_ptr<KvCache> kv;
-  std::unique_ptr<BlockPool> pool;
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<BatchBuilder> builder;
-  std::unique_ptr<ThreadPool> sampler_pool;     // host-side sampling of large batches (null: one thread)
-  std::unique_ptr<StepSampler> step_sampler;    // device sampling where the backend and request allow
-  std::unique_ptr<DecodeGraphs> decode_graphs;  // null: every step eager
-  bool defer_emit = false;  // GPU: emit a step's outputs while the next step runs on the device
-  std::vector<SampledToken> sampled;
-  // Overlapped decode steps (EngineConfig::async_decode): the step launched but not collected yet.
-  struct InFlight {
-    SchedulerOutput out;        // its sequences (a copy of the scheduler's plan), every row a sampled decode
-    std::vector<int32_t> rows;  // out.seqs[i]'s row among the step's sampled ids
-    int64_t num_rows = 0;       // ids the step samples (rows whose sequence ended since are dropped)
-    int slot = 0;               // the backend's sampling slot holding them
-  };
-  std::optional<InFlight> in_flight;
-  bool async_decode = false;
-  int next_slot = 0;
-  std::vector<int32_t> async_ids, prev_rows;
-  std::vector<char> ends;
-  int64_t overlapped_steps = 0;
-  std::vector<int32_t> eos_ids;
-  std::unordered_map<std::string, std::unique_ptr<RequestState>> requests;
-  std::vector<RequestState*> touched;  // requests with output to emit this step
-  uint64_t next_arrival = 0;
-  std::mt19937_64 seed_source{std::random_device{}()};
-  int64_t prompt_tokens = 0, generation_tokens = 0, steps = 0, graph_steps = 0;
-  StepProfile profile{[] {
-    const char* e = std::getenv("INFERX_STEP_PROFILE");
-    return e && std::strcmp(e, "1") == 0;
-  }()};
-
-  // Shared with other threads, under mu ---------------------------------------------------------------
-  struct Submitted {
-    EngineRequest req;
-    double arrival;
-  };
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  std::vector<Submitted> inbox;
-  std::vector<std::string> aborts;
-  std::unordered_set<std::string> live_ids;
-  EngineStats snapshot;
-  bool stop_flag = false;
-  std::thread thread;
-  std::mutex step_mu;  // step() from a test thread and the loop never overlap
-
-  // Local copies of the inbox, swapped in under the lock (capacity reused).
-  std::vector<Submitted> new_requests;
-  std::vector<std::string> new_aborts;
-
-  void submit(EngineRequest&& r);
-  bool step();
-  void loop();
-  std::unique_ptr<Sequence> make_sequence(RequestState& r, int32_t index);
-  void accept(Submitted&& s);
-  void handle_token(SampledToken& t, double now);
-  bool overlappable(const SchedulerOutput& out) const;
-  bool ends_with_next_token(const Sequence& seq) const;
-  static void drop_finished(InFlight& f);
-  bool step_overlapped();
-  void finish(Sequence& seq, FinishReason reason, double now);
-  void abort_request(RequestState& r, const std::string& error);
-  void touch(RequestState& r);
-  void emit();
-  void publish_stats();
-  bool is_eos(int32_t t) const { return std::find(eos_ids.begin(), eos_ids.end(), t) != eos_ids.end(); }
-};
 
 Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
     : model(m), tokenizer(tok), config(c) {
@@ -571,16 +476,7 @@ bool Engine::Impl::step() {
     step_sampler->sample(out, logits, sampled);
     profile.mark(StepProfile::kSample);
   } catch (const std::exception& e) {
-    // The step failed (a backend or sampler error): fail the requests in it rather than the engine.
-    std::vector<RequestState*> failed;
-    for (const ScheduledSequence& s : out.seqs) {
-      if (std::find(failed.begin(), failed.end(), s.seq->request) == failed.end())
-        failed.push_back(s.seq->request);
-    }
-    for (RequestState* r : failed) abort_request(*r, fmt::format("engine step failed: {}", e.what()));
-    profile.cancel_step();
-    emit();
-    publish_stats();
+    fail_step({&out}, e);
     return true;
   }
   ++steps;
@@ -597,111 +493,20 @@ bool Engine::Impl::step() {
   return true;
 }
 
-bool Engine::Impl::overlappable(const SchedulerOutput& out) const {
-  if (!async_decode || !step_sampler->can_sample_async(out)) return false;
-  for (const ScheduledSequence& s : out.seqs) {
-    // A request's first token forks its n - 1 other sequences (handle_token): that step is collected first.
-    if (!s.seq->request->forked) return false;
-  }
-  return true;
-}
-
-// Whether the token `seq` is about to receive ends it by length (handle_token's limits), so that the step
-// planned before the token arrives leaves it out.
-bool Engine::Impl::ends_with_next_token(const Sequence& seq) const {
-  return seq.num_generated() + 1 >= seq.request->req.params.max_tokens ||
-         static_cast<int64_t>(seq.tokens.size()) + 1 >= config.max_model_len;
-}
-
-void Engine::Impl::drop_finished(InFlight& f) {
-  size_t kept = 0;
-  for (size_t i = 0; i < f.out.seqs.size(); ++i) {
-    if (f.out.seqs[i].seq->finished()) continue;
-    f.out.seqs[kept] = f.out.seqs[i];
-    f.rows[kept] = f.rows[i];
-    ++kept;
-  }
-  f.out.seqs.resize(kept);
-  f.rows.resize(kept);
-  f.out.num_tokens = static_cast<int32_t>(kept);
-}
-
-// Step N is in flight (launched, its sampling queued). Plans and launches step N + 1 from N's plan, its
-// input ids gathered on the device from N's sampling slot, and only then waits for N's ids and handles
-// them; N + 1 stays in flight. Where N + 1 cannot be planned without N's tokens (Scheduler::schedule_after),
-// N is collected alone and the next step() schedules as usual.
-bool Engine::Impl::step_overlapped() {
-  InFlight prev = std::move(*in_flight);
-  in_flight.reset();
-  std::optional<InFlight> next;
-  try {
-    ends.assign(prev.out.seqs.size(), 0);
-    for (size_t i = 0; i < ends.size(); ++i) ends[i] = ends_with_next_token(*prev.out.seqs[i].seq);
-    const SchedulerOutput* plan = scheduler->schedule_after(prev.out, ends);
-    profile.mark(StepProfile::kSchedule);
-    if (plan) {
-      INFERX_CHECK(decode_graphs->accepts(*plan), "engine: an overlapped step the decode graphs refuse");
-      prev_rows.clear();
-      for (size_t i = 0; i < ends.size(); ++i) {
-        if (!ends[i]) prev_rows.push_back(prev.rows[i]);
-      }
-      InFlight f;
-      f.out = *plan;
-      f.num_rows = static_cast<int64_t>(plan->seqs.size());
-      f.rows.resize(plan->seqs.size());
-      for (size_t i = 0; i < f.rows.size(); ++i) f.rows[i] = static_cast<int32_t>(i);
-      f.slot = prev.slot ^ 1;
-      const SampledTokenSource src{prev.slot, &prev_rows};
-      const Tensor logits = decode_graphs->run(*plan, &src);
-      ++graph_steps;
-      step_sampler->sample_async(*plan, logits, f.slot, /*pending=*/1);
-      next_slot = f.slot ^ 1;
-      next = std::move(f);
-      ++steps;
-      ++overlapped_steps;
+// A step failed (a backend or sampler error): fail the requests in it rather than the engine.
+void Engine::Impl::fail_step(std::initializer_list<const SchedulerOutput*> outs, const std::exception& e) {
+  std::vector<RequestState*> failed;
+  for (const SchedulerOutput* out : outs) {
+    if (!out) continue;
+    for (const ScheduledSequence& s : out->seqs) {
+      if (std::find(failed.begin(), failed.end(), s.seq->request) == failed.end())
+        failed.push_back(s.seq->request);
     }
-    profile.mark(StepProfile::kLaunch);
-    if (defer_emit) emit();
-    profile.mark(StepProfile::kEmitOverlapped);
-    step_sampler->collect_async(prev.slot, prev.num_rows, async_ids);
-    profile.mark(StepProfile::kSample);
-  } catch (const std::exception& e) {
-    std::vector<RequestState*> failed;
-    for (const InFlight* f : {&prev, next ? &*next : nullptr}) {
-      if (!f) continue;
-      for (const ScheduledSequence& s : f->out.seqs) {
-        if (std::find(failed.begin(), failed.end(), s.seq->request) == failed.end())
-          failed.push_back(s.seq->request);
-      }
-    }
-    for (RequestState* r : failed) abort_request(*r, fmt::format("engine step failed: {}", e.what()));
-    profile.cancel_step();
-    emit();
-    publish_stats();
-    return true;
   }
-  const double done = engine_now();
-  sampled.resize(prev.out.seqs.size());
-  for (size_t i = 0; i < prev.out.seqs.size(); ++i) {
-    sampled[i] = SampledToken{};
-    sampled[i].seq = prev.out.seqs[i].seq;
-    sampled[i].token = async_ids[static_cast<size_t>(prev.rows[i])];
-  }
-  for (SampledToken& t : sampled) handle_token(t, done);
-  if (next) {
-    // Rows whose sequence ended on N's token were computed once more: their ids are never read.
-    drop_finished(*next);
-    // N's tokens are appended now, so the blocks N + 1 filled hash the right tokens.
-    scheduler->on_step_computed(next->out);
-    if (!next->out.seqs.empty()) in_flight = std::move(next);
-  }
-  profile.mark(StepProfile::kHandle);
-  if (!defer_emit || (scheduler->num_running() == 0 && scheduler->num_waiting() == 0)) emit();
-  profile.mark(StepProfile::kEmitTail);
+  for (RequestState* r : failed) abort_request(*r, fmt::format("engine step failed: {}", e.what()));
+  profile.cancel_step();
+  emit();
   publish_stats();
-  profile.mark(StepProfile::kPublish);
-  profile.end_step(StepProfile::kGraphDecode, static_cast<int64_t>(prev.out.seqs.size()));
-  return true;
 }
 
 void Engine::Impl::loop() {

@@ -160,6 +160,41 @@ TEST_F(AsyncDecode, AbortWhileAStepIsInFlightEndsOnlyThatRequest) {
   EXPECT_EQ(aborted.stats.kv_blocks_used, 0) << "every block is back in the pool";
 }
 
+// A device failure while a step is in flight (or in the step launched behind it) fails the requests of both
+// steps with the error, not the engine: a request submitted afterwards runs to its end.
+TEST_F(AsyncDecode, AFailingStepFailsItsRequestsNotTheEngine) {
+  for (int fail_at : {1, 3, 8}) {  // an in-order step, the first overlapped one, one well inside the overlap
+    SCOPED_TRACE(fail_at);
+    Engine engine(*model_, nullptr, base_config());
+    std::map<std::string, RequestOutput> last;
+    const auto submit = [&](const std::string& id, int32_t salt) {
+      EngineRequest r;
+      r.id = id;
+      r.prompt = prompt(8, salt);
+      r.params = greedy(20);
+      r.on_output = [&last, id](RequestOutput&& o) { last[id] = std::move(o); };
+      engine.submit(std::move(r));
+    };
+    submit("a", 1);
+    submit("b", 2);
+    dev_->fail_after = fail_at;
+    engine.run_until_idle();
+    dev_->fail_after = 0;
+    for (const char* id : {"a", "b"}) {
+      ASSERT_TRUE(last.count(id));
+      EXPECT_TRUE(last[id].finished) << id;
+      EXPECT_NE(last[id].error.find("injected device failure"), std::string::npos)
+          << id << ": " << last[id].error;
+    }
+    submit("c", 3);
+    engine.run_until_idle();
+    ASSERT_TRUE(last.count("c"));
+    EXPECT_TRUE(last["c"].finished && last["c"].error.empty()) << last["c"].error;
+    EXPECT_EQ(engine.stats().running, 0);
+    EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  }
+}
+
 // An engine destroyed (or stopped) while a step is in flight leaves nothing behind (ASan in CI); a new engine
 // on the same model then gives the in-order output.
 TEST_F(AsyncDecode, DestroyedWithAStepInFlight) {

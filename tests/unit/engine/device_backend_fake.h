@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/forwarding_backend.h"
+#include "core/error.h"
 
 namespace inferx::testing {
 
@@ -29,6 +30,7 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
 
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* ids) override {
     if (!can_sample_) return false;
+    maybe_fail();
     ++sample_calls;
     const int64_t rows = logits.rows(), vocab = logits.cols();
     sampled_rows += rows;
@@ -61,6 +63,7 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
     return can_sample_ ? AsyncSampling::Full : AsyncSampling::None;
   }
   void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override {
+    maybe_fail();
     auto& ids = slots_.at(static_cast<size_t>(slot));
     ids.assign(static_cast<size_t>(logits.rows()), -1);
     if (!ids.empty()) sample_tokens(logits, params, ids.data());
@@ -80,8 +83,13 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
   }
 
   int64_t sample_calls = 0, sampled_rows = 0, host_copies = 0, async_calls = 0;
+  // > 0: the fail_after-th sampling call from now (synchronous or not) throws, as a failing device would.
+  int fail_after = 0;
 
  private:
+  void maybe_fail() {
+    if (fail_after > 0 && --fail_after == 0) throw Error("injected device failure");
+  }
   DeviceSamplingCpuBackend(std::unique_ptr<Backend> cpu, bool can_sample)
       : ForwardingBackend(*cpu), cpu_(std::move(cpu)), can_sample_(can_sample) {}
   std::unique_ptr<Backend> cpu_;
