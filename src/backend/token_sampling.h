@@ -14,4 +14,16 @@ struct TokenSampleParams {
   float uniform = 0.0f;      // the draw in [0, 1); the caller keeps the per-request seeded generators
 };
 
+// One edit of one logit before device sampling (Backend::edit_logits): the request's logit_bias and
+// penalties (engine/logits_processors.h) for token `token` of row `row`, applied in the host processors'
+// order and rounding: x += bias; if repetition != 1: x = x > 0 ? x / repetition : x * repetition;
+// x -= subtract (count * frequency + presence, computed in float by the host). Distinct (row, token) pairs.
+struct LogitEdit {
+  int32_t row = 0;
+  int32_t token = 0;
+  float bias = 0.0f;
+  float repetition = 1.0f;
+  float subtract = 0.0f;
+};
+
 }  // namespace inferx

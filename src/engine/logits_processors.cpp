@@ -33,6 +33,38 @@ void PenaltyState::apply(float* row, int64_t vocab) const {
   }
 }
 
+bool PenaltyState::append_edits(int32_t row, const std::vector<std::pair<int32_t, float>>& bias,
+                                int64_t vocab, std::vector<LogitEdit>& out) const {
+  std::unordered_map<int32_t, LogitEdit> edits;
+  const auto edit = [&](int32_t t) -> LogitEdit& {
+    auto [it, fresh] = edits.try_emplace(t);
+    if (fresh) {
+      it->second.row = row;
+      it->second.token = t;
+    }
+    return it->second;
+  };
+  for (const auto& [t, b] : bias) {
+    if (t < 0 || t >= vocab) continue;
+    if (edits.count(t)) return false;
+    edit(t).bias = b;
+  }
+  if (active_) {
+    for (int32_t t : seen_) {
+      if (t >= 0 && t < vocab) edit(t).repetition = repetition_;
+    }
+    for (const auto& [t, count] : counts_) {
+      if (t >= 0 && t < vocab) edit(t).subtract = static_cast<float>(count) * frequency_ + presence_;
+    }
+  }
+  const size_t first = out.size();
+  for (const auto& [t, e] : edits) out.push_back(e);
+  // Token order: the same edits in the same order whatever the hash map's iteration order.
+  std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
+            [](const LogitEdit& a, const LogitEdit& b) { return a.token < b.token; });
+  return true;
+}
+
 void apply_logit_bias(float* row, int64_t vocab, const std::vector<std::pair<int32_t, float>>& bias) {
   for (const auto& [t, b] : bias) {
     if (t >= 0 && t < vocab) row[t] += b;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/token_sampling.h"
 #include "inferx/engine.h"
 
 namespace inferx {
@@ -26,6 +27,11 @@ class PenaltyState {
   bool active() const { return active_; }
   void add_generated(int32_t token);
   void apply(float* row, int64_t vocab) const;
+  // The same processing, and `bias` before it (apply_logit_bias), as LogitEdits of row `row`, one per
+  // token it touches (Backend::edit_logits: the device applies them with the same rounding). False, with
+  // nothing appended, when edits cannot express it: a token twice in `bias` (its adds would round twice).
+  bool append_edits(int32_t row, const std::vector<std::pair<int32_t, float>>& bias, int64_t vocab,
+                    std::vector<LogitEdit>& out) const;
 
  private:
   bool active_ = false;

@@ -1,14 +1,16 @@
 #include "engine/step_sampler.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 
 namespace inferx {
 
-bool samples_on_device(const Sequence& seq) {
-  const GenerationParams& p = seq.request->req.params;
-  return p.logprobs < 0 && p.logit_bias.empty() && !seq.penalties.active();
+bool samples_on_device(const Sequence& seq) { return seq.request->req.params.logprobs < 0; }
+
+bool needs_logit_edits(const Sequence& seq) {
+  return !seq.request->req.params.logit_bias.empty() || seq.penalties.active();
 }
 
 float device_uniform(uint64_t seed, int64_t token_index) {
@@ -59,16 +61,36 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
 
   params_.resize(seqs_.size());
   host_index_.clear();
+  edits_.clear();
+  edit_rows_.clear();
+  const int64_t vocab = logits.cols();
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    const Sequence& seq = *seqs_[i];
+    // logit_bias and penalties become edits of the row on the device (Backend::edit_logits); a bias edits
+    // cannot express (a token twice) keeps the row on the host.
+    bool device = samples_on_device(seq);
+    if (device && needs_logit_edits(seq)) {
+      device = seq.penalties.append_edits(static_cast<int32_t>(i), seq.request->req.params.logit_bias, vocab,
+                                          edits_);
+      if (device) edit_rows_.push_back(static_cast<int32_t>(i));
+    }
+    params_[i] = device ? device_sample_params(seq) : TokenSampleParams{};
+    if (!device) host_index_.push_back(static_cast<int32_t>(i));
+  }
+  if (!edits_.empty()) {
+    Tensor edited = logits;  // the same rows, edited in place in backend memory
+    if (!backend_.edit_logits(edited, edits_.data(), static_cast<int64_t>(edits_.size()))) {
+      // The backend cannot edit: those rows go to the host, unedited logits and all.
+      host_index_.insert(host_index_.end(), edit_rows_.begin(), edit_rows_.end());
+      std::sort(host_index_.begin(), host_index_.end());
+      for (int32_t r : edit_rows_) params_[static_cast<size_t>(r)] = TokenSampleParams{};
+    }
+  }
   bool all_greedy = true;
   for (size_t i = 0; i < seqs_.size(); ++i) {
-    if (samples_on_device(*seqs_[i])) {
-      params_[i] = device_sample_params(*seqs_[i]);
-      all_greedy = all_greedy && !(params_[i].temperature > 0.0f);
-    } else {
-      params_[i] = TokenSampleParams{};
+    if (std::binary_search(host_index_.begin(), host_index_.end(), static_cast<int32_t>(i)))
       params_[i].temperature = 0.0f;  // computed and ignored: the host samples this row
-      host_index_.push_back(static_cast<int32_t>(i));
-    }
+    all_greedy = all_greedy && !(params_[i].temperature > 0.0f);
   }
   if (host_index_.size() == seqs_.size()) return sample_on_host(logits, result);
   ids_.resize(seqs_.size());
@@ -84,8 +106,7 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
   device_rows_ += rows - static_cast<int64_t>(host_index_.size());
   if (host_index_.empty()) return;
 
-  // Rows that need the host: one copy each (rare: logprobs, logit_bias or penalties).
-  const int64_t vocab = logits.cols();
+  // Rows that need the host: one copy each (rare: logprobs, or edits the backend cannot make).
   const size_t row_bytes = static_cast<size_t>(vocab) * sizeof(float);
   logits_host_.resize(host_index_.size() * static_cast<size_t>(vocab));
   host_seqs_.clear();
@@ -105,7 +126,8 @@ bool StepSampler::can_sample_async(const SchedulerOutput& out) const {
   const Backend::AsyncSampling a = backend_.async_sampling();
   if (!device_ok_ || a == Backend::AsyncSampling::None) return false;
   for (const ScheduledSequence& s : out.seqs) {
-    if (!s.sample || !samples_on_device(*s.seq)) return false;
+    // Penalties would miss the token still on its way: rows with edits are sampled in order.
+    if (!s.sample || !samples_on_device(*s.seq) || needs_logit_edits(*s.seq)) return false;
     if (a == Backend::AsyncSampling::Greedy && s.seq->request->req.params.temperature > 0.0f) return false;
   }
   return !out.seqs.empty();

@@ -2,10 +2,11 @@
 // Token selection for one engine step, where the logits are when possible.
 //
 // A row is sampled on the device (Backend::sample_tokens: greedy, temperature, top-k, top-p, min-p, one
-// small copy of the ids back) when the backend can and the request needs nothing the device sampler
-// lacks: no logprobs, no logit_bias, no repetition/presence/frequency penalty. Other rows are copied to
-// the host one by one and go through BatchSampler (every processor). Without device sampling (CPU
-// backend) the whole [rows, vocab] block is copied and sampled on the host, as before.
+// small copy of the ids back) when the backend can and the request asks for no logprobs. Its logit_bias and
+// repetition / presence / frequency penalties are applied on the device first, as LogitEdits with the host
+// processors' rounding (Backend::edit_logits); a backend that cannot edit sends those rows to the host.
+// Other rows are copied to the host one by one and go through BatchSampler (every processor). Without
+// device sampling (CPU backend) the whole [rows, vocab] block is copied and sampled on the host, as before.
 //
 // The choice depends only on the request's own parameters, so a request always takes the same path
 // whatever else shares its batch. Device draws are keyed by (sequence seed, generated-token index):
@@ -20,8 +21,10 @@
 
 namespace inferx {
 
-// True when every processing step `seq` needs runs on the device sampler.
+// True when `seq`'s token can be chosen on the device: everything but logprobs (computed on the host from
+// the raw row); its logit_bias and penalties are then applied there as edits (needs_logit_edits).
 bool samples_on_device(const Sequence& seq);
+bool needs_logit_edits(const Sequence& seq);
 // The draw in [0, 1) for the token at generated index `token_index` of a sequence seeded `seed`
 // (splitmix64 of both; 24 bits, so exactly representable and below 1).
 float device_uniform(uint64_t seed, int64_t token_index);
@@ -62,6 +65,8 @@ class StepSampler {
   std::vector<Sequence*> seqs_, host_seqs_;
   std::vector<int32_t> host_index_, ids_;
   std::vector<TokenSampleParams> params_;
+  std::vector<LogitEdit> edits_;
+  std::vector<int32_t> edit_rows_;
   std::vector<float> logits_host_;
   std::vector<SampledToken> host_result_;
   int64_t device_rows_ = 0, host_rows_ = 0;

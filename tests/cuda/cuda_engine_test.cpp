@@ -21,6 +21,7 @@
 #include "engine/batch_builder.h"
 #include "engine/block_table.h"
 #include "engine/decode_graphs.h"
+#include "engine/logits_processors.h"
 #include "inferx/engine.h"
 #include "model/model.h"
 
@@ -110,6 +111,58 @@ TEST_F(CudaEngine, DeviceSamplingGreedyEqualsTheHostPath) {
   EXPECT_EQ(dev_stats.device_sampled_tokens, 9 * 16);
   EXPECT_EQ(host_stats.device_sampled_tokens, 0);
   EXPECT_EQ(dev_stats.decode_graph_steps, 0);
+}
+
+// logit_bias and the penalties as edits on the GPU (Backend::edit_logits) leave each row exactly as the host
+// processors would (bit for bit: one IEEE operation at a time in the same order).
+TEST_F(CudaEngine, LogitEditsEqualTheHostProcessorsExactly) {
+  constexpr int64_t kRows = 6, kVocab = 32000;
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::uniform_int_distribution<int32_t> tok(0, kVocab - 1);
+  std::vector<float> host(static_cast<size_t>(kRows * kVocab));
+  for (float& x : host) x = nd(rng);
+  auto buf = backend_->allocate(host.size() * 4);
+  backend_->copy_to_device(buf->data(), host.data(), host.size() * 4);
+  Tensor logits(DType::F32, {kRows, kVocab}, buf->data(), Device::CUDA);
+  std::vector<LogitEdit> edits;
+  for (int32_t r = 0; r < kRows; ++r) {
+    GenerationParams p;
+    p.repetition_penalty = r % 2 ? 1.25f : 0.8f;
+    p.presence_penalty = r % 3 ? 0.5f : 0.0f;
+    p.frequency_penalty = r == 4 ? -0.7f : 0.3f;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 200; ++i) prompt.push_back(tok(rng));
+    PenaltyState st(p, prompt);
+    for (int i = 0; i < 150; ++i) st.add_generated(tok(rng) % 500);  // repeats: counts above 1
+    std::vector<std::pair<int32_t, float>> bias = {{tok(rng), 5.0f}, {kVocab - 1, -100.0f}};
+    float* row = host.data() + static_cast<size_t>(r) * kVocab;
+    apply_logit_bias(row, kVocab, bias);
+    st.apply(row, kVocab);
+    ASSERT_TRUE(st.append_edits(r, bias, kVocab, edits));
+  }
+  ASSERT_TRUE(backend_->edit_logits(logits, edits.data(), static_cast<int64_t>(edits.size())));
+  std::vector<float> got(host.size());
+  backend_->copy_to_host(got.data(), buf->data(), got.size() * 4);
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != host[i];
+  EXPECT_EQ(differ, 0u) << "of " << edits.size() << " edits";
+}
+
+// The engine with penalties and logit_bias sampled on the GPU gives the host path's greedy text.
+TEST_F(CudaEngine, PenaltiesOnTheDeviceGiveTheHostPathsText) {
+  std::vector<GenerationParams> ps(6, greedy(16));
+  ps[0].repetition_penalty = 1.4f;
+  ps[1].presence_penalty = 1.0f;
+  ps[2].frequency_penalty = 0.8f;
+  ps[3].logit_bias = {{17, 5.0f}};
+  ps[4].repetition_penalty = 0.9f;
+  ps[4].frequency_penalty = -0.3f;
+  EngineStats dev_stats;
+  const auto dev = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}}), &dev_stats);
+  const auto host = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}, {"INFERX_DEVICE_SAMPLING", "0"}}));
+  EXPECT_EQ(dev, host);
+  EXPECT_EQ(dev_stats.device_sampled_tokens, 6 * 16);
 }
 
 TEST_F(CudaEngine, SampledRowsDependOnlyOnTheirOwnLogitsAndParameters) {

@@ -142,7 +142,8 @@ CudaBackend::~CudaBackend() {
   for (Scratch* s : {&qgemm_ws_, &deferred_hold_[0], &deferred_hold_[1]}) release(*s);
   qgemm_.reset();
   release_upload_staging();
-  for (Scratch* s : {&pinned_params_, &pinned_ids_}) release_pinned(*s);
+  for (Scratch* s : {&pinned_params_, &pinned_ids_, &pinned_edits_}) release_pinned(*s);
+  release(edits_dev_);
   for (AsyncSlot& a : async_) {
     release(a.ids_dev);
     release(a.params_dev);

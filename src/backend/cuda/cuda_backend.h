@@ -158,6 +158,7 @@ class CudaBackend final : public Backend {
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
   bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override;
+  bool edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n) override;
   AsyncSampling async_sampling() const override { return AsyncSampling::Full; }
   void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override;
   void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) override;
@@ -194,6 +195,9 @@ class CudaBackend final : public Backend {
     size_t bytes = 0;
   };
   void* scratch(Scratch& s, size_t bytes);
+  // The same for a buffer no recording ever holds (only eager ops use it): growing it (to twice the
+  // request) voids no graph.
+  void* eager_scratch(Scratch& s, size_t bytes);
   void release(Scratch& s);
   void* pinned(Scratch& s, size_t bytes);  // page-locked host staging
   void release_pinned(Scratch& s);
@@ -277,6 +281,8 @@ class CudaBackend final : public Backend {
     CUevent_st* done = nullptr;
   };
   AsyncSlot async_[2];
+  // edit_logits' staging (pinned; reused by the next step only after its sampling waited) and device copy.
+  Scratch pinned_edits_, edits_dev_;
   // The tensor whose BF16 copy shadow_ holds (null: none), and its shape.
   const void* shadow_src_ = nullptr;
   int64_t shadow_rows_ = 0, shadow_cols_ = 0;

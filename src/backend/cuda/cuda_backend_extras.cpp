@@ -94,6 +94,18 @@ void* CudaBackend::scratch(Scratch& s, size_t bytes) {
   return s.data;
 }
 
+void* CudaBackend::eager_scratch(Scratch& s, size_t bytes) {
+  if (bytes <= s.bytes) return s.data;
+  use_device();
+  if (s.data) CUDA_CHECK(cudaFreeAsync(s.data, stream_));
+  s.data = nullptr;
+  s.bytes = 0;
+  const size_t rounded = (2 * bytes + 4095) / 4096 * 4096;  // doubled: sizes that creep grow rarely
+  CUDA_CHECK(cudaMallocAsync(&s.data, rounded, stream_));
+  s.bytes = rounded;
+  return s.data;
+}
+
 void CudaBackend::release(Scratch& s) {
   if (s.data && cudaFreeAsync(s.data, stream_) != cudaSuccess)
     std::fprintf(stderr, "inferx cuda: releasing a scratch buffer failed\n");
@@ -244,6 +256,31 @@ void CudaBackend::sample(const Tensor& logits, const cuda::SampleParams* host_pa
 
 bool CudaBackend::sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) {
   run_sampler(logits, params, host_ids);  // null params: greedy on every row
+  return true;
+}
+
+bool CudaBackend::edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
+  INFERX_CHECK(logits.device == Device::CUDA && logits.dtype == DType::F32 && logits.ndim == 2,
+               "cuda backend: logit edits need F32 [rows, vocab] logits on the GPU, got {} {}",
+               dtype_name(logits.dtype), logits.shape_string());
+  INFERX_CHECK(!capturing_, "cuda backend: logit edits are staged from the host and cannot be captured");
+  if (n == 0) return true;
+  const int64_t rows = logits.rows(), vocab = logits.cols();
+  for (int64_t i = 0; i < n; ++i)
+    INFERX_CHECK(edits[i].row >= 0 && edits[i].row < rows && edits[i].token >= 0 && edits[i].token < vocab,
+                 "cuda backend: logit edit {} at row {} token {} outside [{}, {}]", i, edits[i].row,
+                 edits[i].token, rows, vocab);
+  use_device();
+  // The staging buffer is rewritten only by a later step, whose sampling waited for this one's copy.
+  const size_t bytes = static_cast<size_t>(n) * sizeof(LogitEdit);
+  // Doubled when it grows: a repetition penalty's edits grow by a token a step.
+  const size_t want = bytes <= pinned_edits_.bytes ? bytes : std::max(bytes, 2 * pinned_edits_.bytes);
+  auto* staged = static_cast<LogitEdit*>(pinned(pinned_edits_, want));
+  std::memcpy(staged, edits, bytes);
+  auto* dev = static_cast<LogitEdit*>(eager_scratch(edits_dev_, bytes));
+  CUDA_CHECK(cudaMemcpyAsync(dev, staged, bytes, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cuda::launch_logit_edits(logits.ptr<float>(), vocab, dev, n, stream_));
   return true;
 }
 

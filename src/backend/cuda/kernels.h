@@ -166,5 +166,9 @@ cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int3
 // order, where the running sum of the kept weights exceeds uniform * their total.
 cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
                           int32_t* ids, cudaStream_t stream);
+// Applies n LogitEdits (device memory; distinct (row, token) pairs within [rows, vocab]) to logits in place
+// with the host processors' rounding: one IEEE operation at a time (token_sampling.h).
+cudaError_t launch_logit_edits(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n,
+                               cudaStream_t stream);
 
 }  // namespace inferx::cuda

@@ -260,7 +260,29 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) ids[blockIdx.x] = s_pick != INT_MAX ? s_pick : (s_last >= 0 ? s_last : 0);
 }
 
+// One thread per edit; the rounding pinned (no contraction): the host applies the same operations in this
+// order (apply_logit_bias, PenaltyState::apply), so an edited row is the host's row bit for bit.
+__global__ void logit_edits_kernel(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n) {
+  pdl_wait();  // the logits come from the kernel before
+  pdl_launch_dependents();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const LogitEdit e = edits[i];
+    float* p = logits + static_cast<int64_t>(e.row) * vocab + e.token;
+    float x = __fadd_rn(*p, e.bias);
+    if (e.repetition != 1.0f) x = x > 0.0f ? __fdiv_rn(x, e.repetition) : __fmul_rn(x, e.repetition);
+    *p = __fsub_rn(x, e.subtract);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_logit_edits(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 1024));
+  return launch_pdl(logit_edits_kernel, dim3(blocks), dim3(kThreads), 0, stream, logits, vocab, edits, n);
+}
 
 cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                           cudaStream_t stream) {

@@ -7,5 +7,6 @@
 namespace inferx::cuda {
 
 using SampleParams = inferx::TokenSampleParams;
+using LogitEdit = inferx::LogitEdit;
 
 }  // namespace inferx::cuda

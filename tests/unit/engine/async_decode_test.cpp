@@ -160,6 +160,19 @@ TEST_F(AsyncDecode, AbortWhileAStepIsInFlightEndsOnlyThatRequest) {
   EXPECT_EQ(aborted.stats.kv_blocks_used, 0) << "every block is back in the pool";
 }
 
+// Penalties need every token before the next step is sampled: a batch holding a penalized request runs in
+// order (the same text), and overlaps again once it has ended.
+TEST_F(AsyncDecode, PenalizedRowsKeepTheirStepsInOrder) {
+  std::vector<GenerationParams> ps(3, greedy(30));
+  ps[1].max_tokens = 10;
+  ps[1].repetition_penalty = 1.4f;
+  ps[1].presence_penalty = 0.6f;
+  const Outcome in_order = run(ps, base_config(), false), overlapped = run(ps, base_config(), true);
+  EXPECT_EQ(overlapped.tokens, in_order.tokens);
+  EXPECT_GT(overlapped.stats.overlapped_steps, 5);   // after r1 ended
+  EXPECT_LT(overlapped.stats.overlapped_steps, 22);  // not while r1 ran (30 steps for the longest)
+}
+
 // A device failure while a step is in flight (or in the step launched behind it) fails the requests of both
 // steps with the error, not the engine: a request submitted afterwards runs to its end.
 TEST_F(AsyncDecode, AFailingStepFailsItsRequestsNotTheEngine) {

@@ -57,6 +57,24 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
     return true;
   }
 
+  // Logit edits (logit_bias and penalties on the device) with the rounding the CUDA kernel uses: one IEEE
+  // operation at a time, in the host processors' order.
+  bool edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n) override {
+    if (!can_sample_ || !can_edit) return false;
+    ++edit_calls;
+    float* l = static_cast<float*>(logits.data);
+    for (int64_t i = 0; i < n; ++i) {
+      const LogitEdit& e = edits[i];
+      float& x = l[e.row * logits.cols() + e.token];
+      x += e.bias;
+      if (e.repetition != 1.0f) x = x > 0.0f ? x / e.repetition : x * e.repetition;
+      x -= e.subtract;
+    }
+    return true;
+  }
+  bool can_edit = true;
+  int64_t edit_calls = 0;
+
   // Asynchronous sampling (overlapped decode steps): the ids are chosen at once into the slot (host memory
   // is this backend's device memory); a wait only hands them out, a gather reads them where they are.
   AsyncSampling async_sampling() const override {

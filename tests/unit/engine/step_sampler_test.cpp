@@ -6,12 +6,14 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
 
 #include "device_backend_fake.h"
+#include "engine/logits_processors.h"
 #include "inferx/engine.h"
 #include "model/model.h"
 
@@ -67,21 +69,68 @@ TEST(StepSampler, DeviceEligibilityFollowsOnlyTheRequestsOwnParameters) {
   p.min_p = 0.05f;
   EXPECT_TRUE(samples_on_device(rows.add(p, 1)));
   EXPECT_TRUE(samples_on_device(rows.add(greedy_params(), 1)));
+  EXPECT_FALSE(needs_logit_edits(rows.add(p, 1)));
   GenerationParams lp = greedy_params();
   lp.logprobs = 0;
   EXPECT_FALSE(samples_on_device(rows.add(lp, 1)));
+  // logit_bias and penalties run on the device too, as edits of the row.
   GenerationParams bias = p;
   bias.logit_bias = {{5, 1.0f}};
-  EXPECT_FALSE(samples_on_device(rows.add(bias, 1)));
   GenerationParams rep = p;
   rep.repetition_penalty = 1.1f;
-  EXPECT_FALSE(samples_on_device(rows.add(rep, 1)));
   GenerationParams pres = p;
   pres.presence_penalty = 0.5f;
-  EXPECT_FALSE(samples_on_device(rows.add(pres, 1)));
   GenerationParams freq = p;
   freq.frequency_penalty = -0.5f;
-  EXPECT_FALSE(samples_on_device(rows.add(freq, 1)));
+  for (const GenerationParams* q : {&bias, &rep, &pres, &freq}) {
+    Sequence& s = rows.add(*q, 1);
+    EXPECT_TRUE(samples_on_device(s));
+    EXPECT_TRUE(needs_logit_edits(s));
+  }
+}
+
+// The edits of a row, applied with one IEEE operation at a time, give exactly the host processors' row
+// (apply_logit_bias, then PenaltyState::apply), for every penalty mix, tokens outside the vocabulary
+// ignored; a token twice in the bias is refused.
+TEST(StepSampler, LogitEditsEqualTheHostProcessorsExactly) {
+  constexpr int64_t kVocab = 500;
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<int32_t> tok(-3, kVocab + 3);
+  for (int trial = 0; trial < 40; ++trial) {
+    GenerationParams p;
+    p.repetition_penalty = trial % 2 ? 1.3f : 1.0f;
+    p.presence_penalty = trial % 3 ? 0.7f : 0.0f;
+    p.frequency_penalty = trial % 5 ? -0.4f : 0.0f;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 30; ++i) prompt.push_back(std::clamp(tok(rng), 0, int32_t{kVocab - 1}));
+    PenaltyState st(p, prompt);
+    for (int i = 0; i < 25; ++i) st.add_generated(std::clamp(tok(rng), 0, int32_t{kVocab - 1}));
+    std::vector<std::pair<int32_t, float>> bias;
+    for (int i = 0; i < trial % 7; ++i) bias.emplace_back(tok(rng), 0.37f * static_cast<float>(i - 3));
+    std::sort(bias.begin(), bias.end());
+    bias.erase(std::unique(bias.begin(), bias.end(),
+                           [](const auto& a, const auto& b) { return a.first == b.first; }),
+               bias.end());
+    std::vector<float> host = random_logits(1, kVocab, 100 + static_cast<uint32_t>(trial)), dev = host;
+    apply_logit_bias(host.data(), kVocab, bias);
+    st.apply(host.data(), kVocab);
+    std::vector<LogitEdit> edits;
+    ASSERT_TRUE(st.append_edits(0, bias, kVocab, edits));
+    for (const LogitEdit& e : edits) {
+      ASSERT_TRUE(e.row == 0 && e.token >= 0 && e.token < kVocab);
+      float& x = dev[static_cast<size_t>(e.token)];
+      x += e.bias;
+      if (e.repetition != 1.0f) x = x > 0.0f ? x / e.repetition : x * e.repetition;
+      x -= e.subtract;
+    }
+    for (int64_t t = 0; t < kVocab; ++t)
+      ASSERT_EQ(dev[static_cast<size_t>(t)], host[static_cast<size_t>(t)])
+          << "trial " << trial << " token " << t;
+  }
+  PenaltyState none;
+  std::vector<LogitEdit> edits;
+  EXPECT_FALSE(none.append_edits(0, {{4, 1.0f}, {4, 2.0f}}, kVocab, edits));
+  EXPECT_TRUE(edits.empty());
 }
 
 TEST(StepSampler, DrawsAreKeyedBySeedAndTokenIndex) {
@@ -159,15 +208,31 @@ TEST(StepSampler, RowsThatNeedTheHostAreCopiedAndSampledThere) {
   s.sample(rows.out, t, out);
   ASSERT_EQ(out.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(out[i].seq, rows.out.seqs[i].seq);
-  EXPECT_EQ(s.device_rows(), 2);
-  EXPECT_EQ(s.host_rows(), 2);
-  EXPECT_EQ(dev.host_copies, 2);  // one row each
+  EXPECT_EQ(s.device_rows(), 3);
+  EXPECT_EQ(s.host_rows(), 1);
+  EXPECT_EQ(dev.host_copies, 1);  // the logprobs row only
+  EXPECT_EQ(dev.edit_calls, 1);
   EXPECT_FALSE(out[0].has_logprob);
   EXPECT_TRUE(out[1].has_logprob);
   EXPECT_EQ(out[1].logprob.top.size(), 2u);
-  EXPECT_EQ(out[2].token, 77);  // logit_bias applied: only the host does it
+  EXPECT_EQ(out[2].token, 77);  // logit_bias applied on the device
   const float* r1 = logits.data() + kVocab;
   EXPECT_EQ(out[1].token, static_cast<int32_t>(std::max_element(r1, r1 + kVocab) - r1));
+
+  // A backend that cannot edit: the bias row goes to the host, with the same result.
+  std::vector<float> again = random_logits(4, kVocab, 9);
+  const Tensor t2(DType::F32, {4, kVocab}, again.data());
+  DeviceSamplingCpuBackend no_edit;
+  no_edit.can_edit = false;
+  StepSampler s2(no_edit, true, nullptr);
+  std::vector<SampledToken> out2;
+  s2.sample(rows.out, t2, out2);
+  EXPECT_EQ(s2.device_rows(), 2);
+  EXPECT_EQ(s2.host_rows(), 2);
+  EXPECT_EQ(no_edit.host_copies, 2);
+  ASSERT_EQ(out2.size(), 4u);
+  EXPECT_EQ(out2[2].token, 77);
+  EXPECT_EQ(out2[0].token, out[0].token);
 }
 
 TEST(StepSampler, ABackendWithoutDeviceSamplingGetsTheHostPath) {
@@ -254,6 +319,33 @@ TEST_F(DeviceSamplingEngine, GreedyOutputEqualsTheHostPath) {
   const auto host = run(*cpu_model_, ps);
   EXPECT_EQ(dev, host);
   EXPECT_EQ(st.device_sampled_tokens, 40);  // every token but the logprobs request's
+}
+
+// logit_bias and the three penalties applied on the device (edits) give the host processors' greedy text.
+TEST_F(DeviceSamplingEngine, PenaltiesAndLogitBiasOnTheDeviceEqualTheHostPath) {
+  std::vector<GenerationParams> ps(5, greedy_params());
+  for (auto& p : ps) {
+    p.max_tokens = 16;
+    p.ignore_eos = true;
+  }
+  ps[0].repetition_penalty = 1.5f;
+  ps[1].presence_penalty = 1.2f;
+  ps[2].frequency_penalty = 0.9f;
+  ps[3].logit_bias = {{17, 6.0f}, {301, -4.0f}};
+  ps[4].repetition_penalty = 0.8f;
+  ps[4].frequency_penalty = -0.5f;
+  ps[4].logit_bias = {{42, 2.5f}};
+  const int64_t edits_before = dev_->edit_calls;
+  EngineStats st;
+  const auto dev = run(*dev_model_, ps, &st);
+  const auto host = run(*cpu_model_, ps);
+  EXPECT_EQ(dev, host);
+  EXPECT_EQ(st.device_sampled_tokens, 80);  // every token on the device
+  EXPECT_GT(dev_->edit_calls, edits_before);
+  // The penalties change the text (so the comparison above can fail): the plain greedy text differs.
+  std::vector<GenerationParams> plain(5, ps[0]);
+  for (auto& p : plain) p.repetition_penalty = 1.0f;
+  EXPECT_NE(run(*cpu_model_, plain)[0], host[0]);
 }
 
 TEST_F(DeviceSamplingEngine, SeededSamplingIsTheSameWhateverElseIsInTheBatch) {
