@@ -11,57 +11,74 @@ namespace inferx {
 PenaltyState::PenaltyState(const GenerationParams& p, const std::vector<int32_t>& prompt)
     : repetition_(p.repetition_penalty), presence_(p.presence_penalty), frequency_(p.frequency_penalty) {
   active_ = repetition_ != 1.0f || presence_ != 0.0f || frequency_ != 0.0f;
-  if (active_ && repetition_ != 1.0f) seen_.insert(prompt.begin(), prompt.end());
+  if (!active_ || repetition_ == 1.0f) return;
+  std::vector<int32_t> tokens = prompt;
+  std::sort(tokens.begin(), tokens.end());
+  tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  entries_.reserve(tokens.size());
+  for (int32_t t : tokens) entries_.push_back({t, true, 0});
+}
+
+PenaltyState::Entry& PenaltyState::entry(int32_t token) {
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), token,
+                             [](const Entry& e, int32_t t) { return e.token < t; });
+  if (it == entries_.end() || it->token != token) it = entries_.insert(it, Entry{token, false, 0});
+  return *it;
 }
 
 void PenaltyState::add_generated(int32_t token) {
   if (!active_) return;
-  if (repetition_ != 1.0f) seen_.insert(token);
-  if (presence_ != 0.0f || frequency_ != 0.0f) ++counts_[token];
+  Entry& e = entry(token);
+  if (repetition_ != 1.0f) e.seen = true;
+  if (presence_ != 0.0f || frequency_ != 0.0f) ++e.count;
 }
 
+// Per token: the repetition penalty, then the frequency / presence subtraction (the order of vLLM's
+// sampler; each token's value depends only on its own entry).
 void PenaltyState::apply(float* row, int64_t vocab) const {
   if (!active_) return;
-  for (int32_t t : seen_) {
-    if (t < 0 || t >= vocab) continue;
-    float& x = row[t];
-    x = x > 0.0f ? x / repetition_ : x * repetition_;
-  }
-  for (const auto& [t, count] : counts_) {
-    if (t < 0 || t >= vocab) continue;
-    row[t] -= static_cast<float>(count) * frequency_ + presence_;
+  for (const Entry& e : entries_) {
+    if (e.token < 0 || e.token >= vocab) continue;
+    float& x = row[e.token];
+    if (e.seen) x = x > 0.0f ? x / repetition_ : x * repetition_;
+    if (e.count > 0) x -= static_cast<float>(e.count) * frequency_ + presence_;
   }
 }
 
 bool PenaltyState::append_edits(int32_t row, const std::vector<std::pair<int32_t, float>>& bias,
                                 int64_t vocab, std::vector<LogitEdit>& out) const {
-  std::unordered_map<int32_t, LogitEdit> edits;
-  const auto edit = [&](int32_t t) -> LogitEdit& {
-    auto [it, fresh] = edits.try_emplace(t);
-    if (fresh) {
-      it->second.row = row;
-      it->second.token = t;
-    }
-    return it->second;
-  };
-  for (const auto& [t, b] : bias) {
-    if (t < 0 || t >= vocab) continue;
-    if (edits.count(t)) return false;
-    edit(t).bias = b;
+  thread_local std::vector<std::pair<int32_t, float>> sorted;
+  sorted.clear();
+  for (const auto& b : bias) {
+    if (b.first >= 0 && b.first < vocab) sorted.push_back(b);
   }
-  if (active_) {
-    for (int32_t t : seen_) {
-      if (t >= 0 && t < vocab) edit(t).repetition = repetition_;
-    }
-    for (const auto& [t, count] : counts_) {
-      if (t >= 0 && t < vocab) edit(t).subtract = static_cast<float>(count) * frequency_ + presence_;
-    }
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t k = 1; k < sorted.size(); ++k) {
+    if (sorted[k].first == sorted[k - 1].first) return false;
   }
-  const size_t first = out.size();
-  for (const auto& [t, e] : edits) out.push_back(e);
-  // Token order: the same edits in the same order whatever the hash map's iteration order.
-  std::sort(out.begin() + static_cast<std::ptrdiff_t>(first), out.end(),
-            [](const LogitEdit& a, const LogitEdit& b) { return a.token < b.token; });
+  // Merge the bias tokens with the entries (both in token order).
+  const size_t n = active_ ? entries_.size() : 0;
+  size_t i = 0, k = 0;
+  while (i < n || k < sorted.size()) {
+    LogitEdit e;
+    e.row = row;
+    const bool take_entry = i < n && (k == sorted.size() || entries_[i].token <= sorted[k].first);
+    const bool take_bias = k < sorted.size() && (i == n || sorted[k].first <= entries_[i].token);
+    if (take_bias) {
+      e.token = sorted[k].first;
+      e.bias = sorted[k].second;
+      ++k;
+    }
+    if (take_entry) {
+      const Entry& en = entries_[i++];
+      // Outside the vocabulary: skipped (a bias there was filtered above, so none was taken with it).
+      if (en.token < 0 || en.token >= vocab) continue;
+      e.token = en.token;
+      if (en.seen) e.repetition = repetition_;
+      if (en.count > 0) e.subtract = static_cast<float>(en.count) * frequency_ + presence_;
+    }
+    out.push_back(e);
+  }
   return true;
 }
 

@@ -8,8 +8,6 @@
 //      logits[t] -= count[t] * frequency + (count[t] > 0) * presence.
 // Then temperature, top-k, top-p and min-p (engine/sampler.h).
 #include <cstdint>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -19,7 +17,9 @@
 namespace inferx {
 
 // What the penalties need to know about one sequence, kept up to date token by token (only when a
-// penalty is on, so plain requests pay nothing).
+// penalty is on, so plain requests pay nothing): one entry per token the penalties touch, sorted by token,
+// so applying them or turning them into device edits is one linear pass (a batch of penalized rows turns
+// into edits every step).
 class PenaltyState {
  public:
   PenaltyState() = default;
@@ -28,16 +28,22 @@ class PenaltyState {
   void add_generated(int32_t token);
   void apply(float* row, int64_t vocab) const;
   // The same processing, and `bias` before it (apply_logit_bias), as LogitEdits of row `row`, one per
-  // token it touches (Backend::edit_logits: the device applies them with the same rounding). False, with
-  // nothing appended, when edits cannot express it: a token twice in `bias` (its adds would round twice).
+  // token it touches, in token order (Backend::edit_logits: the device applies them with the same
+  // rounding). False, with nothing appended, when edits cannot express it: a token twice in `bias` (its
+  // adds would round twice).
   bool append_edits(int32_t row, const std::vector<std::pair<int32_t, float>>& bias, int64_t vocab,
                     std::vector<LogitEdit>& out) const;
 
  private:
+  struct Entry {
+    int32_t token;
+    bool seen;      // in prompt + generated (repetition penalty)
+    int32_t count;  // times generated (frequency / presence penalties)
+  };
+  Entry& entry(int32_t token);  // found or inserted in order
   bool active_ = false;
   float repetition_ = 1.0f, presence_ = 0.0f, frequency_ = 0.0f;
-  std::unordered_set<int32_t> seen_;             // prompt + generated (repetition penalty)
-  std::unordered_map<int32_t, int32_t> counts_;  // generated (frequency/presence)
+  std::vector<Entry> entries_;
 };
 
 void apply_logit_bias(float* row, int64_t vocab, const std::vector<std::pair<int32_t, float>>& bias);
