@@ -451,6 +451,17 @@ void bench_fp8_gemm(Bench& b, double gemm_tflops, int reps) {
 
 void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps);
 
+// A 1000 x 1000/1000 run's decode contexts: `rows` lengths uniform in 1000-2000 keys (fixed seed), and their
+// mean.
+std::vector<int64_t> run_contexts(int64_t rows, double& mean) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int64_t> len(1000, 2000);
+  std::vector<int64_t> ctxs(static_cast<size_t>(rows));
+  for (int64_t& c : ctxs) c = len(rng);
+  mean = std::accumulate(ctxs.begin(), ctxs.end(), 0.0) / static_cast<double>(rows);
+  return ctxs;
+}
+
 // INFERX_BENCH_ONLY=decode_splits: the decode attention (Llama-3-8B heads) over decode batches of 32-512 rows
 // at 1k-4k context, FP8 cache (and BF16 at 1k and 4k), forced to 1-8 splits and with the split plan
 // (decode_attention_plan) for the batch's own block-table width and for a captured graph's 4096- and
@@ -504,11 +515,8 @@ void bench_decode_splits(double copy_gbs, int reps) {
     // a uniform batch of their mean: how much of the run's per-row gap to the uniform bench (docs/
     // benchmarks.md, 2026-12-04 call 3) the mix and its order explain. The plan for a 4096-key capacity.
     for (int64_t rows : {int64_t{256}, int64_t{512}}) {
-      std::mt19937 rng(11);
-      std::uniform_int_distribution<int64_t> len(1000, 2000);
-      std::vector<int64_t> ctxs(static_cast<size_t>(rows));
-      for (int64_t& c : ctxs) c = len(rng);
-      const double mean = std::accumulate(ctxs.begin(), ctxs.end(), 0.0) / static_cast<double>(rows);
+      double mean = 0;
+      const std::vector<int64_t> ctxs = run_contexts(rows, mean);
       const double bytes = 2.0 * mean * static_cast<double>(rows) * hkv * hd * elem;
       std::vector<std::pair<const char*, std::vector<int64_t>>> orders;
       std::vector<int64_t> desc = ctxs, asc = ctxs;
@@ -548,12 +556,9 @@ void bench_decode_context(double copy_gbs, int reps) {
   const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, rows = 490, layers = 32;
   const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
   const RopeParams rope{hd, 500000.0f, RopeLayout::NeoX, {}};
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<int64_t> len(1000, 2000);
-  std::vector<int64_t> ctxs(static_cast<size_t>(rows));
-  for (int64_t& c : ctxs) c = len(rng);
+  double mean = 0;
+  std::vector<int64_t> ctxs = run_contexts(rows, mean);
   std::sort(ctxs.begin(), ctxs.end(), std::greater<>());
-  const double mean = std::accumulate(ctxs.begin(), ctxs.end(), 0.0) / static_cast<double>(rows);
   const double bytes = 2.0 * mean * static_cast<double>(rows) * hkv * hd;
   const Bench::DecodeBatch batch = b.decode_batch(ctxs, bs, 4096);
   std::vector<KvCacheLayer> caches;

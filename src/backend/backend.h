@@ -126,16 +126,15 @@ class Backend {
   // them to the host, and returns at once; wait_sampled_tokens waits for that copy and returns the `rows`
   // ids; gather_sampled_tokens queues out[i] = ids[slot][rows[i]] (rows and out: int32 in backend memory,
   // e.g. the next step's token-id row), so the next step reads its input tokens where they were sampled.
-  enum class AsyncSampling { None, Greedy, Full };  // Greedy: params must be null (argmax on every row)
-  virtual AsyncSampling async_sampling() const { return AsyncSampling::None; }
+  virtual bool async_sampling() const { return false; }
   virtual void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) {
-    fail("backend {}: sample_tokens_async is not supported (async_sampling() is None)", name());
+    fail("backend {}: sample_tokens_async is not supported (async_sampling() is false)", name());
   }
   virtual void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) {
-    fail("backend {}: wait_sampled_tokens is not supported (async_sampling() is None)", name());
+    fail("backend {}: wait_sampled_tokens is not supported (async_sampling() is false)", name());
   }
   virtual void gather_sampled_tokens(int slot, const int32_t* rows, int64_t n, int32_t* out) {
-    fail("backend {}: gather_sampled_tokens is not supported (async_sampling() is None)", name());
+    fail("backend {}: gather_sampled_tokens is not supported (async_sampling() is false)", name());
   }
   // Free and total bytes of the backend's own device memory (cudaMemGetInfo); false when it has none of
   // its own (CPU: the engine then sizes the KV cache from --kv-cache-memory).

@@ -68,7 +68,7 @@ class ForwardingBackend : public Backend {
   bool edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n) override {
     return inner_.edit_logits(logits, edits, n);
   }
-  AsyncSampling async_sampling() const override { return inner_.async_sampling(); }
+  bool async_sampling() const override { return inner_.async_sampling(); }
   void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override {
     inner_.sample_tokens_async(logits, params, slot);
   }

@@ -26,4 +26,12 @@ struct LogitEdit {
   float subtract = 0.0f;
 };
 
+// One edit on one value, as the backends apply it (the CUDA kernel with the same operations as rounded
+// intrinsics, kernels_sampling.cu); host backends and tests call this.
+inline float apply_logit_edit(float x, const LogitEdit& e) {
+  x += e.bias;
+  if (e.repetition != 1.0f) x = x > 0.0f ? x / e.repetition : x * e.repetition;
+  return x - e.subtract;
+}
+
 }  // namespace inferx

@@ -185,8 +185,8 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   const char* ad = std::getenv("INFERX_ASYNC_DECODE");
   if (ad) config.async_decode = std::strcmp(ad, "0") != 0;
   // The token gather writes rank 0's metadata only: tensor-parallel steps stay in order.
-  async_decode = config.async_decode && decode_graphs && !model.tensor_parallel() &&
-                 model.backend().async_sampling() != Backend::AsyncSampling::None;
+  async_decode =
+      config.async_decode && decode_graphs && !model.tensor_parallel() && model.backend().async_sampling();
   config.async_decode = async_decode;
   eos_ids = mc.eos_token_ids;
   if (tokenizer && tokenizer->eos_id() >= 0 && !is_eos(tokenizer->eos_id()))
@@ -328,8 +328,7 @@ void Engine::Impl::handle_token(SampledToken& t, double now) {
     return;
   }
   if (seq.detokenizer) seq.pending.text += seq.stop.push(seq.detokenizer->push(t.token));
-  if (!seq.stop.matched() && (seq.num_generated() >= p.max_tokens ||
-                              static_cast<int64_t>(seq.tokens.size()) >= config.max_model_len)) {
+  if (!seq.stop.matched() && at_length_limit(seq, 0)) {
     final_text();
     if (!seq.stop.matched()) {
       finish(seq, FinishReason::Length, now);
@@ -456,16 +455,10 @@ bool Engine::Impl::step() {
     profile.mark(StepProfile::kEmitOverlapped);
     scheduler->on_step_computed(out);
     if (graph_step && overlappable(out)) {
-      // Left in flight: the next step() plans and launches the step after it before collecting it.
-      InFlight f;
-      f.out = out;
-      f.num_rows = static_cast<int64_t>(out.seqs.size());
-      f.rows.resize(out.seqs.size());
-      for (size_t i = 0; i < f.rows.size(); ++i) f.rows[i] = static_cast<int32_t>(i);
-      f.slot = next_slot;
-      next_slot ^= 1;
-      step_sampler->sample_async(out, logits, f.slot, /*pending=*/0);
-      in_flight = std::move(f);
+      // Left in flight: the next step() plans and launches the step after it before collecting it. No step
+      // is in flight before this one, so either sampling slot is free.
+      step_sampler->sample_async(out, logits, /*slot=*/0, /*pending=*/0);
+      in_flight.emplace(out, /*slot=*/0);
       ++steps;
       profile.mark(StepProfile::kSample);
       publish_stats();

@@ -51,6 +51,13 @@ struct Engine::Impl {
   std::vector<SampledToken> sampled;
   // Overlapped decode steps (EngineConfig::async_decode): the step launched but not collected yet.
   struct InFlight {
+    InFlight(const SchedulerOutput& plan, int sampling_slot)
+        : out(plan),
+          rows(plan.seqs.size()),
+          num_rows(static_cast<int64_t>(plan.seqs.size())),
+          slot(sampling_slot) {
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int32_t>(i);
+    }
     SchedulerOutput out;        // its sequences (a copy of the scheduler's plan), every row a sampled decode
     std::vector<int32_t> rows;  // out.seqs[i]'s row among the step's sampled ids
     int64_t num_rows = 0;       // ids the step samples (rows whose sequence ended since are dropped)
@@ -58,7 +65,6 @@ struct Engine::Impl {
   };
   std::optional<InFlight> in_flight;
   bool async_decode = false;
-  int next_slot = 0;
   std::vector<int32_t> async_ids, prev_rows;
   std::vector<char> ends;
   int64_t overlapped_steps = 0;
@@ -99,7 +105,11 @@ struct Engine::Impl {
   void accept(Submitted&& s);
   void handle_token(SampledToken& t, double now);
   bool overlappable(const SchedulerOutput& out) const;
-  bool ends_with_next_token(const Sequence& seq) const;
+  // Whether `seq`, with `pending` more tokens, reaches max_tokens or max_model_len (handle_token's limits).
+  bool at_length_limit(const Sequence& seq, int32_t pending) const {
+    return seq.num_generated() + pending >= seq.request->req.params.max_tokens ||
+           static_cast<int64_t>(seq.tokens.size()) + pending >= config.max_model_len;
+  }
   static void drop_finished(InFlight& f);
   bool step_overlapped();
   void finish(Sequence& seq, FinishReason reason, double now);

@@ -15,13 +15,6 @@ bool Engine::Impl::overlappable(const SchedulerOutput& out) const {
   return true;
 }
 
-// Whether the token `seq` is about to receive ends it by length (handle_token's limits), so that the step
-// planned before the token arrives leaves it out.
-bool Engine::Impl::ends_with_next_token(const Sequence& seq) const {
-  return seq.num_generated() + 1 >= seq.request->req.params.max_tokens ||
-         static_cast<int64_t>(seq.tokens.size()) + 1 >= config.max_model_len;
-}
-
 void Engine::Impl::drop_finished(InFlight& f) {
   size_t kept = 0;
   for (size_t i = 0; i < f.out.seqs.size(); ++i) {
@@ -45,7 +38,8 @@ bool Engine::Impl::step_overlapped() {
   std::optional<InFlight> next;
   try {
     ends.assign(prev.out.seqs.size(), 0);
-    for (size_t i = 0; i < ends.size(); ++i) ends[i] = ends_with_next_token(*prev.out.seqs[i].seq);
+    // A sequence the token on its way brings to its length limit is left out of the next step.
+    for (size_t i = 0; i < ends.size(); ++i) ends[i] = at_length_limit(*prev.out.seqs[i].seq, 1);
     const SchedulerOutput* plan = scheduler->schedule_after(prev.out, ends);
     profile.mark(StepProfile::kSchedule);
     if (plan) {
@@ -54,18 +48,11 @@ bool Engine::Impl::step_overlapped() {
       for (size_t i = 0; i < ends.size(); ++i) {
         if (!ends[i]) prev_rows.push_back(prev.rows[i]);
       }
-      InFlight f;
-      f.out = *plan;
-      f.num_rows = static_cast<int64_t>(plan->seqs.size());
-      f.rows.resize(plan->seqs.size());
-      for (size_t i = 0; i < f.rows.size(); ++i) f.rows[i] = static_cast<int32_t>(i);
-      f.slot = prev.slot ^ 1;
+      next.emplace(*plan, prev.slot ^ 1);  // prev's ids stay in prev's slot until the gather reads them
       const SampledTokenSource src{prev.slot, &prev_rows};
       const Tensor logits = decode_graphs->run(*plan, &src);
       ++graph_steps;
-      step_sampler->sample_async(*plan, logits, f.slot, /*pending=*/1);
-      next_slot = f.slot ^ 1;
-      next = std::move(f);
+      step_sampler->sample_async(*plan, logits, next->slot, /*pending=*/1);
       ++steps;
       ++overlapped_steps;
     }

@@ -230,7 +230,6 @@ const SchedulerOutput* Scheduler::schedule_after(const SchedulerOutput& prev, co
   out_.seqs.clear();
   out_.preempted.clear();
   out_.num_tokens = 0;
-  budget_ = config_.max_num_batched_tokens;
   for (size_t i = 0; i < prev.seqs.size(); ++i) {
     if (ends[i]) continue;
     Sequence* seq = prev.seqs[i].seq;
@@ -244,7 +243,6 @@ const SchedulerOutput* Scheduler::schedule_after(const SchedulerOutput& prev, co
     s.sample = true;  // the token it feeds is not in seq->tokens yet
     out_.seqs.push_back(s);
     out_.num_tokens += 1;
-    budget_ -= 1;
   }
   return &out_;
 }

@@ -33,6 +33,19 @@ TokenSampleParams device_sample_params(const Sequence& seq, int32_t pending) {
   return t;
 }
 
+namespace {
+
+// A row the host samples: computed greedily on the device and ignored.
+constexpr TokenSampleParams kHostRow{0.0f, 0, 1.0f, 0.0f, 0.0f};
+
+// Every row greedy: the backend then runs its argmax (no parameters uploaded).
+bool all_greedy(const std::vector<TokenSampleParams>& params) {
+  return std::none_of(params.begin(), params.end(),
+                      [](const TokenSampleParams& p) { return p.temperature > 0.0f; });
+}
+
+}  // namespace
+
 StepSampler::StepSampler(Backend& backend, bool allow_device, ThreadPool* pool)
     : backend_(backend), device_ok_(allow_device), host_(pool) {}
 
@@ -74,27 +87,21 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
                                           edits_);
       if (device) edit_rows_.push_back(static_cast<int32_t>(i));
     }
-    params_[i] = device ? device_sample_params(seq) : TokenSampleParams{};
+    params_[i] = device ? device_sample_params(seq) : kHostRow;
     if (!device) host_index_.push_back(static_cast<int32_t>(i));
   }
   if (!edits_.empty()) {
     Tensor edited = logits;  // the same rows, edited in place in backend memory
     if (!backend_.edit_logits(edited, edits_.data(), static_cast<int64_t>(edits_.size()))) {
       // The backend cannot edit: those rows go to the host, unedited logits and all.
+      for (int32_t r : edit_rows_) params_[static_cast<size_t>(r)] = kHostRow;
       host_index_.insert(host_index_.end(), edit_rows_.begin(), edit_rows_.end());
       std::sort(host_index_.begin(), host_index_.end());
-      for (int32_t r : edit_rows_) params_[static_cast<size_t>(r)] = TokenSampleParams{};
     }
-  }
-  bool all_greedy = true;
-  for (size_t i = 0; i < seqs_.size(); ++i) {
-    if (std::binary_search(host_index_.begin(), host_index_.end(), static_cast<int32_t>(i)))
-      params_[i].temperature = 0.0f;  // computed and ignored: the host samples this row
-    all_greedy = all_greedy && !(params_[i].temperature > 0.0f);
   }
   if (host_index_.size() == seqs_.size()) return sample_on_host(logits, result);
   ids_.resize(seqs_.size());
-  if (!backend_.sample_tokens(logits, all_greedy ? nullptr : params_.data(), ids_.data())) {
+  if (!backend_.sample_tokens(logits, all_greedy(params_) ? nullptr : params_.data(), ids_.data())) {
     device_ok_ = false;
     return sample_on_host(logits, result);
   }
@@ -123,12 +130,10 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
 }
 
 bool StepSampler::can_sample_async(const SchedulerOutput& out) const {
-  const Backend::AsyncSampling a = backend_.async_sampling();
-  if (!device_ok_ || a == Backend::AsyncSampling::None) return false;
+  if (!device_ok_ || !backend_.async_sampling()) return false;
   for (const ScheduledSequence& s : out.seqs) {
     // Penalties would miss the token still on its way: rows with edits are sampled in order.
     if (!s.sample || !samples_on_device(*s.seq) || needs_logit_edits(*s.seq)) return false;
-    if (a == Backend::AsyncSampling::Greedy && s.seq->request->req.params.temperature > 0.0f) return false;
   }
   return !out.seqs.empty();
 }
@@ -138,12 +143,8 @@ void StepSampler::sample_async(const SchedulerOutput& out, const Tensor& logits,
                "step sampler: {} sampled sequences but logits {} {}", out.seqs.size(),
                dtype_name(logits.dtype), logits.shape_string());
   params_.resize(out.seqs.size());
-  bool all_greedy = true;
-  for (size_t i = 0; i < out.seqs.size(); ++i) {
-    params_[i] = device_sample_params(*out.seqs[i].seq, pending);
-    all_greedy = all_greedy && !(params_[i].temperature > 0.0f);
-  }
-  backend_.sample_tokens_async(logits, all_greedy ? nullptr : params_.data(), slot);
+  for (size_t i = 0; i < out.seqs.size(); ++i) params_[i] = device_sample_params(*out.seqs[i].seq, pending);
+  backend_.sample_tokens_async(logits, all_greedy(params_) ? nullptr : params_.data(), slot);
   device_rows_ += static_cast<int64_t>(out.seqs.size());
 }
 

@@ -43,8 +43,8 @@ class StepSampler {
   void sample(const SchedulerOutput& out, const Tensor& logits, std::vector<SampledToken>& result);
 
   // Overlapped decode steps (engine.cpp: step N + 1 launched before step N's ids reach the host). Whether
-  // every sampled row of `out` can be sampled asynchronously (Backend::async_sampling: on the device, and
-  // greedy where the backend can do only that).
+  // every sampled row of `out` can be sampled asynchronously (Backend::async_sampling), on the device and
+  // without edits.
   bool can_sample_async(const SchedulerOutput& out) const;
   // Queues the sampling of every row of `out` (all sampled, one logits row each) into the backend's
   // `slot`; `pending`: tokens of each sequence sampled but not appended yet.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../unit/engine/engine_test_requests.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/pdl.h"
 #include "core/error.h"
@@ -54,11 +55,7 @@ class CudaEngine : public ::testing::Test {
     Vars vars_;
   };
 
-  static std::vector<int32_t> prompt(int32_t len, int32_t salt) {
-    std::vector<int32_t> p;
-    for (int32_t i = 0; i < len; ++i) p.push_back((i * 37 + salt * 101 + 7) % 512);
-    return p;
-  }
+  static std::vector<int32_t> prompt(int32_t len, int32_t salt) { return testing::test_prompt(len, salt); }
 
   static std::vector<std::vector<int32_t>> run(const std::vector<GenerationParams>& params,
                                                const Env& /*env*/, EngineStats* stats = nullptr) {
@@ -85,13 +82,7 @@ class CudaEngine : public ::testing::Test {
     return tokens;
   }
 
-  static GenerationParams greedy(int32_t n) {
-    GenerationParams p;
-    p.temperature = 0.0f;
-    p.max_tokens = n;
-    p.ignore_eos = true;
-    return p;
-  }
+  static GenerationParams greedy(int32_t max_tokens) { return testing::greedy_tokens(max_tokens); }
 
   static void graph_replay_vs_eager(int num_seqs);
 

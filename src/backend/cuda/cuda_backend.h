@@ -159,7 +159,7 @@ class CudaBackend final : public Backend {
   bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override;
   bool edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n) override;
-  AsyncSampling async_sampling() const override { return AsyncSampling::Full; }
+  bool async_sampling() const override { return true; }
   void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override;
   void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) override;
   void gather_sampled_tokens(int slot, const int32_t* rows, int64_t n, int32_t* out) override;

@@ -114,9 +114,12 @@ void CudaBackend::release(Scratch& s) {
 
 void* CudaBackend::pinned(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;
+  // At least doubled: sizes that creep (a repetition penalty's edits grow by a token a step) grow rarely,
+  // and each growth waits for the device (cudaFreeHost).
+  const size_t want = std::max(bytes, 2 * s.bytes);
   release_pinned(s);
-  CUDA_CHECK(cudaHostAlloc(&s.data, bytes, cudaHostAllocDefault));
-  s.bytes = bytes;
+  CUDA_CHECK(cudaHostAlloc(&s.data, want, cudaHostAllocDefault));
+  s.bytes = want;
   return s.data;
 }
 
@@ -274,9 +277,7 @@ bool CudaBackend::edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n)
   use_device();
   // The staging buffer is rewritten only by a later step, whose sampling waited for this one's copy.
   const size_t bytes = static_cast<size_t>(n) * sizeof(LogitEdit);
-  // Doubled when it grows: a repetition penalty's edits grow by a token a step.
-  const size_t want = bytes <= pinned_edits_.bytes ? bytes : std::max(bytes, 2 * pinned_edits_.bytes);
-  auto* staged = static_cast<LogitEdit*>(pinned(pinned_edits_, want));
+  auto* staged = static_cast<LogitEdit*>(pinned(pinned_edits_, bytes));
   std::memcpy(staged, edits, bytes);
   auto* dev = static_cast<LogitEdit*>(eager_scratch(edits_dev_, bytes));
   CUDA_CHECK(cudaMemcpyAsync(dev, staged, bytes, cudaMemcpyHostToDevice, stream_));
@@ -312,13 +313,14 @@ int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParam
                vocab);
   use_device();
   const size_t id_bytes = static_cast<size_t>(rows) * sizeof(int32_t);
-  auto* ids_dev = static_cast<int32_t*>(scratch(b.ids_dev, id_bytes));
+  // Sampling is never recorded (it copies to the host): its buffers grow without voiding graphs.
+  auto* ids_dev = static_cast<int32_t*>(eager_scratch(b.ids_dev, id_bytes));
   auto* ids_host = static_cast<int32_t*>(pinned(b.ids_host, id_bytes));
   if (host_params) {
     const size_t param_bytes = static_cast<size_t>(rows) * sizeof(cuda::SampleParams);
     auto* staged = static_cast<cuda::SampleParams*>(pinned(b.params_host, param_bytes));
     std::memcpy(staged, host_params, param_bytes);
-    auto* params_dev = static_cast<cuda::SampleParams*>(scratch(b.params_dev, param_bytes));
+    auto* params_dev = static_cast<cuda::SampleParams*>(eager_scratch(b.params_dev, param_bytes));
     CUDA_CHECK(cudaMemcpyAsync(params_dev, staged, param_bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cuda::launch_sample(logits.ptr<float>(), rows, vocab, params_dev, ids_dev, stream_));
   } else {
@@ -333,10 +335,6 @@ int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParam
 void CudaBackend::sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) {
   INFERX_CHECK(slot == 0 || slot == 1, "cuda backend: sampling slot {} (0 or 1)", slot);
   AsyncSlot& a = async_[slot];
-  // Sized for a large batch at once: each growth would move the buffer (and void the recorded graphs).
-  constexpr size_t kRows = 4096;
-  (void)scratch(a.ids_dev, kRows * sizeof(int32_t));
-  if (params) (void)scratch(a.params_dev, kRows * sizeof(cuda::SampleParams));
   const SamplerBuffers b{a.ids_dev, a.ids_host, a.params_dev, a.params_host};
   a.rows = queue_sampler(logits, params, b);
   if (!a.done) {

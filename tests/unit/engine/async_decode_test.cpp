@@ -14,6 +14,7 @@
 #include "device_backend_fake.h"
 #include "engine/block_pool.h"
 #include "engine/scheduler.h"
+#include "engine_test_requests.h"
 #include "inferx/engine.h"
 #include "model/model.h"
 
@@ -40,18 +41,8 @@ class AsyncDecode : public ::testing::Test {
     delete dev_;
     unsetenv("INFERX_GRAPHS");
   }
-  static std::vector<int32_t> prompt(int32_t len, int32_t salt) {
-    std::vector<int32_t> p;
-    for (int32_t i = 0; i < len; ++i) p.push_back((i * 37 + salt * 101 + 7) % 512);
-    return p;
-  }
-  static GenerationParams greedy(int32_t max_tokens) {
-    GenerationParams g;
-    g.temperature = 0.0f;
-    g.max_tokens = max_tokens;
-    g.ignore_eos = true;
-    return g;
-  }
+  static std::vector<int32_t> prompt(int32_t len, int32_t salt) { return testing::test_prompt(len, salt); }
+  static GenerationParams greedy(int32_t max_tokens) { return testing::greedy_tokens(max_tokens); }
   static EngineConfig base_config() {
     EngineConfig c;
     c.max_model_len = 256;

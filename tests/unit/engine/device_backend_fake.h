@@ -64,11 +64,8 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
     ++edit_calls;
     float* l = static_cast<float*>(logits.data);
     for (int64_t i = 0; i < n; ++i) {
-      const LogitEdit& e = edits[i];
-      float& x = l[e.row * logits.cols() + e.token];
-      x += e.bias;
-      if (e.repetition != 1.0f) x = x > 0.0f ? x / e.repetition : x * e.repetition;
-      x -= e.subtract;
+      float& x = l[edits[i].row * logits.cols() + edits[i].token];
+      x = apply_logit_edit(x, edits[i]);
     }
     return true;
   }
@@ -77,9 +74,7 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
 
   // Asynchronous sampling (overlapped decode steps): the ids are chosen at once into the slot (host memory
   // is this backend's device memory); a wait only hands them out, a gather reads them where they are.
-  AsyncSampling async_sampling() const override {
-    return can_sample_ ? AsyncSampling::Full : AsyncSampling::None;
-  }
+  bool async_sampling() const override { return can_sample_; }
   void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override {
     maybe_fail();
     auto& ids = slots_.at(static_cast<size_t>(slot));

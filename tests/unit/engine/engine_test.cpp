@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "engine_test_requests.h"
 #include "model/model.h"
 
 namespace inferx {
@@ -63,11 +64,7 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
-  static std::vector<int32_t> prompt(int32_t len, int32_t salt) {
-    std::vector<int32_t> p;
-    for (int32_t i = 0; i < len; ++i) p.push_back((i * 37 + salt * 101 + 7) % 512);
-    return p;
-  }
+  static std::vector<int32_t> prompt(int32_t len, int32_t salt) { return testing::test_prompt(len, salt); }
 
   // Greedy reference: SequenceRunner + argmax, one sequence alone.
   static std::vector<int32_t> runner_greedy(const std::vector<int32_t>& p, int32_t n) {
@@ -82,13 +79,7 @@ class EngineTest : public ::testing::Test {
     return out;
   }
 
-  static GenerationParams greedy(int32_t max_tokens) {
-    GenerationParams g;
-    g.temperature = 0.0f;
-    g.max_tokens = max_tokens;
-    g.ignore_eos = true;
-    return g;
-  }
+  static GenerationParams greedy(int32_t max_tokens) { return testing::greedy_tokens(max_tokens); }
 
   static Backend* backend_;
   static Model* model_;

@@ -14,6 +14,7 @@
 
 #include "device_backend_fake.h"
 #include "engine/logits_processors.h"
+#include "engine_test_requests.h"
 #include "inferx/engine.h"
 #include "model/model.h"
 
@@ -119,9 +120,7 @@ TEST(StepSampler, LogitEditsEqualTheHostProcessorsExactly) {
     for (const LogitEdit& e : edits) {
       ASSERT_TRUE(e.row == 0 && e.token >= 0 && e.token < kVocab);
       float& x = dev[static_cast<size_t>(e.token)];
-      x += e.bias;
-      if (e.repetition != 1.0f) x = x > 0.0f ? x / e.repetition : x * e.repetition;
-      x -= e.subtract;
+      x = apply_logit_edit(x, e);
     }
     for (int64_t t = 0; t < kVocab; ++t)
       ASSERT_EQ(dev[static_cast<size_t>(t)], host[static_cast<size_t>(t)])
@@ -266,11 +265,7 @@ class DeviceSamplingEngine : public ::testing::Test {
     delete dev_;
     delete cpu_;
   }
-  static std::vector<int32_t> prompt(int32_t len, int32_t salt) {
-    std::vector<int32_t> p;
-    for (int32_t i = 0; i < len; ++i) p.push_back((i * 37 + salt * 101 + 7) % 512);
-    return p;
-  }
+  static std::vector<int32_t> prompt(int32_t len, int32_t salt) { return testing::test_prompt(len, salt); }
   // Runs the requests to the end on `model`; returns each request's tokens.
   // Request i's prompt is prompt(.., salts[i]) (default: i).
   static std::vector<std::vector<int32_t>> run(Model& model, const std::vector<GenerationParams>& params,
