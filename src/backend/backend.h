@@ -64,6 +64,11 @@ class Backend {
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
+  // Issues whatever the backend holds back (a deferred epilogue) and forgets what it derived from tensors
+  // it may not see change (a cached BF16 copy of an input): the caller is about to read or write tensors
+  // outside the backend, ordered after the work issued so far (a collective on the backend's stream:
+  // communicator.h). Unlike synchronize(), it does not wait.
+  virtual void flush() {}
   // Host memory for per-step uploads (upload_async); CUDA: page-locked, so that a copy from it needs no
   // staging and the call returns at once; CPU: allocate's (host) memory.
   virtual std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) = 0;
@@ -77,6 +82,10 @@ class Backend {
   // Ops (shapes: T = batch.num_tokens, D = hidden size) ----------------------------------------------
   // out[t, :] = table[ids[t], :] converted to F32. table may be any weight dtype.
   virtual void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) = 0;
+  // One shard of a vocabulary split over ranks: out[t, :] = table[ids[t] - first_id, :] where that row
+  // exists (first_id <= ids[t] < first_id + rows), else zeros.
+  virtual void embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
+                               Tensor& out) = 0;
   // out = x / rms(x) * weight, row-wise.
   virtual void rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
   // residual += x; out = rmsnorm(residual) (the fused pre-norm of the next sub-layer).
@@ -149,6 +158,8 @@ class Backend {
   virtual bool begin_graph_capture() { return false; }
   virtual void end_graph_capture(uint64_t key, bool keep = true) {}
   virtual bool replay_graph(uint64_t key) { return false; }
+  // Whether replay_graph(key) would replay (a recording exists and is still valid); runs nothing.
+  virtual bool has_graph(uint64_t key) const { return false; }
   virtual void drop_graph(uint64_t key) {}
   virtual void clear_graphs() {}
 

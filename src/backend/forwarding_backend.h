@@ -25,6 +25,7 @@ class ForwardingBackend : public Backend {
     inner_.copy_to_host(dst, src, bytes);
   }
   void synchronize() override { inner_.synchronize(); }
+  void flush() override { inner_.flush(); }
   std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) override {
     return inner_.allocate_upload(bytes);
   }
@@ -33,6 +34,10 @@ class ForwardingBackend : public Backend {
   }
   void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override {
     inner_.embedding(table, ids, n, out);
+  }
+  void embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
+                       Tensor& out) override {
+    inner_.embedding_shard(table, ids, n, first_id, out);
   }
   void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out) override {
     inner_.rmsnorm(x, w, eps, out);

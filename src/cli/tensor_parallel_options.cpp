@@ -40,10 +40,14 @@ void apply_tensor_parallel(const std::string& device, int threads, int size, Loa
                "--tensor-parallel-size {} on {}: needs CUDA devices {}..{}, {} visible", size, device, first,
                first + size - 1, count);
   lo.make_rank_backend = [first](int rank) { return make_cuda_backend(first + rank); };
-  lo.make_communicators = [first](int n) {
+  lo.make_communicators = [first](const std::vector<Backend*>& backends) {
     std::vector<int> devices;
-    for (int r = 0; r < n; ++r) devices.push_back(first + r);
-    return make_nccl_communicators(devices);
+    std::vector<void*> streams;  // each rank's collectives run behind its backend's ops
+    for (size_t r = 0; r < backends.size(); ++r) {
+      devices.push_back(first + static_cast<int>(r));
+      streams.push_back(cuda_stream_of(*backends[r]));
+    }
+    return make_nccl_communicators(devices, streams);
   };
 #else
   (void)first;

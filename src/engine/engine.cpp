@@ -184,9 +184,9 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   defer_emit = gpu;
   const char* ad = std::getenv("INFERX_ASYNC_DECODE");
   if (ad) config.async_decode = std::strcmp(ad, "0") != 0;
-  // The token gather writes rank 0's metadata only: tensor-parallel steps stay in order.
-  async_decode =
-      config.async_decode && decode_graphs && !model.tensor_parallel() && model.backend().async_sampling();
+  // Tensor parallel too: the ids gathered into rank 0's metadata reach the other ranks with the step's
+  // metadata broadcast (model/tensor_parallel.h).
+  async_decode = config.async_decode && decode_graphs && model.backend().async_sampling();
   config.async_decode = async_decode;
   eos_ids = mc.eos_token_ids;
   if (tokenizer && tokenizer->eos_id() >= 0 && !is_eos(tokenizer->eos_id()))

@@ -24,10 +24,14 @@ struct LoadOptions {
   std::shared_ptr<const QuantPlan> plan;
   // --tensor-parallel-size N (model/tensor_parallel.h): the weights split over N ranks. Rank 0 runs on
   // the backend given to Model::load, ranks 1..N-1 on make_rank_backend(rank), the collectives on
-  // make_communicators(N); both default to the CPU (CPU backends, the in-process CPU group).
+  // make_communicators(backends of ranks 0..N-1); both default to the CPU (CPU backends, the in-process
+  // CPU group). tensor_parallel_path: a size of 1 still goes through the tensor-parallel model (tests:
+  // one GPU runs the collectives, graphs and metadata broadcast of the multi-GPU path).
   int tensor_parallel_size = 1;
+  bool tensor_parallel_path = false;
   std::function<std::unique_ptr<Backend>(int rank)> make_rank_backend;
-  std::function<std::vector<std::unique_ptr<Communicator>>(int size)> make_communicators;
+  std::function<std::vector<std::unique_ptr<Communicator>>(const std::vector<Backend*>& backends)>
+      make_communicators;
 };
 
 // The model's weights, resolved to backend tensors. Per-layer fields are empty when the architecture

@@ -338,7 +338,7 @@ OpenedModel open_model(const std::string& spec, Backend& backend, const LoadOpti
         !options.plan &&  // fixed rules need no host values (random codes on the device)
         (options.quantize.kind == PlanKind::None || options.quantize.kind == PlanKind::Fp8 ||
          options.quantize.kind == PlanKind::Int4 || options.quantize.kind == PlanKind::Fp8Int4) &&
-        options.tensor_parallel_size <= 1;  // ranks slice host values
+        options.tensor_parallel_size <= 1 && !options.tensor_parallel_path;  // ranks slice host values
     auto source = make_dummy_source(name, config, dtype, options.dummy_seed, !on_device);
     std::string desc = fmt::format("{} in {} — RANDOM WEIGHTS, outputs are meaningless", source->describe(),
                                    dtype_name(dtype));
@@ -385,7 +385,8 @@ void load_weights(Model& model, WeightNaming naming, const LoadOptions& options,
 }
 
 std::unique_ptr<Model> Model::load(const std::string& spec, Backend& backend, const LoadOptions& options) {
-  if (options.tensor_parallel_size > 1) return TensorParallel::load(spec, backend, options);
+  if (options.tensor_parallel_size > 1 || options.tensor_parallel_path)
+    return TensorParallel::load(spec, backend, options);
   OpenedModel opened = open_model(spec, backend, options);
   load_weights(*opened.model, opened.naming, options, std::move(opened.hf_quant));
   return std::move(opened.model);

@@ -9,27 +9,11 @@
 #include <mutex>
 #include <thread>
 
-#include "backend/forwarding_backend.h"
 #include "core/error.h"
+#include "model/tensor_parallel_backend.h"
 
 namespace inferx {
 namespace {
-
-// Rank 0's backend as the top model's: every call goes to it, except that graph capture is declined (the
-// replicas, the other ranks' threads and the collectives are outside what one backend can record).
-class PrimaryBackend final : public ForwardingBackend {
- public:
-  PrimaryBackend(Backend& inner, int size) : ForwardingBackend(inner), size_(size) {}
-  std::string name() const override {
-    return fmt::format("{} (rank 0 of {} tensor-parallel ranks)", inner().name(), size_);
-  }
-  // sample_tokens: the gathered logits are in rank 0's memory. memory_info: rank 0's device, from which
-  // the engine sizes its KV pool (KvCache::bytes_per_block(model) counts each rank's heads).
-  // begin_graph_capture stays the default `false`: callers then run every step eagerly.
-
- private:
-  int size_;
-};
 
 // Persistent threads for ranks 1..N-1; rank 0 runs on the caller's thread.
 class RankThreads {
@@ -99,6 +83,10 @@ struct StagedInts {
     if (bytes > 0) be.copy_to_device(device->data(), host.data(), bytes);
     return static_cast<const int32_t*>(device->data());
   }
+  // What the last upload() returned.
+  const int32_t* data(const Backend& be) const {
+    return be.device() == Device::CPU ? host.data() : static_cast<const int32_t*>(device->data());
+  }
 };
 
 // A buffer of at least `bytes`, grown (never shrunk) in the backend's memory.
@@ -111,55 +99,24 @@ void* grown(Backend& be, std::unique_ptr<DeviceBuffer>& buf, size_t bytes) {
 
 // TensorParallelRank ----------------------------------------------------------------------------------
 
-TensorParallelRank::TensorParallelRank(Backend& backend, Communicator& comm, const TensorParallelPlan& plan,
-                                       int64_t hidden)
-    : backend_(backend), comm_(comm), plan_(plan), hidden_(hidden), rank_(comm.rank()) {}
+TensorParallelRank::TensorParallelRank(Backend& backend, Communicator& comm, const TensorParallelPlan& plan)
+    : backend_(backend), comm_(comm), plan_(plan), rank_(comm.rank()) {}
 
 TensorParallelRank::~TensorParallelRank() = default;
 
 void TensorParallelRank::all_reduce_sum(Tensor& x) {
-  if (backend_.device() != Device::CPU) backend_.synchronize();  // the collective reads x on its own stream
+  backend_.flush();  // x complete on the stream, and changed outside the backend below
   comm_.all_reduce_sum(x);
 }
 
-void TensorParallelRank::prepare(const int32_t* ids, int32_t n) {
-  if (!plan_.vocab_parallel) return;
-  if (n > capacity_) {
-    capacity_ = n;
-    // Zero-filled; row capacity_ is never written, so it stays the zero row.
-    embedded_ = backend_.allocate(static_cast<size_t>((capacity_ + 1) * hidden_) * sizeof(float));
-  }
-  const int64_t first = plan_.first_vocab_row(rank_), count = plan_.vocab_per_rank;
-  host_meta_.resize(static_cast<size_t>(2 * n));
-  for (int32_t t = 0; t < n; ++t) {
-    const bool mine = ids[t] >= first && ids[t] < first + count;
-    host_meta_[static_cast<size_t>(t)] = mine ? static_cast<int32_t>(ids[t] - first) : 0;
-    host_meta_[static_cast<size_t>(n + t)] = mine ? t : static_cast<int32_t>(capacity_);
-  }
-  const int32_t* p = host_meta_.data();
-  if (backend_.device() != Device::CPU) {
-    const size_t bytes = host_meta_.size() * sizeof(int32_t);
-    grown(backend_, meta_, bytes);
-    backend_.copy_to_device(meta_->data(), host_meta_.data(), bytes);
-    p = static_cast<const int32_t*>(meta_->data());
-  }
-  local_ids_ = p;
-  keep_rows_ = p + n;
-}
-
 void TensorParallelRank::embedding(const Tensor& table, const BatchView& batch, Tensor& x) {
-  const int64_t n = batch.num_tokens;
   if (!plan_.vocab_parallel) {  // replicated table
-    backend_.embedding(table, batch.token_ids, n, x);
+    backend_.embedding(table, batch.token_ids, batch.num_tokens, x);
     return;
   }
-  INFERX_CHECK(n <= capacity_ && local_ids_ != nullptr, "internal: tensor-parallel embedding not prepared");
-  // Rows of our tokens from our table slice (other tokens read local row 0), then every token keeps its
-  // row or the zero row, and the all-reduce adds exact zeros from the ranks that do not hold it.
-  Tensor all(DType::F32, {capacity_ + 1, hidden_}, embedded_->data(), backend_.device());
-  Tensor mine = all.rows_view(0, n);
-  backend_.embedding(table, local_ids_, n, mine);
-  backend_.gather_rows(all, keep_rows_, n, x);
+  // Our rows for our tokens, zeros for the others'; the all-reduce adds exact zeros from the ranks that do
+  // not hold a token's row.
+  backend_.embedding_shard(table, batch.token_ids, batch.num_tokens, plan_.first_vocab_row(rank_), x);
   all_reduce_sum(x);
 }
 
@@ -173,12 +130,14 @@ struct TensorParallel::State {
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::unique_ptr<TensorParallelRank>> ranks;
   std::vector<std::unique_ptr<Model>> replicas;
-  // Per-step buffers: batch metadata mirrored into ranks 1..N-1 (GPUs), the all-gathered logits of
-  // every rank, rank 0's row order for the [num_logits, vocab] result and that result.
-  std::vector<StagedInts> batch_meta;
+  // Per-step buffers: each rank's copy of the step's metadata block (rank 0's only when the engine's is
+  // not one BatchLayout block: then packed there), the all-gathered logits of every rank, rank 0's row
+  // order for the [num_logits, vocab] result (uploaded when num_logits changes) and that result.
+  std::vector<std::unique_ptr<DeviceBuffer>> meta;
   std::vector<BatchView> views;
   std::vector<std::unique_ptr<DeviceBuffer>> gathered;
   StagedInts order;
+  int32_t order_rows = -1;
   std::unique_ptr<DeviceBuffer> logits;
   std::mutex error_mu;
   std::exception_ptr error;
@@ -225,7 +184,7 @@ std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& ba
     s.backends.push_back(b.get());
     s.owned_backends.push_back(std::move(b));
   }
-  s.primary = std::make_unique<PrimaryBackend>(backend, n);
+  s.primary = std::make_unique<TensorParallelBackend>(s.backends);
 
   OpenedModel opened = open_model(spec, *s.primary, options);
   Model& top = *opened.model;
@@ -240,7 +199,7 @@ std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& ba
         static_cast<long long>(c.vocab_size), n);
 
   if (options.make_communicators) {
-    s.comms = options.make_communicators(n);
+    s.comms = options.make_communicators(s.backends);
   } else {
     INFERX_CHECK(backend.device() == Device::CPU,
                  "--tensor-parallel-size {}: no communicator for {} (LoadOptions::make_communicators)", n,
@@ -264,12 +223,11 @@ std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& ba
     auto replica = std::make_unique<Model>(be, plan.rank_config(c), std::move(source),
                                            fmt::format("{} [rank {} of {}]", top.description(), r, n));
     load_weights(*replica, opened.naming, rank_options, opened.hf_quant);
-    s.ranks.push_back(
-        std::make_unique<TensorParallelRank>(be, *s.comms[static_cast<size_t>(r)], plan, c.hidden_size));
+    s.ranks.push_back(std::make_unique<TensorParallelRank>(be, *s.comms[static_cast<size_t>(r)], plan));
     replica->rank_ = s.ranks.back().get();
     s.replicas.push_back(std::move(replica));
   }
-  s.batch_meta.resize(static_cast<size_t>(n));
+  s.meta.resize(static_cast<size_t>(n));
   s.views.resize(static_cast<size_t>(n));
   s.gathered.resize(static_cast<size_t>(n));
   s.threads.start(n);
@@ -299,40 +257,50 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
   Backend& be0 = *s.backends[0];
   const Device device = be0.device();
 
-  // Every rank reads the batch in its own memory: the same pointers on the CPU; on GPUs a host copy of
-  // rank 0's metadata uploaded to ranks 1..N-1.
-  const int32_t* host_ids = batch.token_ids;
-  for (int r = 0; r < n; ++r) s.views[static_cast<size_t>(r)] = batch;
-  if (device != Device::CPU) {
+  // Every rank reads the step's metadata from its own memory: rank 0's block, broadcast into each rank's
+  // copy as the first collective of the step, on the streams (no host copy; recorded in graphs, and an
+  // overlapped step's token ids, gathered into rank 0's block on its stream, travel with it). Rank 0
+  // broadcasts the engine's block in place when it is one BatchLayout block (every engine builder's),
+  // else a packed copy.
+  const BatchLayout layout(T, batch.num_seqs, batch.max_blocks_per_seq, L);
+  const size_t meta_bytes = layout.total() * sizeof(int32_t);
+  const BatchView laid = layout.view(batch.token_ids);
+  const bool one_block = laid.positions == batch.positions && laid.query_start == batch.query_start &&
+                         laid.seq_lens == batch.seq_lens && laid.block_tables == batch.block_tables &&
+                         (L == 0 || laid.logits_rows == batch.logits_rows);
+  // Grown with room to spare: a buffer that moves voids the rank's recorded graphs.
+  auto meta_buffer = [&](int r) {
+    std::unique_ptr<DeviceBuffer>& m = s.meta[static_cast<size_t>(r)];
+    if (!m || m->size() < meta_bytes) m = s.backends[static_cast<size_t>(r)]->allocate(2 * meta_bytes + 256);
+    return static_cast<int32_t*>(m->data());
+  };
+  int32_t* root_meta = const_cast<int32_t*>(batch.token_ids);  // only read: rank 0 is the root
+  if (!one_block) {
+    root_meta = meta_buffer(0);
     const int64_t S = batch.num_seqs;
-    const std::pair<const int32_t*, int64_t> parts[] = {{batch.token_ids, T},
-                                                        {batch.positions, T},
-                                                        {batch.query_start, S + 1},
-                                                        {batch.seq_lens, S},
-                                                        {batch.block_tables, S * batch.max_blocks_per_seq},
-                                                        {batch.logits_rows, L}};
-    std::vector<int32_t>& host = s.batch_meta[0].host;
-    host.clear();
-    for (const auto& [ptr, count] : parts) {
-      const size_t at = host.size();
-      host.resize(at + static_cast<size_t>(count));
-      if (count > 0) be0.copy_to_host(host.data() + at, ptr, static_cast<size_t>(count) * sizeof(int32_t));
-    }
-    host_ids = host.data();
-    for (int r = 1; r < n; ++r) {
-      StagedInts& m = s.batch_meta[static_cast<size_t>(r)];
-      m.host = host;
-      const int32_t* d = m.upload(*s.backends[static_cast<size_t>(r)]);
-      BatchView& v = s.views[static_cast<size_t>(r)];
-      v.token_ids = d;
-      v.positions = d + T;
-      v.query_start = d + 2 * T;
-      v.seq_lens = v.query_start + S + 1;
-      v.block_tables = v.seq_lens + S;
-      v.logits_rows = v.block_tables + S * batch.max_blocks_per_seq;
-    }
+    const struct {
+      const int32_t* src;
+      size_t at;
+      int64_t count;
+    } parts[] = {{batch.token_ids, 0, T},
+                 {batch.positions, layout.positions(), T},
+                 {batch.query_start, layout.query_start(), S + 1},
+                 {batch.seq_lens, layout.seq_lens(), S},
+                 {batch.block_tables, layout.block_tables(), S * batch.max_blocks_per_seq},
+                 {batch.logits_rows, layout.logits_rows(), L}};
+    for (const auto& p : parts)
+      if (p.count > 0)
+        be0.copy_on_device(root_meta + p.at, p.src, static_cast<size_t>(p.count) * sizeof(int32_t));
   }
-  for (int r = 0; r < n; ++r) s.ranks[static_cast<size_t>(r)]->prepare(host_ids, T);
+  std::vector<int32_t*> rank_meta(static_cast<size_t>(n), root_meta);
+  for (int r = 1; r < n; ++r) rank_meta[static_cast<size_t>(r)] = meta_buffer(r);
+  for (int r = 0; r < n; ++r) {
+    BatchView v = layout.view(rank_meta[static_cast<size_t>(r)]);
+    v.max_query_len = batch.max_query_len;
+    v.max_seq_len = batch.max_seq_len;
+    v.num_decode_prefix = batch.num_decode_prefix;
+    s.views[static_cast<size_t>(r)] = v;
+  }
 
   // The logits: each rank's [L, V/N] all-gathered into [N * L, V/N] (rank-major); row l of the result is
   // the concatenation of rows r * L + l, i.e. [L * N, V/N] rows in the order l * N + r.
@@ -343,19 +311,25 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
       grown(*s.backends[static_cast<size_t>(r)], s.gathered[static_cast<size_t>(r)],
             static_cast<size_t>(n * L * Vr) * sizeof(float));
     if (L > 1) {
-      s.order.host.resize(static_cast<size_t>(L * n));
-      for (int32_t l = 0; l < L; ++l)
-        for (int r = 0; r < n; ++r) s.order.host[static_cast<size_t>(l * n + r)] = r * L + l;
+      if (s.order_rows != L) {  // uploaded once per row count: a recording step copies nothing
+        s.order.host.resize(static_cast<size_t>(L * n));
+        for (int32_t l = 0; l < L; ++l)
+          for (int r = 0; r < n; ++r) s.order.host[static_cast<size_t>(l * n + r)] = r * L + l;
+        s.order.upload(be0);
+        s.order_rows = L;
+      }
       grown(be0, s.logits, static_cast<size_t>(L * V) * sizeof(float));
     }
   }
-  const int32_t* order = gather && L > 1 ? s.order.upload(be0) : nullptr;
+  const int32_t* order = gather && L > 1 ? s.order.data(be0) : nullptr;
 
   Tensor result;
   s.error = nullptr;
   s.threads.run([&](int r) {
     const size_t ri = static_cast<size_t>(r);
     try {
+      Tensor meta(DType::I32, {static_cast<int64_t>(layout.total())}, rank_meta[ri], device);
+      s.comms[ri]->broadcast(meta, 0);
       Tensor local = s.replicas[ri]->forward(s.views[ri], cache.shard(r));
       if (!gather || L == 0) {
         // Replicated lm_head: every rank computed the full logits. No logits rows: nothing to gather.
@@ -364,7 +338,7 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
       }
       Backend& be = *s.backends[ri];
       Tensor all(DType::F32, {n * L, Vr}, s.gathered[ri]->data(), device);
-      if (device != Device::CPU) be.synchronize();
+      be.flush();
       s.comms[ri]->all_gather(local, all);
       if (r != 0) return;
       if (L == 1) {
@@ -383,6 +357,9 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
     }
   });
   if (s.error) {
+    // Every rank's communicator aborted: a peer's stream may wait in a collective the failed rank never
+    // joined (NCCL enqueues without waiting), and ncclCommAbort ends that wait.
+    for (auto& c : s.comms) c->abort();
     s.failure = "a rank failed";
     try {
       std::rethrow_exception(s.error);

@@ -20,8 +20,13 @@
 //
 // One scheduler drives all ranks in lock step: the Model returned by Model::load owns the N replicas and
 // its forward runs every rank's forward on its own thread (rank 0 on the caller's), so the engine above
-// is unchanged. That model's backend() is rank 0's backend seen through a proxy that declines CUDA graph
-// capture (a recording of rank 0 alone would replay without the other ranks and the collectives).
+// is unchanged. No step waits on the host: the step's metadata (rank 0's, as the engine wrote it) reaches
+// the other ranks by a broadcast on the streams, the vocabulary shard's embedding is a device op, and the
+// collectives are ordered on each rank backend's stream (communicator.h). That model's backend() is rank
+// 0's seen through a proxy whose graph capture records every rank's stream (one graph per rank, its
+// collectives inside) and whose replay launches them all, so decode steps replay from CUDA graphs and
+// the engine may overlap them (the sampled ids it gathers into rank 0's metadata travel with the
+// broadcast).
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -67,35 +72,26 @@ std::unique_ptr<TensorSource> make_rank_source(const TensorSource& base, const M
 // What a replica's forward calls at the points where the ranks meet (transformer.cpp).
 class TensorParallelRank {
  public:
-  TensorParallelRank(Backend& backend, Communicator& comm, const TensorParallelPlan& plan, int64_t hidden);
+  TensorParallelRank(Backend& backend, Communicator& comm, const TensorParallelPlan& plan);
   ~TensorParallelRank();
-  // x = the sum over ranks of x (row-parallel outputs).
+  // x = the sum over ranks of x (row-parallel outputs), ordered on the rank backend's stream.
   void all_reduce_sum(Tensor& x);
-  // x [T, hidden] = the embedding rows of batch.token_ids (vocabulary-parallel: all-reduced).
+  // x [T, hidden] = the embedding rows of batch.token_ids (vocabulary-parallel: each rank's own rows,
+  // zeros for the others' tokens, all-reduced).
   void embedding(const Tensor& table, const BatchView& batch, Tensor& x);
-
-  // Called by TensorParallel before each step (host ids of the step's tokens).
-  void prepare(const int32_t* host_token_ids, int32_t num_tokens);
 
  private:
   Backend& backend_;
   Communicator& comm_;
   TensorParallelPlan plan_;
-  int64_t hidden_;
   int rank_;
-  // The step's local ids (token - first row, or 0 when another rank holds it) and, per token, the row of
-  // `embedded_` to keep: itself, or the zero row at index capacity_ that no step ever writes.
-  std::vector<int32_t> host_meta_;
-  std::unique_ptr<DeviceBuffer> meta_, embedded_;
-  const int32_t* local_ids_ = nullptr;
-  const int32_t* keep_rows_ = nullptr;
-  int64_t capacity_ = 0;
 };
 
 // The N replicas of a tensor-parallel model and the threads that run them (owned by the top Model).
 class TensorParallel {
  public:
-  // Loads `spec` split over options.tensor_parallel_size ranks; rank 0 runs on `backend`.
+  // Loads `spec` split over options.tensor_parallel_size ranks (or one rank with
+  // options.tensor_parallel_path); rank 0 runs on `backend`.
   static std::unique_ptr<Model> load(const std::string& spec, Backend& backend, const LoadOptions& options);
   ~TensorParallel();
 

@@ -7,6 +7,11 @@
 // Two implementations: an in-process CPU group (cpu_communicator.cpp: N ranks = N threads of one process,
 // shared memory, a fixed summation order so every run and every rank gets bit-identical sums) and NCCL
 // (nccl/nccl_communicator.h, only with the cuda preset).
+//
+// Ordering: a collective is ordered like an op of the rank's backend. The CPU group runs it at once; NCCL
+// enqueues it on the rank backend's stream and returns without waiting, so it runs after the work issued
+// there before it, work issued after it runs after it, and a CUDA graph captured on that stream records it
+// (the backend must hold no work back: Backend::flush() before the call).
 #include <memory>
 #include <vector>
 
@@ -27,11 +32,14 @@ class Communicator {
   // out = every rank's `in` concatenated in rank order (any dtype; `in` has the same number of bytes on
   // every rank, out holds size() times that).
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
-  // Returns when every rank has called it.
+  // x (any dtype, the same bytes on every rank) = rank `root`'s x.
+  virtual void broadcast(Tensor& x, int root) = 0;
+  // Returns when every rank has called it and (NCCL) the work issued before it on the stream is done.
   virtual void barrier() = 0;
   // A rank that fails between collectives will never arrive at the next one: abort() wakes the ranks
-  // blocked in (or later entering) a collective of this group with inferx::Error instead of a hang. The
-  // group stays unusable afterwards.
+  // blocked in (or later entering) a collective of this group with inferx::Error instead of a hang (NCCL:
+  // this rank's communicator is aborted, which ends the collectives its stream still waits in; the caller
+  // aborts every rank's, as TensorParallel does after a failed step). The group stays unusable afterwards.
   virtual void abort() = 0;
 };
 

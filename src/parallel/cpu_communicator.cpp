@@ -122,6 +122,20 @@ class CpuCommunicator final : public Communicator {
     group_->arrive_and_wait();  // every rank has copied every input before any input is reused
   }
 
+  void broadcast(Tensor& x, int root) override {
+    INFERX_CHECK(x.device == Device::CPU, "broadcast: expects a CPU tensor");
+    const int n = size();
+    INFERX_CHECK(root >= 0 && root < n, "broadcast: root {} is not a rank of a group of {}", root, n);
+    if (n == 1) return;
+    group_->slot(rank_) = {x.data, x.nbytes()};
+    group_->arrive_and_wait();
+    group_->check_same_bytes("broadcast");
+    const void* src = group_->slot(root).data;
+    if (rank_ != root && x.nbytes() > 0 && src != x.data)
+      std::memmove(x.data, src, static_cast<size_t>(x.nbytes()));
+    group_->arrive_and_wait();  // every rank has copied before the root's buffer is reused
+  }
+
   void barrier() override {
     if (size() > 1) group_->arrive_and_wait();
   }

@@ -1,6 +1,10 @@
-// Tensor parallelism on GPUs: the NCCL communicator (all-reduce / all-gather of odd sizes, barrier) on every
-// visible GPU, and a tensor-parallel model on 2 (and 4, 8 where present) GPUs against one GPU. Needs at
-// least two CUDA devices: every test skips otherwise (NCCL cannot put two ranks on one device).
+// Tensor parallelism on GPUs: the NCCL communicator (all-reduce / all-gather / broadcast of odd sizes,
+// barrier, ordered on the backends' streams) on every visible GPU, a tensor-parallel model on 2 (and 4, 8
+// where present) GPUs against one GPU, and on one GPU the tensor-parallel path itself with one rank
+// (LoadOptions::tensor_parallel_path; NCCL cannot put two ranks on one device): decode steps recorded
+// in CUDA graphs with their collectives and metadata broadcast, and overlapped steps, against the same
+// path run eagerly.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "../unit/engine/engine_test_requests.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "inferx/engine.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
 #include "parallel/nccl/nccl_communicator.h"
@@ -36,39 +42,59 @@ CudaBackendOptions exact_options() {
   return o;
 }
 
-TEST(NcclCommunicator, AllReduceAndAllGatherOddSizes) {
-  REQUIRE_GPUS(2);
+// Every visible GPU, one included (a group of one: the gather and broadcast are copies). The inputs are
+// written by an op queued on each backend's stream just before the collectives, with no wait in between:
+// a collective that did not run behind the backend's work would read the zeros before them.
+TEST(NcclCommunicator, CollectivesOfOddSizesRunBehindTheBackendsWork) {
+  REQUIRE_GPUS(1);
   std::vector<int> devices;
   for (int d = 0; d < visible_gpus; ++d) devices.push_back(d);
   const int n = visible_gpus;
   std::printf("NCCL %d on %d GPUs\n", nccl_version(), n);
-  auto comms = make_nccl_communicators(devices);
   std::vector<std::unique_ptr<Backend>> backends;
-  for (int d : devices) backends.push_back(make_cuda_backend(d, exact_options()));
+  std::vector<void*> streams;
+  for (int d : devices) {
+    backends.push_back(make_cuda_backend(d, exact_options()));
+    streams.push_back(cuda_stream_of(*backends.back()));
+  }
+  auto comms = make_nccl_communicators(devices, streams);
   for (int64_t count : {1, 7, 33, 1000, 4099}) {
     // Small integers: every summation order gives the exact sum.
-    std::vector<std::vector<float>> out(static_cast<size_t>(n)), gathered(static_cast<size_t>(n));
+    std::vector<std::vector<float>> out(static_cast<size_t>(n)), gathered(static_cast<size_t>(n)),
+        broadcast(static_cast<size_t>(n));
     std::vector<std::string> errors(static_cast<size_t>(n));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         try {
           Backend& be = *backends[static_cast<size_t>(r)];
-          std::vector<float> host(static_cast<size_t>(count));
-          for (int64_t i = 0; i < count; ++i)
+          const size_t bytes = static_cast<size_t>(count) * 4;
+          std::vector<float> host(2 * static_cast<size_t>(count));
+          for (int64_t i = 0; i < count; ++i) {
             host[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 5));
-          auto x = be.allocate(host.size() * 4), all = be.allocate(host.size() * 4 * static_cast<size_t>(n));
-          be.copy_to_device(x->data(), host.data(), host.size() * 4);
-          Tensor in(DType::F32, {count}, x->data(), Device::CUDA);
-          Tensor g(DType::F32, {n * count}, all->data(), Device::CUDA);
+            host[static_cast<size_t>(count + i)] = static_cast<float>(1000 * r + i);
+          }
+          auto staged = be.allocate(2 * bytes), x = be.allocate(bytes), b = be.allocate(bytes),
+               all = be.allocate(bytes * static_cast<size_t>(n));
+          be.copy_to_device(staged->data(), host.data(), 2 * bytes);
           be.synchronize();
-          comms[static_cast<size_t>(r)]->all_gather(in, g);
-          comms[static_cast<size_t>(r)]->all_reduce_sum(in);
-          comms[static_cast<size_t>(r)]->barrier();
-          out[static_cast<size_t>(r)].resize(host.size());
-          gathered[static_cast<size_t>(r)].resize(host.size() * static_cast<size_t>(n));
-          be.copy_to_host(out[static_cast<size_t>(r)].data(), x->data(), host.size() * 4);
-          be.copy_to_host(gathered[static_cast<size_t>(r)].data(), all->data(), host.size() * 4 * n);
+          // Queued, not waited for: the collectives below must still see these values.
+          be.copy_on_device(x->data(), staged->data(), bytes);
+          be.copy_on_device(b->data(), static_cast<char*>(staged->data()) + bytes, bytes);
+          Tensor in(DType::F32, {count}, x->data(), Device::CUDA);
+          Tensor bt(DType::F32, {count}, b->data(), Device::CUDA);
+          Tensor g(DType::F32, {n * count}, all->data(), Device::CUDA);
+          Communicator& c = *comms[static_cast<size_t>(r)];
+          c.all_gather(in, g);
+          c.all_reduce_sum(in);
+          c.broadcast(bt, n - 1);
+          out[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
+          broadcast[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
+          gathered[static_cast<size_t>(r)].resize(static_cast<size_t>(count * n));
+          be.copy_to_host(out[static_cast<size_t>(r)].data(), x->data(), bytes);
+          be.copy_to_host(broadcast[static_cast<size_t>(r)].data(), b->data(), bytes);
+          be.copy_to_host(gathered[static_cast<size_t>(r)].data(), all->data(), bytes * n);
+          c.barrier();
         } catch (const std::exception& e) {
           errors[static_cast<size_t>(r)] = e.what();
         }
@@ -80,6 +106,8 @@ TEST(NcclCommunicator, AllReduceAndAllGatherOddSizes) {
       ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
       for (int64_t i = 0; i < count; ++i) {
         ASSERT_EQ(out[static_cast<size_t>(r)][static_cast<size_t>(i)], ranks_sum * static_cast<float>(i % 5));
+        ASSERT_EQ(broadcast[static_cast<size_t>(r)][static_cast<size_t>(i)],
+                  static_cast<float>(1000 * (n - 1) + i));
         for (int src = 0; src < n; ++src)
           ASSERT_EQ(gathered[static_cast<size_t>(r)][static_cast<size_t>(src * count + i)],
                     static_cast<float>((src + 1) * (i % 5)));
@@ -88,16 +116,24 @@ TEST(NcclCommunicator, AllReduceAndAllGatherOddSizes) {
   }
 }
 
-std::vector<float> logits_of(const std::string& spec, int tp, const std::vector<int32_t>& ids) {
+std::vector<std::unique_ptr<Communicator>> nccl_for(const std::vector<Backend*>& backends) {
+  std::vector<int> devices;
+  std::vector<void*> streams;
+  for (size_t r = 0; r < backends.size(); ++r) {
+    devices.push_back(static_cast<int>(r));
+    streams.push_back(cuda_stream_of(*backends[r]));
+  }
+  return make_nccl_communicators(devices, streams);
+}
+
+std::vector<float> logits_of(const std::string& spec, int tp, const std::vector<int32_t>& ids,
+                             bool path = false) {
   auto backend = make_cuda_backend(0, exact_options());
   LoadOptions o;
   o.tensor_parallel_size = tp;
+  o.tensor_parallel_path = path;
   o.make_rank_backend = [](int r) { return make_cuda_backend(r, exact_options()); };
-  o.make_communicators = [](int n) {
-    std::vector<int> devices;
-    for (int r = 0; r < n; ++r) devices.push_back(r);
-    return make_nccl_communicators(devices);
-  };
+  o.make_communicators = nccl_for;
   auto model = Model::load(spec, *backend, o);
   SequenceRunner runner(*model, static_cast<int64_t>(ids.size()) + 4);
   std::vector<float> all = runner.step_all_logits(ids);
@@ -127,6 +163,82 @@ TEST(CudaTensorParallel, LogitsMatchOneGpu) {
       // layer's input by one unit (2^-8 relative); a wrong slice or a missing reduction gives O(1).
       EXPECT_LE(max_diff / max_ref, 5e-3) << spec << " tp=" << tp;
     }
+  }
+}
+
+// One rank through the tensor-parallel path on one GPU: CUDA graphs recorded with the step's NCCL
+// broadcast, all-reduces and all-gather inside, replayed (and overlapped: the next step's ids gathered on
+// the device before the broadcast) must give exactly the text of the same padded steps run eagerly.
+std::vector<std::vector<int32_t>> one_rank_text(Model& model, const std::vector<GenerationParams>& ps,
+                                                const char* graphs_env, EngineStats& stats) {
+  if (graphs_env) setenv("INFERX_GRAPHS", graphs_env, 1);
+  EngineConfig cfg;
+  cfg.max_model_len = 512;
+  cfg.max_num_batched_tokens = 128;
+  cfg.max_batch_size = 16;
+  cfg.kv_cache_bytes = 64 << 20;
+  std::vector<std::vector<int32_t>> tokens(ps.size());
+  {
+    Engine engine(model, nullptr, cfg);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EngineRequest r;
+      r.id = fmt::format("r{}", i);
+      r.prompt = testing::test_prompt(12 + 7 * static_cast<int32_t>(i), static_cast<int32_t>(i));
+      r.params = ps[i];
+      r.on_output = [&tokens, i](RequestOutput&& o) {
+        for (const SequenceDelta& d : o.deltas)
+          tokens[i].insert(tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
+      };
+      engine.submit(std::move(r));
+    }
+    engine.run_until_idle();
+    stats = engine.stats();
+  }
+  unsetenv("INFERX_GRAPHS");
+  return tokens;
+}
+
+TEST(CudaTensorParallel, OneRankPathReplaysItsCollectivesFromGraphs) {
+  REQUIRE_GPUS(1);
+  auto backend = make_cuda_backend(0);
+  LoadOptions o;
+  o.tensor_parallel_path = true;
+  o.make_communicators = nccl_for;
+  auto model = Model::load("dummy:tiny", *backend, o);
+  ASSERT_NE(model->tensor_parallel(), nullptr);
+  std::vector<GenerationParams> ps;
+  for (int i = 0; i < 20; ++i) ps.push_back(testing::greedy_tokens(6 + 5 * (i % 7)));
+  ps[3].temperature = 0.9f;
+  ps[3].seed = 5;
+  EngineStats graphs, padded;
+  const auto replayed = one_rank_text(*model, ps, nullptr, graphs);
+  const auto eager = one_rank_text(*model, ps, "pad", padded);
+  EXPECT_EQ(replayed, eager);
+  EXPECT_GT(graphs.decode_graph_steps, 10);
+  EXPECT_EQ(graphs.decode_graph_steps, padded.decode_graph_steps);
+  EXPECT_GT(graphs.overlapped_steps, 10) << "overlapped steps run on the tensor-parallel path";
+  std::printf("one rank: %lld graph steps, %lld overlapped\n",
+              static_cast<long long>(graphs.decode_graph_steps),
+              static_cast<long long>(graphs.overlapped_steps));
+}
+
+// The same one-rank model against the plain model: the tensor-parallel transformer takes the unfused
+// o / down products (the all-reduce sits between them and the residual add), so roundings may differ;
+// the logits must stay close.
+TEST(CudaTensorParallel, OneRankPathLogitsMatchThePlainModel) {
+  REQUIRE_GPUS(1);
+  const std::vector<int32_t> ids = {1, 17, 300, 42, 511, 7, 99, 256, 3, 128};
+  for (const std::string spec : {"dummy:tiny:f32", "dummy:tiny:bf16"}) {
+    const std::vector<float> ref = logits_of(spec, 1, ids);
+    const std::vector<float> got = logits_of(spec, 1, ids, /*path=*/true);
+    ASSERT_EQ(got.size(), ref.size());
+    double max_ref = 1, max_diff = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - ref[i]));
+    }
+    std::printf("%s one-rank path: max |diff| %.3g (max |logit| %.3g)\n", spec.c_str(), max_diff, max_ref);
+    EXPECT_LE(max_diff / max_ref, 5e-3) << spec;
   }
 }
 

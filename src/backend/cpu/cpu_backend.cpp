@@ -70,6 +70,24 @@ void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, T
   }
 }
 
+void CpuBackend::embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
+                                 Tensor& out) {
+  check_f32(out, "embedding output");
+  const int64_t rows = table.dim(0), dim = table.cols();
+  INFERX_CHECK(out.cols() == dim && out.rows() >= n, "embedding: output {} does not fit {} rows of {}",
+               out.shape_string(), n, dim);
+  const int64_t rb = table.row_bytes();
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = out.ptr<float>() + t * dim;
+    const int64_t row = static_cast<int64_t>(ids[t]) - first_id;
+    if (row >= 0 && row < rows) {
+      dequantize_row(table.dtype, static_cast<const char*>(table.data) + row * rb, dst, dim);
+    } else {
+      std::fill(dst, dst + dim, 0.0f);
+    }
+  }
+}
+
 void CpuBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_f32(x, "rmsnorm input");
   check_f32(weight, "rmsnorm weight");

@@ -22,6 +22,8 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override;
+  void embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
+                       Tensor& out) override;
   void rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight, float eps) override;

@@ -9,6 +9,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_decode_stack.h"
 #include "backend/cuda/quantized_gemm.h"
+#include "backend/forwarding_backend.h"
 #include "backend/rope.h"
 #include "core/error.h"
 
@@ -105,6 +106,14 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
 }
 std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(device, options);
+}
+
+void* cuda_stream_of(Backend& backend) {
+  Backend* b = &backend;
+  while (auto* f = dynamic_cast<ForwardingBackend*>(b)) b = &f->inner();  // wrappers run on the inner one
+  auto* cuda = dynamic_cast<CudaBackend*>(b);
+  INFERX_CHECK(cuda != nullptr, "{} is not a CUDA backend (no stream for collectives)", backend.name());
+  return cuda->stream();
 }
 
 CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device_(device), options_(options) {
@@ -232,9 +241,19 @@ void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void CudaBackend::flush() {
+  finish_deferred();
+  drop_bf16_copy();  // the tensor it copies may change outside the backend (an all-reduce in place)
+}
+
 // Ops --------------------------------------------------------------------------------------------------
 
 void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) {
+  embedding_shard(table, ids, n, 0, out);
+}
+
+void CudaBackend::embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
+                                  Tensor& out) {
   // A step starts here: a product still pending is left from a step that stopped early (an error between it
   // and its consumer); its output may be freed memory by now, so it is dropped, not launched.
   if (qgemm_) qgemm_->drop_pending();
@@ -249,8 +268,8 @@ void CudaBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, 
                table.shape_string());
   use_device();
   drop_bf16_copy();
-  CUDA_CHECK(
-      cuda::launch_embedding(table.dtype, table.data, table.dim(0), dim, ids, n, out.ptr<float>(), stream_));
+  CUDA_CHECK(cuda::launch_embedding(table.dtype, table.data, table.dim(0), dim, ids, n, first_id,
+                                    out.ptr<float>(), stream_));
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {

@@ -99,6 +99,10 @@ int cuda_device_count();
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 std::unique_ptr<Backend> make_cuda_backend(int device, const CudaBackendOptions& options);
 
+// The cudaStream_t a CUDA backend runs its ops on (for collectives enqueued behind them: NCCL);
+// throws inferx::Error when `backend` is not a CudaBackend.
+void* cuda_stream_of(Backend& backend);
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device, const CudaBackendOptions& options = {});
@@ -115,8 +119,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) override;
   void upload_async(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
+  void flush() override;
 
   void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override;
+  void embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
+                       Tensor& out) override;
   void rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rmsnorm(Tensor& residual, const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void head_rmsnorm(Tensor& x, int64_t head_dim, const Tensor& weight, float eps) override;
@@ -167,6 +174,7 @@ class CudaBackend final : public Backend {
   bool begin_graph_capture() override;
   void end_graph_capture(uint64_t key, bool keep = true) override;
   bool replay_graph(uint64_t key) override;
+  bool has_graph(uint64_t key) const override;
   void drop_graph(uint64_t key) override;
   void clear_graphs() override;
 
@@ -184,6 +192,7 @@ class CudaBackend final : public Backend {
     options_.decode_min_tiles = decode_min_tiles;
   }
   int sm_count() const { return sm_count_; }
+  void* stream() const { return stream_; }  // the cudaStream_t every op runs on
   // The quantized GEMM of large row counts (quantized_gemm.h), for tests and benchmarks.
   cuda::QuantizedGemm& quantized_gemm() { return *qgemm_; }
 

@@ -234,6 +234,11 @@ bool CudaBackend::replay_graph(uint64_t key) {
   return true;
 }
 
+bool CudaBackend::has_graph(uint64_t key) const {
+  auto it = graphs_.find(key);
+  return it != graphs_.end() && it->second.generation == generation();
+}
+
 void CudaBackend::drop_graph(uint64_t key) {
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));

@@ -26,10 +26,12 @@ cudaError_t launch_head_rmsnorm(float* x, int64_t heads, int64_t head_dim, const
                                 cudaStream_t stream);
 
 // kernels_elementwise.cu ------------------------------------------------------------------------------
-// out[t, :] = float(table[ids[t], :]); table dtype F32, F16 or BF16. Out-of-range ids give zero rows
-// (the host cannot see device ids without a sync; the engine validates ids before they reach here).
-cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab, int64_t dim,
-                             const int32_t* ids, int64_t n, float* out, cudaStream_t stream);
+// out[t, :] = float(table[ids[t] - first_id, :]); table dtype F32, F16 or BF16, `rows` rows. Ids without a
+// row give zero rows: a vocabulary shard's other tokens (first_id > 0), or bad ids (the host cannot see
+// device ids without a sync; the engine validates ids before they reach here).
+cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t rows, int64_t dim,
+                             const int32_t* ids, int64_t n, int64_t first_id, float* out,
+                             cudaStream_t stream);
 // out = silu(gate) * up over n floats (16-byte accesses when n and the pointers allow); out_bf16, when
 // not null, receives the same values rounded to BF16.
 cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float* out, void* out_bf16,

@@ -11,16 +11,16 @@ namespace {
 constexpr int kThreads = 256;
 
 template <class T>
-__global__ void embedding_kernel(const T* table, int64_t vocab, int64_t dim, const int32_t* ids, int64_t n,
-                                 float* out) {
+__global__ void embedding_kernel(const T* table, int64_t rows, int64_t dim, const int32_t* ids, int64_t n,
+                                 int64_t first_id, float* out) {
   pdl_wait();
   pdl_launch_dependents();
   const int64_t total = n * dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / dim, c = i % dim;
-    const int32_t id = ids[t];
-    out[i] = (id >= 0 && id < vocab) ? to_float(table[id * dim + c]) : 0.0f;
+    const int64_t row = ids[t] - first_id;
+    out[i] = (row >= 0 && row < rows) ? to_float(table[row * dim + c]) : 0.0f;
   }
 }
 
@@ -164,20 +164,21 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int
 
 }  // namespace
 
-cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t vocab, int64_t dim,
-                             const int32_t* ids, int64_t n, float* out, cudaStream_t stream) {
+cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t rows, int64_t dim,
+                             const int32_t* ids, int64_t n, int64_t first_id, float* out,
+                             cudaStream_t stream) {
   if (n == 0 || dim == 0) return cudaSuccess;
   const unsigned grid = grid_for(n * dim, kThreads);
   switch (table_dtype) {
     case DType::F32:
       return launch_pdl(embedding_kernel<float>, dim3(grid), dim3(kThreads), 0, stream,
-                        static_cast<const float*>(table), vocab, dim, ids, n, out);
+                        static_cast<const float*>(table), rows, dim, ids, n, first_id, out);
     case DType::F16:
       return launch_pdl(embedding_kernel<__half>, dim3(grid), dim3(kThreads), 0, stream,
-                        static_cast<const __half*>(table), vocab, dim, ids, n, out);
+                        static_cast<const __half*>(table), rows, dim, ids, n, first_id, out);
     case DType::BF16:
       return launch_pdl(embedding_kernel<__nv_bfloat16>, dim3(grid), dim3(kThreads), 0, stream,
-                        static_cast<const __nv_bfloat16*>(table), vocab, dim, ids, n, out);
+                        static_cast<const __nv_bfloat16*>(table), rows, dim, ids, n, first_id, out);
     default:
       return cudaErrorInvalidValue;  // the caller validates the dtype first
   }

@@ -55,22 +55,20 @@ ncclDataType_t nccl_type(DType t) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int device, int rank, int size)
-      : comm_(comm), device_(device), rank_(rank), size_(size) {
+  NcclCommunicator(ncclComm_t comm, int device, int rank, int size, cudaStream_t stream)
+      : comm_(comm), device_(device), rank_(rank), size_(size), stream_(stream) {
     NCCL_CUDA_CHECK(cudaSetDevice(device_));
-    NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     NCCL_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
   }
 
   ~NcclCommunicator() override {
     warn_cuda(cudaSetDevice(device_), "cudaSetDevice");
     if (comm_ != nullptr) {
-      const ncclResult_t r = aborted_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+      const ncclResult_t r = ncclCommDestroy(comm_);
       if (r != ncclSuccess)
         std::fprintf(stderr, "warning: NCCL communicator teardown: %s\n", ncclGetErrorString(r));
     }
     if (scratch_ != nullptr) warn_cuda(cudaFree(scratch_), "cudaFree");
-    if (stream_ != nullptr) warn_cuda(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -79,13 +77,13 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   Device device() const override { return Device::CUDA; }
 
+  // Enqueued on the rank backend's stream; no wait (communicator.h, "Ordering").
   void all_reduce_sum(Tensor& x) override {
     check_usable();
     INFERX_CHECK(x.device == Device::CUDA, "nccl all_reduce_sum: the tensor is not in GPU memory");
     NCCL_CUDA_CHECK(cudaSetDevice(device_));
     NCCL_CHECK(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), ncclSum,
                              comm_, stream_));
-    NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   void all_gather(const Tensor& in, Tensor& out) override {
@@ -98,7 +96,16 @@ class NcclCommunicator final : public Communicator {
                  bytes);
     NCCL_CUDA_CHECK(cudaSetDevice(device_));
     NCCL_CHECK(ncclAllGather(in.data, out.data, static_cast<size_t>(bytes), ncclChar, comm_, stream_));
-    NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void broadcast(Tensor& x, int root) override {
+    check_usable();
+    INFERX_CHECK(x.device == Device::CUDA, "nccl broadcast: the tensor is not in GPU memory");
+    INFERX_CHECK(root >= 0 && root < size_, "nccl broadcast: root {} is not a rank of a group of {}", root,
+                 size_);
+    NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    NCCL_CHECK(
+        ncclBroadcast(x.data, x.data, static_cast<size_t>(x.nbytes()), ncclChar, root, comm_, stream_));
   }
 
   void barrier() override {
@@ -108,9 +115,18 @@ class NcclCommunicator final : public Communicator {
     NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  // NCCL cannot wake a peer that already waits inside a collective from here; the peers' own collectives
-  // fail or hang until the communicators are aborted in teardown. Marks this rank unusable.
-  void abort() override { aborted_ = true; }
+  // ncclCommAbort ends what this rank's stream still waits for in a collective (NCCL's kernels watch the
+  // communicator's abort flag), so a peer's failure leaves an error, not a hung stream, once every rank's
+  // communicator is aborted (TensorParallel does so after a failed step). Idempotent.
+  void abort() override {
+    if (aborted_) return;
+    aborted_ = true;
+    if (comm_ == nullptr) return;
+    warn_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    const ncclResult_t r = ncclCommAbort(comm_);
+    if (r != ncclSuccess) std::fprintf(stderr, "warning: ncclCommAbort: %s\n", ncclGetErrorString(r));
+    comm_ = nullptr;
+  }
 
  private:
   void check_usable() const {
@@ -119,7 +135,7 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_ = nullptr;
   int device_, rank_, size_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // the rank backend's (not owned)
   void* scratch_ = nullptr;
   bool aborted_ = false;
 };
@@ -131,9 +147,11 @@ int nccl_version() {
   return ncclGetVersion(&v) == ncclSuccess ? v : 0;
 }
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices,
+                                                                   const std::vector<void*>& streams) {
   const int n = static_cast<int>(devices.size());
   INFERX_CHECK(n >= 1, "nccl: no devices given");
+  INFERX_CHECK(streams.size() == devices.size(), "nccl: {} streams for {} devices", streams.size(), n);
   int count = 0;
   NCCL_CUDA_CHECK(cudaGetDeviceCount(&count));
   for (int d : devices)
@@ -145,8 +163,9 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   std::vector<std::unique_ptr<Communicator>> out;
   try {
     for (int r = 0; r < n; ++r) {
-      out.push_back(std::make_unique<NcclCommunicator>(comms[static_cast<size_t>(r)],
-                                                       devices[static_cast<size_t>(r)], r, n));
+      out.push_back(std::make_unique<NcclCommunicator>(
+          comms[static_cast<size_t>(r)], devices[static_cast<size_t>(r)], r, n,
+          static_cast<cudaStream_t>(streams[static_cast<size_t>(r)])));
       comms[static_cast<size_t>(r)] = nullptr;  // owned by the communicator now
     }
   } catch (...) {

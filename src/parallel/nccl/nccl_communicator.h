@@ -2,9 +2,10 @@
 // NCCL communicators for the GPUs of one host, one process, one thread per GPU (ncclCommInitAll). Built
 // only with the cuda preset (library inferx_parallel_nccl); this header includes no CUDA or NCCL header.
 //
-// Each rank's collectives run on a stream of their own and return when done (cudaStreamSynchronize), so
-// the caller must have finished writing the input on its own streams first (Backend::synchronize()).
-// NVLink SHARP multicast stays off: NCCL_NVLS_ENABLE=0 is set in the environment before the first init.
+// Each rank's collectives are enqueued on the stream of that rank's backend (cuda_stream_of) and return
+// without waiting (communicator.h, "Ordering"): no host round trip per collective, and a CUDA graph
+// captured on that stream records them. NVLink SHARP multicast stays off: NCCL_NVLS_ENABLE=0 is set in the
+// environment before the first init.
 #include <memory>
 #include <vector>
 
@@ -12,9 +13,12 @@
 
 namespace inferx {
 
-// One communicator per CUDA device in `devices` (rank r is devices[r]); throws inferx::Error naming the
-// NCCL or CUDA call that failed.
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices);
+// One communicator per CUDA device in `devices` (rank r is devices[r]), rank r's collectives on
+// streams[r] (a cudaStream_t of that device; null: the device's legacy default stream); throws
+// inferx::Error naming the NCCL or CUDA call that failed. One device is a group of one (its collectives
+// are copies), which lets one GPU run the tensor-parallel path in tests.
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices,
+                                                                   const std::vector<void*>& streams);
 
 // The NCCL library's version code (e.g. 22809 for 2.28.9); 0 when it cannot be queried.
 int nccl_version();

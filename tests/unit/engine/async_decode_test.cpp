@@ -54,8 +54,12 @@ class AsyncDecode : public ::testing::Test {
   // request `abort_id` is aborted (-1: never).
   static Outcome run(const std::vector<GenerationParams>& params, EngineConfig cfg, bool async,
                      int abort_after = -1, size_t abort_id = 0) {
+    return run_on(*model_, params, cfg, async, abort_after, abort_id);
+  }
+  static Outcome run_on(Model& model, const std::vector<GenerationParams>& params, EngineConfig cfg,
+                        bool async, int abort_after = -1, size_t abort_id = 0) {
     cfg.async_decode = async;
-    Engine engine(*model_, nullptr, cfg);
+    Engine engine(model, nullptr, cfg);
     Outcome o;
     o.tokens.resize(params.size());
     o.finish.resize(params.size());
@@ -197,6 +201,25 @@ TEST_F(AsyncDecode, AFailingStepFailsItsRequestsNotTheEngine) {
     EXPECT_EQ(engine.stats().running, 0);
     EXPECT_EQ(engine.stats().kv_blocks_used, 0);
   }
+}
+
+// A tensor-parallel model: the ids an overlapped step gathers into rank 0's metadata reach rank 1 with the
+// step's metadata broadcast (rank 1 embeds its vocabulary rows from them; stale ids change the text).
+TEST_F(AsyncDecode, TensorParallelRanksReadTheGatheredIds) {
+  LoadOptions o;
+  o.tensor_parallel_size = 2;
+  auto tp = Model::load("dummy:tiny", *dev_, o);
+  ASSERT_NE(tp->tensor_parallel(), nullptr);
+  std::vector<GenerationParams> ps;
+  for (int32_t m : {24, 9, 17, 30, 12}) ps.push_back(greedy(m));
+  GenerationParams seeded = greedy(20);
+  seeded.temperature = 0.8f;
+  seeded.seed = 5;
+  ps.push_back(seeded);
+  const Outcome in_order = run_on(*tp, ps, base_config(), false),
+                overlapped = run_on(*tp, ps, base_config(), true);
+  EXPECT_EQ(overlapped.tokens, in_order.tokens);
+  EXPECT_GT(overlapped.stats.overlapped_steps, 15) << "the overlapped path must actually run";
 }
 
 // An engine destroyed while a step is in flight leaves nothing behind (ASan in CI) and a new engine on the

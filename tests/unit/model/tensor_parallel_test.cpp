@@ -361,6 +361,25 @@ std::vector<float> run_step(Model& m, KvCache& cache, const HostBatch& hb) {
   return std::vector<float>(t.ptr<float>(), t.ptr<float>() + t.numel());
 }
 
+// LoadOptions::tensor_parallel_path: one rank through the tensor-parallel model (what one GPU uses to run
+// the multi-GPU code: collectives of one rank, the metadata broadcast, the vocabulary-shard embedding).
+TEST(TensorParallel, OneRankPathEqualsThePlainModel) {
+  LoadOptions path;
+  path.tensor_parallel_path = true;
+  Loaded plain = load(kFixtures + "qwen3-tiny", 1), one = load(kFixtures + "qwen3-tiny", 1, path);
+  ASSERT_EQ(plain.model->tensor_parallel(), nullptr);
+  ASSERT_NE(one.model->tensor_parallel(), nullptr);
+  const std::vector<int32_t> ids = fixture_ids("qwen3-tiny");
+  const int64_t vocab = plain.model->config().vocab_size;
+  SequenceRunner a(*plain.model, static_cast<int64_t>(ids.size())),
+      b(*one.model, static_cast<int64_t>(ids.size()));
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(ids.size() / 2));
+  double worst = compare(a.step_all_logits(prompt), b.step_all_logits(prompt), vocab, "prefill");
+  for (size_t i = ids.size() / 2; i < ids.size(); ++i)
+    worst = std::max(worst, compare(a.step({ids[i]}), b.step({ids[i]}), vocab, "decode"));
+  EXPECT_LE(worst, kTol);
+}
+
 TEST(TensorParallel, TwoSequencesInOneStep) {
   // Sequence 1 prefills 3 tokens into blocks 4..7; then one step prefills sequence 0 (5 tokens, blocks
   // 0..3, logits of 2 of them) next to sequence 1's decode of its 4th token: 3 logits rows gathered

@@ -133,6 +133,38 @@ TEST(CpuCommunicator, AllGatherConcatenatesInRankOrder) {
   }
 }
 
+TEST(CpuCommunicator, BroadcastCopiesTheRootsBytesToEveryRank) {
+  for (int n : {1, 2, 3, 5}) {
+    for (int root = 0; root < n; ++root) {
+      auto comms = make_cpu_communicators(n);
+      const int64_t count = 37;  // odd bytes
+      std::vector<std::vector<uint8_t>> buf(static_cast<size_t>(n), std::vector<uint8_t>(count));
+      for (int r = 0; r < n; ++r)
+        for (int64_t i = 0; i < count; ++i)
+          buf[static_cast<size_t>(r)][static_cast<size_t>(i)] = static_cast<uint8_t>(r * 50 + i);
+      auto errors = run_ranks(comms, [&](int r, Communicator& c) {
+        Tensor x(DType::U8, {count}, buf[static_cast<size_t>(r)].data());
+        c.broadcast(x, root);
+      });
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(errors[static_cast<size_t>(r)], "");
+        for (int64_t i = 0; i < count; ++i)
+          ASSERT_EQ(buf[static_cast<size_t>(r)][static_cast<size_t>(i)], static_cast<uint8_t>(root * 50 + i))
+              << "n " << n << " root " << root << " rank " << r;
+      }
+    }
+  }
+  auto comms = make_cpu_communicators(2);
+  std::vector<uint8_t> a(4), b(5);
+  auto errors = run_ranks(comms, [&](int r, Communicator& c) {
+    Tensor x = r == 0 ? Tensor(DType::U8, {4}, a.data()) : Tensor(DType::U8, {5}, b.data());
+    c.broadcast(x, 0);
+  });
+  for (const std::string& e : errors) EXPECT_NE(e.find("same shape"), std::string::npos) << e;
+  Tensor x(DType::U8, {4}, a.data());
+  EXPECT_THROW(comms[0]->broadcast(x, 2), Error);  // no rank 2
+}
+
 TEST(CpuCommunicator, BarrierWaitsForEveryRank) {
   const int n = 5;
   auto comms = make_cpu_communicators(n);

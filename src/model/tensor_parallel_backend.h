@@ -1,0 +1,38 @@
+#pragma once
+// The backend a tensor-parallel model presents to the engine (model/tensor_parallel.h): rank 0's, with
+// CUDA graph capture spread over every rank. A step of N ranks is N streams, each with its own kernels
+// and its side of every collective, so a recording is one graph per rank under one key: begin / end
+// capture on every rank's backend (rank threads then launch into streams that are being recorded), and a
+// replay launches all N or none (a rank's graph replayed without its peers would wait in its first
+// collective forever). Everything else goes to rank 0: the gathered logits, the sampler and the step's
+// metadata (which the model broadcasts to the other ranks inside the step) live there.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/forwarding_backend.h"
+
+namespace inferx {
+
+class TensorParallelBackend final : public ForwardingBackend {
+ public:
+  // ranks[0] is the backend forwarded to; every rank's outlives this.
+  explicit TensorParallelBackend(std::vector<Backend*> ranks);
+  std::string name() const override;
+
+  // All ranks or none: a rank that declines (CPU) or fails ends the captures already begun, discarded.
+  bool begin_graph_capture() override;
+  // Ends every rank's capture (also after one of them throws); a recording that some rank did not keep is
+  // dropped on every rank. Rethrows the first rank's error.
+  void end_graph_capture(uint64_t key, bool keep = true) override;
+  // Replays when every rank has a valid recording (else drops the key everywhere and returns false).
+  bool replay_graph(uint64_t key) override;
+  bool has_graph(uint64_t key) const override;
+  void drop_graph(uint64_t key) override;
+  void clear_graphs() override;
+
+ private:
+  std::vector<Backend*> ranks_;
+};
+
+}  // namespace inferx
