@@ -42,13 +42,14 @@ struct Bench {
   void* random(size_t bytes, uint64_t seed) {
     keep.push_back(gpu.allocate(bytes));
     Tensor t(DType::BF16, {static_cast<int64_t>(bytes / 2)}, keep.back()->data(), Device::CUDA);
-    gpu.fill_random(t, seed, 1.0f, 0.0f);  // BF16 bit patterns of values in [-1, 1]: finite as F32 pairs too
+    gpu.fill_random(
+        t, RandomFill{1.0f, 0.0f, seed});  // BF16 bit patterns of values in [-1, 1]: finite as F32 pairs too
     return keep.back()->data();
   }
   Tensor f32(int64_t rows, int64_t cols, uint64_t seed) {
     keep.push_back(gpu.allocate(static_cast<size_t>(rows * cols) * 4));
     Tensor t(DType::F32, {rows, cols}, keep.back()->data(), Device::CUDA);
-    gpu.fill_random(t, seed, 1.0f, 0.0f);
+    gpu.fill_random(t, RandomFill{1.0f, 0.0f, seed});
     return t;
   }
   const int32_t* ints(const std::vector<int32_t>& v) {
@@ -641,10 +642,10 @@ void bench_overlap(int reps) {
     Linear l;
     bg.keep.push_back(gg.allocate(static_cast<size_t>(n * k)));
     l.weight = Tensor(DType::F8_E4M3, {n, k}, bg.keep.back()->data(), Device::CUDA);
-    gg.fill_random(l.weight, seed, 200.0f, 0.0f);
+    gg.fill_random(l.weight, RandomFill{200.0f, 0.0f, seed});
     bg.keep.push_back(gg.allocate(static_cast<size_t>(n) * 4));
     l.scale = Tensor(DType::F32, {n}, bg.keep.back()->data(), Device::CUDA);
-    gg.fill_random(l.scale, seed + 1, 0.0005f, 0.001f);
+    gg.fill_random(l.scale, RandomFill{0.0005f, 0.001f, seed + 1});
     return l;
   };
   const Linear qkv = fp8_linear(6144, D, 51), o = fp8_linear(D, D, 53), gate_up = fp8_linear(2 * F, D, 55),

@@ -15,6 +15,7 @@
 #include "backend/linear.h"
 #include "backend/token_sampling.h"
 #include "core/error.h"
+#include "core/random_fill.h"
 #include "core/tensor.h"
 #include "formats/model_config.h"
 
@@ -113,11 +114,12 @@ class Backend {
   // Optional capabilities (defaults: what the CPU backend does) ---------------------------------------
   // The element type KvCache allocates (F32 everywhere today; the CUDA backend stores BF16).
   virtual DType kv_cache_dtype() const { return DType::F32; }
-  // Fills a F32/F16/BF16 tensor with offset + uniform(-amplitude, amplitude) values generated in device
-  // memory (dummy weights without a host copy). Returns false when the backend cannot: the caller then
-  // generates on the host and copies. Quantized payloads (CUDA): F8_E4M3 codes of the same values,
-  // INT4 uniformly random codes, U8 clamp(round(value)).
-  virtual bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) { return false; }
+  // Fills a F32/F16/BF16 tensor with values generated in device memory as `fill` says
+  // (core/random_fill.h: dummy weights without a host copy, a tensor-parallel rank's slice of them).
+  // Returns false when the backend cannot: the caller then generates on the host and copies. Quantized
+  // payloads (CUDA): F8_E4M3 codes of the same values, INT4 uniformly random codes, U8
+  // clamp(round(value)).
+  virtual bool fill_random(Tensor& t, const RandomFill& fill) { return false; }
   // Token selection where the logits are: one id per row of logits [rows, vocab] F32 (backend memory)
   // written to host_ids, with one small copy back. params: one per row (host memory), or null for greedy
   // on every row. Returns false when the backend cannot (the caller copies the logits and samples on the

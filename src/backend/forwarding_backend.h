@@ -64,9 +64,7 @@ class ForwardingBackend : public Backend {
     inner_.gather_rows(x, rows, n, out);
   }
   DType kv_cache_dtype() const override { return inner_.kv_cache_dtype(); }
-  bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override {
-    return inner_.fill_random(t, seed, amplitude, offset);
-  }
+  bool fill_random(Tensor& t, const RandomFill& fill) override { return inner_.fill_random(t, fill); }
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override {
     return inner_.sample_tokens(logits, params, host_ids);
   }

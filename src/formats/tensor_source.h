@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/random_fill.h"
 #include "core/tensor.h"
 
 namespace inferx {
@@ -30,6 +31,9 @@ class TensorSource {
   virtual std::vector<std::string> tensor_names() const = 0;
   // Human-readable origin ("model.gguf", "folder/ (3 shards)", "dummy:llama-3-8b (random weights)").
   virtual std::string describe() const = 0;
+  // A tensor without host bytes (data == nullptr: dummy weights for a GPU) is generated where it is
+  // placed; how (core/random_fill.h). nullptr for tensors with bytes.
+  virtual const RandomFill* random_fill(std::string_view name) const { return nullptr; }
 };
 
 }  // namespace inferx

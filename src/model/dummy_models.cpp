@@ -77,7 +77,7 @@ float uniform(uint64_t& s, float amp) {
 class DummySource final : public TensorSource {
  public:
   DummySource(std::string name, bool host_data) : name_(std::move(name)), host_data_(host_data) {}
-  const DummyFill* fill_of(const std::string& n) const {
+  const RandomFill* random_fill(std::string_view n) const override {
     auto it = device_fill_.find(n);
     return it == device_fill_.end() ? nullptr : &it->second;
   }
@@ -104,7 +104,7 @@ class DummySource final : public TensorSource {
     for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
     const int64_t rb = row_bytes(dtype, cols);
     if (!host_data_ && (dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16)) {
-      device_fill_[tname] = DummyFill{amp, offset, seed};  // generated in device memory by the loader
+      device_fill_[tname] = RandomFill{amp, offset, seed};  // generated in device memory by the loader
       e.data = nullptr;
       e.nbytes = static_cast<uint64_t>(rows * rb);
       index_[tname] = entries_.size();
@@ -193,7 +193,7 @@ class DummySource final : public TensorSource {
   std::vector<HostBuffer> buffers_;
   std::map<std::string, size_t> index_;
   bool host_data_ = true;
-  std::map<std::string, DummyFill> device_fill_;
+  std::map<std::string, RandomFill, std::less<>> device_fill_;
 };
 
 }  // namespace
@@ -211,11 +211,6 @@ ModelConfig dummy_model_config(const std::string& name) {
   ModelConfig c = it->second;
   apply_arch_spec(c, WeightNaming::HuggingFace);
   return c;
-}
-
-const DummyFill* dummy_fill(const TensorSource& source, const std::string& name) {
-  const auto* dummy = dynamic_cast<const DummySource*>(&source);
-  return dummy ? dummy->fill_of(name) : nullptr;
 }
 
 std::unique_ptr<TensorSource> make_dummy_source(const std::string& name, const ModelConfig& c, DType dtype,

@@ -22,12 +22,9 @@ std::unique_ptr<TensorSource> make_dummy_source(const std::string& name, const M
                                                 DType dtype, uint64_t seed, bool host_data = true);
 
 // host_data = false (a GPU backend): F32/F16/BF16 tensors get no host bytes (data == nullptr); the loader
-// asks for their generator parameters and fills device memory with Backend::fill_random instead, so an
-// 8B model needs no 16 GB host buffer. The values differ from the host generator's (both are random).
-struct DummyFill {
-  float amplitude = 0, offset = 0;
-  uint64_t seed = 0;
-};
-const DummyFill* dummy_fill(const TensorSource& source, const std::string& name);
+// asks for their generator parameters (TensorSource::random_fill) and fills device memory with
+// Backend::fill_random instead, so an 8B model needs no 16 GB host buffer, and a tensor-parallel rank
+// generates its slice (make_rank_source slices the fills). The values differ from the host generator's
+// (both are random).
 
 }  // namespace inferx

@@ -228,40 +228,46 @@ class WeightLoader {
   // amplitude / 448; INT4: uniform codes, scale amplitude / 7.5 (symmetric) or / 15 with zero point 8.
   Linear random_quantized_linear(const std::string& name, const std::vector<int64_t>& shape,
                                  const LayerQuant& q) {
-    const DummyFill* f = dummy_fill(*m_.source_, name);
+    const RandomFill* f = m_.source_->random_fill(name);
     INFERX_CHECK(f != nullptr, "{}: tensor '{}' has no data", m_.source_->describe(), name);
     const int64_t n = shape[0], k = shape[1];
+    // Codes of the tensor's own block (a tensor-parallel rank's slice of the whole: f's region); scales
+    // and zero points are constants (amplitude 0), the same on every rank.
     auto filled = [&](DType t, const std::vector<int64_t>& s, uint64_t seed, float amp, float offset) {
-      DummyFill fill{amp, offset, seed};
+      RandomFill fill = *f;
+      fill.seed = seed;
+      fill.amplitude = amp;
+      fill.offset = offset;
       return device_random_with(name, t, s, fill);
+    };
+    auto constant = [&](DType t, const std::vector<int64_t>& s, float value) {
+      return device_random_with(name, t, s, RandomFill{0.0f, value, 0});
     };
     Linear l;
     if (q.format == WeightFormat::Fp8) {
       l.weight = filled(DType::F8_E4M3, {n, k}, f->seed, kFp8E4M3Max, 0.0f);
       const int64_t scales = q.fp8 == Fp8Granularity::PerTensor ? 1 : n;
-      l.scale = filled(DType::F32, {scales}, f->seed + 1, 0.0f, f->amplitude / kFp8E4M3Max);
+      l.scale = constant(DType::F32, {scales}, f->amplitude / kFp8E4M3Max);
       return l;
     }
     INFERX_CHECK(q.format == WeightFormat::Int4 && int4_group_fits(k, q.group),
                  "{}: cannot generate {} input columns in INT4 groups of {}", m_.source_->describe(), k,
                  q.group);
     l.weight = filled(DType::INT4, {n, k}, f->seed, 0.0f, 0.0f);
-    l.scale =
-        filled(DType::F16, {n, k / q.group}, f->seed + 1, 0.0f, f->amplitude / (q.symmetric ? 7.5f : 15.0f));
-    if (!q.symmetric) l.zero = filled(DType::U8, {n, k / q.group}, f->seed + 2, 0.0f, 8.0f);
+    l.scale = constant(DType::F16, {n, k / q.group}, f->amplitude / (q.symmetric ? 7.5f : 15.0f));
+    if (!q.symmetric) l.zero = constant(DType::U8, {n, k / q.group}, 8.0f);
     l.group_size = q.group;
     return l;
   }
 
   // dummy:NAME on a GPU: the source holds no host bytes, the backend generates the values in place.
   Tensor device_random(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
-    const DummyFill* f = dummy_fill(*m_.source_, name);
+    const RandomFill* f = m_.source_->random_fill(name);
     INFERX_CHECK(f != nullptr, "{}: tensor '{}' has no data", m_.source_->describe(), name);
     return device_random_with(name, dtype, shape, *f);
   }
   Tensor device_random_with(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                            const DummyFill& fill) {
-    const DummyFill* f = &fill;
+                            const RandomFill& fill) {
     Tensor t;
     t.dtype = dtype;
     t.ndim = static_cast<int>(shape.size());
@@ -269,8 +275,8 @@ class WeightLoader {
     auto buf = m_.backend_.allocate(static_cast<size_t>(t.nbytes()));
     t.data = buf->data();
     t.device = m_.backend_.device();
-    INFERX_CHECK(m_.backend_.fill_random(t, f->seed, f->amplitude, f->offset),
-                 "{}: backend {} cannot generate random weights", m_.source_->describe(), m_.backend_.name());
+    INFERX_CHECK(m_.backend_.fill_random(t, fill), "{}: backend {} cannot generate random weights",
+                 m_.source_->describe(), m_.backend_.name());
     m_.owned_.push_back(std::move(buf));
     return t;
   }
@@ -337,8 +343,8 @@ OpenedModel open_model(const std::string& spec, Backend& backend, const LoadOpti
         backend.device() != Device::CPU && !is_quantized(dtype) &&
         !options.plan &&  // fixed rules need no host values (random codes on the device)
         (options.quantize.kind == PlanKind::None || options.quantize.kind == PlanKind::Fp8 ||
-         options.quantize.kind == PlanKind::Int4 || options.quantize.kind == PlanKind::Fp8Int4) &&
-        options.tensor_parallel_size <= 1 && !options.tensor_parallel_path;  // ranks slice host values
+         options.quantize.kind == PlanKind::Int4 || options.quantize.kind == PlanKind::Fp8Int4);
+    // (tensor-parallel ranks generate their slices of the same values: make_rank_source slices the fills)
     auto source = make_dummy_source(name, config, dtype, options.dummy_seed, !on_device);
     std::string desc = fmt::format("{} in {} — RANDOM WEIGHTS, outputs are meaningless", source->describe(),
                                    dtype_name(dtype));

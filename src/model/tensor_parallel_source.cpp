@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "model/tensor_parallel.h"
@@ -68,6 +69,12 @@ class RankSource final : public TensorSource {
   }
   std::vector<std::string> tensor_names() const override { return base_.tensor_names(); }
   std::string describe() const override { return base_.describe() + suffix_; }
+  // A dummy tensor's slice is generated as the block of the whole tensor's values (core/random_fill.h).
+  const RandomFill* random_fill(std::string_view name) const override {
+    if (auto it = sliced_.find(name); it != sliced_.end())
+      return it->second.fill ? &*it->second.fill : nullptr;
+    return base_.random_fill(name);
+  }
 
   // Rows [begin, begin + count) of a matrix [rows, cols] (column-parallel weights, vocabulary rows): a
   // view into the file, every format stores rows whole.
@@ -77,8 +84,9 @@ class RankSource final : public TensorSource {
     if (e->shape.size() != 2 || begin + count > e->shape[0]) return;  // the loader reports the shape
     const int64_t rb = row_bytes(e->dtype, e->shape[1]);
     TensorEntry& s = add(*e, {count, e->shape[1]});
-    s.data = e->data + begin * rb;
+    s.data = e->data ? e->data + begin * rb : nullptr;
     s.nbytes = static_cast<uint64_t>(count * rb);
+    slice_fill(*e, e->shape[1], begin, 0);
   }
 
   // Elements [begin, begin + count) of a vector [n] (or [1, n]): column-parallel biases.
@@ -89,8 +97,9 @@ class RankSource final : public TensorSource {
     if (e->shape.size() > 2 || (e->shape.size() == 2 && e->shape[0] != 1) || begin + count > n) return;
     check_blocks(*e, begin, count);
     TensorEntry& s = add(*e, {count});
-    s.data = e->data + row_bytes(e->dtype, begin);
+    s.data = e->data ? e->data + row_bytes(e->dtype, begin) : nullptr;
     s.nbytes = static_cast<uint64_t>(row_bytes(e->dtype, count));
+    slice_fill(*e, n, 0, begin);
   }
 
   // GPTQ's g_idx [k] of a row-parallel weight, rows [begin, begin + count) of its input: only the plain
@@ -137,6 +146,12 @@ class RankSource final : public TensorSource {
     check_blocks(*e, begin, count);
     const int64_t rows = e->shape[0], src_rb = row_bytes(e->dtype, e->shape[1]);
     const int64_t offset = row_bytes(e->dtype, begin), rb = row_bytes(e->dtype, count);
+    if (e->data == nullptr) {  // generated on the device: nothing to copy
+      TensorEntry& s = add(*e, {rows, count});
+      s.nbytes = static_cast<uint64_t>(rows * rb);
+      slice_fill(*e, e->shape[1], 0, begin);
+      return;
+    }
     Slice& slice = sliced_[e->name];
     slice.owned.resize(static_cast<size_t>(rows * rb));
     for (int64_t r = 0; r < rows; ++r)
@@ -149,15 +164,22 @@ class RankSource final : public TensorSource {
  private:
   struct Slice {
     TensorEntry entry;
-    std::vector<uint8_t> owned;  // column slices only
+    std::vector<uint8_t> owned;      // column slices only
+    std::optional<RandomFill> fill;  // a dummy tensor's slice: its block of the whole tensor's values
   };
 
   const TensorEntry* source_entry(const std::string& name) const {
     const TensorEntry* e = base_.find(name);
     if (e != nullptr)
-      INFERX_CHECK(e->data != nullptr, "{}: tensor '{}' has no host data to split over tensor-parallel ranks",
-                   base_.describe(), name);
+      INFERX_CHECK(e->data != nullptr || base_.random_fill(name) != nullptr,
+                   "{}: tensor '{}' has no host data to split over tensor-parallel ranks", base_.describe(),
+                   name);
     return e;
+  }
+
+  // The slice at (r0, c0) of a tensor of `cols` columns, when the tensor is generated on the device.
+  void slice_fill(const TensorEntry& e, int64_t cols, int64_t r0, int64_t c0) {
+    if (const RandomFill* f = base_.random_fill(e.name)) sliced_[e.name].fill = f->block(cols, r0, c0);
   }
 
   void check_blocks(const TensorEntry& e, int64_t begin, int64_t count) const {

@@ -483,8 +483,8 @@ TEST_F(CudaKernelsTest, FillRandomIsUniformInRangeAndDeterministic) {
   const int64_t n = 1 << 20;
   Tensor a(DType::BF16, {n}, upload(std::vector<uint16_t>(n)), Device::CUDA);
   Tensor b(DType::BF16, {n}, upload(std::vector<uint16_t>(n)), Device::CUDA);
-  ASSERT_TRUE(gpu_->fill_random(a, 42, 0.5f, 0.25f));
-  ASSERT_TRUE(gpu_->fill_random(b, 42, 0.5f, 0.25f));
+  ASSERT_TRUE(gpu_->fill_random(a, RandomFill{0.5f, 0.25f, 42}));
+  ASSERT_TRUE(gpu_->fill_random(b, RandomFill{0.5f, 0.25f, 42}));
   const auto va = download<uint16_t>(a.data, n), vb = download<uint16_t>(b.data, n);
   EXPECT_EQ(va, vb) << "same seed, same values";
   double sum = 0, sq = 0;
@@ -497,8 +497,39 @@ TEST_F(CudaKernelsTest, FillRandomIsUniformInRangeAndDeterministic) {
   }
   EXPECT_NEAR(sum / n, 0.25, 0.005);
   EXPECT_NEAR(std::sqrt(sq / n), 0.5 / std::sqrt(3.0), 0.01);
-  ASSERT_TRUE(gpu_->fill_random(b, 43, 0.5f, 0.25f));
+  ASSERT_TRUE(gpu_->fill_random(b, RandomFill{0.5f, 0.25f, 43}));
   EXPECT_NE(download<uint16_t>(b.data, n), va) << "another seed, other values";
+}
+
+// A tensor-parallel rank generates its slice of a dummy weight as a block of the whole tensor's fill
+// (RandomFill::block): rows, columns and a nested block, BF16 values, FP8 codes and INT4 bytes.
+TEST_F(CudaKernelsTest, FillRandomBlocksAreSlicesOfTheWholeTensor) {
+  const int64_t R = 48, C = 160;
+  for (DType dt : {DType::BF16, DType::F8_E4M3, DType::INT4}) {
+    const int64_t unit = dt == DType::INT4 ? 2 : 1, esize = dt == DType::BF16 ? 2 : 1;  // elements per byte
+    const int64_t row_bytes = C / unit * esize;
+    const RandomFill whole{dt == DType::BF16 ? 0.5f : 400.0f, 0.0f, 7};
+    Tensor full(dt, {R, C}, upload(std::vector<uint8_t>(static_cast<size_t>(R * row_bytes))), Device::CUDA);
+    ASSERT_TRUE(gpu_->fill_random(full, whole));
+    const auto all = download<uint8_t>(full.data, R * row_bytes);
+    struct Case {
+      int64_t r0, c0, rows, cols;
+    };
+    for (const Case& c : {Case{16, 0, 16, C}, Case{0, 64, R, 32}, Case{8, 96, 24, 64}}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << " block at " << c.r0 << "," << c.c0);
+      const int64_t brow = c.cols / unit * esize;
+      Tensor part(dt, {c.rows, c.cols}, upload(std::vector<uint8_t>(static_cast<size_t>(c.rows * brow))),
+                  Device::CUDA);
+      // The INT4 fill counts bytes of two codes: its block is given in elements like the others.
+      ASSERT_TRUE(gpu_->fill_random(part, whole.block(C, c.r0, c.c0)));
+      const auto got = download<uint8_t>(part.data, c.rows * brow);
+      for (int64_t r = 0; r < c.rows; ++r)
+        ASSERT_EQ(
+            0, std::memcmp(got.data() + r * brow, all.data() + (c.r0 + r) * row_bytes + c.c0 / unit * esize,
+                           static_cast<size_t>(brow)))
+            << "row " << r;
+    }
+  }
 }
 
 // CUDA graphs through SequenceRunner -------------------------------------------------------------------

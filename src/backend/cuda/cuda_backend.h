@@ -163,7 +163,7 @@ class CudaBackend final : public Backend {
   const char* decode_stack_instance() const { return decode_stack_instance_; }
 
   DType kv_cache_dtype() const override { return options_.kv_cache_dtype; }
-  bool fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) override;
+  bool fill_random(Tensor& t, const RandomFill& fill) override;
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override;
   bool edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n) override;
   bool async_sampling() const override { return true; }

@@ -157,18 +157,18 @@ void CudaBackend::drop_bf16_copy_if_overlaps(const Tensor& out) {
 
 // Random fill -------------------------------------------------------------------------------------------
 
-bool CudaBackend::fill_random(Tensor& t, uint64_t seed, float amplitude, float offset) {
+bool CudaBackend::fill_random(Tensor& t, const RandomFill& fill) {
   if (t.device != Device::CUDA) return false;
   // Dummy quantized weights: random codes (kernels_quant.h).
   if (t.dtype == DType::F8_E4M3 || t.dtype == DType::INT4 || t.dtype == DType::U8) {
     use_device();
-    CUDA_CHECK(cuda::launch_fill_random_codes(t.dtype, t.data, t.numel(), seed, amplitude, offset, stream_));
+    CUDA_CHECK(cuda::launch_fill_random_codes(t.dtype, t.data, t.numel(), t.cols(), fill, stream_));
     return true;
   }
   if (!(t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16)) return false;
   use_device();
   drop_bf16_copy();
-  CUDA_CHECK(cuda::launch_fill_random(t.dtype, t.data, t.numel(), seed, amplitude, offset, stream_));
+  CUDA_CHECK(cuda::launch_fill_random(t.dtype, t.data, t.numel(), t.cols(), fill, stream_));
   return true;
 }
 

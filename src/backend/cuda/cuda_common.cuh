@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/pdl.h"
+#include "core/random_fill.h"
 
 namespace inferx::cuda {
 
@@ -200,5 +201,23 @@ __device__ __forceinline__ int find_sequence(const int32_t* query_start, int num
   }
   return lo;
 }
+
+// Dummy weights generated in device memory (core/random_fill.h): the random bits of element i of a filled
+// tensor whose rows are `cols` units long, a splitmix64 finaliser (Steele et al. 2014) of (seed, the
+// element's index in the full tensor): deterministic, no generator state, and a tensor-parallel slice
+// draws exactly the bits of its block of the whole.
+struct RandomIndex {
+  uint64_t seed;
+  int64_t cols, full_cols, row0, col0;
+  RandomIndex(const RandomFill& f, int64_t c)
+      : seed(f.seed), cols(c > 0 ? c : 1), full_cols(f.full_cols), row0(f.row0), col0(f.col0) {}
+  __device__ __forceinline__ uint64_t bits(int64_t i) const {
+    const int64_t at = full_cols == 0 ? i : (row0 + i / cols) * full_cols + col0 + i % cols;
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(at + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
 
 }  // namespace inferx::cuda

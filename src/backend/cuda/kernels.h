@@ -9,6 +9,7 @@
 
 #include "backend/cuda/sampling_params.h"
 #include "core/dtype.h"
+#include "core/random_fill.h"
 
 namespace inferx::cuda {
 
@@ -40,9 +41,10 @@ cudaError_t launch_silu_mul(const float* gate, const float* up, int64_t n, float
 // its BF16 copy out_bf16 [t, f].
 cudaError_t launch_silu_mul_stacked_bf16(const void* gate_up, int64_t t, int64_t f, float* out,
                                          void* out_bf16, cudaStream_t stream);
-// t[i] = offset + uniform(-amp, amp) for n elements of dtype F32/F16/BF16, a counter-based hash of
-// (seed, i): deterministic, and no host buffer.
-cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
+// t[i] = offset + uniform(-amp, amp) for n elements of dtype F32/F16/BF16 in rows of `cols`, a
+// counter-based hash of (seed, the element's index in the tensor `fill` describes: core/random_fill.h):
+// deterministic, and no host buffer.
+cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, int64_t cols, const RandomFill& fill,
                                cudaStream_t stream);
 // out[i, :] = x[rows[i], :] with rows of row_bytes bytes (any dtype); out-of-range rows give zeros.
 cudaError_t launch_gather_rows(const void* x, int64_t num_rows, int64_t row_bytes, const int32_t* rows,

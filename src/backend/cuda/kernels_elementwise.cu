@@ -95,20 +95,11 @@ __global__ void silu_mul_stacked_bf16_kernel(const __nv_bfloat16* gu, int64_t t,
   }
 }
 
-// splitmix64 finaliser (Steele et al. 2014) of (seed, index): independent uniform bits per element, so
-// the fill is deterministic and needs no generator state.
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 template <class T>
-__global__ void fill_random_kernel(T* t, int64_t n, uint64_t seed, float amp, float offset) {
+__global__ void fill_random_kernel(T* t, int64_t n, RandomIndex index, float amp, float offset) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint64_t bits = mix64(seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1));
-    const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+    const float u = static_cast<float>(index.bits(i) >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
     t[i] = from_float<T>(offset + (2.0f * u - 1.0f) * amp);
   }
 }
@@ -207,19 +198,22 @@ cudaError_t launch_silu_mul_stacked_bf16(const void* gate_up, int64_t t, int64_t
                     static_cast<__nv_bfloat16*>(out_bf16));
 }
 
-cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
+cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, int64_t cols, const RandomFill& fill,
                                cudaStream_t stream) {
+  const RandomIndex index(fill, cols);
+  const float amp = fill.amplitude, offset = fill.offset;
   if (n == 0) return cudaSuccess;
   const unsigned grid = grid_for(n, kThreads, 1 << 16);
   switch (dtype) {
     case DType::F32:
-      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float*>(t), n, seed, amp, offset);
+      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<float*>(t), n, index, amp, offset);
       break;
     case DType::F16:
-      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__half*>(t), n, seed, amp, offset);
+      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__half*>(t), n, index, amp, offset);
       break;
     case DType::BF16:
-      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(t), n, seed, amp, offset);
+      fill_random_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(t), n, index, amp,
+                                                        offset);
       break;
     default:
       return cudaErrorInvalidValue;  // the caller validates the dtype first

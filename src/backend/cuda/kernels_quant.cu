@@ -155,17 +155,12 @@ __global__ void activations_bf16_kernel(const float* x, const int32_t* perm, int
   }
 }
 
-__device__ __forceinline__ uint64_t hash64(uint64_t z) {  // splitmix64 finaliser, as launch_fill_random
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // mode 0: F8_E4M3 codes, 1: random bytes, 2: U8 values.
-__global__ void fill_codes_kernel(uint8_t* t, int64_t n, int mode, uint64_t seed, float amp, float offset) {
+__global__ void fill_codes_kernel(uint8_t* t, int64_t n, int mode, RandomIndex index, float amp,
+                                  float offset) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint64_t bits = hash64(seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1));
+    const uint64_t bits = index.bits(i);
     const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
     const float v = offset + (2.0f * u - 1.0f) * amp;
     if (mode == 0)
@@ -247,7 +242,7 @@ cudaError_t launch_activations_bf16(const float* x, const int32_t* perm, int64_t
   return cudaGetLastError();
 }
 
-cudaError_t launch_fill_random_codes(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
+cudaError_t launch_fill_random_codes(DType dtype, void* t, int64_t n, int64_t cols, const RandomFill& fill,
                                      cudaStream_t stream) {
   int mode = 0;
   int64_t bytes = n;
@@ -262,8 +257,15 @@ cudaError_t launch_fill_random_codes(DType dtype, void* t, int64_t n, uint64_t s
     return cudaErrorInvalidValue;
   }
   if (bytes <= 0) return cudaSuccess;
-  fill_codes_kernel<<<grid_for(bytes, kThreads, 8192), kThreads, 0, stream>>>(static_cast<uint8_t*>(t), bytes,
-                                                                              mode, seed, amp, offset);
+  RandomFill units = fill;  // INT4: the random bits are drawn per byte (two codes), the fill counts codes
+  if (mode == 1) {
+    if (cols % 2 != 0 || fill.full_cols % 2 != 0 || fill.col0 % 2 != 0) return cudaErrorInvalidValue;
+    cols /= 2;
+    units.full_cols /= 2;
+    units.col0 /= 2;
+  }
+  fill_codes_kernel<<<grid_for(bytes, kThreads, 8192), kThreads, 0, stream>>>(
+      static_cast<uint8_t*>(t), bytes, mode, RandomIndex(units, cols), fill.amplitude, fill.offset);
   return cudaGetLastError();
 }
 

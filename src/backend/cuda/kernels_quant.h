@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/random_fill.h"
 
 namespace inferx::cuda {
 
@@ -84,11 +85,13 @@ cudaError_t launch_dequantize_rows_bf16(const DequantWeight& w, int64_t row0, in
 cudaError_t launch_activations_bf16(const float* x, const int32_t* perm, int64_t t, int64_t k, void* out,
                                     cudaStream_t stream);
 
-// Random quantized payloads for dummy weights (a counter hash of (seed, i), as launch_fill_random):
+// Random quantized payloads for dummy weights (a counter hash of the fill's seed and index, as
+// launch_fill_random; rows of `cols` elements):
 //   F8_E4M3: n codes of e4m3(offset + uniform(-amp, amp)) (saturating);
-//   INT4:    n elements = n / 2 uniformly random bytes (every code 0..15 equally likely);
+//   INT4:    n elements = n / 2 uniformly random bytes (every code 0..15 equally likely; the fill's
+//            region counts codes, on even columns);
 //   U8:      n bytes of clamp(rint(offset + uniform(-amp, amp)), 0, 255).
-cudaError_t launch_fill_random_codes(DType dtype, void* t, int64_t n, uint64_t seed, float amp, float offset,
+cudaError_t launch_fill_random_codes(DType dtype, void* t, int64_t n, int64_t cols, const RandomFill& fill,
                                      cudaStream_t stream);
 
 }  // namespace inferx::cuda

@@ -27,6 +27,8 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "formats/safetensors.h"
+#include "model/arch_registry.h"
+#include "model/dummy_models.h"
 #include "model/model.h"
 
 namespace fs = std::filesystem;
@@ -378,6 +380,48 @@ TEST(TensorParallel, OneRankPathEqualsThePlainModel) {
   for (size_t i = ids.size() / 2; i < ids.size(); ++i)
     worst = std::max(worst, compare(a.step({ids[i]}), b.step({ids[i]}), vocab, "decode"));
   EXPECT_LE(worst, kTol);
+}
+
+// Dummy weights without host bytes (a GPU's): each rank's slice is generated as its block of the whole
+// tensor's values (RandomFill regions), so TP = N on GPUs loads what TP = 1 loads, without host copies.
+TEST(TensorParallel, DummySlicesAreBlocksOfTheWholeTensorsFill) {
+  const ModelConfig c = dummy_model_config("tiny");
+  auto base = make_dummy_source("tiny", c, DType::BF16, 3, /*host_data=*/false);
+  const TensorParallelPlan plan = plan_tensor_parallel(c, 2);
+  auto rank1 = make_rank_source(*base, c, WeightNaming::HuggingFace, plan, 1);
+  const TensorNames& n = tensor_names(WeightNaming::HuggingFace);
+  const int64_t D = c.hidden_size, qd = c.num_heads * c.head_dim, F = c.intermediate_size;
+  struct Expect {
+    std::string name;
+    int64_t full_cols, row0, col0;
+  };
+  const std::vector<Expect> cases = {
+      {layer_tensor_name(n.q, 0), D, qd / 2, 0},
+      {layer_tensor_name(n.k, 1), D, c.num_kv_heads * c.head_dim / 2, 0},
+      {layer_tensor_name(n.gate, 0), D, F / 2, 0},
+      {layer_tensor_name(n.o, 0), qd, 0, qd / 2},
+      {layer_tensor_name(n.down, 1), F, 0, F / 2},
+      {n.token_embedding, D, c.vocab_size / 2, 0},
+  };
+  for (const Expect& e : cases) {
+    SCOPED_TRACE(e.name);
+    const TensorEntry* t = rank1->find(e.name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->data, nullptr);
+    const RandomFill* whole = base->random_fill(e.name);
+    const RandomFill* f = rank1->random_fill(e.name);
+    ASSERT_NE(whole, nullptr);
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(f->seed, whole->seed);
+    EXPECT_EQ(f->amplitude, whole->amplitude);
+    EXPECT_EQ(f->full_cols, e.full_cols);
+    EXPECT_EQ(f->row0, e.row0);
+    EXPECT_EQ(f->col0, e.col0);
+  }
+  // Replicated tensors keep the whole tensor's fill.
+  const std::string norm = layer_tensor_name(n.attn_norm, 0);
+  ASSERT_NE(rank1->random_fill(norm), nullptr);
+  EXPECT_EQ(rank1->random_fill(norm)->full_cols, 0);
 }
 
 TEST(TensorParallel, TwoSequencesInOneStep) {
