@@ -17,15 +17,17 @@ for b in build/cuda/src/cli/inferx build/cuda/tests/cuda/test_cuda_backend build
     esac
   done
 done
-# The other GPU test binaries (engine, quantized GEMM, tensor parallel): same libraries as test_cuda_backend.
-for t in test_cuda_engine test_cuda_qgemm test_cuda_tensor_parallel; do
+# The other GPU test binaries (engine, quantized GEMM, tensor parallel) and the collectives bench: same
+# libraries as test_cuda_backend.
+for t in test_cuda_engine test_cuda_qgemm test_cuda_tensor_parallel bench_collectives; do
   [[ -x build/cuda/tests/cuda/$t ]] && cp build/cuda/tests/cuda/$t gpu-carry/
 done
 cp -r ../shared/tools gpu-carry/tools
 cp ../shared/testdata/stories260K.gguf gpu-carry/
 # The device call carries at most 64 MiB: strip the binaries (each holds the whole fatbin) and ship one
 # tarball; there: `tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/run.sh`, carry ["gpu-carry-z"].
-strip gpu-carry/inferx gpu-carry/test_cuda_* gpu-carry/bench_cuda_kernels
+strip gpu-carry/inferx gpu-carry/test_cuda_* gpu-carry/bench_cuda_*
+[[ -x gpu-carry/bench_collectives ]] && strip gpu-carry/bench_collectives
 mkdir -p gpu-carry-z
 tar -czf gpu-carry-z/carry.tgz gpu-carry
 du -sh gpu-carry gpu-carry-z

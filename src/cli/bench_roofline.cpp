@@ -8,6 +8,7 @@
 #include "core/bandwidth.h"
 #include "core/thread_pool.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 namespace inferx::cli {
 
@@ -22,6 +23,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Roofline measure_roofline(Backend& backend, const Model& model, int threads) {
   Roofline r;
   r.weight_bytes = model.weight_bytes_per_token();
+  if (const TensorParallel* tp = model.tensor_parallel(); tp && backend.device() != Device::CPU) {
+    r.devices = tp->size();
+    r.weight_bytes = 0;
+    for (int rank = 0; rank < tp->size(); ++rank)
+      r.weight_bytes = std::max(r.weight_bytes, tp->rank_model(rank).weight_bytes_per_token());
+  }
   if (backend.device() == Device::CPU) {
     ThreadPool pool(threads);
     r.bandwidth_gbs = measure_read_bandwidth_gbs(pool);
@@ -58,7 +65,7 @@ Roofline measure_roofline(Backend& backend, const Model& model, int threads) {
 }
 
 void add_roofline(BenchSummary& summary, const Roofline& r) {
-  nlohmann::json j = {{"probe", r.probe}, {"weight_bytes_per_token", r.weight_bytes}};
+  nlohmann::json j = {{"probe", r.probe}, {"weight_bytes_per_token", r.weight_bytes}, {"devices", r.devices}};
   if (r.bandwidth_gbs > 0 && r.weight_bytes > 0) {
     const double stream_ms = static_cast<double>(r.weight_bytes) / (r.bandwidth_gbs * 1e9) * 1e3;
     j["bandwidth_gbs"] = r.bandwidth_gbs;
@@ -71,9 +78,10 @@ void add_roofline(BenchSummary& summary, const Roofline& r) {
       j["tpot_p50_roofline_ratio"] = f;
       ratio = fmt::format("; TPOT p50 at {:.1f}% of it", 100 * f);
     }
+    const std::string per = r.devices > 1 ? fmt::format(" on each of {} GPUs", r.devices) : "";
     summary.text += fmt::format(
-        "roofline: {:.3f} GB per token / {:.0f} GB/s ({}) = {:.1f} tok/s at batch 1{}\n",
-        static_cast<double>(r.weight_bytes) / 1e9, r.bandwidth_gbs, r.probe, 1e3 / stream_ms, ratio);
+        "roofline: {:.3f} GB per token{} / {:.0f} GB/s ({}) = {:.1f} tok/s at batch 1{}\n",
+        static_cast<double>(r.weight_bytes) / 1e9, per, r.bandwidth_gbs, r.probe, 1e3 / stream_ms, ratio);
   } else {
     summary.text += fmt::format("roofline: {}\n", r.probe);
   }

@@ -6,6 +6,9 @@
 //         per second, as ../shared/tools/gpu_ceilings.py counts its copy ceiling);
 //   CPU:  the streaming read probe of core/bandwidth.h on the engine's thread count (the CPU kernels'
 //         roofline definition).
+// A tensor-parallel model on GPUs reads its ranks' weights in parallel: the step's bytes are the largest
+// rank's (each GPU at the probed bandwidth of rank 0's), and the line says how many GPUs share them. On
+// the CPU the ranks share one memory: every rank's bytes count.
 #include <cstdint>
 #include <string>
 
@@ -21,7 +24,8 @@ namespace inferx::cli {
 struct Roofline {
   double bandwidth_gbs = 0;  // 1 GB = 1e9 bytes; 0: not measured (probe says why)
   std::string probe;
-  int64_t weight_bytes = 0;  // read per decode step
+  int64_t weight_bytes = 0;  // read per decode step (by the busiest device)
+  int devices = 1;           // GPUs reading their share at once (tensor-parallel ranks)
 };
 
 Roofline measure_roofline(Backend& backend, const Model& model, int threads);
