@@ -51,6 +51,19 @@ bool env_tuning() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// FP8 products with Hopper's fast accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM): the tensor cores'
+// reduced-precision accumulator is not promoted to F32 every few k-steps inside the GEMM, which costs
+// instructions beside the MMAs. Off by default until measured on the H200 (speed, and the FP8 accuracy
+// figures: the FP8 kernel tests' tolerances, perplexity / KL); the anchors run FP8 this way (vLLM's
+// CUTLASS FP8 kernels use the FastAccum schedules). INFERX_FP8_FAST_ACCUM=1 turns it on.
+bool fp8_fast_accum() {
+  static const bool on = [] {
+    const char* v = std::getenv("INFERX_FP8_FAST_ACCUM");
+    return v != nullptr && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 int32_t scale_mode(LtScale s) {
   return s == LtScale::OuterVector ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
                                    : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
@@ -186,6 +199,8 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s) {
   // Scales applied inside the GEMM (cublasLt.h, cublasLtMatmulMatrixScale_t); pointers set per call.
   if (plan->a_scaled) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, scale_mode(s.a_scale));
   if (plan->b_scaled) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(s.b_scale));
+  if (s.ab_type == CUDA_R_8F_E4M3 && fp8_fast_accum())
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(1));
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, s.ab_type, u(s.k), u(s.n), s.k));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, s.ab_type, u(s.k), u(s.t), s.k));
