@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# What was built without a GPU and has not run on one yet (2026-12-04 night session), in one device call
+# each (after bench/gpu/stage.sh; carry ["gpu-carry-z"]); parts 1-3 take about four minutes, part 4 about
+# four, so two calls keep each under the device tool's ten:
+#   tar -xzf gpu-carry-z/carry.tgz && SKIP_AB=1 bash bench/gpu/pending.sh
+#   tar -xzf gpu-carry-z/carry.tgz && AB_ONLY=1 bash bench/gpu/pending.sh
+# 1. the GPU test binaries: test_cuda_engine (device logit edits and penalties, overlapped steps),
+#    test_cuda_backend (the dummy-weight fill blocks), test_cuda_qgemm (with and without FP8 fast
+#    accumulation: the accuracy side of that switch), test_cuda_tensor_parallel (the collectives on one GPU,
+#    the one-rank tensor-parallel path with its graphs and overlapped steps);
+# 2. bench_collectives on one GPU (a group of one: the call overhead of a collective on the stream);
+# 3. the decode attention in the 1000/1000 run's shape (INFERX_BENCH_ONLY=decode_context bench_cuda_kernels);
+# 4. FP8 fast accumulation, speed: the 8192-token FP8 prefill and 1000 x 1000/1000 FP8 offline, off / on.
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+if [[ "${AB_ONLY:-0}" != 1 ]]; then
+  for t in test_cuda_engine test_cuda_backend test_cuda_qgemm test_cuda_tensor_parallel; do
+    INFERX_REQUIRE_GPU=1 timeout 300 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
+    echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)|one rank|one-rank path' "$OUT/$t.log" | tr '\n' ' ')"
+  done
+  INFERX_FP8_FAST_ACCUM=1 INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_qgemm" --gtest_color=no \
+    >"$OUT/test_cuda_qgemm_fast_accum.log" 2>&1
+  echo "test_cuda_qgemm, fast accumulation: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_cuda_qgemm_fast_accum.log" | tr '\n' ' ')"
+  timeout 60 "$C/bench_collectives" 1 >"$OUT/collectives_1gpu.txt" 2>&1
+  echo "bench_collectives (1 GPU): rc=$?"
+  cat "$OUT/collectives_1gpu.txt"
+  INFERX_BENCH_ONLY=decode_context timeout 180 "$C/bench_cuda_kernels" >"$OUT/decode_context.txt" 2>&1
+  echo "decode_context: rc=$?"
+  cat "$OUT/decode_context.txt"
+fi
+[[ "${SKIP_AB:-0}" == 1 ]] && exit 0
+for v in off: fast:INFERX_FP8_FAST_ACCUM=1; do
+  name=${v%%:*}
+  IFS=, read -r -a kv <<<"${v#*:}"
+  env "${kv[@]}" timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --quantize fp8 --device cuda \
+    --max-batch-size 1 --num-prompts 1 --warmup 1 --input-len 8192 --output-len 1 --max-model-len 9000 \
+    --max-num-batched-tokens 8192 --no-progress --json >"$OUT/prefill_fp8_$name.json" 2>"$OUT/prefill_fp8_$name.err"
+  echo "prefill 8192 fp8 $name: rc=$? $(python3 -c "
+import json; t=json.load(open('$OUT/prefill_fp8_$name.json'))['ttft_ms']
+print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s\")" 2>&1 | tail -1)"
+done
+WORKLOADS=1000x1000/1000 VARIANTS="off: fast:INFERX_FP8_FAST_ACCUM=1" bash "$(dirname "$0")/offline_ab.sh"
