@@ -51,6 +51,12 @@ run() {  # name, timeout, inferx bench offline arguments...
   echo "$name: rc=$? $(summary "$OUT/$name.json")"
 }
 
+# The tensor-parallel machinery on one GPU (one rank through it: unfused o / down, NCCL calls of a group of
+# one, the metadata broadcast) against the plain model: its cost before any scaling.
+if [[ "${B1:-1}" == 1 ]]; then
+  INFERX_TENSOR_PARALLEL_PATH=1 run b1_8b_bf16_tp1_path 240 -m dummy:llama-3-8b --dtype bf16 --max-batch-size 1 \
+    --num-prompts 1 --input-len 1000 --output-len 256 --max-model-len 2048 --roofline
+fi
 for tp in $TPS; do
   ((tp > GPUS)) && continue
   if [[ "${B1:-1}" == 1 ]]; then

@@ -1,6 +1,8 @@
 #include "cli/tensor_parallel_options.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -23,7 +25,11 @@ void add_tensor_parallel_option(CLI::App& sub, int& size) {
 
 void apply_tensor_parallel(const std::string& device, int threads, int size, LoadOptions& lo) {
   lo.tensor_parallel_size = size;
-  if (size <= 1) return;
+  // INFERX_TENSOR_PARALLEL_PATH=1 with a size of 1: one rank through the tensor-parallel model (what the
+  // multi-GPU machinery costs on one GPU: the unfused o / down products, the collectives, the broadcast).
+  const char* path = std::getenv("INFERX_TENSOR_PARALLEL_PATH");
+  lo.tensor_parallel_path = size == 1 && path != nullptr && std::strcmp(path, "0") != 0;
+  if (size <= 1 && !lo.tensor_parallel_path) return;
   if (device == "cpu") {
     const int all =
         threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -2,7 +2,8 @@
 // --tensor-parallel-size N, shared by generate, serve and bench offline: the model's weights split over
 // N ranks (model/tensor_parallel.h). CPU: N CPU backends in this process (ranks 1..N-1 get threads/N
 // kernel threads each) and the in-process communicator. CUDA (--device cuda:K): ranks on devices
-// K..K+N-1 with NCCL, one thread per GPU.
+// K..K+N-1 with NCCL, one thread per GPU. INFERX_TENSOR_PARALLEL_PATH=1 runs a size of 1 through the
+// tensor-parallel model too (LoadOptions::tensor_parallel_path: its cost on one device).
 #include <CLI/CLI.hpp>
 #include <string>
 
