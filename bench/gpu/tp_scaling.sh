@@ -9,7 +9,9 @@
 #    bf16 and the 70B shape in bf16 (TP >= 2: 141 GB of weights) and FP8, each with its roofline (the
 #    largest rank's bytes at one GPU's copy bandwidth);
 # 4. throughput at concurrency 256 (1000 prompts, 1024 in / 256 out, offline) for the same sizes, 8B and
-#    70B (FP8 + FP8 KV where SIZES_70B_FP8 says), and the 70B bf16 TP = 2 served run (SERVE=1).
+#    70B (FP8 + FP8 KV), and the 70B bf16 TP = 2 served run (SERVE=1);
+# with the one-shot peer-to-peer all-reduce (INFERX_CUSTOM_ALLREDUCE=1) beside NCCL for the collectives and
+# the 8B batch-1 runs.
 # Every figure goes to $OUT (one JSON per run) and one summary line per run to stdout.
 # Knobs: TPS ("1 2 4 8"), B1=0 / THROUGHPUT=0 / TESTS=0 / COLLECTIVES=0 skip parts, PROMPTS (1000).
 set -uo pipefail
@@ -29,6 +31,10 @@ if [[ "${COLLECTIVES:-1}" == 1 ]]; then
   timeout 120 "$C/bench_collectives" "$GPUS" >"$OUT/collectives.txt" 2>&1
   echo "bench_collectives: rc=$?"
   cat "$OUT/collectives.txt"
+  # The one-shot peer-to-peer all-reduce for the small sums (parallel/nccl/p2p_all_reduce.h).
+  INFERX_CUSTOM_ALLREDUCE=1 timeout 120 "$C/bench_collectives" "$GPUS" >"$OUT/collectives_p2p.txt" 2>&1
+  echo "bench_collectives, INFERX_CUSTOM_ALLREDUCE=1: rc=$?"
+  cat "$OUT/collectives_p2p.txt"
 fi
 
 summary() {  # $1: json file; prints TPOT / throughput and the roofline ratio
@@ -62,6 +68,9 @@ for tp in $TPS; do
   if [[ "${B1:-1}" == 1 ]]; then
     run "b1_8b_bf16_tp$tp" 240 -m dummy:llama-3-8b --dtype bf16 --tensor-parallel-size "$tp" --max-batch-size 1 \
       --num-prompts 1 --input-len 1000 --output-len 256 --max-model-len 2048 --roofline
+    ((tp >= 2)) && INFERX_CUSTOM_ALLREDUCE=1 run "b1_8b_bf16_tp${tp}_p2p" 240 -m dummy:llama-3-8b --dtype bf16 \
+      --tensor-parallel-size "$tp" --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 256 \
+      --max-model-len 2048 --roofline
     ((tp >= 2)) && run "b1_70b_bf16_tp$tp" 420 -m dummy:llama-3-70b --dtype bf16 --tensor-parallel-size "$tp" \
       --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 128 --max-model-len 2048 --roofline
     run "b1_70b_fp8_tp$tp" 420 -m dummy:llama-3-70b --dtype bf16 --quantize fp8 --tensor-parallel-size "$tp" \

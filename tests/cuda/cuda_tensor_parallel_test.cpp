@@ -4,6 +4,7 @@
 // (LoadOptions::tensor_parallel_path; NCCL cannot put two ranks on one device): decode steps recorded
 // in CUDA graphs with their collectives and metadata broadcast, and overlapped steps, against the same
 // path run eagerly.
+#include <cuda_runtime_api.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "model/model.h"
 #include "model/tensor_parallel.h"
 #include "parallel/nccl/nccl_communicator.h"
+#include "parallel/nccl/p2p_all_reduce.h"
 
 namespace inferx {
 namespace {
@@ -239,6 +241,102 @@ TEST(CudaTensorParallel, OneRankPathLogitsMatchThePlainModel) {
     }
     std::printf("%s one-rank path: max |diff| %.3g (max |logit| %.3g)\n", spec.c_str(), max_diff, max_ref);
     EXPECT_LE(max_diff / max_ref, 5e-3) << spec;
+  }
+}
+
+// The one-shot peer-to-peer all-reduce with several ranks on one GPU (their kernels run side by side on
+// separate streams; peers' buffers are then local memory, the protocol the same): rank-order sums, exact
+// and identical on every rank, for odd and vector sizes, a misaligned tensor on one rank, many calls in a
+// row (the staging slots alternate), and calls recorded in CUDA graphs and replayed (the call counter
+// lives on the device).
+TEST(P2pAllReduce, RanksOnOneGpuSumInRankOrderEagerlyAndFromGraphs) {
+  REQUIRE_GPUS(1);
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(n);
+    P2pAllReduce ar(std::vector<int>(static_cast<size_t>(n), 0), 256 << 10);
+    std::vector<cudaStream_t> streams(static_cast<size_t>(n));
+    for (auto& st : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    const int64_t cap = 65536 + 8;
+    std::vector<float*> bufs(static_cast<size_t>(n)), srcs(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&bufs[static_cast<size_t>(r)]), cap * 4), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&srcs[static_cast<size_t>(r)]), cap * 4), cudaSuccess);
+    }
+    auto value = [](int r, int64_t i, int round) {
+      return static_cast<float>((r + 1) * 0.37 + (i % 101) * 1e-3 + round * 11.0 +
+                                ((i % 7 == 0) ? 1e6 : 0.0));
+    };
+    // Runs one call per rank on its own thread (x of rank 1 one float past the buffer's start when `skew`),
+    // then checks every rank's result against the rank-order sum.
+    auto check_round = [&](int64_t count, bool skew, int round, bool graph, int replays, int chain = 1) {
+      std::vector<std::string> errors(static_cast<size_t>(n));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < n; ++r)
+        threads.emplace_back([&, r] {
+          try {
+            const size_t ri = static_cast<size_t>(r);
+            float* x = bufs[ri] + (skew && r == 1 ? 1 : 0);
+            cudaGraphExec_t exec = nullptr;
+            for (int rep = 0; rep < std::max(replays, 1); ++rep) {
+              std::vector<float> host(static_cast<size_t>(count));
+              for (int64_t i = 0; i < count; ++i) host[static_cast<size_t>(i)] = value(r, i, round + rep);
+              if (cudaMemcpy(srcs[ri], host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+                fail("upload");
+              if (!graph) {
+                cudaMemcpyAsync(x, srcs[ri], count * 4, cudaMemcpyDeviceToDevice, streams[ri]);
+                for (int c = 0; c < chain; ++c) ar.all_reduce(r, x, count, streams[ri]);  // back to back
+              } else {
+                if (exec == nullptr) {  // recorded once: the copy from the source, then the sum
+                  cudaGraph_t g = nullptr;
+                  if (cudaStreamBeginCapture(streams[ri], cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+                    fail("capture");
+                  cudaMemcpyAsync(x, srcs[ri], count * 4, cudaMemcpyDeviceToDevice, streams[ri]);
+                  ar.all_reduce(r, x, count, streams[ri]);
+                  if (cudaStreamEndCapture(streams[ri], &g) != cudaSuccess ||
+                      cudaGraphInstantiate(&exec, g, 0) != cudaSuccess)
+                    fail("instantiate");
+                  cudaGraphDestroy(g);
+                }
+                if (cudaGraphLaunch(exec, streams[ri]) != cudaSuccess) fail("replay");
+              }
+              if (cudaStreamSynchronize(streams[ri]) != cudaSuccess)
+                fail("sync: {}", cudaGetErrorString(cudaGetLastError()));
+              std::vector<float> got(static_cast<size_t>(count));
+              cudaMemcpy(got.data(), x, count * 4, cudaMemcpyDeviceToHost);
+              for (int64_t i = 0; i < count; ++i) {
+                float want = value(0, i, round + rep);
+                for (int q = 1; q < n; ++q) want += value(q, i, round + rep);
+                for (int c = 1; c < chain; ++c) {  // every rank holds `want`: the next sum adds it n times
+                  const float each = want;
+                  for (int q = 1; q < n; ++q) want += each;
+                }
+                if (got[static_cast<size_t>(i)] != want)
+                  fail("rank {} count {} element {} replay {}: {} != {}", r, count, i, rep,
+                       got[static_cast<size_t>(i)], want);
+              }
+            }
+            if (exec) cudaGraphExecDestroy(exec);
+          } catch (const std::exception& e) {
+            errors[static_cast<size_t>(r)] = e.what();
+          }
+        });
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < n; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+    };
+    int round = 0;
+    for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{4099}, int64_t{65536}})
+      check_round(count, false, round++, false, 1);
+    check_round(4096, true, round++, false,
+                1);  // rank 1's x not 16-byte aligned: the same elements per block
+    for (int i = 0; i < 5; ++i) check_round(1000 + 4 * i, false, round++, false, 1);  // calls in a row
+    check_round(2048, false, round++, false, 1, 7);  // seven calls queued back to back: the slots alternate
+    check_round(8192, false, round, true, 5);        // recorded once per rank, replayed five times
+    EXPECT_FALSE(ar.takes(65537)) << "256 KB is 65536 floats";
+    for (int r = 0; r < n; ++r) {
+      cudaFree(bufs[static_cast<size_t>(r)]);
+      cudaFree(srcs[static_cast<size_t>(r)]);
+      cudaStreamDestroy(streams[static_cast<size_t>(r)]);
+    }
   }
 }
 

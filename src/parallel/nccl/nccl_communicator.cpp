@@ -6,9 +6,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
+#include "parallel/nccl/p2p_all_reduce.h"
 
 namespace inferx {
 namespace {
@@ -55,8 +58,9 @@ ncclDataType_t nccl_type(DType t) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int device, int rank, int size, cudaStream_t stream)
-      : comm_(comm), device_(device), rank_(rank), size_(size), stream_(stream) {
+  NcclCommunicator(ncclComm_t comm, int device, int rank, int size, cudaStream_t stream,
+                   std::shared_ptr<P2pAllReduce> p2p)
+      : comm_(comm), device_(device), rank_(rank), size_(size), stream_(stream), p2p_(std::move(p2p)) {
     NCCL_CUDA_CHECK(cudaSetDevice(device_));
     NCCL_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
   }
@@ -81,6 +85,10 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(Tensor& x) override {
     check_usable();
     INFERX_CHECK(x.device == Device::CUDA, "nccl all_reduce_sum: the tensor is not in GPU memory");
+    if (p2p_ && x.dtype == DType::F32 && p2p_->takes(x.numel())) {  // small sums: one kernel, no NCCL
+      p2p_->all_reduce(rank_, static_cast<float*>(x.data), x.numel(), stream_);
+      return;
+    }
     NCCL_CUDA_CHECK(cudaSetDevice(device_));
     NCCL_CHECK(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), ncclSum,
                              comm_, stream_));
@@ -135,7 +143,8 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_ = nullptr;
   int device_, rank_, size_;
-  cudaStream_t stream_ = nullptr;  // the rank backend's (not owned)
+  cudaStream_t stream_ = nullptr;      // the rank backend's (not owned)
+  std::shared_ptr<P2pAllReduce> p2p_;  // the group's one-shot all-reduce for small sums (null: NCCL only)
   void* scratch_ = nullptr;
   bool aborted_ = false;
 };
@@ -158,6 +167,22 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
     INFERX_CHECK(d >= 0 && d < count, "nccl: CUDA device {} does not exist ({} visible)", d, count);
   // NVLink SHARP (NVLS) multicast stays off on the machines we are lent; overwrite any other value.
   INFERX_CHECK(::setenv("NCCL_NVLS_ENABLE", "0", 1) == 0, "nccl: cannot set NCCL_NVLS_ENABLE=0");
+  // INFERX_CUSTOM_ALLREDUCE=1: small F32 sums through the one-shot peer-to-peer kernel (p2p_all_reduce.h)
+  // where every pair of GPUs has peer access; up to INFERX_CUSTOM_ALLREDUCE_MAX_KB (default 1024 KB for 2
+  // ranks, 512 for 3-4, 256 beyond: each rank reads every rank's tensor, so the one-shot form's bytes grow
+  // with the ranks).
+  std::shared_ptr<P2pAllReduce> p2p;
+  const char* custom = std::getenv("INFERX_CUSTOM_ALLREDUCE");
+  if (custom != nullptr && std::strcmp(custom, "0") != 0 && n > 1) {
+    size_t kb = n <= 2 ? 1024 : n <= 4 ? 512 : 256;
+    if (const char* m = std::getenv("INFERX_CUSTOM_ALLREDUCE_MAX_KB")) kb = std::strtoul(m, nullptr, 10);
+    if (P2pAllReduce::available(devices) && kb > 0) {
+      p2p = std::make_shared<P2pAllReduce>(devices, kb << 10);
+    } else {
+      std::fprintf(stderr,
+                   "note: INFERX_CUSTOM_ALLREDUCE: the GPUs have no peer access to each other: NCCL only\n");
+    }
+  }
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
   NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
   std::vector<std::unique_ptr<Communicator>> out;
@@ -165,7 +190,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
     for (int r = 0; r < n; ++r) {
       out.push_back(std::make_unique<NcclCommunicator>(
           comms[static_cast<size_t>(r)], devices[static_cast<size_t>(r)], r, n,
-          static_cast<cudaStream_t>(streams[static_cast<size_t>(r)])));
+          static_cast<cudaStream_t>(streams[static_cast<size_t>(r)]), p2p));
       comms[static_cast<size_t>(r)] = nullptr;  // owned by the communicator now
     }
   } catch (...) {

@@ -5,7 +5,8 @@
 // Each rank's collectives are enqueued on the stream of that rank's backend (cuda_stream_of) and return
 // without waiting (communicator.h, "Ordering"): no host round trip per collective, and a CUDA graph
 // captured on that stream records them. NVLink SHARP multicast stays off: NCCL_NVLS_ENABLE=0 is set in the
-// environment before the first init.
+// environment before the first init. INFERX_CUSTOM_ALLREDUCE=1: small F32 all-reduces go through the
+// one-shot peer-to-peer kernel instead (p2p_all_reduce.h).
 #include <memory>
 #include <vector>
 
