@@ -53,10 +53,13 @@ __global__ void __launch_bounds__(kThreads) one_shot_kernel(const __grid_constan
   if (threadIdx.x < a.nranks) {
     __threadfence_system();
     signal_sys(a.signals[threadIdx.x] + b * P2pAllReduce::kMaxRanks + a.rank, call);
+    // At least `call`: a peer that saw our signal may finish this call and signal the next one before we
+    // look (it cannot get further: that needs our next signal).
     const uint32_t* theirs = a.signals[a.rank] + b * P2pAllReduce::kMaxRanks + threadIdx.x;
-    if (acquire_sys(theirs) != call) {
+    auto arrived = [&] { return static_cast<int32_t>(acquire_sys(theirs) - call) >= 0; };
+    if (!arrived()) {
       const uint64_t start = gpu_ns();
-      while (acquire_sys(theirs) != call)
+      while (!arrived())
         if (gpu_ns() - start > kHangNs) __trap();
     }
   }
