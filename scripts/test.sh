@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test on a fresh Debian 12 machine (this is what CI runs):
-#  1. the CUDA backend compiles (when nvcc is installed; nothing runs it here),
+#  1. the CUDA backend and the NCCL collectives compile (when nvcc is installed; nothing runs them here),
 #  2. each file-format reader is fuzzed briefly with libFuzzer,
 #  3. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #  4. the full Release test suite (ctest),
@@ -14,7 +14,7 @@ jobs=$(nproc)
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
   echo "== CUDA backend: compile only"
   cmake --preset cuda >/dev/null
-  cmake --build --preset cuda --target inferx_backend_cuda -j "$jobs"
+  cmake --build --preset cuda --target inferx_backend_cuda inferx_parallel_nccl -j "$jobs"
 fi
 
 echo "== fuzzing the file readers (${INFERX_FUZZ_SECONDS:-30}s each)"
