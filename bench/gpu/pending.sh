@@ -30,6 +30,10 @@ if [[ "${AB_ONLY:-0}" != 1 ]]; then
   cat "$OUT/decode_context.txt"
 fi
 [[ "${SKIP_AB:-0}" == 1 ]] && exit 0
+# The FP8 ceiling with and without fast accumulation (torch._scaled_mm 8192^3; the tool prints both): the
+# 1000/1000 run's big FP8 GEMMs already reach 1.41-1.51 PFLOP/s, so the gain hangs on which one that is.
+OUT="$OUT" timeout 200 python3 "$C/tools/gpu_ceilings.py" >"$OUT/ceilings.log" 2>&1
+echo "gpu_ceilings: rc=$? $(grep -E 'fp8|copy' "$OUT/ceilings.log" | tr '\n' ' ')"
 for v in off: fast:INFERX_FP8_FAST_ACCUM=1; do
   name=${v%%:*}
   IFS=, read -r -a kv <<<"${v#*:}"
