@@ -889,7 +889,7 @@ int run(bool quick, bool gemm_only) {
   // Prefill attention: causal FLOPs 4 * hd * hq * T^2 / 2.
   std::vector<const char*> prefill_variants;
   if (const char* e = std::getenv("INFERX_BENCH_PREFILL_VARIANTS"); e != nullptr && std::strcmp(e, "0") != 0)
-    prefill_variants = {"g3", "g2"};
+    prefill_variants = {"g3", "g2", "g3p"};
   for (int64_t T : {int64_t{2048}, int64_t{8192}}) {
     const size_t mark = b.keep.size();
     const int64_t blocks = (T + bs - 1) / bs;
@@ -965,6 +965,53 @@ int run(bool quick, bool gemm_only) {
         const double sv = b.time([&] { gpu.attention(qc, cache, chunk, p, oc); }, quick ? 2 : 5);
         row((std::string("prefill attn chunk ") + v).c_str(), "2048 after 6144 cached", sv,
             4.0 * hd * hq * C * (start + C / 2.0), true, gemm_tflops);
+      }
+      cuda::set_prefill_attention_variant(nullptr);
+    }
+    b.keep.resize(mark);
+  }
+
+  // The prefill chunks of a 1000 x 1000/1000 run's mixed steps: 8 prompts of 1000 tokens each (varlen),
+  // BF16 and FP8 caches, every configuration (short causal prompts are where GQA packing, "g3p", saves
+  // the most key tiles). FLOPs 8 x 4 * hd * hq * 1000^2 / 2.
+  {
+    const size_t mark = b.keep.size();
+    const int64_t seqs = 8, len = 1000, per = (len + bs - 1) / bs, T = seqs * len;
+    std::vector<int32_t> table(static_cast<size_t>(seqs * per)), positions, qs = {0}, lens;
+    std::iota(table.begin(), table.end(), 0);
+    for (int64_t sq = 0; sq < seqs; ++sq) {
+      for (int64_t i = 0; i < len; ++i) positions.push_back(static_cast<int32_t>(i));
+      qs.push_back(static_cast<int32_t>((sq + 1) * len));
+      lens.push_back(static_cast<int32_t>(len));
+    }
+    BatchView view;
+    view.num_tokens = static_cast<int32_t>(T);
+    view.num_seqs = static_cast<int32_t>(seqs);
+    view.positions = b.ints(positions);
+    view.query_start = b.ints(qs);
+    view.seq_lens = b.ints(lens);
+    view.block_tables = b.ints(table);
+    view.max_blocks_per_seq = static_cast<int32_t>(per);
+    view.max_query_len = static_cast<int32_t>(len);
+    view.max_seq_len = static_cast<int32_t>(len);
+    Tensor q = b.f32(T, hq * hd, 21), out = b.f32(T, hq * hd, 22);
+    const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+    const double flops = static_cast<double>(seqs) * 4.0 * hd * hq * len * len / 2;
+    for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+      auto be = make_cuda_backend(0, [dt] {
+        CudaBackendOptions o;
+        o.kv_cache_dtype = dt;
+        return o;
+      }());
+      auto& g = static_cast<CudaBackend&>(*be);
+      g.set_attention_kernel(CudaAttentionKernel::Prefill);
+      Bench bb{g, {}};
+      const KvCacheLayer cache = bb.kv_layer(dt, seqs * per, bs, hkv, hd, 23);
+      const std::string name = dt == DType::BF16 ? "prefill 8x1000" : "prefill 8x1000 fp8";
+      for (const char* v : {"g3", "g2", "g3p"}) {
+        cuda::set_prefill_attention_variant(v);
+        const double sv = bb.time([&] { g.attention(q, cache, view, p, out); }, quick ? 2 : 5);
+        row((name + " " + v).c_str(), "8 prompts x 1000, 32/8x128", sv, flops, true, gemm_tflops);
       }
       cuda::set_prefill_attention_variant(nullptr);
     }

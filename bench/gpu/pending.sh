@@ -10,7 +10,9 @@
 #    the one-rank tensor-parallel path with its graphs and overlapped steps);
 # 2. bench_collectives on one GPU (a group of one: the call overhead of a collective on the stream);
 # 3. the decode attention in the 1000/1000 run's shape (INFERX_BENCH_ONLY=decode_context bench_cuda_kernels);
-# 4. FP8 fast accumulation, speed: the 8192-token FP8 prefill and 1000 x 1000/1000 FP8 offline, off / on.
+# 4. FP8 fast accumulation, speed: the 8192-token FP8 prefill and 1000 x 1000/1000 FP8 offline, off / on;
+#    the GQA-packed prefill attention ("g3p"): its kernel rows (INFERX_BENCH_ONLY=prefill: 8 x 1000-token
+#    prompts, T2048 / T8192, every configuration) and 1000 x 1000/1000 with it.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
@@ -28,6 +30,10 @@ if [[ "${AB_ONLY:-0}" != 1 ]]; then
   INFERX_BENCH_ONLY=decode_context timeout 180 "$C/bench_cuda_kernels" >"$OUT/decode_context.txt" 2>&1
   echo "decode_context: rc=$?"
   cat "$OUT/decode_context.txt"
+  INFERX_BENCH_ONLY=prefill INFERX_BENCH_PREFILL_VARIANTS=1 timeout 180 "$C/bench_cuda_kernels" \
+    >"$OUT/prefill_rows.txt" 2>&1
+  echo "prefill rows: rc=$?"
+  grep -E "prefill" "$OUT/prefill_rows.txt"
 fi
 [[ "${SKIP_AB:-0}" == 1 ]] && exit 0
 # The FP8 ceiling with and without fast accumulation (torch._scaled_mm 8192^3; the tool prints both): the
@@ -44,4 +50,5 @@ for v in off: fast:INFERX_FP8_FAST_ACCUM=1; do
 import json; t=json.load(open('$OUT/prefill_fp8_$name.json'))['ttft_ms']
 print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s\")" 2>&1 | tail -1)"
 done
-WORKLOADS=1000x1000/1000 VARIANTS="off: fast:INFERX_FP8_FAST_ACCUM=1" bash "$(dirname "$0")/offline_ab.sh"
+WORKLOADS=1000x1000/1000 VARIANTS="off: fast:INFERX_FP8_FAST_ACCUM=1 g3p:INFERX_PREFILL_ATTN=g3p" \
+  bash "$(dirname "$0")/offline_ab.sh"

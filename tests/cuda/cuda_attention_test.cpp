@@ -449,10 +449,10 @@ TEST_F(CudaAttentionTest, MixedStepSplitsDecodesFromPrefillChunks) {
   }
 }
 
-// Both prefill kernel configurations (kernels.h: "g3", "g2") over both cache types, on the shapes their fast
-// paths special-case: chunks that start mid-block, odd lengths, several query tiles per sequence (a partial
-// last one), head_dim 64 and 128, GQA 1/4/8/16, sliding windows, decodes in the batch, and (window 40 over
-// block size 32) tiles no row of a CTA sees.
+// Every prefill kernel configuration (kernels.h: "g3", "g2", "g3p") over both cache types, on the shapes
+// their fast paths special-case: chunks that start mid-block, odd lengths, several query tiles per sequence
+// (a partial last one), head_dim 64 and 128, GQA 1/4/8/16, sliding windows, decodes in the batch, and (window
+// 40 over block size 32) tiles no row of a CTA sees.
 TEST_F(CudaAttentionTest, PrefillVariantsOverBf16AndFp8CachesMatchFloat64) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const std::vector<Case> grid = {
@@ -463,7 +463,7 @@ TEST_F(CudaAttentionTest, PrefillVariantsOverBf16AndFp8CachesMatchFloat64) {
       {16, 1, 64, 0, 16, {17, 0}, {517, 1}},
       {8, 2, 128, 40, 32, {900}, {333}},
   };
-  const char* variants[] = {"g3", "g2"};
+  const char* variants[] = {"g3", "g2", "g3p"};
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.5f : 1.0f, vs = dt == DType::F8_E4M3 ? 0.01f : 1.0f;
     CudaBackend& gpu = backend(dt, ks, vs);

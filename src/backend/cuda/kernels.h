@@ -152,7 +152,8 @@ cudaError_t launch_read_stream(const void* p, size_t bytes, uint32_t* sink, int 
 // (at most 65535 tiles of 64). Unsupported: other dtypes / head dims, and caches of 2^31 or more token
 // slots (num_blocks * block_size).
 bool prefill_attention_supported(const PagedKv& cache, int64_t hd);
-// Which configuration runs: "g3" (the default) or "g2", see kernels_prefill_attention.cu;
+// Which configuration runs: "g3" (the default), "g2" or "g3p" (g3 with the GQA heads of a KV head packed
+// into a CTA's rows), see kernels_prefill_attention.cu;
 // INFERX_PREFILL_ATTN sets it per process, this call overrides it (A/B benchmarks), nullptr returns to
 // the environment's choice.
 void set_prefill_attention_variant(const char* name);
