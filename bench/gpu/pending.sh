@@ -30,6 +30,11 @@ if [[ "${AB_ONLY:-0}" != 1 ]]; then
   INFERX_BENCH_ONLY=decode_context timeout 180 "$C/bench_cuda_kernels" >"$OUT/decode_context.txt" 2>&1
   echo "decode_context: rc=$?"
   cat "$OUT/decode_context.txt"
+  # The new prefill configuration under compute-sanitizer memcheck (out-of-bounds Q / output rows).
+  INFERX_REQUIRE_GPU=1 timeout 240 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$C/test_cuda_backend" --gtest_color=no --gtest_filter='CudaAttentionTest.PrefillVariants*' \
+    >"$OUT/memcheck_prefill_variants.log" 2>&1
+  echo "memcheck prefill variants: rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$OUT/memcheck_prefill_variants.log" | tr '\n' ' ')"
   INFERX_BENCH_ONLY=prefill INFERX_BENCH_PREFILL_VARIANTS=1 timeout 180 "$C/bench_cuda_kernels" \
     >"$OUT/prefill_rows.txt" 2>&1
   echo "prefill rows: rc=$?"
