@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# What was built without a GPU and has not run on one yet (2026-12-04 night session), in one device call
-# each (after bench/gpu/stage.sh; carry ["gpu-carry-z"]); parts 1-3 take about four minutes, part 4 about
-# four, so two calls keep each under the device tool's ten:
-#   tar -xzf gpu-carry-z/carry.tgz && SKIP_AB=1 bash bench/gpu/pending.sh
-#   tar -xzf gpu-carry-z/carry.tgz && AB_ONLY=1 bash bench/gpu/pending.sh
-# 1. the GPU test binaries: test_cuda_engine (device logit edits and penalties, overlapped steps),
-#    test_cuda_backend (the dummy-weight fill blocks), test_cuda_qgemm (with and without FP8 fast
-#    accumulation: the accuracy side of that switch), test_cuda_tensor_parallel (the collectives on one GPU,
-#    the one-rank tensor-parallel path with its graphs and overlapped steps);
-# 2. bench_collectives on one GPU (a group of one: the call overhead of a collective on the stream);
-# 3. the decode attention in the 1000/1000 run's shape (INFERX_BENCH_ONLY=decode_context bench_cuda_kernels);
-# 4. FP8 fast accumulation, speed: the 8192-token FP8 prefill and 1000 x 1000/1000 FP8 offline, off / on;
-#    the GQA-packed prefill attention ("g3p"): its kernel rows (INFERX_BENCH_ONLY=prefill: 8 x 1000-token
-#    prompts, T2048 / T8192, every configuration) and 1000 x 1000/1000 with it.
+# What was built without a GPU and has not run on one yet (2026-12-04 night session), in three device calls
+# of at most ~6 minutes each (after bench/gpu/stage.sh; carry ["gpu-carry-z"]):
+#   tar -xzf gpu-carry-z/carry.tgz && PART=tests bash bench/gpu/pending.sh
+#   tar -xzf gpu-carry-z/carry.tgz && PART=kernels bash bench/gpu/pending.sh
+#   tar -xzf gpu-carry-z/carry.tgz && PART=ab bash bench/gpu/pending.sh
+# tests:   test_cuda_engine (device logit edits and penalties, overlapped steps), test_cuda_backend (the
+#          dummy-weight fill blocks, the g3p prefill configuration against float64), test_cuda_qgemm with
+#          and without FP8 fast accumulation (the accuracy side of that switch), test_cuda_tensor_parallel
+#          (collectives on one GPU, the one-rank tensor-parallel path with graphs and overlapped steps, the
+#          P2P all-reduce with several ranks on one GPU);
+# kernels: bench_collectives on one GPU (a collective's call overhead on the stream), the decode attention in
+#          the 1000/1000 run's shape (INFERX_BENCH_ONLY=decode_context), the prefill variants test under
+#          compute-sanitizer memcheck, the prefill attention rows of every configuration (8 x 1000-token
+#          prompts, T2048, T8192);
+# ab:      gpu_ceilings.py (FP8 with and without fast accumulation), the 8192-token FP8 prefill with fast
+#          accumulation off / on, 1000 x 1000/1000 FP8 offline: default, fast accumulation, g3p.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+PART="${PART:-tests}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-if [[ "${AB_ONLY:-0}" != 1 ]]; then
+
+if [[ "$PART" == tests ]]; then
   for t in test_cuda_engine test_cuda_backend test_cuda_qgemm test_cuda_tensor_parallel; do
     INFERX_REQUIRE_GPU=1 timeout 300 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
     echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)|one rank|one-rank path' "$OUT/$t.log" | tr '\n' ' ')"
@@ -24,6 +28,9 @@ if [[ "${AB_ONLY:-0}" != 1 ]]; then
   INFERX_FP8_FAST_ACCUM=1 INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_qgemm" --gtest_color=no \
     >"$OUT/test_cuda_qgemm_fast_accum.log" 2>&1
   echo "test_cuda_qgemm, fast accumulation: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_cuda_qgemm_fast_accum.log" | tr '\n' ' ')"
+fi
+
+if [[ "$PART" == kernels ]]; then
   timeout 60 "$C/bench_collectives" 1 >"$OUT/collectives_1gpu.txt" 2>&1
   echo "bench_collectives (1 GPU): rc=$?"
   cat "$OUT/collectives_1gpu.txt"
@@ -38,22 +45,25 @@ if [[ "${AB_ONLY:-0}" != 1 ]]; then
   INFERX_BENCH_ONLY=prefill INFERX_BENCH_PREFILL_VARIANTS=1 timeout 180 "$C/bench_cuda_kernels" \
     >"$OUT/prefill_rows.txt" 2>&1
   echo "prefill rows: rc=$?"
-  grep -E "prefill" "$OUT/prefill_rows.txt"
+  grep -E "prefill|copy|GEMM" "$OUT/prefill_rows.txt"
 fi
-[[ "${SKIP_AB:-0}" == 1 ]] && exit 0
-# The FP8 ceiling with and without fast accumulation (torch._scaled_mm 8192^3; the tool prints both): the
-# 1000/1000 run's big FP8 GEMMs already reach 1.41-1.51 PFLOP/s, so the gain hangs on which one that is.
-OUT="$OUT" timeout 200 python3 "$C/tools/gpu_ceilings.py" >"$OUT/ceilings.log" 2>&1
-echo "gpu_ceilings: rc=$? $(grep -E 'fp8|copy' "$OUT/ceilings.log" | tr '\n' ' ')"
-for v in off: fast:INFERX_FP8_FAST_ACCUM=1; do
-  name=${v%%:*}
-  IFS=, read -r -a kv <<<"${v#*:}"
-  env "${kv[@]}" timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --quantize fp8 --device cuda \
-    --max-batch-size 1 --num-prompts 1 --warmup 1 --input-len 8192 --output-len 1 --max-model-len 9000 \
-    --max-num-batched-tokens 8192 --no-progress --json >"$OUT/prefill_fp8_$name.json" 2>"$OUT/prefill_fp8_$name.err"
-  echo "prefill 8192 fp8 $name: rc=$? $(python3 -c "
+
+if [[ "$PART" == ab ]]; then
+  # The FP8 ceiling with and without fast accumulation (torch._scaled_mm 8192^3; the tool prints both): the
+  # 1000/1000 run's big FP8 GEMMs already reach 1.41-1.51 PFLOP/s, so the gain hangs on which one that is.
+  OUT="$OUT" timeout 200 python3 "$C/tools/gpu_ceilings.py" >"$OUT/ceilings.log" 2>&1
+  echo "gpu_ceilings: rc=$? $(grep -E 'fp8|copy' "$OUT/ceilings.log" | tr '\n' ' ')"
+  for v in off: fast:INFERX_FP8_FAST_ACCUM=1; do
+    name=${v%%:*}
+    IFS=, read -r -a kv <<<"${v#*:}"
+    env "${kv[@]}" timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --quantize fp8 \
+      --device cuda --max-batch-size 1 --num-prompts 1 --warmup 1 --input-len 8192 --output-len 1 \
+      --max-model-len 9000 --max-num-batched-tokens 8192 --no-progress --json >"$OUT/prefill_fp8_$name.json" \
+      2>"$OUT/prefill_fp8_$name.err"
+    echo "prefill 8192 fp8 $name: rc=$? $(python3 -c "
 import json; t=json.load(open('$OUT/prefill_fp8_$name.json'))['ttft_ms']
 print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s\")" 2>&1 | tail -1)"
-done
-WORKLOADS=1000x1000/1000 VARIANTS="off: fast:INFERX_FP8_FAST_ACCUM=1 g3p:INFERX_PREFILL_ATTN=g3p" \
-  bash "$(dirname "$0")/offline_ab.sh"
+  done
+  WORKLOADS=1000x1000/1000 VARIANTS="off: fast:INFERX_FP8_FAST_ACCUM=1 g3p:INFERX_PREFILL_ATTN=g3p" \
+    bash "$(dirname "$0")/offline_ab.sh"
+fi
