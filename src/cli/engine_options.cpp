@@ -144,7 +144,7 @@ LoadedEngine load_engine(const EngineArgs& a) {
   INFERX_CHECK(dt.has_value(), "--dtype: unknown weight type '{}'", a.dtype);
   lo.dummy_dtype = *dt;
   apply_quantize(a.quantize, a.calibration, a.model, a.threads, lo);
-  apply_tensor_parallel(a.device, a.threads, a.tensor_parallel_size, lo);
+  apply_tensor_parallel(a.device, a.threads, a.tensor_parallel_size, lo, a.kv_cache_dtype);
   l.model = Model::load(a.model, *l.backend, lo);
   print_quant_plan(*l.model);
   l.text = load_model_text(a.model, l.model->source());

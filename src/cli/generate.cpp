@@ -66,7 +66,7 @@ void run_generate(const GenerateArgs& a) {
   lo.dummy_dtype = *dt;
   lo.dummy_seed = a.seed;
   apply_quantize(a.quantize, a.calibration, a.model, a.threads, lo);
-  apply_tensor_parallel(a.device, a.threads, a.tensor_parallel_size, lo);
+  apply_tensor_parallel(a.device, a.threads, a.tensor_parallel_size, lo, a.kv_cache_dtype);
   auto model = Model::load(a.model, *backend, lo);
   std::fprintf(stderr, "model: %s\nbackend: %s\n", model->description().c_str(), backend->name().c_str());
   print_quant_plan(*model);

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/backend_choice.h"
 #include "core/error.h"
 #if defined(INFERX_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
@@ -23,7 +24,8 @@ void add_tensor_parallel_option(CLI::App& sub, int& size) {
       ->check(CLI::Range(1, 64));
 }
 
-void apply_tensor_parallel(const std::string& device, int threads, int size, LoadOptions& lo) {
+void apply_tensor_parallel(const std::string& device, int threads, int size, LoadOptions& lo,
+                           const std::string& kv_cache_dtype) {
   lo.tensor_parallel_size = size;
   // INFERX_TENSOR_PARALLEL_PATH=1 with a size of 1: one rank through the tensor-parallel model (what the
   // multi-GPU machinery costs on one GPU: the unfused o / down products, the collectives, the broadcast).
@@ -45,7 +47,10 @@ void apply_tensor_parallel(const std::string& device, int threads, int size, Loa
   INFERX_CHECK(first + size <= count,
                "--tensor-parallel-size {} on {}: needs CUDA devices {}..{}, {} visible", size, device, first,
                first + size - 1, count);
-  lo.make_rank_backend = [first](int rank) { return make_cuda_backend(first + rank); };
+  // Every rank's backend made as rank 0's (backend_choice.cpp): the same KV cache type and options.
+  lo.make_rank_backend = [first, kv_cache_dtype](int rank) {
+    return make_backend(fmt::format("cuda:{}", first + rank), 0, kv_cache_dtype);
+  };
   lo.make_communicators = [first](const std::vector<Backend*>& backends) {
     std::vector<int> devices;
     std::vector<void*> streams;  // each rank's collectives run behind its backend's ops

@@ -13,7 +13,9 @@ namespace inferx::cli {
 
 void add_tensor_parallel_option(CLI::App& sub, int& size);
 
-// Fills lo.tensor_parallel_size and the rank backend / communicator factories for `device`.
-void apply_tensor_parallel(const std::string& device, int threads, int size, LoadOptions& lo);
+// Fills lo.tensor_parallel_size and the rank backend / communicator factories for `device`; GPU ranks get
+// rank 0's --kv-cache-dtype.
+void apply_tensor_parallel(const std::string& device, int threads, int size, LoadOptions& lo,
+                           const std::string& kv_cache_dtype = "auto");
 
 }  // namespace inferx::cli

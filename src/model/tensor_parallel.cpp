@@ -181,6 +181,11 @@ std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& ba
         b != nullptr && b->device() == backend.device(),
         "--tensor-parallel-size {}: rank {}'s backend is not on the same kind of device as rank 0 ({})", n, r,
         backend.name());
+    // One KV cache type on every rank: the pool is sized by the largest rank's bytes per block, and a rank
+    // in another type would hold its heads at another precision.
+    INFERX_CHECK(b->kv_cache_dtype() == backend.kv_cache_dtype(),
+                 "--tensor-parallel-size {}: rank {}'s backend keeps a {} KV cache, rank 0's a {} one", n, r,
+                 dtype_name(b->kv_cache_dtype()), dtype_name(backend.kv_cache_dtype()));
     s.backends.push_back(b.get());
     s.owned_backends.push_back(std::move(b));
   }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "model/arch_registry.h"
@@ -57,7 +58,7 @@ Loaded load(const std::string& spec, int tp, LoadOptions options = {}) {
   Loaded l;
   l.backend = make_cpu_backend({1});
   options.tensor_parallel_size = tp;
-  options.make_rank_backend = [](int) { return make_cpu_backend({1}); };
+  if (!options.make_rank_backend) options.make_rank_backend = [](int) { return make_cpu_backend({1}); };
   l.model = Model::load(spec, *l.backend, options);
   return l;
 }
@@ -422,6 +423,23 @@ TEST(TensorParallel, DummySlicesAreBlocksOfTheWholeTensorsFill) {
   const std::string norm = layer_tensor_name(n.attn_norm, 0);
   ASSERT_NE(rank1->random_fill(norm), nullptr);
   EXPECT_EQ(rank1->random_fill(norm)->full_cols, 0);
+}
+
+// Every rank keeps the same KV cache type (the CLI makes GPU ranks with rank 0's --kv-cache-dtype; a rank
+// backend in another type is refused at load, naming both).
+TEST(TensorParallel, RanksMustKeepOneKvCacheType) {
+  struct OwnsCpu {
+    std::unique_ptr<Backend> cpu = make_cpu_backend({1});
+  };
+  class Bf16KvBackend final : private OwnsCpu, public ForwardingBackend {
+   public:
+    Bf16KvBackend() : ForwardingBackend(*cpu) {}
+    DType kv_cache_dtype() const override { return DType::BF16; }
+  };
+  LoadOptions o;
+  o.make_rank_backend = [](int) { return std::make_unique<Bf16KvBackend>(); };
+  const std::string msg = error_of([&] { load(kFixtures + "llama-tiny", 2, o); });
+  EXPECT_NE(msg.find("rank 1's backend keeps a BF16 KV cache, rank 0's a F32 one"), std::string::npos) << msg;
 }
 
 TEST(TensorParallel, TwoSequencesInOneStep) {
