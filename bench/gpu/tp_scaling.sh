@@ -11,7 +11,7 @@
 # 4. throughput at concurrency 256 (1000 prompts, 1024 in / 256 out, offline) for the same sizes, 8B and
 #    70B (FP8 + FP8 KV), and the 70B bf16 TP = 2 served run (SERVE=1);
 # with the one-shot peer-to-peer all-reduce (INFERX_CUSTOM_ALLREDUCE=1) beside NCCL for the collectives and
-# the 8B batch-1 runs.
+# the 8B batch-1 runs, and the BF16 all-reduce of large sums (INFERX_TP_ALLREDUCE_BF16) for 8B c=256.
 # Every figure goes to $OUT (one JSON per run) and one summary line per run to stdout.
 # Knobs: TPS ("1 2 4 8"), B1=0 / THROUGHPUT=0 / TESTS=0 / COLLECTIVES=0 skip parts, PROMPTS (1000).
 set -uo pipefail
@@ -79,6 +79,10 @@ for tp in $TPS; do
   if [[ "${THROUGHPUT:-1}" == 1 ]]; then
     run "c256_8b_bf16_tp$tp" 420 -m dummy:llama-3-8b --dtype bf16 --tensor-parallel-size "$tp" --max-batch-size 256 \
       --num-prompts "$PROMPTS" --input-len 1024 --output-len 256 --max-model-len 4096 --max-num-batched-tokens 8192
+    # The large sums (prefill chunks, batch-256 decode) reduced in BF16: half the bytes over NVLink.
+    ((tp >= 2)) && INFERX_TP_ALLREDUCE_BF16=256 run "c256_8b_bf16_tp${tp}_ar_bf16" 420 -m dummy:llama-3-8b --dtype bf16 \
+      --tensor-parallel-size "$tp" --max-batch-size 256 --num-prompts "$PROMPTS" --input-len 1024 --output-len 256 \
+      --max-model-len 4096 --max-num-batched-tokens 8192
     ((tp >= 2)) && run "c256_70b_fp8_tp$tp" 540 -m dummy:llama-3-70b --dtype bf16 --quantize fp8 --kv-cache-dtype fp8 \
       --tensor-parallel-size "$tp" --max-batch-size 256 --num-prompts "$PROMPTS" --input-len 1024 --output-len 256 \
       --max-model-len 4096 --max-num-batched-tokens 8192

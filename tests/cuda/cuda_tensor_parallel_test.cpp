@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -336,6 +339,38 @@ TEST(P2pAllReduce, RanksOnOneGpuSumInRankOrderEagerlyAndFromGraphs) {
       cudaFree(bufs[static_cast<size_t>(r)]);
       cudaFree(srcs[static_cast<size_t>(r)]);
       cudaStreamDestroy(streams[static_cast<size_t>(r)]);
+    }
+  }
+}
+
+// INFERX_TP_ALLREDUCE_BF16 on one GPU (a group of one: the sum is the tensor itself): a sum of 1 MB or more
+// comes back as its BF16 rounding (round to nearest even), a smaller one exactly.
+TEST(NcclCommunicator, Bf16AllReduceRoundsLargeSumsOnly) {
+  REQUIRE_GPUS(1);
+  setenv("INFERX_TP_ALLREDUCE_BF16", "16", 1);
+  auto backend = make_cuda_backend(0, exact_options());
+  auto comms = make_nccl_communicators({0}, {cuda_stream_of(*backend)});
+  unsetenv("INFERX_TP_ALLREDUCE_BF16");
+  for (int64_t n : {int64_t{1000}, int64_t{1} << 18, (int64_t{1} << 20) + 3}) {
+    SCOPED_TRACE(n);
+    std::vector<float> host(static_cast<size_t>(n));
+    std::mt19937 rng(static_cast<uint32_t>(n));
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    for (float& v : host) v = u(rng);
+    auto buf = backend->allocate(host.size() * 4);
+    backend->copy_to_device(buf->data(), host.data(), host.size() * 4);
+    Tensor x(DType::F32, {n}, buf->data(), Device::CUDA);
+    comms[0]->all_reduce_sum(x);
+    std::vector<float> got(host.size());
+    backend->copy_to_host(got.data(), buf->data(), got.size() * 4);
+    const bool rounded = n >= (int64_t{1} << 18);
+    for (size_t i = 0; i < host.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &host[i], 4);
+      bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;  // round to nearest even (finite values)
+      float want;
+      std::memcpy(&want, &bits, 4);
+      ASSERT_EQ(got[i], rounded ? want : host[i]) << "element " << i;
     }
   }
 }

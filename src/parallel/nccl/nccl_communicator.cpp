@@ -11,6 +11,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "parallel/nccl/bf16_convert.h"
 #include "parallel/nccl/p2p_all_reduce.h"
 
 namespace inferx {
@@ -59,10 +60,14 @@ ncclDataType_t nccl_type(DType t) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int device, int rank, int size, cudaStream_t stream,
-                   std::shared_ptr<P2pAllReduce> p2p)
+                   std::shared_ptr<P2pAllReduce> p2p, size_t bf16_bytes)
       : comm_(comm), device_(device), rank_(rank), size_(size), stream_(stream), p2p_(std::move(p2p)) {
     NCCL_CUDA_CHECK(cudaSetDevice(device_));
     NCCL_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+    if (bf16_bytes > 0) {  // allocated once: a recorded graph may hold it
+      NCCL_CUDA_CHECK(cudaMalloc(&bf16_, bf16_bytes));
+      bf16_elems_ = static_cast<int64_t>(bf16_bytes / 2);
+    }
   }
 
   ~NcclCommunicator() override {
@@ -73,6 +78,7 @@ class NcclCommunicator final : public Communicator {
         std::fprintf(stderr, "warning: NCCL communicator teardown: %s\n", ncclGetErrorString(r));
     }
     if (scratch_ != nullptr) warn_cuda(cudaFree(scratch_), "cudaFree");
+    if (bf16_ != nullptr) warn_cuda(cudaFree(bf16_), "cudaFree");
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -90,6 +96,15 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     NCCL_CUDA_CHECK(cudaSetDevice(device_));
+    if (bf16_ != nullptr && x.dtype == DType::F32 && x.numel() >= kBf16MinElems && x.numel() <= bf16_elems_) {
+      // Half the bytes over the links: the partial sums rounded to BF16 (as a BF16 model's activations
+      // are), summed by NCCL in BF16, widened back.
+      const auto n = static_cast<int64_t>(x.numel());
+      NCCL_CUDA_CHECK(launch_f32_to_bf16(static_cast<const float*>(x.data), n, bf16_, stream_));
+      NCCL_CHECK(ncclAllReduce(bf16_, bf16_, static_cast<size_t>(n), ncclBfloat16, ncclSum, comm_, stream_));
+      NCCL_CUDA_CHECK(launch_bf16_to_f32(bf16_, n, static_cast<float*>(x.data), stream_));
+      return;
+    }
     NCCL_CHECK(ncclAllReduce(x.data, x.data, static_cast<size_t>(x.numel()), nccl_type(x.dtype), ncclSum,
                              comm_, stream_));
   }
@@ -146,6 +161,11 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;      // the rank backend's (not owned)
   std::shared_ptr<P2pAllReduce> p2p_;  // the group's one-shot all-reduce for small sums (null: NCCL only)
   void* scratch_ = nullptr;
+  // INFERX_TP_ALLREDUCE_BF16: F32 sums of at least kBf16MinElems values (prefill chunks, large decode
+  // batches) and at most bf16_elems_ go through BF16 (null: never).
+  static constexpr int64_t kBf16MinElems = int64_t{1} << 18;  // 1 MB of F32
+  void* bf16_ = nullptr;
+  int64_t bf16_elems_ = 0;
   bool aborted_ = false;
 };
 
@@ -183,6 +203,11 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
                    "note: INFERX_CUSTOM_ALLREDUCE: the GPUs have no peer access to each other: NCCL only\n");
     }
   }
+  // INFERX_TP_ALLREDUCE_BF16=MB (off: 0 or unset): large F32 sums reduced in BF16 through a staging buffer
+  // of that many MB per rank (allocated once, so graphs may hold it; larger sums stay F32).
+  size_t bf16_bytes = 0;
+  if (const char* b = std::getenv("INFERX_TP_ALLREDUCE_BF16"); b != nullptr)
+    bf16_bytes = static_cast<size_t>(std::strtoul(b, nullptr, 10)) << 20;
   std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
   NCCL_CHECK(ncclCommInitAll(comms.data(), n, devices.data()));
   std::vector<std::unique_ptr<Communicator>> out;
@@ -190,7 +215,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
     for (int r = 0; r < n; ++r) {
       out.push_back(std::make_unique<NcclCommunicator>(
           comms[static_cast<size_t>(r)], devices[static_cast<size_t>(r)], r, n,
-          static_cast<cudaStream_t>(streams[static_cast<size_t>(r)]), p2p));
+          static_cast<cudaStream_t>(streams[static_cast<size_t>(r)]), p2p, bf16_bytes));
       comms[static_cast<size_t>(r)] = nullptr;  // owned by the communicator now
     }
   } catch (...) {
