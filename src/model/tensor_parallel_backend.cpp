@@ -13,6 +13,10 @@ std::string TensorParallelBackend::name() const {
   return fmt::format("{} (rank 0 of {} tensor-parallel ranks)", inner().name(), ranks_.size());
 }
 
+void TensorParallelBackend::synchronize() {
+  for (Backend* b : ranks_) b->synchronize();
+}
+
 bool TensorParallelBackend::begin_graph_capture() {
   size_t begun = 0;
   auto discard_begun = [&] {

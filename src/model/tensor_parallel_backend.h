@@ -4,8 +4,10 @@
 // and its side of every collective, so a recording is one graph per rank under one key: begin / end
 // capture on every rank's backend (rank threads then launch into streams that are being recorded), and a
 // replay launches all N or none (a rank's graph replayed without its peers would wait in its first
-// collective forever). Everything else goes to rank 0: the gathered logits, the sampler and the step's
-// metadata (which the model broadcasts to the other ranks inside the step) live there.
+// collective forever). synchronize() waits for every rank (a step is done when its last rank is: the engine
+// frees or reuses what the step used after it). Everything else goes to rank 0: the gathered logits, the
+// sampler and the step's metadata (which the model broadcasts to the other ranks inside the step) live
+// there.
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@ class TensorParallelBackend final : public ForwardingBackend {
   // ranks[0] is the backend forwarded to; every rank's outlives this.
   explicit TensorParallelBackend(std::vector<Backend*> ranks);
   std::string name() const override;
+  void synchronize() override;
 
   // All ranks or none: a rank that declines (CPU) or fails ends the captures already begun, discarded.
   bool begin_graph_capture() override;

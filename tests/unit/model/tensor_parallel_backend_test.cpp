@@ -48,6 +48,7 @@ class GraphLogBackend final : public ForwardingBackend {
     return true;
   }
   void drop_graph(uint64_t key) override { graphs.erase(key); }
+  void synchronize() override { log += "sync "; }
   void clear_graphs() override { graphs.clear(); }
 
   bool decline = false, fail_begin = false, fail_end = false, lose_recording = false;
@@ -83,6 +84,12 @@ TEST(TensorParallelBackend, EveryRankRecordsAndReplays) {
   r.tp->clear_graphs();
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(r[i].graphs.empty());
   EXPECT_NE(r.tp->name().find("rank 0 of 3"), std::string::npos) << r.tp->name();
+}
+
+TEST(TensorParallelBackend, SynchronizeWaitsForEveryRank) {
+  Ranks r(3);
+  r.tp->synchronize();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(r[i].log, "sync ") << "rank " << i;
 }
 
 TEST(TensorParallelBackend, ARankThatDeclinesOrFailsEndsTheOthersCaptures) {
