@@ -115,6 +115,7 @@ struct EngineStats {
   int64_t prompt_tokens = 0, generation_tokens = 0;
   int64_t steps = 0;
   int64_t decode_graph_steps = 0;     // decode steps padded to a bucket (replayed from a graph on a GPU)
+  int64_t decode_graph_replays = 0;   // of those, the steps a recorded CUDA graph ran (0 without graphs)
   int64_t device_sampled_tokens = 0;  // tokens chosen by Backend::sample_tokens (the rest on the host)
   int64_t overlapped_steps = 0;       // decode steps launched before the previous step's tokens arrived
 };

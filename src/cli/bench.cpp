@@ -139,11 +139,13 @@ void run_bench_offline(BenchOfflineArgs a) {
   const EngineStats es = l.engine->stats();
   s.json["engine"] = {{"steps", es.steps},
                       {"decode_graph_steps", es.decode_graph_steps},
+                      {"decode_graph_replays", es.decode_graph_replays},
                       {"overlapped_decode_steps", es.overlapped_steps},
                       {"preemptions", es.preemptions},
                       {"device_sampled_tokens", es.device_sampled_tokens}};
-  s.text += fmt::format("engine: {} steps ({} padded decode, {} overlapped), {} preemptions\n", es.steps,
-                        es.decode_graph_steps, es.overlapped_steps, es.preemptions);
+  s.text += fmt::format(
+      "engine: {} steps ({} padded decode, {} from CUDA graphs, {} overlapped), {} preemptions\n", es.steps,
+      es.decode_graph_steps, es.decode_graph_replays, es.overlapped_steps, es.preemptions);
   if (a.roofline) add_roofline(s, roofline);
   if (a.json)
     std::printf("%s\n", s.json.dump(2).c_str());

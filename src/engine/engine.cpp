@@ -392,6 +392,7 @@ void Engine::Impl::publish_stats() {
   s.generation_tokens = generation_tokens;
   s.steps = steps;
   s.decode_graph_steps = graph_steps;
+  s.decode_graph_replays = decode_graphs ? decode_graphs->replays() : 0;
   s.device_sampled_tokens = step_sampler->device_rows();
   s.overlapped_steps = overlapped_steps;
   std::lock_guard<std::mutex> lock(mu);

@@ -293,6 +293,8 @@ TEST_F(CudaEngine, EngineWithGraphsGivesThePaddedEagerTextExactly) {
   // The same steps padded to the same buckets, run eagerly: the same kernels on the same shapes.
   const auto padded = run(ps, Env(Vars{{"INFERX_GRAPHS", "pad"}}), &ps_stats);
   EXPECT_GT(gs.decode_graph_steps, 10);
+  EXPECT_GT(gs.decode_graph_replays, 10) << "recorded graphs must run, not eager fallbacks";
+  EXPECT_EQ(ps_stats.decode_graph_replays, 0);
   EXPECT_EQ(gs.decode_graph_steps, ps_stats.decode_graph_steps);
   EXPECT_EQ(graphs, padded);
   // Unpadded eager steps run the GEMMs at other row counts (other algorithms, other BF16 rounding): a

@@ -222,6 +222,9 @@ TEST(CudaTensorParallel, OneRankPathReplaysItsCollectivesFromGraphs) {
   EXPECT_GT(graphs.decode_graph_steps, 10);
   EXPECT_EQ(graphs.decode_graph_steps, padded.decode_graph_steps);
   EXPECT_GT(graphs.overlapped_steps, 10) << "overlapped steps run on the tensor-parallel path";
+  EXPECT_GT(graphs.decode_graph_replays, 10)
+      << "the steps must replay recorded graphs, not fall back to eager";
+  EXPECT_EQ(padded.decode_graph_replays, 0);
   std::printf("one rank: %lld graph steps, %lld overlapped\n",
               static_cast<long long>(graphs.decode_graph_steps),
               static_cast<long long>(graphs.overlapped_steps));

@@ -26,6 +26,7 @@ def test_offline_counts_every_token_and_reports_the_roofline():
     eng = j["engine"]
     assert eng["steps"] >= 5 and eng["preemptions"] == 0
     assert eng["decode_graph_steps"] == 0 and eng["overlapped_decode_steps"] == 0
+    assert eng["decode_graph_replays"] == 0
     roof = j["roofline"]
     assert roof["weight_bytes_per_token"] > 0 and roof["bandwidth_gbs"] > 0
     assert "host streaming read" in roof["probe"] and "1 threads" in roof["probe"]

@@ -213,6 +213,7 @@ TEST_F(DecodeGraphsCpu, EngineWithPaddedDecodeStepsGivesTheSameGreedyText) {
     }
     engine.run_until_idle();
     EXPECT_EQ(engine.stats().decode_graph_steps > 0, pad);
+    EXPECT_EQ(engine.stats().decode_graph_replays, 0) << "the CPU records no graphs";
     EXPECT_EQ(engine.stats().kv_blocks_used, 0);
     return tokens;
   };
