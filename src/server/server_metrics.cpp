@@ -42,6 +42,8 @@ ServerMetrics::ServerMetrics(std::string model_version)
       graph_steps_(
           registry_.counter("inferx_decode_graph_steps_total",
                             "Decode steps padded to a batch bucket (replayed from a CUDA graph on a GPU)")),
+      graph_replays_(registry_.counter("inferx_decode_graph_replays_total",
+                                       "Padded decode steps that a recorded CUDA graph ran")),
       overlapped_steps_(
           registry_.counter("inferx_overlapped_decode_steps_total",
                             "Decode steps launched before the previous step's tokens reached the host")),
@@ -88,6 +90,7 @@ void ServerMetrics::update_engine(const EngineStats& s) {
   preemptions_.set({}, static_cast<double>(s.preemptions));
   steps_.set({}, static_cast<double>(s.steps));
   graph_steps_.set({}, static_cast<double>(s.decode_graph_steps));
+  graph_replays_.set({}, static_cast<double>(s.decode_graph_replays));
   overlapped_steps_.set({}, static_cast<double>(s.overlapped_steps));
 }
 

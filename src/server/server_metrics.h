@@ -43,6 +43,7 @@ class ServerMetrics {
   MetricFamily& preemptions_;
   MetricFamily& steps_;
   MetricFamily& graph_steps_;
+  MetricFamily& graph_replays_;
   MetricFamily& overlapped_steps_;
   MetricFamily& ttft_;
   MetricFamily& itl_;

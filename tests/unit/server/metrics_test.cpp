@@ -91,11 +91,13 @@ TEST(ServerMetrics, EngineStepCountersMirrorTheEngine) {
   EngineStats s;
   s.steps = 40;
   s.decode_graph_steps = 30;
+  s.decode_graph_replays = 28;
   s.overlapped_steps = 25;
   m.update_engine(s);
   const std::string text = m.render();
   EXPECT_NE(text.find("inferx_engine_steps_total 40\n"), std::string::npos);
   EXPECT_NE(text.find("inferx_decode_graph_steps_total 30\n"), std::string::npos);
+  EXPECT_NE(text.find("inferx_decode_graph_replays_total 28\n"), std::string::npos);
   EXPECT_NE(text.find("inferx_overlapped_decode_steps_total 25\n"), std::string::npos);
 }
 
