@@ -101,6 +101,29 @@ struct Bench {
     v.max_seq_len = static_cast<int32_t>(longest);
     return d;
   }
+  // A prefill-only batch of `seqs` prompts of `len` tokens (positions 0..len - 1 each), every prompt's blocks
+  // of `bs` slots consecutive in the cache (seqs * ceil(len / bs) blocks).
+  BatchView prefill_batch(int64_t seqs, int64_t len, int64_t bs) {
+    const int64_t per = (len + bs - 1) / bs;
+    std::vector<int32_t> table(static_cast<size_t>(seqs * per)), positions, qs = {0}, lens;
+    std::iota(table.begin(), table.end(), 0);
+    for (int64_t sq = 0; sq < seqs; ++sq) {
+      for (int64_t i = 0; i < len; ++i) positions.push_back(static_cast<int32_t>(i));
+      qs.push_back(static_cast<int32_t>((sq + 1) * len));
+      lens.push_back(static_cast<int32_t>(len));
+    }
+    BatchView v;
+    v.num_tokens = static_cast<int32_t>(seqs * len);
+    v.num_seqs = static_cast<int32_t>(seqs);
+    v.positions = ints(positions);
+    v.query_start = ints(qs);
+    v.seq_lens = ints(lens);
+    v.block_tables = ints(table);
+    v.max_blocks_per_seq = static_cast<int32_t>(per);
+    v.max_query_len = static_cast<int32_t>(len);
+    v.max_seq_len = static_cast<int32_t>(len);
+    return v;
+  }
   // One layer's K and V cache [blocks, bs, kv heads, head dim] of `dtype` filled with random bytes (as FP8
   // codes a few are NaN, which costs the same time as any other value); seeds `seed` and `seed + 1`.
   KvCacheLayer kv_layer(DType dtype, int64_t blocks, int64_t bs, int64_t hkv, int64_t hd, uint64_t seed) {
@@ -893,20 +916,7 @@ int run(bool quick, bool gemm_only) {
   for (int64_t T : {int64_t{2048}, int64_t{8192}}) {
     const size_t mark = b.keep.size();
     const int64_t blocks = (T + bs - 1) / bs;
-    std::vector<int32_t> table(static_cast<size_t>(blocks)), positions(T), qs = {0, static_cast<int32_t>(T)},
-                                                                           lens = {static_cast<int32_t>(T)};
-    std::iota(table.begin(), table.end(), 0);
-    std::iota(positions.begin(), positions.end(), 0);
-    BatchView view;
-    view.num_tokens = static_cast<int32_t>(T);
-    view.num_seqs = 1;
-    view.positions = b.ints(positions);
-    view.query_start = b.ints(qs);
-    view.seq_lens = b.ints(lens);
-    view.block_tables = b.ints(table);
-    view.max_blocks_per_seq = static_cast<int32_t>(blocks);
-    view.max_query_len = static_cast<int32_t>(T);
-    view.max_seq_len = static_cast<int32_t>(T);
+    const BatchView view = b.prefill_batch(1, T, bs);
     const size_t cache_bytes = static_cast<size_t>(blocks * bs * hkv * hd) * 2;
     KvCacheLayer cache{Tensor(DType::BF16, {blocks, bs, hkv, hd}, b.random(cache_bytes, 10), Device::CUDA),
                        Tensor(DType::BF16, {blocks, bs, hkv, hd}, b.random(cache_bytes, 11), Device::CUDA)};
@@ -977,23 +987,7 @@ int run(bool quick, bool gemm_only) {
   {
     const size_t mark = b.keep.size();
     const int64_t seqs = 8, len = 1000, per = (len + bs - 1) / bs, T = seqs * len;
-    std::vector<int32_t> table(static_cast<size_t>(seqs * per)), positions, qs = {0}, lens;
-    std::iota(table.begin(), table.end(), 0);
-    for (int64_t sq = 0; sq < seqs; ++sq) {
-      for (int64_t i = 0; i < len; ++i) positions.push_back(static_cast<int32_t>(i));
-      qs.push_back(static_cast<int32_t>((sq + 1) * len));
-      lens.push_back(static_cast<int32_t>(len));
-    }
-    BatchView view;
-    view.num_tokens = static_cast<int32_t>(T);
-    view.num_seqs = static_cast<int32_t>(seqs);
-    view.positions = b.ints(positions);
-    view.query_start = b.ints(qs);
-    view.seq_lens = b.ints(lens);
-    view.block_tables = b.ints(table);
-    view.max_blocks_per_seq = static_cast<int32_t>(per);
-    view.max_query_len = static_cast<int32_t>(len);
-    view.max_seq_len = static_cast<int32_t>(len);
+    const BatchView view = b.prefill_batch(seqs, len, bs);
     Tensor q = b.f32(T, hq * hd, 21), out = b.f32(T, hq * hd, 22);
     const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
     const double flops = static_cast<double>(seqs) * 4.0 * hd * hq * len * len / 2;

@@ -54,6 +54,16 @@ class DeviceBuffer {
   virtual size_t size() const = 0;
 };
 
+// interleave_row_blocks' shapes (both backends): x [blocks * L, C] and out [L, blocks * C] of one dtype, both
+// contiguous; returns L.
+inline int64_t check_row_blocks(const Tensor& x, int64_t blocks, const Tensor& out, const char* who) {
+  INFERX_CHECK(blocks > 0 && x.ndim == 2 && out.ndim == 2 && x.dtype == out.dtype && x.rows() % blocks == 0 &&
+                   out.rows() == x.rows() / blocks && out.cols() == x.cols() * blocks,
+               "{}: interleave_row_blocks of {} blocks from {} {} into {} {}", who, blocks,
+               dtype_name(x.dtype), x.shape_string(), dtype_name(out.dtype), out.shape_string());
+  return x.rows() / blocks;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -110,6 +120,10 @@ class Backend {
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out[i, :] = x[rows[i], :]
   virtual void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) = 0;
+  // x holds `blocks` blocks of L rows each ([blocks * L, C], any dtype, contiguous); out [L, blocks * C]:
+  // out[l, b * C + c] = x[b * L + l, c]. The tensor-parallel logits, all-gathered rank after rank, as one
+  // row per token (no row table: a recorded step stays right whatever other steps ran in between).
+  virtual void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) = 0;
 
   // Optional capabilities (defaults: what the CPU backend does) ---------------------------------------
   // The element type KvCache allocates (F32 everywhere today; the CUDA backend stores BF16).

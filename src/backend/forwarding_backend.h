@@ -63,6 +63,9 @@ class ForwardingBackend : public Backend {
   void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
     inner_.gather_rows(x, rows, n, out);
   }
+  void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) override {
+    inner_.interleave_row_blocks(x, blocks, out);
+  }
   DType kv_cache_dtype() const override { return inner_.kv_cache_dtype(); }
   bool fill_random(Tensor& t, const RandomFill& fill) override { return inner_.fill_random(t, fill); }
   bool sample_tokens(const Tensor& logits, const TokenSampleParams* params, int32_t* host_ids) override {

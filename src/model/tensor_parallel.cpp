@@ -72,23 +72,6 @@ class RankThreads {
   std::vector<std::thread> threads_;
 };
 
-// int32 metadata staged on the host and, where the rank's memory is not the host's, uploaded.
-struct StagedInts {
-  std::vector<int32_t> host;
-  std::unique_ptr<DeviceBuffer> device;
-  const int32_t* upload(Backend& be) {
-    if (be.device() == Device::CPU) return host.data();
-    const size_t bytes = host.size() * sizeof(int32_t);
-    if (!device || device->size() < bytes) device = be.allocate(std::max<size_t>(bytes * 2, 256));
-    if (bytes > 0) be.copy_to_device(device->data(), host.data(), bytes);
-    return static_cast<const int32_t*>(device->data());
-  }
-  // What the last upload() returned.
-  const int32_t* data(const Backend& be) const {
-    return be.device() == Device::CPU ? host.data() : static_cast<const int32_t*>(device->data());
-  }
-};
-
 // A buffer of at least `bytes`, grown (never shrunk) in the backend's memory.
 void* grown(Backend& be, std::unique_ptr<DeviceBuffer>& buf, size_t bytes) {
   if (!buf || buf->size() < bytes) buf = be.allocate(std::max<size_t>(bytes, 64));
@@ -130,14 +113,11 @@ struct TensorParallel::State {
   std::vector<std::unique_ptr<Communicator>> comms;
   std::vector<std::unique_ptr<TensorParallelRank>> ranks;
   std::vector<std::unique_ptr<Model>> replicas;
-  // Per-step buffers: each rank's copy of the step's metadata block (rank 0's only when the engine's is
-  // not one BatchLayout block: then packed there), the all-gathered logits of every rank, rank 0's row
-  // order for the [num_logits, vocab] result (uploaded when num_logits changes) and that result.
+  // Per-step buffers: ranks 1..N-1's copies of the step's metadata block (meta[0] unused: rank 0 reads the
+  // caller's), the all-gathered logits of every rank and rank 0's [num_logits, vocab] result.
   std::vector<std::unique_ptr<DeviceBuffer>> meta;
   std::vector<BatchView> views;
   std::vector<std::unique_ptr<DeviceBuffer>> gathered;
-  StagedInts order;
-  int32_t order_rows = -1;
   std::unique_ptr<DeviceBuffer> logits;
   std::mutex error_mu;
   std::exception_ptr error;
@@ -262,43 +242,25 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
   Backend& be0 = *s.backends[0];
   const Device device = be0.device();
 
-  // Every rank reads the step's metadata from its own memory: rank 0's block, broadcast into each rank's
-  // copy as the first collective of the step, on the streams (no host copy; recorded in graphs, and an
-  // overlapped step's token ids, gathered into rank 0's block on its stream, travel with it). Rank 0
-  // broadcasts the engine's block in place when it is one BatchLayout block (every engine builder's),
-  // else a packed copy.
+  // Every rank reads the step's metadata from its own memory: rank 0's block (BatchLayout: every builder
+  // lays a step out as one block), broadcast into each rank's copy as the first collective of the step, on
+  // the streams (no host copy; recorded in graphs, and an overlapped step's token ids, gathered into rank
+  // 0's block on its stream, travel with it).
   const BatchLayout layout(T, batch.num_seqs, batch.max_blocks_per_seq, L);
   const size_t meta_bytes = layout.total() * sizeof(int32_t);
   const BatchView laid = layout.view(batch.token_ids);
-  const bool one_block = laid.positions == batch.positions && laid.query_start == batch.query_start &&
-                         laid.seq_lens == batch.seq_lens && laid.block_tables == batch.block_tables &&
-                         (L == 0 || laid.logits_rows == batch.logits_rows);
-  // Grown with room to spare: a buffer that moves voids the rank's recorded graphs.
-  auto meta_buffer = [&](int r) {
+  INFERX_CHECK(laid.positions == batch.positions && laid.query_start == batch.query_start &&
+                   laid.seq_lens == batch.seq_lens && laid.block_tables == batch.block_tables &&
+                   (L == 0 || laid.logits_rows == batch.logits_rows),
+               "tensor parallel: the step's metadata is not one BatchLayout block (backend/batch.h)");
+  std::vector<int32_t*> rank_meta(static_cast<size_t>(n),
+                                  const_cast<int32_t*>(batch.token_ids));  // root: read
+  for (int r = 1; r < n; ++r) {
+    // Grown with room to spare: a buffer that moves voids the rank's recorded graphs.
     std::unique_ptr<DeviceBuffer>& m = s.meta[static_cast<size_t>(r)];
     if (!m || m->size() < meta_bytes) m = s.backends[static_cast<size_t>(r)]->allocate(2 * meta_bytes + 256);
-    return static_cast<int32_t*>(m->data());
-  };
-  int32_t* root_meta = const_cast<int32_t*>(batch.token_ids);  // only read: rank 0 is the root
-  if (!one_block) {
-    root_meta = meta_buffer(0);
-    const int64_t S = batch.num_seqs;
-    const struct {
-      const int32_t* src;
-      size_t at;
-      int64_t count;
-    } parts[] = {{batch.token_ids, 0, T},
-                 {batch.positions, layout.positions(), T},
-                 {batch.query_start, layout.query_start(), S + 1},
-                 {batch.seq_lens, layout.seq_lens(), S},
-                 {batch.block_tables, layout.block_tables(), S * batch.max_blocks_per_seq},
-                 {batch.logits_rows, layout.logits_rows(), L}};
-    for (const auto& p : parts)
-      if (p.count > 0)
-        be0.copy_on_device(root_meta + p.at, p.src, static_cast<size_t>(p.count) * sizeof(int32_t));
+    rank_meta[static_cast<size_t>(r)] = static_cast<int32_t*>(m->data());
   }
-  std::vector<int32_t*> rank_meta(static_cast<size_t>(n), root_meta);
-  for (int r = 1; r < n; ++r) rank_meta[static_cast<size_t>(r)] = meta_buffer(r);
   for (int r = 0; r < n; ++r) {
     BatchView v = layout.view(rank_meta[static_cast<size_t>(r)]);
     v.max_query_len = batch.max_query_len;
@@ -307,26 +269,16 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
     s.views[static_cast<size_t>(r)] = v;
   }
 
-  // The logits: each rank's [L, V/N] all-gathered into [N * L, V/N] (rank-major); row l of the result is
-  // the concatenation of rows r * L + l, i.e. [L * N, V/N] rows in the order l * N + r.
+  // The logits: each rank's [L, V/N] all-gathered into [N * L, V/N] (rank-major), then interleaved into
+  // [L, V] (row l is rows r * L + l of every rank r, side by side).
   const int64_t Vr = plan_.vocab_per_rank, V = Vr * n;
   const bool gather = plan_.vocab_parallel;
   if (gather) {
     for (int r = 0; r < n; ++r)
       grown(*s.backends[static_cast<size_t>(r)], s.gathered[static_cast<size_t>(r)],
             static_cast<size_t>(n * L * Vr) * sizeof(float));
-    if (L > 1) {
-      if (s.order_rows != L) {  // uploaded once per row count: a recording step copies nothing
-        s.order.host.resize(static_cast<size_t>(L * n));
-        for (int32_t l = 0; l < L; ++l)
-          for (int r = 0; r < n; ++r) s.order.host[static_cast<size_t>(l * n + r)] = r * L + l;
-        s.order.upload(be0);
-        s.order_rows = L;
-      }
-      grown(be0, s.logits, static_cast<size_t>(L * V) * sizeof(float));
-    }
+    if (L > 1) grown(be0, s.logits, static_cast<size_t>(L * V) * sizeof(float));
   }
-  const int32_t* order = gather && L > 1 ? s.order.data(be0) : nullptr;
 
   Tensor result;
   s.error = nullptr;
@@ -349,9 +301,8 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
       if (L == 1) {
         result = all.reshaped({1, V});
       } else {
-        Tensor rows(DType::F32, {L * n, Vr}, s.logits->data(), device);
-        be.gather_rows(all, order, L * n, rows);
         result = Tensor(DType::F32, {L, V}, s.logits->data(), device);
+        be.interleave_row_blocks(all, n, result);
       }
     } catch (...) {
       {

@@ -482,6 +482,22 @@ TEST_F(CudaBackendTest, GatherRowsCopiesSelectedRows) {
   expect_close(read(*cpu_, out.cpu), want, 0, 0, "cpu");
 }
 
+// The tensor-parallel logits layout: 3 ranks' blocks of 5 rows (odd column count), rank after rank, as
+// [5, 3 * cols] rows.
+TEST_F(CudaBackendTest, InterleaveRowBlocksPutsEachBlocksRowsSideBySide) {
+  const int64_t blocks = 3, L = 5, cols = 37;
+  const auto x = random_floats(blocks * L * cols, 30);
+  Both tx = both_f32({blocks * L, cols}, x), out = both_f32({L, blocks * cols}, std::vector<float>(x.size()));
+  gpu_->interleave_row_blocks(tx.gpu, blocks, out.gpu);
+  cpu_->interleave_row_blocks(tx.cpu, blocks, out.cpu);
+  std::vector<float> want(x.size());
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t b = 0; b < blocks; ++b)
+      std::copy_n(&x[(b * L + l) * cols], cols, &want[(l * blocks + b) * cols]);
+  expect_close(read(*gpu_, out.gpu), want, 0, 0, "gpu");
+  expect_close(read(*cpu_, out.cpu), want, 0, 0, "cpu");
+}
+
 TEST_F(CudaBackendTest, ReportsItsDeviceAndRoundTripsMemory) {
   EXPECT_EQ(gpu_->device(), Device::CUDA);
   EXPECT_NE(gpu_->name().find("cuda:0"), std::string::npos);

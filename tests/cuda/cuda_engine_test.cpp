@@ -57,29 +57,10 @@ class CudaEngine : public ::testing::Test {
 
   static std::vector<int32_t> prompt(int32_t len, int32_t salt) { return testing::test_prompt(len, salt); }
 
+  // `env` only scopes the environment the engine is built under.
   static std::vector<std::vector<int32_t>> run(const std::vector<GenerationParams>& params,
                                                const Env& /*env*/, EngineStats* stats = nullptr) {
-    EngineConfig cfg;
-    cfg.max_model_len = 512;
-    cfg.max_num_batched_tokens = 128;
-    cfg.max_batch_size = 16;
-    cfg.kv_cache_bytes = 64 << 20;
-    Engine engine(*model_, nullptr, cfg);
-    std::vector<std::vector<int32_t>> tokens(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      EngineRequest r;
-      r.id = fmt::format("r{}", i);
-      r.prompt = prompt(12 + 7 * static_cast<int32_t>(i), static_cast<int32_t>(i));
-      r.params = params[i];
-      r.on_output = [&tokens, i](RequestOutput&& o) {
-        for (const SequenceDelta& d : o.deltas)
-          tokens[i].insert(tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
-      };
-      engine.submit(std::move(r));
-    }
-    engine.run_until_idle();
-    if (stats) *stats = engine.stats();
-    return tokens;
+    return testing::run_to_end(*model_, params, stats);
   }
 
   static GenerationParams greedy(int32_t max_tokens) { return testing::greedy_tokens(max_tokens); }

@@ -40,6 +40,23 @@ int gpus_or_skip(int needed) {
   if (visible_gpus == 0)                    \
   GTEST_SKIP() << "needs " << (k) << " CUDA devices, " << cuda_device_count() << " visible"
 
+// Runs fn(rank) on one thread per rank (as the tensor-parallel ranks run); returns each rank's error
+// message ("" when none).
+std::vector<std::string> run_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 CudaBackendOptions exact_options() {
   CudaBackendOptions o;
   o.kv_cache_dtype = DType::F32;
@@ -67,45 +84,36 @@ TEST(NcclCommunicator, CollectivesOfOddSizesRunBehindTheBackendsWork) {
     // Small integers: every summation order gives the exact sum.
     std::vector<std::vector<float>> out(static_cast<size_t>(n)), gathered(static_cast<size_t>(n)),
         broadcast(static_cast<size_t>(n));
-    std::vector<std::string> errors(static_cast<size_t>(n));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          Backend& be = *backends[static_cast<size_t>(r)];
-          const size_t bytes = static_cast<size_t>(count) * 4;
-          std::vector<float> host(2 * static_cast<size_t>(count));
-          for (int64_t i = 0; i < count; ++i) {
-            host[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 5));
-            host[static_cast<size_t>(count + i)] = static_cast<float>(1000 * r + i);
-          }
-          auto staged = be.allocate(2 * bytes), x = be.allocate(bytes), b = be.allocate(bytes),
-               all = be.allocate(bytes * static_cast<size_t>(n));
-          be.copy_to_device(staged->data(), host.data(), 2 * bytes);
-          be.synchronize();
-          // Queued, not waited for: the collectives below must still see these values.
-          be.copy_on_device(x->data(), staged->data(), bytes);
-          be.copy_on_device(b->data(), static_cast<char*>(staged->data()) + bytes, bytes);
-          Tensor in(DType::F32, {count}, x->data(), Device::CUDA);
-          Tensor bt(DType::F32, {count}, b->data(), Device::CUDA);
-          Tensor g(DType::F32, {n * count}, all->data(), Device::CUDA);
-          Communicator& c = *comms[static_cast<size_t>(r)];
-          c.all_gather(in, g);
-          c.all_reduce_sum(in);
-          c.broadcast(bt, n - 1);
-          out[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
-          broadcast[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
-          gathered[static_cast<size_t>(r)].resize(static_cast<size_t>(count * n));
-          be.copy_to_host(out[static_cast<size_t>(r)].data(), x->data(), bytes);
-          be.copy_to_host(broadcast[static_cast<size_t>(r)].data(), b->data(), bytes);
-          be.copy_to_host(gathered[static_cast<size_t>(r)].data(), all->data(), bytes * n);
-          c.barrier();
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    const std::vector<std::string> errors = run_ranks(n, [&](int r) {
+      Backend& be = *backends[static_cast<size_t>(r)];
+      const size_t bytes = static_cast<size_t>(count) * 4;
+      std::vector<float> host(2 * static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        host[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 5));
+        host[static_cast<size_t>(count + i)] = static_cast<float>(1000 * r + i);
+      }
+      auto staged = be.allocate(2 * bytes), x = be.allocate(bytes), b = be.allocate(bytes),
+           all = be.allocate(bytes * static_cast<size_t>(n));
+      be.copy_to_device(staged->data(), host.data(), 2 * bytes);
+      be.synchronize();
+      // Queued, not waited for: the collectives below must still see these values.
+      be.copy_on_device(x->data(), staged->data(), bytes);
+      be.copy_on_device(b->data(), static_cast<char*>(staged->data()) + bytes, bytes);
+      Tensor in(DType::F32, {count}, x->data(), Device::CUDA);
+      Tensor bt(DType::F32, {count}, b->data(), Device::CUDA);
+      Tensor g(DType::F32, {n * count}, all->data(), Device::CUDA);
+      Communicator& c = *comms[static_cast<size_t>(r)];
+      c.all_gather(in, g);
+      c.all_reduce_sum(in);
+      c.broadcast(bt, n - 1);
+      out[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
+      broadcast[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
+      gathered[static_cast<size_t>(r)].resize(static_cast<size_t>(count * n));
+      be.copy_to_host(out[static_cast<size_t>(r)].data(), x->data(), bytes);
+      be.copy_to_host(broadcast[static_cast<size_t>(r)].data(), b->data(), bytes);
+      be.copy_to_host(gathered[static_cast<size_t>(r)].data(), all->data(), bytes * n);
+      c.barrier();
+    });
     const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
     for (int r = 0; r < n; ++r) {
       ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
@@ -177,28 +185,7 @@ TEST(CudaTensorParallel, LogitsMatchOneGpu) {
 std::vector<std::vector<int32_t>> one_rank_text(Model& model, const std::vector<GenerationParams>& ps,
                                                 const char* graphs_env, EngineStats& stats) {
   if (graphs_env) setenv("INFERX_GRAPHS", graphs_env, 1);
-  EngineConfig cfg;
-  cfg.max_model_len = 512;
-  cfg.max_num_batched_tokens = 128;
-  cfg.max_batch_size = 16;
-  cfg.kv_cache_bytes = 64 << 20;
-  std::vector<std::vector<int32_t>> tokens(ps.size());
-  {
-    Engine engine(model, nullptr, cfg);
-    for (size_t i = 0; i < ps.size(); ++i) {
-      EngineRequest r;
-      r.id = fmt::format("r{}", i);
-      r.prompt = testing::test_prompt(12 + 7 * static_cast<int32_t>(i), static_cast<int32_t>(i));
-      r.params = ps[i];
-      r.on_output = [&tokens, i](RequestOutput&& o) {
-        for (const SequenceDelta& d : o.deltas)
-          tokens[i].insert(tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
-      };
-      engine.submit(std::move(r));
-    }
-    engine.run_until_idle();
-    stats = engine.stats();
-  }
+  auto tokens = testing::run_to_end(model, ps, &stats);
   unsetenv("INFERX_GRAPHS");
   return tokens;
 }
@@ -275,65 +262,57 @@ TEST(P2pAllReduce, RanksOnOneGpuSumInRankOrderEagerlyAndFromGraphs) {
     // Runs one call per rank on its own thread (x of rank 1 one float past the buffer's start when `skew`),
     // then checks every rank's result against the rank-order sum.
     auto check_round = [&](int64_t count, bool skew, int round, bool graph, int replays, int chain = 1) {
-      std::vector<std::string> errors(static_cast<size_t>(n));
-      std::vector<std::thread> threads;
-      for (int r = 0; r < n; ++r)
-        threads.emplace_back([&, r] {
-          try {
-            const size_t ri = static_cast<size_t>(r);
-            float* x = bufs[ri] + (skew && r == 1 ? 1 : 0);
-            cudaGraphExec_t exec = nullptr;
-            for (int rep = 0; rep < std::max(replays, 1); ++rep) {
-              std::vector<float> host(static_cast<size_t>(count));
-              for (int64_t i = 0; i < count; ++i) host[static_cast<size_t>(i)] = value(r, i, round + rep);
-              if (cudaMemcpy(srcs[ri], host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess)
-                fail("upload");
-              if (!graph) {
-                cudaMemcpyAsync(x, srcs[ri], count * 4, cudaMemcpyDeviceToDevice, streams[ri]);
-                for (int c = 0; c < chain; ++c) ar.all_reduce(r, x, count, streams[ri]);  // back to back
-              } else {
-                if (exec == nullptr) {  // recorded once: the copy from the source, then the sum
-                  cudaGraph_t g = nullptr;
-                  if (cudaStreamBeginCapture(streams[ri], cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-                    fail("capture");
-                  cudaMemcpyAsync(x, srcs[ri], count * 4, cudaMemcpyDeviceToDevice, streams[ri]);
-                  ar.all_reduce(r, x, count, streams[ri]);
-                  if (cudaStreamEndCapture(streams[ri], &g) != cudaSuccess ||
-                      cudaGraphInstantiate(&exec, g, 0) != cudaSuccess)
-                    fail("instantiate");
-                  cudaGraphDestroy(g);
-                }
-                if (cudaGraphLaunch(exec, streams[ri]) != cudaSuccess) fail("replay");
-              }
-              if (cudaStreamSynchronize(streams[ri]) != cudaSuccess)
-                fail("sync: {}", cudaGetErrorString(cudaGetLastError()));
-              std::vector<float> got(static_cast<size_t>(count));
-              cudaMemcpy(got.data(), x, count * 4, cudaMemcpyDeviceToHost);
-              for (int64_t i = 0; i < count; ++i) {
-                float want = value(0, i, round + rep);
-                for (int q = 1; q < n; ++q) want += value(q, i, round + rep);
-                for (int c = 1; c < chain; ++c) {  // every rank holds `want`: the next sum adds it n times
-                  const float each = want;
-                  for (int q = 1; q < n; ++q) want += each;
-                }
-                if (got[static_cast<size_t>(i)] != want)
-                  fail("rank {} count {} element {} replay {}: {} != {}", r, count, i, rep,
-                       got[static_cast<size_t>(i)], want);
-              }
+      const std::vector<std::string> errors = run_ranks(n, [&](int r) {
+        const size_t ri = static_cast<size_t>(r);
+        float* x = bufs[ri] + (skew && r == 1 ? 1 : 0);
+        cudaGraphExec_t exec = nullptr;
+        for (int rep = 0; rep < std::max(replays, 1); ++rep) {
+          std::vector<float> host(static_cast<size_t>(count));
+          for (int64_t i = 0; i < count; ++i) host[static_cast<size_t>(i)] = value(r, i, round + rep);
+          if (cudaMemcpy(srcs[ri], host.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+            fail("upload");
+          if (!graph) {
+            cudaMemcpyAsync(x, srcs[ri], count * 4, cudaMemcpyDeviceToDevice, streams[ri]);
+            for (int c = 0; c < chain; ++c) ar.all_reduce(r, x, count, streams[ri]);  // back to back
+          } else {
+            if (exec == nullptr) {  // recorded once: the copy from the source, then the sum
+              cudaGraph_t g = nullptr;
+              if (cudaStreamBeginCapture(streams[ri], cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+                fail("capture");
+              cudaMemcpyAsync(x, srcs[ri], count * 4, cudaMemcpyDeviceToDevice, streams[ri]);
+              ar.all_reduce(r, x, count, streams[ri]);
+              if (cudaStreamEndCapture(streams[ri], &g) != cudaSuccess ||
+                  cudaGraphInstantiate(&exec, g, 0) != cudaSuccess)
+                fail("instantiate");
+              cudaGraphDestroy(g);
             }
-            if (exec) cudaGraphExecDestroy(exec);
-          } catch (const std::exception& e) {
-            errors[static_cast<size_t>(r)] = e.what();
+            if (cudaGraphLaunch(exec, streams[ri]) != cudaSuccess) fail("replay");
           }
-        });
-      for (auto& t : threads) t.join();
+          if (cudaStreamSynchronize(streams[ri]) != cudaSuccess)
+            fail("sync: {}", cudaGetErrorString(cudaGetLastError()));
+          std::vector<float> got(static_cast<size_t>(count));
+          cudaMemcpy(got.data(), x, count * 4, cudaMemcpyDeviceToHost);
+          for (int64_t i = 0; i < count; ++i) {
+            float want = value(0, i, round + rep);
+            for (int q = 1; q < n; ++q) want += value(q, i, round + rep);
+            for (int c = 1; c < chain; ++c) {  // every rank holds `want`: the next sum adds it n times
+              const float each = want;
+              for (int q = 1; q < n; ++q) want += each;
+            }
+            if (got[static_cast<size_t>(i)] != want)
+              fail("rank {} count {} element {} replay {}: {} != {}", r, count, i, rep,
+                   got[static_cast<size_t>(i)], want);
+          }
+        }
+        if (exec) cudaGraphExecDestroy(exec);
+      });
       for (int r = 0; r < n; ++r) ASSERT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
     };
     int round = 0;
     for (int64_t count : {int64_t{1}, int64_t{7}, int64_t{4096}, int64_t{4099}, int64_t{65536}})
       check_round(count, false, round++, false, 1);
-    check_round(4096, true, round++, false,
-                1);  // rank 1's x not 16-byte aligned: the same elements per block
+    // Rank 1's x not 16-byte aligned: every rank's blocks must still take the same elements.
+    check_round(4096, true, round++, false, 1);
     for (int i = 0; i < 5; ++i) check_round(1000 + 4 * i, false, round++, false, 1);  // calls in a row
     check_round(2048, false, round++, false, 1, 7);  // seven calls queued back to back: the slots alternate
     check_round(8192, false, round, true, 5);        // recorded once per rank, replayed five times

@@ -57,17 +57,12 @@ void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void CpuBackend::embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) {
-  check_f32(out, "embedding output");
-  const int64_t vocab = table.dim(0), dim = table.cols();
-  INFERX_CHECK(out.cols() == dim && out.rows() >= n, "embedding: output {} does not fit {} rows of {}",
-               out.shape_string(), n, dim);
-  const int64_t rb = table.row_bytes();
-  for (int64_t t = 0; t < n; ++t) {
+  // The whole vocabulary is one shard; an id outside it is the caller's error here, not a zero row.
+  const int64_t vocab = table.dim(0);
+  for (int64_t t = 0; t < n; ++t)
     INFERX_CHECK(ids[t] >= 0 && ids[t] < vocab, "token id {} is out of range (vocabulary of {})", ids[t],
                  vocab);
-    dequantize_row(table.dtype, static_cast<const char*>(table.data) + ids[t] * rb,
-                   out.ptr<float>() + t * dim, dim);
-  }
+  embedding_shard(table, ids, n, 0, out);
 }
 
 void CpuBackend::embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
@@ -245,6 +240,15 @@ void CpuBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Te
     std::memcpy(static_cast<char*>(out.data) + i * rb, static_cast<const char*>(x.data) + rows[i] * rb,
                 static_cast<size_t>(rb));
   }
+}
+
+void CpuBackend::interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) {
+  const int64_t L = check_row_blocks(x, blocks, out, "cpu backend");
+  const int64_t rb = x.row_bytes();
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t b = 0; b < blocks; ++b)
+      std::memcpy(static_cast<char*>(out.data) + (l * blocks + b) * rb,
+                  static_cast<const char*>(x.data) + (b * L + l) * rb, static_cast<size_t>(rb));
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
                  const AttentionParams& params, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override;
+  void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) override;
 
   ThreadPool& pool() { return pool_; }
 

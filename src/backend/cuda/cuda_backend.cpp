@@ -534,6 +534,22 @@ void CudaBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
                                    stream_));
 }
 
+void CudaBackend::interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) {
+  finish_deferred();  // a deferred product is read only by the call it was deferred for
+  check_device(x, "interleave_row_blocks input");
+  check_device(out, "interleave_row_blocks output");
+  const int64_t L = check_row_blocks(x, blocks, out, "cuda backend");
+  use_device();
+  drop_bf16_copy();
+  // One strided copy per block (memcpy nodes in a recorded step): block b's L rows into columns
+  // [b * C, (b + 1) * C) of every out row.
+  const auto rb = static_cast<size_t>(x.row_bytes());
+  for (int64_t b = 0; b < blocks; ++b)
+    CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(out.data) + b * rb, rb * static_cast<size_t>(blocks),
+                                 static_cast<const char*>(x.data) + b * L * rb, rb, rb,
+                                 static_cast<size_t>(L), cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaBackend::gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) {
   finish_deferred();  // a deferred product is read only by the call it was deferred for
   check_device(x, "gather_rows input");

@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
                  const AttentionParams& params, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override;
+  void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) override;
   // Decode GEMV and fused projections (cuda_backend_gemv.cpp, kernels_gemv.h).
   bool prefers_fused_projections() const override { return options_.gemv; }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;

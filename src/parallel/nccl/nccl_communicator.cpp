@@ -196,12 +196,11 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   if (custom != nullptr && std::strcmp(custom, "0") != 0 && n > 1) {
     size_t kb = n <= 2 ? 1024 : n <= 4 ? 512 : 256;
     if (const char* m = std::getenv("INFERX_CUSTOM_ALLREDUCE_MAX_KB")) kb = std::strtoul(m, nullptr, 10);
-    if (P2pAllReduce::available(devices) && kb > 0) {
-      p2p = std::make_shared<P2pAllReduce>(devices, kb << 10);
-    } else {
+    const bool peers = P2pAllReduce::available(devices);
+    if (kb > 0 && peers) p2p = std::make_shared<P2pAllReduce>(devices, kb << 10);
+    if (!peers)
       std::fprintf(stderr,
                    "note: INFERX_CUSTOM_ALLREDUCE: the GPUs have no peer access to each other: NCCL only\n");
-    }
   }
   // INFERX_TP_ALLREDUCE_BF16=MB (off: 0 or unset): large F32 sums reduced in BF16 through a staging buffer
   // of that many MB per rank (allocated once, so graphs may hold it; larger sums stay F32).

@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "backend/rope.h"
+#include "core/error.h"
 
 namespace inferx {
 namespace {
@@ -62,6 +63,22 @@ TEST(CpuBackend, SiluMul) {
   Tensor tg = view(g, 100, 100), tu = view(u, 100, 100), to = view(o, 100, 100);
   be->silu_mul(tg, tu, to);
   for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(o[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-5);
+}
+
+TEST(CpuBackend, InterleaveRowBlocksAndShapeErrors) {
+  auto be = make_cpu_backend({1});
+  const int64_t blocks = 3, L = 4, cols = 5;
+  auto x = randn(blocks * L * cols, 8);
+  std::vector<float> out(x.size(), -1.0f);
+  Tensor tx = view(x, blocks * L, cols), to = view(out, L, blocks * cols);
+  be->interleave_row_blocks(tx, blocks, to);
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t c = 0; c < cols; ++c)
+        EXPECT_EQ(out[(l * blocks + b) * cols + c], x[(b * L + l) * cols + c]) << l << " " << b << " " << c;
+  Tensor wrong = view(out, L + 1, blocks * cols - cols);
+  EXPECT_THROW(be->interleave_row_blocks(tx, blocks, wrong), Error);
+  EXPECT_THROW(be->interleave_row_blocks(tx, 5, to), Error);  // 12 rows are not 5 blocks
 }
 
 TEST(RopeFrequencies, Llama3ScalingBands) {

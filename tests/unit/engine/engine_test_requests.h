@@ -1,6 +1,8 @@
 #pragma once
 // Requests the engine tests (CPU and GPU) feed in: deterministic prompts of ids below 512 (dummy:tiny's
-// vocabulary), and greedy generation of a fixed length.
+// vocabulary), greedy generation of a fixed length, and the GPU tests' run of a batch of them.
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -22,6 +24,34 @@ inline GenerationParams greedy_tokens(int32_t max_tokens) {
   g.max_tokens = max_tokens;
   g.ignore_eos = true;
   return g;
+}
+
+// The GPU engine tests' run: a new engine (512-token context, 128-token steps, batch 16, 64 MB of KV cache)
+// serves request i = (test_prompt(12 + 7 i, i), params[i]) for every i to its end; returns each request's
+// token ids (and the engine's counters in `stats`).
+inline std::vector<std::vector<int32_t>> run_to_end(Model& model, const std::vector<GenerationParams>& params,
+                                                    EngineStats* stats = nullptr) {
+  EngineConfig cfg;
+  cfg.max_model_len = 512;
+  cfg.max_num_batched_tokens = 128;
+  cfg.max_batch_size = 16;
+  cfg.kv_cache_bytes = 64 << 20;
+  Engine engine(model, nullptr, cfg);
+  std::vector<std::vector<int32_t>> tokens(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EngineRequest r;
+    r.id = fmt::format("r{}", i);
+    r.prompt = test_prompt(12 + 7 * static_cast<int32_t>(i), static_cast<int32_t>(i));
+    r.params = params[i];
+    r.on_output = [&tokens, i](RequestOutput&& o) {
+      for (const SequenceDelta& d : o.deltas)
+        tokens[i].insert(tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
+    };
+    engine.submit(std::move(r));
+  }
+  engine.run_until_idle();
+  if (stats) *stats = engine.stats();
+  return tokens;
 }
 
 }  // namespace inferx::testing

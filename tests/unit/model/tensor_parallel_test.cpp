@@ -336,22 +336,20 @@ TEST(TensorParallel, BlockFormatThatWouldBeCutIsRefused) {
   EXPECT_NE(msg.find("--tensor-parallel-size 2"), std::string::npos) << msg;
 }
 
-// A step's metadata in host memory (the CPU backend's), one block table row per sequence.
+// A step's metadata in host memory (the CPU backend's), one block table row per sequence, laid out as
+// one BatchLayout block as every builder does (TensorParallel::forward broadcasts that block).
 struct HostBatch {
   std::vector<int32_t> ids, pos, qs, lens, tables, rows;
   int32_t max_blocks = 4;
+  mutable std::vector<int32_t> block{};  // view()'s storage
   BatchView view() const {
-    BatchView b;
-    b.num_tokens = static_cast<int32_t>(ids.size());
-    b.num_seqs = static_cast<int32_t>(lens.size());
-    b.token_ids = ids.data();
-    b.positions = pos.data();
-    b.query_start = qs.data();
-    b.seq_lens = lens.data();
-    b.block_tables = tables.data();
-    b.max_blocks_per_seq = max_blocks;
-    b.logits_rows = rows.data();
-    b.num_logits = static_cast<int32_t>(rows.size());
+    const BatchLayout layout(static_cast<int32_t>(ids.size()), static_cast<int32_t>(lens.size()), max_blocks,
+                             static_cast<int32_t>(rows.size()));
+    block.clear();
+    for (const std::vector<int32_t>* part : {&ids, &pos, &qs, &lens, &tables, &rows})
+      block.insert(block.end(), part->begin(), part->end());
+    EXPECT_EQ(block.size(), layout.total());
+    BatchView b = layout.view(block.data());
     b.max_query_len = 0;
     for (size_t s = 0; s + 1 < qs.size(); ++s) b.max_query_len = std::max(b.max_query_len, qs[s + 1] - qs[s]);
     b.max_seq_len = *std::max_element(lens.begin(), lens.end());
@@ -440,6 +438,17 @@ TEST(TensorParallel, RanksMustKeepOneKvCacheType) {
   o.make_rank_backend = [](int) { return std::make_unique<Bf16KvBackend>(); };
   const std::string msg = error_of([&] { load(kFixtures + "llama-tiny", 2, o); });
   EXPECT_NE(msg.find("rank 1's backend keeps a BF16 KV cache, rank 0's a F32 one"), std::string::npos) << msg;
+}
+
+TEST(TensorParallel, MetadataOutsideOneBatchLayoutBlockIsRefused) {
+  Loaded two = load(kFixtures + "llama-tiny", 2);
+  KvCache cache(*two.model, 4, 4);
+  const HostBatch hb{{9, 8, 7}, {0, 1, 2}, {0, 3}, {3}, {0, 1, 2, 3}, {2}};
+  BatchView v = hb.view();
+  const std::vector<int32_t> positions(v.positions, v.positions + 3);  // the same values elsewhere
+  v.positions = positions.data();
+  const std::string msg = error_of([&] { two.model->forward(v, cache); });
+  EXPECT_NE(msg.find("not one BatchLayout block"), std::string::npos) << msg;
 }
 
 TEST(TensorParallel, TwoSequencesInOneStep) {
