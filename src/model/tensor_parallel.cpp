@@ -116,6 +116,7 @@ struct TensorParallel::State {
   // Per-step buffers: ranks 1..N-1's copies of the step's metadata block (meta[0] unused: rank 0 reads the
   // caller's), the all-gathered logits of every rank and rank 0's [num_logits, vocab] result.
   std::vector<std::unique_ptr<DeviceBuffer>> meta;
+  std::vector<int32_t*> rank_meta;  // this step's metadata block of each rank (rank 0: the caller's)
   std::vector<BatchView> views;
   std::vector<std::unique_ptr<DeviceBuffer>> gathered;
   std::unique_ptr<DeviceBuffer> logits;
@@ -253,8 +254,8 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
                    laid.seq_lens == batch.seq_lens && laid.block_tables == batch.block_tables &&
                    (L == 0 || laid.logits_rows == batch.logits_rows),
                "tensor parallel: the step's metadata is not one BatchLayout block (backend/batch.h)");
-  std::vector<int32_t*> rank_meta(static_cast<size_t>(n),
-                                  const_cast<int32_t*>(batch.token_ids));  // root: read
+  std::vector<int32_t*>& rank_meta = s.rank_meta;
+  rank_meta.assign(static_cast<size_t>(n), const_cast<int32_t*>(batch.token_ids));  // the root's: only read
   for (int r = 1; r < n; ++r) {
     // Grown with room to spare: a buffer that moves voids the rank's recorded graphs.
     std::unique_ptr<DeviceBuffer>& m = s.meta[static_cast<size_t>(r)];
