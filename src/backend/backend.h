@@ -91,7 +91,9 @@ class Backend {
   }
 
   // Ops (shapes: T = batch.num_tokens, D = hidden size) ----------------------------------------------
-  // out[t, :] = table[ids[t], :] converted to F32. table may be any weight dtype.
+  // out[t, :] = table[ids[t], :] converted to F32. table may be any weight dtype. Ids outside the table:
+  // the CPU backend throws, CUDA writes zero rows (no host check per step; the engine validates prompt ids
+  // at admission).
   virtual void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) = 0;
   // One shard of a vocabulary split over ranks: out[t, :] = table[ids[t] - first_id, :] where that row
   // exists (first_id <= ids[t] < first_id + rows), else zeros.
@@ -130,8 +132,10 @@ class Backend {
   virtual DType kv_cache_dtype() const { return DType::F32; }
   // Fills a F32/F16/BF16 tensor with values generated in device memory as `fill` says
   // (core/random_fill.h: dummy weights without a host copy, a tensor-parallel rank's slice of them).
-  // Returns false when the backend cannot: the caller then generates on the host and copies. Quantized
-  // payloads (CUDA): F8_E4M3 codes of the same values, INT4 uniformly random codes, U8
+  // Returns false when the backend cannot (the CPU backend: its dummy models are generated on the host by
+  // DummySource's own per-row streams, so `dummy:` weights differ between the CPU and a GPU; the loader
+  // calls this only for sources that ask for device generation and refuses a backend that declines).
+  // Quantized payloads (CUDA): F8_E4M3 codes of the same values, INT4 uniformly random codes, U8
   // clamp(round(value)).
   virtual bool fill_random(Tensor& t, const RandomFill& fill) { return false; }
   // Token selection where the logits are: one id per row of logits [rows, vocab] F32 (backend memory)

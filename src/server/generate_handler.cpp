@@ -72,12 +72,7 @@ std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r) const {
 
 void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink> sink, bool chat) {
   const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
-  nlohmann::ordered_json body;
-  try {
-    body = nlohmann::ordered_json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "", "invalid_json");
-  }
+  const nlohmann::ordered_json body = parse_request_body(req.body);
   ParsedRequest r = chat ? parse_chat_request(body) : parse_completion_request(body);
   if (r.model != options_.served_model_name)
     throw ApiError(404,

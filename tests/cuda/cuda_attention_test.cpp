@@ -451,8 +451,8 @@ TEST_F(CudaAttentionTest, MixedStepSplitsDecodesFromPrefillChunks) {
 
 // Every prefill kernel configuration (kernels.h: "g3", "g2", "g3p") over both cache types, on the shapes
 // their fast paths special-case: chunks that start mid-block, odd lengths, several query tiles per sequence
-// (a partial last one), head_dim 64 and 128, GQA 1/4/8/16, sliding windows, decodes in the batch, and (window
-// 40 over block size 32) tiles no row of a CTA sees.
+// (a partial last one), head_dim 64 and 128, GQA 1/3/4/8/12/16, sliding windows, decodes in the batch, and
+// (window 40 over block size 32) tiles no row of a CTA sees.
 TEST_F(CudaAttentionTest, PrefillVariantsOverBf16AndFp8CachesMatchFloat64) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const std::vector<Case> grid = {
@@ -462,6 +462,13 @@ TEST_F(CudaAttentionTest, PrefillVariantsOverBf16AndFp8CachesMatchFloat64) {
       {4, 1, 128, 0, 16, {2000}, {700}},
       {16, 1, 64, 0, 16, {17, 0}, {517, 1}},
       {8, 2, 128, 40, 32, {900}, {333}},
+      // g3p's packings past G = 4 (found missing in review): G = 8 (Llama-3-70B) with a chunk offset and
+      // partial tiles; G = 12 and 3, whose positions straddle two warpgroups (64 % G != 0), one windowed;
+      // G = 16 at head_dim 128 with a window.
+      {64, 8, 128, 0, 16, {0, 41}, {400, 129}},
+      {24, 2, 128, 50, 16, {5}, {300}},
+      {48, 16, 64, 0, 32, {0}, {130}},
+      {32, 2, 128, 40, 32, {700}, {200}},
   };
   const char* variants[] = {"g3", "g2", "g3p"};
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {

@@ -172,6 +172,30 @@ TEST_F(CudaBackendTest, EmbeddingGathersAndConvertsEveryTableType) {
   }
 }
 
+// A tensor-parallel rank's vocabulary shard (rows first_id .. first_id + 9 of a 37-wide table): ids of other
+// ranks, and ids outside the vocabulary, give zero rows on both backends (the GPU path ran only inside the
+// multi-GPU tests before).
+TEST_F(CudaBackendTest, EmbeddingShardZeroesOtherRanksIds) {
+  const int64_t rows = 10, dim = 37, first_id = 10;
+  const std::vector<int32_t> ids = {-1, 9, 10, 15, 19, 20, 1000};
+  for (DType t : {DType::F32, DType::BF16}) {
+    std::vector<float> table = random_floats(rows * dim, 4);
+    const std::vector<uint8_t> bytes = encode(t, table);
+    Both tab = both(t, {rows, dim}, bytes.data());
+    const auto n = static_cast<int64_t>(ids.size());
+    Both out = both_f32({n, dim}, std::vector<float>(n * dim, 7.0f));
+    gpu_->embedding_shard(tab.gpu, ints(*gpu_, ids), n, first_id, out.gpu);
+    cpu_->embedding_shard(tab.cpu, ints(*cpu_, ids), n, first_id, out.cpu);
+    std::vector<float> want(n * dim, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = ids[i] - first_id;
+      if (row >= 0 && row < rows) std::copy_n(table.begin() + row * dim, dim, want.begin() + i * dim);
+    }
+    expect_close(read(*gpu_, out.gpu), want, 0, 0, dtype_name(t).data());
+    expect_close(read(*cpu_, out.cpu), want, 0, 0, "cpu");
+  }
+}
+
 // Norms ------------------------------------------------------------------------------------------------
 
 std::vector<float> rmsnorm_ref(const std::vector<float>& x, const std::vector<float>& w, int64_t n,

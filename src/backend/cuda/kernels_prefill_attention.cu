@@ -1,7 +1,8 @@
 // Prefill / chunked-prefill attention on tensor cores, FlashAttention-2 style (Dao 2023, Algorithm 1),
 // with Hopper warpgroup MMA (wgmma, sm_90a; wgmma.cuh) for BF16 and FP8 (E4M3) caches, head_dim 64 or
-// 128. Two configurations, picked per process by INFERX_PREFILL_ATTN (kernels.h): "g3" (the default:
-// 3 warpgroups x 64 query rows, 64-key tiles, 3 stages) and "g2" (2 x 64 rows, 128-key tiles, 2 stages).
+// 128. Three configurations, picked per process by INFERX_PREFILL_ATTN (kernels.h): "g3" (the default:
+// 3 warpgroups x 64 query rows, 64-key tiles, 3 stages), "g2" (2 x 64 rows, 128-key tiles, 2 stages) and
+// "g3p" (g3 with a KV head's query heads packed into one CTA's rows; below).
 // H200, T8192 causal 32/8 heads x 128: g3 331 TFLOP/s (FP8 cache 300), g2 307. The mma.sync kernels
 // before it (v1 117 TFLOP/s, v2 212, v3 257 in the same run, each slower than g3 on every prefill row)
 // were removed; git history has them.
@@ -413,8 +414,10 @@ cudaError_t launch_wg_variant(int variant, int64_t hd, const float* q, const Pag
                                                        out, stream)
                     : launch_wg<128, 2, 128, 2, CacheT>(q, cache, batch, hq, hkv, scale, window,
                                                         max_query_len, out, stream);
-  // g3p where the group divides g3's 192 rows (GQA 1, 2, 3, 4, 6, 8, 12, 16, ...); g3 otherwise.
-  if (variant == kG3P && hq % hkv == 0 && 192 % (hq / hkv) == 0)
+  // g3p where the group divides g3's 192 rows (GQA 1, 2, 3, 4, 6, 8, 12, 16, ...) and its 192 / G positions
+  // per tile keep the grid's z within 65535 (the caller checked only g3's 64); g3 otherwise.
+  const int G = hq % hkv == 0 ? hq / hkv : 0;
+  if (variant == kG3P && G > 0 && 192 % G == 0 && (max_query_len + 192 / G - 1) / (192 / G) <= 65535)
     return hd == 64 ? launch_wg<64, 3, 64, 3, CacheT, true>(q, cache, batch, hq, hkv, scale, window,
                                                             max_query_len, out, stream)
                     : launch_wg<128, 3, 64, 3, CacheT, true>(q, cache, batch, hq, hkv, scale, window,

@@ -243,6 +243,14 @@ std::string message_content(const json& content, size_t i) {
 
 }  // namespace
 
+json parse_request_body(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for overflowing numbers
+    throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "", "invalid_json");
+  }
+}
+
 ParsedRequest parse_completion_request(const json& body) {
   ParsedRequest r;
   parse_common(body, r);

@@ -37,6 +37,10 @@ inline constexpr int32_t kMaxN = 128;
 inline constexpr int32_t kMaxLogprobs = 20;
 inline constexpr size_t kMaxStopStrings = 16;
 
+// The body's JSON (key order kept). Anything nlohmann refuses - bad syntax or UTF-8, a number past double's
+// range ("1e999": out_of_range, not parse_error) - throws ApiError 400 invalid_json.
+nlohmann::ordered_json parse_request_body(const std::string& text);
+
 ParsedRequest parse_completion_request(const nlohmann::ordered_json& body);
 ParsedRequest parse_chat_request(const nlohmann::ordered_json& body);
 

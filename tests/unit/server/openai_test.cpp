@@ -89,6 +89,23 @@ TEST(OpenAIRequest, InvalidFieldsNamed) {
   EXPECT_EQ(param_of(nulls), "<accepted>");
 }
 
+// Whatever nlohmann refuses is 400 invalid_json, including a number past double's range, which it reports as
+// out_of_range rather than parse_error (found by fuzz_openai_request: it was a 500).
+TEST(OpenAIRequest, BodiesThatAreNotJsonAre400) {
+  const std::vector<std::string> bodies = {R"({"model": "m", "prompt": "p", "max_tokens": 1e999})",
+                                           R"({"model": )", "{\"model\": \"\xff\"}", ""};
+  for (const std::string& text : bodies) {
+    try {
+      parse_request_body(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << text;
+      EXPECT_EQ(e.code, "invalid_json") << text;
+    }
+  }
+  EXPECT_EQ(parse_request_body(R"({"b": 1, "a": [2]})").begin().key(), "b");  // the client's key order
+}
+
 // Chat templates print tool schemas with tojson: their keys must reach the template in the client's order.
 TEST(OpenAIRequest, ChatKeepsToolSchemaKeyOrder) {
   auto r = parse_chat_request(nlohmann::ordered_json::parse(R"({"model": "m",
