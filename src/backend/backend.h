@@ -171,7 +171,8 @@ class Backend {
   // Graph capture of a whole step (CUDA graphs). Between begin_graph_capture() returning true and
   // end_graph_capture, ops are recorded, not run: every pointer they use (weights, workspace, the batch
   // metadata buffers) must stay the same for later replays, and no call may copy or synchronize.
-  // end_graph_capture(key, false) discards the recording (after an error). replay_graph(key) runs a
+  // end_graph_capture(key, false) discards the recording (after an error); without a capture in progress
+  // end_graph_capture does nothing (an error path may end "whatever is open"). replay_graph(key) runs a
   // recording and returns false when there is none (or the backend's own buffers moved since: capture
   // again; any allocate() counts as such a move). The caller rewrites the metadata buffers in place
   // before each replay.

@@ -120,14 +120,52 @@ struct TensorParallel::State {
   std::vector<BatchView> views;
   std::vector<std::unique_ptr<DeviceBuffer>> gathered;
   std::unique_ptr<DeviceBuffer> logits;
+  TensorParallelBackend* capture = nullptr;  // primary, as the backend that records the ranks' graphs
   std::mutex error_mu;
   std::exception_ptr error;
   std::string failure;  // set once a step failed: the ranks may be out of step, no more steps run
   RankThreads threads;
+
+  // Every rank's recordings dropped (a capture in progress ended and discarded). NCCL counts a reference
+  // on a communicator for every collective a graph recorded and releases it only when the graph is
+  // destroyed: ncclCommAbort and ncclCommDestroy wait for those references, so the graphs go first. A
+  // graph still running is freed by CUDA when it ends (which an abort makes happen). Called on the thread
+  // that began the captures (thread-local capture mode), never throws.
+  void drop_recordings() {
+    for (Backend* b : backends) {
+      try {
+        b->end_graph_capture(0, false);
+        b->clear_graphs();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "warning: tensor parallel: dropping a rank's graphs: %s\n", e.what());
+      }
+    }
+  }
+  // After a failed step or a partial replay: no further steps. The recordings go, then every
+  // communicator is aborted, which ends what any rank's stream still waits for in a collective that a
+  // failed rank never joined.
+  void fail_group(const std::string& why) {
+    drop_recordings();
+    for (auto& c : comms) c->abort();
+    if (failure.empty()) failure = why;
+  }
 };
 
 TensorParallel::TensorParallel() : s_(std::make_unique<State>()) {}
-TensorParallel::~TensorParallel() = default;
+
+TensorParallel::~TensorParallel() {
+  // The communicators are destroyed before the backends (State's order), and destroying one waits for
+  // the graphs that recorded its collectives: rank 0's backend, which outlives us, and the others' drop
+  // theirs here first.
+  for (Backend* b : s_->backends) {
+    try {
+      b->synchronize();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "warning: tensor parallel teardown: %s\n", e.what());
+    }
+  }
+  s_->drop_recordings();
+}
 
 Backend& TensorParallel::rank_backend(int rank) const { return *s_->backends.at(static_cast<size_t>(rank)); }
 Model& TensorParallel::rank_model(int rank) const { return *s_->replicas.at(static_cast<size_t>(rank)); }
@@ -170,7 +208,11 @@ std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& ba
     s.backends.push_back(b.get());
     s.owned_backends.push_back(std::move(b));
   }
-  s.primary = std::make_unique<TensorParallelBackend>(s.backends);
+  auto primary = std::make_unique<TensorParallelBackend>(s.backends);
+  s.capture = primary.get();
+  // A replay that launched some ranks' graphs but not all leaves them waiting in a collective for good.
+  s.capture->set_on_partial_replay([&s](const std::string& why) { s.fail_group(why); });
+  s.primary = std::move(primary);
 
   OpenedModel opened = open_model(spec, *s.primary, options);
   Model& top = *opened.model;
@@ -310,20 +352,23 @@ Tensor TensorParallel::forward(const BatchView& batch, KvCache& cache) {
         std::lock_guard<std::mutex> lock(s.error_mu);
         if (!s.error) s.error = std::current_exception();  // the first failure, not the aborts it causes
       }
-      s.comms[ri]->abort();
+      // Now, so that peers blocked in a host-side collective (the CPU group; NCCL's first-use connection
+      // setup) return - unless graphs may hold references to the communicator: then its abort would wait
+      // for them, and only the thread that began the captures may drop them (below).
+      if (!s.capture->ever_captured() || !s.comms[ri]->abort_waits_for_graphs()) s.comms[ri]->abort();
     }
   });
   if (s.error) {
-    // Every rank's communicator aborted: a peer's stream may wait in a collective the failed rank never
-    // joined (NCCL enqueues without waiting), and ncclCommAbort ends that wait.
-    for (auto& c : s.comms) c->abort();
-    s.failure = "a rank failed";
+    std::string why = "a rank failed";
     try {
       std::rethrow_exception(s.error);
     } catch (const std::exception& e) {
-      s.failure = e.what();
+      why = e.what();
     } catch (...) {
     }
+    // A peer's stream may wait in a collective the failed rank never joined (NCCL enqueues without
+    // waiting): the group's abort ends that wait, after the recordings that would block it are gone.
+    s.fail_group(why);
     std::rethrow_exception(s.error);
   }
   return result;

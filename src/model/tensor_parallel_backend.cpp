@@ -33,7 +33,10 @@ bool TensorParallelBackend::begin_graph_capture() {
     discard_begun();
     throw;
   }
-  if (begun == ranks_.size()) return true;
+  if (begun == ranks_.size()) {
+    ever_captured_.store(true, std::memory_order_release);  // before the step records any collective
+    return true;
+  }
   discard_begun();
   return false;
 }
@@ -63,9 +66,20 @@ bool TensorParallelBackend::replay_graph(uint64_t key) {
     return false;
   }
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    // has_graph said every rank replays: a refusal now would leave the ranks before it waiting.
-    INFERX_CHECK(ranks_[r]->replay_graph(key),
-                 "tensor parallel: rank {} refused a graph it reported valid (the ranks are out of step)", r);
+    // has_graph said every rank replays: a refusal or an error now leaves the ranks before it waiting in
+    // their first collective, so the whole group fails (not just this step).
+    std::string why;
+    try {
+      if (!ranks_[r]->replay_graph(key))
+        why = fmt::format(
+            "tensor parallel: rank {} refused a graph it reported valid (the ranks are out of step)", r);
+    } catch (const std::exception& e) {
+      why = fmt::format("tensor parallel: rank {}'s graph replay failed: {}", r, e.what());
+    }
+    if (!why.empty()) {
+      if (r > 0 && on_partial_replay_) on_partial_replay_(why);
+      fail("{}", why);
+    }
   }
   return true;
 }

@@ -8,6 +8,8 @@
 // frees or reuses what the step used after it). Everything else goes to rank 0: the gathered logits, the
 // sampler and the step's metadata (which the model broadcasts to the other ranks inside the step) live
 // there.
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,8 +36,18 @@ class TensorParallelBackend final : public ForwardingBackend {
   void drop_graph(uint64_t key) override;
   void clear_graphs() override;
 
+  // Whether a capture was ever begun: from then on NCCL holds references for recorded collectives that
+  // only destroying the graphs releases, and a communicator's abort or destroy waits for them (so the
+  // ranks' graphs must go first; TensorParallel's failure and teardown paths).
+  bool ever_captured() const { return ever_captured_.load(std::memory_order_acquire); }
+  // Called when a replay launched some ranks' graphs but not all (their collectives now wait for peers
+  // that will never join): TensorParallel fails the group (graphs dropped, communicators aborted).
+  void set_on_partial_replay(std::function<void(const std::string&)> f) { on_partial_replay_ = std::move(f); }
+
  private:
   std::vector<Backend*> ranks_;
+  std::atomic<bool> ever_captured_{false};
+  std::function<void(const std::string&)> on_partial_replay_;
 };
 
 }  // namespace inferx

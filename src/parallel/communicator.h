@@ -41,6 +41,10 @@ class Communicator {
   // this rank's communicator is aborted, which ends the collectives its stream still waits in; the caller
   // aborts every rank's, as TensorParallel does after a failed step). The group stays unusable afterwards.
   virtual void abort() = 0;
+  // Whether abort() waits for the CUDA graphs that recorded this group's collectives to be destroyed
+  // (NCCL: a recorded collective holds a reference on its communicator until its graph goes), so that the
+  // graphs must be dropped first, by the thread that recorded them. The CPU group records nothing.
+  virtual bool abort_waits_for_graphs() const { return false; }
 };
 
 // The N ranks of one in-process CPU group; element r is rank r's. Collectives block until all N ranks

@@ -188,6 +188,7 @@ bool CudaBackend::begin_graph_capture() {
 
 void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
   if (!capturing_) return;
+  use_device();  // a tensor-parallel group ends every rank's capture from one thread
   // Recorded in the graph (none is pending at the end of a model step); after an error: dropped.
   if (keep) {
     finish_deferred();
@@ -241,12 +242,15 @@ bool CudaBackend::has_graph(uint64_t key) const {
 
 void CudaBackend::drop_graph(uint64_t key) {
   if (auto it = graphs_.find(key); it != graphs_.end()) {
+    use_device();
     CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
     graphs_.erase(it);
   }
 }
 
 void CudaBackend::clear_graphs() {
+  if (!graphs_.empty() && cudaSetDevice(device_) != cudaSuccess)  // no throw: the destructor calls it
+    std::fprintf(stderr, "inferx cuda: cudaSetDevice(%d) failed before destroying graphs\n", device_);
   for (auto& [key, g] : graphs_)
     if (cudaGraphExecDestroy(g.exec) != cudaSuccess)
       std::fprintf(stderr, "inferx cuda: destroying a graph failed\n");

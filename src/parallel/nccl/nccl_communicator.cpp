@@ -141,6 +141,7 @@ class NcclCommunicator final : public Communicator {
   // ncclCommAbort ends what this rank's stream still waits for in a collective (NCCL's kernels watch the
   // communicator's abort flag), so a peer's failure leaves an error, not a hung stream, once every rank's
   // communicator is aborted (TensorParallel does so after a failed step). Idempotent.
+  bool abort_waits_for_graphs() const override { return true; }  // ncclCommAbort: commDestroySync
   void abort() override {
     if (aborted_) return;
     aborted_ = true;

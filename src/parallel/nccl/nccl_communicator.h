@@ -7,8 +7,9 @@
 // captured on that stream records them. NVLink SHARP multicast stays off: NCCL_NVLS_ENABLE=0 is set in the
 // environment before the first init. INFERX_CUSTOM_ALLREDUCE=1: small F32 all-reduces go through the
 // one-shot peer-to-peer kernel instead (p2p_all_reduce.h); INFERX_TP_ALLREDUCE_BF16=MB: large F32 sums
-// (>= 1 MB, up to MB) are reduced in BF16 (half the bytes over the links; the partial sums rounded as a
-// BF16 model's activations are). Both off by default until measured on a multi-GPU machine.
+// (>= 1 MB of F32, up to MB of BF16, i.e. 2 x MB of F32) are reduced in BF16 (half the bytes over the links;
+// the partial sums rounded as a BF16 model's activations are). Both off by default until measured on a
+// multi-GPU machine.
 #include <memory>
 #include <vector>
 

@@ -8,7 +8,9 @@ namespace inferx {
 namespace p2p {
 namespace {
 
-constexpr uint64_t kHangNs = 5'000'000'000ull;  // a peer that never signals: trap, not hang
+// A peer that never signals: trap, not hang. Generous: a peer's host thread may be seconds late on a
+// first step (GEMM autotuning, lazy module loading), and a trap ends the CUDA context.
+constexpr uint64_t kHangNs = 60'000'000'000ull;
 
 __device__ __forceinline__ uint64_t gpu_ns() {
   uint64_t t;

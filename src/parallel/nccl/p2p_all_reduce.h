@@ -11,7 +11,7 @@
 // a rank writes slot s of call m only after every peer has signalled call m - 1, i.e. finished call
 // m - 2, the last reader of slot s). The approach of vLLM's custom all-reduce (one-shot form); own code.
 //
-// A rank that never arrives makes its peers' kernels trap after a few seconds (an error, not a hang).
+// A rank that never arrives makes its peers' kernels trap after a minute (an error, not a hang).
 // Off unless INFERX_CUSTOM_ALLREDUCE=1 (not yet measured on a multi-GPU machine); NCCL takes what it does
 // not (other dtypes, larger tensors, GPUs without peer access).
 #include <cuda_runtime_api.h>

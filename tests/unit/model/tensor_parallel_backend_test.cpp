@@ -35,7 +35,7 @@ class GraphLogBackend final : public ForwardingBackend {
     return true;
   }
   void end_graph_capture(uint64_t key, bool keep) override {
-    EXPECT_TRUE(capturing) << tag_ << ": end without begin";
+    if (!capturing) return;  // the Backend contract: nothing to end (CudaBackend does the same)
     capturing = false;
     log += keep ? "end " : "discard ";
     if (fail_end) throw Error(tag_ + ": end failed");
@@ -43,6 +43,7 @@ class GraphLogBackend final : public ForwardingBackend {
   }
   bool has_graph(uint64_t key) const override { return graphs.count(key) > 0; }
   bool replay_graph(uint64_t key) override {
+    if (fail_replay) throw Error(tag_ + ": launch failed");
     if (!graphs.count(key)) return false;
     log += "replay ";
     return true;
@@ -51,7 +52,7 @@ class GraphLogBackend final : public ForwardingBackend {
   void synchronize() override { log += "sync "; }
   void clear_graphs() override { graphs.clear(); }
 
-  bool decline = false, fail_begin = false, fail_end = false, lose_recording = false;
+  bool decline = false, fail_begin = false, fail_end = false, lose_recording = false, fail_replay = false;
   bool capturing = false;
   std::string log;
   std::set<uint64_t> graphs;
@@ -133,6 +134,40 @@ TEST(TensorParallelBackend, ARecordingMissingOnOneRankReplaysNowhere) {
   EXPECT_FALSE(r.tp->replay_graph(4));
   EXPECT_EQ(r[0].log.find("replay"), std::string::npos) << r[0].log;
   EXPECT_TRUE(r[0].graphs.empty());
+}
+
+// A replay that launched ranks 0..k-1 and then failed on rank k leaves those ranks waiting in a collective
+// for good: the group is failed (TensorParallel drops the graphs and aborts the communicators). A failure
+// on rank 0 launched nothing and fails only the call.
+TEST(TensorParallelBackend, APartialReplayFailsTheGroup) {
+  Ranks r(3);
+  std::vector<std::string> failed;
+  r.tp->set_on_partial_replay([&](const std::string& why) { failed.push_back(why); });
+  ASSERT_TRUE(r.tp->begin_graph_capture());
+  r.tp->end_graph_capture(9);
+  r[2].fail_replay = true;
+  EXPECT_THROW(r.tp->replay_graph(9), Error);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0].find("rank 2"), std::string::npos) << failed[0];
+  EXPECT_NE(failed[0].find("launch failed"), std::string::npos) << failed[0];
+  r[2].fail_replay = false;
+  r[0].fail_replay = true;
+  EXPECT_THROW(r.tp->replay_graph(9), Error);
+  EXPECT_EQ(failed.size(), 1u) << "rank 0 launched nothing: no peer waits";
+}
+
+// Whether a capture ever began on every rank: from then on a communicator's abort waits for the graphs.
+TEST(TensorParallelBackend, RemembersThatGraphsWereRecorded) {
+  Ranks declines(2);
+  declines[1].decline = true;
+  EXPECT_FALSE(declines.tp->begin_graph_capture());
+  EXPECT_FALSE(declines.tp->ever_captured());  // the CPU group: no capture, per-rank aborts stay
+  Ranks r(2);
+  EXPECT_FALSE(r.tp->ever_captured());
+  ASSERT_TRUE(r.tp->begin_graph_capture());
+  EXPECT_TRUE(r.tp->ever_captured());
+  r.tp->end_graph_capture(1, false);
+  EXPECT_TRUE(r.tp->ever_captured());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@
 #include "model/arch_registry.h"
 #include "model/dummy_models.h"
 #include "model/model.h"
+#include "parallel/communicator.h"
 
 namespace fs = std::filesystem;
 
@@ -438,6 +441,120 @@ TEST(TensorParallel, RanksMustKeepOneKvCacheType) {
   o.make_rank_backend = [](int) { return std::make_unique<Bf16KvBackend>(); };
   const std::string msg = error_of([&] { load(kFixtures + "llama-tiny", 2, o); });
   EXPECT_NE(msg.find("rank 1's backend keeps a BF16 KV cache, rank 0's a F32 one"), std::string::npos) << msg;
+}
+
+// A rank backend over the CPU that pretends to record CUDA graphs (it keeps the keys it ends with) and fails
+// one op on request: what the failure path of a tensor-parallel step must handle on the GPU.
+struct CpuHolder {
+  std::unique_ptr<Backend> cpu = make_cpu_backend({1});
+};
+class RecordingRank final : private CpuHolder, public ForwardingBackend {
+ public:
+  RecordingRank() : ForwardingBackend(*cpu) {}
+  bool begin_graph_capture() override { return capturing = true; }
+  void end_graph_capture(uint64_t key, bool keep) override {
+    if (!capturing) return;
+    capturing = false;
+    if (keep) graphs.insert(key);
+  }
+  bool has_graph(uint64_t key) const override { return graphs.count(key) > 0; }
+  void drop_graph(uint64_t key) override { graphs.erase(key); }
+  void clear_graphs() override { graphs.clear(); }
+  void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override {
+    if (fail_embedding) throw Error("injected: embedding failed");
+    ForwardingBackend::embedding(table, ids, n, out);
+  }
+  void embedding_shard(const Tensor& table, const int32_t* ids, int64_t n, int64_t first_id,
+                       Tensor& out) override {
+    if (fail_embedding) throw Error("injected: embedding failed");
+    ForwardingBackend::embedding_shard(table, ids, n, first_id, out);
+  }
+  void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) override {
+    if (fail_interleave) throw Error("injected: interleave failed");
+    ForwardingBackend::interleave_row_blocks(x, blocks, out);
+  }
+  bool capturing = false, fail_embedding = false, fail_interleave = false;
+  std::set<uint64_t> graphs;
+};
+
+// The CPU group, reporting NCCL's abort semantics when `waits` (abort_waits_for_graphs): then an abort made
+// while a rank still holds a recording is counted as a violation (NCCL would wait for it forever).
+class WatchedComm final : public Communicator {
+ public:
+  WatchedComm(std::unique_ptr<Communicator> inner, std::vector<RecordingRank*> ranks, bool waits,
+              std::atomic<int>& aborts, std::atomic<int>& violations)
+      : inner_(std::move(inner)),
+        ranks_(std::move(ranks)),
+        waits_(waits),
+        aborts_(aborts),
+        violations_(violations) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Device device() const override { return inner_->device(); }
+  void all_reduce_sum(Tensor& x) override { inner_->all_reduce_sum(x); }
+  void all_gather(const Tensor& in, Tensor& out) override { inner_->all_gather(in, out); }
+  void broadcast(Tensor& x, int root) override { inner_->broadcast(x, root); }
+  void barrier() override { inner_->barrier(); }
+  bool abort_waits_for_graphs() const override { return waits_; }
+  void abort() override {
+    if (waits_)
+      for (const RecordingRank* r : ranks_)
+        if (r->capturing || !r->graphs.empty()) ++violations_;
+    ++aborts_;
+    inner_->abort();
+  }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::vector<RecordingRank*> ranks_;
+  bool waits_;
+  std::atomic<int>&aborts_, &violations_;
+};
+
+// A step that fails after graphs were recorded: with NCCL's semantics every rank's recordings are dropped
+// (a capture in progress discarded) before any communicator is aborted - an abort first would wait for
+// them forever - and the group refuses further steps. With the CPU group's, the failing rank aborts at
+// once, so that peers blocked in a host-side collective wake (no hang).
+TEST(TensorParallel, AFailedStepDropsTheRecordingsBeforeAborting) {
+  for (bool nccl_like : {true, false}) {
+    SCOPED_TRACE(nccl_like ? "NCCL-like abort" : "CPU group");
+    auto rank0 = std::make_unique<RecordingRank>();
+    std::vector<RecordingRank*> ranks = {rank0.get()};
+    std::atomic<int> aborts{0}, violations{0};
+    LoadOptions o;
+    o.tensor_parallel_size = 2;
+    o.make_rank_backend = [&](int) {
+      auto b = std::make_unique<RecordingRank>();
+      ranks.push_back(b.get());
+      return b;
+    };
+    o.make_communicators = [&](const std::vector<Backend*>&) {
+      std::vector<std::unique_ptr<Communicator>> out;
+      for (auto& c : make_cpu_communicators(2))
+        out.push_back(std::make_unique<WatchedComm>(std::move(c), ranks, nccl_like, aborts, violations));
+      return out;
+    };
+    auto model = Model::load(kFixtures + "llama-tiny", *rank0, o);
+    SequenceRunner runner(*model, 16);
+    Backend& group = model->backend();  // the tensor-parallel backend: capture on every rank
+    ASSERT_TRUE(group.begin_graph_capture());
+    runner.step_all_logits({1, 5, 9});
+    group.end_graph_capture(42);
+    for (const RecordingRank* r : ranks) ASSERT_TRUE(r->has_graph(42));
+    // NCCL-like: rank 0 fails after the step's last collective (no peer waits on the host); CPU group:
+    // rank 1 fails before its first all-reduce, which rank 0 is already blocked in.
+    ASSERT_TRUE(group.begin_graph_capture());  // and a capture in progress when it fails
+    (nccl_like ? ranks[0]->fail_interleave : ranks[1]->fail_embedding) = true;
+    const std::string msg = error_of([&] { runner.step_all_logits({7, 3}); });
+    EXPECT_NE(msg.find("injected"), std::string::npos) << msg;
+    EXPECT_EQ(violations.load(), 0) << "a communicator was aborted while a rank still held a recording";
+    EXPECT_GE(aborts.load(), 2);
+    for (const RecordingRank* r : ranks) EXPECT_TRUE(!r->capturing && r->graphs.empty());
+    ranks[0]->fail_interleave = ranks[1]->fail_embedding = false;
+    const std::string next = error_of([&] { runner.step({4}); });
+    EXPECT_NE(next.find("no further steps after a failed one"), std::string::npos) << next;
+    group.end_graph_capture(0, false);  // what the engine does after a failed capture: nothing left to end
+  }
 }
 
 TEST(TensorParallel, MetadataOutsideOneBatchLayoutBlockIsRefused) {
