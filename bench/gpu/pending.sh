@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# What was built without a GPU and has not run on one yet (2026-12-04 night session), in three device calls
+# What was built without a GPU and has not run on one yet (2026-12-04 night and 2026-12-05 sessions: the
+# latter added review mends - g3p's GQA 3/8/12/16 rows in the prefill variants test, a one-GPU
+# embedding_shard test, the tensor-parallel failure path that drops graphs before aborting NCCL; a hang in
+# a test now means a bug there, each binary runs under `timeout`), in three device calls
 # of at most ~6 minutes each (after bench/gpu/stage.sh; carry ["gpu-carry-z"]):
 #   tar -xzf gpu-carry-z/carry.tgz && PART=tests bash bench/gpu/pending.sh
 #   tar -xzf gpu-carry-z/carry.tgz && PART=kernels bash bench/gpu/pending.sh

@@ -122,6 +122,10 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   // Added tokens override the model's view of their ids.
   std::vector<AddedToken> raw, normalized;
   for (AddedToken& t : spec.added_tokens) {
+    // Added tokens are matched as literal text in the (valid UTF-8) input before any model: one that is
+    // not valid UTF-8 itself (a lone continuation byte from a corrupt GGUF vocabulary, say) would match
+    // inside a character and hand the pre-tokenizer a split one (found by fuzz_gguf).
+    INFERX_CHECK(unicode::is_valid_utf8(t.content), "{}: added token {} is not valid UTF-8", source_, t.id);
     pieces_[t.id] = t.content;
     types_[t.id] = t.special ? TokenType::Control : TokenType::UserDefined;
     (t.normalized && !normalizer_.empty() ? normalized : raw).push_back(t);

@@ -155,5 +155,37 @@ TEST(BpeTokenizer, GgufUnknownPreTokenizerIsNamed) {
   }
 }
 
+// An added (user-defined) token that is not valid UTF-8 would match inside a character of the input and
+// split it before the pre-tokenizer: the vocabulary is refused, naming the token (found by fuzz_gguf: a
+// corrupt byte-level vocabulary with the lone byte 0xB6 as a user-defined token crashed
+// encode("w\xc3\xb6rld") with std::out_of_range).
+TEST(BpeTokenizer, AddedTokenThatIsNotUtf8IsRefused) {
+  GgufFile src(kData + "/ggml-vocab/ggml-vocab-gpt-2.gguf");
+  GgufWriter w;
+  int64_t id = -1;
+  for (const auto& [k, v] : src.metadata()) {
+    if (k.rfind("tokenizer.", 0) != 0) continue;
+    if (k == "tokenizer.ggml.tokens" || k == "tokenizer.ggml.token_type") {
+      GgufArray a = v.as_array();  // one more token, user-defined, the lone byte 0xB6
+      id = static_cast<int64_t>(a.items.size());
+      a.items.push_back(k == "tokenizer.ggml.tokens" ? GgufValue::of_string("\xb6")
+                                                     : GgufValue::of_int(a.items.back().type, 4));
+      w.set(k, GgufValue::of_array(std::move(a)));
+    } else {
+      w.set(k, v);
+    }
+  }
+  const auto bytes = w.to_bytes();
+  GgufFile gguf(bytes.data(), bytes.size(), "corrupt.gguf");
+  try {
+    (void)load_gguf_tokenizer(gguf);
+    FAIL() << "loaded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("corrupt.gguf"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("added token {} is not valid UTF-8", id)), std::string::npos) << msg;
+  }
+}
+
 }  // namespace
 }  // namespace inferx
