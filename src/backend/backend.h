@@ -147,7 +147,8 @@ class Backend {
   }
   // Applies `n` LogitEdits (host memory) to logits [rows, vocab] F32 in backend memory, queued before a
   // later sample_tokens: a request's logit_bias and penalties without copying its row to the host. Returns
-  // false when the backend cannot (the caller samples those rows on the host; nothing was changed).
+  // false when the backend cannot (the caller samples those rows on the host; nothing was changed). A
+  // backend that edits must also sample_tokens: the host path applies the edits itself (twice, otherwise).
   virtual bool edit_logits(Tensor& logits, const LogitEdit* edits, int64_t n) { return false; }
   // Asynchronous token selection, for the engine's overlapped decode steps (step N + 1 is launched before
   // step N's ids reach the host; engine.cpp). Two id slots alternate. async_sampling() says what a backend

@@ -418,7 +418,11 @@ bool Engine::Impl::step() {
   new_aborts.clear();
   if (in_flight) {
     drop_finished(*in_flight);  // aborted just now: their requests may be destroyed by the next emit
-    if (in_flight->out.seqs.empty()) in_flight.reset();
+    if (in_flight->out.seqs.empty()) {
+      const bool ok = retire(*in_flight);
+      in_flight.reset();
+      if (!ok) return true;
+    }
   }
   profile.mark(StepProfile::kIntake);
   if (in_flight) return step_overlapped();

@@ -65,7 +65,7 @@ struct Engine::Impl {
   };
   std::optional<InFlight> in_flight;
   bool async_decode = false;
-  std::vector<int32_t> async_ids, prev_rows;
+  std::vector<int32_t> async_ids, prev_rows, retired_ids;
   std::vector<char> ends;
   int64_t overlapped_steps = 0;
   std::vector<int32_t> eos_ids;
@@ -111,6 +111,7 @@ struct Engine::Impl {
            static_cast<int64_t>(seq.tokens.size()) + pending >= config.max_model_len;
   }
   static void drop_finished(InFlight& f);
+  bool retire(InFlight& f);
   bool step_overlapped();
   void finish(Sequence& seq, FinishReason reason, double now);
   void abort_request(RequestState& r, const std::string& error);

@@ -15,6 +15,20 @@ bool Engine::Impl::overlappable(const SchedulerOutput& out) const {
   return true;
 }
 
+// A step in flight that nothing wants any more (every sequence ended or was aborted) still runs on the
+// device, and its upload may not yet have read its host metadata copy, which the step after next rewrites
+// without a wait (the two copies alternate on the assumption that a step is waited for before its copy is
+// reused): wait for it before letting it go. False when that wait failed (the failure is handled).
+bool Engine::Impl::retire(InFlight& f) {
+  try {
+    step_sampler->collect_async(f.slot, f.num_rows, retired_ids);
+  } catch (const std::exception& e) {
+    fail_step({&f.out}, e);
+    return false;
+  }
+  return true;
+}
+
 void Engine::Impl::drop_finished(InFlight& f) {
   size_t kept = 0;
   for (size_t i = 0; i < f.out.seqs.size(); ++i) {
@@ -36,6 +50,7 @@ bool Engine::Impl::step_overlapped() {
   InFlight prev = std::move(*in_flight);
   in_flight.reset();
   std::optional<InFlight> next;
+  bool next_sampling = false;  // next's sampling was queued (a failure must wait for it too)
   try {
     ends.assign(prev.out.seqs.size(), 0);
     // A sequence the token on its way brings to its length limit is left out of the next step.
@@ -53,6 +68,7 @@ bool Engine::Impl::step_overlapped() {
       const Tensor logits = decode_graphs->run(*plan, &src);
       ++graph_steps;
       step_sampler->sample_async(*plan, logits, next->slot, /*pending=*/1);
+      next_sampling = true;
       ++steps;
       ++overlapped_steps;
     }
@@ -62,6 +78,14 @@ bool Engine::Impl::step_overlapped() {
     step_sampler->collect_async(prev.slot, prev.num_rows, async_ids);
     profile.mark(StepProfile::kSample);
   } catch (const std::exception& e) {
+    // Neither step is wanted now, but both may still run on the device: wait for them before their slots
+    // are used again (retire's reason), ignoring what the wait reports - the step has failed already.
+    for (InFlight* f : {&prev, next_sampling ? &*next : nullptr}) {
+      try {
+        if (f) step_sampler->collect_async(f->slot, f->num_rows, retired_ids);
+      } catch (const std::exception&) {
+      }
+    }
     fail_step({&prev.out, next ? &next->out : nullptr}, e);
     return true;
   }
@@ -74,11 +98,18 @@ bool Engine::Impl::step_overlapped() {
   }
   for (SampledToken& t : sampled) handle_token(t, done);
   if (next) {
-    // Rows whose sequence ended on N's token were computed once more: their ids are never read.
+    // Rows whose sequence ended on N's token were computed once more: their ids are never read (nor
+    // counted as sampled).
+    const size_t planned = next->out.seqs.size();
     drop_finished(*next);
+    step_sampler->uncount_device_rows(static_cast<int64_t>(planned - next->out.seqs.size()));
     // N's tokens are appended now, so the blocks N + 1 filled hash the right tokens.
     scheduler->on_step_computed(next->out);
-    if (!next->out.seqs.empty()) in_flight = std::move(next);
+    if (!next->out.seqs.empty()) {
+      in_flight = std::move(next);
+    } else if (!retire(*next)) {
+      return true;
+    }
   }
   profile.mark(StepProfile::kHandle);
   if (!defer_emit || (scheduler->num_running() == 0 && scheduler->num_waiting() == 0)) emit();

@@ -90,9 +90,11 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
     params_[i] = device ? device_sample_params(seq) : kHostRow;
     if (!device) host_index_.push_back(static_cast<int32_t>(i));
   }
+  bool edited_on_device = false;
   if (!edits_.empty()) {
     Tensor edited = logits;  // the same rows, edited in place in backend memory
-    if (!backend_.edit_logits(edited, edits_.data(), static_cast<int64_t>(edits_.size()))) {
+    edited_on_device = backend_.edit_logits(edited, edits_.data(), static_cast<int64_t>(edits_.size()));
+    if (!edited_on_device) {
       // The backend cannot edit: those rows go to the host, unedited logits and all.
       for (int32_t r : edit_rows_) params_[static_cast<size_t>(r)] = kHostRow;
       host_index_.insert(host_index_.end(), edit_rows_.begin(), edit_rows_.end());
@@ -102,6 +104,12 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
   if (host_index_.size() == seqs_.size()) return sample_on_host(logits, result);
   ids_.resize(seqs_.size());
   if (!backend_.sample_tokens(logits, all_greedy(params_) ? nullptr : params_.data(), ids_.data())) {
+    // The host path applies bias and penalties itself: after the device has edited the rows in place it
+    // would apply them twice. A backend that edits must sample (backend.h).
+    INFERX_CHECK(!edited_on_device,
+                 "step sampler: backend {} edited the logits on the device but refused to "
+                 "sample them",
+                 backend_.name());
     device_ok_ = false;
     return sample_on_host(logits, result);
   }
@@ -128,6 +136,8 @@ void StepSampler::sample(const SchedulerOutput& out, const Tensor& logits,
     result[static_cast<size_t>(host_index_[k])] = std::move(host_result_[k]);
   host_rows_ += static_cast<int64_t>(host_index_.size());
 }
+
+void StepSampler::uncount_device_rows(int64_t rows) { device_rows_ -= rows; }
 
 bool StepSampler::can_sample_async(const SchedulerOutput& out) const {
   if (!device_ok_ || !backend_.async_sampling()) return false;

@@ -54,6 +54,8 @@ class StepSampler {
 
   // Rows sampled on each path so far (tests, stats).
   int64_t device_rows() const { return device_rows_; }
+  // Rows an overlapped step sampled whose sequence had already ended (their ids are never read).
+  void uncount_device_rows(int64_t rows);
   int64_t host_rows() const { return host_rows_; }
 
  private:

@@ -106,8 +106,12 @@ TEST_F(CudaEngine, LogitEditsEqualTheHostProcessorsExactly) {
     std::vector<int32_t> prompt;
     for (int i = 0; i < 200; ++i) prompt.push_back(tok(rng));
     PenaltyState st(p, prompt);
-    for (int i = 0; i < 150; ++i) st.add_generated(tok(rng) % 500);  // repeats: counts above 1
-    std::vector<std::pair<int32_t, float>> bias = {{tok(rng), 5.0f}, {kVocab - 1, -100.0f}};
+    int32_t last = 0;
+    for (int i = 0; i < 150; ++i) st.add_generated(last = tok(rng) % 500);  // repeats: counts above 1
+    // A random token, the last vocabulary entry, and two tokens the penalties also edit (a prompt token,
+    // a generated one): bias and penalty merged into one edit.
+    std::vector<std::pair<int32_t, float>> bias = {
+        {tok(rng), 5.0f}, {kVocab - 1, -100.0f}, {prompt[3], 2.5f}, {last, -1.5f}};
     float* row = host.data() + static_cast<size_t>(r) * kVocab;
     apply_logit_bias(row, kVocab, bias);
     st.apply(row, kVocab);
@@ -121,20 +125,39 @@ TEST_F(CudaEngine, LogitEditsEqualTheHostProcessorsExactly) {
   EXPECT_EQ(differ, 0u) << "of " << edits.size() << " edits";
 }
 
-// The engine with penalties and logit_bias sampled on the GPU gives the host path's greedy text.
+// The engine with penalties and logit_bias sampled on the GPU gives the host path's greedy text: eagerly,
+// and with graphs and overlapped steps (the plain rows outlive the penalized ones, whose edits keep the
+// batch in order while they run). The penalties must change the text at all (else edits that did nothing
+// would pass), and a +100 bias forces its token.
 TEST_F(CudaEngine, PenaltiesOnTheDeviceGiveTheHostPathsText) {
-  std::vector<GenerationParams> ps(6, greedy(16));
+  std::vector<GenerationParams> ps(7, greedy(16));
   ps[0].repetition_penalty = 1.4f;
   ps[1].presence_penalty = 1.0f;
   ps[2].frequency_penalty = 0.8f;
   ps[3].logit_bias = {{17, 5.0f}};
   ps[4].repetition_penalty = 0.9f;
   ps[4].frequency_penalty = -0.3f;
+  ps[6].logit_bias = {{23, 100.0f}};
   EngineStats dev_stats;
   const auto dev = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}}), &dev_stats);
   const auto host = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}, {"INFERX_DEVICE_SAMPLING", "0"}}));
   EXPECT_EQ(dev, host);
-  EXPECT_EQ(dev_stats.device_sampled_tokens, 6 * 16);
+  EXPECT_EQ(dev_stats.device_sampled_tokens, 7 * 16);
+  EXPECT_EQ(dev[6], std::vector<int32_t>(16, 23));
+  const auto plain = run(std::vector<GenerationParams>(7, greedy(16)), Env(Vars{{"INFERX_GRAPHS", "0"}}));
+  int changed = 0;
+  for (int i = 0; i <= 4; ++i) changed += dev[static_cast<size_t>(i)] != plain[static_cast<size_t>(i)];
+  EXPECT_GE(changed, 2) << "the penalties and bias barely change the dummy model's greedy text";
+
+  std::vector<GenerationParams> mixed = ps;
+  for (int i = 0; i < 4; ++i) mixed.push_back(greedy(48));
+  EngineStats on, off;
+  const auto graphed = run(mixed, Env(Vars{}), &on);
+  const auto graphed_host = run(mixed, Env(Vars{{"INFERX_DEVICE_SAMPLING", "0"}}), &off);
+  EXPECT_EQ(graphed, graphed_host);
+  EXPECT_GT(on.decode_graph_replays, 10);
+  EXPECT_GT(on.overlapped_steps, 0);
+  EXPECT_EQ(on.device_sampled_tokens, 7 * 16 + 4 * 48);
 }
 
 TEST_F(CudaEngine, SampledRowsDependOnlyOnTheirOwnLogitsAndParameters) {

@@ -59,6 +59,7 @@ class AsyncDecode : public ::testing::Test {
   static Outcome run_on(Model& model, const std::vector<GenerationParams>& params, EngineConfig cfg,
                         bool async, int abort_after = -1, size_t abort_id = 0) {
     cfg.async_decode = async;
+    dev_->reset_slots();
     Engine engine(model, nullptr, cfg);
     Outcome o;
     o.tokens.resize(params.size());
@@ -153,6 +154,46 @@ TEST_F(AsyncDecode, AbortWhileAStepIsInFlightEndsOnlyThatRequest) {
   EXPECT_EQ(aborted.tokens[0], in_order.tokens[0]);
   EXPECT_EQ(aborted.tokens[2], in_order.tokens[2]);
   EXPECT_EQ(aborted.stats.kv_blocks_used, 0) << "every block is back in the pool";
+}
+
+// Aborting every running request while a step is in flight leaves a step nothing wants: the engine still
+// waits for it before its slot (and, on CUDA, its host metadata copy) is used again (the fake backend
+// fails a slot sampled into twice without a wait). New requests then run as an in-order engine runs them.
+TEST_F(AsyncDecode, AStepLeftWithoutSequencesIsWaitedForBeforeItsSlotIsReused) {
+  const std::vector<GenerationParams> later(2, greedy(20));
+  EngineConfig cfg = base_config();
+  const Outcome in_order = run(later, cfg, false);
+  cfg.async_decode = true;
+  dev_->reset_slots();
+  Engine engine(*model_, nullptr, cfg);
+  EngineRequest first;
+  first.id = "first";
+  first.prompt = prompt(9, 7);
+  first.params = greedy(40);
+  engine.submit(std::move(first));
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(engine.step());
+  ASSERT_GT(engine.stats().overlapped_steps, 3);
+  engine.abort("first");
+  ASSERT_TRUE(engine.step());  // the in-flight step loses its only sequence here
+  std::vector<std::map<int32_t, std::vector<int32_t>>> tokens(later.size());
+  for (size_t i = 0; i < later.size(); ++i) {
+    EngineRequest r;
+    r.id = fmt::format("r{}", i);
+    r.prompt = prompt(6 + 7 * static_cast<int32_t>(i % 5), static_cast<int32_t>(i));
+    r.params = later[i];
+    r.on_output = [&tokens, i](RequestOutput&& out) {
+      for (const SequenceDelta& d : out.deltas) {
+        auto& t = tokens[i][d.index];
+        t.insert(t.end(), d.token_ids.begin(), d.token_ids.end());
+      }
+    };
+    engine.submit(std::move(r));
+  }
+  const int64_t overlapped_before = engine.stats().overlapped_steps;
+  while (engine.step()) {
+  }
+  EXPECT_GT(engine.stats().overlapped_steps, overlapped_before + 5) << "the slots were used again";
+  EXPECT_EQ(tokens, in_order.tokens);
 }
 
 // Penalties need every token before the next step is sampled: a batch holding a penalized request runs in

@@ -75,14 +75,20 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
   // Asynchronous sampling (overlapped decode steps): the ids are chosen at once into the slot (host memory
   // is this backend's device memory); a wait only hands them out, a gather reads them where they are.
   bool async_sampling() const override { return can_sample_; }
+  // A slot is sampled into again only after its previous ids were waited for: on CUDA the wait is what
+  // makes reusing the step's host-side buffers safe (the engine's retire() of a step nothing wants). A
+  // call that throws has queued nothing.
   void sample_tokens_async(const Tensor& logits, const TokenSampleParams* params, int slot) override {
     maybe_fail();
+    EXPECT_FALSE(unwaited_.at(static_cast<size_t>(slot))) << "slot " << slot << " reused before a wait";
     auto& ids = slots_.at(static_cast<size_t>(slot));
     ids.assign(static_cast<size_t>(logits.rows()), -1);
     if (!ids.empty()) sample_tokens(logits, params, ids.data());
+    unwaited_.at(static_cast<size_t>(slot)) = true;
     ++async_calls;
   }
   void wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) override {
+    unwaited_.at(static_cast<size_t>(slot)) = false;
     const auto& ids = slots_.at(static_cast<size_t>(slot));
     ASSERT_EQ(static_cast<int64_t>(ids.size()), rows) << "slot " << slot;
     std::copy(ids.begin(), ids.end(), host_ids);
@@ -94,6 +100,9 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
       out[i] = ids[static_cast<size_t>(rows[i])];
     }
   }
+
+  // A new engine on this backend: what an engine destroyed with a step in flight left unwaited is gone.
+  void reset_slots() { unwaited_ = {}; }
 
   int64_t sample_calls = 0, sampled_rows = 0, host_copies = 0, async_calls = 0;
   // > 0: the fail_after-th sampling call from now (synchronous or not) throws, as a failing device would.
@@ -108,6 +117,7 @@ class DeviceSamplingCpuBackend final : public ForwardingBackend {
   std::unique_ptr<Backend> cpu_;
   bool can_sample_;
   std::array<std::vector<int32_t>, 2> slots_;
+  std::array<bool, 2> unwaited_{};
 };
 
 }  // namespace inferx::testing
