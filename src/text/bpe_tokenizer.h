@@ -43,6 +43,10 @@ struct BpeSpec {
   int32_t bos_id = -1, eos_id = -1;
 };
 
+// Ids a vocabulary may leave unnamed (holes between the model's tokens and the added ones): a corrupt file
+// with one huge id is refused instead of sizing every per-token table by it.
+inline constexpr size_t kMaxUnusedTokenIds = 65536;
+
 class BpeTokenizer final : public Tokenizer {
  public:
   // Validates the spec (merges name vocabulary tokens, ids in range); throws inferx::Error naming

@@ -168,10 +168,20 @@ void assign_added_ids(BpeSpec& spec) {
   }
 }
 
-}  // namespace
+// Runs f, turning a JSON value of an unexpected type deep in a component (nlohmann's type_error,
+// out_of_range, ...) into inferx::Error naming the file: a load error, not a crash (found by
+// fuzz_hf_tokenizer_json: "type must be number, but is string").
+template <class F>
+auto checked_json(const std::string& source, F&& f) {
+  try {
+    return f();
+  } catch (const json::exception& e) {
+    fail("{}: unexpected JSON structure: {}", source, e.what());
+  }
+}
 
-std::unique_ptr<BpeTokenizer> parse_hf_tokenizer_json(const json& doc, const std::string& source,
-                                                      const json& config) {
+std::unique_ptr<BpeTokenizer> parse_unchecked(const json& doc, const std::string& source,
+                                              const json& config) {
   INFERX_CHECK(doc.is_object() && doc.contains("model"), "{}: not a tokenizer.json (no 'model')", source);
   const json& model = doc["model"];
   const std::string type = model.value("type", std::string("BPE"));
@@ -189,9 +199,11 @@ std::unique_ptr<BpeTokenizer> parse_hf_tokenizer_json(const json& doc, const std
   spec.source = source;
   INFERX_CHECK(model.contains("vocab") && model["vocab"].is_object(), "{}: model.vocab must be an object",
                source);
+  const size_t entries = model["vocab"].size();
   for (const auto& [tok, id_json] : model["vocab"].items()) {
     const auto id = id_json.get<int64_t>();
-    INFERX_CHECK(id >= 0 && id < INT32_MAX, "{}: model.vocab['{}'] has id {} out of range", source, tok, id);
+    INFERX_CHECK(id >= 0 && id < INT32_MAX && static_cast<size_t>(id) < entries + kMaxUnusedTokenIds,
+                 "{}: model.vocab['{}'] has id {}, out of range for {} entries", source, tok, id, entries);
     if (static_cast<size_t>(id) >= spec.vocab.size()) spec.vocab.resize(static_cast<size_t>(id) + 1);
     spec.vocab[static_cast<size_t>(id)] = tok;
   }
@@ -211,6 +223,13 @@ std::unique_ptr<BpeTokenizer> parse_hf_tokenizer_json(const json& doc, const std
   parse_post_processor(doc.value("post_processor", json()), spec, source);
   apply_config(config, spec);
   return std::make_unique<BpeTokenizer>(std::move(spec));
+}
+
+}  // namespace
+
+std::unique_ptr<BpeTokenizer> parse_hf_tokenizer_json(const json& doc, const std::string& source,
+                                                      const json& config) {
+  return checked_json(source, [&] { return parse_unchecked(doc, source, config); });
 }
 
 std::unique_ptr<BpeTokenizer> load_hf_tokenizer_json(const std::string& path, const json& config) {
@@ -253,7 +272,9 @@ std::unique_ptr<BpeTokenizer> load_hf_vocab_merges(const std::string& vocab_path
   return parse_hf_tokenizer_json(doc, vocab_path, config);
 }
 
-HfFolderText load_hf_folder_text(const std::string& dir) {
+namespace {
+
+HfFolderText load_folder_unchecked(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path root(dir);
   json config = nullptr;
@@ -300,6 +321,12 @@ HfFolderText load_hf_folder_text(const std::string& dir) {
   if (!out.chat_template && fs::exists(root / "chat_template.jinja"))
     out.chat_template = read_text((root / "chat_template.jinja").string());
   return out;
+}
+
+}  // namespace
+
+HfFolderText load_hf_folder_text(const std::string& dir) {
+  return checked_json(dir, [&] { return load_folder_unchecked(dir); });
 }
 
 }  // namespace inferx

@@ -197,6 +197,21 @@ TEST(HfTokenizerJson, UnsupportedComponentsAreNamed) {
   doc["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
   EXPECT_NE(error_of(doc).find("does not compile"), std::string::npos);
   EXPECT_NE(error_of(json::object()).find("t.json"), std::string::npos);
+  // Values of the wrong JSON type anywhere: a load error naming the file, not nlohmann's exception (found
+  // by fuzz_hf_tokenizer_json).
+  for (const auto& [path, value] : std::vector<std::pair<json::json_pointer, json>>{
+           {json::json_pointer("/model/vocab/a"), "zero"},
+           {json::json_pointer("/model/byte_fallback"), 3},
+           {json::json_pointer("/normalizer"), {{"type", 7}}},
+           {json::json_pointer("/added_tokens"), {{{"id", "1"}, {"content", "x"}}}},
+           // and ids far past the vocabulary (every per-token table would be sized by them)
+           {json::json_pointer("/model/vocab/a"), 22222250},
+           {json::json_pointer("/added_tokens"), {{{"id", 9000000}, {"content", "x"}}}}}) {
+    doc = base;
+    doc[path] = value;
+    const std::string msg = error_of(doc);
+    EXPECT_NE(msg.find("t.json"), std::string::npos) << path.to_string() << ": " << msg;
+  }
 }
 
 }  // namespace
