@@ -115,6 +115,10 @@ Linear int4_linear(const Placer& place, const Int4Weight& q, const std::vector<i
 
 }  // namespace
 
+namespace {
+HfQuantConfig read_quant_config(const json& q, const std::string& where);
+}  // namespace
+
 HfQuantConfig read_hf_quant_config(const std::string& folder) {
   HfQuantConfig c;
   const std::string path = folder + "/config.json";
@@ -127,8 +131,18 @@ HfQuantConfig read_hf_quant_config(const std::string& folder) {
     fail("{}: not valid JSON: {}", path, e.what());
   }
   if (!j.is_object() || !j.contains("quantization_config")) return c;
-  const json& q = j["quantization_config"];
   const std::string where = path + ": quantization_config";
+  try {
+    return read_quant_config(j["quantization_config"], where);
+  } catch (const json::exception& e) {  // a field of another JSON type than the one read ("bits": "4")
+    fail("{}: unexpected JSON structure: {}", where, e.what());
+  }
+}
+
+namespace {
+
+HfQuantConfig read_quant_config(const json& q, const std::string& where) {
+  HfQuantConfig c;
   INFERX_CHECK(q.is_object() && q.contains("quant_method") && q["quant_method"].is_string(),
                "{} needs a string 'quant_method'", where);
   const std::string method = q["quant_method"].get<std::string>();
@@ -184,6 +198,8 @@ HfQuantConfig read_hf_quant_config(const std::string& folder) {
                "{}.group_size {}: InferX INT4 supports 32, 64 and 128", where, c.group_size);
   return c;
 }
+
+}  // namespace
 
 std::vector<LinearDesc> linear_layers(const ModelConfig& c) {
   const int64_t D = c.hidden_size, F = c.intermediate_size;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "core/error.h"
@@ -227,6 +229,24 @@ TEST(QuantizeAtLoad, BadLayoutsAreClearErrors) {
   LoadOptions lo;
   lo.quantize = parse_quant_options("auto");
   EXPECT_THROW(Model::load(kLlamaTiny, *backend, lo), Error);  // auto needs a calibrated plan
+  // A quantization_config field of another JSON type than expected: an error naming the file, not
+  // nlohmann's type_error.
+  for (const char* q :
+       {R"({"quant_method": "awq", "version": 3})", R"({"quant_method": "gptq", "checkpoint_format": []})",
+        R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+                            "config_groups": {"g": {"weights": {"num_bits": "8"}}}})"}) {
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kFixtures + "/awq-tiny/config.json"));
+    cfg["quantization_config"] = nlohmann::json::parse(q);
+    std::ofstream(dir / "config.json") << cfg.dump();
+    try {
+      (void)Model::load(dir.string(), *backend);
+      ADD_FAILURE() << "loaded with " << q;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("config.json: quantization_config: unexpected JSON structure"), std::string::npos)
+          << msg;
+    }
+  }
   fs::remove_all(dir);
 }
 
