@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test on a fresh Debian 12 machine (this is what CI runs):
 #  1. the CUDA backend and the NCCL collectives compile (when nvcc is installed; nothing runs them here),
-#  2. each file-format reader is fuzzed briefly with libFuzzer,
+#  2. each parser of outside input is fuzzed briefly with libFuzzer (GGUF with its tokenizer, safetensors,
+#     config.json, tokenizer.json, byte-level and SentencePiece encoding, chat templates, OpenAI requests),
 #  3. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #  4. the full Release test suite (ctest),
 #  5. Python tests (pytest, pinned tools in tests/requirements.txt): end-to-end tests of the real server
@@ -17,7 +18,7 @@ if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
   cmake --build --preset cuda --target inferx_backend_cuda inferx_parallel_nccl -j "$jobs"
 fi
 
-echo "== fuzzing the file readers (${INFERX_FUZZ_SECONDS:-30}s each)"
+echo "== fuzzing the parsers (${INFERX_FUZZ_SECONDS:-30}s each)"
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j "$jobs" --target fuzzers
 for f in build/fuzz/fuzz/fuzz_*; do
