@@ -52,13 +52,12 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   }
   INFERX_CHECK(n > 0, "{}: the tokenizer vocabulary is empty", source_);
   INFERX_CHECK(n < static_cast<size_t>(INT32_MAX), "{}: {} tokens is too many", source_, n);
-  // Real vocabularies are dense (added tokens fill or extend the model's ids); a stray huge id would size
-  // every per-token table by it (gigabytes for one corrupt entry: found by fuzz_hf_tokenizer_json).
+  // A stray huge id would size every per-token table by it (gigabytes for one corrupt entry: found by
+  // fuzz_hf_tokenizer_json; max_token_ids).
   size_t named = spec.added_tokens.size();
   for (const std::string& tok : spec.vocab) named += !tok.empty();
-  INFERX_CHECK(n <= named + kMaxUnusedTokenIds,
-               "{}: token ids reach {} but only {} tokens are named (more than {} unused ids)", source_,
-               n - 1, named, kMaxUnusedTokenIds);
+  INFERX_CHECK(n <= max_token_ids(named), "{}: token ids reach {} but only {} tokens are named", source_,
+               n - 1, named);
   pieces_.assign(n, std::string());
   types_.assign(n, TokenType::Unused);
   bytes_.assign(n, std::string());

@@ -9,6 +9,7 @@
 // as one symbol per character (per byte for byte-level vocabularies), then the adjacent pair with the
 // lowest merge rank is merged, leftmost first on ties, until no pair has a merge. ignore_merges (Llama
 // 3): a word that is itself in the vocabulary is emitted whole.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -43,9 +44,11 @@ struct BpeSpec {
   int32_t bos_id = -1, eos_id = -1;
 };
 
-// Ids a vocabulary may leave unnamed (holes between the model's tokens and the added ones): a corrupt file
-// with one huge id is refused instead of sizing every per-token table by it.
-inline constexpr size_t kMaxUnusedTokenIds = 65536;
+// How many token ids a vocabulary naming `named` tokens may span: its tokens plus 65536 unused ids, and at
+// least 2^21 (a vocabulary cut from a real one keeps the original ids: ollama's mini Llama 3 test tokenizer
+// names 323 tokens up to id 128255). A corrupt file with one huge id is refused instead of sizing every
+// per-token table by it (about 100 bytes per id).
+inline size_t max_token_ids(size_t named) { return std::max(named + 65536, size_t{1} << 21); }
 
 class BpeTokenizer final : public Tokenizer {
  public:

@@ -202,7 +202,7 @@ std::unique_ptr<BpeTokenizer> parse_unchecked(const json& doc, const std::string
   const size_t entries = model["vocab"].size();
   for (const auto& [tok, id_json] : model["vocab"].items()) {
     const auto id = id_json.get<int64_t>();
-    INFERX_CHECK(id >= 0 && id < INT32_MAX && static_cast<size_t>(id) < entries + kMaxUnusedTokenIds,
+    INFERX_CHECK(id >= 0 && id < INT32_MAX && static_cast<size_t>(id) < max_token_ids(entries),
                  "{}: model.vocab['{}'] has id {}, out of range for {} entries", source, tok, id, entries);
     if (static_cast<size_t>(id) >= spec.vocab.size()) spec.vocab.resize(static_cast<size_t>(id) + 1);
     spec.vocab[static_cast<size_t>(id)] = tok;
