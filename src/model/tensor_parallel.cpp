@@ -141,6 +141,41 @@ struct TensorParallel::State {
       }
     }
   }
+  // One all-reduce and one broadcast over the whole group at load, every rank's result checked: a group that
+  // cannot communicate (NCCL setup, peer access, a wrong device) fails the load - `inferx serve` at startup,
+  // with the numbers - instead of the first request; and NCCL makes its first-use connections here, before
+  // any step could fail half-way through one (a rank blocked in that setup is not woken by an abort).
+  void check_group(int n) {
+    std::vector<std::string> errors(static_cast<size_t>(n));
+    threads.run([&](int r) {
+      const size_t ri = static_cast<size_t>(r);
+      try {
+        Backend& be = *backends[ri];
+        auto buf = be.allocate(2 * sizeof(float));
+        float* p = static_cast<float*>(buf->data());
+        const float mine[2] = {static_cast<float>(r + 1), r == 0 ? 42.0f : -1.0f};
+        be.copy_to_device(p, mine, sizeof mine);
+        Tensor sum(DType::F32, {1}, p, be.device()), root(DType::F32, {1}, p + 1, be.device());
+        be.flush();
+        comms[ri]->all_reduce_sum(sum);
+        comms[ri]->broadcast(root, 0);
+        float got[2] = {};
+        be.copy_to_host(got, p, sizeof got);  // ordered after the collectives on the rank's stream
+        const float want = static_cast<float>(n * (n + 1) / 2);
+        INFERX_CHECK(
+            got[0] == want && got[1] == 42.0f,
+            "rank {}: the load-time check's all-reduce gave {} (expected {}) and broadcast {} (expected 42)",
+            r, got[0], want, got[1]);
+      } catch (const std::exception& e) {
+        errors[ri] = e.what();
+        comms[ri]->abort();  // no graph exists yet: wakes peers blocked in the group
+      }
+    });
+    for (int r = 0; r < n; ++r)
+      INFERX_CHECK(errors[static_cast<size_t>(r)].empty(),
+                   "--tensor-parallel-size {}: the ranks cannot communicate: {}", n,
+                   errors[static_cast<size_t>(r)]);
+  }
   // After a failed step or a partial replay: no further steps. The recordings go, then every
   // communicator is aborted, which ends what any rank's stream still waits for in a collective that a
   // failed rank never joined.
@@ -259,6 +294,7 @@ std::unique_ptr<Model> TensorParallel::load(const std::string& spec, Backend& ba
   s.views.resize(static_cast<size_t>(n));
   s.gathered.resize(static_cast<size_t>(n));
   s.threads.start(n);
+  s.check_group(n);
 
   top.quant_plan_ = s.replicas[0]->quant_plan();
   top.description_ +=

@@ -557,6 +557,36 @@ TEST(TensorParallel, AFailedStepDropsTheRecordingsBeforeAborting) {
   }
 }
 
+// The load checks the group with one all-reduce and one broadcast: a group whose collectives do not
+// combine the ranks fails the load with the numbers (on GPUs: NCCL or peer access broken), not the first
+// request.
+TEST(TensorParallel, AGroupThatCannotCommunicateFailsTheLoad) {
+  class NoSum final : public Communicator {
+   public:
+    explicit NoSum(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    Device device() const override { return inner_->device(); }
+    void all_reduce_sum(Tensor&) override {}  // a broken link: every rank keeps its own value
+    void all_gather(const Tensor& in, Tensor& out) override { inner_->all_gather(in, out); }
+    void broadcast(Tensor& x, int root) override { inner_->broadcast(x, root); }
+    void barrier() override { inner_->barrier(); }
+    void abort() override { inner_->abort(); }
+
+   private:
+    std::unique_ptr<Communicator> inner_;
+  };
+  LoadOptions o;
+  o.make_communicators = [](const std::vector<Backend*>&) {
+    std::vector<std::unique_ptr<Communicator>> out;
+    for (auto& c : make_cpu_communicators(2)) out.push_back(std::make_unique<NoSum>(std::move(c)));
+    return out;
+  };
+  const std::string msg = error_of([&] { load(kFixtures + "llama-tiny", 2, o); });
+  EXPECT_NE(msg.find("the ranks cannot communicate"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("all-reduce gave 1 (expected 3)"), std::string::npos) << msg;
+}
+
 TEST(TensorParallel, MetadataOutsideOneBatchLayoutBlockIsRefused) {
   Loaded two = load(kFixtures + "llama-tiny", 2);
   KvCache cache(*two.model, 4, 4);
