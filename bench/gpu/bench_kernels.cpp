@@ -70,7 +70,10 @@ struct Bench {
     return decode_batch(std::vector<int64_t>(static_cast<size_t>(rows), ctx), bs, capacity);
   }
   // One sequence per entry of `ctxs` (its context length), in that order.
-  DecodeBatch decode_batch(const std::vector<int64_t>& ctxs, int64_t bs, int64_t capacity = 0) {
+  // shuffle: the blocks in a random order over the pool (as a long-running pool hands them out); false:
+  // each sequence's blocks consecutive, sequences one after another.
+  DecodeBatch decode_batch(const std::vector<int64_t>& ctxs, int64_t bs, int64_t capacity = 0,
+                           bool shuffle = true) {
     const int64_t rows = static_cast<int64_t>(ctxs.size());
     const int64_t longest = *std::max_element(ctxs.begin(), ctxs.end());
     const int64_t width = std::max((longest + bs - 1) / bs, (capacity + bs - 1) / bs);
@@ -78,7 +81,7 @@ struct Bench {
     for (int64_t ctx : ctxs) d.num_blocks += (ctx + bs - 1) / bs;
     std::vector<int32_t> blocks(static_cast<size_t>(d.num_blocks));
     std::iota(blocks.begin(), blocks.end(), 0);
-    std::shuffle(blocks.begin(), blocks.end(), std::mt19937(5));
+    if (shuffle) std::shuffle(blocks.begin(), blocks.end(), std::mt19937(5));
     std::vector<int32_t> table(static_cast<size_t>(rows * width), 0), positions,
         qs(static_cast<size_t>(rows) + 1), lens;
     int64_t next = 0;
@@ -577,7 +580,12 @@ void bench_decode_context(double copy_gbs, int reps) {
   auto backend = make_cuda_backend(0, o);
   auto& gpu = static_cast<CudaBackend&>(*backend);
   Bench b{gpu, {}};
-  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, rows = 490, layers = 32;
+  // INFERX_BENCH_CONTEXT_BS: the KV block size (default 16): larger blocks keep more of a sequence's keys
+  // in one place whatever the block order.
+  const char* bs_env = std::getenv("INFERX_BENCH_CONTEXT_BS");
+  const int64_t hq = 32, hkv = 8, hd = 128, rows = 490, layers = 32,
+                bs = bs_env != nullptr ? std::max<int64_t>(1, std::atoll(bs_env)) : 16;
+  std::printf("decode_context: KV block size %lld\n", static_cast<long long>(bs));
   const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
   const RopeParams rope{hd, 500000.0f, RopeLayout::NeoX, {}};
   double mean = 0;
@@ -640,6 +648,31 @@ void bench_decode_context(double copy_gbs, int reps) {
                             reps) /
                         static_cast<double>(layers);
   row("fp8 attn 32 caches", shape, cycled, bytes, false, copy_gbs);
+  // Where that parts from one cache (measured 2026-12-05: 88.9% alone, 78.5% over 32): how many caches the
+  // launches cycle over (the GPU's TLB reach: 1.5 GB per layer here), and whether each sequence's blocks in
+  // allocation order (its table sorted) win it back.
+  for (int64_t k : {2, 4, 8, 16}) {
+    const double t = b.time(
+                         [&] {
+                           for (int64_t l = 0; l < layers; ++l) attend(l % k);
+                         },
+                         reps) /
+                     static_cast<double>(layers);
+    char name[40];
+    std::snprintf(name, sizeof name, "fp8 attn %lld caches", static_cast<long long>(k));
+    row(name, shape, t, bytes, false, copy_gbs);
+  }
+  const Bench::DecodeBatch sorted = b.decode_batch(ctxs, bs, 4096, /*shuffle=*/false);
+  const double sorted_one = b.time([&] { gpu.attention(q, caches[0], sorted.view, p, out); }, reps);
+  row("fp8 attn sorted", shape, sorted_one, bytes, false, copy_gbs);
+  const double sorted_cycled = b.time(
+                                   [&] {
+                                     for (int64_t l = 0; l < layers; ++l)
+                                       gpu.attention(q, caches[static_cast<size_t>(l)], sorted.view, p, out);
+                                   },
+                                   reps) /
+                               static_cast<double>(layers);
+  row("fp8 attn 32 sorted", shape, sorted_cycled, bytes, false, copy_gbs);
 }
 
 // INFERX_BENCH_ONLY=overlap: what running a decode step's memory-bound attention and compute-bound GEMMs at

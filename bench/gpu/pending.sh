@@ -52,6 +52,11 @@ if [[ "$PART" == kernels ]]; then
 fi
 
 if [[ "$PART" == ab ]]; then
+  # The decode attention over 32 layers' caches fell to 78.5% of copy against 88.9% for one (kernels part,
+  # 2026-12-05): how many caches it takes, and whether sorted block tables win it back.
+  INFERX_BENCH_ONLY=decode_context timeout 180 "$C/bench_cuda_kernels" >"$OUT/decode_context_sweep.txt" 2>&1
+  echo "decode_context sweep: rc=$?"
+  grep -E "fp8 attn|ceiling" "$OUT/decode_context_sweep.txt"
   # The FP8 ceiling with and without fast accumulation (torch._scaled_mm 8192^3; the tool prints both): the
   # 1000/1000 run's big FP8 GEMMs already reach 1.41-1.51 PFLOP/s, so the gain hangs on which one that is.
   OUT="$OUT" timeout 200 python3 "$C/tools/gpu_ceilings.py" >"$OUT/ceilings.log" 2>&1
@@ -67,6 +72,7 @@ if [[ "$PART" == ab ]]; then
 import json; t=json.load(open('$OUT/prefill_fp8_$name.json'))['ttft_ms']
 print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s\")" 2>&1 | tail -1)"
   done
-  WORKLOADS=1000x1000/1000 VARIANTS="off: fast:INFERX_FP8_FAST_ACCUM=1 g3p:INFERX_PREFILL_ATTN=g3p" \
+  # g3p left out: level with g3 on the 8 x 1000-token prompt rows (kernels part, 2026-12-05).
+  WORKLOADS=1000x1000/1000 VARIANTS="off: fast:INFERX_FP8_FAST_ACCUM=1" \
     bash "$(dirname "$0")/offline_ab.sh"
 fi
