@@ -66,20 +66,22 @@ int32_t BlockPool::allocate() {
 
 int32_t BlockPool::reserve(int32_t n) {
   if (n < 2 || num_free_ - num_reserved_ < 2) return -1;
-  const auto eligible = [&](int32_t b) {
-    const auto i = static_cast<size_t>(b);
-    return ref_[i] == 0 && owner_[i] < 0;
-  };
-  // The first run of n eligible blocks from the cursor on (wrapping once), else the longest seen.
-  int32_t best_begin = -1, best_len = 0, begin = -1, len = 0;
-  for (int32_t k = 0; k < num_blocks_ && best_len < n; ++k) {
-    const int32_t b = (cursor_ + k) % num_blocks_;
-    if (b == 0) len = 0;  // runs do not wrap around the end of the pool
-    if (eligible(b)) {
-      if (len++ == 0) begin = b;
-      if (len > best_len) best_begin = begin, best_len = len;
-    } else {
-      len = 0;
+  // The first run of n free blocks from the cursor on (wrapping once), else the longest seen: first among
+  // blocks that hold no cached prefix (a reservation evicts what it takes), then among all free ones.
+  int32_t best_begin = -1, best_len = 0;
+  for (const bool take_cached : {false, true}) {
+    if (best_len >= n || (take_cached && best_len * 2 >= n)) break;
+    int32_t begin = -1, len = 0;
+    for (int32_t k = 0; k < num_blocks_ && best_len < n; ++k) {
+      const int32_t b = (cursor_ + k) % num_blocks_;
+      if (b == 0) len = 0;  // runs do not wrap around the end of the pool
+      const auto i = static_cast<size_t>(b);
+      if (ref_[i] == 0 && owner_[i] < 0 && (take_cached || !hashed_[i])) {
+        if (len++ == 0) begin = b;
+        if (len > best_len) best_begin = begin, best_len = len;
+      } else {
+        len = 0;
+      }
     }
   }
   if (best_len < 2) return -1;

@@ -28,8 +28,9 @@ class BlockPool {
   int32_t allocate();
 
   // Locality (SchedulerConfig::kv_locality): a run of up to `n` consecutive free blocks taken out of the
-  // free queue for one sequence (their cached hashes evicted); they stay counted in num_free(). Returns
-  // the reservation's id, or -1 when no run of at least 2 blocks is free.
+  // free queue for one sequence, preferring blocks that hold no cached prefix (the hashes of those it
+  // takes are evicted); they stay counted in num_free(). Returns the reservation's id, or -1 when no run of
+  // at least 2 blocks is free.
   int32_t reserve(int32_t n);
   // The reservation's next block in address order (reference count 1), or allocate() once it is used up
   // (or id < 0).

@@ -427,7 +427,8 @@ TEST(Scheduler, KvLocalityKeepsEachSequencesBlocksConsecutive) {
 }
 
 // The pool's reservations: consecutive blocks handed out in order, still counted free, taken by others
-// once the free queue is empty, back in the queue when they end.
+// once the free queue is empty, back in the queue when they end; blocks holding a cached prefix are passed
+// over while uncached ones are free.
 TEST(BlockPool, ReservationsHandOutConsecutiveBlocksAndStayFree) {
   BlockPool pool(12, true);
   const int32_t a = pool.allocate();  // block 0
@@ -437,23 +438,38 @@ TEST(BlockPool, ReservationsHandOutConsecutiveBlocksAndStayFree) {
   ASSERT_GE(r, 0);
   EXPECT_EQ(pool.num_free(), 12);
   EXPECT_EQ(pool.num_reserved(), 5);
-  EXPECT_EQ(pool.find_cached(0xabc), -1) << "a reserved block's cached hash is evicted";
-  EXPECT_EQ(pool.allocate(r), 0);
+  EXPECT_EQ(pool.find_cached(0xabc), 0) << "the cached block was passed over";
   EXPECT_EQ(pool.allocate(r), 1);
+  EXPECT_EQ(pool.allocate(r), 2);
   EXPECT_EQ(pool.num_free(), 10);
   EXPECT_EQ(pool.num_reserved(), 3);
-  // The free queue runs dry (blocks 5..11), then the reservation's last unused block is taken.
-  while (pool.num_free() > pool.num_reserved()) EXPECT_GE(pool.allocate(), 5);
-  EXPECT_EQ(pool.allocate(), 4);
+  // The free queue runs dry (blocks 6..11, then 0, whose hash goes), then the reservation's last unused
+  // block is taken.
+  while (pool.num_free() > pool.num_reserved()) {
+    const int32_t b = pool.allocate();
+    EXPECT_TRUE(b == 0 || b >= 6) << b;
+  }
+  EXPECT_EQ(pool.find_cached(0xabc), -1);
+  EXPECT_EQ(pool.allocate(), 5);
   EXPECT_EQ(pool.num_reserved(), 2);
-  EXPECT_EQ(pool.allocate(r), 2);
-  pool.end_reservation(r);  // block 3 back to the queue
+  EXPECT_EQ(pool.allocate(r), 3);
+  pool.end_reservation(r);  // block 4 back to the queue
   EXPECT_EQ(pool.num_reserved(), 0);
   EXPECT_EQ(pool.num_free(), 1);
-  EXPECT_EQ(pool.allocate(), 3);
+  EXPECT_EQ(pool.allocate(), 4);
   EXPECT_EQ(pool.reserve(3), -1) << "nothing free";
   EXPECT_THROW(pool.end_reservation(r), Error);
   EXPECT_THROW(pool.allocate(-1), Error);
+
+  // Every free block cached: the reservation takes cached ones (and evicts their hashes).
+  BlockPool cached(6, true);
+  for (int32_t i = 0; i < 6; ++i) cached.cache(cached.allocate(), 100 + static_cast<uint64_t>(i));
+  for (int32_t b = 0; b < 6; ++b) cached.release(b);
+  const int32_t rc = cached.reserve(4);
+  ASSERT_GE(rc, 0);
+  EXPECT_EQ(cached.allocate(rc), 0);
+  EXPECT_EQ(cached.find_cached(101), -1);
+  EXPECT_EQ(cached.find_cached(104), 4);
 }
 
 }  // namespace
