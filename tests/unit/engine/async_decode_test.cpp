@@ -56,12 +56,8 @@ class AsyncDecode : public ::testing::Test {
                      int abort_after = -1, size_t abort_id = 0) {
     return run_on(*model_, params, cfg, async, abort_after, abort_id);
   }
-  static Outcome run_on(Model& model, const std::vector<GenerationParams>& params, EngineConfig cfg,
-                        bool async, int abort_after = -1, size_t abort_id = 0) {
-    cfg.async_decode = async;
-    dev_->reset_slots();
-    Engine engine(model, nullptr, cfg);
-    Outcome o;
+  // Submits request i = prompt(prompt_len(i), i) with params[i]; its outputs collect into o.
+  static void submit_all(Engine& engine, const std::vector<GenerationParams>& params, Outcome& o) {
     o.tokens.resize(params.size());
     o.finish.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) {
@@ -78,6 +74,14 @@ class AsyncDecode : public ::testing::Test {
       };
       engine.submit(std::move(r));
     }
+  }
+  static Outcome run_on(Model& model, const std::vector<GenerationParams>& params, EngineConfig cfg,
+                        bool async, int abort_after = -1, size_t abort_id = 0) {
+    cfg.async_decode = async;
+    dev_->reset_slots();
+    Engine engine(model, nullptr, cfg);
+    Outcome o;
+    submit_all(engine, params, o);
     int steps = 0;
     while (engine.step()) {
       if (++steps == abort_after) engine.abort(fmt::format("r{}", abort_id));
@@ -175,25 +179,13 @@ TEST_F(AsyncDecode, AStepLeftWithoutSequencesIsWaitedForBeforeItsSlotIsReused) {
   ASSERT_GT(engine.stats().overlapped_steps, 3);
   engine.abort("first");
   ASSERT_TRUE(engine.step());  // the in-flight step loses its only sequence here
-  std::vector<std::map<int32_t, std::vector<int32_t>>> tokens(later.size());
-  for (size_t i = 0; i < later.size(); ++i) {
-    EngineRequest r;
-    r.id = fmt::format("r{}", i);
-    r.prompt = prompt(6 + 7 * static_cast<int32_t>(i % 5), static_cast<int32_t>(i));
-    r.params = later[i];
-    r.on_output = [&tokens, i](RequestOutput&& out) {
-      for (const SequenceDelta& d : out.deltas) {
-        auto& t = tokens[i][d.index];
-        t.insert(t.end(), d.token_ids.begin(), d.token_ids.end());
-      }
-    };
-    engine.submit(std::move(r));
-  }
+  Outcome after;
+  submit_all(engine, later, after);
   const int64_t overlapped_before = engine.stats().overlapped_steps;
   while (engine.step()) {
   }
   EXPECT_GT(engine.stats().overlapped_steps, overlapped_before + 5) << "the slots were used again";
-  EXPECT_EQ(tokens, in_order.tokens);
+  EXPECT_EQ(after.tokens, in_order.tokens);
 }
 
 // Penalties need every token before the next step is sampled: a batch holding a penalized request runs in
