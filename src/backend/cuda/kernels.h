@@ -134,6 +134,14 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window,
                                     DecodeSplitPlan plan, void* scratch, int* counters, float* out,
                                     void* out_bf16, cudaStream_t stream);
+// Terms of Q and P in the v3 kernel's products over an FP8 cache (INFERX_DECODE_ATTN_TERMS, read once):
+// 1 (default) multiplies the F16-rounded Q and P (11 significant bits; the cache's E4M3 values convert to F16
+// exactly), 2 adds each one's rounding error as a second F16 term (22 bits: F32-equivalent, twice the
+// tensor-core work). One term: ~1.5e-4 relative error in the output against float64 attention over the
+// same cache, where E4M3's own rounding of K and V is up to 2^-4 (6e-2); and the 1000 x 1000/1000 FP8 run
+// is power-limited (H200 2026-12-05: 700 W cap active in 595 of 599 samples, SM clock 1730 MHz mean), so
+// the halved tensor-core work raises the clocks of everything else. BF16 caches always take two terms.
+int decode_attention_terms();
 // The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments
 // (power-of-two block sizes and aligned buffers only; the others go to v2).
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,

@@ -16,8 +16,9 @@
 //     transpose), so P never goes through shared memory.
 //   - V^T's A fragments: BF16 by ldmatrix.trans; FP8 with the output dims permuted so that a lane's rows
 //     are HD/8 consecutive dims of a key row (8-byte loads per key), bytes paired by PRMT and turned
-//     into F16 by cvt.rn.f16x2.e4m3x2 (exact). The FP8 path therefore multiplies in F16 (Q and P as two
-//     F16 terms each: 22 significant bits), the BF16 path in BF16 (two BF16 terms: 16 bits), F32 sums.
+//     into F16 by cvt.rn.f16x2.e4m3x2 (exact). The FP8 path therefore multiplies in F16 (Q and P as one
+//     F16 term each by default, two with INFERX_DECODE_ATTN_TERMS=2: decode_attention_terms in kernels.h),
+//     the BF16 path in BF16 (two BF16 terms: 16 bits), F32 sums.
 //   - tiles: each warp gathers its own 16 keys of every 64-key tile by cp.async into unpadded rows with
 //     XOR-swizzled 16-byte chunks (conflict-free for the reads above), stages in flight per warp, warp
 //     barriers only; raw E4M3 in shared memory for FP8 (16 KiB a tile, three stages), BF16 two stages.
@@ -255,8 +256,9 @@ __device__ __forceinline__ int out_dim(int mt, int row) {
     return 16 * mt + row;
 }
 
-// Grid: (token * kv heads * head chunks, split), as v2.
-template <class CacheT, int HD, int NT, bool kTma>
+// Grid: (token * kv heads * head chunks, split), as v2. kTerms: F16 / BF16 terms of Q and P in the products
+// (2: F32-equivalent; 1: their rounded values alone, FP8 caches only - see decode_attention_terms).
+template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     decode_attention_kernel_v3(const __grid_constant__ TmaMaps maps, const float* __restrict__ q,
                                const CacheT* __restrict__ k_cache, const CacheT* __restrict__ v_cache,
@@ -266,6 +268,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                int* __restrict__ counters, float* __restrict__ out,
                                __nv_bfloat16* __restrict__ out_bf16) {
   static_assert(!kTma || sizeof(CacheT) == 1, "tensor copies: FP8 caches");
+  static_assert(kTerms == 2 || (kTerms == 1 && sizeof(CacheT) == 1), "single terms: FP8 caches");
   using L = Layout<CacheT, HD, kTma>;
   constexpr bool kFp8 = L::kFp8;
   constexpr int kH = 8 * NT;  // query heads a CTA holds
@@ -407,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int term = 0; term < 2; ++term)
+          for (int term = 0; term < kTerms; ++term)
             mma<kFp8>(sc[term][nt], a, qb[term][nt][2 * c + kk][0], qb[term][nt][2 * c + kk][1]);
       }
     }
@@ -419,9 +422,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
       float p[4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float s0 =
-            ok0 ? (sc[0][nt][j] + sc[1][nt][j]) * s_scale : -CUDART_INF_F;  // key kr0, head 2tq+j
-        const float s1 = ok1 ? (sc[0][nt][2 + j] + sc[1][nt][2 + j]) * s_scale : -CUDART_INF_F;  // key kr1
+        const float d0 = kTerms == 2 ? sc[0][nt][j] + sc[1][nt][j] : sc[0][nt][j];
+        const float d1 = kTerms == 2 ? sc[0][nt][2 + j] + sc[1][nt][2 + j] : sc[0][nt][2 + j];
+        const float s0 = ok0 ? d0 * s_scale : -CUDART_INF_F;  // key kr0, head 2tq+j
+        const float s1 = ok1 ? d1 * s_scale : -CUDART_INF_F;  // key kr1
         const float mn = fmaxf(m[nt][j], column_max(fmaxf(s0, s1)));
         const float base = mn == -CUDART_INF_F ? 0.0f : mn;
         corr[nt][j] = exp2f(m[nt][j] - base);
@@ -475,7 +479,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int term = 1; term >= 0; --term) mma<true>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+            for (int term = kTerms - 1; term >= 0; --term)
+              mma<true>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
         }
       }
     } else {
@@ -487,7 +492,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int term = 1; term >= 0; --term) mma<false>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
+          for (int term = kTerms - 1; term >= 0; --term)
+            mma<false>(o[nt][mt], a, pb[term][nt][0], pb[term][nt][1]);
       }
     }
     __syncwarp();  // the warp's next copies overwrite its rows of this stage
@@ -574,14 +580,14 @@ bool tma_applies(const PagedKv& cache, int hd, int64_t window) {
          cache.num_blocks * cache.block_size < (1ll << 31);
 }
 
-template <class CacheT, int HD, int NT, bool kTma>
+template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
                          float* out, void* out_bf16, cudaStream_t stream, const TmaMaps& maps) {
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
   const cudaError_t st =
-      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kTma>, kSmem, smem_set);
+      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   const int splits = plan.splits;
@@ -598,15 +604,15 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
     s_scale = std::ldexp(1.0f, e + 4);
   }
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
-  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTma>, grid, dim3(kThreads), kSmem, stream,
-                    maps, q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
+  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>, grid, dim3(kThreads), kSmem,
+                    stream, maps, q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
                     cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, q_mult, s_scale,
                     out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
                     static_cast<__nv_bfloat16*>(out_bf16));
 }
 
-template <class CacheT, int HD>
-cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
+template <class CacheT, int HD, int kTerms>
+cudaError_t launch_terms(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
                          float* out, void* out_bf16, cudaStream_t stream) {
   TmaMaps maps{};
@@ -614,20 +620,38 @@ cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& 
     if (tma_applies(cache, HD, window) && encode_kv_map(maps.k, cache.k, cache, hkv, HD) &&
         encode_kv_map(maps.v, cache.v, cache, hkv, HD)) {
       if (hq / hkv <= 8)
-        return launch_typed<CacheT, HD, 1, true>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
-                                                 counters, out, out_bf16, stream, maps);
-      return launch_typed<CacheT, HD, 2, true>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
-                                               counters, out, out_bf16, stream, maps);
+        return launch_typed<CacheT, HD, 1, true, kTerms>(q, cache, batch, hq, hkv, scale, window, plan,
+                                                         scratch, counters, out, out_bf16, stream, maps);
+      return launch_typed<CacheT, HD, 2, true, kTerms>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
+                                                       counters, out, out_bf16, stream, maps);
     }
   }
   if (hq / hkv <= 8)
-    return launch_typed<CacheT, HD, 1, false>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
-                                              counters, out, out_bf16, stream, maps);
-  return launch_typed<CacheT, HD, 2, false>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
-                                            out, out_bf16, stream, maps);
+    return launch_typed<CacheT, HD, 1, false, kTerms>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
+                                                      counters, out, out_bf16, stream, maps);
+  return launch_typed<CacheT, HD, 2, false, kTerms>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
+                                                    counters, out, out_bf16, stream, maps);
+}
+
+template <class CacheT, int HD>
+cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
+                         float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
+                         float* out, void* out_bf16, cudaStream_t stream) {
+  if constexpr (sizeof(CacheT) == 1) {
+    if (decode_attention_terms() == 1)
+      return launch_terms<CacheT, HD, 1>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
+                                         out, out_bf16, stream);
+  }
+  return launch_terms<CacheT, HD, 2>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters, out,
+                                     out_bf16, stream);
 }
 
 }  // namespace
+
+int decode_attention_terms() {
+  static const int terms = env_int("INFERX_DECODE_ATTN_TERMS", 1, 2, 1);
+  return terms;
+}
 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, DecodeSplitPlan plan,
