@@ -26,22 +26,18 @@ inline GenerationParams greedy_tokens(int32_t max_tokens) {
   return g;
 }
 
-// The GPU engine tests' run: a new engine (512-token context, 128-token steps, batch 16, 64 MB of KV cache)
-// serves request i = (test_prompt(12 + 7 i, i), params[i]) for every i to its end; returns each request's
-// token ids (and the engine's counters in `stats`).
-inline std::vector<std::vector<int32_t>> run_to_end(Model& model, const std::vector<GenerationParams>& params,
-                                                    EngineStats* stats = nullptr) {
-  EngineConfig cfg;
-  cfg.max_model_len = 512;
-  cfg.max_num_batched_tokens = 128;
-  cfg.max_batch_size = 16;
-  cfg.kv_cache_bytes = 64 << 20;
+// Serves request i = (prompts[i], params[i]) for every i to its end on a new engine with `cfg`; returns each
+// request's token ids (and the engine's counters in `stats`).
+inline std::vector<std::vector<int32_t>> run_requests(Model& model, const EngineConfig& cfg,
+                                                      const std::vector<std::vector<int32_t>>& prompts,
+                                                      const std::vector<GenerationParams>& params,
+                                                      EngineStats* stats = nullptr) {
   Engine engine(model, nullptr, cfg);
   std::vector<std::vector<int32_t>> tokens(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     EngineRequest r;
     r.id = fmt::format("r{}", i);
-    r.prompt = test_prompt(12 + 7 * static_cast<int32_t>(i), static_cast<int32_t>(i));
+    r.prompt = prompts[i];
     r.params = params[i];
     r.on_output = [&tokens, i](RequestOutput&& o) {
       for (const SequenceDelta& d : o.deltas)
@@ -52,6 +48,21 @@ inline std::vector<std::vector<int32_t>> run_to_end(Model& model, const std::vec
   engine.run_until_idle();
   if (stats) *stats = engine.stats();
   return tokens;
+}
+
+// The GPU engine tests' run: a new engine (512-token context, 128-token steps, batch 16, 64 MB of KV cache)
+// serves request i = (test_prompt(12 + 7 i, i), params[i]) for every i to its end.
+inline std::vector<std::vector<int32_t>> run_to_end(Model& model, const std::vector<GenerationParams>& params,
+                                                    EngineStats* stats = nullptr) {
+  EngineConfig cfg;
+  cfg.max_model_len = 512;
+  cfg.max_num_batched_tokens = 128;
+  cfg.max_batch_size = 16;
+  cfg.kv_cache_bytes = 64 << 20;
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t i = 0; i < params.size(); ++i)
+    prompts.push_back(test_prompt(12 + 7 * static_cast<int32_t>(i), static_cast<int32_t>(i)));
+  return run_requests(model, cfg, prompts, params, stats);
 }
 
 }  // namespace inferx::testing

@@ -276,22 +276,9 @@ class DeviceSamplingEngine : public ::testing::Test {
     EngineConfig cfg;
     cfg.max_model_len = 256;
     cfg.max_num_batched_tokens = 64;
-    Engine engine(model, nullptr, cfg);
-    std::vector<std::vector<int32_t>> tokens(params.size());
-    for (size_t i = 0; i < params.size(); ++i) {
-      EngineRequest r;
-      r.id = fmt::format("r{}", i);
-      r.prompt = prompt(10 + 9 * salts[i], salts[i]);
-      r.params = params[i];
-      r.on_output = [&tokens, i](RequestOutput&& o) {
-        for (const SequenceDelta& d : o.deltas)
-          tokens[i].insert(tokens[i].end(), d.token_ids.begin(), d.token_ids.end());
-      };
-      engine.submit(std::move(r));
-    }
-    engine.run_until_idle();
-    if (stats) *stats = engine.stats();
-    return tokens;
+    std::vector<std::vector<int32_t>> prompts;
+    for (const int32_t salt : salts) prompts.push_back(prompt(10 + 9 * salt, salt));
+    return testing::run_requests(model, cfg, prompts, params, stats);
   }
   static DeviceSamplingCpuBackend* dev_;
   static Backend* cpu_;
