@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "text/jinja/builtins.h"
 
@@ -222,7 +224,17 @@ std::vector<Value> Value::iterate() const {
       return keys;
     }
     case Kind::String: {
+      // One Value (~100 bytes) per character: a string of tens of millions of characters (well under the
+      // 64 MB output cap) would take gigabytes here (found by fuzz_jinja). No chat template iterates a
+      // string that long character by character.
+      static constexpr size_t kMaxIteratedChars = size_t{1} << 20;
+      // Cheap first: a code point takes at most 4 bytes (an invalid byte decodes to one U+FFFD).
+      const auto too_long = [](size_t n) {
+        fail("cannot iterate over a string of {} characters or more (at most {})", n, kMaxIteratedChars);
+      };
+      if (s_.size() > 4 * kMaxIteratedChars) too_long(s_.size() / 4);
       auto cps = utf8_decode(s_);
+      if (cps.size() > kMaxIteratedChars) too_long(cps.size());
       std::vector<Value> chars;
       chars.reserve(cps.size());
       for (size_t i = 0; i < cps.size(); ++i) chars.emplace_back(utf8_encode(cps, i, i + 1));

@@ -75,6 +75,12 @@ TEST(JinjaErrors, HostileTemplatesStop) {
             std::string::npos);
   EXPECT_NE(error_of("{{ 99999999999999999999 }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ 9223372036854775807 + 1 }}").find("overflow"), std::string::npos);
+  // A string is iterated one Value (~100 bytes) per character: at most 2^20 characters (fuzz_jinja found
+  // a 31M-character join that allocated 1 GB), counted before decoding for long byte strings.
+  EXPECT_NE(error_of("{{ ('x' * 1048577) | join(',') | length }}").find("cannot iterate"), std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 30000000) | list | length }}").find("cannot iterate"), std::string::npos);
+  EXPECT_NE(error_of("{% for c in 'é' * 1048577 %}{% endfor %}").find("cannot iterate"), std::string::npos);
+  EXPECT_EQ(jinja_test::render("{{ ('x' * 1048576) | list | length }}"), "1048576");
 }
 
 TEST(JinjaErrors, TransformersExtensions) {
