@@ -68,6 +68,11 @@ class Model {
   // The serving engine's --kv-cache-strategy sliding-window-N: attention then reads only the last N
   // positions, so the engine may free KV blocks that fall out of the window (0: the model's own).
   void set_sliding_window(int64_t window);
+  // Whether a step's last layer finishes (o projection, MLP) on the rows that need logits only, when
+  // fewer rows need them than the step has (a prefill chunk: its last token). Default on;
+  // INFERX_LAST_LAYER_ALL_ROWS=1 turns it off (the A/B of the saving). Tensor-parallel replicas run every
+  // row.
+  void set_last_layer_logit_rows_only(bool on) { last_layer_logit_rows_only_ = on; }
   const std::string& description() const { return description_; }
   Backend& backend() const { return backend_; }
   // The source the weights came from (GGUF metadata holds the tokenizer); nullptr for dummy models.
@@ -109,6 +114,8 @@ class Model {
   QuantPlan quant_plan_;
   std::unique_ptr<TensorParallel> tp_;  // the top model of a split model: its replicas run forward
   TensorParallelRank* rank_ = nullptr;  // a replica: where forward meets the other ranks
+  bool last_layer_logit_rows_only_ = default_last_layer_logit_rows_only();
+  static bool default_last_layer_logit_rows_only();
   friend class WeightLoader;
   friend class TensorParallel;
 };

@@ -2,6 +2,8 @@
 // readability). Fusion and device details live in the backend; the architecture differences are the
 // config switches (qkv bias, q/k norm, RoPE layout and scaling, sliding window).
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "model/model.h"
@@ -25,6 +27,14 @@ Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource>
       description_(std::move(description)) {}
 
 Model::~Model() = default;
+
+bool Model::default_last_layer_logit_rows_only() {
+  static const bool on = [] {
+    const char* e = std::getenv("INFERX_LAST_LAYER_ALL_ROWS");
+    return e == nullptr || std::strcmp(e, "1") != 0;
+  }();
+  return on;
+}
 
 int64_t Model::weight_bytes_per_token() const {
   if (tp_) return tp_->weight_bytes_per_token();  // every rank's share
@@ -105,6 +115,12 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   // One row that is also the row that needs logits: the final norm runs with the vocabulary projection
   // (no gather).
   const bool final_with_logits = T == 1 && batch.num_logits == 1;
+  // The last layer's o projection and MLP matter only for the rows whose logits are asked for (a prefill
+  // chunk's last token): once its attention has run (every row's keys and values are in the cache), those
+  // rows of the attention output and of the residual stream are gathered and the layer finishes on them
+  // (for a 32-layer model ~2% of a prefill step's products).
+  const int64_t n_logits = batch.num_logits;
+  const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 && n_logits < T;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];
     // Attention block: x += o(attention(rope(q), rope(k), v)) over the pre-normed input.
@@ -125,6 +141,19 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     KvCacheLayer& layer_cache = cache.layer(static_cast<int64_t>(i));
     backend_.rope_and_write_kv(q, k, v, batch, rope, layer_cache);
     backend_.attention(q, layer_cache, batch, ap, attn);
+    if (narrow_last && i + 1 == weights_.layers.size()) {
+      // q is free once the attention has read it; `last` becomes the residual stream's rows.
+      Tensor attn_rows = q.rows_view(0, n_logits), x_rows = w.last.rows_view(0, n_logits);
+      backend_.gather_rows(attn, batch.logits_rows, n_logits, attn_rows);
+      backend_.gather_rows(x, batch.logits_rows, n_logits, x_rows);
+      attn = attn_rows;
+      x = x_rows;
+      h = h.rows_view(0, n_logits);
+      proj = proj.rows_view(0, n_logits);
+      gate = gate.rows_view(0, n_logits);
+      up = up.rows_view(0, n_logits);
+      act = act.rows_view(0, n_logits);
+    }
     if (rank_) {
       backend_.matmul(attn, l.o, proj);
       rank_->all_reduce_sum(proj);  // tensor parallel: o is row-parallel (summed before the residual add)
@@ -167,6 +196,10 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     return out;
   }
   backend_.add_rmsnorm(x, proj, weights_.final_norm, c.rms_norm_eps, h);
+  if (narrow_last) {
+    backend_.matmul(h, weights_.lm_head, out);  // h holds the logits rows already, in order
+    return out;
+  }
   backend_.gather_rows(h, batch.logits_rows, batch.num_logits, last);
   backend_.matmul(last, weights_.lm_head, out);
   return out;

@@ -365,6 +365,34 @@ std::vector<float> run_step(Model& m, KvCache& cache, const HostBatch& hb) {
   return std::vector<float>(t.ptr<float>(), t.ptr<float>() + t.numel());
 }
 
+// Model::set_last_layer_logit_rows_only (the default): a step whose rows do not all need logits finishes
+// the last layer (o projection, MLP, final norm) on the gathered logits rows only. Same logits as running
+// every row, for a prefill with 2 of 3 rows and a mixed step (a 5-token chunk with logits on rows 2 and 4
+// beside a decode), on architectures with and without q/k/v biases and q/k norms; the cache it leaves is the
+// same too (the next step's logits match).
+TEST(ModelForward, LastLayerOnTheLogitsRowsMatchesEveryRow) {
+  for (const char* fixture : {"llama-tiny", "qwen2-tiny", "qwen3-tiny"}) {
+    SCOPED_TRACE(fixture);
+    Loaded narrow = load(kFixtures + fixture, 1), every = load(kFixtures + fixture, 1);
+    narrow.model->set_last_layer_logit_rows_only(true);
+    every.model->set_last_layer_logit_rows_only(false);
+    const int64_t vocab = narrow.model->config().vocab_size;
+    KvCache cn(*narrow.model, 8, 4), ce(*every.model, 8, 4);
+    const HostBatch first{{9, 8, 7}, {0, 1, 2}, {0, 3}, {3}, {4, 5, 6, 7}, {2, 0}};
+    EXPECT_LE(
+        compare(run_step(*every.model, ce, first), run_step(*narrow.model, cn, first), vocab, "prefill"),
+        kTol);
+    const HostBatch mixed{{5, 6, 7, 8, 9, 33},      {0, 1, 2, 3, 4, 3}, {0, 5, 6}, {5, 4},
+                          {0, 1, 2, 3, 4, 5, 6, 7}, {2, 4, 5}};
+    const std::vector<float> a = run_step(*every.model, ce, mixed), b = run_step(*narrow.model, cn, mixed);
+    ASSERT_EQ(b.size(), static_cast<size_t>(3 * vocab));
+    EXPECT_LE(compare(a, b, vocab, "mixed step"), kTol);
+    const HostBatch next{{40, 41}, {5, 4}, {0, 1, 2}, {6, 5}, {0, 1, 2, 3, 4, 5, 6, 7}, {0, 1}};
+    EXPECT_LE(compare(run_step(*every.model, ce, next), run_step(*narrow.model, cn, next), vocab, "next"),
+              kTol);
+  }
+}
+
 // LoadOptions::tensor_parallel_path: one rank through the tensor-parallel model (what one GPU uses to run
 // the multi-GPU code: collectives of one rank, the metadata broadcast, the vocabulary-shard embedding).
 TEST(TensorParallel, OneRankPathEqualsThePlainModel) {
