@@ -264,22 +264,16 @@ struct Tolerance {
 // bound does not grow with q_amp; against the exact reference the F16 queries alone moved the output by up
 // to 2.4e-4 (rel norm) / 2.6e-4 (abs) at q_amp 1 and 2e-2 / 0.14 at q_amp 1000 (near-ties of a nearly
 // one-hot softmax; H200 2026-12-05), which the mixed-step test's q_amp-1 bound covers.
-bool single_term_decode(DType cache, int64_t block_size) {
-  // v3 takes power-of-two blocks only (others go to the two-term v2).
-  return cache == DType::F8_E4M3 && cuda::decode_attention_terms() == 1 && block_size > 0 &&
-         (block_size & (block_size - 1)) == 0;
-}
 Tolerance decode_tolerance(bool single_term, float q_amp) {
   if (single_term) return {1e-3, 2e-3};
   return {1e-5 * q_amp, 1e-4 * q_amp};
 }
 
-// The queries as the single-term FP8-cache decode kernel multiplies them (launch_typed in
-// kernels_decode_attention_v3.cu): x times m = scale * log2(e) * k_scale brought into [1/32, 1/16) by a power
-// of two, in F32, rounded to F16; divided by m again, so that the reference's own scaling applies.
+// The queries as the single-term FP8-cache decode kernel multiplies them: times its multiplier in F32,
+// rounded to F16 (cuda::decode_query_scaling), divided by the multiplier again, so that the reference's own
+// scaling applies.
 std::vector<float> f16_queries(const std::vector<float>& q, float scale, float k_scale) {
-  int e = 0;
-  const float m = std::frexp(scale * 1.4426950408889634f * k_scale, &e) / 16.0f;
+  const float m = cuda::decode_query_scaling(scale, DType::F8_E4M3, k_scale).q_mult;
   std::vector<float> out(q.size());
   for (size_t i = 0; i < q.size(); ++i) out[i] = f16_to_f32(f32_to_f16(q[i] * m)) / m;
   return out;
@@ -304,7 +298,7 @@ void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_
   const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng, -q_amp, q_amp);
   const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
   const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
-  const bool single = single_term_decode(dtype, c.bs);
+  const bool single = cuda::decode_attention_rounds_once(dtype, c.bs);
   const std::vector<double> want_f16 =
       single ? reference(c, d, f16_queries(qv, p.scale, k_scale), cache.k, cache.v, p.scale) : want;
   const BatchView b = f.view(d);
@@ -494,7 +488,7 @@ TEST_F(CudaAttentionTest, MixedStepSplitsDecodesFromPrefillChunks) {
           compare(std::vector<float>(got.begin(), got.begin() + static_cast<int64_t>(dec)),
                   std::vector<double>(want.begin(), want.begin() + static_cast<int64_t>(dec)));
       log_errors("mixed decode rows", dt, static_cast<int>(CudaAttentionKernel::Decode), 1.0f, first);
-      EXPECT_LE(first.max_abs, decode_tolerance(single_term_decode(dt, c.bs), 1.0f).abs)
+      EXPECT_LE(first.max_abs, decode_tolerance(cuda::decode_attention_rounds_once(dt, c.bs), 1.0f).abs)
           << "decode rows, rel norm " << first.rel_norm;
     }
   }

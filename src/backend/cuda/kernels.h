@@ -137,11 +137,24 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
 // Terms of Q and P in the v3 kernel's products over an FP8 cache (INFERX_DECODE_ATTN_TERMS, read once):
 // 1 (default) multiplies the F16-rounded Q and P (11 significant bits; the cache's E4M3 values convert to F16
 // exactly), 2 adds each one's rounding error as a second F16 term (22 bits: F32-equivalent, twice the
-// tensor-core work). One term: ~1.5e-4 relative error in the output against float64 attention over the
-// same cache, where E4M3's own rounding of K and V is up to 2^-4 (6e-2); and the 1000 x 1000/1000 FP8 run
-// is power-limited (H200 2026-12-05: 700 W cap active in 595 of 599 samples, SM clock 1730 MHz mean), so
-// the halved tensor-core work raises the clocks of everything else. BF16 caches always take two terms.
+// tensor-core work). One term, measured on the H200 (2026-12-05) against float64 attention over the same
+// cache: up to 2.4e-4 rel norm / 2.6e-4 abs at unit-scale queries, where E4M3's own rounding of K and V is
+// up to 2^-4 (6e-2); and the 1000 x 1000/1000 FP8 run is power-limited (700 W cap active in 595 of 599
+// samples, SM clock 1730 MHz mean), so the halved tensor-core work is worth +3.1% there (17,276 vs 16,751
+// output tok/s). BF16 caches always take two terms.
 int decode_attention_terms();
+// Whether launch_decode_attention rounds Q and P to F16 once for a cache of `dtype` with `block_size`-key
+// blocks (and the engine's aligned buffers): the v3 kernel over an FP8 cache with one term; the other
+// kernels are F32-equivalent.
+bool decode_attention_rounds_once(DType dtype, int64_t block_size);
+// How the v3 kernel scales Q before rounding it: q * q_mult in F32, the scores in the log2 domain s_scale
+// times the products. Over an FP8 cache q_mult = scale * log2(e) * k_scale brought into [1/32, 1/16) by a
+// power of two that s_scale gives back (exact), so that Q's F16 values stay normal for small k_scale and
+// finite up to |q| ~ 5e5; over BF16, q_mult = scale * log2(e) and s_scale 1.
+struct DecodeQueryScaling {
+  float q_mult, s_scale;
+};
+DecodeQueryScaling decode_query_scaling(float scale, DType dtype, float k_scale);
 // The v3 kernel (kernels_decode_attention_v3.cu) behind launch_decode_attention, which checks the arguments
 // (power-of-two block sizes and aligned buffers only; the others go to v2).
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,

@@ -64,6 +64,8 @@ int decode_attention_version() {
   return version;
 }
 bool decode_attention_v1() { return decode_attention_version() == 1; }
+// v3 finds a key's block by a shift: power-of-two block sizes only (the others take v2).
+bool pow2_blocks(int64_t block_size) { return block_size > 0 && (block_size & (block_size - 1)) == 0; }
 
 // Dynamic shared memory: the K/V tiles (reused for the warps' merge at the end), then Q's three terms.
 template <int HD>
@@ -716,6 +718,11 @@ size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, in
   return static_cast<size_t>(tokens * hq * splits * (hd + 2)) * sizeof(float);
 }
 
+bool decode_attention_rounds_once(DType dtype, int64_t block_size) {
+  return dtype == DType::F8_E4M3 && decode_attention_version() == 3 && pow2_blocks(block_size) &&
+         decode_attention_terms() == 1;
+}
+
 int64_t decode_attention_counters(int64_t tokens, int64_t hq, int64_t hkv) {
   return tokens * hkv * ((hq / hkv + kRows - 1) / kRows);
 }
@@ -736,9 +743,8 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
   // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take
   // v2/v1.
-  const bool pow2_blocks = cache.block_size > 0 && (cache.block_size & (cache.block_size - 1)) == 0;
-  if (decode_attention_version() == 3 && pow2_blocks && is_aligned(q, 16) && is_aligned(out, 16) &&
-      is_aligned(out_bf16, 8))
+  if (decode_attention_version() == 3 && pow2_blocks(cache.block_size) && is_aligned(q, 16) &&
+      is_aligned(out, 16) && is_aligned(out_bf16, 8))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
                                       plan, scratch, counters, out, out_bf16, stream);
   if (cache.dtype == DType::F8_E4M3) {

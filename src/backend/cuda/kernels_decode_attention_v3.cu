@@ -595,19 +595,12 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   float* part_acc = static_cast<float*>(scratch);
   float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
   const bool fp8 = cache.dtype == DType::F8_E4M3;
-  // FP8: q's multiplier is brought into [1/32, 1/16) by a power of two that the scores get back in F32
-  // (exact), so that q's F16 terms stay normal for small k_scale and finite up to |q| ~ 5e5.
-  float q_mult = scale * kLog2e * (fp8 ? cache.k_scale : 1.0f), s_scale = 1.0f;
-  if (fp8 && q_mult > 0.0f && std::isfinite(q_mult)) {
-    int e = 0;
-    q_mult = std::frexp(q_mult, &e) / 16.0f;  // mantissa in [1/2, 1) -> [1/32, 1/16)
-    s_scale = std::ldexp(1.0f, e + 4);
-  }
+  const DecodeQueryScaling qs = decode_query_scaling(scale, cache.dtype, cache.k_scale);
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
   return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>, grid, dim3(kThreads), kSmem,
                     stream, maps, q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
-                    cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, q_mult, s_scale,
-                    out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
+                    cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult,
+                    qs.s_scale, out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
                     static_cast<__nv_bfloat16*>(out_bf16));
 }
 
@@ -647,6 +640,17 @@ cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& 
 }
 
 }  // namespace
+
+DecodeQueryScaling decode_query_scaling(float scale, DType dtype, float k_scale) {
+  const bool fp8 = dtype == DType::F8_E4M3;
+  DecodeQueryScaling s{scale * kLog2e * (fp8 ? k_scale : 1.0f), 1.0f};
+  if (fp8 && s.q_mult > 0.0f && std::isfinite(s.q_mult)) {
+    int e = 0;
+    s.q_mult = std::frexp(s.q_mult, &e) / 16.0f;  // mantissa in [1/2, 1) -> [1/32, 1/16)
+    s.s_scale = std::ldexp(1.0f, e + 4);
+  }
+  return s;
+}
 
 int decode_attention_terms() {
   static const int terms = env_int("INFERX_DECODE_ATTN_TERMS", 1, 2, 1);
