@@ -114,8 +114,7 @@ class Model {
   QuantPlan quant_plan_;
   std::unique_ptr<TensorParallel> tp_;  // the top model of a split model: its replicas run forward
   TensorParallelRank* rank_ = nullptr;  // a replica: where forward meets the other ranks
-  bool last_layer_logit_rows_only_ = default_last_layer_logit_rows_only();
-  static bool default_last_layer_logit_rows_only();
+  bool last_layer_logit_rows_only_;     // INFERX_LAST_LAYER_ALL_ROWS=1: false
   friend class WeightLoader;
   friend class TensorParallel;
 };

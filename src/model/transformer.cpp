@@ -24,17 +24,12 @@ Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource>
     : backend_(backend),
       config_(std::move(config)),
       source_(std::move(source)),
-      description_(std::move(description)) {}
+      description_(std::move(description)) {
+  const char* all_rows = std::getenv("INFERX_LAST_LAYER_ALL_ROWS");
+  last_layer_logit_rows_only_ = all_rows == nullptr || std::strcmp(all_rows, "1") != 0;
+}
 
 Model::~Model() = default;
-
-bool Model::default_last_layer_logit_rows_only() {
-  static const bool on = [] {
-    const char* e = std::getenv("INFERX_LAST_LAYER_ALL_ROWS");
-    return e == nullptr || std::strcmp(e, "1") != 0;
-  }();
-  return on;
-}
 
 int64_t Model::weight_bytes_per_token() const {
   if (tp_) return tp_->weight_bytes_per_token();  // every rank's share
@@ -118,7 +113,7 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   // The last layer's o projection and MLP matter only for the rows whose logits are asked for (a prefill
   // chunk's last token): once its attention has run (every row's keys and values are in the cache), those
   // rows of the attention output and of the residual stream are gathered and the layer finishes on them
-  // (for a 32-layer model ~2% of a prefill step's products).
+  // (for a 32-layer model about 2% of a prefill step's products, from the shapes; not yet measured).
   const int64_t n_logits = batch.num_logits;
   const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 && n_logits < T;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
@@ -196,12 +191,9 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
     return out;
   }
   backend_.add_rmsnorm(x, proj, weights_.final_norm, c.rms_norm_eps, h);
-  if (narrow_last) {
-    backend_.matmul(h, weights_.lm_head, out);  // h holds the logits rows already, in order
-    return out;
-  }
-  backend_.gather_rows(h, batch.logits_rows, batch.num_logits, last);
-  backend_.matmul(last, weights_.lm_head, out);
+  // Narrowed, h holds the logits rows already, in order.
+  if (!narrow_last) backend_.gather_rows(h, batch.logits_rows, batch.num_logits, last);
+  backend_.matmul(narrow_last ? h : last, weights_.lm_head, out);
   return out;
 }
 
