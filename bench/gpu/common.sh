@@ -2,7 +2,7 @@
 # C, the staged binaries and libraries (bench/gpu/stage.sh); OUT, where results go (the device tool's
 # $OUT, else gpu-out); the library path the staged binaries need; INFERX_TESTDATA_DIR. find_ncu sets NCU to Nsight Compute's
 # command line, or says it is missing and returns 1.
-C=gpu-carry
+C="${C:-gpu-carry}"
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -187,6 +187,10 @@ class Backend {
 
   // Fused projections (model/fused_projections.h stacks q/k/v and gate/up at load when asked) --------
   virtual bool prefers_fused_projections() const { return false; }
+  // The row granularity of the backend's matrix products: leaving out fewer rows than this saves no work
+  // (a GPU GEMM's row tile), so the model narrows a step's last layer to its logits rows only when it
+  // saves at least this many (Model::forward). 1: every row costs its own work (the CPU).
+  virtual int64_t product_row_tile() const { return 1; }
   // outs[i] = x @ W_i^T (+ b_i), where W_i is the i-th row range of w (ranges in order, each as many rows
   // as outs[i] has columns). Default: one matmul per row slice.
   virtual void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {

@@ -88,6 +88,7 @@ class ForwardingBackend : public Backend {
     return inner_.memory_info(free_bytes, total_bytes);
   }
   bool prefers_fused_projections() const override { return inner_.prefers_fused_projections(); }
+  int64_t product_row_tile() const override { return inner_.product_row_tile(); }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override {
     inner_.matmul_split(x, w, outs);
   }

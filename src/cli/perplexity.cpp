@@ -20,8 +20,8 @@ namespace inferx::cli {
 namespace {
 
 struct PerplexityArgs {
-  std::string model, file, quantize = "none", calibration, kl_base, device = "cpu";
-  bool kl_divergence = false;
+  std::string model, file, quantize = "none", calibration, kl_base, device = "cpu", kv_cache_dtype = "auto";
+  bool kl_divergence = false, decode_steps = false;
   int64_t ctx = 128;
   int64_t top_k = 0;
   int threads = 0;
@@ -32,7 +32,8 @@ void run_perplexity(const PerplexityArgs& a) {
   INFERX_CHECK(f.good(), "{}: cannot open the text file", a.file);
   std::stringstream ss;
   ss << f.rdbuf();
-  auto backend = make_backend(a.device, a.threads);
+  auto backend = make_backend(a.device, a.threads, a.kv_cache_dtype);
+  const PerplexityMode mode = a.decode_steps ? PerplexityMode::DecodeSteps : PerplexityMode::Prefill;
   LoadOptions lo;
   apply_quantize(a.quantize, a.calibration, a.model, a.threads, lo);
   auto model = Model::load(a.model, *backend, lo);
@@ -52,8 +53,8 @@ void run_perplexity(const PerplexityArgs& a) {
         "{}: written for other text or --ctx (base ctx {}); rerun the base with the same -f and --ctx",
         a.kl_base, base.ctx);
     KlAccumulator kl(base);
-    r = compute_perplexity(*model, tokens, a.ctx,
-                           [&](const float* lp, int64_t v, int32_t) { kl.add(lp, v); });
+    r = compute_perplexity(
+        *model, tokens, a.ctx, [&](const float* lp, int64_t v, int32_t) { kl.add(lp, v); }, mode);
     const KlStats s = kl.stats();
     std::printf("perplexity: %.4f over %lld tokens (%lld chunks of %lld)\n", r.perplexity(),
                 static_cast<long long>(r.scored), static_cast<long long>(r.chunks),
@@ -69,9 +70,12 @@ void run_perplexity(const PerplexityArgs& a) {
     base.top_k = a.top_k > 0 ? std::min(a.top_k, vocab) : std::min<int64_t>(vocab, 256);
     base.tokens_hash = hash;
   }
-  r = compute_perplexity(*model, tokens, a.ctx, [&](const float* lp, int64_t v, int32_t) {
-    if (!a.kl_base.empty()) base.add(lp, v);
-  });
+  r = compute_perplexity(
+      *model, tokens, a.ctx,
+      [&](const float* lp, int64_t v, int32_t) {
+        if (!a.kl_base.empty()) base.add(lp, v);
+      },
+      mode);
   std::printf("perplexity: %.4f over %lld tokens (%lld chunks of %lld)\n", r.perplexity(),
               static_cast<long long>(r.scored), static_cast<long long>(r.chunks),
               static_cast<long long>(a.ctx));
@@ -105,6 +109,13 @@ void register_perplexity(CLI::App& app, std::vector<std::pair<CLI::App*, Action>
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("-t,--threads", a->threads, "CPU threads (0 = all)")->check(CLI::Range(0, 1024));
   sub->add_option("--device", a->device, "cpu, cuda or cuda:N");
+  sub->add_option(
+      "--kv-cache-dtype", a->kv_cache_dtype,
+      "KV cache element type: auto (CUDA bf16, CPU f32), bf16, fp8 (E4M3, scale 1.0; CUDA) or f32");
+  sub->add_flag(
+      "--decode-steps", a->decode_steps,
+      "Score each position in a one-token step of its own after a prefill of the chunk's first half "
+      "(the decode path that generated tokens take), not all at once in one prefill");
   add_quantize_options(*sub, a->quantize, a->calibration);
   out.emplace_back(sub, [a] { run_perplexity(*a); });
 }

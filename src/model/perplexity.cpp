@@ -49,7 +49,7 @@ uint64_t hash_tokens(const std::vector<int32_t>& tokens, int64_t ctx) {
 }
 
 PerplexityResult compute_perplexity(Model& model, const std::vector<int32_t>& tokens, int64_t ctx,
-                                    const ScoredTokenFn& on_token) {
+                                    const ScoredTokenFn& on_token, PerplexityMode mode) {
   INFERX_CHECK(ctx >= 4, "perplexity: --ctx {} is too small (at least 4)", ctx);
   const int64_t n_chunks = static_cast<int64_t>(tokens.size()) / ctx;
   INFERX_CHECK(n_chunks >= 1, "perplexity: the text has {} tokens, fewer than one chunk of --ctx {}",
@@ -63,9 +63,18 @@ PerplexityResult compute_perplexity(Model& model, const std::vector<int32_t>& to
     std::vector<int32_t> chunk(tokens.begin() + c * ctx, tokens.begin() + (c + 1) * ctx);
     if (bos >= 0) chunk[0] = bos;
     SequenceRunner runner(model, ctx);
-    const std::vector<float> logits = runner.step_all_logits(chunk);
+    // Prefill: every position's logits at once. DecodeSteps: positions 0 .. ctx/2 - 1 in one step (their
+    // logits unused), then position j alone when it is scored.
+    std::vector<float> logits;
+    if (mode == PerplexityMode::Prefill)
+      logits = runner.step_all_logits(chunk);
+    else
+      runner.step(std::vector<int32_t>(chunk.begin(), chunk.begin() + ctx / 2));
     for (int64_t j = ctx / 2; j + 1 < ctx; ++j) {
-      log_softmax(logits.data() + j * vocab, vocab, lp);
+      const float* row = mode == PerplexityMode::Prefill
+                             ? logits.data() + j * vocab
+                             : runner.step({chunk[static_cast<size_t>(j)]}).data();
+      log_softmax(row, vocab, lp);
       const int32_t target = chunk[static_cast<size_t>(j + 1)];
       INFERX_CHECK(target >= 0 && target < vocab, "perplexity: token id {} is outside the vocabulary",
                    target);

@@ -24,9 +24,17 @@ struct PerplexityResult {
 // Called per scored token with its log-probabilities (vocab entries) and the actual next token.
 using ScoredTokenFn = std::function<void(const float* logprobs, int64_t vocab, int32_t target)>;
 
+// How a chunk runs. Prefill: all ctx tokens in one step, every row's logits (llama.cpp's way; the prefill
+// attention). DecodeSteps: the first half in one step, then each scored position in a one-token step of its
+// own over the cache, as generated tokens are served (the decode attention kernel, a replayed CUDA graph):
+// the same positions and targets, so a KL base written in one mode compares with the other, and the
+// accuracy of the decode path (e.g. an FP8 KV cache read by the decode kernel) becomes measurable.
+enum class PerplexityMode { Prefill, DecodeSteps };
+
 // Throws when the text has fewer than ctx tokens or ctx < 4.
 PerplexityResult compute_perplexity(Model& model, const std::vector<int32_t>& tokens, int64_t ctx,
-                                    const ScoredTokenFn& on_token = {});
+                                    const ScoredTokenFn& on_token = {},
+                                    PerplexityMode mode = PerplexityMode::Prefill);
 
 // The base model's distribution per scored token: its top_k log-probabilities (the rest of the vocabulary
 // is treated as one bucket in the KL sum; with top_k = vocab the KL is exact).

@@ -113,9 +113,12 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   // The last layer's o projection and MLP matter only for the rows whose logits are asked for (a prefill
   // chunk's last token): once its attention has run (every row's keys and values are in the cache), those
   // rows of the attention output and of the residual stream are gathered and the layer finishes on them
-  // (for a 32-layer model about 2% of a prefill step's products, from the shapes; not yet measured).
+  // (for a 32-layer model about 2% of a prefill step's products, from the shapes; not yet measured). Only
+  // when that leaves out at least a product tile of rows: otherwise the gathers cost launches and save
+  // nothing (500 decodes and a 2-token chunk).
   const int64_t n_logits = batch.num_logits;
-  const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 && n_logits < T;
+  const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 &&
+                           T - n_logits >= std::max<int64_t>(1, backend_.product_row_tile());
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];
     // Attention block: x += o(attention(rope(q), rope(k), v)) over the pre-normed input.

@@ -137,6 +137,9 @@ class CudaBackend final : public Backend {
   void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) override;
   // Decode GEMV and fused projections (cuda_backend_gemv.cpp, kernels_gemv.h).
   bool prefers_fused_projections() const override { return options_.gemv; }
+  // cuBLASLt's row tiles at prefill sizes are 64-256 rows; the smallest is the safe bound (an estimate:
+  // the narrowed last layer's A/B is still to run on the GPU).
+  int64_t product_row_tile() const override { return 64; }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;
   void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
   void pre_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h) override;

@@ -393,6 +393,48 @@ TEST(ModelForward, LastLayerOnTheLogitsRowsMatchesEveryRow) {
   }
 }
 
+// The narrowing engages only when it leaves out at least Backend::product_row_tile() rows: a backend that
+// multiplies in tiles of 4 rows gathers once (the logits rows after the final norm) for a step that would
+// leave out 3 rows, twice (the attention output and the residual before the o projection) for one that
+// leaves out 4; the CPU (tile 1) narrows both. Same logits either way.
+TEST(ModelForward, LastLayerNarrowsOnlyWhenItSavesARowTile) {
+  struct TiledBackend : ForwardingBackend {
+    using ForwardingBackend::ForwardingBackend;
+    int64_t tile = 4;
+    int gathers = 0;
+    int64_t product_row_tile() const override { return tile; }
+    void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
+      ++gathers;
+      ForwardingBackend::gather_rows(x, rows, n, out);
+    }
+  };
+  auto cpu = make_cpu_backend({1});
+  for (int64_t tile : {1, 4}) {
+    TiledBackend be(*cpu);
+    be.tile = tile;
+    auto model = Model::load(kFixtures + "llama-tiny", be);
+    model->set_last_layer_logit_rows_only(true);
+    const int64_t vocab = model->config().vocab_size;
+    for (int32_t n : {4, 5}) {  // leaves out 3, then 4 rows
+      SCOPED_TRACE(::testing::Message() << "tile " << tile << " rows " << n);
+      KvCache cache(*model, 8, 4);
+      HostBatch b;
+      for (int32_t i = 0; i < n; ++i) b.ids.push_back(7 + i), b.pos.push_back(i);
+      b.qs = {0, n};
+      b.lens = {n};
+      b.tables = {0, 1, 2, 3};
+      b.rows = {n - 1};
+      be.gathers = 0;
+      const std::vector<float> got = run_step(*model, cache, b);
+      EXPECT_EQ(be.gathers, n - 1 >= tile ? 2 : 1);
+      model->set_last_layer_logit_rows_only(false);
+      KvCache every(*model, 8, 4);
+      EXPECT_LE(compare(run_step(*model, every, b), got, vocab, "narrowed or not"), kTol);
+      model->set_last_layer_logit_rows_only(true);
+    }
+  }
+}
+
 // LoadOptions::tensor_parallel_path: one rank through the tensor-parallel model (what one GPU uses to run
 // the multi-GPU code: collectives of one rank, the metadata broadcast, the vocabulary-shard embedding).
 TEST(TensorParallel, OneRankPathEqualsThePlainModel) {
