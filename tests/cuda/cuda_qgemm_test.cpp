@@ -942,6 +942,62 @@ TEST_F(QuantizedGemmTest, TrainedModelQuantizedOnTheGpuIsAsAccurateAsOnTheCpu) {
   EXPECT_LT(std::fabs(gpu_fp8_fp8kv.ppl / ref.ppl - 1), 0.05);
 }
 
+// The decode path on a trained model with Llama-3-wide heads: the student of stories260K
+// (tests/unit/model/fixtures/stories-hd128.gguf, head_dim 128, 2 query heads per KV head; made by
+// scripts/tiny_model/train.py), whose scored positions in --decode-steps mode each run as a one-token step
+// through the v3 decode attention kernel (TMA tiles over an FP8 cache) and a replayed CUDA graph; the
+// prefill mode runs the same positions through the prefill kernel. KL against the CPU's F32 run, per KV
+// cache type: the decode path within 1.5x (+0.002) of the prefill path (its Q and P are F16 over an FP8
+// cache, BF16 in the prefill kernel: no worse), and the FP8 cache's KL inside the band KV_BAND (a wrong
+// scale, slot or rounding mode lands far outside). Figures: docs/benchmarks.md, "Decode-path accuracy".
+TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
+  const std::string model = std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories-hd128.gguf";
+  std::ifstream text(std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories_eval.txt");
+  std::stringstream ss;
+  ss << text.rdbuf();
+  GgufFile gguf(model);
+  const std::vector<int32_t> tokens = load_gguf_tokenizer(gguf)->encode(ss.str(), true);
+  ASSERT_GT(tokens.size(), 1024u);
+  constexpr int64_t kCtx = 256;
+  KlBase base;
+  base.vocab = 512;
+  base.ctx = kCtx;
+  base.top_k = 512;
+  base.tokens_hash = hash_tokens(tokens, kCtx);
+  const auto eval = [&](Backend& b, PerplexityMode mode, bool save) {
+    auto m = Model::load(model, b);
+    KlAccumulator acc(base);
+    const PerplexityResult r = compute_perplexity(
+        *m, tokens, kCtx,
+        [&](const float* lp, int64_t v, int32_t) {
+          if (save)
+            base.add(lp, v);
+          else
+            acc.add(lp, v);
+        },
+        mode);
+    return std::make_pair(r.perplexity(), save ? KlStats{} : acc.stats());
+  };
+  const double ref = eval(*cpu_, PerplexityMode::Prefill, true).first;
+  for (DType kv : {DType::BF16, DType::F8_E4M3}) {
+    SCOPED_TRACE(dtype_name(kv));
+    CudaBackendOptions o;
+    o.kv_cache_dtype = kv;
+    auto gpu = make_cuda_backend(0, o);
+    const auto [pre_ppl, pre] = eval(*gpu, PerplexityMode::Prefill, false);
+    const auto [dec_ppl, dec] = eval(*gpu, PerplexityMode::DecodeSteps, false);
+    std::printf("stories-hd128 %s KV: ppl cpu %.4f; gpu prefill %.4f (KL %.5f, top-1 %.3f), decode steps %.4f "
+                "(KL %.5f, top-1 %.3f)\n",
+                std::string(dtype_name(kv)).c_str(), ref, pre_ppl, pre.mean_kl, pre.top1_agreement, dec_ppl,
+                dec.mean_kl, dec.top1_agreement);
+    EXPECT_EQ(dec.positions, pre.positions);
+    EXPECT_LT(dec.mean_kl, 1.5 * pre.mean_kl + 0.002);
+    EXPECT_GT(dec.top1_agreement, pre.top1_agreement - 0.03);
+    EXPECT_LT(std::fabs(dec_ppl / ref - 1), kv == DType::BF16 ? 0.01 : KV_BAND_PPL);
+    EXPECT_LT(dec.mean_kl, kv == DType::BF16 ? 0.005 : KV_BAND);
+  }
+}
+
 // dummy:tiny --quantize fp8 / int4 on the GPU: codes generated on the device; the weights stay quantized,
 // weight_bytes_per_token counts codes + scales, and a 40-token prefill gives finite logits.
 TEST_F(QuantizedGemmTest, DummyModelGeneratesQuantizedWeightsOnTheDevice) {
