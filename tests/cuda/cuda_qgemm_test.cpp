@@ -948,7 +948,7 @@ TEST_F(QuantizedGemmTest, TrainedModelQuantizedOnTheGpuIsAsAccurateAsOnTheCpu) {
 // through the v3 decode attention kernel (TMA tiles over an FP8 cache) and a replayed CUDA graph; the
 // prefill mode runs the same positions through the prefill kernel. KL against the CPU's F32 run, per KV
 // cache type: the decode path within 1.5x (+0.002) of the prefill path (its Q and P are F16 over an FP8
-// cache, BF16 in the prefill kernel: no worse), and the FP8 cache's KL inside the band KV_BAND (a wrong
+// cache, BF16 in the prefill kernel: no worse), and the FP8 cache's KL inside a band (a wrong
 // scale, slot or rounding mode lands far outside). Figures: docs/benchmarks.md, "Decode-path accuracy".
 TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
   const std::string model = std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories-hd128.gguf";
@@ -993,8 +993,8 @@ TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
     EXPECT_EQ(dec.positions, pre.positions);
     EXPECT_LT(dec.mean_kl, 1.5 * pre.mean_kl + 0.002);
     EXPECT_GT(dec.top1_agreement, pre.top1_agreement - 0.03);
-    EXPECT_LT(std::fabs(dec_ppl / ref - 1), kv == DType::BF16 ? 0.01 : KV_BAND_PPL);
-    EXPECT_LT(dec.mean_kl, kv == DType::BF16 ? 0.005 : KV_BAND);
+    EXPECT_LT(std::fabs(dec_ppl / ref - 1), kv == DType::BF16 ? 0.01 : 0.05);
+    EXPECT_LT(dec.mean_kl, kv == DType::BF16 ? 0.005 : 0.05);
   }
 }
 
