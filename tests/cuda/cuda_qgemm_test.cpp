@@ -948,8 +948,10 @@ TEST_F(QuantizedGemmTest, TrainedModelQuantizedOnTheGpuIsAsAccurateAsOnTheCpu) {
 // through the v3 decode attention kernel (TMA tiles over an FP8 cache) and a replayed CUDA graph; the
 // prefill mode runs the same positions through the prefill kernel. KL against the CPU's F32 run, per KV
 // cache type: the decode path within 1.5x (+0.002) of the prefill path (its Q and P are F16 over an FP8
-// cache, BF16 in the prefill kernel: no worse), and the FP8 cache's KL inside a band (a wrong
-// scale, slot or rounding mode lands far outside). Figures: docs/benchmarks.md, "Decode-path accuracy".
+// cache, BF16 in the prefill kernel: no worse), and bands on KL and perplexity that a wrong scale, slot or
+// rounding mode lands far outside. Expected from the CPU emulation of the FP8 cache (docs/benchmarks.md,
+// "decode-path accuracy"; 256-token chunks): KL 0.00099 with F32, F16 (the decode kernel) or BF16 (the
+// prefill kernel) Q and P alike, perplexity +0.3%; the GPU's BF16 weights add their own rounding on top.
 TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
   const std::string model = std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories-hd128.gguf";
   std::ifstream text(std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories_eval.txt");
@@ -986,15 +988,16 @@ TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
     auto gpu = make_cuda_backend(0, o);
     const auto [pre_ppl, pre] = eval(*gpu, PerplexityMode::Prefill, false);
     const auto [dec_ppl, dec] = eval(*gpu, PerplexityMode::DecodeSteps, false);
-    std::printf("stories-hd128 %s KV: ppl cpu %.4f; gpu prefill %.4f (KL %.5f, top-1 %.3f), decode steps %.4f "
-                "(KL %.5f, top-1 %.3f)\n",
-                std::string(dtype_name(kv)).c_str(), ref, pre_ppl, pre.mean_kl, pre.top1_agreement, dec_ppl,
-                dec.mean_kl, dec.top1_agreement);
+    std::printf(
+        "stories-hd128 %s KV: ppl cpu %.4f; gpu prefill %.4f (KL %.5f, top-1 %.3f), decode steps %.4f "
+        "(KL %.5f, top-1 %.3f)\n",
+        std::string(dtype_name(kv)).c_str(), ref, pre_ppl, pre.mean_kl, pre.top1_agreement, dec_ppl,
+        dec.mean_kl, dec.top1_agreement);
     EXPECT_EQ(dec.positions, pre.positions);
     EXPECT_LT(dec.mean_kl, 1.5 * pre.mean_kl + 0.002);
     EXPECT_GT(dec.top1_agreement, pre.top1_agreement - 0.03);
-    EXPECT_LT(std::fabs(dec_ppl / ref - 1), kv == DType::BF16 ? 0.01 : 0.05);
-    EXPECT_LT(dec.mean_kl, kv == DType::BF16 ? 0.005 : 0.05);
+    EXPECT_LT(std::fabs(dec_ppl / ref - 1), kv == DType::BF16 ? 0.01 : 0.02);
+    EXPECT_LT(dec.mean_kl, kv == DType::BF16 ? 0.005 : 0.01);
   }
 }
 
