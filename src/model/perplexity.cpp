@@ -133,6 +133,14 @@ KlBase KlBase::read(const std::string& path) {
   get(f, n, path);
   INFERX_CHECK(b.vocab > 0 && b.top_k > 0 && b.top_k <= b.vocab && n >= 0 && n < (int64_t{1} << 40) / b.top_k,
                "{}: corrupt header", path);
+  // The header's counts must match what the file holds before anything is allocated from them.
+  const std::streamoff header = f.tellg();
+  f.seekg(0, std::ios::end);
+  const std::streamoff body = f.tellg() - header;
+  f.seekg(header);
+  INFERX_CHECK(body == static_cast<std::streamoff>(n * b.top_k * 8),
+               "{}: the header announces {} positions x {} log-probabilities ({} bytes) but {} bytes follow",
+               path, n, b.top_k, n * b.top_k * 8, static_cast<int64_t>(body));
   b.ids.resize(static_cast<size_t>(n * b.top_k));
   b.logprobs.resize(b.ids.size());
   INFERX_CHECK(
@@ -141,6 +149,9 @@ KlBase KlBase::read(const std::string& path) {
                  static_cast<std::streamsize>(b.logprobs.size() * 4)),
       "{}: truncated KL base file", path);
   for (int32_t id : b.ids) INFERX_CHECK(id >= 0 && id < b.vocab, "{}: token id {} out of range", path, id);
+  // Log-probabilities: finite and at most 0 (a little above for rounding); a NaN would poison every KL.
+  for (float lp : b.logprobs)
+    INFERX_CHECK(std::isfinite(lp) && lp <= 1e-3f, "{}: log-probability {} is not a valid one", path, lp);
   return b;
 }
 

@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <tuple>
 
@@ -134,6 +137,58 @@ TEST(Perplexity, DecodeStepsScoreWhatThePrefillScores) {
     EXPECT_LT(k.max_kl, 1e-6);
     EXPECT_EQ(k.top1_agreement, 1.0);
   }
+}
+
+// A damaged or hostile KL base file is refused with a message naming it, before anything is allocated from
+// its header: a body shorter or longer than the header announces (a huge position count included), a token
+// id outside the vocabulary, a NaN or positive log-probability, another file's magic.
+TEST(Perplexity, KlBaseFileErrors) {
+  KlBase good;
+  good.vocab = 8;
+  good.ctx = 16;
+  good.top_k = 2;
+  good.ids = {1, 2, 3, 4};
+  good.logprobs = {-0.1f, -2.5f, -0.3f, -1.5f};
+  const auto path = std::filesystem::temp_directory_path() / ("inferx-klerr-" + std::to_string(::getpid()));
+  good.write(path.string());
+  std::string bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  EXPECT_EQ(KlBase::read(path.string()).ids, good.ids);
+  const size_t n_at = 8 + 5 * 8, body = n_at + 8;  // magic, vocab ctx top_k hash ppl, then n
+  const auto expect_refused = [&](std::string b, const char* what) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(b.data(), static_cast<std::streamsize>(b.size()));
+    try {
+      KlBase::read(path.string());
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(bytes.substr(0, bytes.size() - 4), "bytes follow");
+  expect_refused(bytes + "xxxx", "bytes follow");
+  std::string huge = bytes;
+  const int64_t n = int64_t{1} << 38;
+  std::memcpy(&huge[n_at], &n, 8);
+  expect_refused(huge, "bytes follow");
+  std::string bad_id = bytes;
+  const int32_t id = 8;
+  std::memcpy(&bad_id[body + 4], &id, 4);
+  expect_refused(bad_id, "out of range");
+  for (float lp : {std::nanf(""), 0.5f}) {
+    std::string bad_lp = bytes;
+    std::memcpy(&bad_lp[body + 16 + 4], &lp, 4);
+    expect_refused(bad_lp, "not a valid");
+  }
+  std::string magic = bytes;
+  magic[3] = 'X';
+  expect_refused(magic, "not an InferX KL base file");
+  expect_refused(bytes.substr(0, 20), "truncated");
+  std::filesystem::remove(path);
 }
 
 TEST(Perplexity, ChunkingAndErrors) {
