@@ -3,6 +3,7 @@
 //
 //   inferx perplexity -m M -f TEXT --kl-divergence-base base.kl               # base run: writes base.kl
 //   inferx perplexity -m M -f TEXT --quantize fp8 --kl-divergence-base base.kl --kl-divergence
+//   inferx perplexity -m M -f TEXT --device cuda --kv-cache-dtype fp8 --decode-steps ...  # the decode path
 #include "model/perplexity.h"
 
 #include <cstdio>
