@@ -668,11 +668,15 @@ bool encode_kv_map(CUtensorMap& map, const void* base, const PagedKv& cache, int
                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Whether TmaLoader takes this launch (its conditions: the comment above it).
+// TmaLoader's conditions on the launch's shape (the comment above it); tma_applies adds the buffers'.
+bool tma_shape(DType dtype, int64_t hd, int64_t window, int64_t block_size) {
+  return tma_enabled() && dtype == DType::F8_E4M3 && hd == 128 && window <= 0 && block_size % 16 == 0;
+}
+
+// Whether TmaLoader takes this launch.
 bool tma_applies(const PagedKv& cache, int hd, int64_t window) {
-  return tma_enabled() && cache.dtype == DType::F8_E4M3 && hd == 128 && window <= 0 &&
-         cache.block_size % 16 == 0 && is_aligned(cache.k, 16) && is_aligned(cache.v, 16) &&
-         cache.num_blocks * cache.block_size < (1ll << 31);
+  return tma_shape(cache.dtype, hd, window, cache.block_size) && is_aligned(cache.k, 16) &&
+         is_aligned(cache.v, 16) && cache.num_blocks * cache.block_size < (1ll << 31);
 }
 
 template <class CacheT, int HD, int NT, bool kTma, int kTerms, bool kQk8 = false>
@@ -767,8 +771,8 @@ bool decode_attention_qk_e4m3() {
 }
 
 bool decode_attention_e4m3_queries(DType dtype, int64_t block_size, int64_t hd, int64_t window) {
-  return decode_attention_rounds_once(dtype, block_size) && decode_attention_qk_e4m3() && tma_enabled() &&
-         hd == 128 && window <= 0 && block_size % 16 == 0 && tensor_map_encoder() != nullptr;
+  return decode_attention_rounds_once(dtype, block_size) && decode_attention_qk_e4m3() &&
+         tma_shape(dtype, hd, window, block_size) && tensor_map_encoder() != nullptr;
 }
 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
