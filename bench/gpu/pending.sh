@@ -6,7 +6,8 @@
 # ~8 minutes each (after bench/gpu/stage.sh; carry ["gpu-carry-z"]):
 #   tar -xzf gpu-carry-z/carry.tgz && PART=tests bash bench/gpu/pending.sh
 #   tar -xzf gpu-carry-z/carry.tgz && PART=ab bash bench/gpu/pending.sh
-# tests: test_cuda_engine, test_cuda_backend, test_cuda_qgemm (its new TrainedStudentDecodeStepsAreAsAccurate
+# tests: test_cuda_engine, test_cuda_backend, test_cuda_qgemm (new: LastLayerOnTheLogitsRowsMatchesEveryRowOnTheGpu;
+#        TrainedStudentDecodeStepsAreAsAccurate
 #        AsThePrefill: the decode kernel over BF16 and FP8 caches and the fp8 / int4 / fp8-int4 GEMVs on a
 #        trained model), test_cuda_tensor_parallel; then bench/gpu/decode_accuracy.sh (perplexity and KL of
 #        the student through the decode steps and the prefill, per KV cache type and with two terms).

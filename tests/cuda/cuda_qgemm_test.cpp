@@ -1023,6 +1023,36 @@ TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
   }
 }
 
+// The last layer on the logits rows only (Model::set_last_layer_logit_rows_only, the default) on the GPU: a
+// 200-token prefill with one logits row (199 rows left out, past CUDA's 64-row product tile) through the
+// CUDA paths it crosses - the gathers, and with FP8 weights the fused norm + quantization and the deferred
+// epilogues on the gathered rows - then three decode steps over the caches it left: the same logits as
+// running every row, up to the summation order of products with other row counts (a wrong row gathered
+// moves them by the logits' own scale).
+TEST_F(QuantizedGemmTest, LastLayerOnTheLogitsRowsMatchesEveryRowOnTheGpu) {
+  const std::string model = std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories-hd128.gguf";
+  std::vector<int32_t> prompt(200);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 37) % 500);
+  CudaBackendOptions o;
+  o.kv_cache_dtype = DType::BF16;
+  auto gpu = make_cuda_backend(0, o);
+  for (const char* plan : {"none", "fp8", "int4"}) {
+    SCOPED_TRACE(plan);
+    LoadOptions lo;
+    lo.quantize = parse_quant_options(plan);
+    auto narrow = Model::load(model, *gpu, lo), every = Model::load(model, *gpu, lo);
+    narrow->set_last_layer_logit_rows_only(true);
+    every->set_last_layer_logit_rows_only(false);
+    SequenceRunner rn(*narrow, 256), re(*every, 256);
+    const std::vector<float> got = rn.step(prompt), want = re.step(prompt);
+    expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), 1e-3, "prefill");
+    for (int32_t t : {5, 77, 300}) {
+      const std::vector<float> g = rn.step({t}), w = re.step({t});
+      expect_close_to_scale(g, std::vector<double>(w.begin(), w.end()), 1e-3, "decode step after it");
+    }
+  }
+}
+
 // dummy:tiny --quantize fp8 / int4 on the GPU: codes generated on the device; the weights stay quantized,
 // weight_bytes_per_token counts codes + scales, and a 40-token prefill gives finite logits.
 TEST_F(QuantizedGemmTest, DummyModelGeneratesQuantizedWeightsOnTheDevice) {
