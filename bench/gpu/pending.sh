@@ -7,8 +7,7 @@
 #   tar -xzf gpu-carry-z/carry.tgz && PART=tests bash bench/gpu/pending.sh
 #   tar -xzf gpu-carry-z/carry.tgz && PART=ab bash bench/gpu/pending.sh
 # tests: test_cuda_engine, test_cuda_backend, test_cuda_qgemm (new: LastLayerOnTheLogitsRowsMatchesEveryRowOnTheGpu;
-#        TrainedStudentDecodeStepsAreAsAccurate
-#        AsThePrefill: the decode kernel over BF16 and FP8 caches and the fp8 / int4 / fp8-int4 GEMVs on a
+#        TrainedStudentDecodeStepsAreAsAccurateAsThePrefill: the decode kernel over BF16 and FP8 caches and the fp8 / int4 / fp8-int4 GEMVs on a
 #        trained model), test_cuda_tensor_parallel; then bench/gpu/decode_accuracy.sh (perplexity and KL of
 #        the student through the decode steps and the prefill, per KV cache type and with two terms).
 #        If an engine test fails with the narrowed last layer, rerun it with INFERX_LAST_LAYER_ALL_ROWS=1.
