@@ -6,9 +6,9 @@
 # ~8 minutes each (after bench/gpu/stage.sh; carry ["gpu-carry-z"]):
 #   tar -xzf gpu-carry-z/carry.tgz && PART=tests bash bench/gpu/pending.sh
 #   tar -xzf gpu-carry-z/carry.tgz && PART=ab bash bench/gpu/pending.sh
-# tests: test_cuda_engine, test_cuda_backend, test_cuda_qgemm (new: LastLayerOnTheLogitsRowsMatchesEveryRowOnTheGpu;
-#        TrainedStudentDecodeStepsAreAsAccurateAsThePrefill: the decode kernel over BF16 and FP8 caches and the fp8 / int4 / fp8-int4 GEMVs on a
-#        trained model), test_cuda_tensor_parallel; then bench/gpu/decode_accuracy.sh (perplexity and KL of
+# tests: test_cuda_engine, test_cuda_backend, test_cuda_qgemm (new: LastLayerOnTheLogitsRowsMatchesEvery-
+#        RowOnTheGpu; TrainedStudentDecodeStepsAreAsAccurateAsThePrefill: the decode kernel over BF16 and FP8
+#        caches and the fp8 / int4 / fp8-int4 GEMVs on a trained model), test_cuda_tensor_parallel; then bench/gpu/decode_accuracy.sh (perplexity and KL of
 #        the student through the decode steps and the prefill, per KV cache type and with two terms).
 #        If an engine test fails with the narrowed last layer, rerun it with INFERX_LAST_LAYER_ALL_ROWS=1.
 #        With INFERX_DECODE_ATTN_QK_E4M3=1: the attention tests (against float64 over the E4M3-rounded
