@@ -1025,10 +1025,13 @@ TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
 
 // The last layer on the logits rows only (Model::set_last_layer_logit_rows_only, the default) on the GPU: a
 // 200-token prefill with one logits row (199 rows left out, past CUDA's 64-row product tile) through the
-// CUDA paths it crosses - the gathers, and with FP8 weights the fused norm + quantization and the deferred
-// epilogues on the gathered rows - then three decode steps over the caches it left: the same logits as
-// running every row, up to the summation order of products with other row counts (a wrong row gathered
-// moves them by the logits' own scale).
+// CUDA paths it crosses - the gathers, the attention output's BF16 copy dropped, the norms - then three
+// decode steps over the caches it left. Narrowed, the last layer's o projection and MLP run on one row, so
+// they take the decode GEMVs where every row takes the GEMMs: BF16 weights differ by summation order only
+// (bound 1e-3 of the logits' scale), INT4 by the GEMM path's BF16 rounding of dequantized weights (1e-2),
+// FP8 by W8A16 (GEMV) against W8A8 (cuBLASLt, activations in E4M3) in that one layer (5e-2). A wrong row
+// gathered moves the logits by their own scale. The caches are the same either way (every row's keys and
+// values are written before the narrowing), so the decode steps after it agree to 1e-4.
 TEST_F(QuantizedGemmTest, LastLayerOnTheLogitsRowsMatchesEveryRowOnTheGpu) {
   const std::string model = std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories-hd128.gguf";
   std::vector<int32_t> prompt(200);
@@ -1036,7 +1039,8 @@ TEST_F(QuantizedGemmTest, LastLayerOnTheLogitsRowsMatchesEveryRowOnTheGpu) {
   CudaBackendOptions o;
   o.kv_cache_dtype = DType::BF16;
   auto gpu = make_cuda_backend(0, o);
-  for (const char* plan : {"none", "fp8", "int4"}) {
+  for (const auto& [plan, tol] :
+       {std::pair<const char*, double>{"none", 1e-3}, {"int4", 1e-2}, {"fp8", 5e-2}}) {
     SCOPED_TRACE(plan);
     LoadOptions lo;
     lo.quantize = parse_quant_options(plan);
@@ -1045,10 +1049,11 @@ TEST_F(QuantizedGemmTest, LastLayerOnTheLogitsRowsMatchesEveryRowOnTheGpu) {
     every->set_last_layer_logit_rows_only(false);
     SequenceRunner rn(*narrow, 256), re(*every, 256);
     const std::vector<float> got = rn.step(prompt), want = re.step(prompt);
-    expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), 1e-3, "prefill");
+    std::printf("narrowed last layer, %s: logits moved by %.3g of their scale\n", plan, moved_by(got, want));
+    expect_close_to_scale(got, std::vector<double>(want.begin(), want.end()), tol, "prefill");
     for (int32_t t : {5, 77, 300}) {
       const std::vector<float> g = rn.step({t}), w = re.step({t});
-      expect_close_to_scale(g, std::vector<double>(w.begin(), w.end()), 1e-3, "decode step after it");
+      expect_close_to_scale(g, std::vector<double>(w.begin(), w.end()), 1e-4, "decode step after it");
     }
   }
 }
