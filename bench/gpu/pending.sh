@@ -14,8 +14,8 @@
 #        With INFERX_DECODE_ATTN_QK_E4M3=1: the attention tests (against float64 over the E4M3-rounded
 #        queries) and the student's accuracy through it (decode_accuracy.sh variant fp8kv-qk8).
 # ab:    the decode attention kernel alone with and without the E4M3 score product (decode_context: 490 rows
-#        x 1k-2k keys; predicted a few % at the capped clock: 8 of 16 HMMA, 44 of 87 F2FP, 9 of 47 LDS per
-#        tile gone from the SASS, 12 mbarrier waits more), then the narrowed last layer against every row: the
+#        x 1k-2k keys; predicted a few % at the capped clock: 8 of 16 HMMA, 44 of 87 F2FP, 9 of 47 LDS gone
+#        from the kernel's SASS, static counts, 12 mbarrier operations more), then the narrowed last layer against every row: the
 #        8192-token FP8 prefill (predicted ~2% shorter TTFT) and 1000 x 1000/1000 FP8 offline (predicted
 #        +0.7%), and 1000 x 1000/1000 with the E4M3 score product, each inside with_clocks.sh.
 set -uo pipefail

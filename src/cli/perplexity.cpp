@@ -65,12 +65,8 @@ void run_perplexity(const PerplexityArgs& a) {
     return;
   }
   KlBase base;
-  if (!a.kl_base.empty()) {
-    base.vocab = vocab;
-    base.ctx = a.ctx;
-    base.top_k = a.top_k > 0 ? std::min(a.top_k, vocab) : std::min<int64_t>(vocab, 256);
-    base.tokens_hash = hash;
-  }
+  if (!a.kl_base.empty())
+    base = KlBase::for_text(vocab, tokens, a.ctx, a.top_k > 0 ? a.top_k : std::min<int64_t>(vocab, 256));
   r = compute_perplexity(
       *model, tokens, a.ctx,
       [&](const float* lp, int64_t v, int32_t) {

@@ -86,6 +86,15 @@ PerplexityResult compute_perplexity(Model& model, const std::vector<int32_t>& to
   return r;
 }
 
+KlBase KlBase::for_text(int64_t vocab, const std::vector<int32_t>& tokens, int64_t ctx, int64_t top_k) {
+  KlBase b;
+  b.vocab = vocab;
+  b.ctx = ctx;
+  b.top_k = top_k > 0 ? std::min(top_k, vocab) : vocab;
+  b.tokens_hash = hash_tokens(tokens, ctx);
+  return b;
+}
+
 void KlBase::add(const float* lp, int64_t v) {
   INFERX_CHECK(v == vocab && top_k > 0 && top_k <= vocab, "KL base: vocabulary {} / top-k {} mismatch", v,
                top_k);

@@ -45,6 +45,9 @@ struct KlBase {
   std::vector<int32_t> ids;     // [positions, top_k], most probable first
   std::vector<float> logprobs;  // [positions, top_k]
   int64_t positions() const { return top_k ? static_cast<int64_t>(ids.size()) / top_k : 0; }
+  // An empty base for `tokens` scored in `ctx`-token chunks, keeping top_k log-probabilities per position
+  // (0: the whole vocabulary, which makes the KL exact; larger values are capped at it).
+  static KlBase for_text(int64_t vocab, const std::vector<int32_t>& tokens, int64_t ctx, int64_t top_k = 0);
   void add(const float* logprobs, int64_t vocab);
   void write(const std::string& path) const;
   static KlBase read(const std::string& path);

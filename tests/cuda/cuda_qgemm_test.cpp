@@ -875,6 +875,47 @@ TEST_F(QuantizedGemmTest, TinyModelQuantizedAtLoadMatchesTheCpuBackend) {
   cpu::set_fp8_bf16_accumulator(false);
 }
 
+// Perplexity and KL of a trained model over tests/unit/model/fixtures/stories_eval.txt in ctx-token chunks,
+// the KL against the base that the first run with save = true fills (the whole vocabulary: exact).
+class TrainedModelEval {
+ public:
+  struct Result {
+    double ppl;
+    KlStats kl;
+  };
+  TrainedModelEval(std::string model, int64_t ctx) : model_(std::move(model)), ctx_(ctx) {
+    std::ifstream text(std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories_eval.txt");
+    std::stringstream ss;
+    ss << text.rdbuf();
+    GgufFile gguf(model_);
+    tokens_ = load_gguf_tokenizer(gguf)->encode(ss.str(), true);
+    base_ = KlBase::for_text(512, tokens_, ctx_);
+  }
+  size_t tokens() const { return tokens_.size(); }
+  Result run(Backend& b, const char* plan, bool save = false, PerplexityMode mode = PerplexityMode::Prefill) {
+    LoadOptions lo;
+    lo.quantize = parse_quant_options(plan);
+    auto m = Model::load(model_, b, lo);
+    KlAccumulator acc(base_);
+    const PerplexityResult r = compute_perplexity(
+        *m, tokens_, ctx_,
+        [&](const float* lp, int64_t v, int32_t) {
+          if (save)
+            base_.add(lp, v);
+          else
+            acc.add(lp, v);
+        },
+        mode);
+    return {r.perplexity(), save ? KlStats{} : acc.stats()};
+  }
+
+ private:
+  std::string model_;
+  int64_t ctx_;
+  std::vector<int32_t> tokens_;
+  KlBase base_;
+};
+
 // The trained stories260K (odd shapes: down_proj K = 172, which cuBLASLt's FP8 GEMM refuses; head_dim 8)
 // quantized on the GPU is as accurate as on the CPU reference: perplexity over the test text
 // (tests/unit/model/fixtures/stories_eval.txt, 128-token chunks) and KL against the CPU's unquantized model,
@@ -886,44 +927,18 @@ TEST_F(QuantizedGemmTest, TrainedModelQuantizedOnTheGpuIsAsAccurateAsOnTheCpu) {
   const char* dir = std::getenv("INFERX_TESTDATA_DIR");
   const std::string model = std::string(dir ? dir : INFERX_TESTDATA_DIR) + "/stories260K.gguf";
   ASSERT_TRUE(std::filesystem::exists(model)) << model << " missing (set INFERX_TESTDATA_DIR)";
-  std::ifstream text(std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories_eval.txt");
-  std::stringstream ss;
-  ss << text.rdbuf();
-  GgufFile gguf(model);
-  const std::vector<int32_t> tokens = load_gguf_tokenizer(gguf)->encode(ss.str(), true);
-  ASSERT_GT(tokens.size(), 1024u);
-  constexpr int64_t kCtx = 128;
-  KlBase base;
-  base.vocab = 512;
-  base.ctx = kCtx;
-  base.top_k = 512;  // the whole vocabulary: the KL is exact
-  base.tokens_hash = hash_tokens(tokens, kCtx);
-  struct Eval {
-    double ppl;
-    KlStats kl;
-  };
-  const auto eval = [&](Backend& b, const char* plan, bool save) {
-    LoadOptions lo;
-    lo.quantize = parse_quant_options(plan);
-    auto m = Model::load(model, b, lo);
-    KlAccumulator acc(base);
-    const PerplexityResult r = compute_perplexity(*m, tokens, kCtx, [&](const float* lp, int64_t v, int32_t) {
-      if (save)
-        base.add(lp, v);
-      else
-        acc.add(lp, v);
-    });
-    return Eval{r.perplexity(), save ? KlStats{} : acc.stats()};
-  };
-  const Eval ref = eval(*cpu_, "none", true);
-  const Eval cpu_fp8 = eval(*cpu_, "fp8", false);
+  TrainedModelEval eval(model, 128);
+  ASSERT_GT(eval.tokens(), 1024u);
+  using Eval = TrainedModelEval::Result;
+  const Eval ref = eval.run(*cpu_, "none", true);
+  const Eval cpu_fp8 = eval.run(*cpu_, "fp8");
   qgemm().set_bf16_accumulator(true);  // the GPU's default
-  const Eval gpu_fp8 = eval(*gpu_, "fp8", false);
+  const Eval gpu_fp8 = eval.run(*gpu_, "fp8");
   EXPECT_NE(qgemm().last_path(), QuantizedGemm::Path::None);
   CudaBackendOptions o;
   o.kv_cache_dtype = DType::F8_E4M3;
   auto gpu_fp8_kv = make_cuda_backend(0, o);
-  const Eval gpu_fp8_fp8kv = eval(*gpu_fp8_kv, "fp8", false);
+  const Eval gpu_fp8_fp8kv = eval.run(*gpu_fp8_kv, "fp8");
   qgemm().set_bf16_accumulator(false);
   std::printf(
       "stories260K ppl: cpu %.4f; fp8 cpu %.4f (KL %.5f, top-1 %.3f), gpu %.4f (KL %.5f, top-1 %.3f), "
@@ -955,43 +970,18 @@ TEST_F(QuantizedGemmTest, TrainedModelQuantizedOnTheGpuIsAsAccurateAsOnTheCpu) {
 // Then the weight plans fp8 / int4 / fp8-int4 through both paths (the batch-1 GEMV kernels of each format,
 // the GEMMs) against the CPU's run of the same plan.
 TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
-  const std::string model = std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories-hd128.gguf";
-  std::ifstream text(std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories_eval.txt");
-  std::stringstream ss;
-  ss << text.rdbuf();
-  GgufFile gguf(model);
-  const std::vector<int32_t> tokens = load_gguf_tokenizer(gguf)->encode(ss.str(), true);
-  ASSERT_GT(tokens.size(), 1024u);
-  constexpr int64_t kCtx = 256;
-  KlBase base;
-  base.vocab = 512;
-  base.ctx = kCtx;
-  base.top_k = 512;
-  base.tokens_hash = hash_tokens(tokens, kCtx);
-  const auto eval = [&](Backend& b, const char* plan, PerplexityMode mode, bool save) {
-    LoadOptions lo;
-    lo.quantize = parse_quant_options(plan);
-    auto m = Model::load(model, b, lo);
-    KlAccumulator acc(base);
-    const PerplexityResult r = compute_perplexity(
-        *m, tokens, kCtx,
-        [&](const float* lp, int64_t v, int32_t) {
-          if (save)
-            base.add(lp, v);
-          else
-            acc.add(lp, v);
-        },
-        mode);
-    return std::make_pair(r.perplexity(), save ? KlStats{} : acc.stats());
-  };
-  const double ref = eval(*cpu_, "none", PerplexityMode::Prefill, true).first;
+  TrainedModelEval eval(std::string(INFERX_SOURCE_DIR) + "/tests/unit/model/fixtures/stories-hd128.gguf",
+                        256);
+  ASSERT_GT(eval.tokens(), 1024u);
+  constexpr PerplexityMode kPrefill = PerplexityMode::Prefill, kDecode = PerplexityMode::DecodeSteps;
+  const double ref = eval.run(*cpu_, "none", true).ppl;
   for (DType kv : {DType::BF16, DType::F8_E4M3}) {
     SCOPED_TRACE(dtype_name(kv));
     CudaBackendOptions o;
     o.kv_cache_dtype = kv;
     auto gpu = make_cuda_backend(0, o);
-    const auto [pre_ppl, pre] = eval(*gpu, "none", PerplexityMode::Prefill, false);
-    const auto [dec_ppl, dec] = eval(*gpu, "none", PerplexityMode::DecodeSteps, false);
+    const auto [pre_ppl, pre] = eval.run(*gpu, "none", false, kPrefill);
+    const auto [dec_ppl, dec] = eval.run(*gpu, "none", false, kDecode);
     std::printf(
         "stories-hd128 %s KV: ppl cpu %.4f; gpu prefill %.4f (KL %.5f, top-1 %.3f), decode steps %.4f "
         "(KL %.5f, top-1 %.3f)\n",
@@ -1012,9 +1002,9 @@ TEST_F(QuantizedGemmTest, TrainedStudentDecodeStepsAreAsAccurateAsThePrefill) {
   static_cast<CudaBackend&>(*gpu).quantized_gemm().set_bf16_accumulator(true);
   for (const char* plan : {"fp8", "int4", "fp8-int4"}) {
     SCOPED_TRACE(plan);
-    const KlStats cpu = eval(*cpu_, plan, PerplexityMode::Prefill, false).second;
-    const auto [pre_ppl, pre] = eval(*gpu, plan, PerplexityMode::Prefill, false);
-    const auto [dec_ppl, dec] = eval(*gpu, plan, PerplexityMode::DecodeSteps, false);
+    const KlStats cpu = eval.run(*cpu_, plan).kl;
+    const auto [pre_ppl, pre] = eval.run(*gpu, plan, false, kPrefill);
+    const auto [dec_ppl, dec] = eval.run(*gpu, plan, false, kDecode);
     std::printf("stories-hd128 %s: KL cpu %.5f; gpu prefill %.5f (ppl %.4f), decode steps %.5f (ppl %.4f)\n",
                 plan, cpu.mean_kl, pre.mean_kl, pre_ppl, dec.mean_kl, dec_ppl);
     EXPECT_LT(pre.mean_kl, 1.25 * cpu.mean_kl + 0.002);

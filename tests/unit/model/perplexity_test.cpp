@@ -53,11 +53,7 @@ EvalRun run(const std::string& plan, const std::vector<int32_t>& tokens, const K
 TEST(Perplexity, Stories260KQuantizedAgainstBase) {
   const auto tokens = eval_tokens();
   ASSERT_GT(tokens.size(), 1024u);
-  KlBase base;
-  base.vocab = 512;
-  base.ctx = 128;
-  base.top_k = 512;  // the whole vocabulary: the KL is exact
-  base.tokens_hash = hash_tokens(tokens, 128);
+  KlBase base = KlBase::for_text(512, tokens, 128);  // the whole vocabulary: the KL is exact
   const EvalRun f32 = run("none", tokens, nullptr, &base);
   // Measured 3.976 (docs/benchmarks.md); the band catches a broken forward pass or scoring rule.
   EXPECT_GT(f32.ppl, 3.8);
@@ -105,11 +101,7 @@ TEST(Perplexity, DecodeStepsScoreWhatThePrefillScores) {
     SCOPED_TRACE(path);
     auto backend = make_cpu_backend({2});
     auto model = Model::load(path, *backend);
-    KlBase base;
-    base.vocab = 512;
-    base.ctx = ctx;
-    base.top_k = 512;
-    base.tokens_hash = hash_tokens(tokens, ctx);
+    KlBase base = KlBase::for_text(512, tokens, ctx);
     std::vector<int32_t> targets;
     const PerplexityResult pre =
         compute_perplexity(*model, tokens, ctx, [&](const float* lp, int64_t v, int32_t t) {
