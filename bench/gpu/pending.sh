@@ -18,10 +18,47 @@
 #        from the kernel's SASS, static counts, 12 mbarrier operations more), then the narrowed last layer against every row: the
 #        8192-token FP8 prefill (predicted ~2% shorter TTFT) and 1000 x 1000/1000 FP8 offline (predicted
 #        +0.7%), and 1000 x 1000/1000 with the E4M3 score product, each inside with_clocks.sh.
+# PART=first runs the most telling of both in one call (for a session that may get only one machine): the
+# attention tests with E4M3 scores, the kernel A/B, test_cuda_qgemm and test_cuda_engine, then 1000 x
+# 1000/1000 narrowed vs E4M3 scores; PART=second the rest (test_cuda_backend, tensor parallel, the accuracy
+# script, the 8192-token prefill pair, 1000 x 1000/1000 on every row).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 PART="${PART:-tests}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+
+run_test() {  # run_test NAME [ENV=VAL...]: one GPU test program, its summary line
+  local t=$1
+  shift
+  env "$@" INFERX_REQUIRE_GPU=1 timeout 300 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
+  echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)|stories-hd128|one rank|moved' "$OUT/$t.log" | tr '\n' ' ')"
+}
+
+if [[ "$PART" == first ]]; then
+  INFERX_DECODE_ATTN_QK_E4M3=1 INFERX_ATTN_TEST_ERRORS=1 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" \
+    --gtest_color=no --gtest_filter='CudaAttention*' >"$OUT/attention_qk8.log" 2>&1
+  echo "attention tests, E4M3 scores: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_qk8.log" | tr '\n' ' ')"
+  grep "attention errors" "$OUT/attention_qk8.log" | sort -t' ' -k11 -g | tail -3
+  for v in 0 1; do
+    INFERX_DECODE_ATTN_QK_E4M3=$v INFERX_BENCH_ONLY=decode_context timeout 120 "$C/bench_cuda_kernels" \
+      >"$OUT/decode_context_qk8_$v.txt" 2>&1
+    echo "decode_context, E4M3 scores $v: rc=$?"
+    grep -E "fp8 attn|ceiling" "$OUT/decode_context_qk8_$v.txt"
+  done
+  run_test test_cuda_qgemm
+  run_test test_cuda_engine
+  for v in narrow: qk8:INFERX_DECODE_ATTN_QK_E4M3=1; do
+    bash "$(dirname "$0")/with_clocks.sh" "1000x1000_${v%%:*}" env WORKLOADS=1000x1000/1000 VARIANTS="$v" \
+      bash "$(dirname "$0")/offline_ab.sh"
+  done
+fi
+
+if [[ "$PART" == second ]]; then
+  run_test test_cuda_backend
+  run_test test_cuda_tensor_parallel
+  VARIANTS="bf16kv::--kv-cache-dtype_bf16 fp8kv::--kv-cache-dtype_fp8 fp8kv-terms2:INFERX_DECODE_ATTN_TERMS=2:--kv-cache-dtype_fp8 \
+fp8kv-qk8:INFERX_DECODE_ATTN_QK_E4M3=1:--kv-cache-dtype_fp8" timeout 240 bash "$(dirname "$0")/decode_accuracy.sh"
+fi
 
 if [[ "$PART" == tests ]]; then
   for t in test_cuda_engine test_cuda_backend test_cuda_qgemm test_cuda_tensor_parallel; do
@@ -43,6 +80,9 @@ if [[ "$PART" == ab ]]; then
     echo "decode_context, E4M3 scores $v: rc=$?"
     grep -E "fp8 attn|ceiling" "$OUT/decode_context_qk8_$v.txt"
   done
+fi
+
+if [[ "$PART" == ab || "$PART" == second ]]; then
   for v in narrow: all:INFERX_LAST_LAYER_ALL_ROWS=1; do
     name=${v%%:*}
     IFS=, read -r -a kv <<<"${v#*:}"
@@ -54,7 +94,9 @@ if [[ "$PART" == ab ]]; then
 import json; t=json.load(open('$OUT/prefill_8192_$name.json'))['ttft_ms']
 print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s\")" 2>&1 | tail -1)"
   done
-  for v in narrow: all:INFERX_LAST_LAYER_ALL_ROWS=1 qk8:INFERX_DECODE_ATTN_QK_E4M3=1; do
+  offline_variants="narrow: all:INFERX_LAST_LAYER_ALL_ROWS=1 qk8:INFERX_DECODE_ATTN_QK_E4M3=1"
+  [[ "$PART" == second ]] && offline_variants="all:INFERX_LAST_LAYER_ALL_ROWS=1"
+  for v in $offline_variants; do
     bash "$(dirname "$0")/with_clocks.sh" "1000x1000_${v%%:*}" env WORKLOADS=1000x1000/1000 VARIANTS="$v" \
       bash "$(dirname "$0")/offline_ab.sh"
   done
