@@ -18,6 +18,7 @@
 #        from the kernel's SASS, static counts, 12 mbarrier operations more), then the narrowed last layer against every row: the
 #        8192-token FP8 prefill (predicted ~2% shorter TTFT) and 1000 x 1000/1000 FP8 offline (predicted
 #        +0.7%), and 1000 x 1000/1000 with the E4M3 score product, each inside with_clocks.sh.
+# PART=second also runs compute-sanitizer memcheck / racecheck on the decode kernel tests with E4M3 scores.
 # PART=first runs the most telling of both in one call (for a session that may get only one machine): the
 # attention tests with E4M3 scores, the kernel A/B, test_cuda_qgemm and test_cuda_engine, then 1000 x
 # 1000/1000 narrowed vs E4M3 scores; PART=second the rest (test_cuda_backend, tensor parallel, the accuracy
@@ -56,6 +57,8 @@ fi
 if [[ "$PART" == second ]]; then
   run_test test_cuda_backend
   run_test test_cuda_tensor_parallel
+  INFERX_DECODE_ATTN_QK_E4M3=1 BACKEND_FILTER='CudaAttentionTest.DecodeKernel*' QGEMM_FILTER='' SAN_TIMEOUT=150 \
+    bash "$(dirname "$0")/sanitize.sh"
   VARIANTS="bf16kv::--kv-cache-dtype_bf16 fp8kv::--kv-cache-dtype_fp8 fp8kv-terms2:INFERX_DECODE_ATTN_TERMS=2:--kv-cache-dtype_fp8 \
 fp8kv-qk8:INFERX_DECODE_ATTN_QK_E4M3=1:--kv-cache-dtype_fp8" timeout 240 bash "$(dirname "$0")/decode_accuracy.sh"
 fi
