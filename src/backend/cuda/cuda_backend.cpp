@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
@@ -143,6 +144,18 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
 
 CudaBackend::~CudaBackend() {
   clear_graphs();
+  // INFERX_GEMM_STATS=1: how many cuBLASLt plans (one heuristic query each) and bucket tunings a run took -
+  // each new exact shape costs the host a heuristic query, so a workload of many row counts shows here.
+  if (const char* v = std::getenv("INFERX_GEMM_STATS"); v && std::strcmp(v, "1") == 0) {
+    const auto print = [](const char* what, const cuda::LtMatmul::Stats& st) {
+      std::fprintf(
+          stderr, "inferx cuda: %s cuBLASLt plans %llu, bucket tunings %llu (changed %llu), reused %llu\n",
+          what, static_cast<unsigned long long>(st.plans), static_cast<unsigned long long>(st.tunings),
+          static_cast<unsigned long long>(st.changed), static_cast<unsigned long long>(st.reused));
+    };
+    if (gemm_) print("16-bit", gemm_->tuning_stats());
+    if (qgemm_) print("quantized", qgemm_->tuning_stats());
+  }
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);
   for (Scratch* s :
