@@ -27,6 +27,8 @@ Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource>
       description_(std::move(description)) {
   const char* all_rows = std::getenv("INFERX_LAST_LAYER_ALL_ROWS");
   last_layer_logit_rows_only_ = all_rows == nullptr || std::strcmp(all_rows, "1") != 0;
+  const char* mixed = std::getenv("INFERX_LAST_LAYER_NARROW_MIXED");
+  narrow_mixed_steps_ = mixed != nullptr && std::strcmp(mixed, "1") == 0;
 }
 
 Model::~Model() = default;
@@ -119,10 +121,11 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   // 2026-12-05, 1000 x 1000/1000 FP8, same call) narrowing mixed steps too made the run 2.3% slower (13,296
   // vs 13,608 output tok/s), while the 8192-token prefill gained 1.6%; a suspect, not yet confirmed: the
   // narrowed row counts (decodes + 1) are new exact GEMM shapes nearly every step, each a cuBLASLt
-  // heuristic query on the host (INFERX_GEMM_STATS=1 prints the plan count).
+  // heuristic query on the host (INFERX_GEMM_STATS=1 prints the plan count; INFERX_LAST_LAYER_NARROW_MIXED=1
+  // narrows mixed steps again for that A/B).
   const int64_t n_logits = batch.num_logits;
   const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 &&
-                           batch.num_decode_prefix == 0 &&
+                           (batch.num_decode_prefix == 0 || narrow_mixed_steps_) &&
                            T - n_logits >= std::max<int64_t>(1, backend_.product_row_tile());
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];
