@@ -1,6 +1,7 @@
 #include "backend/cuda/gemm_cublaslt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -262,7 +263,11 @@ bool LtMatmul::may_time() const {
 LtMatmul::Plan* LtMatmul::plan(const LtShape& shape, const LtOperands& ops) {
   const Key key = key_of(shape, shape.t);
   auto it = plans_.find(key);
-  if (it == plans_.end()) it = plans_.emplace(key, build(shape)).first;
+  if (it == plans_.end()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    it = plans_.emplace(key, build(shape)).first;
+    stats_.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   Plan& plan = *it->second;
   if (!plan.has_algo) return nullptr;
   if (!plan.tuned && tuning_) settle(plan, shape, ops);
@@ -291,8 +296,10 @@ void LtMatmul::settle(Plan& plan, const LtShape& shape, const LtOperands& ops) {
   } else {
     if (!may_time()) return;
     if (plan.candidates.size() > 1) {
+      const auto t0 = std::chrono::steady_clock::now();
       const int best = fastest(plan, shape, ops);
       if (best >= 0) plan.algo = plan.candidates[static_cast<size_t>(best)];
+      stats_.tune_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     ++stats_.tunings;
     tuned_.emplace(bucket, Tuned{plan.algo, plan.fused_bias});

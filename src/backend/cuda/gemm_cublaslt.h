@@ -70,9 +70,11 @@ class LtMatmul {
   struct Plan;
   // Plans built, row buckets tuned (their candidates timed when the heuristic offered several), tunings
   // that kept another algorithm than the heuristic's first choice, and plans that took their bucket's
-  // algorithm without timing.
+  // algorithm without timing; the host time that building plans took (descriptors and the heuristic
+  // query) and that timing candidates took.
   struct Stats {
     uint64_t plans = 0, tunings = 0, changed = 0, reused = 0;
+    double build_seconds = 0.0, tune_seconds = 0.0;
   };
   static constexpr int kCandidates = 16;
 
