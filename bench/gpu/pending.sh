@@ -3,12 +3,15 @@
 # docs/benchmarks.md "H100, 2026-12-05 09:55-10:10"), in one device call of ~7 minutes, best on an H200
 # (the issues' figures are H200 figures), after bench/gpu/stage.sh; carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
-# 1. test_cuda_engine (the last layer now narrows only steps without decode rows; CPU tests cover the rule).
+# 1. test_cuda_engine (the last layer now narrows only steps without decode rows; CPU tests cover the rule)
+#    and test_cuda_backend's GEMM tests (a new row count of a tuned bucket now skips the heuristic query:
+#    CudaGemmTuningTest.RowBucketsAreTunedOnceAndReused counts the queries).
 # 2. 1000 x 1000/1000 FP8 + FP8 KV, each under with_clocks.sh and with INFERX_GEMM_STATS=1 (cuBLASLt plans
 #    built per run): the default (pure-prefill steps narrowed), every row (INFERX_LAST_LAYER_ALL_ROWS=1),
 #    and mixed steps narrowed too (INFERX_LAST_LAYER_NARROW_MIXED=1, 2.3% slower on the H100). Expected:
-#    default = every row within noise; if the mixed variant shows many more plans, the suspect (a cuBLASLt
-#    heuristic query per new exact row count) holds, and the fix is plans by row bucket, not exact shape.
+#    default = every row within noise. The mixed variant's plan count and host time show whether the suspect
+#    (a cuBLASLt heuristic query per new exact row count) held; since it was named, a new row count of a
+#    tuned bucket skips the query, so mixed narrowing may now pay (then make it the default again).
 # 3. the 8192-token FP8 prefill, default vs every row (H100: 1.6% shorter TTFT narrowed).
 # 4. the decode attention kernel with and without the E4M3 score products (INFERX_DECODE_ATTN_QK_E4M3; no
 #    gain on the H100, where the kernel streams at 91% of copy; the H200 ran it at 76-81% in serving).
@@ -19,6 +22,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=cs
 
 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no >"$OUT/test_cuda_engine.log" 2>&1
 echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_cuda_engine.log" | tr '\n' ' ')"
+INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_color=no --gtest_filter='CudaGemm*:*Matmul*' \
+  >"$OUT/test_cuda_gemm.log" 2>&1
+echo "GEMM tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/test_cuda_gemm.log" | tr '\n' ' ')"
 
 if [[ "${SKIP_OFFLINE:-0}" != 1 ]]; then
   for v in default: all:INFERX_LAST_LAYER_ALL_ROWS=1 mixed:INFERX_LAST_LAYER_NARROW_MIXED=1; do

@@ -133,13 +133,16 @@ TEST_F(CudaGemmTuningTest, RowBucketsAreTunedOnceAndReused) {
   for (int i = 0; i < 3; ++i) run(33);  // the cached plan
   EXPECT_EQ(gemm.tuning_stats().plans, 1u);
   EXPECT_EQ(gemm.tuning_stats().tunings, 1u);
-  run(40);  // same bucket: a new plan, the bucket's algorithm without timing
+  EXPECT_EQ(gemm.tuning_stats().queries, 1u);
+  run(40);  // same bucket: a new plan, the bucket's algorithm without timing and without a heuristic query
   EXPECT_EQ(gemm.tuning_stats().plans, 2u);
   EXPECT_EQ(gemm.tuning_stats().tunings, 1u);
   EXPECT_EQ(gemm.tuning_stats().reused, 1u);
+  EXPECT_EQ(gemm.tuning_stats().queries, 1u);
   run(65);  // bucket 128: tuned
   EXPECT_EQ(gemm.tuning_stats().plans, 3u);
   EXPECT_EQ(gemm.tuning_stats().tunings, 2u);
+  EXPECT_EQ(gemm.tuning_stats().queries, 2u);
   // The reused algorithm still computes the product.
   run(40);
   const std::vector<float> got = download(out, static_cast<size_t>(40 * n));

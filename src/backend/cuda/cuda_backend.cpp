@@ -150,11 +150,12 @@ CudaBackend::~CudaBackend() {
     const auto print = [](const char* what, const cuda::LtMatmul::Stats& st) {
       std::fprintf(
           stderr,
-          "inferx cuda: %s cuBLASLt plans %llu (host %.3f s), bucket tunings %llu (changed %llu, host "
-          "%.3f s), reused %llu\n",
-          what, static_cast<unsigned long long>(st.plans), st.build_seconds,
-          static_cast<unsigned long long>(st.tunings), static_cast<unsigned long long>(st.changed),
-          st.tune_seconds, static_cast<unsigned long long>(st.reused));
+          "inferx cuda: %s cuBLASLt plans %llu (heuristic queries %llu, host %.3f s), bucket tunings %llu "
+          "(changed %llu, host %.3f s), reused %llu\n",
+          what, static_cast<unsigned long long>(st.plans), static_cast<unsigned long long>(st.queries),
+          st.build_seconds, static_cast<unsigned long long>(st.tunings),
+          static_cast<unsigned long long>(st.changed), st.tune_seconds,
+          static_cast<unsigned long long>(st.reused));
     };
     if (gemm_) print("16-bit", gemm_->tuning_stats());
     if (qgemm_) print("quantized", qgemm_->tuning_stats());

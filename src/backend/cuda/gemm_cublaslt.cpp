@@ -192,7 +192,7 @@ LtMatmul::Key LtMatmul::key_of(const LtShape& s, int64_t t) {
              static_cast<int>(s.d_type)};
 }
 
-std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s) {
+std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s, const Tuned* bucket) {
   auto plan = std::make_unique<Plan>();
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
@@ -209,6 +209,27 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s) {
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, s.ab_type, u(s.k), u(s.t), s.k));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, s.d_type, u(s.n), u(s.t), s.ldd));
 
+  // A new row count in a tuned bucket: the bucket's algorithm, when cuBLASLt takes it for this exact shape,
+  // without a heuristic query (settle would replace the heuristic's choice by it anyway, and a serving
+  // step's row count - decodes plus a chunk - is often new: the query on every such step costs the host).
+  if (bucket) {
+    if (s.bias && bucket->fused_bias) {
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, CUDA_R_32F);
+    }
+    if (fits(*plan, bucket->algo)) {
+      plan->algo = bucket->algo;
+      plan->has_algo = true;
+      plan->fused_bias = s.bias && bucket->fused_bias;
+      plan->tuned = true;
+      ++stats_.plans;
+      ++stats_.reused;
+      return plan;
+    }
+    // Not for this shape: the heuristic below sets the epilogue again.
+    if (s.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_DEFAULT);
+  }
+
   Preference pref;
   set_pref(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes_));
   // The default assumes 256-byte aligned pointers; row views and packed weights may be less aligned.
@@ -220,6 +241,7 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s) {
   cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   const auto query = [&] {
     int found = 0;
+    ++stats_.queries;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p, kCandidates, results, &found);
     plan->candidates.clear();
@@ -265,7 +287,12 @@ LtMatmul::Plan* LtMatmul::plan(const LtShape& shape, const LtOperands& ops) {
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     const auto t0 = std::chrono::steady_clock::now();
-    it = plans_.emplace(key, build(shape)).first;
+    const Tuned* bucket = nullptr;
+    if (tuning_) {
+      const auto b = tuned_.find(key_of(shape, row_bucket(shape.t)));
+      if (b != tuned_.end()) bucket = &b->second;
+    }
+    it = plans_.emplace(key, build(shape, bucket)).first;
     stats_.build_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   Plan& plan = *it->second;

@@ -70,10 +70,10 @@ class LtMatmul {
   struct Plan;
   // Plans built, row buckets tuned (their candidates timed when the heuristic offered several), tunings
   // that kept another algorithm than the heuristic's first choice, and plans that took their bucket's
-  // algorithm without timing; the host time that building plans took (descriptors and the heuristic
-  // query) and that timing candidates took.
+  // algorithm without timing; heuristic queries made; the host time that building plans took (descriptors
+  // and the heuristic query) and that timing candidates took.
   struct Stats {
-    uint64_t plans = 0, tunings = 0, changed = 0, reused = 0;
+    uint64_t plans = 0, tunings = 0, changed = 0, reused = 0, queries = 0;
     double build_seconds = 0.0, tune_seconds = 0.0;
   };
   static constexpr int kCandidates = 16;
@@ -114,7 +114,8 @@ class LtMatmul {
     bool fused_bias;
   };
   static Key key_of(const LtShape& s, int64_t t);
-  std::unique_ptr<Plan> build(const LtShape& shape);
+  // bucket: the tuned algorithm of the shape's row bucket, tried before any heuristic query (or nullptr).
+  std::unique_ptr<Plan> build(const LtShape& shape, const Tuned* bucket);
   // Whether the stream may synchronize now (not captured into a CUDA graph): candidates can be timed.
   bool may_time() const;
   void settle(Plan& plan, const LtShape& shape, const LtOperands& ops);
