@@ -114,15 +114,16 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   const bool final_with_logits = T == 1 && batch.num_logits == 1;
   // The last layer's o projection and MLP matter only for the rows whose logits are asked for (a prefill
   // chunk's last token): once its attention has run (every row's keys and values are in the cache), those
-  // rows of the attention output and of the residual stream are gathered and the layer finishes on them
-  // (for a 32-layer model about 2% of a prefill step's products, from the shapes; not yet measured). Only
-  // when that leaves out at least a product tile of rows: otherwise the gathers cost launches and save
-  // nothing (500 decodes and a 2-token chunk). And only in steps without decode rows: measured (H100,
-  // 2026-12-05, 1000 x 1000/1000 FP8, same call) narrowing mixed steps too made the run 2.3% slower (13,296
-  // vs 13,608 output tok/s), while the 8192-token prefill gained 1.6%; a suspect, not yet confirmed: the
-  // narrowed row counts (decodes + 1) are new exact GEMM shapes nearly every step, each a cuBLASLt
-  // heuristic query on the host (INFERX_GEMM_STATS=1 prints the plan count; INFERX_LAST_LAYER_NARROW_MIXED=1
-  // narrows mixed steps again for that A/B).
+  // rows of the attention output and of the residual stream are gathered and the layer finishes on them (for
+  // a 32-layer model about 2% of a prefill step's products, from the shapes; measured: an 8192-token FP8
+  // prefill 1.6% shorter on an H100). Only when that leaves out at least a product tile of rows: otherwise
+  // the gathers cost launches and save nothing (500 decodes and a 2-token chunk). And only in steps without
+  // decode rows: measured (H100, 2026-12-05, 1000 x 1000/1000 FP8, same call) narrowing mixed steps too made
+  // the run 2.3% slower (13,296 vs 13,608 output tok/s), while the 8192-token prefill gained 1.6%; a suspect,
+  // not yet confirmed: the narrowed row counts (decodes + 1) are new exact GEMM shapes nearly every step,
+  // each a cuBLASLt heuristic query on the host (since then skipped within a tuned row bucket;
+  // INFERX_GEMM_STATS=1 prints the plan and query counts; INFERX_LAST_LAYER_NARROW_MIXED=1 narrows mixed
+  // steps again for that A/B).
   const int64_t n_logits = batch.num_logits;
   const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 &&
                            (batch.num_decode_prefix == 0 || narrow_mixed_steps_) &&
