@@ -11,7 +11,9 @@
 #    and mixed steps narrowed too (INFERX_LAST_LAYER_NARROW_MIXED=1, 2.3% slower on the H100). Expected:
 #    default = every row within noise. The mixed variant's plan count and host time show whether the suspect
 #    (a cuBLASLt heuristic query per new exact row count) held; since it was named, a new row count of a
-#    tuned bucket skips the query, so mixed narrowing may now pay (then make it the default again).
+#    tuned bucket skips the query, so mixed narrowing may now pay (then make it the default again). The
+#    engine's step profile (STEP_PROFILE=1) splits the mixed ("other") steps' time into host launch and
+#    device wait: a host-side cause shows in launch, a device-side one in sample+wait.
 # 3. the 8192-token FP8 prefill, default vs every row (H100: 1.6% shorter TTFT narrowed).
 # 4. the decode attention kernel with and without the E4M3 score products (INFERX_DECODE_ATTN_QK_E4M3; no
 #    gain on the H100, where the kernel streams at 91% of copy; the H200 ran it at 76-81% in serving).
@@ -30,7 +32,7 @@ if [[ "${SKIP_OFFLINE:-0}" != 1 ]]; then
   for v in default: all:INFERX_LAST_LAYER_ALL_ROWS=1 mixed:INFERX_LAST_LAYER_NARROW_MIXED=1; do
     name=${v%%:*}
     INFERX_GEMM_STATS=1 bash "$(dirname "$0")/with_clocks.sh" "1000x1000_$name" env WORKLOADS=1000x1000/1000 \
-      VARIANTS="$v" RUN_TIMEOUT=110 bash "$(dirname "$0")/offline_ab.sh"
+      VARIANTS="$v" RUN_TIMEOUT=110 STEP_PROFILE=1 bash "$(dirname "$0")/offline_ab.sh"
     grep cuBLASLt "$OUT/off_1000_1000_1000_$name.err"
   done
 fi
