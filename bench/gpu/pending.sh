@@ -3,7 +3,8 @@
 # docs/benchmarks.md "H100, 2026-12-05 09:55-10:10"), in one device call of ~7 minutes, best on an H200
 # (the issues' figures are H200 figures), after bench/gpu/stage.sh; carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
-# 1. test_cuda_engine (the last layer now narrows only steps without decode rows; CPU tests cover the rule)
+# 1. test_cuda_engine (on CUDA the last layer now narrows only steps without decode rows; CPU tests cover
+#    the rule)
 #    and test_cuda_backend's GEMM tests (a new row count of a tuned bucket now skips the heuristic query:
 #    CudaGemmTuningTest.RowBucketsAreTunedOnceAndReused counts the queries).
 # 2. 1000 x 1000/1000 FP8 + FP8 KV, each under with_clocks.sh and with INFERX_GEMM_STATS=1 (cuBLASLt plans

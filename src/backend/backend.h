@@ -191,6 +191,9 @@ class Backend {
   // (a GPU GEMM's row tile), so the model narrows a step's last layer to its logits rows only when it
   // saves at least this many (Model::forward). 1: every row costs its own work (the CPU).
   virtual int64_t product_row_tile() const { return 1; }
+  // Whether that narrowing may also take steps with decode rows (mixed steps). The CPU: yes (fewer rows,
+  // less work). The CUDA backend: no (measured slower there, docs/benchmarks.md 2026-12-05).
+  virtual bool narrows_mixed_steps() const { return true; }
   // outs[i] = x @ W_i^T (+ b_i), where W_i is the i-th row range of w (ranges in order, each as many rows
   // as outs[i] has columns). Default: one matmul per row slice.
   virtual void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) {

@@ -89,6 +89,7 @@ class ForwardingBackend : public Backend {
   }
   bool prefers_fused_projections() const override { return inner_.prefers_fused_projections(); }
   int64_t product_row_tile() const override { return inner_.product_row_tile(); }
+  bool narrows_mixed_steps() const override { return inner_.narrows_mixed_steps(); }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override {
     inner_.matmul_split(x, w, outs);
   }

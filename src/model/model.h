@@ -69,10 +69,9 @@ class Model {
   // positions, so the engine may free KV blocks that fall out of the window (0: the model's own).
   void set_sliding_window(int64_t window);
   // Whether a step's last layer finishes (o projection, MLP) on the rows that need logits only, when
-  // fewer rows need them than the step has (a prefill chunk: its last token) and the step has no decode
-  // rows. Default on; INFERX_LAST_LAYER_ALL_ROWS=1 turns it off (the A/B of the saving),
-  // INFERX_LAST_LAYER_NARROW_MIXED=1 narrows steps with decode rows too (measured slower; kept for the A/B
-  // that finds why). Tensor-parallel replicas run every row.
+  // fewer rows need them than the step has (a prefill chunk: its last token), in steps with decode rows
+  // only where the backend says so (Backend::narrows_mixed_steps). Default on; INFERX_LAST_LAYER_ALL_ROWS=1
+  // turns it off (the A/B of the saving). Tensor-parallel replicas run every row.
   void set_last_layer_logit_rows_only(bool on) { last_layer_logit_rows_only_ = on; }
   const std::string& description() const { return description_; }
   Backend& backend() const { return backend_; }
@@ -116,7 +115,6 @@ class Model {
   std::unique_ptr<TensorParallel> tp_;  // the top model of a split model: its replicas run forward
   TensorParallelRank* rank_ = nullptr;  // a replica: where forward meets the other ranks
   bool last_layer_logit_rows_only_;     // INFERX_LAST_LAYER_ALL_ROWS=1: false
-  bool narrow_mixed_steps_ = false;     // INFERX_LAST_LAYER_NARROW_MIXED=1: true
   friend class WeightLoader;
   friend class TensorParallel;
 };

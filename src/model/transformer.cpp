@@ -27,8 +27,6 @@ Model::Model(Backend& backend, ModelConfig config, std::unique_ptr<TensorSource>
       description_(std::move(description)) {
   const char* all_rows = std::getenv("INFERX_LAST_LAYER_ALL_ROWS");
   last_layer_logit_rows_only_ = all_rows == nullptr || std::strcmp(all_rows, "1") != 0;
-  const char* mixed = std::getenv("INFERX_LAST_LAYER_NARROW_MIXED");
-  narrow_mixed_steps_ = mixed != nullptr && std::strcmp(mixed, "1") == 0;
 }
 
 Model::~Model() = default;
@@ -117,16 +115,12 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   // rows of the attention output and of the residual stream are gathered and the layer finishes on them (for
   // a 32-layer model about 2% of a prefill step's products, from the shapes; measured: an 8192-token FP8
   // prefill 1.6% shorter on an H100). Only when that leaves out at least a product tile of rows: otherwise
-  // the gathers cost launches and save nothing (500 decodes and a 2-token chunk). And only in steps without
-  // decode rows: measured (H100, 2026-12-05, 1000 x 1000/1000 FP8, same call) narrowing mixed steps too made
-  // the run 2.3% slower (13,296 vs 13,608 output tok/s), while the 8192-token prefill gained 1.6%; a suspect,
-  // not yet confirmed: the narrowed row counts (decodes + 1) are new exact GEMM shapes nearly every step,
-  // each a cuBLASLt heuristic query on the host (since then skipped within a tuned row bucket;
-  // INFERX_GEMM_STATS=1 prints the plan and query counts; INFERX_LAST_LAYER_NARROW_MIXED=1 narrows mixed
-  // steps again for that A/B).
+  // the gathers cost launches and save nothing (500 decodes and a 2-token chunk). Steps with decode rows
+  // narrow only where Backend::narrows_mixed_steps (the CPU; not CUDA, where it measured 2.3% slower at
+  // 1000 x 1000/1000 FP8 - cause not yet known, docs/benchmarks.md 2026-12-05).
   const int64_t n_logits = batch.num_logits;
   const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 &&
-                           (batch.num_decode_prefix == 0 || narrow_mixed_steps_) &&
+                           (batch.num_decode_prefix == 0 || backend_.narrows_mixed_steps()) &&
                            T - n_logits >= std::max<int64_t>(1, backend_.product_row_tile());
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& l = weights_.layers[i];

@@ -58,6 +58,10 @@ struct CudaBackendOptions {
   // rows (10.5 us). Against 64 rows (the first version's threshold), 1000 x 1000/1000 FP8 offline: 15,146
   // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 1024;
+  // Backend::narrows_mixed_steps: the last layer on the logits rows only also in steps with decode rows.
+  // Off: 1000 x 1000/1000 FP8 offline 13,296 narrowed vs 13,608 output tok/s every row (H100, same call,
+  // 2026-12-05; cause not yet known). INFERX_LAST_LAYER_NARROW_MIXED=1.
+  bool narrow_mixed_steps = false;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
   // kernels so far (H200, 2026-12-03: 8B BF16 5.19 against 4.51 ms per token; docs/benchmarks.md).
@@ -137,9 +141,9 @@ class CudaBackend final : public Backend {
   void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) override;
   // Decode GEMV and fused projections (cuda_backend_gemv.cpp, kernels_gemv.h).
   bool prefers_fused_projections() const override { return options_.gemv; }
-  // cuBLASLt's row tiles at prefill sizes are 64-256 rows; the smallest is the safe bound (an estimate:
-  // the narrowed last layer's A/B is still to run on the GPU).
+  // cuBLASLt's row tiles at prefill sizes are 64-256 rows; the smallest is the safe bound (an estimate).
   int64_t product_row_tile() const override { return 64; }
+  bool narrows_mixed_steps() const override { return options_.narrow_mixed_steps; }
   void matmul_split(const Tensor& x, const Linear& w, std::span<Tensor* const> outs) override;
   void matmul_silu_mul(const Tensor& x, const Linear& w, Tensor& gate, Tensor& up, Tensor& out) override;
   void pre_norm(Tensor& residual, const Tensor* add, const Tensor& norm, float eps, Tensor& h) override;
