@@ -144,8 +144,8 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
 
 CudaBackend::~CudaBackend() {
   clear_graphs();
-  // INFERX_GEMM_STATS=1: how many cuBLASLt plans (one heuristic query each) and bucket tunings a run took -
-  // each new exact shape costs the host a heuristic query, so a workload of many row counts shows here.
+  // INFERX_GEMM_STATS=1: how many cuBLASLt plans, heuristic queries and bucket tunings a run took, and their
+  // host time - a workload of many row counts (serving steps) shows here.
   if (const char* v = std::getenv("INFERX_GEMM_STATS"); v && std::strcmp(v, "1") == 0) {
     const auto print = [](const char* what, const cuda::LtMatmul::Stats& st) {
       std::fprintf(

@@ -23,8 +23,8 @@
 //     XOR-swizzled 16-byte chunks (conflict-free for the reads above), stages in flight per warp, warp
 //     barriers only; raw E4M3 in shared memory for FP8 (16 KiB a tile, three stages), BF16 two stages.
 //   - option (INFERX_DECODE_ATTN_QK_E4M3=1, kQk8; measured on an H100: no gain, +12% KL, see kernels.h):
-//     S^T of the tensor-copied FP8 tiles as
-//     warp-group E4M3 products (wgmma m64nNk32; Q^T in E4M3 in shared memory), the native FP8 rate.
+//     S^T of the tensor-copied FP8 tiles as warp-group E4M3 products (wgmma m64nNk32; Q^T in E4M3 in shared
+//     memory), the native FP8 rate.
 // Splits, partials, the PDL protocol and the early tile issue are those of v2; the last CTA's merge is
 // spread over all its threads. Measured (H200 ncu, 256 decode rows at ~1.05k context, per layer): FP8 KV
 // 372 -> 211 us, BF16 398 -> 334 us; batch 1 inside the graph 16.5 -> 8.5 us (docs/benchmarks.md).
