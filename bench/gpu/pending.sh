@@ -16,8 +16,6 @@
 #    engine's step profile (STEP_PROFILE=1) splits the mixed ("other") steps' time into host launch and
 #    device wait: a host-side cause shows in launch, a device-side one in sample+wait.
 # 3. the 8192-token FP8 prefill, default vs every row (H100: 1.6% shorter TTFT narrowed).
-# 4. the decode attention kernel with and without the E4M3 score products (INFERX_DECODE_ATTN_QK_E4M3; no
-#    gain on the H100, where the kernel streams at 91% of copy; the H200 ran it at 76-81% in serving).
 # SKIP_OFFLINE=1 leaves out step 2 (~4 minutes).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -48,11 +46,4 @@ for v in default: all:INFERX_LAST_LAYER_ALL_ROWS=1; do
   echo "prefill 8192 fp8 $name: rc=$? $(python3 -c "
 import json; t=json.load(open('$OUT/prefill_8192_$name.json'))['ttft_ms']
 print(f\"TTFT p50 {t['p50']:.1f} ms = {8192/t['p50']*1000:.0f} tok/s\")" 2>&1 | tail -1)"
-done
-
-for v in 0 1; do
-  INFERX_DECODE_ATTN_QK_E4M3=$v INFERX_BENCH_ONLY=decode_context timeout 120 "$C/bench_cuda_kernels" \
-    >"$OUT/decode_context_qk8_$v.txt" 2>&1
-  echo "decode_context, E4M3 scores $v: rc=$?"
-  grep -E "fp8 attn (alone|graph) |ceiling" "$OUT/decode_context_qk8_$v.txt"
 done

@@ -27,7 +27,6 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/kernels_quant_math.h"
 #include "backend/rope.h"
 #include "core/half.h"
 #include "cuda_test_util.h"
@@ -280,32 +279,6 @@ std::vector<float> f16_queries(const std::vector<float>& q, float scale, float k
   return out;
 }
 
-// The queries as the decode kernel's E4M3 score product multiplies them (INFERX_DECODE_ATTN_QK_E4M3=1,
-// cuda::decode_attention_e4m3_queries): each head times cuda::decode_query_e4m3_mult of its largest
-// magnitude, rounded to E4M3 with the device's own conversion (float_to_fp8, host-compiled), divided by the
-// multiplier again.
-std::vector<float> e4m3_queries(const std::vector<float>& q, int64_t hd) {
-  std::vector<float> out(q.size());
-  for (size_t h0 = 0; h0 < q.size(); h0 += static_cast<size_t>(hd)) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(q[h0 + static_cast<size_t>(i)]));
-    const float m = cuda::decode_query_e4m3_mult(amax);
-    for (int64_t i = 0; i < hd; ++i) {
-      const size_t j = h0 + static_cast<size_t>(i);
-      out[j] = cuda::fp8_to_float(cuda::float_to_fp8(q[j] * m)) / m;
-    }
-  }
-  return out;
-}
-
-// The queries the decode kernel multiplies in a case: E4M3 (above), F16 (f16_queries) or as given.
-std::vector<float> decode_queries(const std::vector<float>& q, const Case& c, DType dtype, float scale,
-                                  float k_scale) {
-  if (cuda::decode_attention_e4m3_queries(dtype, c.bs, c.hd, c.window)) return e4m3_queries(q, c.hd);
-  if (cuda::decode_attention_rounds_once(dtype, c.bs)) return f16_queries(q, scale, k_scale);
-  return q;
-}
-
 // INFERX_ATTN_TEST_ERRORS=1 prints every comparison's errors (to set the tolerances from measurements).
 void log_errors(const char* what, DType dt, int kernel, float q_amp, const Errors& e) {
   static const bool on = std::getenv("INFERX_ATTN_TEST_ERRORS") != nullptr;
@@ -327,8 +300,7 @@ void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_
   const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
   const bool single = cuda::decode_attention_rounds_once(dtype, c.bs);
   const std::vector<double> want_f16 =
-      single ? reference(c, d, decode_queries(qv, c, dtype, p.scale, k_scale), cache.k, cache.v, p.scale)
-             : want;
+      single ? reference(c, d, f16_queries(qv, p.scale, k_scale), cache.k, cache.v, p.scale) : want;
   const BatchView b = f.view(d);
   const Tensor q = f.f32(qv, T, c.hq * c.hd);
   for (const auto& [kernel, splits, min_tiles] : kernels) {
@@ -499,14 +471,7 @@ TEST_F(CudaAttentionTest, MixedStepSplitsDecodesFromPrefillChunks) {
       const int64_t T = static_cast<int64_t>(d.positions.size());
       const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
       const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
-      std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
-      // The decode rows against the queries the decode kernel multiplies: E4M3 ones leave ~1e-2 against the
-      // exact reference (INFERX_DECODE_ATTN_QK_E4M3=1); F16 ones (the default) stay within its tolerance.
-      const size_t dec = static_cast<size_t>(decodes * c.hq * c.hd);
-      if (cuda::decode_attention_e4m3_queries(dt, c.bs, c.hd, c.window)) {
-        const std::vector<double> q8 = reference(c, d, e4m3_queries(qv, c.hd), cache.k, cache.v, p.scale);
-        std::copy(q8.begin(), q8.begin() + static_cast<int64_t>(dec), want.begin());
-      }
+      const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
       BatchView b = view(d);
       b.num_decode_prefix = decodes;
       const Tensor q = f32(qv, T, c.hq * c.hd);
@@ -518,6 +483,7 @@ TEST_F(CudaAttentionTest, MixedStepSplitsDecodesFromPrefillChunks) {
       EXPECT_TRUE(all.all_finite) << "unwritten or NaN outputs";
       EXPECT_LE(all.rel_norm, 1e-2) << "max abs " << all.max_abs;
       EXPECT_LE(all.max_abs, 3e-2) << "rel norm " << all.rel_norm;
+      const size_t dec = static_cast<size_t>(decodes * c.hq * c.hd);  // the decode kernel's rows: F32-exact
       const Errors first =
           compare(std::vector<float>(got.begin(), got.begin() + static_cast<int64_t>(dec)),
                   std::vector<double>(want.begin(), want.begin() + static_cast<int64_t>(dec)));

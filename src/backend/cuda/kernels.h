@@ -147,21 +147,6 @@ int decode_attention_terms();
 // blocks (and the engine's aligned buffers): the v3 kernel over an FP8 cache with one term; the other
 // kernels are F32-equivalent.
 bool decode_attention_rounds_once(DType dtype, int64_t block_size);
-// INFERX_DECODE_ATTN_QK_E4M3=1 (read once; default 0: an experiment that did not pay): where the v3 kernel
-// copies FP8 tiles with the tensor-memory accelerator (head_dim 128, no window, blocks of 16k slots) and
-// multiplies one term, S^T = K Q^T runs as warp-group E4M3 products (wgmma m64nNk32: Hopper's FP8 tensor-core
-// rate; `mma.sync ... e4m3` is emulated through F16 on sm_90a) with Q rounded to E4M3 per head (multiplier
-// decode_query_e4m3_mult of the head's largest magnitude), as TensorRT-LLM's XQA kernel multiplies
-// FP8-cache attention. P V stays F16. Accuracy cost, emulated on the CPU (docs/benchmarks.md 2026-12-05):
-// +7% on the FP8 cache's own KL (E4M3 Q alone, 128-wide heads). Measured on an H100 (2026-12-05): no
-// faster (the kernel streams at 91% of copy either way; 1000/1000 -0.5%), +12% KL on the student, and
-// CudaAttentionTest.DecodeKernelTakesLargeQueries fails with it (5.6e-3 relative error at queries x1000,
-// consistent with the FP8 wgmma's reduced-precision accumulation). Not yet run on an H200.
-bool decode_attention_qk_e4m3();
-// Whether that path takes a launch over a cache of `dtype` (aligned buffers assumed): then the kernel
-// multiplies each head's query times decode_query_e4m3_mult (kernels_quant_math.h) of its largest
-// magnitude, rounded to E4M3 (float_to_fp8).
-bool decode_attention_e4m3_queries(DType dtype, int64_t block_size, int64_t hd, int64_t window);
 // How the v3 kernel scales Q before rounding it: q * q_mult in F32, the scores in the log2 domain s_scale
 // times the products. Over an FP8 cache q_mult = scale * log2(e) * k_scale brought into [1/32, 1/16) by a
 // power of two that s_scale gives back (exact), so that Q's F16 values stay normal for small k_scale and

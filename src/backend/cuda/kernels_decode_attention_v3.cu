@@ -22,9 +22,6 @@
 //   - tiles: each warp gathers its own 16 keys of every 64-key tile by cp.async into unpadded rows with
 //     XOR-swizzled 16-byte chunks (conflict-free for the reads above), stages in flight per warp, warp
 //     barriers only; raw E4M3 in shared memory for FP8 (16 KiB a tile, three stages), BF16 two stages.
-//   - option (INFERX_DECODE_ATTN_QK_E4M3=1, kQk8; measured on an H100: no gain, +12% KL, see kernels.h):
-//     S^T of the tensor-copied FP8 tiles as warp-group E4M3 products (wgmma m64nNk32; Q^T in E4M3 in shared
-//     memory), the native FP8 rate.
 // Splits, partials, the PDL protocol and the early tile issue are those of v2; the last CTA's merge is
 // spread over all its threads. Measured (H200 ncu, 256 decode rows at ~1.05k context, per layer): FP8 KV
 // 372 -> 211 us, BF16 398 -> 334 us; batch 1 inside the graph 16.5 -> 8.5 us (docs/benchmarks.md).
@@ -40,8 +37,6 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/decode_attention_epilogue.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/kernels_quant_math.h"
-#include "backend/cuda/wgmma.cuh"
 
 namespace inferx::cuda {
 namespace {
@@ -81,18 +76,9 @@ struct Smem {
   uint64_t bar[kWarps][L::kStages];  // TmaLoader: a warp's K and V rows of a stage
 };
 
-// kQk8 (decode_attention_qk_e4m3): the tiles, then Q^T in E4M3 for the warp-group product S^T = K Q^T (up to
-// kGroupChunk heads of HD bytes, 128-byte swizzle as the K tiles) and each head's multiplier.
-template <class CacheT, int HD>
-struct SmemQk8 {
-  Smem<CacheT, HD> tiles;
-  alignas(1024) uint8_t q8[kGroupChunk * HD];
-  float q_mult[kGroupChunk];
-};
-
-template <class CacheT, int HD, int NT, bool kQk8 = false>
+template <class CacheT, int HD, int NT>
 constexpr int smem_bytes() {
-  constexpr int tiles = static_cast<int>(kQk8 ? sizeof(SmemQk8<CacheT, HD>) : sizeof(Smem<CacheT, HD>));
+  constexpr int tiles = static_cast<int>(sizeof(Smem<CacheT, HD>));
   constexpr int merge = (kWarps * 8 * NT * HD + 2 * kWarps * 8 * NT) * 4;
   return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
 }
@@ -271,12 +257,8 @@ __device__ __forceinline__ int out_dim(int mt, int row) {
 }
 
 // Grid: (token * kv heads * head chunks, split), as v2. kTerms: F16 / BF16 terms of Q and P in the products
-// (2: F32-equivalent; 1: their rounded values alone, FP8 caches only - see decode_attention_terms). kQk8
-// (decode_attention_qk_e4m3; tensor-copied FP8 tiles, one term): S^T = K Q^T as one warp-group product per
-// 32 dims (wgmma m64nNk32 E4M3, K straight from the swizzled tile, Q^T in E4M3 with a multiplier per head
-// that brings its largest magnitude to 448), instead of per-warp F16 products over converted K; the four
-// warps then wait for each other's K rows of a tile. P V stays as with one term.
-template <class CacheT, int HD, int NT, bool kTma, int kTerms, bool kQk8 = false>
+// (2: F32-equivalent; 1: their rounded values alone, FP8 caches only - see decode_attention_terms).
+template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     decode_attention_kernel_v3(const __grid_constant__ TmaMaps maps, const float* __restrict__ q,
                                const CacheT* __restrict__ k_cache, const CacheT* __restrict__ v_cache,
@@ -287,8 +269,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                __nv_bfloat16* __restrict__ out_bf16) {
   static_assert(!kTma || sizeof(CacheT) == 1, "tensor copies: FP8 caches");
   static_assert(kTerms == 2 || (kTerms == 1 && sizeof(CacheT) == 1), "single terms: FP8 caches");
-  static_assert(!kQk8 || (kTma && kTerms == 1 && HD == 128),
-                "E4M3 scores: tensor-copied FP8 tiles, one term");
   using L = Layout<CacheT, HD, kTma>;
   constexpr bool kFp8 = L::kFp8;
   constexpr int kH = 8 * NT;  // query heads a CTA holds
@@ -350,50 +330,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   // terms: for k-step 2c + kk, b0 holds dims
   // 32c + 8tq + 4kk + {0, 1} and b1 dims + {2, 3} of head nt * 8 + g (zeros past the group).
   uint32_t qb[2][NT][HD / 16][2];
-  float s_col[NT][2];  // kQk8: the log2-domain scale of S^T's columns (heads nt * 8 + 2tq + {0, 1})
-  if constexpr (kQk8) {
-    // Half-warp per head: lane (l % 16) takes dims 8 (l % 16) .. + 7 of head warp * (kH / 4) + hh + l / 16.
-    auto& sq = *reinterpret_cast<SmemQk8<CacheT, HD>*>(smem_raw);
-    constexpr int kHeadsPerWarp = kH / kWarps;
 #pragma unroll
-    for (int hh = 0; hh < kHeadsPerWarp; hh += 2) {
-      const int r = warp * kHeadsPerWarp + hh + lane / 16, d0 = 8 * (lane % 16);
-      float x[8] = {};
-      if (r < nh) {
-        const float4* qp =
-            reinterpret_cast<const float4*>(q + (static_cast<int64_t>(t) * hq + h0 + r) * HD + d0);
-        const float4 a = __ldg(qp), b = __ldg(qp + 1);
-        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-      }
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
-#pragma unroll
-      for (int o = 1; o < 16; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      const float mult = decode_query_e4m3_mult(amax);
-      uint32_t w[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x[4 * i] * mult, x[4 * i + 1] * mult),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x[4 * i + 2] * mult, x[4 * i + 3] * mult),
-                                                     __NV_SATFINITE, __NV_E4M3);
-        w[i] = lo | (hi << 16);
-      }
-      *reinterpret_cast<uint2*>(sq.q8 + r * HD + (((d0 / 16) ^ (r & 7)) * 16) + d0 % 16) =
-          make_uint2(w[0], w[1]);
-      if (lane % 16 == 0) sq.q_mult[r] = mult;
-    }
-    wgmma::fence_proxy_async();  // Q^T's generic stores before the warp-group products read them
-    __syncthreads();
-    const float s_total = q_mult * s_scale;  // = scale * log2(e) * k_scale (s_scale a power of two)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) s_col[nt][j] = s_total / sq.q_mult[nt * 8 + 2 * tq + j];
-  }
-#pragma unroll
-  for (int nt = 0; nt < NT && !kQk8; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
     const int r = nt * 8 + g;
 #pragma unroll
     for (int c = 0; c < HD / 32; ++c) {
@@ -429,14 +367,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     }
     if constexpr (kTma) {
       mbar_wait(&sm.bar[warp][st], static_cast<uint32_t>((it / kStages) & 1));
-      if constexpr (kQk8) {
-        // The warp-group product reads every warp's K rows of the tile. (A warp re-arms its barrier of this
-        // stage only after the product of the stage's previous tile, which every warp joined, so no warp
-        // waits here more than one phase behind.)
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w)
-          if (w != warp) mbar_wait(&sm.bar[w][st], static_cast<uint32_t>((it / kStages) & 1));
-      }
       loader.clear_invalid(sm, st);
     } else {
       const int after = min(kAhead, n_tiles - 1 - it);  // groups committed after tile it's
@@ -454,33 +384,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     // S^T = K Q^T: per 32-dim chunk, rows kr0 / kr1 dims 32c + 8tq .. + 7 are k-steps 2c (pairs 0, 1) and
     // 2c + 1 (pairs 2, 3); the terms accumulate separately (independent chains).
     float sc[2][NT][4] = {};
-    if constexpr (kQk8) {
-      // Warp w's accumulator rows are the tile's keys 16w .. 16w + 15, in the m16n8 C layout per 8 heads:
-      // the rows kr0 / kr1 and columns 2tq + {0, 1} of the per-warp products below.
-      float acc[4 * NT];
 #pragma unroll
-      for (int i = 0; i < 4 * NT; ++i) {
-        acc[i] = 0.0f;
-        wgmma::pin(acc[i]);
-      }
-      const uint32_t k_addr = smem_addr(sm.k[st]);
-      const uint32_t q_addr = smem_addr(reinterpret_cast<SmemQk8<CacheT, HD>*>(smem_raw)->q8);
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < HD / 32; ++kk)
-        wgmma::mma_ss_e4m3<8 * NT>(acc, wgmma::desc_sw128(k_addr + kk * 32, 16, 1024),
-                                   wgmma::desc_sw128(q_addr + kk * 32, 16, 1024), kk > 0 ? 1 : 0);
-      wgmma::commit();
-      wgmma::wait<0>();
-#pragma unroll
-      for (int i = 0; i < 4 * NT; ++i) wgmma::pin(acc[i]);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) sc[0][nt][j] = acc[4 * nt + j];
-    }
-#pragma unroll
-    for (int c = 0; c < HD / 32 && !kQk8; ++c) {
+    for (int c = 0; c < HD / 32; ++c) {
       uint32_t r0[4], r1[4];  // dim pairs 0..3 of rows kr0, kr1
       if constexpr (kFp8) {
         const int lc = 2 * c + tq / 2, within = 8 * (tq % 2);
@@ -519,9 +424,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
       for (int j = 0; j < 2; ++j) {
         const float d0 = kTerms == 2 ? sc[0][nt][j] + sc[1][nt][j] : sc[0][nt][j];
         const float d1 = kTerms == 2 ? sc[0][nt][2 + j] + sc[1][nt][2 + j] : sc[0][nt][2 + j];
-        const float sj = kQk8 ? s_col[nt][j] : s_scale;
-        const float s0 = ok0 ? d0 * sj : -CUDART_INF_F;  // key kr0, head 2tq+j
-        const float s1 = ok1 ? d1 * sj : -CUDART_INF_F;  // key kr1
+        const float s0 = ok0 ? d0 * s_scale : -CUDART_INF_F;  // key kr0, head 2tq+j
+        const float s1 = ok1 ? d1 * s_scale : -CUDART_INF_F;  // key kr1
         const float mn = fmaxf(m[nt][j], column_max(fmaxf(s0, s1)));
         const float base = mn == -CUDART_INF_F ? 0.0f : mn;
         corr[nt][j] = exp2f(m[nt][j] - base);
@@ -669,25 +573,21 @@ bool encode_kv_map(CUtensorMap& map, const void* base, const PagedKv& cache, int
                 CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// TmaLoader's conditions on the launch's shape (the comment above it); tma_applies adds the buffers'.
-bool tma_shape(DType dtype, int64_t hd, int64_t window, int64_t block_size) {
-  return tma_enabled() && dtype == DType::F8_E4M3 && hd == 128 && window <= 0 && block_size % 16 == 0;
-}
-
-// Whether TmaLoader takes this launch.
+// Whether TmaLoader takes this launch (its conditions: the comment above it).
 bool tma_applies(const PagedKv& cache, int hd, int64_t window) {
-  return tma_shape(cache.dtype, hd, window, cache.block_size) && is_aligned(cache.k, 16) &&
-         is_aligned(cache.v, 16) && cache.num_blocks * cache.block_size < (1ll << 31);
+  return tma_enabled() && cache.dtype == DType::F8_E4M3 && hd == 128 && window <= 0 &&
+         cache.block_size % 16 == 0 && is_aligned(cache.k, 16) && is_aligned(cache.v, 16) &&
+         cache.num_blocks * cache.block_size < (1ll << 31);
 }
 
-template <class CacheT, int HD, int NT, bool kTma, int kTerms, bool kQk8 = false>
+template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
                          float* out, void* out_bf16, cudaStream_t stream, const TmaMaps& maps) {
   static unsigned smem_set = 0;
-  constexpr int kSmem = smem_bytes<CacheT, HD, NT, kQk8>();
+  constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
   const cudaError_t st =
-      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms, kQk8>, kSmem, smem_set);
+      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>, kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   const int splits = plan.splits;
@@ -697,11 +597,11 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const bool fp8 = cache.dtype == DType::F8_E4M3;
   const DecodeQueryScaling qs = decode_query_scaling(scale, cache.dtype, cache.k_scale);
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
-  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms, kQk8>, grid, dim3(kThreads),
-                    kSmem, stream, maps, q, static_cast<const CacheT*>(cache.k),
-                    static_cast<const CacheT*>(cache.v), cache.num_blocks, static_cast<int>(cache.block_size),
-                    batch, hq, hkv, qs.q_mult, qs.s_scale, out_scale, window, plan.min_tiles, part_acc,
-                    part_ml, counters, out, static_cast<__nv_bfloat16*>(out_bf16));
+  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>, grid, dim3(kThreads), kSmem,
+                    stream, maps, q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
+                    cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult,
+                    qs.s_scale, out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
+                    static_cast<__nv_bfloat16*>(out_bf16));
 }
 
 template <class CacheT, int HD, int kTerms>
@@ -712,15 +612,6 @@ cudaError_t launch_terms(const float* q, const PagedKv& cache, const BatchArgs& 
   if constexpr (sizeof(CacheT) == 1 && HD == 128) {
     if (tma_applies(cache, HD, window) && encode_kv_map(maps.k, cache.k, cache, hkv, HD) &&
         encode_kv_map(maps.v, cache.v, cache, hkv, HD)) {
-      if constexpr (kTerms == 1) {
-        if (decode_attention_qk_e4m3()) {
-          if (hq / hkv <= 8)
-            return launch_typed<CacheT, HD, 1, true, 1, true>(q, cache, batch, hq, hkv, scale, window, plan,
-                                                              scratch, counters, out, out_bf16, stream, maps);
-          return launch_typed<CacheT, HD, 2, true, 1, true>(q, cache, batch, hq, hkv, scale, window, plan,
-                                                            scratch, counters, out, out_bf16, stream, maps);
-        }
-      }
       if (hq / hkv <= 8)
         return launch_typed<CacheT, HD, 1, true, kTerms>(q, cache, batch, hq, hkv, scale, window, plan,
                                                          scratch, counters, out, out_bf16, stream, maps);
@@ -764,16 +655,6 @@ DecodeQueryScaling decode_query_scaling(float scale, DType dtype, float k_scale)
 int decode_attention_terms() {
   static const int terms = env_int("INFERX_DECODE_ATTN_TERMS", 1, 2, 1);
   return terms;
-}
-
-bool decode_attention_qk_e4m3() {
-  static const bool on = env_int("INFERX_DECODE_ATTN_QK_E4M3", 0, 1, 0) == 1;
-  return on;
-}
-
-bool decode_attention_e4m3_queries(DType dtype, int64_t block_size, int64_t hd, int64_t window) {
-  return decode_attention_rounds_once(dtype, block_size) && decode_attention_qk_e4m3() &&
-         tma_shape(dtype, hd, window, block_size) && tensor_map_encoder() != nullptr;
 }
 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,

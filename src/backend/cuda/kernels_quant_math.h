@@ -27,12 +27,6 @@ INFERX_HD uint8_t float_to_fp8(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
-// The decode attention's E4M3 query multiplier (decode_attention_qk_e4m3 in kernels.h): a head's largest
-// magnitude to 448, E4M3's largest finite value; 1 for an all-zero (or non-finite) head.
-INFERX_HD float decode_query_e4m3_mult(float amax) {
-  return amax > 0.0f && amax <= 3.0e38f ? 448.0f / amax : 1.0f;
-}
-
 INFERX_HD float half_bits_to_float(uint16_t bits) {
   __half_raw r;
   r.x = bits;

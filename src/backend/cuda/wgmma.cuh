@@ -1,7 +1,6 @@
 #pragma once
-// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for BF16 (and E4M3) operands and F32 accumulators: the
-// shared memory matrix descriptor, the fences, the m64nNk16 shapes the prefill attention kernel uses and the
-// m64nNk32 E4M3 shapes of the decode attention's optional FP8 score product.
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for BF16 operands and F32 accumulators: the shared
+// memory matrix descriptor, the fences, and the m64nNk16 shapes the prefill attention kernel uses.
 //
 // Layout conventions (PTX ISA "Asynchronous Warpgroup Level Matrix Shared Memory Layout"): operands in
 // shared memory use the 128-byte swizzle. A "panel" holds rows of 64 BF16 (128 bytes); 16-byte chunk c of
@@ -131,34 +130,6 @@ __device__ __forceinline__ void mma_rs_tn<128>(float (&d)[64], const uint32_t (&
         "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
         "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-// D (64 x N) = A (64 x 32 E4M3, K-major in shared memory) * B (32 x N E4M3, K-major) + (scale_d ? D : 0):
-// FP8 operands take no transpose flags (K-major only). N = 8 or 16: the decode attention's S^T = K Q^T
-// for a GQA group of up to 8 / 16 heads (kernels_decode_attention_v3.cu).
-template <int N>
-__device__ __forceinline__ void mma_ss_e4m3(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);
-
-template <>
-__device__ __forceinline__ void mma_ss_e4m3<8>(float (&d)[4], uint64_t a, uint64_t b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(a), "l"(b), "r"(scale_d));
-}
-
-template <>
-__device__ __forceinline__ void mma_ss_e4m3<16>(float (&d)[8], uint64_t a, uint64_t b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, "
-      "1;\n}"
-      "\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(a), "l"(b), "r"(scale_d));
 }
 
 }  // namespace inferx::cuda::wgmma

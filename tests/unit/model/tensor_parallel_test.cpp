@@ -344,6 +344,7 @@ TEST(TensorParallel, BlockFormatThatWouldBeCutIsRefused) {
 struct HostBatch {
   std::vector<int32_t> ids, pos, qs, lens, tables, rows;
   int32_t max_blocks = 4;
+  int32_t decode_prefix = 0;             // BatchView::num_decode_prefix (the engine's mixed steps: > 0)
   mutable std::vector<int32_t> block{};  // view()'s storage
   BatchView view() const {
     const BatchLayout layout(static_cast<int32_t>(ids.size()), static_cast<int32_t>(lens.size()), max_blocks,
@@ -356,6 +357,7 @@ struct HostBatch {
     b.max_query_len = 0;
     for (size_t s = 0; s + 1 < qs.size(); ++s) b.max_query_len = std::max(b.max_query_len, qs[s + 1] - qs[s]);
     b.max_seq_len = *std::max_element(lens.begin(), lens.end());
+    b.num_decode_prefix = decode_prefix;
     return b;
   }
 };
@@ -393,24 +395,29 @@ TEST(ModelForward, LastLayerOnTheLogitsRowsMatchesEveryRow) {
   }
 }
 
+// A backend that counts the gathers of the narrowed last layer (Model::forward) and sets the two properties
+// the narrowing asks of a backend: its product row tile and whether it narrows steps with decode rows.
+struct NarrowingProbe : ForwardingBackend {
+  using ForwardingBackend::ForwardingBackend;
+  int64_t tile = 1;
+  bool mixed = true;
+  int gathers = 0;
+  int64_t product_row_tile() const override { return tile; }
+  bool narrows_mixed_steps() const override { return mixed; }
+  void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
+    ++gathers;
+    ForwardingBackend::gather_rows(x, rows, n, out);
+  }
+};
+
 // The narrowing engages only when it leaves out at least Backend::product_row_tile() rows: a backend that
 // multiplies in tiles of 4 rows gathers once (the logits rows after the final norm) for a step that would
 // leave out 3 rows, twice (the attention output and the residual before the o projection) for one that
 // leaves out 4; the CPU (tile 1) narrows both. Same logits either way.
 TEST(ModelForward, LastLayerNarrowsOnlyWhenItSavesARowTile) {
-  struct TiledBackend : ForwardingBackend {
-    using ForwardingBackend::ForwardingBackend;
-    int64_t tile = 4;
-    int gathers = 0;
-    int64_t product_row_tile() const override { return tile; }
-    void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
-      ++gathers;
-      ForwardingBackend::gather_rows(x, rows, n, out);
-    }
-  };
   auto cpu = make_cpu_backend({1});
   for (int64_t tile : {1, 4}) {
-    TiledBackend be(*cpu);
+    NarrowingProbe be(*cpu);
     be.tile = tile;
     auto model = Model::load(kFixtures + "llama-tiny", be);
     model->set_last_layer_logit_rows_only(true);
@@ -441,26 +448,17 @@ TEST(ModelForward, LastLayerNarrowsOnlyWhenItSavesARowTile) {
 // gathers); a step with a decode first narrows only when mixed steps may (else one gather, after the final
 // norm). Same logits either way.
 TEST(ModelForward, LastLayerNarrowsStepsWithDecodeRowsOnlyWhereTheBackendSaysSo) {
-  struct CountingBackend : ForwardingBackend {
-    using ForwardingBackend::ForwardingBackend;
-    bool mixed = true;
-    int gathers = 0;
-    bool narrows_mixed_steps() const override { return mixed; }
-    void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override {
-      ++gathers;
-      ForwardingBackend::gather_rows(x, rows, n, out);
-    }
-  };
   auto cpu = make_cpu_backend({1});
   EXPECT_TRUE(cpu->narrows_mixed_steps());
-  CountingBackend be(*cpu);
+  NarrowingProbe be(*cpu);
   auto model = Model::load(kFixtures + "llama-tiny", be);
   const int64_t vocab = model->config().vocab_size;
   // Sequence 0: a 3-token prompt first (pure prefill), then one decode token beside sequence 1's 5-token
   // chunk, the decode first as the engine orders them.
   const HostBatch prompt{{9, 8, 7}, {0, 1, 2}, {0, 3}, {3}, {0, 1, 2, 3}, {2}};
-  const HostBatch mixed{
+  HostBatch mixed{
       {33, 5, 6, 7, 8, 9}, {3, 0, 1, 2, 3, 4}, {0, 1, 6}, {4, 5}, {0, 1, 2, 3, 4, 5, 6, 7}, {0, 5}};
+  mixed.decode_prefix = 1;
   const auto run = [&](bool narrow, bool mixed_ok, int expect_prefill, int expect_mixed) {
     SCOPED_TRACE(::testing::Message() << "narrowed " << narrow << ", mixed steps " << mixed_ok);
     model->set_last_layer_logit_rows_only(narrow);
@@ -470,11 +468,9 @@ TEST(ModelForward, LastLayerNarrowsStepsWithDecodeRowsOnlyWhereTheBackendSaysSo)
     (void)run_step(*model, cache, prompt);
     EXPECT_EQ(be.gathers, expect_prefill);
     be.gathers = 0;
-    BatchView v = mixed.view();
-    v.num_decode_prefix = 1;
-    Tensor t = model->forward(v, cache);
+    std::vector<float> logits = run_step(*model, cache, mixed);
     EXPECT_EQ(be.gathers, expect_mixed);
-    return std::vector<float>(t.ptr<float>(), t.ptr<float>() + t.numel());
+    return logits;
   };
   const std::vector<float> every = run(false, true, 1, 1);
   ASSERT_EQ(every.size(), static_cast<size_t>(2 * vocab));
