@@ -105,6 +105,14 @@ struct EngineConfig {
   // rows sample on the device; a sequence that stops on a token costs one extra row. INFERX_ASYNC_DECODE=0
   // turns it off.
   bool async_decode = true;
+  // Startup warm-up where decode steps are padded (GPU graphs): before the first request, every padded
+  // decode size runs once and is recorded, largest first (DecodeGraphs::warm_up), and one eager step of
+  // each power-of-two token count from max_num_batched_tokens (at most kMaxWarmUpTokens) down
+  // (engine/warm_up.h), so that no served step pays for its size's first eager run, GEMM algorithm timing
+  // or graph recording (vLLM captures its graphs at startup the same way). Costs startup time (seconds on
+  // an 8B model); INFERX_WARMUP=0 turns it off.
+  bool warm_up = true;
+  static constexpr int32_t kMaxWarmUpTokens = 16384;
   // KV block locality: a sequence reserves a run of consecutive blocks at admission (its prompt plus
   // max_tokens) and grows inside it, so the blocks one decode-attention wave reads stay in few pages
   // (H200 bench, 2026-12-05: over 32 layers' caches 77.5% of copy with blocks in pool order, 88.6% with each
@@ -125,6 +133,7 @@ struct EngineStats {
   int64_t decode_graph_replays = 0;   // of those, the steps a recorded CUDA graph ran (0 without graphs)
   int64_t device_sampled_tokens = 0;  // tokens chosen by Backend::sample_tokens (the rest on the host)
   int64_t overlapped_steps = 0;       // decode steps launched before the previous step's tokens arrived
+  double warm_up_seconds = 0;         // EngineConfig::warm_up at construction (0: none ran)
 };
 
 class Engine {

@@ -64,7 +64,7 @@ bool DecodeGraphs::accepts(const SchedulerOutput& out) const {
 BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens) {
   const auto S = static_cast<int32_t>(out.seqs.size());
   const int32_t B = bucket, M = config_.max_blocks_per_seq;
-  INFERX_CHECK(S > 0 && S <= B && B <= buckets_.back(), "decode graphs: {} sequences in a bucket of {}", S,
+  INFERX_CHECK(S >= 0 && S <= B && B <= buckets_.back(), "decode graphs: {} sequences in a bucket of {}", S,
                B);
   const BatchLayout layout(B, B, M, B);
   const size_t o_pos = layout.positions(), o_qs = layout.query_start(), o_len = layout.seq_lens(),
@@ -118,8 +118,24 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket, const 
 }
 
 Tensor DecodeGraphs::run(const SchedulerOutput& out, const SampledTokenSource* tokens) {
+  INFERX_CHECK(!out.seqs.empty(), "decode graphs: a step without sequences");
   const auto S = static_cast<int32_t>(out.seqs.size());
-  const int32_t B = bucket_for(S);
+  return run_bucket(out, bucket_for(S), tokens).rows_view(0, S);
+}
+
+int32_t DecodeGraphs::warm_up() {
+  const SchedulerOutput none;
+  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) run_bucket(none, *it, nullptr);
+  return static_cast<int32_t>(buckets_.size());
+}
+
+int32_t DecodeGraphs::bucket_state(int32_t bucket) const {
+  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), bucket);
+  INFERX_CHECK(it != buckets_.end() && *it == bucket, "decode graphs: {} is not a bucket", bucket);
+  return state_[static_cast<size_t>(it - buckets_.begin())];
+}
+
+Tensor DecodeGraphs::run_bucket(const SchedulerOutput& out, int32_t B, const SampledTokenSource* tokens) {
   const auto bi =
       static_cast<size_t>(std::lower_bound(buckets_.begin(), buckets_.end(), B) - buckets_.begin());
   const BatchView batch = build(out, B, tokens);
@@ -127,7 +143,7 @@ Tensor DecodeGraphs::run(const SchedulerOutput& out, const SampledTokenSource* t
   if (state_[bi] == 1) {
     if (be.replay_graph(key(B))) {
       ++replays_;
-      return graph_logits_[bi].rows_view(0, S);
+      return graph_logits_[bi];
     }
     state_[bi] = 0;  // the backend dropped it (a buffer moved): record again below
   }
@@ -144,7 +160,7 @@ Tensor DecodeGraphs::run(const SchedulerOutput& out, const SampledTokenSource* t
       state_[bi] = -1;  // e.g. an op that cannot be recorded: this bucket stays eager
     }
   }
-  return logits.rows_view(0, S);
+  return logits;
 }
 
 }  // namespace inferx

@@ -57,14 +57,24 @@ class DecodeGraphs {
   // backend memory, valid until the next forward).
   // With `tokens`, the real rows' input ids come from the previous step's sampling slot.
   Tensor run(const SchedulerOutput& out, const SampledTokenSource* tokens = nullptr);
+  // Startup warm-up (Engine, EngineConfig::warm_up): runs every bucket once with padding rows only and
+  // records it, largest bucket first, so that no served step pays for a bucket's first eager run, the GEMM
+  // algorithm timing its row count triggers (gemm_cublaslt.h: the first row count seen in a power-of-two
+  // row bucket decides for the whole bucket, so largest first makes that the bucket's top, where most
+  // decode steps of a full batch are) or its recording. Padding rows touch only the scratch block.
+  // Returns the buckets run.
+  int32_t warm_up();
   // Writes the padded metadata of `out` into the fixed buffer (tests inspect it through the view).
   BatchView build(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens = nullptr);
   int32_t bucket_for(int32_t num_seqs) const;
+  int32_t bucket_state(int32_t bucket) const;  // 0 nothing recorded, 1 recorded, -1 stays eager
 
   int64_t replays() const { return replays_; }
   int64_t captures() const { return captures_; }
 
  private:
+  // run()'s work for bucket B: the full padded logits [B, vocab].
+  Tensor run_bucket(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens);
   uint64_t key(int32_t bucket) const {
     return reinterpret_cast<uintptr_t>(this) + static_cast<uint64_t>(bucket);
   }

@@ -4,6 +4,7 @@
 // start()). Overlapped decode steps: overlapped_steps.cpp.
 #include "inferx/engine.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "engine/block_table.h"
 #include "engine/engine_impl.h"
+#include "engine/warm_up.h"
 
 namespace inferx {
 namespace {
@@ -190,10 +192,28 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   // metadata broadcast (model/tensor_parallel.h).
   async_decode = config.async_decode && decode_graphs && model.backend().async_sampling();
   config.async_decode = async_decode;
+  if (const char* w = std::getenv("INFERX_WARMUP")) config.warm_up = std::strcmp(w, "0") != 0;
+  if (decode_graphs && config.warm_up) warm_up(static_cast<int32_t>(num_blocks));
   eos_ids = mc.eos_token_ids;
   if (tokenizer && tokenizer->eos_id() >= 0 && !is_eos(tokenizer->eos_id()))
     eos_ids.push_back(tokenizer->eos_id());
   publish_stats();
+}
+
+void Engine::Impl::warm_up(int32_t scratch_block) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Step sizes first: their forwards size the workspace (an allocation drops recorded graphs).
+  const std::vector<int32_t> counts = warm_up_token_counts(
+      std::min(config.max_num_batched_tokens, EngineConfig::kMaxWarmUpTokens), config.max_batch_size);
+  warm_up_step_sizes(model, *kv, scratch_block, counts);
+  const int32_t buckets = decode_graphs->warm_up();
+  model.backend().synchronize();
+  warm_up_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(
+      stderr,
+      "inferx engine: warm-up: %zu step sizes (%d..%d tokens), %d decode sizes (%lld recorded) in %.2f s\n",
+      counts.size(), counts.empty() ? 0 : counts.back(), counts.empty() ? 0 : counts.front(), buckets,
+      static_cast<long long>(decode_graphs->captures()), warm_up_seconds);
 }
 
 void Engine::Impl::submit(EngineRequest&& r) {
@@ -395,6 +415,7 @@ void Engine::Impl::publish_stats() {
   s.steps = steps;
   s.decode_graph_steps = graph_steps;
   s.decode_graph_replays = decode_graphs ? decode_graphs->replays() : 0;
+  s.warm_up_seconds = warm_up_seconds;
   s.device_sampled_tokens = step_sampler->device_rows();
   s.overlapped_steps = overlapped_steps;
   std::lock_guard<std::mutex> lock(mu);

@@ -47,6 +47,7 @@ struct Engine::Impl {
   std::unique_ptr<ThreadPool> sampler_pool;     // host-side sampling of large batches (null: one thread)
   std::unique_ptr<StepSampler> step_sampler;    // device sampling where the backend and request allow
   std::unique_ptr<DecodeGraphs> decode_graphs;  // null: every step eager
+  double warm_up_seconds = 0;                   // EngineConfig::warm_up's run at construction
   bool defer_emit = false;  // GPU: emit a step's outputs while the next step runs on the device
   std::vector<SampledToken> sampled;
   // Overlapped decode steps (EngineConfig::async_decode): the step launched but not collected yet.
@@ -114,6 +115,8 @@ struct Engine::Impl {
   bool retire(InFlight& f);
   bool step_overlapped();
   void finish(Sequence& seq, FinishReason reason, double now);
+  // EngineConfig::warm_up: the step sizes (engine/warm_up.h), then every decode graph bucket.
+  void warm_up(int32_t scratch_block);
   void abort_request(RequestState& r, const std::string& error);
   void fail_step(std::initializer_list<const SchedulerOutput*> outs, const std::exception& e);
   void touch(RequestState& r);

@@ -315,6 +315,29 @@ TEST_F(CudaEngine, EngineWithGraphsGivesThePaddedEagerTextExactly) {
               ps.size(), static_cast<long long>(gs.decode_graph_steps));
 }
 
+// EngineConfig::warm_up: every decode bucket is run and recorded at construction, so every decode step
+// of the requests replays a recording (without it, each bucket's first step runs eagerly and records);
+// the recordings are of the same kernels, so the text is the same.
+TEST_F(CudaEngine, WarmUpRecordsEveryDecodeSizeBeforeTheFirstRequest) {
+  std::vector<GenerationParams> ps;
+  for (int i = 0; i < 12; ++i) ps.push_back(greedy(8 + 3 * i));
+  EngineStats warm, cold;
+  const auto warmed = run(ps, Env(Vars{}), &warm);
+  const auto unwarmed = run(ps, Env(Vars{{"INFERX_WARMUP", "0"}}), &cold);
+  EXPECT_EQ(warmed, unwarmed);
+  EXPECT_GT(warm.warm_up_seconds, 0.0);
+  EXPECT_EQ(cold.warm_up_seconds, 0.0);
+  EXPECT_GT(warm.decode_graph_steps, 10);
+  EXPECT_EQ(warm.decode_graph_replays, warm.decode_graph_steps)
+      << "a decode step ran eagerly after the warm-up";
+  EXPECT_LT(cold.decode_graph_replays, cold.decode_graph_steps);
+  std::printf("warm-up %.3f s; decode steps %lld, replayed %lld (without warm-up %lld of %lld)\n",
+              warm.warm_up_seconds, static_cast<long long>(warm.decode_graph_steps),
+              static_cast<long long>(warm.decode_graph_replays),
+              static_cast<long long>(cold.decode_graph_replays),
+              static_cast<long long>(cold.decode_graph_steps));
+}
+
 // Overlapped decode steps (step N + 1 launched before N's ids reach the host, its input ids gathered on the
 // device from N's sampling slot) against the in-order engine: the same graphs on the same buckets, so the
 // text must be identical, greedy and seeded, with more requests than the batch holds (admissions).

@@ -13,6 +13,7 @@
 
 #include "engine/batch_builder.h"
 #include "engine/block_table.h"
+#include "engine/warm_up.h"
 #include "inferx/engine.h"
 
 namespace inferx {
@@ -187,15 +188,69 @@ TEST_F(DecodeGraphsCpu, MetadataIsExactAcrossShrinkingRowsAndBuckets) {
   }
 }
 
+TEST(WarmUp, TokenCountsRunFromTheStepBudgetDownInPowersOfTwoAboveTheDecodeSizes) {
+  EXPECT_EQ(warm_up_token_counts(8192, 512), (std::vector<int32_t>{8192, 4096, 2048, 1024}));
+  EXPECT_EQ(warm_up_token_counts(6000, 512), (std::vector<int32_t>{6000, 4096, 2048, 1024}));
+  EXPECT_EQ(warm_up_token_counts(1024, 256), (std::vector<int32_t>{1024, 512}));
+  EXPECT_EQ(warm_up_token_counts(2049, 2048), (std::vector<int32_t>{2049}));
+  EXPECT_EQ(warm_up_token_counts(9, 0), (std::vector<int32_t>{9, 8, 4, 2, 1}));
+  EXPECT_TRUE(warm_up_token_counts(512, 512).empty());
+  EXPECT_TRUE(warm_up_token_counts(64, 256).empty());
+}
+
+// The warm-ups (every decode bucket, the step sizes) write K/V at position 0 of the scratch block only:
+// every other block of every layer keeps its bytes, so sequences already in the cache are untouched.
+TEST_F(DecodeGraphsCpu, WarmUpWritesOnlyTheScratchBlock) {
+  constexpr int32_t kBlocks = 12, kBs = 16;
+  KvCache kv(*backend_, model_->config(), kBlocks + 1, kBs);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<std::vector<float>> before;
+  for (int64_t l = 0; l < model_->config().num_layers; ++l) {
+    for (Tensor* t : {&kv.layer(l).k, &kv.layer(l).v}) {
+      auto* p = static_cast<float*>(t->data);
+      for (int64_t i = 0; i < t->numel(); ++i) p[i] = u(rng);
+      before.emplace_back(p, p + t->numel());
+    }
+  }
+  DecodeGraphConfig gc;
+  gc.max_batch_size = 8;
+  gc.max_blocks_per_seq = 4;
+  gc.scratch_block = kBlocks;
+  gc.capture = false;
+  DecodeGraphs graphs(*model_, kv, gc);
+  EXPECT_EQ(warm_up_step_sizes(*model_, kv, kBlocks, warm_up_token_counts(40, 8)), 3);  // 40, 32, 16
+  EXPECT_EQ(graphs.warm_up(), static_cast<int32_t>(decode_buckets(8).size()));
+  size_t i = 0;
+  const int64_t per_block = kv.layer(0).k.numel() / (kBlocks + 1);
+  for (int64_t l = 0; l < model_->config().num_layers; ++l) {
+    for (Tensor* t : {&kv.layer(l).k, &kv.layer(l).v}) {
+      const auto* p = static_cast<const float*>(t->data);
+      const std::vector<float>& b = before[i++];
+      for (int64_t j = 0; j < kBlocks * per_block; ++j)
+        ASSERT_EQ(p[j], b[static_cast<size_t>(j)]) << "layer " << l;
+      bool scratch_written = false;
+      for (int64_t j = kBlocks * per_block; j < t->numel(); ++j)
+        scratch_written |= p[j] != b[static_cast<size_t>(j)];
+      EXPECT_TRUE(scratch_written) << "layer " << l << ": the warm-up wrote no K/V";
+    }
+  }
+  for (int32_t b : decode_buckets(8)) EXPECT_EQ(graphs.bucket_state(b), 0) << "no graphs on the CPU";
+}
+
 TEST_F(DecodeGraphsCpu, EngineWithPaddedDecodeStepsGivesTheSameGreedyText) {
-  auto run = [&](bool pad) {
+  // Padded, the engine warms up first (EngineConfig::warm_up: the step sizes 64, 32, 16, 8 and every
+  // decode bucket) unless told not to.
+  auto run = [&](bool pad, bool warm_up = true) {
     if (pad) setenv("INFERX_GRAPHS", "pad", 1);
     EngineConfig cfg;
     cfg.max_model_len = 256;
     cfg.max_num_batched_tokens = 64;
     cfg.max_batch_size = 6;
+    cfg.warm_up = warm_up;
     Engine engine(*model_, nullptr, cfg);
     if (pad) unsetenv("INFERX_GRAPHS");
+    EXPECT_EQ(engine.stats().warm_up_seconds > 0, pad && warm_up);
     std::vector<std::vector<int32_t>> tokens(7);
     for (int i = 0; i < 7; ++i) {  // 7 requests, 6 at a time: the batch size changes as they finish
       EngineRequest r;
@@ -220,6 +275,7 @@ TEST_F(DecodeGraphsCpu, EngineWithPaddedDecodeStepsGivesTheSameGreedyText) {
   const auto eager = run(false);
   const auto padded = run(true);
   EXPECT_EQ(padded, eager);
+  EXPECT_EQ(run(true, false), eager);
   EXPECT_EQ(padded[6].size(), 24u);
 }
 
