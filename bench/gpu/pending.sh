@@ -31,3 +31,15 @@ if [[ "${SKIP_OFFLINE:-0}" != 1 ]]; then
   done
 fi
 
+
+# 3. While the call has time left: Llama-3-70B FP8 (quantized lm_head) at batch 1, 1k context, against its
+#    roofline from the same process (issue 6: >= 85%).
+if ((SECONDS < 400)); then
+  timeout 170 "$C/inferx" bench offline --device cuda --no-progress --json -m dummy:llama-3-70b --dtype bf16 \
+    --quantize fp8:lm_head --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 128 \
+    --max-model-len 2048 --roofline >"$OUT/b1_70b_fp8.json" 2>"$OUT/b1_70b_fp8.err"
+  echo "70B fp8:lm_head b1: rc=$? $(python3 -c "
+import json; j=json.load(open('$OUT/b1_70b_fp8.json')); t=j['tpot_ms']; r=j['roofline']
+print(f\"TPOT p50 {t['p50']:.3f} ms = {100*r['tpot_p50_roofline_ratio']:.1f}% of {r['batch1_roofline_tok_s']:.1f} tok/s at {r['bandwidth_gbs']:.0f} GB/s\")" 2>&1 | tail -1)"
+  grep "warm-up" "$OUT/b1_70b_fp8.err"
+fi
