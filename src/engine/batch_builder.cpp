@@ -46,13 +46,23 @@ BatchView BatchBuilder::build(const SchedulerOutput& out) {
   h[o_qs + static_cast<size_t>(S)] = t;
 
   const size_t bytes = total * sizeof(int32_t);
-  if (!device_ || device_->size() < bytes) device_ = backend_.allocate(bytes * 2);  // headroom: grow rarely
+  ensure_device(bytes);
   backend_.copy_to_device(device_->data(), h, bytes);
   BatchView b = layout.view(static_cast<const int32_t*>(device_->data()));
   b.max_query_len = max_query;
   b.max_seq_len = max_seq;
   b.num_decode_prefix = decode_prefix;
   return b;
+}
+
+void BatchBuilder::ensure_device(size_t bytes) {
+  if (!device_ || device_->size() < bytes) device_ = backend_.allocate(bytes * 2);  // headroom: grow rarely
+}
+
+void BatchBuilder::reserve(int32_t tokens, int32_t seqs, int32_t max_blocks, int32_t logits) {
+  const size_t total = BatchLayout(tokens, seqs, max_blocks, logits).total();
+  host_.reserve(total);
+  ensure_device(total * sizeof(int32_t));
 }
 
 }  // namespace inferx

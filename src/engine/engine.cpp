@@ -205,7 +205,12 @@ void Engine::Impl::warm_up(int32_t scratch_block) {
   // Step sizes first: their forwards size the workspace (an allocation drops recorded graphs).
   const std::vector<int32_t> counts = warm_up_token_counts(
       std::min(config.max_num_batched_tokens, EngineConfig::kMaxWarmUpTokens), config.max_batch_size);
-  warm_up_step_sizes(model, *kv, scratch_block, counts);
+  warm_up_step_sizes(model, *kv, scratch_block, counts, config.max_batch_size);
+  // The step metadata at its largest, so that no served step allocates (on CUDA an allocation retires
+  // every recorded graph); then the decode buckets, recorded last.
+  builder->reserve(std::max(config.max_num_batched_tokens, config.max_batch_size), config.max_batch_size,
+                   static_cast<int32_t>(blocks_for_tokens(config.max_model_len, config.block_size)),
+                   config.max_batch_size);
   const int32_t buckets = decode_graphs->warm_up();
   model.backend().synchronize();
   warm_up_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

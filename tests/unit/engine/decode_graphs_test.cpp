@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 
+#include "backend/forwarding_backend.h"
 #include "engine/batch_builder.h"
 #include "engine/block_table.h"
 #include "engine/warm_up.h"
@@ -219,7 +220,7 @@ TEST_F(DecodeGraphsCpu, WarmUpWritesOnlyTheScratchBlock) {
   gc.scratch_block = kBlocks;
   gc.capture = false;
   DecodeGraphs graphs(*model_, kv, gc);
-  EXPECT_EQ(warm_up_step_sizes(*model_, kv, kBlocks, warm_up_token_counts(40, 8)), 3);  // 40, 32, 16
+  EXPECT_EQ(warm_up_step_sizes(*model_, kv, kBlocks, warm_up_token_counts(40, 8), 8), 3);  // 40, 32, 16
   EXPECT_EQ(graphs.warm_up(), static_cast<int32_t>(decode_buckets(8).size()));
   size_t i = 0;
   const int64_t per_block = kv.layer(0).k.numel() / (kBlocks + 1);
@@ -236,6 +237,52 @@ TEST_F(DecodeGraphsCpu, WarmUpWritesOnlyTheScratchBlock) {
     }
   }
   for (int32_t b : decode_buckets(8)) EXPECT_EQ(graphs.bucket_state(b), 0) << "no graphs on the CPU";
+}
+
+// After the warm-up the engine's served steps allocate no backend memory (on CUDA any allocation retires
+// every recorded decode graph, so a step that allocates undoes the warm-up's recordings): the step metadata
+// is reserved at its largest and the workspace sized by the largest step. Without the warm-up the first
+// steps do allocate (the check can fail).
+TEST_F(DecodeGraphsCpu, AfterTheWarmUpServedStepsAllocateNothing) {
+  struct CountingBackend final : ForwardingBackend {
+    explicit CountingBackend(Backend& inner) : ForwardingBackend(inner) {}
+    std::unique_ptr<DeviceBuffer> allocate(size_t bytes) override {
+      ++allocations;
+      return ForwardingBackend::allocate(bytes);
+    }
+    int64_t allocations = 0;
+  };
+  CountingBackend counting(*backend_);
+  auto model = Model::load("dummy:tiny", counting);
+  for (bool warm_up : {true, false}) {
+    SCOPED_TRACE(warm_up);
+    setenv("INFERX_GRAPHS", "pad", 1);
+    EngineConfig cfg;
+    cfg.max_model_len = 256;
+    cfg.max_num_batched_tokens = 64;
+    cfg.max_batch_size = 6;
+    cfg.warm_up = warm_up;
+    Engine engine(*model, nullptr, cfg);
+    unsetenv("INFERX_GRAPHS");
+    const int64_t after_construction = counting.allocations;
+    for (int i = 0; i < 9; ++i) {  // prompts of 5..205 tokens (chunked at 64), 6 at a time
+      EngineRequest r;
+      r.id = fmt::format("r{}", i);
+      for (int t = 0; t < 5 + 25 * i; ++t) r.prompt.push_back((t * 13 + i) % 512);
+      r.params.temperature = 0.0f;
+      r.params.max_tokens = 4 + 5 * (i % 4);
+      r.params.ignore_eos = true;
+      r.on_output = [](RequestOutput&&) {};
+      engine.submit(std::move(r));
+    }
+    engine.run_until_idle();
+    EXPECT_GT(engine.stats().decode_graph_steps, 10);
+    if (warm_up) {
+      EXPECT_EQ(counting.allocations, after_construction) << "a served step allocated after the warm-up";
+    } else {
+      EXPECT_GT(counting.allocations, after_construction);
+    }
+  }
 }
 
 TEST_F(DecodeGraphsCpu, EngineWithPaddedDecodeStepsGivesTheSameGreedyText) {
