@@ -50,6 +50,9 @@ void add_engine_options(CLI::App& sub, EngineArgs& a) {
   sub.add_flag("--enforce-eager", a.enforce_eager, "GPU: run every step eagerly (no CUDA graphs)");
   sub.add_flag("--no-async-decode", a.no_async_decode,
                "GPU: wait for each decode step's tokens before launching the next (no overlapped steps)");
+  sub.add_flag("--no-warmup", a.no_warmup,
+               "GPU: start without the warm-up (each step size's first served step then times its GEMM "
+               "algorithms and records its CUDA graph)");
   add_quantize_options(sub, a.quantize, a.calibration);
   add_tensor_parallel_option(sub, a.tensor_parallel_size);
 }
@@ -114,6 +117,7 @@ EngineConfig engine_config(const EngineArgs& a, Device device) {
   c.max_model_len = a.max_model_len;
   c.enforce_eager = a.enforce_eager;
   c.async_decode = !a.no_async_decode;
+  c.warm_up = !a.no_warmup;
   const std::string sw = "sliding-window-";
   if (a.kv_cache_strategy == "full") {
     c.sliding_window = 0;

@@ -30,6 +30,7 @@ struct EngineArgs {
   bool no_chunked_prefill = false;
   bool enforce_eager = false;    // GPU: no CUDA graphs for decode steps
   bool no_async_decode = false;  // GPU: no overlapped decode steps (EngineConfig::async_decode)
+  bool no_warmup = false;        // GPU: no startup warm-up (EngineConfig::warm_up)
   std::string quantize = "none";
   std::string calibration;  // --quantize auto
   int tensor_parallel_size = 1;
