@@ -142,7 +142,8 @@ void run_bench_offline(BenchOfflineArgs a) {
                       {"decode_graph_replays", es.decode_graph_replays},
                       {"overlapped_decode_steps", es.overlapped_steps},
                       {"preemptions", es.preemptions},
-                      {"device_sampled_tokens", es.device_sampled_tokens}};
+                      {"device_sampled_tokens", es.device_sampled_tokens},
+                      {"warm_up_s", es.warm_up_seconds}};
   s.text += fmt::format(
       "engine: {} steps ({} padded decode, {} from CUDA graphs, {} overlapped), {} preemptions\n", es.steps,
       es.decode_graph_steps, es.decode_graph_replays, es.overlapped_steps, es.preemptions);

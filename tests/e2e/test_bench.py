@@ -1,13 +1,15 @@
 """`inferx bench`: the offline engine benchmark (with its in-process roofline) and the HTTP benchmark
 against a running `inferx serve`, checked for what they count and report, not for speed."""
 import json
+import os
 import subprocess
 
 from conftest import STORIES, inferx_bin, run_server
 
 
-def bench(*args, timeout=120):
-    return subprocess.run([str(inferx_bin()), "bench", *args], capture_output=True, text=True, timeout=timeout)
+def bench(*args, timeout=120, env=None):
+    return subprocess.run([str(inferx_bin()), "bench", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
 
 
 def test_offline_counts_every_token_and_reports_the_roofline():
@@ -45,6 +47,26 @@ def test_offline_text_output_and_no_roofline_by_default():
               "--output-len", "3", "--no-progress", "--roofline")
     assert r.returncode == 0, r.stderr
     assert "roofline:" in r.stdout and "tok/s at batch 1" in r.stdout
+
+
+def test_offline_warm_up_runs_before_the_timed_requests_unless_turned_off():
+    # The startup warm-up runs where decode steps are padded (CUDA graphs; INFERX_GRAPHS=pad on the CPU):
+    # the step sizes and every decode bucket before the first request, reported in the engine's counters
+    # and logged; --no-warmup leaves it out.
+    env = dict(os.environ, INFERX_GRAPHS="pad")
+    args = ("offline", "-m", str(STORIES), "--threads", "1", "--num-prompts", "3", "--input-len", "16",
+            "--output-len", "5", "--max-batch-size", "4", "--max-num-batched-tokens", "64", "--no-progress",
+            "--json")
+    r = bench(*args, env=env)
+    assert r.returncode == 0, r.stderr
+    eng = json.loads(r.stdout)["engine"]
+    assert eng["warm_up_s"] > 0 and eng["decode_graph_steps"] > 0
+    assert "warm-up: 4 step sizes (8..64 tokens), 3 decode sizes" in r.stderr
+    r = bench(*args, "--no-warmup", env=env)
+    assert r.returncode == 0, r.stderr
+    eng = json.loads(r.stdout)["engine"]
+    assert eng["warm_up_s"] == 0 and eng["decode_graph_steps"] > 0
+    assert "warm-up" not in r.stderr
 
 
 def test_offline_rejects_lengths_past_the_context():
