@@ -113,13 +113,6 @@ struct EngineConfig {
   // an 8B model); INFERX_WARMUP=0 turns it off.
   bool warm_up = true;
   static constexpr int32_t kMaxWarmUpTokens = 16384;
-  // KV block locality: a sequence reserves a run of consecutive blocks at admission (its prompt plus
-  // max_tokens) and grows inside it, so the blocks one decode-attention wave reads stay in few pages
-  // (H200 bench, 2026-12-05: over 32 layers' caches 77.5% of copy with blocks in pool order, 88.6% with each
-  // sequence's blocks consecutive). Reserved blocks still count as free (others take them when the rest
-  // is used up), so admission and preemption are unchanged. Off until measured in a run;
-  // INFERX_KV_LOCALITY=1 turns it on.
-  bool kv_locality = false;
 };
 
 struct EngineStats {

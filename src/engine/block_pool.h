@@ -22,22 +22,9 @@ class BlockPool {
   int32_t num_used() const { return num_blocks_ - num_free_; }
   bool prefix_caching() const { return caching_; }
 
-  // Takes the least recently freed block (evicting its cached hash); reference count 1. When only
-  // reserved blocks are free, the last unused block of a reservation. Throws inferx::Error when no block
-  // is free (callers check num_free() first).
+  // Takes the least recently freed block (evicting its cached hash); reference count 1. Throws
+  // inferx::Error when no block is free (callers check num_free() first).
   int32_t allocate();
-
-  // Locality (SchedulerConfig::kv_locality): a run of up to `n` consecutive free blocks taken out of the
-  // free queue for one sequence, preferring blocks that hold no cached prefix (the hashes of those it
-  // takes are evicted); they stay counted in num_free(). Returns the reservation's id, or -1 when no run of
-  // at least 2 blocks is free.
-  int32_t reserve(int32_t n);
-  // The reservation's next block in address order (reference count 1), or allocate() once it is used up
-  // (or id < 0).
-  int32_t allocate(int32_t reservation);
-  // The reservation's unused blocks go back to the free queue (no-op for id < 0).
-  void end_reservation(int32_t reservation);
-  int32_t num_reserved() const { return num_reserved_; }  // free blocks held by reservations
   // One more reference (a prefix-cache hit or a forked sequence); revives a free cached block.
   void retain(int32_t block);
   // One reference less; at zero the block joins the tail of the free queue, still cached.
@@ -54,17 +41,6 @@ class BlockPool {
  private:
   void unlink(int32_t block);
   void push_tail(int32_t block);
-  int32_t take(int32_t block);  // a free block out of the queue or a reservation: reference count 1
-
-  struct Run {
-    int32_t next = 0, end = 0;  // unused blocks [next, end)
-    bool live = false;
-  };
-  std::vector<Run> runs_;
-  std::vector<int32_t> free_runs_;
-  std::vector<int32_t> owner_;  // the reservation holding a free block, or -1
-  int32_t num_reserved_ = 0;
-  int32_t cursor_ = 0;  // where the next run search starts (runs are handed out in address order)
 
   int32_t num_blocks_;
   bool caching_;

@@ -157,8 +157,6 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
   sc.block_size = bs;
   sc.enable_chunked_prefill = config.enable_chunked_prefill;
   sc.sliding_window = config.sliding_window;
-  if (const char* kl = std::getenv("INFERX_KV_LOCALITY")) config.kv_locality = std::strcmp(kl, "0") != 0;
-  sc.kv_locality = config.kv_locality;
   scheduler = std::make_unique<Scheduler>(sc, *pool);
   builder = std::make_unique<BatchBuilder>(model.backend());
 

@@ -58,8 +58,6 @@ void Scheduler::release_all_blocks(Sequence* seq) {
   for (auto it = seq->blocks.rbegin(); it != seq->blocks.rend(); ++it) {
     if (*it >= 0) pool_.release(*it);
   }
-  pool_.end_reservation(seq->kv_run);
-  seq->kv_run = -1;
   seq->blocks.clear();
   seq->num_released_blocks = 0;
   seq->num_cached_blocks = 0;
@@ -117,7 +115,7 @@ bool Scheduler::ensure_blocks(Sequence* seq, int64_t total_tokens) {
     preempt(v);
     if (v == seq) return false;
   }
-  for (int32_t i = 0; i < need; ++i) seq->blocks.push_back(pool_.allocate(seq->kv_run));
+  for (int32_t i = 0; i < need; ++i) seq->blocks.push_back(pool_.allocate());
   return true;
 }
 
@@ -182,13 +180,7 @@ void Scheduler::schedule_waiting() {
       pool_.retain(b);
       seq->blocks.push_back(b);
     }
-    if (config_.kv_locality) {
-      // The blocks it will hold once every token it may generate is in: consecutive from here on.
-      const int64_t full = static_cast<int64_t>(seq->num_prompt) + r.req.params.max_tokens;
-      seq->kv_run = pool_.reserve(
-          static_cast<int32_t>(std::min<int64_t>(blocks_for_tokens(full, bs) - hit_blocks, kMaxRunBlocks)));
-    }
-    for (int32_t j = 0; j < new_blocks; ++j) seq->blocks.push_back(pool_.allocate(seq->kv_run));
+    for (int32_t j = 0; j < new_blocks; ++j) seq->blocks.push_back(pool_.allocate());
     seq->num_computed = computed;
     seq->num_cached_blocks = hit_blocks;
     seq->num_released_blocks = 0;

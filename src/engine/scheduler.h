@@ -19,16 +19,12 @@
 
 namespace inferx {
 
-// Locality: the most blocks one sequence reserves at admission (4096 tokens of 16).
-inline constexpr int64_t kMaxRunBlocks = 256;
-
 struct SchedulerConfig {
   int32_t max_num_batched_tokens = 2048;
   int32_t max_batch_size = 256;
   int32_t block_size = 16;
   bool enable_chunked_prefill = true;
   int64_t sliding_window = 0;  // > 0: blocks that fall out of the window are freed
-  bool kv_locality = false;    // EngineConfig::kv_locality: runs of consecutive blocks per sequence
 };
 
 struct ScheduledSequence {

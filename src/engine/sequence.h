@@ -39,7 +39,6 @@ struct Sequence {
   // dropped it. block_hashes are the chained hashes of the full blocks of `tokens` (prefix caching).
   std::vector<int32_t> blocks;
   int32_t num_released_blocks = 0;  // leading blocks dropped by the sliding window
-  int32_t kv_run = -1;              // its BlockPool reservation (SchedulerConfig::kv_locality), or -1
   int32_t num_cached_blocks = 0;    // leading blocks already offered to the prefix cache
   std::vector<uint64_t> block_hashes;
 

@@ -352,11 +352,9 @@ TEST(Scheduler, ScheduleAfterRefusesPrefillsAndShortPools) {
 // forks and prefix hits all happen) keep every reference accounted for, and aborting everything
 // returns the whole pool.
 TEST(Scheduler, NoBlockLeaksUnderRandomSubmitAbortStep) {
-  for (int mode = 0; mode < 4; ++mode) {
-    const bool caching = mode % 2 == 0, locality = mode >= 2;
-    SCOPED_TRACE(::testing::Message() << "caching " << caching << ", locality " << locality);
+  for (bool caching : {true, false}) {
+    SCOPED_TRACE(caching);
     SchedulerConfig c = config(96, 16, 8);
-    c.kv_locality = locality;
     if (!caching) c.sliding_window = 20;
     Harness h(40, c, caching);
     std::mt19937 rng(7);
@@ -392,84 +390,9 @@ TEST(Scheduler, NoBlockLeaksUnderRandomSubmitAbortStep) {
     }
     h.check_references();
     EXPECT_EQ(h.pool.num_free(), h.pool.num_blocks());
-    EXPECT_EQ(h.pool.num_reserved(), 0) << "every reservation ended with its sequence";
     EXPECT_EQ(h.sched.num_running(), 0);
     EXPECT_EQ(h.sched.num_waiting(), 0);
   }
-}
-
-// Locality: a sequence's blocks are consecutive as it grows, while other sequences grow beside it (without
-// it, growth takes the free queue's head and interleaves them).
-TEST(Scheduler, KvLocalityKeepsEachSequencesBlocksConsecutive) {
-  for (bool locality : {false, true}) {
-    SCOPED_TRACE(locality);
-    SchedulerConfig c = config(256, 8, 4);
-    c.kv_locality = locality;
-    Harness h(400, c, false);
-    std::vector<Sequence*> seqs;
-    for (int i = 0; i < 4; ++i) seqs.push_back(h.submit(tokens(10, i), 30));
-    for (int step = 0; step < 20; ++step) {  // the prompts, then 19 decode steps each
-      h.step();
-      h.check_references();
-    }
-    int consecutive = 0;
-    for (const Sequence* s : seqs) {
-      ASSERT_GE(s->blocks.size(), 7u);
-      bool run = true;
-      for (size_t j = 1; j < s->blocks.size(); ++j) run = run && s->blocks[j] == s->blocks[j - 1] + 1;
-      consecutive += run;
-    }
-    EXPECT_EQ(consecutive, locality ? 4 : 0);
-    while (h.sched.num_running() + h.sched.num_waiting() > 0) h.step();
-    EXPECT_EQ(h.pool.num_free(), h.pool.num_blocks());
-    EXPECT_EQ(h.pool.num_reserved(), 0);
-  }
-}
-
-// The pool's reservations: consecutive blocks handed out in order, still counted free, taken by others
-// once the free queue is empty, back in the queue when they end; blocks holding a cached prefix are passed
-// over while uncached ones are free.
-TEST(BlockPool, ReservationsHandOutConsecutiveBlocksAndStayFree) {
-  BlockPool pool(12, true);
-  const int32_t a = pool.allocate();  // block 0
-  pool.cache(a, 0xabc);
-  pool.release(a);  // free and cached, at the queue's tail
-  const int32_t r = pool.reserve(5);
-  ASSERT_GE(r, 0);
-  EXPECT_EQ(pool.num_free(), 12);
-  EXPECT_EQ(pool.num_reserved(), 5);
-  EXPECT_EQ(pool.find_cached(0xabc), 0) << "the cached block was passed over";
-  EXPECT_EQ(pool.allocate(r), 1);
-  EXPECT_EQ(pool.allocate(r), 2);
-  EXPECT_EQ(pool.num_free(), 10);
-  EXPECT_EQ(pool.num_reserved(), 3);
-  // The free queue runs dry (blocks 6..11, then 0, whose hash goes), then the reservation's last unused
-  // block is taken.
-  while (pool.num_free() > pool.num_reserved()) {
-    const int32_t b = pool.allocate();
-    EXPECT_TRUE(b == 0 || b >= 6) << b;
-  }
-  EXPECT_EQ(pool.find_cached(0xabc), -1);
-  EXPECT_EQ(pool.allocate(), 5);
-  EXPECT_EQ(pool.num_reserved(), 2);
-  EXPECT_EQ(pool.allocate(r), 3);
-  pool.end_reservation(r);  // block 4 back to the queue
-  EXPECT_EQ(pool.num_reserved(), 0);
-  EXPECT_EQ(pool.num_free(), 1);
-  EXPECT_EQ(pool.allocate(), 4);
-  EXPECT_EQ(pool.reserve(3), -1) << "nothing free";
-  EXPECT_THROW(pool.end_reservation(r), Error);
-  EXPECT_THROW(pool.allocate(-1), Error);
-
-  // Every free block cached: the reservation takes cached ones (and evicts their hashes).
-  BlockPool cached(6, true);
-  for (int32_t i = 0; i < 6; ++i) cached.cache(cached.allocate(), 100 + static_cast<uint64_t>(i));
-  for (int32_t b = 0; b < 6; ++b) cached.release(b);
-  const int32_t rc = cached.reserve(4);
-  ASSERT_GE(rc, 0);
-  EXPECT_EQ(cached.allocate(rc), 0);
-  EXPECT_EQ(cached.find_cached(101), -1);
-  EXPECT_EQ(cached.find_cached(104), 4);
 }
 
 }  // namespace
