@@ -203,7 +203,7 @@ void Engine::Impl::warm_up(int32_t scratch_block) {
   // Step sizes first: their forwards size the workspace (an allocation drops recorded graphs).
   const std::vector<int32_t> counts = warm_up_token_counts(
       std::min(config.max_num_batched_tokens, EngineConfig::kMaxWarmUpTokens), config.max_batch_size);
-  warm_up_step_sizes(model, *kv, scratch_block, counts, config.max_batch_size);
+  warm_up_step_sizes(model, *kv, *builder, scratch_block, counts, config.max_batch_size);
   // The step metadata at its largest, so that no served step allocates (on CUDA an allocation retires
   // every recorded graph); then the decode buckets, recorded last.
   builder->reserve(std::max(config.max_num_batched_tokens, config.max_batch_size), config.max_batch_size,

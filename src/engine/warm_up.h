@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/batch_builder.h"
 #include "model/model.h"
 
 namespace inferx {
@@ -16,11 +17,12 @@ namespace inferx {
 // forward sizes the workspace once, and each bucket is decided at its top). Empty when max_tokens <= floor.
 std::vector<int32_t> warm_up_token_counts(int32_t max_tokens, int32_t floor);
 
-// Runs one eager forward per count, shaped like a mixed step: min(decode_rows, count / 2) one-token rows
-// first (the decode attention), the rest as prefill chunks of up to one block each (the prefill attention),
-// every sequence in `scratch_block` (like DecodeGraphs' padding rows: the KV writes land in a block the pool
-// never hands out), the last token wanting logits. Waits for the device. Returns the counts run.
-int32_t warm_up_step_sizes(Model& model, KvCache& kv, int32_t scratch_block,
+// Runs one eager forward per count, shaped like a mixed step and built by `builder` as the engine builds
+// its steps (which also sizes the builder's buffers): min(decode_rows, count / 2) one-token rows first (the
+// decode attention), the rest as prefill chunks of up to one block each (the prefill attention), every
+// sequence in `scratch_block` (like DecodeGraphs' padding rows: the KV writes land in a block the pool never
+// hands out), the last token wanting logits. Waits for the device. Returns the counts run.
+int32_t warm_up_step_sizes(Model& model, KvCache& kv, BatchBuilder& builder, int32_t scratch_block,
                            const std::vector<int32_t>& counts, int32_t decode_rows);
 
 }  // namespace inferx

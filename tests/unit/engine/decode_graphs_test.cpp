@@ -15,6 +15,7 @@
 #include "engine/batch_builder.h"
 #include "engine/block_table.h"
 #include "engine/warm_up.h"
+#include "engine_test_requests.h"
 #include "inferx/engine.h"
 
 namespace inferx {
@@ -220,7 +221,9 @@ TEST_F(DecodeGraphsCpu, WarmUpWritesOnlyTheScratchBlock) {
   gc.scratch_block = kBlocks;
   gc.capture = false;
   DecodeGraphs graphs(*model_, kv, gc);
-  EXPECT_EQ(warm_up_step_sizes(*model_, kv, kBlocks, warm_up_token_counts(40, 8), 8), 3);  // 40, 32, 16
+  BatchBuilder builder(*backend_);
+  EXPECT_EQ(warm_up_step_sizes(*model_, kv, builder, kBlocks, warm_up_token_counts(40, 8), 8),
+            3);  // 40, 32, 16
   EXPECT_EQ(graphs.warm_up(), static_cast<int32_t>(decode_buckets(8).size()));
   size_t i = 0;
   const int64_t per_block = kv.layer(0).k.numel() / (kBlocks + 1);
@@ -239,6 +242,27 @@ TEST_F(DecodeGraphsCpu, WarmUpWritesOnlyTheScratchBlock) {
   for (int32_t b : decode_buckets(8)) EXPECT_EQ(graphs.bucket_state(b), 0) << "no graphs on the CPU";
 }
 
+// The engine tests below: a small padded engine (INFERX_GRAPHS=pad while it is built: decode steps padded to
+// their buckets, eager on the CPU) or an unpadded one, 64-token steps, 6 sequences at a time.
+EngineConfig small_engine_config(bool warm_up) {
+  EngineConfig cfg;
+  cfg.max_model_len = 256;
+  cfg.max_num_batched_tokens = 64;
+  cfg.max_batch_size = 6;
+  cfg.warm_up = warm_up;
+  return cfg;
+}
+
+struct PaddedGraphs {  // INFERX_GRAPHS=pad for one scope
+  explicit PaddedGraphs(bool on) : on_(on) {
+    if (on_) setenv("INFERX_GRAPHS", "pad", 1);
+  }
+  ~PaddedGraphs() {
+    if (on_) unsetenv("INFERX_GRAPHS");
+  }
+  bool on_;
+};
+
 // After the warm-up the engine's served steps allocate no backend memory (on CUDA any allocation retires
 // every recorded decode graph, so a step that allocates undoes the warm-up's recordings): the step metadata
 // is reserved at its largest and the workspace sized by the largest step. Without the warm-up the first
@@ -254,29 +278,24 @@ TEST_F(DecodeGraphsCpu, AfterTheWarmUpServedStepsAllocateNothing) {
   };
   CountingBackend counting(*backend_);
   auto model = Model::load("dummy:tiny", counting);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerationParams> params;
+  // Prompts of 5..805 tokens (chunked at 64), 6 at a time: block tables up to 51 blocks wide, past what the
+  // warm-up's own steps (one block per sequence) size the step metadata for.
+  for (int i = 0; i < 9; ++i) {
+    prompts.push_back(testing::test_prompt(5 + 100 * i, i));
+    params.push_back(testing::greedy_tokens(20 + 5 * (i % 4)));
+  }
   for (bool warm_up : {true, false}) {
     SCOPED_TRACE(warm_up);
-    setenv("INFERX_GRAPHS", "pad", 1);
-    EngineConfig cfg;
-    cfg.max_model_len = 256;
-    cfg.max_num_batched_tokens = 64;
-    cfg.max_batch_size = 6;
-    cfg.warm_up = warm_up;
-    Engine engine(*model, nullptr, cfg);
-    unsetenv("INFERX_GRAPHS");
-    const int64_t after_construction = counting.allocations;
-    for (int i = 0; i < 9; ++i) {  // prompts of 5..205 tokens (chunked at 64), 6 at a time
-      EngineRequest r;
-      r.id = fmt::format("r{}", i);
-      for (int t = 0; t < 5 + 25 * i; ++t) r.prompt.push_back((t * 13 + i) % 512);
-      r.params.temperature = 0.0f;
-      r.params.max_tokens = 4 + 5 * (i % 4);
-      r.params.ignore_eos = true;
-      r.on_output = [](RequestOutput&&) {};
-      engine.submit(std::move(r));
-    }
-    engine.run_until_idle();
-    EXPECT_GT(engine.stats().decode_graph_steps, 10);
+    const PaddedGraphs pad(true);
+    int64_t after_construction = -1;
+    EngineStats stats;
+    EngineConfig cfg = small_engine_config(warm_up);
+    cfg.max_model_len = 1024;
+    testing::run_requests(*model, cfg, prompts, params, &stats,
+                          [&](Engine&) { after_construction = counting.allocations; });
+    EXPECT_GT(stats.decode_graph_steps, 10);
     if (warm_up) {
       EXPECT_EQ(counting.allocations, after_construction) << "a served step allocated after the warm-up";
     } else {
@@ -288,35 +307,21 @@ TEST_F(DecodeGraphsCpu, AfterTheWarmUpServedStepsAllocateNothing) {
 TEST_F(DecodeGraphsCpu, EngineWithPaddedDecodeStepsGivesTheSameGreedyText) {
   // Padded, the engine warms up first (EngineConfig::warm_up: the step sizes 64, 32, 16, 8 and every
   // decode bucket) unless told not to.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerationParams> params;
+  for (int i = 0; i < 7; ++i) {  // 7 requests, 6 at a time: the batch size changes as they finish
+    prompts.push_back(testing::test_prompt(5 + 11 * i, i));
+    params.push_back(testing::greedy_tokens(6 + 3 * i));
+  }
   auto run = [&](bool pad, bool warm_up = true) {
-    if (pad) setenv("INFERX_GRAPHS", "pad", 1);
-    EngineConfig cfg;
-    cfg.max_model_len = 256;
-    cfg.max_num_batched_tokens = 64;
-    cfg.max_batch_size = 6;
-    cfg.warm_up = warm_up;
-    Engine engine(*model_, nullptr, cfg);
-    if (pad) unsetenv("INFERX_GRAPHS");
-    EXPECT_EQ(engine.stats().warm_up_seconds > 0, pad && warm_up);
-    std::vector<std::vector<int32_t>> tokens(7);
-    for (int i = 0; i < 7; ++i) {  // 7 requests, 6 at a time: the batch size changes as they finish
-      EngineRequest r;
-      r.id = fmt::format("r{}", i);
-      for (int t = 0; t < 5 + 11 * i; ++t) r.prompt.push_back((t * 17 + i) % 512);
-      r.params.temperature = 0.0f;
-      r.params.max_tokens = 6 + 3 * i;
-      r.params.ignore_eos = true;
-      r.on_output = [&tokens, i](RequestOutput&& o) {
-        for (const SequenceDelta& d : o.deltas)
-          tokens[static_cast<size_t>(i)].insert(tokens[static_cast<size_t>(i)].end(), d.token_ids.begin(),
-                                                d.token_ids.end());
-      };
-      engine.submit(std::move(r));
-    }
-    engine.run_until_idle();
-    EXPECT_EQ(engine.stats().decode_graph_steps > 0, pad);
-    EXPECT_EQ(engine.stats().decode_graph_replays, 0) << "the CPU records no graphs";
-    EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+    const PaddedGraphs padded(pad);
+    EngineStats stats;
+    const auto tokens =
+        testing::run_requests(*model_, small_engine_config(warm_up), prompts, params, &stats,
+                              [&](Engine& e) { EXPECT_EQ(e.stats().warm_up_seconds > 0, pad && warm_up); });
+    EXPECT_EQ(stats.decode_graph_steps > 0, pad);
+    EXPECT_EQ(stats.decode_graph_replays, 0) << "the CPU records no graphs";
+    EXPECT_EQ(stats.kv_blocks_used, 0);
     return tokens;
   };
   const auto eager = run(false);

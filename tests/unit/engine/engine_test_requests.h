@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "inferx/engine.h"
@@ -27,12 +28,15 @@ inline GenerationParams greedy_tokens(int32_t max_tokens) {
 }
 
 // Serves request i = (prompts[i], params[i]) for every i to its end on a new engine with `cfg`; returns each
-// request's token ids (and the engine's counters in `stats`).
+// request's token ids (and the engine's counters in `stats`). `constructed`, when given, sees the engine
+// before the first request.
 inline std::vector<std::vector<int32_t>> run_requests(Model& model, const EngineConfig& cfg,
                                                       const std::vector<std::vector<int32_t>>& prompts,
                                                       const std::vector<GenerationParams>& params,
-                                                      EngineStats* stats = nullptr) {
+                                                      EngineStats* stats = nullptr,
+                                                      const std::function<void(Engine&)>& constructed = {}) {
   Engine engine(model, nullptr, cfg);
+  if (constructed) constructed(engine);
   std::vector<std::vector<int32_t>> tokens(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     EngineRequest r;
