@@ -56,38 +56,6 @@ elapsed() { echo $(($(date +%s) - T0)); }
 left() { echo $((TOTAL_S - ($(date +%s) - T0) - RESERVE_S)); }
 min() { if (($1 < $2)); then echo "$1"; else echo "$2"; fi; }
 
-# Prints "seconds until GET $1 answers 200" (up to $2 seconds), or fails.
-wait_http() {
-  python3 - "$1" "$2" <<'EOF'
-import sys, time, urllib.request
-url, limit = sys.argv[1], float(sys.argv[2])
-t0 = time.time()
-while time.time() - t0 < limit:
-    try:
-        if urllib.request.urlopen(url, timeout=2).status == 200:
-            print(f"{time.time() - t0:.2f}"); sys.exit(0)
-    except Exception:
-        time.sleep(0.1)
-sys.exit(1)
-EOF
-}
-
-first_token() { # seconds for a 1-token completion
-  python3 - "$1" <<'EOF'
-import json, sys, time, urllib.request
-t0 = time.time()
-model = json.load(urllib.request.urlopen(sys.argv[1] + "/v1/models", timeout=10))["data"][0]["id"]
-req = urllib.request.Request(sys.argv[1] + "/v1/completions", method="POST",
-                             headers={"Content-Type": "application/json"},
-                             data=json.dumps({"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 1}).encode())
-try:
-    json.load(urllib.request.urlopen(req, timeout=120))
-    print(f"{time.time() - t0:.3f}")
-except Exception as e:
-    print(f"failed: {e}")
-EOF
-}
-
 # One line from `inferx bench serve --json` output ($1), or from its progress bar ($2) when it was cut.
 fmt_serve() {
   python3 - "$1" "$2" "$3" <<'EOF'

@@ -116,9 +116,9 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
   // a 32-layer model about 2% of a prefill step's products, from the shapes; measured: an 8192-token FP8
   // prefill 1.6% shorter on an H100). Only when that leaves out at least a product tile of rows: otherwise
   // the gathers cost launches and save nothing (500 decodes and a 2-token chunk). Steps with decode rows
-  // narrow only where Backend::narrows_mixed_steps (the CPU; not CUDA, where it measured 2.3-4% slower at
-  // 1000 x 1000/1000 FP8 before the engine's warm-up: the narrowed rows decided a GEMM row bucket's
-  // algorithm that the decode steps then ran slower with - docs/benchmarks.md 2026-12-05).
+  // narrow only where Backend::narrows_mixed_steps (the CPU, and CUDA since its startup warm-up: before it
+  // the narrowed rows decided a GEMM row bucket's algorithm that the decode steps then ran slower with -
+  // docs/benchmarks.md 2026-12-05).
   const int64_t n_logits = batch.num_logits;
   const bool narrow_last = last_layer_logit_rows_only_ && !rank_ && n_logits > 0 &&
                            (batch.num_decode_prefix == 0 || backend_.narrows_mixed_steps()) &&

@@ -59,12 +59,13 @@ struct CudaBackendOptions {
   // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 1024;
   // Backend::narrows_mixed_steps: the last layer on the logits rows only also in steps with decode rows.
-  // Off: 1000 x 1000/1000 FP8 offline 13,264 narrowed vs 13,811 output tok/s not (H100, same call,
-  // 2026-12-05), measured before the engine's startup warm-up: narrowed rows (~264) were the first of the
-  // 257-512 GEMM row bucket, so its algorithm was timed there and the 462-512-row decode steps ran 5.4%
-  // slower with it. The warm-up now tunes that bucket at 512 first; not re-measured with it.
-  // INFERX_LAST_LAYER_NARROW_MIXED=1.
-  bool narrow_mixed_steps = false;
+  // On since 2026-12-05 15:00: 1000 x 1000/1000 FP8 offline 17,306 narrowed vs 17,198 output tok/s not
+  // (H200, same call, with the startup warm-up; mixed steps 124.1 vs 125.3 ms, decode steps level). Before
+  // the warm-up it lost (H100: 13,264 vs 13,811): the narrowed rows (~264) were the first of the 257-512
+  // GEMM row bucket, its algorithm was timed there and the 462-512-row decode steps ran 5.4% slower with
+  // it; the warm-up tunes every bucket at its top first. So with --no-warmup the loss may come back.
+  // INFERX_LAST_LAYER_NARROW_MIXED=0 turns it off.
+  bool narrow_mixed_steps = true;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
   // kernels so far (H200, 2026-12-03: 8B BF16 5.19 against 4.51 ms per token; docs/benchmarks.md).

@@ -52,7 +52,7 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
   if (const char* nm = std::getenv("INFERX_LAST_LAYER_NARROW_MIXED"))
-    o.narrow_mixed_steps = std::strcmp(nm, "1") == 0;
+    o.narrow_mixed_steps = std::strcmp(nm, "0") != 0;
   if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {
     const std::string v = skip;
     size_t begin = 0;
