@@ -476,6 +476,63 @@ void bench_fp8_gemm(Bench& b, double gemm_tflops, int reps) {
   CUDA_CHECK(cudaStreamDestroy(qs));
 }
 
+// INFERX_BENCH_ONLY=fp8_rows: the FP8 GEMMs alone (E4M3 x E4M3 -> BF16 sums, as the served W8A8 products
+// with the BF16 accumulator run them; no quantization pass, no epilogue) of one Llama-3-8B layer at a decode
+// step's and a prefill step's row counts, each bucket tuned as the engine's warm-up tunes it (at its top
+// first: 512 before 490 and 462), with the heuristic's 16 candidates (the default) and with 64
+// (INFERX_GEMM_CANDIDATES); TFLOP/s against twice the BF16 ceiling (the FP8 tensor cores' peak rate).
+void bench_fp8_rows(Bench& b, double gemm_tflops, int reps) {
+  cudaStream_t st = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&st));
+  {
+    const int64_t shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};  // k, n
+    const char* names[] = {"qkv", "o", "gate+up", "down"};
+    const int64_t max_t = 8192, max_k = 14336, max_n = 28672;
+    std::vector<Tensor> w;
+    for (int i = 0; i < 4; ++i) {
+      b.keep.push_back(b.gpu.allocate(static_cast<size_t>(shapes[i][0] * shapes[i][1])));
+      w.push_back(Tensor(DType::F8_E4M3, {shapes[i][1], shapes[i][0]}, b.keep.back()->data(), Device::CUDA));
+      b.gpu.fill_random(w.back(), RandomFill{200.0f, 0.0f, 70 + static_cast<uint64_t>(i)});
+    }
+    b.keep.push_back(b.gpu.allocate(static_cast<size_t>(max_t * max_k)));
+    Tensor x(DType::F8_E4M3, {max_t, max_k}, b.keep.back()->data(), Device::CUDA);
+    b.gpu.fill_random(x, RandomFill{200.0f, 0.0f, 79});
+    b.keep.push_back(b.gpu.allocate(static_cast<size_t>(max_t * max_n) * 2));
+    void* d = b.keep.back()->data();
+    b.gpu.synchronize();
+    for (int cands : {16, 64}) {
+      cuda::LtMatmul lt(st);
+      lt.set_tuning(true);
+      lt.set_candidates(cands);
+      for (int64_t t : {int64_t{512}, int64_t{490}, int64_t{462}, int64_t{256}, int64_t{128}, int64_t{2048},
+                        int64_t{8192}}) {
+        double layer_s = 0, layer_flops = 0;
+        for (int i = 0; i < 4; ++i) {
+          const int64_t k = shapes[i][0], n = shapes[i][1];
+          const cuda::LtOperands ops{w[static_cast<size_t>(i)].data, x.data, d, nullptr, nullptr, nullptr};
+          const uint64_t changed = lt.stats().changed;
+          cuda::LtMatmul::Plan* plan = lt.plan(cuda::lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops, CUDA_R_16BF), ops);
+          if (plan == nullptr) {
+            std::printf("fp8 gemm c%d %s: no algorithm\n", cands, names[i]);
+            continue;
+          }
+          const double sec = b.time([&] { CUBLAS_CHECK(lt.run(*plan, ops)); }, reps, st);
+          char label[40], shape[64];
+          std::snprintf(label, sizeof label, "fp8 gemm c%d%s", cands, lt.stats().changed > changed ? "*" : "");
+          std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
+                        static_cast<long long>(k), static_cast<long long>(n));
+          row(label, shape, sec, 2.0 * t * k * n, true, 2.0 * gemm_tflops);
+          layer_s += sec;
+          layer_flops += 2.0 * t * k * n;
+        }
+        std::printf("fp8 gemm c%d layer at %lld rows: %.1f us = %.0f TFLOP/s (x 32 layers: %.2f ms)\n", cands,
+                    static_cast<long long>(t), 1e6 * layer_s, layer_flops / layer_s / 1e12, 32e3 * layer_s);
+      }
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(st));
+}
+
 void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps);
 
 // A 1000 x 1000/1000 run's decode contexts: `rows` lengths uniform in 1000-2000 keys (fixed seed), and their
@@ -769,6 +826,11 @@ int run(bool quick, bool gemm_only) {
 
   // Ceilings.
   const double gemm_tflops = gemv_only || decode_fp8_only ? 0.0 : gemm_ceiling(b, reps);
+  if (only != nullptr && std::strcmp(only, "fp8_rows") == 0) {
+    std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
+    bench_fp8_rows(b, gemm_tflops, reps);
+    return 0;
+  }
   if (gemm_only) {  // --gemm: only the GEMM rows
     std::printf("%-22s %-34s %13s %17s\n", "kernel", "shape", "time", "achieved");
     bench_gemm(b, gemm_tflops, reps);

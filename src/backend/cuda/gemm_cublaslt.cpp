@@ -47,6 +47,12 @@ int64_t row_bucket(int64_t t) {
   return b;
 }
 
+// INFERX_GEMM_CANDIDATES: how many algorithms the heuristic is asked for (LtMatmul::set_candidates).
+int env_candidates() {
+  const char* v = std::getenv("INFERX_GEMM_CANDIDATES");
+  return v == nullptr ? LtMatmul::kDefaultCandidates : std::atoi(v);
+}
+
 bool env_tuning() {
   const char* v = std::getenv("INFERX_GEMM_TUNE");
   return v == nullptr || std::strcmp(v, "0") != 0;
@@ -157,6 +163,7 @@ struct LtMatmul::Plan {
 };
 
 LtMatmul::LtMatmul(cudaStream_t stream) : stream_(stream), tuning_(env_tuning()) {
+  set_candidates(env_candidates());
   CUBLAS_CHECK(cublasLtCreate(&lt_));
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
@@ -238,12 +245,12 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s, const Tuned* b
   set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(s.align_d));
   set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(s.align_d));
 
-  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(candidates_));
   const auto query = [&] {
     int found = 0;
     ++stats_.queries;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p, kCandidates, results, &found);
+        lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p, candidates_, results.data(), &found);
     plan->candidates.clear();
     if (status != CUBLAS_STATUS_SUCCESS) return;
     for (int i = 0; i < found; ++i)

@@ -7,7 +7,7 @@
 //     outer-vector scales); F32 accumulation and output; the bias (F32) goes in the epilogue when the
 //     heuristic offers a fused kernel. One plan (descriptors + algorithm) is cached per exact shape.
 //     Autotuning: the first time a shape's power-of-two bucket of t (rows) is seen outside CUDA graph
-//     capture, the heuristic's top kCandidates algorithms are each timed on the real operands and the
+//     capture, the heuristic's top candidates() algorithms (16 by default) are each timed on the real operands and the
 //     fastest is kept for the whole bucket (later row counts of the bucket reuse it after
 //     cublasLtMatmulAlgoCheck, also during graph capture), so a decode batch size or prefill chunk length
 //     tunes at most once per bucket. During capture (set_capturing, or cudaStreamIsCapturing on the
@@ -76,7 +76,7 @@ class LtMatmul {
     uint64_t plans = 0, tunings = 0, changed = 0, reused = 0, queries = 0;
     double build_seconds = 0.0, tune_seconds = 0.0;
   };
-  static constexpr int kCandidates = 16;
+  static constexpr int kDefaultCandidates = 16;
 
   explicit LtMatmul(cudaStream_t stream);
   ~LtMatmul();
@@ -99,6 +99,10 @@ class LtMatmul {
 
   void set_tuning(bool on) { tuning_ = on; }
   bool tuning() const { return tuning_; }
+  // How many algorithms the heuristic is asked for (and a tuning times): kDefaultCandidates, or
+  // INFERX_GEMM_CANDIDATES (1-256) for A/B runs. Plans built before a change keep their list.
+  void set_candidates(int n) { candidates_ = n < 1 ? 1 : n > 256 ? 256 : n; }
+  int candidates() const { return candidates_; }
   // While a CUDA graph is being captured nothing may synchronize: no algorithm timing.
   void set_capturing(bool capturing) { capturing_ = capturing; }
   const Stats& stats() const { return stats_; }
@@ -138,6 +142,7 @@ class LtMatmul {
   Stats stats_;
   bool tuning_ = true;
   bool capturing_ = false;
+  int candidates_ = kDefaultCandidates;
 };
 
 class CublasLtGemm {
