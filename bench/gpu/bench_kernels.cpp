@@ -6,6 +6,7 @@
 // and reported as achieved GB/s or TFLOP/s and the fraction of the ceiling. Usage: bench_cuda_kernels
 // [--quick] [--gemm] (--gemm: the GEMM ceiling and GEMM rows only; INFERX_BENCH_ONLY=gemv: the copy
 // ceiling and the GEMV rows only). Prints one table; the numbers go to docs/benchmarks.md.
+#include <cuda.h>  // green contexts (declarations only: the functions come through cudaGetDriverEntryPoint)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -737,13 +738,231 @@ void bench_decode_context(double copy_gbs, int reps) {
 // streams: one runs the FP8-cache decode attention of `rows` sequences at 1.5k context (Llama-3-8B heads),
 // the other the four FP8 W8A8 products of one Llama-3-8B layer for `rows` tokens (q/k/v, o, gate/up, down),
 // each `layers` times; printed: each alone, both launched together, and the saving against their sum.
+struct GreenStreams;
+void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green);
+
+// INFERX_BENCH_SM_TARGETS: space-separated SM counts the GEMMs' cuBLASLt plans are told to use
+// (INFERX_GEMM_SM_TARGET; 0: the whole GPU, the default), one pass each, so that the GEMMs leave SMs to the
+// attention; INFERX_BENCH_OVERLAP_ROWS: the row counts (default 128 256).
+std::vector<int64_t> env_ints(const char* name, std::vector<int64_t> fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  std::vector<int64_t> out;
+  for (const char* p = v; *p != '\0';) {
+    char* end = nullptr;
+    const long long x = std::strtoll(p, &end, 10);
+    if (end == p) break;
+    out.push_back(x);
+    p = end;
+  }
+  return out.empty() ? fallback : out;
+}
+
+// Two streams on disjoint SM sets of device 0 (green contexts, CUDA 12.4+): `sms` SMs (rounded as the driver
+// requires: multiples of 8 on Hopper) for the first, the rest for the second. False, with the reason, when the
+// driver offers no green contexts or refuses the split.
+struct GreenStreams {
+  cudaStream_t first = nullptr, second = nullptr;
+  unsigned first_sms = 0, second_sms = 0;
+};
+template <class F>
+bool driver_fn(const char* name, F*& f) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12040, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || p == nullptr)
+    return false;
+  f = reinterpret_cast<F*>(p);
+  return true;
+}
+bool green_streams(unsigned sms, GreenStreams& out, std::string& why) {
+  decltype(&cuDeviceGetDevResource) get_resource = nullptr;
+  decltype(&cuDevSmResourceSplitByCount) split = nullptr;
+  decltype(&cuDevResourceGenerateDesc) describe = nullptr;
+  decltype(&cuGreenCtxCreate) create = nullptr;
+  decltype(&cuGreenCtxStreamCreate) stream_create = nullptr;
+  if (!driver_fn("cuDeviceGetDevResource", get_resource) || !driver_fn("cuDevSmResourceSplitByCount", split) ||
+      !driver_fn("cuDevResourceGenerateDesc", describe) || !driver_fn("cuGreenCtxCreate", create) ||
+      !driver_fn("cuGreenCtxStreamCreate", stream_create)) {
+    why = "the driver has no green-context entry points";
+    return false;
+  }
+  CUdevResource all{}, part{}, rest{};
+  unsigned groups = 1;
+  CUresult r = get_resource(0, &all, CU_DEV_RESOURCE_TYPE_SM);
+  if (r == CUDA_SUCCESS) r = split(&part, &groups, &all, &rest, 0, sms);
+  if (r != CUDA_SUCCESS || groups != 1) {
+    why = "cuDevSmResourceSplitByCount failed: " + std::to_string(static_cast<int>(r));
+    return false;
+  }
+  CUdevResourceDesc da = nullptr, db = nullptr;
+  CUgreenCtx ga = nullptr, gb = nullptr;
+  CUstream sa = nullptr, sb = nullptr;
+  r = describe(&da, &part, 1);
+  if (r == CUDA_SUCCESS) r = describe(&db, &rest, 1);
+  if (r == CUDA_SUCCESS) r = create(&ga, da, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+  if (r == CUDA_SUCCESS) r = create(&gb, db, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+  if (r == CUDA_SUCCESS) r = stream_create(&sa, ga, CU_STREAM_NON_BLOCKING, 0);
+  if (r == CUDA_SUCCESS) r = stream_create(&sb, gb, CU_STREAM_NON_BLOCKING, 0);
+  if (r != CUDA_SUCCESS) {
+    why = "green context or stream creation failed: " + std::to_string(static_cast<int>(r));
+    return false;
+  }
+  // The contexts and streams live until the process ends (a bench run).
+  out = {sa, sb, part.sm.smCount, rest.sm.smCount};
+  return true;
+}
+
 void bench_overlap(int reps) {
-  auto make = [] {
+  for (int64_t target : env_ints("INFERX_BENCH_SM_TARGETS", {0})) {
+    setenv("INFERX_GEMM_SM_TARGET", std::to_string(target).c_str(), 1);
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    for (int priority : {0, greatest}) {
+      std::printf("overlap: GEMM SM target %lld, GEMM stream priority %d (attention's 0)\n",
+                  static_cast<long long>(target), priority);
+      bench_overlap_once(reps, priority, {});
+    }
+  }
+  // INFERX_BENCH_GREEN_SMS: SM counts for the attention's green context (the GEMMs get the rest and are told
+  // so through INFERX_GEMM_SM_TARGET).
+  for (int64_t sms : env_ints("INFERX_BENCH_GREEN_SMS", {})) {
+    GreenStreams g;
+    std::string why;
+    if (!green_streams(static_cast<unsigned>(sms), g, why)) {
+      std::printf("overlap: green contexts of %lld SMs: %s\n", static_cast<long long>(sms), why.c_str());
+      continue;
+    }
+    setenv("INFERX_GEMM_SM_TARGET", std::to_string(g.second_sms).c_str(), 1);
+    std::printf("overlap: green contexts, attention on %u SMs, GEMMs on %u SMs\n", g.first_sms, g.second_sms);
+    bench_overlap_once(reps, 0, g);
+  }
+}
+
+// The schedule a decode step split into two half-batches would run (NanoFlow-style; docs/architecture.md):
+// per layer the attention stream runs half A's attention, then half B's, each after its half's q/k/v
+// product; the GEMM stream runs half A's o, gate/up and down (after A's attention) and A's next q/k/v while
+// B's attention runs, then B's. The same Llama-3-8B layer shapes as bench_overlap_once, `layers` times;
+// eager, and captured into one CUDA graph (the attention stream forked from the GEMM stream through an
+// event) where the streams allow it. Printed beside the full batch's sequential estimate (attention alone +
+// GEMMs alone at `rows`).
+struct LayerWeights4 {
+  const Linear *qkv, *o, *gate_up, *down;
+};
+void bench_overlap_pipelined(Bench& ba, Bench& bg, int64_t rows, int reps, LayerWeights4 w) {
+  CudaBackend& ga = ba.gpu;
+  CudaBackend& gg = bg.gpu;
+  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, ctx = 1536, D = 4096, F = 14336, layers = 8;
+  const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+  struct Half {
+    Bench::DecodeBatch batch;
+    KvCacheLayer cache;
+    Tensor q, out, x, y_qkv, y_o, act, y_gu, y_down;
+  };
+  Half h[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = i == 0 ? rows / 2 : rows - rows / 2;
+    const uint64_t sd = 100 + 20 * static_cast<uint64_t>(i);
+    h[i].batch = ba.decode_batch(r, ctx, bs);
+    h[i].cache = ba.kv_layer(DType::F8_E4M3, h[i].batch.num_blocks, bs, hkv, hd, sd);
+    h[i].q = ba.f32(r, hq * hd, sd + 1);
+    h[i].out = ba.f32(r, hq * hd, sd + 2);
+    h[i].x = bg.f32(r, D, sd + 3);
+    h[i].y_qkv = bg.f32(r, 6144, sd + 4);
+    h[i].y_o = bg.f32(r, D, sd + 5);
+    h[i].act = bg.f32(r, F, sd + 6);
+    h[i].y_gu = bg.f32(r, 2 * F, sd + 7);
+    h[i].y_down = bg.f32(r, D, sd + 8);
+  }
+  const auto sa = static_cast<cudaStream_t>(ga.stream()), sg = static_cast<cudaStream_t>(gg.stream());
+  cudaEvent_t ev[6];  // q/k/v done (A, B), attention done (A, B), fork, join
+  for (cudaEvent_t& e : ev) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const auto qkv = [&](int i) { gg.matmul(h[i].x, *w.qkv, h[i].y_qkv); };
+  const auto rest = [&](int i) {
+    gg.matmul(h[i].x, *w.o, h[i].y_o);
+    gg.matmul(h[i].x, *w.gate_up, h[i].y_gu);
+    gg.matmul(h[i].act, *w.down, h[i].y_down);
+  };
+  const auto pipelined = [&] {
+    for (int i = 0; i < 2; ++i) {
+      qkv(i);
+      CUDA_CHECK(cudaEventRecord(ev[i], sg));
+    }
+    for (int64_t l = 0; l < layers; ++l) {
+      for (int i = 0; i < 2; ++i) {
+        CUDA_CHECK(cudaStreamWaitEvent(sa, ev[i], 0));
+        ga.attention(h[i].q, h[i].cache, h[i].batch.view, p, h[i].out);
+        CUDA_CHECK(cudaEventRecord(ev[2 + i], sa));
+      }
+      for (int i = 0; i < 2; ++i) {
+        CUDA_CHECK(cudaStreamWaitEvent(sg, ev[2 + i], 0));
+        rest(i);
+        if (l + 1 < layers) {
+          qkv(i);
+          CUDA_CHECK(cudaEventRecord(ev[i], sg));
+        }
+      }
+    }
+  };
+  const auto timed = [&](const std::function<void()>& f) {
+    for (int i = 0; i < 2; ++i) f();
+    CUDA_CHECK(cudaStreamSynchronize(sa));
+    CUDA_CHECK(cudaStreamSynchronize(sg));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    CUDA_CHECK(cudaStreamSynchronize(sa));
+    CUDA_CHECK(cudaStreamSynchronize(sg));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  const double eager = timed(pipelined);
+  // One graph of the whole schedule: the attention stream joins the capture through the fork event and is
+  // joined back before the capture ends.
+  std::string graph_note;
+  double replay = 0;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaStreamBeginCapture(sg, cudaStreamCaptureModeThreadLocal);
+  if (e == cudaSuccess) {
+    try {
+      CUDA_CHECK(cudaEventRecord(ev[4], sg));
+      CUDA_CHECK(cudaStreamWaitEvent(sa, ev[4], 0));
+      pipelined();
+      CUDA_CHECK(cudaEventRecord(ev[5], sa));
+      CUDA_CHECK(cudaStreamWaitEvent(sg, ev[5], 0));
+    } catch (const std::exception& ex) {
+      graph_note = std::string("capture failed: ") + ex.what();
+    }
+    const cudaError_t end = cudaStreamEndCapture(sg, &graph);
+    if (graph_note.empty() && end != cudaSuccess) graph_note = std::string("capture: ") + cudaGetErrorString(end);
+  } else {
+    graph_note = std::string("begin capture: ") + cudaGetErrorString(e);
+  }
+  if (graph_note.empty()) {
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e != cudaSuccess) graph_note = std::string("instantiate: ") + cudaGetErrorString(e);
+  }
+  if (graph_note.empty()) replay = timed([&] { CUDA_CHECK(cudaGraphLaunch(exec, sg)); });
+  (void)cudaGetLastError();
+  if (exec) CUDA_CHECK(cudaGraphExecDestroy(exec));
+  if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+  for (cudaEvent_t& ev1 : ev) CUDA_CHECK(cudaEventDestroy(ev1));
+  if (graph_note.empty())
+    std::printf("overlap rows %lld as two halves, %lld layers, pipelined: eager %.1f us, graph %.1f us\n",
+                static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * eager, 1e6 * replay);
+  else
+    std::printf("overlap rows %lld as two halves, %lld layers, pipelined: eager %.1f us; graph: %s\n",
+                static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * eager, graph_note.c_str());
+}
+
+void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) {
+  auto make = [](int priority, cudaStream_t stream) {
     CudaBackendOptions o;
     o.kv_cache_dtype = DType::F8_E4M3;
+    o.stream_priority = priority;
+    o.external_stream = stream;
     return make_cuda_backend(0, o);
   };
-  auto attn_backend = make(), gemm_backend = make();
+  auto attn_backend = make(0, green.first), gemm_backend = make(gemm_priority, green.second);
   auto& ga = static_cast<CudaBackend&>(*attn_backend);
   auto& gg = static_cast<CudaBackend&>(*gemm_backend);
   Bench ba{ga, {}}, bg{gg, {}};
@@ -763,7 +982,7 @@ void bench_overlap(int reps) {
   };
   const Linear qkv = fp8_linear(6144, D, 51), o = fp8_linear(D, D, 53), gate_up = fp8_linear(2 * F, D, 55),
                down = fp8_linear(D, F, 57);
-  for (int64_t rows : {int64_t{128}, int64_t{256}}) {
+  for (int64_t rows : env_ints("INFERX_BENCH_OVERLAP_ROWS", {128, 256})) {
     const size_t mark_a = ba.keep.size(), mark_g = bg.keep.size();
     // Attention inputs.
     const Bench::DecodeBatch batch = ba.decode_batch(rows, ctx, bs);
@@ -803,6 +1022,7 @@ void bench_overlap(int reps) {
         "(%.1f%% of the sum; the larger alone is %.1f%%)\n",
         static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * ta, 1e6 * tg, 1e6 * (ta + tg),
         1e6 * both, 100.0 * both / (ta + tg), 100.0 * std::max(ta, tg) / (ta + tg));
+    bench_overlap_pipelined(ba, bg, rows, reps, {&qkv, &o, &gate_up, &down});
     ba.keep.resize(mark_a);
     bg.keep.resize(mark_g);
   }
@@ -862,6 +1082,20 @@ int run(bool quick, bool gemm_only) {
         cuda::launch_read_stream(src, copy_bytes, static_cast<uint32_t*>(dst), gpu.sm_count(), nullptr));
   });
   const double read_gbs = copy_bytes / t_read / 1e9;
+  // =read_sms: the read-only stream on a part of the SMs (one CTA per SM) against the whole GPU's ceiling:
+  // how much of the bandwidth a kernel confined to those SMs could reach.
+  if (only != nullptr && std::strcmp(only, "read_sms") == 0) {
+    std::printf("ceiling: read-only stream %.0f GB/s\n", read_gbs);
+    for (int sms : {8, 16, 33, 44, 66, 88, 99, 110, 132}) {
+      if (sms > gpu.sm_count()) continue;
+      const double t = time_on_device([&] {
+        CUDA_CHECK(cuda::launch_read_stream_on_sms(src, copy_bytes, static_cast<uint32_t*>(dst), sms, nullptr));
+      });
+      row("read-only on SMs", fmt_shape("%lld SMs of %lld, 1 GiB", sms, gpu.sm_count()), t, double(copy_bytes),
+          false, read_gbs);
+    }
+    return 0;
+  }
   b.keep.pop_back();
   b.keep.erase(b.keep.begin());
   std::printf("ceiling: device copy %.0f GB/s (read + write), read-only stream %.0f GB/s\n", copy_gbs,

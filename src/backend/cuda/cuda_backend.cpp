@@ -135,8 +135,9 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
   name_ = std::string("cuda:") + std::to_string(device_) + " (" + prop.name + ")";
   sm_count_ = prop.multiProcessorCount;
   decode_stack_profiles_left_ = options_.decode_stack_profiles;
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaStream_t stream = static_cast<cudaStream_t>(options_.external_stream);
+  if (stream == nullptr)
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, options_.stream_priority));
   stream_ = stream;
   gemm_ = std::make_unique<cuda::CublasLtGemm>(stream_);
   qgemm_ = std::make_unique<cuda::QuantizedGemm>(stream_);
@@ -180,7 +181,8 @@ CudaBackend::~CudaBackend() {
   }
   gemm_.reset();
   if (stream_) {
-    if (cudaStreamSynchronize(stream_) != cudaSuccess || cudaStreamDestroy(stream_) != cudaSuccess)
+    const bool owned = options_.external_stream == nullptr;
+    if (cudaStreamSynchronize(stream_) != cudaSuccess || (owned && cudaStreamDestroy(stream_) != cudaSuccess))
       std::fprintf(stderr, "inferx cuda: releasing the stream failed\n");
   }
 }

@@ -43,6 +43,14 @@ struct CudaBackendOptions {
   float kv_k_scale = 1.0f;
   float kv_v_scale = 1.0f;
   bool bf16_activations = true;  // the fused BF16 outputs of the norms / SiLU described above
+  // Priority of the backend's stream (cudaStreamCreateWithPriority: lower is higher; 0 the default). Work
+  // that shares the GPU with another backend's stream (bench_cuda_kernels INFERX_BENCH_ONLY=overlap) gets
+  // the SMs first as they free up when its stream is the higher.
+  int stream_priority = 0;
+  // A stream of the caller's to run every op on instead of the backend's own (not destroyed with the
+  // backend): e.g. a stream of a green context holding part of the SMs (bench_cuda_kernels
+  // INFERX_BENCH_ONLY=overlap). Null: the backend creates its stream (stream_priority).
+  void* external_stream = nullptr;
   bool gemv = true;  // false: every matmul through cuBLASLt and no fused projections (A/B measurements)
   // BF16 products with rows longer than 8192 (the 8B down projection) on the GEMV instead of cuBLASLt.
   // Off: measured on the H200 (2026-12-03 04:44, batch-1 decode at 1k context) 192.9 tok/s with cuBLASLt

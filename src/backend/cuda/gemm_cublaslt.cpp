@@ -53,6 +53,12 @@ int env_candidates() {
   return v == nullptr ? LtMatmul::kDefaultCandidates : std::atoi(v);
 }
 
+// INFERX_GEMM_SM_TARGET: the SMs cuBLASLt is told to plan for (LtMatmul::set_sm_target).
+int env_sm_target() {
+  const char* v = std::getenv("INFERX_GEMM_SM_TARGET");
+  return v == nullptr ? 0 : std::atoi(v);
+}
+
 bool env_tuning() {
   const char* v = std::getenv("INFERX_GEMM_TUNE");
   return v == nullptr || std::strcmp(v, "0") != 0;
@@ -164,6 +170,7 @@ struct LtMatmul::Plan {
 
 LtMatmul::LtMatmul(cudaStream_t stream) : stream_(stream), tuning_(env_tuning()) {
   set_candidates(env_candidates());
+  sm_target_ = std::max(0, env_sm_target());
   CUBLAS_CHECK(cublasLtCreate(&lt_));
   CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
   workspace_bytes_ = kWorkspaceBytes;
@@ -211,6 +218,7 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s, const Tuned* b
   if (plan->b_scaled) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(s.b_scale));
   if (s.ab_type == CUDA_R_8F_E4M3 && fp8_fast_accum())
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(1));
+  if (sm_target_ > 0) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(sm_target_));
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, s.ab_type, u(s.k), u(s.n), s.k));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, s.ab_type, u(s.k), u(s.t), s.k));

@@ -103,6 +103,10 @@ class LtMatmul {
   // INFERX_GEMM_CANDIDATES (1-256) for A/B runs. Plans built before a change keep their list.
   void set_candidates(int n) { candidates_ = n < 1 ? 1 : n > 256 ? 256 : n; }
   int candidates() const { return candidates_; }
+  // The SM count cuBLASLt plans its kernels for (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET; 0: the whole GPU),
+  // for a stream that shares the GPU with another's work (an overlap experiment: bench_cuda_kernels
+  // INFERX_BENCH_ONLY=overlap); INFERX_GEMM_SM_TARGET. Plans built before a change keep theirs.
+  void set_sm_target(int sms) { sm_target_ = sms < 0 ? 0 : sms; }
   // While a CUDA graph is being captured nothing may synchronize: no algorithm timing.
   void set_capturing(bool capturing) { capturing_ = capturing; }
   const Stats& stats() const { return stats_; }
@@ -143,6 +147,7 @@ class LtMatmul {
   bool tuning_ = true;
   bool capturing_ = false;
   int candidates_ = kDefaultCandidates;
+  int sm_target_ = 0;
 };
 
 class CublasLtGemm {

@@ -165,6 +165,9 @@ cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, con
 // kernels_read_stream.cu: the read-only bandwidth ceiling. Reads bytes (a multiple of 16, 16-byte aligned)
 // at p once with sms * 8 blocks; sink: a device word it almost never writes.
 cudaError_t launch_read_stream(const void* p, size_t bytes, uint32_t* sink, int sms, cudaStream_t stream);
+// The same read on exactly `sms` SMs (one CTA of 1024 threads each, holding most of an SM's shared memory).
+cudaError_t launch_read_stream_on_sms(const void* p, size_t bytes, uint32_t* sink, int sms,
+                                      cudaStream_t stream);
 
 // kernels_prefill_attention.cu ------------------------------------------------------------------------
 // FlashAttention-2 style tiled attention on tensor cores (wgmma, BF16 operands, F32 accumulation) for
