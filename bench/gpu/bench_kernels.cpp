@@ -512,14 +512,16 @@ void bench_fp8_rows(Bench& b, double gemm_tflops, int reps) {
           const int64_t k = shapes[i][0], n = shapes[i][1];
           const cuda::LtOperands ops{w[static_cast<size_t>(i)].data, x.data, d, nullptr, nullptr, nullptr};
           const uint64_t changed = lt.stats().changed;
-          cuda::LtMatmul::Plan* plan = lt.plan(cuda::lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops, CUDA_R_16BF), ops);
+          cuda::LtMatmul::Plan* plan =
+              lt.plan(cuda::lt_shape(CUDA_R_8F_E4M3, n, t, k, n, ops, CUDA_R_16BF), ops);
           if (plan == nullptr) {
             std::printf("fp8 gemm c%d %s: no algorithm\n", cands, names[i]);
             continue;
           }
           const double sec = b.time([&] { CUBLAS_CHECK(lt.run(*plan, ops)); }, reps, st);
           char label[40], shape[64];
-          std::snprintf(label, sizeof label, "fp8 gemm c%d%s", cands, lt.stats().changed > changed ? "*" : "");
+          std::snprintf(label, sizeof label, "fp8 gemm c%d%s", cands,
+                        lt.stats().changed > changed ? "*" : "");
           std::snprintf(shape, sizeof shape, "%s %lldx%lldx%lld", names[i], static_cast<long long>(t),
                         static_cast<long long>(k), static_cast<long long>(n));
           row(label, shape, sec, 2.0 * t * k * n, true, 2.0 * gemm_tflops);
@@ -733,17 +735,7 @@ void bench_decode_context(double copy_gbs, int reps) {
   row("fp8 attn 32 sorted", shape, sorted_cycled, bytes, false, copy_gbs);
 }
 
-// INFERX_BENCH_ONLY=overlap: what running a decode step's memory-bound attention and compute-bound GEMMs at
-// the same time could give (docs/architecture.md: two half-batches on two streams). Two backends, two
-// streams: one runs the FP8-cache decode attention of `rows` sequences at 1.5k context (Llama-3-8B heads),
-// the other the four FP8 W8A8 products of one Llama-3-8B layer for `rows` tokens (q/k/v, o, gate/up, down),
-// each `layers` times; printed: each alone, both launched together, and the saving against their sum.
-struct GreenStreams;
-void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green);
-
-// INFERX_BENCH_SM_TARGETS: space-separated SM counts the GEMMs' cuBLASLt plans are told to use
-// (INFERX_GEMM_SM_TARGET; 0: the whole GPU, the default), one pass each, so that the GEMMs leave SMs to the
-// attention; INFERX_BENCH_OVERLAP_ROWS: the row counts (default 128 256).
+// A space-separated list of integers from the environment variable `name`, or `fallback` when unset/empty.
 std::vector<int64_t> env_ints(const char* name, std::vector<int64_t> fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr) return fallback;
@@ -759,12 +751,13 @@ std::vector<int64_t> env_ints(const char* name, std::vector<int64_t> fallback) {
 }
 
 // Two streams on disjoint SM sets of device 0 (green contexts, CUDA 12.4+): `sms` SMs (rounded as the driver
-// requires: multiples of 8 on Hopper) for the first, the rest for the second. False, with the reason, when the
-// driver offers no green contexts or refuses the split.
+// requires: multiples of 8 on Hopper) for the first, the rest for the second. False, with the reason, when
+// the driver offers no green contexts or refuses the split.
 struct GreenStreams {
   cudaStream_t first = nullptr, second = nullptr;
   unsigned first_sms = 0, second_sms = 0;
 };
+void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green);
 template <class F>
 bool driver_fn(const char* name, F*& f) {
   void* p = nullptr;
@@ -781,9 +774,9 @@ bool green_streams(unsigned sms, GreenStreams& out, std::string& why) {
   decltype(&cuDevResourceGenerateDesc) describe = nullptr;
   decltype(&cuGreenCtxCreate) create = nullptr;
   decltype(&cuGreenCtxStreamCreate) stream_create = nullptr;
-  if (!driver_fn("cuDeviceGetDevResource", get_resource) || !driver_fn("cuDevSmResourceSplitByCount", split) ||
-      !driver_fn("cuDevResourceGenerateDesc", describe) || !driver_fn("cuGreenCtxCreate", create) ||
-      !driver_fn("cuGreenCtxStreamCreate", stream_create)) {
+  if (!driver_fn("cuDeviceGetDevResource", get_resource) ||
+      !driver_fn("cuDevSmResourceSplitByCount", split) || !driver_fn("cuDevResourceGenerateDesc", describe) ||
+      !driver_fn("cuGreenCtxCreate", create) || !driver_fn("cuGreenCtxStreamCreate", stream_create)) {
     why = "the driver has no green-context entry points";
     return false;
   }
@@ -813,6 +806,14 @@ bool green_streams(unsigned sms, GreenStreams& out, std::string& why) {
   return true;
 }
 
+// INFERX_BENCH_ONLY=overlap: what running a decode step's memory-bound attention and compute-bound GEMMs at
+// the same time could give (docs/architecture.md: two half-batches on two streams). Two backends, two
+// streams: one runs the FP8-cache decode attention of `rows` sequences at 1.5k context (Llama-3-8B heads),
+// the other the four FP8 W8A8 products of one Llama-3-8B layer for `rows` tokens (q/k/v, o, gate/up, down),
+// each `layers` times; printed: each alone, both launched together, the saving against their sum, and the
+// two-half-batch schedule (bench_overlap_pipelined). INFERX_BENCH_OVERLAP_ROWS: the row counts (default 128
+// 256). INFERX_BENCH_SM_TARGETS: SM counts the GEMMs' cuBLASLt plans are told to use (INFERX_GEMM_SM_TARGET;
+// 0, the default: the whole GPU), each pass with the default and the highest GEMM stream priority.
 void bench_overlap(int reps) {
   for (int64_t target : env_ints("INFERX_BENCH_SM_TARGETS", {0})) {
     setenv("INFERX_GEMM_SM_TARGET", std::to_string(target).c_str(), 1);
@@ -933,7 +934,8 @@ void bench_overlap_pipelined(Bench& ba, Bench& bg, int64_t rows, int reps, Layer
       graph_note = std::string("capture failed: ") + ex.what();
     }
     const cudaError_t end = cudaStreamEndCapture(sg, &graph);
-    if (graph_note.empty() && end != cudaSuccess) graph_note = std::string("capture: ") + cudaGetErrorString(end);
+    if (graph_note.empty() && end != cudaSuccess)
+      graph_note = std::string("capture: ") + cudaGetErrorString(end);
   } else {
     graph_note = std::string("begin capture: ") + cudaGetErrorString(e);
   }
@@ -951,7 +953,8 @@ void bench_overlap_pipelined(Bench& ba, Bench& bg, int64_t rows, int reps, Layer
                 static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * eager, 1e6 * replay);
   else
     std::printf("overlap rows %lld as two halves, %lld layers, pipelined: eager %.1f us; graph: %s\n",
-                static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * eager, graph_note.c_str());
+                static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * eager,
+                graph_note.c_str());
 }
 
 void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) {
@@ -1089,10 +1092,11 @@ int run(bool quick, bool gemm_only) {
     for (int sms : {8, 16, 33, 44, 66, 88, 99, 110, 132}) {
       if (sms > gpu.sm_count()) continue;
       const double t = time_on_device([&] {
-        CUDA_CHECK(cuda::launch_read_stream_on_sms(src, copy_bytes, static_cast<uint32_t*>(dst), sms, nullptr));
+        CUDA_CHECK(
+            cuda::launch_read_stream_on_sms(src, copy_bytes, static_cast<uint32_t*>(dst), sms, nullptr));
       });
-      row("read-only on SMs", fmt_shape("%lld SMs of %lld, 1 GiB", sms, gpu.sm_count()), t, double(copy_bytes),
-          false, read_gbs);
+      row("read-only on SMs", fmt_shape("%lld SMs of %lld, 1 GiB", sms, gpu.sm_count()), t,
+          double(copy_bytes), false, read_gbs);
     }
     return 0;
   }

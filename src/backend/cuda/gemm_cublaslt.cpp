@@ -218,7 +218,8 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s, const Tuned* b
   if (plan->b_scaled) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(s.b_scale));
   if (s.ab_type == CUDA_R_8F_E4M3 && fp8_fast_accum())
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(1));
-  if (sm_target_ > 0) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(sm_target_));
+  if (sm_target_ > 0)
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, static_cast<int32_t>(sm_target_));
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, s.ab_type, u(s.k), u(s.n), s.k));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, s.ab_type, u(s.k), u(s.t), s.k));

@@ -7,8 +7,8 @@
 //     outer-vector scales); F32 accumulation and output; the bias (F32) goes in the epilogue when the
 //     heuristic offers a fused kernel. One plan (descriptors + algorithm) is cached per exact shape.
 //     Autotuning: the first time a shape's power-of-two bucket of t (rows) is seen outside CUDA graph
-//     capture, the heuristic's top candidates() algorithms (16 by default) are each timed on the real operands and the
-//     fastest is kept for the whole bucket (later row counts of the bucket reuse it after
+//     capture, the heuristic's top candidates() algorithms (16 by default) are each timed on the real
+//     operands and the fastest is kept for the whole bucket (later row counts of the bucket reuse it after
 //     cublasLtMatmulAlgoCheck, also during graph capture), so a decode batch size or prefill chunk length
 //     tunes at most once per bucket. During capture (set_capturing, or cudaStreamIsCapturing on the
 //     stream) nothing is timed: a bucket not tuned yet runs the heuristic's first choice, and the plan is

@@ -51,7 +51,8 @@ __global__ void __launch_bounds__(1024, 1)
 
 }  // namespace
 
-cudaError_t launch_read_stream_on_sms(const void* p, size_t bytes, uint32_t* sink, int sms, cudaStream_t stream) {
+cudaError_t launch_read_stream_on_sms(const void* p, size_t bytes, uint32_t* sink, int sms,
+                                      cudaStream_t stream) {
   static unsigned smem_set = 0;
   const cudaError_t st = allow_dynamic_smem(read_stream_confined_kernel, kConfineSmem, smem_set);
   if (st != cudaSuccess) return st;
