@@ -810,8 +810,9 @@ bool green_streams(unsigned sms, GreenStreams& out, std::string& why) {
 // the same time could give (docs/architecture.md: two half-batches on two streams). Two backends, two
 // streams: one runs the FP8-cache decode attention of `rows` sequences at 1.5k context (Llama-3-8B heads),
 // the other the four FP8 W8A8 products of one Llama-3-8B layer for `rows` tokens (q/k/v, o, gate/up, down),
-// each `layers` times; printed: each alone, both launched together, the saving against their sum, and the
-// two-half-batch schedule (bench_overlap_pipelined). INFERX_BENCH_OVERLAP_ROWS: the row counts (default 128
+// each `layers` times; printed: each alone, both launched together, the saving against their sum, the
+// two-half-batch schedule (bench_overlap_pipelined), and a mixed step's decode attention beside its prefill
+// attention (8 chunks of 1000 tokens) on the two streams. INFERX_BENCH_OVERLAP_ROWS: the row counts (default 128
 // 256). INFERX_BENCH_SM_TARGETS: SM counts the GEMMs' cuBLASLt plans are told to use (INFERX_GEMM_SM_TARGET;
 // 0, the default: the whole GPU), each pass with the default and the highest GEMM stream priority.
 void bench_overlap(int reps) {
@@ -1031,6 +1032,28 @@ void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) 
         static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * ta, 1e6 * tg, 1e6 * (ta + tg),
         1e6 * both, 100.0 * both / (ta + tg), 100.0 * std::max(ta, tg) / (ta + tg));
     bench_overlap_pipelined(ba, bg, rows, reps, {&qkv, &o, &gate_up, &down});
+    // A mixed step's two attentions on the two streams: the decode rows' (memory-bound) beside 8 prefill
+    // chunks of 1000 tokens (tensor cores; the 1000 x 1000/1000 run's mixed steps run them one after the
+    // other).
+    {
+      gg.set_attention_kernel(CudaAttentionKernel::Prefill);
+      const int64_t seqs = 8, len = 1000, pt = seqs * len;
+      const BatchView pview = bg.prefill_batch(seqs, len, bs);
+      const KvCacheLayer pcache = bg.kv_layer(DType::F8_E4M3, seqs * ((len + bs - 1) / bs), bs, hkv, hd, 90);
+      Tensor pq = bg.f32(pt, hq * hd, 91), pout = bg.f32(pt, hq * hd, 92);
+      const auto prefill = [&] {
+        for (int64_t l = 0; l < layers; ++l) gg.attention(pq, pcache, pview, p, pout);
+      };
+      const double tp = timed(prefill), both2 = timed([&] {
+                                          attention();
+                                          prefill();
+                                        });
+      std::printf(
+          "overlap rows %lld, %lld layers: decode attention %.1f us, prefill attention 8 x 1000 %.1f us, sum "
+          "%.1f us, together %.1f us (%.1f%% of the sum; the larger alone is %.1f%%)\n",
+          static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * ta, 1e6 * tp, 1e6 * (ta + tp),
+          1e6 * both2, 100.0 * both2 / (ta + tp), 100.0 * std::max(ta, tp) / (ta + tp));
+    }
     ba.keep.resize(mark_a);
     bg.keep.resize(mark_g);
   }

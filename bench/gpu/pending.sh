@@ -8,7 +8,8 @@
 # 2. The decode step's attention / GEMM overlap on disjoint SMs (bench_cuda_kernels INFERX_BENCH_ONLY=overlap
 #    with INFERX_BENCH_GREEN_SMS: green contexts, never run yet): whether "together" falls toward the larger of
 #    the two alone once each runs on its own SM partition, and what the two-half-batch pipelined schedule takes
-#    eagerly and as one CUDA graph across the two streams (or why the capture fails). H100 12-05: stream
+#    eagerly and as one CUDA graph across the two streams (or why the capture fails), and a mixed step's decode
+#    attention beside its prefill attention (8 x 1000-token chunks) on the two partitions. H100 12-05: stream
 #    priority + cuBLASLt's SM target alone left "together" at 90-99% of the sum; a read stream on 66 of 132 SMs
 #    reaches 99% of the whole GPU's read bandwidth, the FP8 GEMMs on 66 SMs take 1.31x their whole-GPU time.
 # 3. SKIP_OFFLINE=0: 1000 x 1000/1000 FP8 + FP8 KV under with_clocks.sh (OFFLINE_VARIANTS, default the
