@@ -812,9 +812,10 @@ bool green_streams(unsigned sms, GreenStreams& out, std::string& why) {
 // the other the four FP8 W8A8 products of one Llama-3-8B layer for `rows` tokens (q/k/v, o, gate/up, down),
 // each `layers` times; printed: each alone, both launched together, the saving against their sum, the
 // two-half-batch schedule (bench_overlap_pipelined), and a mixed step's decode attention beside its prefill
-// attention (8 chunks of 1000 tokens) on the two streams. INFERX_BENCH_OVERLAP_ROWS: the row counts (default 128
-// 256). INFERX_BENCH_SM_TARGETS: SM counts the GEMMs' cuBLASLt plans are told to use (INFERX_GEMM_SM_TARGET;
-// 0, the default: the whole GPU), each pass with the default and the highest GEMM stream priority.
+// attention (8 chunks of 1000 tokens) on the two streams. INFERX_BENCH_OVERLAP_ROWS: the row counts (default
+// 128 256). INFERX_BENCH_SM_TARGETS: SM counts the GEMMs' cuBLASLt plans are told to use
+// (INFERX_GEMM_SM_TARGET; 0, the default: the whole GPU), each pass with the default and the highest GEMM
+// stream priority.
 void bench_overlap(int reps) {
   for (int64_t target : env_ints("INFERX_BENCH_SM_TARGETS", {0})) {
     setenv("INFERX_GEMM_SM_TARGET", std::to_string(target).c_str(), 1);
