@@ -67,7 +67,7 @@ struct CudaBackendOptions {
   // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 1024;
   // Backend::narrows_mixed_steps: the last layer on the logits rows only also in steps with decode rows.
-  // On since 2026-12-05 15:00: 1000 x 1000/1000 FP8 offline 17,306 narrowed vs 17,198 output tok/s not
+  // On since 2026-12-05 14:40: 1000 x 1000/1000 FP8 offline 17,306 narrowed vs 17,198 output tok/s not
   // (H200, same call, with the startup warm-up; mixed steps 124.1 vs 125.3 ms, decode steps level). Before
   // the warm-up it lost (H100: 13,264 vs 13,811): the narrowed rows (~264) were the first of the 257-512
   // GEMM row bucket, its algorithm was timed there and the 462-512-row decode steps ran 5.4% slower with
