@@ -8,6 +8,10 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$C/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The GPU tests that read shared test data (stories260K.gguf, staged into $C by stage.sh) look here.
 export INFERX_TESTDATA_DIR="${INFERX_TESTDATA_DIR:-$PWD/$C}"
+# The CLI keeps a GEMM tuning cache in the user's cache folder by default; a benchmark that restored another
+# run's tunings would no longer measure what it says (warm-up A/Bs, tuning order), so it is off here unless a
+# script asks for it (cold_start.sh does, in folders of its own).
+export INFERX_GEMM_CACHE="${INFERX_GEMM_CACHE:-off}"
 
 find_ncu() {
   NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -12,9 +12,12 @@
 #    attention beside its prefill attention (8 x 1000-token chunks) on the two partitions. H100 12-05: stream
 #    priority + cuBLASLt's SM target alone left "together" at 90-99% of the sum; a read stream on 66 of 132 SMs
 #    reaches 99% of the whole GPU's read bandwidth, the FP8 GEMMs on 66 SMs take 1.31x their whole-GPU time.
-# 3. SKIP_OFFLINE=0: 1000 x 1000/1000 FP8 + FP8 KV under with_clocks.sh (OFFLINE_VARIANTS, default the
+# 3. Cold start with the GEMM tuning cache (bench/gpu/cold_start.sh, CACHED configurations: the first start
+#    fills a fresh cache folder, the second restores from it) and test_cuda_backend's
+#    TuningCacheRestoresBucketsWithoutTiming (in step 1's GEMM tests). Never run on a GPU yet.
+# 4. SKIP_OFFLINE=0: 1000 x 1000/1000 FP8 + FP8 KV under with_clocks.sh (OFFLINE_VARIANTS, default the
 #    defaults only) with INFERX_GEMM_STATS=1 and the step profile.
-# 4. While the call has time left (B70_BEFORE seconds, default 300) and only where it fits (an H200):
+# 5. While the call has time left (B70_BEFORE seconds, default 300) and only where it fits (an H200):
 #    Llama-3-70B FP8 at batch 1 against its roofline from the same process (issue 6: >= 85%; 82.3% on 12-05
 #    14:30).
 # ENGINE_FILTER: a gtest filter for step 1; GREEN_SMS: step 2's partitions (default "64 80 96").
@@ -33,6 +36,8 @@ INFERX_BENCH_ONLY=overlap INFERX_BENCH_SM_TARGETS="0" INFERX_BENCH_GREEN_SMS="${
   INFERX_BENCH_OVERLAP_ROWS="490" timeout 150 "$C/bench_cuda_kernels" >"$OUT/overlap.txt" 2>&1
 echo "overlap bench: rc=$?"
 grep -E "^overlap" "$OUT/overlap.txt"
+
+CONFIGS="" bash "$(dirname "$0")/cold_start.sh"
 
 if [[ "${SKIP_OFFLINE:-1}" != 1 ]]; then
   for v in ${OFFLINE_VARIANTS:-default:}; do

@@ -1,11 +1,21 @@
 #include "cli/backend_choice.h"
 
+#include <cstdlib>
+
 #include "core/error.h"
 #if defined(INFERX_HAVE_CUDA)
 #include "backend/cuda/cuda_backend.h"
 #endif
 
 namespace inferx::cli {
+
+std::string default_gemm_tuning_cache() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && *xdg != '\0') return std::string(xdg) + "/inferx";
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && *home != '\0') return std::string(home) + "/.cache/inferx";
+  return "";
+}
 
 std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads,
                                       const std::string& kv_cache_dtype) {
@@ -27,6 +37,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads
     }
 #if defined(INFERX_HAVE_CUDA)
     CudaBackendOptions options = cuda_options_from_environment();
+    // The GEMM tuning cache: on for the CLI's commands (a restart then skips the warm-up's algorithm timing),
+    // in the user's cache folder unless INFERX_GEMM_CACHE names another folder or "off".
+    if (std::getenv("INFERX_GEMM_CACHE") == nullptr) options.gemm_tuning_cache = default_gemm_tuning_cache();
     if (kv == "bf16") options.kv_cache_dtype = DType::BF16;
     if (kv == "fp8") options.kv_cache_dtype = DType::F8_E4M3;
     if (kv == "f32") options.kv_cache_dtype = DType::F32;

@@ -1,12 +1,16 @@
 // The cuBLASLt GEMM's algorithm autotuning (gemm_cublaslt.h): a tuned algorithm gives the untuned
 // (heuristic's first choice) result within float rounding and matches a float64 reference; a shape's row
 // bucket is tuned once and reused; nothing is timed while the stream is captured into a CUDA graph (a
-// bucket tuned before is still taken); the INFERX_GEMM_TUNE=0 switch. Needs a GPU: every test skips when
+// bucket tuned before is still taken); the tuning cache restores buckets across instances; the
+// INFERX_GEMM_TUNE=0 switch. Needs a GPU: every test skips when
 // none is visible.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -148,6 +152,62 @@ TEST_F(CudaGemmTuningTest, RowBucketsAreTunedOnceAndReused) {
   const std::vector<float> got = download(out, static_cast<size_t>(40 * n));
   const std::vector<float> x40(x.values.begin(), x.values.begin() + 40 * k);
   EXPECT_LT(cuda_test::compare(got, reference(x40, w.values, nullptr, 40, k, n)).rel_norm, 1e-5);
+}
+
+// The tuning cache (LtMatmul::use_tuning_cache): a bucket tuned by one instance is written to the folder's
+// file and restored by the next instance in the same context, which then runs the product without timing
+// it and gets the same result; a damaged file is ignored and replaced.
+TEST_F(CudaGemmTuningTest, TuningCacheRestoresBucketsWithoutTiming) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("inferx-gemm-cache-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const int64_t t = 48, k = 256, n = 384;
+  Bf16Matrix x(static_cast<size_t>(t * k), 7), w(static_cast<size_t>(n * k), 8);
+  DeviceMem first(static_cast<size_t>(t * n) * 4), second(static_cast<size_t>(t * n) * 4);
+  const auto run = [&](CublasLtGemm& g, DeviceMem& out) {
+    g.matmul(x.dev.p, DType::BF16, t, k, DType::BF16, w.dev.p, n, nullptr, static_cast<float*>(out.p));
+  };
+  {
+    CublasLtGemm g(stream_);
+    g.set_tuning(true);
+    g.lt().use_tuning_cache(dir.string());
+    EXPECT_EQ(g.tuning_stats().loaded, 0u);
+    run(g, first);
+    EXPECT_EQ(g.tuning_stats().tunings, 1u);
+  }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].filename().string().rfind("gemm-tuning-", 0), 0u) << files[0];
+  EXPECT_GT(fs::file_size(files[0]), 100u);
+  {
+    CublasLtGemm g(stream_);
+    g.set_tuning(true);
+    g.lt().use_tuning_cache(dir.string());
+    EXPECT_GE(g.tuning_stats().loaded, 1u);
+    run(g, second);
+    EXPECT_EQ(g.tuning_stats().tunings, 0u);
+    EXPECT_EQ(g.tuning_stats().reused, 1u);
+  }
+  const std::vector<float> a = download(first, static_cast<size_t>(t * n)),
+                           b = download(second, static_cast<size_t>(t * n));
+  EXPECT_EQ(a, b) << "the restored algorithm is the tuned one";
+  EXPECT_LT(cuda_test::compare(b, reference(x.values, w.values, nullptr, t, k, n)).rel_norm, 1e-5);
+  // The same file name (same context) in another folder, damaged: nothing restored, tuned again, and the
+  // file replaced by a whole one.
+  const fs::path damaged_dir = dir / "damaged", damaged = damaged_dir / files[0].filename();
+  fs::create_directories(damaged_dir);
+  std::ofstream(damaged, std::ios::binary) << "IXGEMMTUNE1\n\x05\x00\x00\x00junk";
+  {
+    CublasLtGemm g(stream_);
+    g.set_tuning(true);
+    g.lt().use_tuning_cache(damaged_dir.string());
+    EXPECT_EQ(g.tuning_stats().loaded, 0u);
+    run(g, second);
+    EXPECT_EQ(g.tuning_stats().tunings, 1u);
+  }
+  EXPECT_EQ(fs::file_size(damaged), fs::file_size(files[0]));
+  fs::remove_all(dir);
 }
 
 TEST_F(CudaGemmTuningTest, CaptureUsesTheHeuristicAndTunesAfterwards) {

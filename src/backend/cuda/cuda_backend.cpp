@@ -141,6 +141,8 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
   stream_ = stream;
   gemm_ = std::make_unique<cuda::CublasLtGemm>(stream_);
   qgemm_ = std::make_unique<cuda::QuantizedGemm>(stream_);
+  gemm_->lt().use_tuning_cache(options_.gemm_tuning_cache);
+  qgemm_->lt().use_tuning_cache(options_.gemm_tuning_cache);
 }
 
 CudaBackend::~CudaBackend() {
@@ -152,11 +154,11 @@ CudaBackend::~CudaBackend() {
       std::fprintf(
           stderr,
           "inferx cuda: %s cuBLASLt plans %llu (heuristic queries %llu, host %.3f s), bucket tunings %llu "
-          "(changed %llu, host %.3f s), reused %llu\n",
+          "(changed %llu, host %.3f s), reused %llu, restored from the tuning cache %llu\n",
           what, static_cast<unsigned long long>(st.plans), static_cast<unsigned long long>(st.queries),
           st.build_seconds, static_cast<unsigned long long>(st.tunings),
           static_cast<unsigned long long>(st.changed), st.tune_seconds,
-          static_cast<unsigned long long>(st.reused));
+          static_cast<unsigned long long>(st.reused), static_cast<unsigned long long>(st.loaded));
     };
     if (gemm_) print("16-bit", gemm_->tuning_stats());
     if (qgemm_) print("quantized", qgemm_->tuning_stats());

@@ -51,6 +51,10 @@ struct CudaBackendOptions {
   // backend): e.g. a stream of a green context holding part of the SMs (bench_cuda_kernels
   // INFERX_BENCH_ONLY=overlap). Null: the backend creates its stream (stream_priority).
   void* external_stream = nullptr;
+  // Folder of the GEMM tuning cache (LtMatmul::use_tuning_cache: the cuBLASLt algorithms earlier runs timed,
+  // restored at start-up; formats/gemm_tuning_file.h). Empty: off (tests, benchmarks). The CLI sets it to
+  // $XDG_CACHE_HOME/inferx or ~/.cache/inferx unless INFERX_GEMM_CACHE says otherwise (a folder, or off).
+  std::string gemm_tuning_cache;
   bool gemv = true;  // false: every matmul through cuBLASLt and no fused projections (A/B measurements)
   // BF16 products with rows longer than 8192 (the 8B down projection) on the GEMV instead of cuBLASLt.
   // Off: measured on the H200 (2026-12-03 04:44, batch-1 decode at 1k context) 192.9 tok/s with cuBLASLt

@@ -51,6 +51,11 @@ CudaBackendOptions cuda_options_from_environment() {
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
+  // INFERX_GEMM_CACHE: the GEMM tuning cache's folder, or off (also 0 or empty).
+  if (const char* gc = std::getenv("INFERX_GEMM_CACHE")) {
+    const std::string v = gc;
+    o.gemm_tuning_cache = v == "off" || v == "0" ? "" : v;
+  }
   if (const char* nm = std::getenv("INFERX_LAST_LAYER_NARROW_MIXED"))
     o.narrow_mixed_steps = std::strcmp(nm, "0") != 0;
   if (const char* skip = std::getenv("INFERX_TIMING_SKIP")) {

@@ -1,17 +1,21 @@
 #include "backend/cuda/gemm_cublaslt.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
+#include "formats/gemm_tuning_file.h"
 
 namespace inferx::cuda {
 namespace {
@@ -57,6 +61,63 @@ int env_candidates() {
 int env_sm_target() {
   const char* v = std::getenv("INFERX_GEMM_SM_TARGET");
   return v == nullptr ? 0 : std::atoi(v);
+}
+
+// The tuning cache files of the process (formats/gemm_tuning_file.h): each file's records are read once and
+// kept here, so that every LtMatmul of the process (the BF16 and the FP8 one of each backend, each GPU's
+// backend) sees the others' tunings and each write holds them all.
+class TuningFiles {
+ public:
+  static TuningFiles& instance() {
+    static TuningFiles files;
+    return files;
+  }
+  std::vector<GemmTuningRecord> load(const std::string& path, const std::string& context) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return entry(path, context).records;
+  }
+  // Adds (or replaces) the record of its key and rewrites the file.
+  void add(const std::string& path, const std::string& context, const GemmTuningRecord& record) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Entry& e = entry(path, context);
+    bool replaced = false;
+    for (GemmTuningRecord& r : e.records) {
+      if (r.key == record.key) {
+        r = record;
+        replaced = true;
+      }
+    }
+    if (!replaced) e.records.push_back(record);
+    std::string error;
+    if (!write_gemm_tuning_file(path, context, e.records, error) && !e.warned) {
+      std::fprintf(stderr, "inferx cuda: GEMM tuning cache not saved: %s\n", error.c_str());
+      e.warned = true;
+    }
+  }
+
+ private:
+  struct Entry {
+    std::vector<GemmTuningRecord> records;
+    bool warned = false;
+  };
+  Entry& entry(const std::string& path, const std::string& context) {
+    auto it = files_.find(path);
+    if (it == files_.end()) {
+      std::string why;
+      Entry e{read_gemm_tuning_file(path, context, why)};
+      if (!why.empty()) std::fprintf(stderr, "inferx cuda: GEMM tuning cache ignored: %s\n", why.c_str());
+      it = files_.emplace(path, std::move(e)).first;
+    }
+    return it->second;
+  }
+  std::mutex mutex_;
+  std::map<std::string, Entry> files_;
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
 }
 
 bool env_tuning() {
@@ -331,9 +392,19 @@ bool LtMatmul::fits(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
 // next uncaptured call.
 void LtMatmul::settle(Plan& plan, const LtShape& shape, const LtOperands& ops) {
   const Key bucket = key_of(shape, row_bucket(shape.t));
-  if (auto it = tuned_.find(bucket); it != tuned_.end()) {
-    if (it->second.fused_bias == plan.fused_bias && fits(plan, it->second.algo)) {
+  auto it = tuned_.find(bucket);
+  const bool fits_bucket =
+      it != tuned_.end() && it->second.fused_bias == plan.fused_bias && fits(plan, it->second.algo);
+  // An algorithm restored from the tuning cache that this shape does not take is forgotten, and the bucket
+  // tuned again (and written back).
+  if (it != tuned_.end() && !fits_bucket && restored_.erase(bucket) > 0) {
+    tuned_.erase(it);
+    it = tuned_.end();
+  }
+  if (it != tuned_.end()) {
+    if (fits_bucket) {
       plan.algo = it->second.algo;
+      restored_.erase(bucket);
       ++stats_.reused;
     }
   } else {
@@ -346,10 +417,63 @@ void LtMatmul::settle(Plan& plan, const LtShape& shape, const LtOperands& ops) {
     }
     ++stats_.tunings;
     tuned_.emplace(bucket, Tuned{plan.algo, plan.fused_bias});
+    if (!cache_path_.empty()) {
+      GemmTuningRecord r;
+      r.key =
+          std::apply([](auto... v) { return std::array<int64_t, 12>{static_cast<int64_t>(v)...}; }, bucket);
+      static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof r.algo, "cuBLASLt's algorithm is 8 x u64");
+      std::memcpy(r.algo.data(), &plan.algo, sizeof r.algo);
+      r.flags = plan.fused_bias ? 1 : 0;
+      TuningFiles::instance().add(cache_path_, cache_context_, r);
+    }
   }
   plan.tuned = true;
   plan.candidates.clear();
   plan.candidates.shrink_to_fit();
+}
+
+void LtMatmul::use_tuning_cache(const std::string& dir) {
+  if (dir.empty()) return;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  // Everything that steers which algorithm wins; the tuner's own method is version 1.
+  cache_context_ = std::string("inferx gemm tuning 1; device ") + prop.name + "; sm_" +
+                   std::to_string(prop.major) + std::to_string(prop.minor) + "; sms " +
+                   std::to_string(prop.multiProcessorCount) + "; cuBLASLt " +
+                   std::to_string(cublasLtGetVersion()) + "; fast_accum " + (fp8_fast_accum() ? "1" : "0") +
+                   "; sm_target " + std::to_string(sm_target_) + "; candidates " +
+                   std::to_string(candidates_) + "; workspace " + std::to_string(workspace_bytes_);
+  char name[40];
+  std::snprintf(name, sizeof name, "/gemm-tuning-%016llx.bin",
+                static_cast<unsigned long long>(fnv1a(cache_context_)));
+  cache_path_ = dir + name;
+  for (const GemmTuningRecord& r : TuningFiles::instance().load(cache_path_, cache_context_)) {
+    const auto& a = r.key;
+    const Key k{static_cast<int>(a[0]),
+                a[1],
+                a[2],
+                a[3],
+                a[4],
+                a[5] != 0,
+                static_cast<int>(a[6]),
+                static_cast<int>(a[7]),
+                static_cast<int>(a[8]),
+                static_cast<int>(a[9]),
+                static_cast<int>(a[10]),
+                static_cast<int>(a[11])};
+    Tuned t{};
+    std::memcpy(&t.algo, r.algo.data(), sizeof t.algo);
+    t.fused_bias = (r.flags & 1) != 0;
+    if (tuned_.emplace(k, t).second) {
+      restored_[k] = true;
+      ++stats_.loaded;
+    }
+  }
+  if (stats_.loaded > 0)
+    std::fprintf(stderr, "inferx cuda: GEMM tuning cache %s: %llu bucket algorithms restored\n",
+                 cache_path_.c_str(), static_cast<unsigned long long>(stats_.loaded));
 }
 
 int LtMatmul::fastest(const Plan& plan, const LtShape& shape, const LtOperands& ops) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -72,8 +73,9 @@ class LtMatmul {
   // that kept another algorithm than the heuristic's first choice, and plans that took their bucket's
   // algorithm without timing; heuristic queries made; the host time that building plans took (descriptors
   // and the heuristic query) and that timing candidates took.
+  // loaded: bucket algorithms restored from the tuning cache (use_tuning_cache).
   struct Stats {
-    uint64_t plans = 0, tunings = 0, changed = 0, reused = 0, queries = 0;
+    uint64_t plans = 0, tunings = 0, changed = 0, reused = 0, queries = 0, loaded = 0;
     double build_seconds = 0.0, tune_seconds = 0.0;
   };
   static constexpr int kDefaultCandidates = 16;
@@ -107,6 +109,12 @@ class LtMatmul {
   // for a stream that shares the GPU with another's work (an overlap experiment: bench_cuda_kernels
   // INFERX_BENCH_ONLY=overlap); INFERX_GEMM_SM_TARGET. Plans built before a change keep theirs.
   void set_sm_target(int sms) { sm_target_ = sms < 0 ? 0 : sms; }
+  // The tuning cache (formats/gemm_tuning_file.h) in folder `dir`: the bucket algorithms that earlier runs
+  // tuned in this instance's context (device, cuBLASLt version, fast accumulation, SM target, candidate
+  // count) are restored now - each still checked against its shape before use, and tuned again when it no
+  // longer fits - and every bucket tuned from now on is written back. The file is shared by every LtMatmul
+  // of the process (one file per context). Call before the first product; "" leaves the cache off.
+  void use_tuning_cache(const std::string& dir);
   // While a CUDA graph is being captured nothing may synchronize: no algorithm timing.
   void set_capturing(bool capturing) { capturing_ = capturing; }
   const Stats& stats() const { return stats_; }
@@ -142,7 +150,10 @@ class LtMatmul {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
-  std::map<Key, Tuned> tuned_;  // per row bucket
+  std::map<Key, Tuned> tuned_;    // per row bucket
+  std::map<Key, bool> restored_;  // buckets of tuned_ restored from the tuning cache and not yet used
+  std::string cache_path_;        // the tuning cache file (use_tuning_cache); empty: off
+  std::string cache_context_;     // the context line its records belong to
   Stats stats_;
   bool tuning_ = true;
   bool capturing_ = false;
@@ -176,6 +187,7 @@ class CublasLtGemm {
   uint64_t buffer_generation() const { return generation_; }
   void set_tuning(bool on) { lt_.set_tuning(on); }
   const LtMatmul::Stats& tuning_stats() const { return lt_.stats(); }
+  LtMatmul& lt() { return lt_; }
 
  private:
   const void* activations_as(const float* x, int64_t count, DType to);

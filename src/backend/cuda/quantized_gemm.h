@@ -174,6 +174,7 @@ class QuantizedGemm {
   // Tests and benchmarks: the algorithm autotuning of the FP8 and BF16 GEMMs (gemm_cublaslt.h).
   void set_tuning(bool on) { lt_.set_tuning(on); }
   const LtMatmul::Stats& tuning_stats() const { return lt_.stats(); }
+  LtMatmul& lt() { return lt_; }
 
  private:
   // An FP8 run: false (and the plan disabled) when cuBLASLt refuses the call itself (NOT_SUPPORTED /
