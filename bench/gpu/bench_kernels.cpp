@@ -854,14 +854,43 @@ void bench_overlap(int reps) {
 // eager, and captured into one CUDA graph (the attention stream forked from the GEMM stream through an
 // event) where the streams allow it. Printed beside the full batch's sequential estimate (attention alone +
 // GEMMs alone at `rows`).
+// The overlap benches' shapes: Llama-3-8B heads and projections, decode rows at 1.5k keys of 16-slot
+// blocks, 8 layers per timed call.
+namespace overlap_shape {
+constexpr int64_t hq = 32, hkv = 8, hd = 128, bs = 16, ctx = 1536, D = 4096, F = 14336, layers = 8;
+inline AttentionParams attention_params() { return {hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0}; }
+}  // namespace overlap_shape
+
+// Seconds per call of f (which queues work on both backends' streams): two warm-up calls, then `reps`
+// timed between synchronisations of both streams.
+double time_on_both(CudaBackend& a, CudaBackend& b, const std::function<void()>& f, int reps) {
+  for (int i = 0; i < 2; ++i) f();
+  a.synchronize();
+  b.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  a.synchronize();
+  b.synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+// "overlap rows R, L layers: A x us, B y us, sum, together z us (share of the sum; the larger alone)".
+void print_overlap(int64_t rows, const char* a, double ta, const char* b, double tb, double both) {
+  std::printf(
+      "overlap rows %lld, %lld layers: %s %.1f us, %s %.1f us, sum %.1f us, together %.1f us (%.1f%% of "
+      "the sum; the larger alone is %.1f%%)\n",
+      static_cast<long long>(rows), static_cast<long long>(overlap_shape::layers), a, 1e6 * ta, b, 1e6 * tb,
+      1e6 * (ta + tb), 1e6 * both, 100.0 * both / (ta + tb), 100.0 * std::max(ta, tb) / (ta + tb));
+}
+
 struct LayerWeights4 {
   const Linear *qkv, *o, *gate_up, *down;
 };
 void bench_overlap_pipelined(Bench& ba, Bench& bg, int64_t rows, int reps, LayerWeights4 w) {
   CudaBackend& ga = ba.gpu;
   CudaBackend& gg = bg.gpu;
-  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, ctx = 1536, D = 4096, F = 14336, layers = 8;
-  const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+  using namespace overlap_shape;
+  const AttentionParams p = attention_params();
   struct Half {
     Bench::DecodeBatch batch;
     KvCacheLayer cache;
@@ -912,16 +941,7 @@ void bench_overlap_pipelined(Bench& ba, Bench& bg, int64_t rows, int reps, Layer
       }
     }
   };
-  const auto timed = [&](const std::function<void()>& f) {
-    for (int i = 0; i < 2; ++i) f();
-    CUDA_CHECK(cudaStreamSynchronize(sa));
-    CUDA_CHECK(cudaStreamSynchronize(sg));
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) f();
-    CUDA_CHECK(cudaStreamSynchronize(sa));
-    CUDA_CHECK(cudaStreamSynchronize(sg));
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-  };
+  const auto timed = [&](const std::function<void()>& f) { return time_on_both(ga, gg, f, reps); };
   const double eager = timed(pipelined);
   // One graph of the whole schedule: the attention stream joins the capture through the fork event and is
   // joined back before the capture ends.
@@ -977,8 +997,8 @@ void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) 
   auto& gg = static_cast<CudaBackend&>(*gemm_backend);
   Bench ba{ga, {}}, bg{gg, {}};
   ga.set_attention_kernel(CudaAttentionKernel::Decode);
-  const int64_t hq = 32, hkv = 8, hd = 128, bs = 16, ctx = 1536, D = 4096, F = 14336, layers = 8;
-  const AttentionParams p{hq, hkv, hd, 1.0f / std::sqrt(128.0f), 0};
+  using namespace overlap_shape;
+  const AttentionParams p = attention_params();
   // FP8 weights of one layer (random codes, per-channel scales) on the GEMM backend.
   auto fp8_linear = [&](int64_t n, int64_t k, uint64_t seed) {
     Linear l;
@@ -1013,25 +1033,12 @@ void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) 
         gg.matmul(act, down, y_down);
       }
     };
-    const auto timed = [&](const std::function<void()>& f) {
-      for (int i = 0; i < 2; ++i) f();
-      ga.synchronize();
-      gg.synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < reps; ++i) f();
-      ga.synchronize();
-      gg.synchronize();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-    };
+    const auto timed = [&](const std::function<void()>& f) { return time_on_both(ga, gg, f, reps); };
     const double ta = timed(attention), tg = timed(gemms), both = timed([&] {
                                                              attention();
                                                              gemms();
                                                            });
-    std::printf(
-        "overlap rows %lld, %lld layers: attention %.1f us, FP8 GEMMs %.1f us, sum %.1f us, together %.1f us "
-        "(%.1f%% of the sum; the larger alone is %.1f%%)\n",
-        static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * ta, 1e6 * tg, 1e6 * (ta + tg),
-        1e6 * both, 100.0 * both / (ta + tg), 100.0 * std::max(ta, tg) / (ta + tg));
+    print_overlap(rows, "attention", ta, "FP8 GEMMs", tg, both);
     bench_overlap_pipelined(ba, bg, rows, reps, {&qkv, &o, &gate_up, &down});
     // A mixed step's two attentions on the two streams: the decode rows' (memory-bound) beside 8 prefill
     // chunks of 1000 tokens (tensor cores; the 1000 x 1000/1000 run's mixed steps run them one after the
@@ -1049,11 +1056,7 @@ void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) 
                                           attention();
                                           prefill();
                                         });
-      std::printf(
-          "overlap rows %lld, %lld layers: decode attention %.1f us, prefill attention 8 x 1000 %.1f us, sum "
-          "%.1f us, together %.1f us (%.1f%% of the sum; the larger alone is %.1f%%)\n",
-          static_cast<long long>(rows), static_cast<long long>(layers), 1e6 * ta, 1e6 * tp, 1e6 * (ta + tp),
-          1e6 * both2, 100.0 * both2 / (ta + tp), 100.0 * std::max(ta, tp) / (ta + tp));
+      print_overlap(rows, "decode attention", ta, "prefill attention 8 x 1000", tp, both2);
     }
     ba.keep.resize(mark_a);
     bg.keep.resize(mark_g);

@@ -36,13 +36,7 @@ start() {
   else
     echo "cold start $name: not ready in 240 s; $(tail -2 "$log")"
   fi
-  kill -TERM "$pid" 2>/dev/null
-  for _ in $(seq 1 30); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 1
-  done
-  kill -KILL "$pid" 2>/dev/null
-  wait "$pid" 2>/dev/null
+  stop_server "$pid"
 }
 
 for c in $CONFIGS; do

@@ -1,7 +1,8 @@
 # Sourced by the bench/gpu scripts that run on the GPU machine (after `tar -xzf gpu-carry-z/carry.tgz`):
 # C, the staged binaries and libraries (bench/gpu/stage.sh); OUT, where results go (the device tool's
 # $OUT, else gpu-out); the library path the staged binaries need; INFERX_TESTDATA_DIR. find_ncu sets NCU to Nsight Compute's
-# command line, or says it is missing and returns 1; wait_http and first_token time a server's start.
+# command line, or says it is missing and returns 1; wait_http and first_token time a server's start,
+# stop_server stops it.
 C="${C:-gpu-carry}"
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
@@ -48,4 +49,15 @@ try:
 except Exception as e:
     print(f"failed: {e}")
 EOF
+}
+
+# Stops the server of process $1: SIGTERM (it drains), SIGKILL after 30 s.
+stop_server() {
+  kill -TERM "$1" 2>/dev/null
+  for _ in $(seq 1 30); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 1
+  done
+  kill -KILL "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
 }

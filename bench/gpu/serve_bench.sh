@@ -126,16 +126,6 @@ for line in sys.stdin:
     print(s, flush=True)
 EOF
 
-stop_server() {
-  kill -TERM "$1" 2>/dev/null
-  for _ in $(seq 1 30); do
-    kill -0 "$1" 2>/dev/null || break
-    sleep 1
-  done
-  kill -KILL "$1" 2>/dev/null
-  wait "$1" 2>/dev/null
-}
-
 n_cases=$(wc -w <<<"$CASES")
 parts_left=$(($(wc -w <<<"$BASELINES") * n_cases))
 [[ "$SERVE" != 0 ]] && parts_left=$((parts_left + n_cases))

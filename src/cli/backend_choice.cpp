@@ -36,10 +36,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int cpu_threads
       index = std::stoi(device.substr(5));
     }
 #if defined(INFERX_HAVE_CUDA)
-    CudaBackendOptions options = cuda_options_from_environment();
     // The GEMM tuning cache: on for the CLI's commands (a restart then skips the warm-up's algorithm timing),
     // in the user's cache folder unless INFERX_GEMM_CACHE names another folder or "off".
-    if (std::getenv("INFERX_GEMM_CACHE") == nullptr) options.gemm_tuning_cache = default_gemm_tuning_cache();
+    CudaBackendOptions options = cuda_options_from_environment(default_gemm_tuning_cache());
     if (kv == "bf16") options.kv_cache_dtype = DType::BF16;
     if (kv == "fp8") options.kv_cache_dtype = DType::F8_E4M3;
     if (kv == "f32") options.kv_cache_dtype = DType::F32;

@@ -40,7 +40,6 @@ int32_t warm_up_step_sizes(Model& model, KvCache& kv, BatchBuilder& builder, int
     out.seqs.back().sample = true;  // one row of logits: the last token's
     model.forward(builder.build(out), kv);
   }
-  model.backend().synchronize();
   return static_cast<int32_t>(counts.size());
 }
 

@@ -21,7 +21,8 @@ std::vector<int32_t> warm_up_token_counts(int32_t max_tokens, int32_t floor);
 // its steps (which also sizes the builder's buffers): min(decode_rows, count / 2) one-token rows first (the
 // decode attention), the rest as prefill chunks of up to one block each (the prefill attention), every
 // sequence in `scratch_block` (like DecodeGraphs' padding rows: the KV writes land in a block the pool never
-// hands out), the last token wanting logits. Waits for the device. Returns the counts run.
+// hands out), the last token wanting logits. Queues the work (the caller synchronizes once after the whole
+// warm-up). Returns the counts run.
 int32_t warm_up_step_sizes(Model& model, KvCache& kv, BatchBuilder& builder, int32_t scratch_block,
                            const std::vector<int32_t>& counts, int32_t decode_rows);
 

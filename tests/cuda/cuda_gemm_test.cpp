@@ -155,8 +155,9 @@ TEST_F(CudaGemmTuningTest, RowBucketsAreTunedOnceAndReused) {
 }
 
 // The tuning cache (LtMatmul::use_tuning_cache): a bucket tuned by one instance is written to the folder's
-// file and restored by the next instance in the same context, which then runs the product without timing
-// it and gets the same result; a damaged file is ignored and replaced.
+// file and restored by the next instance in the same context (from the process's copy of that file, which
+// every LtMatmul shares; reading a file back is formats/gemm_tuning_file's test), which then runs the
+// product without timing it and gets the same result; a damaged file on disk is ignored and replaced.
 TEST_F(CudaGemmTuningTest, TuningCacheRestoresBucketsWithoutTiming) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("inferx-gemm-cache-" + std::to_string(::getpid()));
@@ -164,48 +165,39 @@ TEST_F(CudaGemmTuningTest, TuningCacheRestoresBucketsWithoutTiming) {
   const int64_t t = 48, k = 256, n = 384;
   Bf16Matrix x(static_cast<size_t>(t * k), 7), w(static_cast<size_t>(n * k), 8);
   DeviceMem first(static_cast<size_t>(t * n) * 4), second(static_cast<size_t>(t * n) * 4);
-  const auto run = [&](CublasLtGemm& g, DeviceMem& out) {
-    g.matmul(x.dev.p, DType::BF16, t, k, DType::BF16, w.dev.p, n, nullptr, static_cast<float*>(out.p));
-  };
-  {
+  // A fresh tuned GEMM with the cache in `folder` runs the product once; its counters afterwards (loaded is
+  // set when the cache is read, before the product).
+  const auto run_cached = [&](const fs::path& folder, DeviceMem& out) {
     CublasLtGemm g(stream_);
     g.set_tuning(true);
-    g.lt().use_tuning_cache(dir.string());
-    EXPECT_EQ(g.tuning_stats().loaded, 0u);
-    run(g, first);
-    EXPECT_EQ(g.tuning_stats().tunings, 1u);
-  }
+    g.lt().use_tuning_cache(folder.string());
+    g.matmul(x.dev.p, DType::BF16, t, k, DType::BF16, w.dev.p, n, nullptr, static_cast<float*>(out.p));
+    return g.tuning_stats();
+  };
+  const cuda::LtMatmul::Stats filled = run_cached(dir, first);
+  EXPECT_EQ(filled.loaded, 0u);
+  EXPECT_EQ(filled.tunings, 1u);
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
   ASSERT_EQ(files.size(), 1u);
   EXPECT_EQ(files[0].filename().string().rfind("gemm-tuning-", 0), 0u) << files[0];
   EXPECT_GT(fs::file_size(files[0]), 100u);
-  {
-    CublasLtGemm g(stream_);
-    g.set_tuning(true);
-    g.lt().use_tuning_cache(dir.string());
-    EXPECT_GE(g.tuning_stats().loaded, 1u);
-    run(g, second);
-    EXPECT_EQ(g.tuning_stats().tunings, 0u);
-    EXPECT_EQ(g.tuning_stats().reused, 1u);
-  }
+  const cuda::LtMatmul::Stats restored = run_cached(dir, second);
+  EXPECT_GE(restored.loaded, 1u);
+  EXPECT_EQ(restored.tunings, 0u);
+  EXPECT_EQ(restored.reused, 1u);
   const std::vector<float> a = download(first, static_cast<size_t>(t * n)),
                            b = download(second, static_cast<size_t>(t * n));
   EXPECT_EQ(a, b) << "the restored algorithm is the tuned one";
   EXPECT_LT(cuda_test::compare(b, reference(x.values, w.values, nullptr, t, k, n)).rel_norm, 1e-5);
-  // The same file name (same context) in another folder, damaged: nothing restored, tuned again, and the
-  // file replaced by a whole one.
+  // The same file name (same context) in another folder, damaged (the header, then a cut-off context
+  // length): read from disk, nothing restored, tuned again, and the file replaced by a whole one.
   const fs::path damaged_dir = dir / "damaged", damaged = damaged_dir / files[0].filename();
   fs::create_directories(damaged_dir);
-  std::ofstream(damaged, std::ios::binary) << "IXGEMMTUNE1\n\x05\x00\x00\x00junk";
-  {
-    CublasLtGemm g(stream_);
-    g.set_tuning(true);
-    g.lt().use_tuning_cache(damaged_dir.string());
-    EXPECT_EQ(g.tuning_stats().loaded, 0u);
-    run(g, second);
-    EXPECT_EQ(g.tuning_stats().tunings, 1u);
-  }
+  std::ofstream(damaged, std::ios::binary) << "IXGEMMTUNE1\n\x05";
+  const cuda::LtMatmul::Stats retuned = run_cached(damaged_dir, second);
+  EXPECT_EQ(retuned.loaded, 0u);
+  EXPECT_EQ(retuned.tunings, 1u);
   EXPECT_EQ(fs::file_size(damaged), fs::file_size(files[0]));
   fs::remove_all(dir);
 }

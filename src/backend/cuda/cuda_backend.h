@@ -108,8 +108,9 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
-// INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention.
-CudaBackendOptions cuda_options_from_environment();
+// INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
+// INFERX_GEMM_CACHE=DIR|off (the GEMM tuning cache's folder; `gemm_cache_default` when unset).
+CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_default = "");
 
 // CUDA devices this process can use; 0 without a driver or a GPU. Never throws.
 int cuda_device_count();

@@ -17,8 +17,9 @@
 
 namespace inferx {
 
-CudaBackendOptions cuda_options_from_environment() {
+CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_default) {
   CudaBackendOptions o;
+  o.gemm_tuning_cache = gemm_cache_default;
   if (const char* kv = std::getenv("INFERX_CUDA_KV_DTYPE")) {
     const std::string v = kv;
     if (v == "f32" || v == "F32")

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -267,6 +268,18 @@ LtMatmul::Key LtMatmul::key_of(const LtShape& s, int64_t t) {
              static_cast<int>(s.d_type)};
 }
 
+// The plan key as the tuning file's 12 integers and back, field by field in the Key's own order.
+std::array<int64_t, 12> LtMatmul::key_record(const Key& k) {
+  return std::apply([](auto... v) { return std::array<int64_t, 12>{static_cast<int64_t>(v)...}; }, k);
+}
+
+LtMatmul::Key LtMatmul::record_key(const std::array<int64_t, 12>& a) {
+  return [&]<size_t... I>(std::index_sequence<I...>) {
+    return Key{static_cast<std::tuple_element_t<I, Key>>(a[I])...};
+  }
+  (std::make_index_sequence<std::tuple_size_v<Key>>{});
+}
+
 std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s, const Tuned* bucket) {
   auto plan = std::make_unique<Plan>();
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -417,10 +430,9 @@ void LtMatmul::settle(Plan& plan, const LtShape& shape, const LtOperands& ops) {
     }
     ++stats_.tunings;
     tuned_.emplace(bucket, Tuned{plan.algo, plan.fused_bias});
-    if (!cache_path_.empty()) {
+    if (!cache_path_.empty()) {  // once per bucket, after a timing that took far longer than the write
       GemmTuningRecord r;
-      r.key =
-          std::apply([](auto... v) { return std::array<int64_t, 12>{static_cast<int64_t>(v)...}; }, bucket);
+      r.key = key_record(bucket);
       static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof r.algo, "cuBLASLt's algorithm is 8 x u64");
       std::memcpy(r.algo.data(), &plan.algo, sizeof r.algo);
       r.flags = plan.fused_bias ? 1 : 0;
@@ -450,24 +462,12 @@ void LtMatmul::use_tuning_cache(const std::string& dir) {
                 static_cast<unsigned long long>(fnv1a(cache_context_)));
   cache_path_ = dir + name;
   for (const GemmTuningRecord& r : TuningFiles::instance().load(cache_path_, cache_context_)) {
-    const auto& a = r.key;
-    const Key k{static_cast<int>(a[0]),
-                a[1],
-                a[2],
-                a[3],
-                a[4],
-                a[5] != 0,
-                static_cast<int>(a[6]),
-                static_cast<int>(a[7]),
-                static_cast<int>(a[8]),
-                static_cast<int>(a[9]),
-                static_cast<int>(a[10]),
-                static_cast<int>(a[11])};
+    const Key k = record_key(r.key);
     Tuned t{};
     std::memcpy(&t.algo, r.algo.data(), sizeof t.algo);
     t.fused_bias = (r.flags & 1) != 0;
     if (tuned_.emplace(k, t).second) {
-      restored_[k] = true;
+      restored_.insert(k);
       ++stats_.loaded;
     }
   }

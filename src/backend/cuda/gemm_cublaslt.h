@@ -24,9 +24,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -130,6 +132,9 @@ class LtMatmul {
     bool fused_bias;
   };
   static Key key_of(const LtShape& s, int64_t t);
+  static_assert(std::tuple_size_v<Key> == 12, "the tuning file stores 12 key fields");
+  static std::array<int64_t, 12> key_record(const Key& k);
+  static Key record_key(const std::array<int64_t, 12>& a);
   // bucket: the tuned algorithm of the shape's row bucket, tried before any heuristic query (or nullptr).
   std::unique_ptr<Plan> build(const LtShape& shape, const Tuned* bucket);
   // Whether the stream may synchronize now (not captured into a CUDA graph): candidates can be timed.
@@ -150,10 +155,10 @@ class LtMatmul {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, std::unique_ptr<Plan>> plans_;
-  std::map<Key, Tuned> tuned_;    // per row bucket
-  std::map<Key, bool> restored_;  // buckets of tuned_ restored from the tuning cache and not yet used
-  std::string cache_path_;        // the tuning cache file (use_tuning_cache); empty: off
-  std::string cache_context_;     // the context line its records belong to
+  std::map<Key, Tuned> tuned_;  // per row bucket
+  std::set<Key> restored_;      // buckets of tuned_ restored from the tuning cache and not yet used
+  std::string cache_path_;      // the tuning cache file (use_tuning_cache); empty: off
+  std::string cache_context_;   // the context line its records belong to
   Stats stats_;
   bool tuning_ = true;
   bool capturing_ = false;
