@@ -6,7 +6,7 @@
 // and reported as achieved GB/s or TFLOP/s and the fraction of the ceiling. Usage: bench_cuda_kernels
 // [--quick] [--gemm] (--gemm: the GEMM ceiling and GEMM rows only; INFERX_BENCH_ONLY=gemv: the copy
 // ceiling and the GEMV rows only). Prints one table; the numbers go to docs/benchmarks.md.
-#include <cuda.h>  // green contexts (declarations only: the functions come through cudaGetDriverEntryPoint)
+#include <cuda.h>  // green contexts (the driver API: CUDA::cuda_driver)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -288,20 +288,22 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
       if (k == GemvKernel::V4 && c.m != 1)
         continue;  // v4 takes one activation row (more: v1, measured above)
       cuda::set_gemv_kernel(c.dtype, k);
-      // Variants: v3 with CTAs of 4 warps (c.warps4); v4 with 8 loads per lane and batch ("l8"), and with
-      // its shared-memory prefetch at 96 / 160 / 200 KB per SM ("s96" ...).
+      // Variants: v3 with CTAs of 4 warps (c.warps4); v4 with 8 loads per lane and batch ("l8"), with
+      // its shared-memory prefetch at 96 / 160 / 200 KB per SM ("s96" ...), and with the K split chosen
+      // per shape ("k": gemv_v4_ksplit; the others unsplit).
       struct Alt {
         const char* suffix;
-        int v3_warps, v4_loads, v4_smem_kb;
+        int v3_warps, v4_loads, v4_smem_kb, v4_ksplit;
       };
-      const Alt alts[] = {{"", 0, 4, 0},      {" w4", 4, 4, 0},     {" l8", 0, 8, 0},
-                          {" s96", 0, 4, 96}, {" s160", 0, 4, 160}, {" s200", 0, 4, 200}};
+      const Alt alts[] = {{"", 0, 4, 0, 1},      {" w4", 4, 4, 0, 1},     {" l8", 0, 8, 0, 1},
+                          {" s96", 0, 4, 96, 1}, {" s160", 0, 4, 160, 1}, {" s200", 0, 4, 200, 1},
+                          {" k", 0, 4, 0, 0},    {" s96 k", 0, 4, 96, 0}};
       for (const Alt& a : alts) {
         const bool takes = a.suffix[0] == 0 || (k == GemvKernel::V3 && c.warps4 && a.v3_warps > 0) ||
                            (k == GemvKernel::V4 && a.v3_warps == 0);
         if (!takes) continue;
         cuda::set_gemv_v3_max_warps(a.v3_warps);
-        cuda::set_gemv_v4_shape(a.v4_loads, -1, -1, a.v4_smem_kb);
+        cuda::set_gemv_v4_shape(a.v4_loads, -1, -1, a.v4_smem_kb, a.v4_ksplit);
         const std::string name =
             std::string(c.name) + (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") + a.suffix;
         row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
@@ -758,49 +760,34 @@ struct GreenStreams {
   unsigned first_sms = 0, second_sms = 0;
 };
 void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green);
-template <class F>
-bool driver_fn(const char* name, F*& f) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12040, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess || p == nullptr)
-    return false;
-  f = reinterpret_cast<F*>(p);
-  return true;
-}
 bool green_streams(unsigned sms, GreenStreams& out, std::string& why) {
-  decltype(&cuDeviceGetDevResource) get_resource = nullptr;
-  decltype(&cuDevSmResourceSplitByCount) split = nullptr;
-  decltype(&cuDevResourceGenerateDesc) describe = nullptr;
-  decltype(&cuGreenCtxCreate) create = nullptr;
-  decltype(&cuGreenCtxStreamCreate) stream_create = nullptr;
-  if (!driver_fn("cuDeviceGetDevResource", get_resource) ||
-      !driver_fn("cuDevSmResourceSplitByCount", split) || !driver_fn("cuDevResourceGenerateDesc", describe) ||
-      !driver_fn("cuGreenCtxCreate", create) || !driver_fn("cuGreenCtxStreamCreate", stream_create)) {
-    why = "the driver has no green-context entry points";
+  // Called directly (the bench links the driver library): on the H100 of 12-05 16:10 (driver 580.159)
+  // cudaGetDriverEntryPointByVersion(..., 12040, ...) returned none of these five.
+  const auto failed = [&why](const char* what, CUresult r) {
+    const char* name = nullptr;
+    cuGetErrorName(r, &name);
+    why = std::string(what) + " failed: " + (name != nullptr ? name : std::to_string(static_cast<int>(r)));
     return false;
-  }
+  };
   CUdevResource all{}, part{}, rest{};
   unsigned groups = 1;
-  CUresult r = get_resource(0, &all, CU_DEV_RESOURCE_TYPE_SM);
-  if (r == CUDA_SUCCESS) r = split(&part, &groups, &all, &rest, 0, sms);
-  if (r != CUDA_SUCCESS || groups != 1) {
-    why = "cuDevSmResourceSplitByCount failed: " + std::to_string(static_cast<int>(r));
+  CUresult r = cuDeviceGetDevResource(0, &all, CU_DEV_RESOURCE_TYPE_SM);
+  if (r == CUDA_SUCCESS) r = cuDevSmResourceSplitByCount(&part, &groups, &all, &rest, 0, sms);
+  if (r != CUDA_SUCCESS) return failed("cuDeviceGetDevResource / cuDevSmResourceSplitByCount", r);
+  if (groups != 1) {
+    why = "cuDevSmResourceSplitByCount made " + std::to_string(groups) + " groups";
     return false;
   }
   CUdevResourceDesc da = nullptr, db = nullptr;
   CUgreenCtx ga = nullptr, gb = nullptr;
   CUstream sa = nullptr, sb = nullptr;
-  r = describe(&da, &part, 1);
-  if (r == CUDA_SUCCESS) r = describe(&db, &rest, 1);
-  if (r == CUDA_SUCCESS) r = create(&ga, da, 0, CU_GREEN_CTX_DEFAULT_STREAM);
-  if (r == CUDA_SUCCESS) r = create(&gb, db, 0, CU_GREEN_CTX_DEFAULT_STREAM);
-  if (r == CUDA_SUCCESS) r = stream_create(&sa, ga, CU_STREAM_NON_BLOCKING, 0);
-  if (r == CUDA_SUCCESS) r = stream_create(&sb, gb, CU_STREAM_NON_BLOCKING, 0);
-  if (r != CUDA_SUCCESS) {
-    why = "green context or stream creation failed: " + std::to_string(static_cast<int>(r));
-    return false;
-  }
+  r = cuDevResourceGenerateDesc(&da, &part, 1);
+  if (r == CUDA_SUCCESS) r = cuDevResourceGenerateDesc(&db, &rest, 1);
+  if (r == CUDA_SUCCESS) r = cuGreenCtxCreate(&ga, da, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+  if (r == CUDA_SUCCESS) r = cuGreenCtxCreate(&gb, db, 0, CU_GREEN_CTX_DEFAULT_STREAM);
+  if (r == CUDA_SUCCESS) r = cuGreenCtxStreamCreate(&sa, ga, CU_STREAM_NON_BLOCKING, 0);
+  if (r == CUDA_SUCCESS) r = cuGreenCtxStreamCreate(&sb, gb, CU_STREAM_NON_BLOCKING, 0);
+  if (r != CUDA_SUCCESS) return failed("green context or stream creation", r);
   // The contexts and streams live until the process ends (a bench run).
   out = {sa, sb, part.sm.smCount, rest.sm.smCount};
   return true;

@@ -408,6 +408,101 @@ TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
   }
 }
 
+// v4's K split: the warps of a CTA that share a row group each stream 1/ks of its batches and the group's
+// first warp adds their sums. Forced to 2 and 4 (K a whole number of batches for every batch size: 8192
+// columns), with few and many warps, one or two rows per warp (3001 rows: a last half pair and, split, a
+// CTA with an idle group), the shared-memory prefetch off and staging part or all of a warp's segment; plain
+// and SiLU products. The split in force is the one gemv_v4_ksplit gives for the launch's shape.
+TEST_F(CudaGemvTest, StreamKernelSplitsRowsOverWarps) {
+  uint32_t seed = 1700;
+  for (const Variant& v : {kVariants[0], kVariants[1], kVariants[2]}) {
+    const KernelScope scope(v.dtype, GemvKernel::V4);
+    const int64_t k = 8192, n = 3001, f = 1501;
+    const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * f, k, ++seed);
+    const int elems = v.dtype == DType::BF16 ? 8 : 16;
+    for (int ksplit : {2, 4})
+      for (int loads : {4, 8})
+        for (int ctas : {1, 0})
+          for (int pairs : {1, 0})
+            for (int smem_kb : {0, 48, 200}) {
+              cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb, ksplit);
+              const int64_t batches = k / (int64_t{32} * (loads / (pairs + 1)) * elems);
+              const int in_force = cuda::gemv_v4_ksplit(n, batches, 1, ksplit);
+              ASSERT_GT(in_force, 1) << "the case must split";
+              const std::string what =
+                  v.name + " ksplit=" + std::to_string(ksplit) + " (" + std::to_string(in_force) +
+                  ") loads=" + std::to_string(loads) + " ctas/SM=" + std::to_string(ctas) +
+                  " pairs=" + std::to_string(pairs) + " smem KB=" + std::to_string(smem_kb);
+              std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
+              for (float& e : x) e = bf16_round(e);
+              const std::vector<float> bias = randoms(size_t(n), ++seed);
+              std::vector<double> want, mag;
+              reference(h, x, 1, bias, want, mag);
+              Tensor tx = f32({1, k}, x), out = f32({1, n}, std::vector<float>(size_t(n), NAN));
+              gpu_->matmul(tx, linear(h, bias), out);
+              expect_matches(read(out), want, mag, what, 2e-6);
+              // The same launch again gives the same bits (the split's sums are added in a fixed order).
+              Tensor again = f32({1, n}, std::vector<float>(size_t(n), NAN));
+              gpu_->matmul(tx, linear(h, bias), again);
+              EXPECT_EQ(read(again), read(out)) << what;
+              Tensor act = f32({1, f}, std::vector<float>(size_t(f), NAN)),
+                     gate = f32({1, f}, std::vector<float>(size_t(f))),
+                     up = f32({1, f}, std::vector<float>(size_t(f)));
+              gpu_->matmul_silu_mul(tx, linear(hs, {}), gate, up, act);
+              std::vector<double> gu, gmag;
+              reference(hs, x, 1, {}, gu, gmag);
+              const std::vector<float> got = read(act);
+              for (int64_t j = 0; j < f; ++j) {
+                const double g = gu[size_t(j)], u = gu[size_t(f + j)], s = g / (1 + std::exp(-g));
+                const double tol = (2e-6 * gmag[size_t(j)] + 1e-6) * 1.1 * std::fabs(u) +
+                                   (2e-6 * gmag[size_t(f + j)] + 1e-6) * std::fabs(s) +
+                                   1e-6 * std::fabs(s * u);
+                if (!(std::fabs(got[size_t(j)] - s * u) <= tol)) {
+                  ADD_FAILURE() << what << " silu: element " << j << " got " << got[size_t(j)] << " want "
+                                << s * u;
+                  break;
+                }
+              }
+            }
+    cuda::set_gemv_v4_shape(0, -1);
+  }
+}
+
+// v4's K split choice (host arithmetic, no GPU needed). 4224 warps = 1056 CTAs of 4 (8 per SM on 132 SMs).
+TEST(CudaGemvV4Split, ChoosesTheFewestBatchesPerWarp) {
+  const int64_t w = 4224;
+  // 8B FP8 at batch 1 (pairs, 4 loads: 1 KB batches): o 2048 pairs x 4 batches -> 2; qkv 3072 x 4 -> 4;
+  // down 2048 x 14 -> 2; gate/up 14336 x 4 -> 1 (16 batches per warp unsplit, 14 split: less than the
+  // quarter the split must save); the lm_head 64128 x 4 -> 1 (64 -> 61).
+  EXPECT_EQ(cuda::gemv_v4_ksplit(2048, 4, w, 0), 2);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(3072, 4, w, 0), 4);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(2048, 14, w, 0), 2);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(14336, 4, w, 0), 1);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(64128, 4, w, 0), 1);
+  // 70B FP8: qkv 5120 pairs x 8 -> 4 (10 batches in the busiest warp against 16 unsplit); o 4096 x 8 and
+  // down 4096 x 28 gain nothing -> 1.
+  EXPECT_EQ(cuda::gemv_v4_ksplit(5120, 8, w, 0), 4);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(4096, 8, w, 0), 1);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(4096, 28, w, 0), 1);
+  // Never a split that does not divide the batches; a request is capped to one that does.
+  EXPECT_EQ(cuda::gemv_v4_ksplit(100, 7, w, 0), 1);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(100, 6, w, 4), 2);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(100, 6, w, 3), 2);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(100, 8, w, 4), 4);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(100, 8, w, 1), 1);
+  EXPECT_EQ(cuda::gemv_v4_ksplit(0, 8, w, 0), 1);
+  for (int64_t groups : {1, 7, 1000, 4224, 5000, 100000})
+    for (int64_t batches : {1, 2, 3, 4, 6, 8, 14, 28})
+      for (int req : {0, 1, 2, 4}) {
+        const int ks = cuda::gemv_v4_ksplit(groups, batches, w, req);
+        EXPECT_TRUE(ks == 1 || ks == 2 || ks == 4);
+        EXPECT_EQ(batches % ks, 0);
+        if (req > 0) {
+          EXPECT_LE(ks, req);
+        }
+      }
+}
+
 // v4's staging plan (host arithmetic, no GPU needed): whole batches, never more than a row's whole batches,
 // and the CTAs that share an SM within the budget; the shapes of the 8B decode give the figures the
 // measurements were taken with (o projection, FP8 pairs: 512 CTAs on 132 SMs, 96 KB -> 2 of 4 batches).

@@ -80,6 +80,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// A barrier among `threads` threads (whole warps) of the block that use the same id (1..15; 0 is
+// __syncthreads'), with the memory ordering of __syncthreads among them.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 // `scratch` holds 32 floats of shared memory; the trailing barrier lets callers reuse it at once.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

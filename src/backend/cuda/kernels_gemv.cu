@@ -63,6 +63,7 @@ struct GemvParams {
   int64_t f = 0;
   __nv_bfloat16* out_bf16 = nullptr;
   int pf_batches = 0;  // v4: batches of each warp's first row(s) staged in shared memory (0: none)
+  int ksplit = 1;      // v4: warps of a CTA that share a row group, each a 1/ksplit of its batches (1, 2, 4)
   // v4's norm fusion (kernels_gemv.h). Residual epilogue (one output): residual[j] += out_j (out not stored),
   // normed[j] = BF16(residual[j] * norm_weight[j]), partials[CTA] = the CTA's sum of the new residual[j]^2.
   float* residual = nullptr;
@@ -434,13 +435,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   using Raw = typename Dec::Raw;
   extern __shared__ __align__(128) uint8_t v4_smem[];
   const int lane = threadIdx.x % kWarp, wib = threadIdx.x / kWarp;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kGemvWarps;
+  // K split (p.ksplit = ks): warps wib = j * ks .. j * ks + ks - 1 of a CTA take the same row groups, warp
+  // seg = wib % ks batches [seg, seg + 1) * batches / ks of each; the group's first warp adds the others'
+  // sums (shared memory, a named barrier per group) and stores. ks = 1: every warp its own rows.
+  const int ks = p.ksplit, seg = wib % ks;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvWarps / ks);  // row-group slots
   const int64_t nrows = warp_row_count<R, kSilu>(p);
-  int64_t n = static_cast<int64_t>(blockIdx.x) * kGemvWarps + wib;
+  int64_t n = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / ks) + wib / ks;
   // The norm fusion's CTA-wide sums need every warp, rows or not.
   const bool active = n < nrows, cta_wide = p.residual != nullptr || p.in_partials != nullptr;
   if (!active && !cta_wide) return;
   __shared__ float sums[kWarp];
+  __shared__ float split_sums[2][kGemvWarps][R];  // K split: each warp's sums, by the group's round parity
   float in_scale = 1.0f;
   ResidualRows rr;
   // Lane 0 loads row group g's residual and norm weight for the epilogue (p.residual; after the PDL wait:
@@ -461,7 +467,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   const int64_t pf_bytes = p.pf_batches * v4_batch_row_bytes(U);
   uint64_t* bar = reinterpret_cast<uint64_t*>(v4_smem) + wib;
   uint8_t* stage = v4_smem + kV4BarBytes + wib * R * pf_bytes;
-  // Batch b (< p.pf_batches) of row group n0 from shared memory: the same lanes' granules as from global.
+  // Batch b_lo + batch (batch < p.pf_batches) of row group n0 from shared memory: the same lanes' granules
+  // as from global.
   auto load_staged = [&](int batch, Raw(&raw)[R][U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -473,8 +480,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   };
   const int64_t granules = p.k / Dec::kElems;
   const int batches = static_cast<int>((granules + kWarp * U - 1) / (kWarp * U));
+  // This warp's batches of each row: [b_lo, b_hi) (the launcher makes ks divide batches).
+  const int b_lo = seg * (batches / ks), b_hi = b_lo + batches / ks;
   auto first = [&](int batch) { return static_cast<int64_t>(batch) * kWarp * U + lane; };
-  int b = 0;  // the batch of row n that `cur` holds
+  int b = b_lo;  // the batch of row n that `cur` holds
+  int parity = 0;
   float acc[R][1];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
@@ -483,13 +493,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   auto step = [&](Raw(&cur)[R][U], Raw(&nxt)[R][U]) {
     int64_t next_n = n;
     int next_b = b + 1;
-    if (next_b == batches) {
-      next_b = 0;
+    if (next_b == b_hi) {
+      next_b = b_lo;
       next_n = n + warps;
     }
     const bool more = next_n < nrows;
-    if (more && next_n == n0 && next_b < p.pf_batches) {
-      load_staged(next_b, nxt);
+    if (more && next_n == n0 && next_b - b_lo < p.pf_batches) {
+      load_staged(next_b - b_lo, nxt);
     } else if (more) {
       int64_t next_rows[R];
       warp_rows<R, kSilu>(p, next_n, next_rows);
@@ -519,10 +529,32 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
         for (int e = 0; e < E; ++e) acc[r][0] = fmaf(w[e], xv[e], acc[r][0]);
       }
     }
-    if (next_b == 0) {  // row n is complete
-      int64_t wrow[R];
-      const int valid = warp_rows<R, kSilu>(p, n, wrow);
-      gemv_finish<Dec, 1, R, kSilu>(p, n, wrow, acc, valid, in_scale, p.residual ? &rr : nullptr);
+    if (next_n != n) {  // row n is complete (this warp's part of it)
+      if (ks > 1) {
+        // The group's sums: each warp's into shared memory, the group's first warp adds them in order
+        // (deterministic) and stores through gemv_finish (lane 0 holds the total, the others 0).
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][0] = warp_sum(acc[r][0]);
+        if (lane == 0) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) split_sums[parity][wib][r] = acc[r][0];
+        }
+        named_barrier_sync(1 + wib / ks, ks * kWarp);
+        if (seg == 0) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float total = 0.0f;
+            for (int j = 0; j < ks; ++j) total += split_sums[parity][wib + j][r];
+            acc[r][0] = lane == 0 ? total : 0.0f;
+          }
+        }
+        parity ^= 1;  // a group's warps meet at every round's barrier: two slots never race
+      }
+      if (seg == 0) {
+        int64_t wrow[R];
+        const int valid = warp_rows<R, kSilu>(p, n, wrow);
+        gemv_finish<Dec, 1, R, kSilu>(p, n, wrow, acc, valid, in_scale, p.residual ? &rr : nullptr);
+      }
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
       if (more) load_residual_rows(next_n);
@@ -543,11 +575,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
       mbar_expect_tx(bar, static_cast<uint32_t>(R * pf_bytes));
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        bulk_copy(stage + r * pf_bytes, p.w + wrow[r] * p.row_bytes, static_cast<uint32_t>(pf_bytes), bar);
+        bulk_copy(stage + r * pf_bytes, p.w + wrow[r] * p.row_bytes + b_lo * v4_batch_row_bytes(U),
+                  static_cast<uint32_t>(pf_bytes), bar);
     }
     __syncwarp();
   } else if (active) {
-    load_granules<Dec, R, U>(p, wrow, first(0), granules, a);
+    load_granules<Dec, R, U>(p, wrow, first(b_lo), granules, a);
   }
   pdl_wait();  // the staged batches or the first batch are in flight (cuda_common.cuh)
   if (!active && !p.late_trigger) pdl_launch_dependents();  // no weights to stream (others: after theirs)
@@ -1100,6 +1133,19 @@ int v4_smem_kb() {
   return o >= 0 ? o : env;
 }
 
+// v4's K split (kernels_gemv.h gemv_v4_ksplit): set_gemv_v4_shape's ksplit, else INFERX_GEMV_V4_KSPLIT
+// (0, the default: chosen per shape for BF16 weights, FP8 unsplit; 1: off; 2, 4: forced), read once.
+// Measured on an H100 (2026-12-05 16:45-16:55, 8B at batch 1, 1k context, TPOT p50, two runs each in one
+// call): BF16 5.906 / 5.907 ms unsplit, 5.871 / 5.872 chosen (the 6144-row qkv product 8 -> 6 batches per
+// warp: 22.3 -> 20.9 us alone in a chain); FP8 (fp8:lm_head) 3.479 / 3.478 unsplit, 3.487 / 3.484 split as
+// for BF16; 70B fp8:lm_head 26.08 / 26.05 vs 26.09 / 26.06 ms. So FP8 stays unsplit.
+std::atomic<int> g_v4_ksplit{-1};
+int v4_ksplit() {
+  static const int env = env_int("INFERX_GEMV_V4_KSPLIT", 0, 4, 0);
+  const int o = g_v4_ksplit.load(std::memory_order_relaxed);
+  return o >= 0 ? o : env;
+}
+
 // Streaming multiprocessors of the current device, cached per device.
 cudaError_t device_sms(int& sms) {
   static std::atomic<int> cache[32];
@@ -1129,10 +1175,20 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   if (const int cap = v4_ctas_per_sm(); cap > 0) per_sm = std::min(per_sm, cap);
   int sms = 0;
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
-  const int64_t ctas =
-      std::min<int64_t>((warp_row_count<R, kSilu>(p) + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
+  // The K split: only where the batches divide evenly (K a whole number of batches) and the norm fusion's
+  // one-warp-per-row epilogue is not asked for; chosen per shape for BF16 only unless forced (v4_ksplit).
+  constexpr int64_t kBatchElems = int64_t{kWarp} * (L / R) * Dec::kElems;
+  const int64_t groups = warp_row_count<R, kSilu>(p);
+  const int requested = v4_ksplit();
+  const bool splittable = p.k % kBatchElems == 0 && p.residual == nullptr && p.in_partials == nullptr &&
+                          (requested > 0 || std::is_same_v<Dec, DecodeBf16>);
+  const int ks =
+      splittable ? gemv_v4_ksplit(groups, p.k / kBatchElems, int64_t{sms} * per_sm * kGemvWarps, requested)
+                 : 1;
+  const int64_t ctas = std::min<int64_t>((groups * ks + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
   GemvParams q = p;
-  q.pf_batches = gemv_v4_staged_batches(ctas, sms, R, L, p.row_bytes, v4_smem_kb());
+  q.ksplit = ks;
+  q.pf_batches = gemv_v4_staged_batches(ctas, sms, R, L, p.row_bytes / ks, v4_smem_kb());
   const size_t smem = gemv_v4_smem_bytes(R, L, q.pf_batches);
   if (smem > 48 * 1024) {
     // The opt-in above 48 KB is a function attribute of the current device: once per device and instance
@@ -1471,7 +1527,34 @@ size_t gemv_v4_smem_bytes(int rows_per_warp, int loads, int batches) {
                      : 0;
 }
 
-void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs, int smem_kb) {
+int gemv_v4_ksplit(int64_t groups, int64_t batches, int64_t warps, int requested) {
+  if (groups <= 0 || batches <= 0 || warps <= 0) return 1;
+  if (requested > 0) {  // the largest of 4, 2, 1 not above the request that divides the batches
+    int ks = requested >= 4 ? 4 : requested >= 2 ? 2 : 1;
+    while (ks > 1 && batches % ks != 0) ks /= 2;
+    return ks;
+  }
+  // Chosen: the fewest batches the busiest warp streams in a row, ceil(groups * ks / warps) rounds of
+  // batches / ks each, where that is at most 3/4 of the unsplit count; ties go to the smaller split (fewer
+  // partial sums to add). Why the margin: splitting the 128256-row lm_head (64 -> 61 batches) or the
+  // 4096x14336 down product changed nothing or lost in a chain of the same product (H100, 2026-12-05
+  // 16:45: BF16 lm_head 343 -> 349 us), while the qkv product (8 -> 6) gained 6%.
+  const int64_t unsplit = (groups + warps - 1) / warps * batches;
+  int best = 1;
+  int64_t best_cost = unsplit;
+  for (int ks : {2, 4}) {
+    if (batches % ks != 0) continue;
+    const int64_t cost = (groups * ks + warps - 1) / warps * (batches / ks);
+    if (cost < best_cost && 4 * cost <= 3 * unsplit) {
+      best = ks;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs, int smem_kb, int ksplit) {
+  g_v4_ksplit.store(ksplit, std::memory_order_relaxed);
   g_v4_loads.store(loads, std::memory_order_relaxed);
   g_v4_ctas.store(ctas_per_sm, std::memory_order_relaxed);
   g_v4_pairs.store(pairs, std::memory_order_relaxed);

@@ -84,8 +84,17 @@ void set_gemv_v3_max_warps(int warps);
 // v4's weight loads per lane and batch (4 or 8; else INFERX_GEMV_V4_LOADS, default 4), CTAs per SM
 // (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 0) and whether a
 // warp takes two rows of a plain product (1 / 0; -1: INFERX_GEMV_V4_PAIRS, default 1), and its shared-memory
-// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu).
-void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs = -1, int smem_kb = -1);
+// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu), and its K
+// split (0: gemv_v4_ksplit's choice for BF16, FP8 unsplit; 1: off; 2, 4: forced; -1: INFERX_GEMV_V4_KSPLIT,
+// default 0).
+void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs = -1, int smem_kb = -1, int ksplit = -1);
+// v4's K split for `groups` row groups (rows, pairs or gate/up pairs) of `batches` batches each on `warps`
+// warps (one wave): how many warps of a CTA share each row group, each streaming batches / ks of it, so that
+// products with few rows run on more warps with fewer batches each. `requested` > 0 forces 4 / 2 / 1 (the
+// largest not above it dividing `batches`); 0 picks the split with the fewest batches in the busiest warp
+// where it saves at least a quarter. Always divides `batches`. (Measured, kernels_gemv.cu v4_ksplit: BF16's
+// 6144-row qkv product gains 6%, FP8's products nothing: the launcher splits BF16 only unless forced.)
+int gemv_v4_ksplit(int64_t groups, int64_t batches, int64_t warps, int requested);
 // v4's shared-memory staging plan for a launch of `ctas` CTAs on `sms` SMs, rows_per_warp (1 or 2) rows per
 // warp and `loads` 16-byte loads per lane and batch: whole batches of each warp's first row(s) (at most the
 // row's whole batches) such that the CTAs sharing an SM stay within smem_kb KB; 0 when the budget is 0 or
