@@ -205,6 +205,11 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
       {"gemv fp8/ch", DType::F8_E4M3, 4096, 14336, 1, false, false, true},
       {"gemv fp8/ch", DType::F8_E4M3, 4096, 4096, 4, false, false, false},
       {"gemv fp8/ch", DType::F8_E4M3, 4096, 4096, 16, false, false, false},
+      // Llama-3-70B's products at batch 1: q/k/v, o, gate/up, down.
+      {"gemv fp8/ch", DType::F8_E4M3, 10240, 8192, 1, false, false, false},
+      {"gemv fp8/ch", DType::F8_E4M3, 8192, 8192, 1, false, false, false},
+      {"gemv fp8/ch silu", DType::F8_E4M3, 57344, 8192, 1, true, false, false},
+      {"gemv fp8/ch", DType::F8_E4M3, 8192, 28672, 1, false, false, false},
       {"gemv int4 g128", DType::INT4, 4096, 4096, 1, false, false, true},
       {"gemv int4 g128", DType::INT4, 6144, 4096, 1, false, false, false},
       {"gemv int4 g128", DType::INT4, 14336, 4096, 1, false, false, true},
@@ -219,7 +224,14 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
   };
   uint64_t seed = 1000;
   uint64_t key = 0x6e70;
+  // INFERX_BENCH_GEMV_CASES: only the cases whose "name NxK mM" contains this text (e.g. "x8192").
+  const char* only_cases = std::getenv("INFERX_BENCH_GEMV_CASES");
   for (const Case& c : cases) {
+    if (only_cases != nullptr) {
+      const std::string id = std::string(c.name) + " " + std::to_string(c.n) + "x" + std::to_string(c.k) +
+                             " m" + std::to_string(c.m);
+      if (id.find(only_cases) == std::string::npos) continue;
+    }
     const size_t mark = b.keep.size();
     const int64_t rb = row_bytes(c.dtype, c.k);
     const size_t wbytes = static_cast<size_t>(c.n * rb);

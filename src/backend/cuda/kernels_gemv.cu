@@ -1103,15 +1103,29 @@ cudaError_t launch_dec(const GemvParams& p, cudaStream_t stream) {
   return go(std::integral_constant<int, 16>{});
 }
 
-// v4's weight loads per lane and batch, split over the R rows (4 or 8), and its CTAs per SM (0: as many
-// as fit): set_gemv_v4_shape, else INFERX_GEMV_V4_LOADS (default 4: 8 measured slower, 216 vs 222 tok/s
-// bf16 and 282 vs 344 fp8 at batch 1, H200 2026-12-03 10:41) / INFERX_GEMV_V4_CTAS_PER_SM (default
-// 0). Read once.
+// v4's weight loads per lane and batch, split over the R rows (4 or 8; 0: by the row's length, v4_loads_for),
+// and its CTAs per SM (0: as many as fit): set_gemv_v4_shape, else INFERX_GEMV_V4_LOADS (4, 8, default 0) /
+// INFERX_GEMV_V4_CTAS_PER_SM (default 0). Read once.
 std::atomic<int> g_v4_loads{0}, g_v4_ctas{-1}, g_v4_smem_kb{-1};
 int v4_loads() {
-  static const int env = env_int("INFERX_GEMV_V4_LOADS", 8, 8, 4);  // 8, else 4
+  static const int env = env_int("INFERX_GEMV_V4_LOADS", 0, 8, 0);
   const int o = g_v4_loads.load(std::memory_order_relaxed);
-  return o == 4 || o == 8 ? o : env;
+  return o == 4 || o == 8 ? o : env == 4 || env == 8 ? env : 0;
+}
+// The loads of a product of `rows` rows of row_bytes: 8 from 8 KB rows (FP8: of products of at least 8192
+// rows), else 4 - an empirical rule. Measured at batch 1, 1k context, TPOT p50, each pair in one call: one
+// H200 node (2026-12-05 16:55): 70B fp8:lm_head (8-28 KB rows, 8192-57344 rows) 21.632 ms with 4, 20.614
+// with 8 (+4.9%; its products alone in chains: q/k/v 31.2 -> 28.7 us, gate/up + SiLU 123.9 -> 113.9, down
+// 69.8 -> 66.2); 8B bf16 (8 KB rows; down on cuBLASLt) 4.688 -> 4.550 ms (+3.0%); 8B fp8:lm_head 2.992 ->
+// 3.136 ms with 8 everywhere (-4.6%). An H100 (17:05), 8 from 8 KB rows: 70B 26.868 -> 26.44 ms (+1.6%), 8B
+// bf16 6.026 -> 5.933 (+1.5%), 8B fp8:lm_head 3.544 -> 3.561 (-0.5%: its 4096-row down product, 14 KB rows,
+// the one FP8 product that changed) - hence the row count for FP8. (On 12-03 10:41, before pairs and the
+// shared-memory staging, 8 everywhere had lost in both formats.)
+template <class Dec>
+int v4_loads_for(int64_t rows, int64_t row_bytes) {
+  const int forced = v4_loads();
+  if (forced != 0) return forced;
+  return row_bytes >= 8192 && (std::is_same_v<Dec, DecodeBf16> || rows >= 8192) ? 8 : 4;
 }
 int v4_ctas_per_sm() {
   static const int env = env_int("INFERX_GEMV_V4_CTAS_PER_SM", 0, 64, 0);
@@ -1229,7 +1243,7 @@ bool v4_pairs() {
 // R = 2: the SiLU product; R = 1: a plain product (in pairs of rows unless v4_pairs() says not).
 template <class Dec, int R>
 cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
-  const bool four = v4_loads() == 4;
+  const bool four = v4_loads_for<Dec>(p.rows, p.row_bytes) == 4;
   if constexpr (R == 2)
     return four ? launch_stream<Dec, 2, 4, true>(p, stream) : launch_stream<Dec, 2, 8, true>(p, stream);
   if (v4_pairs())
