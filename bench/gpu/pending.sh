@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-05 17:15), in one device call of ~4-6 minutes, on an
+# What is still owed to a GPU run (state of 2026-12-05 17:05), in one device call of ~4-6 minutes, on an
 # H200 (the issues' figures are H200 figures; calls that get an H100 still check correctness), after
 # bench/gpu/stage.sh; carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # 1. The GPU test binaries in full (the GEMV v4 K split and the loads-by-row-length rule passed them on an
 #    H100 on 12-05; run again on whatever comes).
 # 2. Batch 1 at 1k context on a typical H200 node: GEMV v4's loads per lane by row length (the default since
-#    12-05 17:10: 8 for 8 KB rows in BF16 and for FP8 products of >= 8192 rows) against 4 everywhere
+#    12-05 17:00: 8 for 8 KB rows in BF16 and for FP8 products of >= 8192 rows) against 4 everywhere
 #    (INFERX_GEMV_V4_LOADS=4), and BF16's down projection on the GEMV (INFERX_GEMV_LONG_K=gemv; +0.3% on an
 #    H100, -2.2% on an H200 with GEMV v1 on 12-03); 8B bf16 / fp8:lm_head / int4:lm_head.
 # 3. Llama-3-70B FP8 at batch 1 against its roofline (issue 6: >= 85%; 8 loads gave +4.9% on a slow H200

@@ -1117,7 +1117,7 @@ int v4_loads() {
 // H200 node (2026-12-05 16:55): 70B fp8:lm_head (8-28 KB rows, 8192-57344 rows) 21.632 ms with 4, 20.614
 // with 8 (+4.9%; its products alone in chains: q/k/v 31.2 -> 28.7 us, gate/up + SiLU 123.9 -> 113.9, down
 // 69.8 -> 66.2); 8B bf16 (8 KB rows; down on cuBLASLt) 4.688 -> 4.550 ms (+3.0%); 8B fp8:lm_head 2.992 ->
-// 3.136 ms with 8 everywhere (-4.6%). An H100 (17:05), 8 from 8 KB rows: 70B 26.868 -> 26.44 ms (+1.6%), 8B
+// 3.136 ms with 8 everywhere (-4.6%). An H100 (17:00), 8 from 8 KB rows: 70B 26.868 -> 26.44 ms (+1.6%), 8B
 // bf16 6.026 -> 5.933 (+1.5%), 8B fp8:lm_head 3.544 -> 3.561 (-0.5%: its 4096-row down product, 14 KB rows,
 // the one FP8 product that changed) - hence the row count for FP8. (On 12-03 10:41, before pairs and the
 // shared-memory staging, 8 everywhere had lost in both formats.)
@@ -1149,7 +1149,7 @@ int v4_smem_kb() {
 
 // v4's K split (kernels_gemv.h gemv_v4_ksplit): set_gemv_v4_shape's ksplit, else INFERX_GEMV_V4_KSPLIT
 // (0, the default: chosen per shape for BF16 weights, FP8 unsplit; 1: off; 2, 4: forced), read once.
-// Measured on an H100 (2026-12-05 16:45-16:55, 8B at batch 1, 1k context, TPOT p50, two runs each in one
+// Measured on an H100 (2026-12-05 16:20-16:30, 8B at batch 1, 1k context, TPOT p50, two runs each in one
 // call): BF16 5.906 / 5.907 ms unsplit, 5.871 / 5.872 chosen (the 6144-row qkv product 8 -> 6 batches per
 // warp: 22.3 -> 20.9 us alone in a chain); FP8 (fp8:lm_head) 3.479 / 3.478 unsplit, 3.487 / 3.484 split as
 // for BF16; 70B fp8:lm_head 26.08 / 26.05 vs 26.09 / 26.06 ms. So FP8 stays unsplit.
