@@ -1552,7 +1552,7 @@ int gemv_v4_ksplit(int64_t groups, int64_t batches, int64_t warps, int requested
   // batches / ks each, where that is at most 3/4 of the unsplit count; ties go to the smaller split (fewer
   // partial sums to add). Why the margin: splitting the 128256-row lm_head (64 -> 61 batches) or the
   // 4096x14336 down product changed nothing or lost in a chain of the same product (H100, 2026-12-05
-  // 16:45: BF16 lm_head 343 -> 349 us), while the qkv product (8 -> 6) gained 6%.
+  // 16:20: BF16 lm_head 343 -> 349 us), while the qkv product (8 -> 6) gained 6%.
   const int64_t unsplit = (groups + warps - 1) / warps * batches;
   int best = 1;
   int64_t best_cost = unsplit;
