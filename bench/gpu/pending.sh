@@ -10,7 +10,9 @@
 #    (INFERX_GEMV_V4_LOADS=4), and BF16's down projection on the GEMV (INFERX_GEMV_LONG_K=gemv; +0.3% on an
 #    H100, -2.2% on an H200 with GEMV v1 on 12-03); 8B bf16 / fp8:lm_head / int4:lm_head.
 # 3. Llama-3-70B FP8 at batch 1 against its roofline (issue 6: >= 85%; 8 loads gave +4.9% on a slow H200
-#    node, 76.2 -> 80.0%, where 82.3% had been measured on another node at 14:30), default vs 4 loads.
+#    node, 76.2 -> 80.0%, where 82.3% had been measured on another node at 14:30), default vs 4 loads, and
+#    GEMV v1 for FP8 (one warp per row: alone in chains it beat v4 on the 70B q/k/v, 26.9 vs 28.7 us with 8
+#    loads, and gate/up, 112.8 vs 113.9; v4 was chosen at 8B for its behaviour inside the graph).
 # 4. SKIP_OFFLINE=0: offline 1000 x 1000/1000 FP8 + FP8 KV (issue 6: 17.7k; 17,306 on 12-05 14:30).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -25,7 +27,7 @@ SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS:-default: l4:INFERX_GEMV_V4_LOADS=4 dow
   QUANTS="${QUANTS:-bf16 fp8:lm_head int4:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 
 # 70B FP8 fits an 80 GB H100 only with a small KV cache; the same flags everywhere for comparable runs.
-for v in default:X=1 l4:INFERX_GEMV_V4_LOADS=4 default2:X=1; do
+for v in default:X=1 l4:INFERX_GEMV_V4_LOADS=4 v1:INFERX_GEMV_KERNEL=fp8=v1 default2:X=1; do
   name=${v%%:*}
   env "${v#*:}" timeout 170 "$C/inferx" bench offline --device cuda --no-progress --json -m dummy:llama-3-70b \
     --dtype bf16 --quantize fp8:lm_head --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 128 \
