@@ -1062,6 +1062,26 @@ void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) 
   }
 }
 
+// INFERX_BENCH_ONLY=grid_barrier (see run): 20000 rounds per variant after a 1000-round warm-up.
+void bench_grid_barrier(CudaBackend& gpu) {
+  uint32_t* words = nullptr;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&words), 2 * sizeof(uint32_t)));
+  const char* names[] = {"persistent kernel's (release add, acquire spin)", "fence before the add",
+                         "generation flag"};
+  for (int ctas : {gpu.sm_count(), gpu.sm_count() / 2})
+    for (int v = 0; v < 3; ++v) {
+      CUDA_CHECK(cuda::launch_barrier_probe(v, words, 1000, ctas, nullptr));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      constexpr int kRounds = 20000;
+      const auto t0 = std::chrono::steady_clock::now();
+      CUDA_CHECK(cuda::launch_barrier_probe(v, words, kRounds, ctas, nullptr));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("grid barrier, %d CTAs, %s: %.3f us per round\n", ctas, names[v], 1e6 * s / kRounds);
+    }
+  CUDA_CHECK(cudaFree(words));
+}
+
 int run(bool quick, bool gemm_only) {
   auto backend = make_cuda_backend(0);
   auto& gpu = static_cast<CudaBackend&>(*backend);
@@ -1077,6 +1097,13 @@ int run(bool quick, bool gemm_only) {
   // =decode_fp8: the FP8-cache decode attention rows only, at the offline benchmark's sizes (Nsight Compute
   // runs: the first 3 launches are the warm-up).
   const bool decode_fp8_only = only != nullptr && std::strcmp(only, "decode_fp8") == 0;
+
+  // =grid_barrier: what one grid-wide barrier of the persistent decode kernel's shape costs by itself
+  // (kernels_barrier_probe.cu), per variant, on every SM and on half of them.
+  if (only != nullptr && std::strcmp(only, "grid_barrier") == 0) {
+    bench_grid_barrier(gpu);
+    return 0;
+  }
 
   // Ceilings.
   const double gemm_tflops = gemv_only || decode_fp8_only ? 0.0 : gemm_ceiling(b, reps);

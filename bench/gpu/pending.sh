@@ -14,6 +14,9 @@
 #    GEMV v1 for FP8 (one warp per row: alone in chains it beat v4 on the 70B q/k/v, 26.9 vs 28.7 us with 8
 #    loads, and gate/up, 112.8 vs 113.9; v4 was chosen at 8B for its behaviour inside the graph).
 # 4. SKIP_OFFLINE=0: offline 1000 x 1000/1000 FP8 + FP8 KV (issue 6: 17.7k; 17,306 on 12-05 14:30).
+# 5. What a grid-wide barrier of the persistent decode kernel's shape costs by itself (INFERX_BENCH_ONLY=
+#    grid_barrier, new, never run): its 12-03 profile had 2.1-6.5 us per barrier; if the barrier alone is
+#    ~1 us, the rest is the slowest CTA's work or the producer (docs/architecture.md, "What is left to try").
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv,noheader
@@ -37,6 +40,8 @@ for v in default:X=1 l4:INFERX_GEMV_V4_LOADS=4 v1:INFERX_GEMV_KERNEL=fp8=v1 defa
 import json; j=json.load(open('$OUT/b1_70b_fp8_$name.json')); t=j['tpot_ms']; r=j['roofline']
 print(f\"TPOT p50 {t['p50']:.3f} ms = {100*r['tpot_p50_roofline_ratio']:.1f}% of {r['batch1_roofline_tok_s']:.1f} tok/s at {r['bandwidth_gbs']:.0f} GB/s\")" 2>&1 | tail -1)"
 done
+
+INFERX_BENCH_ONLY=grid_barrier timeout 60 "$C/bench_cuda_kernels" 2>&1 | grep -E "^grid barrier|error|rror:"
 
 if [[ "${SKIP_OFFLINE:-1}" != 1 ]]; then
   bash "$(dirname "$0")/with_clocks.sh" 1000x1000 env WORKLOADS=1000x1000/1000 VARIANTS="default:" RUN_TIMEOUT=110 \

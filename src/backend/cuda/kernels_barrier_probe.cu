@@ -1,0 +1,82 @@
+// What a grid-wide barrier costs by itself (bench/gpu/bench_kernels.cpp, INFERX_BENCH_ONLY=grid_barrier):
+// the persistent batch-1 decode kernel (kernels_decode_stack.cu) spent 2.1-6.5 us per barrier, five per
+// layer, in its per-phase profile (H200, 2026-12-03), and whether that is the barrier or the slowest CTA's
+// work before it was never separated. Here every CTA arrives at once, so the time per round is the barrier's
+// own: the persistent kernel's (one counter, a release add and an acquire spin by one thread per CTA), the
+// same with the cooperative-groups fence before the add, and a generation flag (the last arriver, known
+// from the add's return value, publishes the round; the others spin on the flag, not the counter).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/decode_stack_ring.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace inferx::cuda {
+namespace {
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void spin_until(const uint32_t* p, uint32_t target) {
+  const uint64_t start = gpu_ns();
+  while (load_acquire(p) < target)
+    if (gpu_ns() - start > kHangNs) __trap();
+}
+
+// kVariant 0: stack::grid_barrier as the persistent kernel runs it; 1: __threadfence() before the add;
+// 2: a generation flag. The persistent kernel's shape: stack::kThreads threads, the consumer warps take
+// part, the last warp (its producer) leaves at once.
+template <int kVariant>
+__global__ void __launch_bounds__(stack::kThreads, 1)
+    barrier_probe_kernel(uint32_t* counter, uint32_t* flag, int rounds) {
+  if (threadIdx.x >= stack::kConsumers) return;
+  for (uint32_t r = 1; r <= static_cast<uint32_t>(rounds); ++r) {
+    const uint32_t target = r * gridDim.x;
+    if constexpr (kVariant == 0) {
+      stack::grid_barrier(counter, target);
+    } else {
+      stack::consumer_sync();
+      if (threadIdx.x == 0) {
+        if constexpr (kVariant == 1) {
+          __threadfence();
+          atomicAdd(counter, 1u);
+          spin_until(counter, target);
+        } else {
+          uint32_t before;
+          asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                       : "=r"(before)
+                       : "l"(counter)
+                       : "memory");
+          if (before + 1 == target)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(r) : "memory");
+          else
+            spin_until(flag, r);
+        }
+      }
+      stack::consumer_sync();
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int ctas, cudaStream_t stream) {
+  if (variant < 0 || variant > 2 || rounds < 1 || ctas < 1 || words == nullptr) return cudaErrorInvalidValue;
+  cudaError_t st = cudaMemsetAsync(words, 0, 2 * sizeof(uint32_t), stream);
+  if (st != cudaSuccess) return st;
+  uint32_t* counter = words;
+  uint32_t* flag = words + 1;
+  void* args[] = {&counter, &flag, &rounds};
+  const void* kernel = variant == 0   ? reinterpret_cast<const void*>(barrier_probe_kernel<0>)
+                       : variant == 1 ? reinterpret_cast<const void*>(barrier_probe_kernel<1>)
+                                      : reinterpret_cast<const void*>(barrier_probe_kernel<2>);
+  // Cooperative: every CTA resident at once, or the launch fails (a spin on absent CTAs would hang).
+  return cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(stack::kThreads), args,
+                                     0, stream);
+}
+
+}  // namespace inferx::cuda
