@@ -1062,6 +1062,42 @@ void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) 
   }
 }
 
+// INFERX_BENCH_ONLY=boundary (see run): a chain of 1000 empty dependent kernels (kernels_sync_probes.cu)
+// replayed from a CUDA graph, per grid size and with / without programmatic dependent launch; the word
+// they count in must end at the number of launches (a dependency the chain really carried).
+void bench_boundary(CudaBackend& gpu) {
+  uint32_t* word = nullptr;
+  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&word), sizeof(uint32_t)));
+  const auto stream = static_cast<cudaStream_t>(gpu.stream());
+  constexpr int kChain = 1000, kReplays = 20;
+  uint64_t key = 0xb0d0;
+  for (bool pdl : {true, false})
+    for (int ctas : {1, gpu.sm_count(), 4 * gpu.sm_count(), 8 * gpu.sm_count()}) {
+      CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(uint32_t), stream));
+      gpu.synchronize();
+      ++key;
+      if (!gpu.begin_graph_capture()) {
+        std::printf("kernel boundary: graph capture refused\n");
+        break;
+      }
+      for (int i = 0; i < kChain; ++i) CUDA_CHECK(cuda::launch_boundary_probe(word, ctas, 128, pdl, stream));
+      gpu.end_graph_capture(key);
+      gpu.replay_graph(key);  // warm-up
+      gpu.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < kReplays; ++r) gpu.replay_graph(key);
+      gpu.synchronize();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      gpu.drop_graph(key);
+      uint32_t count = 0;
+      CUDA_CHECK(cudaMemcpy(&count, word, sizeof(count), cudaMemcpyDeviceToHost));
+      std::printf("kernel boundary, %s, %d CTAs of 128 threads: %.3f us per kernel (count %u of %d)\n",
+                  pdl ? "PDL" : "no PDL", ctas, 1e6 * s / (kReplays * kChain), count,
+                  (kReplays + 1) * kChain);
+    }
+  CUDA_CHECK(cudaFree(word));
+}
+
 // INFERX_BENCH_ONLY=grid_barrier (see run): 20000 rounds per variant after a 1000-round warm-up.
 void bench_grid_barrier(CudaBackend& gpu) {
   uint32_t* words = nullptr;
@@ -1099,9 +1135,14 @@ int run(bool quick, bool gemm_only) {
   const bool decode_fp8_only = only != nullptr && std::strcmp(only, "decode_fp8") == 0;
 
   // =grid_barrier: what one grid-wide barrier of the persistent decode kernel's shape costs by itself
-  // (kernels_barrier_probe.cu), per variant, on every SM and on half of them.
+  // (kernels_sync_probes.cu), per variant, on every SM and on half of them; =boundary: what a kernel
+  // boundary costs with nothing else in the chain.
   if (only != nullptr && std::strcmp(only, "grid_barrier") == 0) {
     bench_grid_barrier(gpu);
+    return 0;
+  }
+  if (only != nullptr && std::strcmp(only, "boundary") == 0) {
+    bench_boundary(gpu);
     return 0;
   }
 

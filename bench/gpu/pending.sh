@@ -17,6 +17,9 @@
 # 5. What a grid-wide barrier of the persistent decode kernel's shape costs by itself (INFERX_BENCH_ONLY=
 #    grid_barrier, new, never run): its 12-03 profile had 2.1-6.5 us per barrier; if the barrier alone is
 #    ~1 us, the rest is the slowest CTA's work or the producer (docs/architecture.md, "What is left to try").
+#    And what a kernel boundary costs alone (INFERX_BENCH_ONLY=boundary, new: a graph of 1000 empty dependent
+#    kernels, with and without PDL, 1 to 8 CTAs per SM): against the ~4 us per boundary inside the batch-1
+#    step, the rest is the real kernels' ramps and tails.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit,memory.total --format=csv,noheader
@@ -41,7 +44,9 @@ import json; j=json.load(open('$OUT/b1_70b_fp8_$name.json')); t=j['tpot_ms']; r=
 print(f\"TPOT p50 {t['p50']:.3f} ms = {100*r['tpot_p50_roofline_ratio']:.1f}% of {r['batch1_roofline_tok_s']:.1f} tok/s at {r['bandwidth_gbs']:.0f} GB/s\")" 2>&1 | tail -1)"
 done
 
-INFERX_BENCH_ONLY=grid_barrier timeout 60 "$C/bench_cuda_kernels" 2>&1 | grep -E "^grid barrier|error|rror:"
+for probe in grid_barrier boundary; do
+  INFERX_BENCH_ONLY=$probe timeout 60 "$C/bench_cuda_kernels" 2>&1 | grep -E "^grid barrier|^kernel boundary|rror"
+done
 
 if [[ "${SKIP_OFFLINE:-1}" != 1 ]]; then
   bash "$(dirname "$0")/with_clocks.sh" 1000x1000 env WORKLOADS=1000x1000/1000 VARIANTS="default:" RUN_TIMEOUT=110 \

@@ -169,11 +169,15 @@ cudaError_t launch_read_stream(const void* p, size_t bytes, uint32_t* sink, int 
 cudaError_t launch_read_stream_on_sms(const void* p, size_t bytes, uint32_t* sink, int sms,
                                       cudaStream_t stream);
 
-// kernels_barrier_probe.cu: `rounds` grid-wide barriers of `ctas` CTAs (at most one per SM; a cooperative
+// kernels_sync_probes.cu: `rounds` grid-wide barriers of `ctas` CTAs (at most one per SM; a cooperative
 // launch) with nothing between them, so the time per round is the barrier's own. variant 0: the persistent
 // decode kernel's (kernels_decode_stack.cu), 1: with a fence before the arrival, 2: a generation flag.
 // words: two device words (zeroed here).
 cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int ctas, cudaStream_t stream);
+// One kernel of `ctas` CTAs of `threads` threads that does nothing but wait for its predecessor (with
+// programmatic dependent launch when pdl, and pdl_enabled()) and add one to *word: chained in a CUDA graph,
+// the cost of a kernel boundary alone.
+cudaError_t launch_boundary_probe(uint32_t* word, int ctas, int threads, bool pdl, cudaStream_t stream);
 
 // kernels_prefill_attention.cu ------------------------------------------------------------------------
 // FlashAttention-2 style tiled attention on tensor cores (wgmma, BF16 operands, F32 accumulation) for

@@ -1,4 +1,7 @@
-// What a grid-wide barrier costs by itself (bench/gpu/bench_kernels.cpp, INFERX_BENCH_ONLY=grid_barrier):
+// Probes of what synchronization costs by itself, for bench/gpu/bench_kernels.cpp (INFERX_BENCH_ONLY=
+// grid_barrier and =boundary): a grid-wide barrier, and the boundary between two dependent kernels.
+//
+// What a grid-wide barrier costs by itself (INFERX_BENCH_ONLY=grid_barrier):
 // the persistent batch-1 decode kernel (kernels_decode_stack.cu) spent 2.1-6.5 us per barrier, five per
 // layer, in its per-phase profile (H200, 2026-12-03), and whether that is the barrier or the slowest CTA's
 // work before it was never separated. Here every CTA arrives at once, so the time per round is the barrier's
@@ -62,7 +65,26 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
   }
 }
 
+// The boundary probe: a kernel with no work but a dependency on its predecessor (block 0's thread 0 adds one
+// to a word the previous launch wrote, after the PDL wait), so that a chain of them in a CUDA graph costs
+// the kernel boundary alone: launch, the previous grid's completion and the release of the wait. The
+// batch-1 decode's ~4 us per boundary (docs/architecture.md) is either this or the tails of real kernels.
+__global__ void boundary_probe_kernel(uint32_t* word) {
+  pdl_wait();
+  pdl_launch_dependents();
+  if (blockIdx.x == 0 && threadIdx.x == 0) *word += 1;
+}
+
 }  // namespace
+
+cudaError_t launch_boundary_probe(uint32_t* word, int ctas, int threads, bool pdl, cudaStream_t stream) {
+  if (word == nullptr || ctas < 1 || threads < 1 || threads > 1024) return cudaErrorInvalidValue;
+  if (pdl)
+    return launch_pdl(boundary_probe_kernel, dim3(static_cast<unsigned>(ctas)),
+                      dim3(static_cast<unsigned>(threads)), 0, stream, word);
+  boundary_probe_kernel<<<ctas, threads, 0, stream>>>(word);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int ctas, cudaStream_t stream) {
   if (variant < 0 || variant > 2 || rounds < 1 || ctas < 1 || words == nullptr) return cudaErrorInvalidValue;
