@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-05 17:05), in one device call of ~4-6 minutes, on an
+# What is still owed to a GPU run (state of 2026-12-05 17:45), in one device call of ~6-8 minutes, on an
 # H200 (the issues' figures are H200 figures; calls that get an H100 still check correctness), after
 # bench/gpu/stage.sh; carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
