@@ -301,15 +301,16 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
         continue;  // v4 takes one activation row (more: v1, measured above)
       cuda::set_gemv_kernel(c.dtype, k);
       // Variants: v3 with CTAs of 4 warps (c.warps4); v4 with 8 loads per lane and batch ("l8"), with
-      // its shared-memory prefetch at 96 / 160 / 200 KB per SM ("s96" ...), and with the K split chosen
-      // per shape ("k": gemv_v4_ksplit; the others unsplit).
+      // its shared-memory prefetch at 96 / 160 / 200 KB per SM ("s96" ...), and with the K split forced to
+      // 2 ("k2": every format, where the batches divide; the others unsplit). The rows without "l8" take 4
+      // loads, not the launcher's choice by row length.
       struct Alt {
         const char* suffix;
         int v3_warps, v4_loads, v4_smem_kb, v4_ksplit;
       };
       const Alt alts[] = {{"", 0, 4, 0, 1},      {" w4", 4, 4, 0, 1},     {" l8", 0, 8, 0, 1},
                           {" s96", 0, 4, 96, 1}, {" s160", 0, 4, 160, 1}, {" s200", 0, 4, 200, 1},
-                          {" k", 0, 4, 0, 0},    {" s96 k", 0, 4, 96, 0}};
+                          {" k2", 0, 4, 0, 2},   {" s96 k2", 0, 4, 96, 2}};
       for (const Alt& a : alts) {
         const bool takes = a.suffix[0] == 0 || (k == GemvKernel::V3 && c.warps4 && a.v3_warps > 0) ||
                            (k == GemvKernel::V4 && a.v3_warps == 0);
@@ -1065,57 +1066,47 @@ void bench_overlap_once(int reps, int gemm_priority, const GreenStreams& green) 
 // INFERX_BENCH_ONLY=boundary (see run): a chain of 1000 empty dependent kernels (kernels_sync_probes.cu)
 // replayed from a CUDA graph, per grid size and with / without programmatic dependent launch; the word
 // they count in must end at the number of launches (a dependency the chain really carried).
-void bench_boundary(CudaBackend& gpu) {
-  uint32_t* word = nullptr;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&word), sizeof(uint32_t)));
+void bench_boundary(Bench& b, int reps) {
+  CudaBackend& gpu = b.gpu;
+  b.keep.push_back(gpu.allocate(sizeof(uint32_t)));
+  auto* word = static_cast<uint32_t*>(b.keep.back()->data());
   const auto stream = static_cast<cudaStream_t>(gpu.stream());
-  constexpr int kChain = 1000, kReplays = 20;
+  constexpr int kChain = 1000;
   uint64_t key = 0xb0d0;
   for (bool pdl : {true, false})
     for (int ctas : {1, gpu.sm_count(), 4 * gpu.sm_count(), 8 * gpu.sm_count()}) {
-      CUDA_CHECK(cudaMemsetAsync(word, 0, sizeof(uint32_t), stream));
-      gpu.synchronize();
+      const uint32_t zero = 0;
+      gpu.copy_to_device(word, &zero, sizeof zero);
       ++key;
-      if (!gpu.begin_graph_capture()) {
-        std::printf("kernel boundary: graph capture refused\n");
-        break;
-      }
+      INFERX_CHECK(gpu.begin_graph_capture(), "bench: the boundary chain could not be recorded");
       for (int i = 0; i < kChain; ++i) CUDA_CHECK(cuda::launch_boundary_probe(word, ctas, 128, pdl, stream));
       gpu.end_graph_capture(key);
-      gpu.replay_graph(key);  // warm-up
-      gpu.synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < kReplays; ++r) gpu.replay_graph(key);
-      gpu.synchronize();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = b.time([&] { gpu.replay_graph(key); }, reps);  // 3 warm-up replays, then reps
       gpu.drop_graph(key);
       uint32_t count = 0;
-      CUDA_CHECK(cudaMemcpy(&count, word, sizeof(count), cudaMemcpyDeviceToHost));
-      std::printf("kernel boundary, %s, %d CTAs of 128 threads: %.3f us per kernel (count %u of %d)\n",
-                  pdl ? "PDL" : "no PDL", ctas, 1e6 * s / (kReplays * kChain), count,
-                  (kReplays + 1) * kChain);
+      gpu.copy_to_host(&count, word, sizeof count);
+      INFERX_CHECK(count == uint32_t{kChain} * static_cast<uint32_t>(3 + reps),
+                   "bench: the boundary chain counted {} of {} launches", count, kChain * (3 + reps));
+      std::printf("kernel boundary, %s, %d CTAs of 128 threads: %.3f us per kernel\n", pdl ? "PDL" : "no PDL",
+                  ctas, 1e6 * s / kChain);
     }
-  CUDA_CHECK(cudaFree(word));
 }
 
-// INFERX_BENCH_ONLY=grid_barrier (see run): 20000 rounds per variant after a 1000-round warm-up.
-void bench_grid_barrier(CudaBackend& gpu) {
-  uint32_t* words = nullptr;
-  CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&words), 2 * sizeof(uint32_t)));
+// INFERX_BENCH_ONLY=grid_barrier (see run): 20000 rounds per launch, on every SM and on half of them.
+void bench_grid_barrier(Bench& b, int reps) {
+  CudaBackend& gpu = b.gpu;
+  b.keep.push_back(gpu.allocate(2 * sizeof(uint32_t)));
+  auto* words = static_cast<uint32_t*>(b.keep.back()->data());
+  const auto stream = static_cast<cudaStream_t>(gpu.stream());
   const char* names[] = {"persistent kernel's (release add, acquire spin)", "fence before the add",
                          "generation flag"};
+  constexpr int kRounds = 20000;
   for (int ctas : {gpu.sm_count(), gpu.sm_count() / 2})
     for (int v = 0; v < 3; ++v) {
-      CUDA_CHECK(cuda::launch_barrier_probe(v, words, 1000, ctas, nullptr));
-      CUDA_CHECK(cudaDeviceSynchronize());
-      constexpr int kRounds = 20000;
-      const auto t0 = std::chrono::steady_clock::now();
-      CUDA_CHECK(cuda::launch_barrier_probe(v, words, kRounds, ctas, nullptr));
-      CUDA_CHECK(cudaDeviceSynchronize());
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s =
+          b.time([&] { CUDA_CHECK(cuda::launch_barrier_probe(v, words, kRounds, ctas, stream)); }, reps);
       std::printf("grid barrier, %d CTAs, %s: %.3f us per round\n", ctas, names[v], 1e6 * s / kRounds);
     }
-  CUDA_CHECK(cudaFree(words));
 }
 
 int run(bool quick, bool gemm_only) {
@@ -1138,11 +1129,11 @@ int run(bool quick, bool gemm_only) {
   // (kernels_sync_probes.cu), per variant, on every SM and on half of them; =boundary: what a kernel
   // boundary costs with nothing else in the chain.
   if (only != nullptr && std::strcmp(only, "grid_barrier") == 0) {
-    bench_grid_barrier(gpu);
+    bench_grid_barrier(b, reps);
     return 0;
   }
   if (only != nullptr && std::strcmp(only, "boundary") == 0) {
-    bench_boundary(gpu);
+    bench_boundary(b, reps);
     return 0;
   }
 

@@ -188,6 +188,44 @@ class CudaGemvTest : public ::testing::Test {
     return l;
   }
 
+  // One activation row through the plain product of weight w (h uploaded once by the caller) with `bias`.
+  std::vector<float> one_row(const HostWeight& h, const Linear& w, const std::vector<float>& x,
+                             const std::vector<float>& bias) {
+    Linear l = w;
+    l.bias = f32({h.n}, bias);
+    Tensor tx = f32({1, h.k}, x), out = f32({1, h.n}, std::vector<float>(size_t(h.n), NAN));
+    gpu_->matmul(tx, l, out);
+    return read(out);
+  }
+  // The one-row plain product of h (w) against float64, and the SiLU product of hs (ws: gate rows [0, f)
+  // over up rows [f, 2f)) against silu(g) * u from float64 products, each within the GEMV's error bound.
+  // Returns the plain product's output.
+  std::vector<float> expect_one_row_products(const HostWeight& h, const Linear& w, const HostWeight& hs,
+                                             const Linear& ws, const std::vector<float>& x,
+                                             const std::vector<float>& bias, const std::string& what) {
+    std::vector<double> want, mag;
+    reference(h, x, 1, bias, want, mag);
+    const std::vector<float> got = one_row(h, w, x, bias);
+    expect_matches(got, want, mag, what, 2e-6);
+    const int64_t f = hs.n / 2;
+    Tensor tx = f32({1, h.k}, x), act = f32({1, f}, std::vector<float>(size_t(f), NAN)),
+           gate = f32({1, f}, std::vector<float>(size_t(f))), up = f32({1, f}, std::vector<float>(size_t(f)));
+    gpu_->matmul_silu_mul(tx, ws, gate, up, act);
+    std::vector<double> gu, gmag;
+    reference(hs, x, 1, {}, gu, gmag);
+    const std::vector<float> silu = read(act);
+    for (int64_t j = 0; j < f; ++j) {
+      const double g = gu[size_t(j)], u = gu[size_t(f + j)], sg = g / (1 + std::exp(-g));
+      const double tol = (2e-6 * gmag[size_t(j)] + 1e-6) * 1.1 * std::fabs(u) +
+                         (2e-6 * gmag[size_t(f + j)] + 1e-6) * std::fabs(sg) + 1e-6 * std::fabs(sg * u);
+      if (!(std::fabs(silu[size_t(j)] - sg * u) <= tol)) {
+        ADD_FAILURE() << what << " silu: element " << j << " got " << silu[size_t(j)] << " want " << sg * u;
+        break;
+      }
+    }
+    return got;
+  }
+
   static void reference(const HostWeight& h, const std::vector<float>& x, int64_t m,
                         const std::vector<float>& bias, std::vector<double>& out, std::vector<double>& mag) {
     float64_product(h, x, m, bias, out, mag);
@@ -367,6 +405,7 @@ TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
     const KernelScope scope(v.dtype, GemvKernel::V4);
     const int64_t k = k_for(v.dtype, true), n = 3001;
     const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * 1501, k, ++seed);
+    const Linear w = linear(h, {}), ws = linear(hs, {});  // SiLU: gate rows [0, 1501) over up [1501, 3002)
     for (int loads : {4, 8}) {
       for (int ctas : {1, 0})
         for (int pairs : {1, 0})  // plain products two rows per warp or one (n odd: a last half pair)
@@ -378,30 +417,7 @@ TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
             std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
             for (float& e : x) e = bf16_round(e);
             const std::vector<float> bias = randoms(size_t(n), ++seed);
-            std::vector<double> want, mag;
-            reference(h, x, 1, bias, want, mag);
-            Tensor tx = f32({1, k}, x), out = f32({1, n}, std::vector<float>(size_t(n), NAN));
-            gpu_->matmul(tx, linear(h, bias), out);
-            expect_matches(read(out), want, mag, what, 2e-6);
-            // SiLU: gate rows [0, 1501) over up rows [1501, 3002).
-            const int64_t f = 1501;
-            Tensor act = f32({1, f}, std::vector<float>(size_t(f), NAN)),
-                   gate = f32({1, f}, std::vector<float>(size_t(f))),
-                   up = f32({1, f}, std::vector<float>(size_t(f)));
-            gpu_->matmul_silu_mul(tx, linear(hs, {}), gate, up, act);
-            std::vector<double> gu, gmag;
-            reference(hs, x, 1, {}, gu, gmag);
-            const std::vector<float> got = read(act);
-            for (int64_t j = 0; j < f; ++j) {
-              const double g = gu[size_t(j)], u = gu[size_t(f + j)], s = g / (1 + std::exp(-g));
-              const double tol = (2e-6 * gmag[size_t(j)] + 1e-6) * 1.1 * std::fabs(u) +
-                                 (2e-6 * gmag[size_t(f + j)] + 1e-6) * std::fabs(s) + 1e-6 * std::fabs(s * u);
-              if (!(std::fabs(got[size_t(j)] - s * u) <= tol)) {
-                ADD_FAILURE() << what << " silu: element " << j << " got " << got[size_t(j)] << " want "
-                              << s * u;
-                break;
-              }
-            }
+            expect_one_row_products(h, w, hs, ws, x, bias, what);
           }
     }
     cuda::set_gemv_v4_shape(0, -1);
@@ -419,6 +435,7 @@ TEST_F(CudaGemvTest, StreamKernelSplitsRowsOverWarps) {
     const KernelScope scope(v.dtype, GemvKernel::V4);
     const int64_t k = 8192, n = 3001, f = 1501;
     const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * f, k, ++seed);
+    const Linear w = linear(h, {}), ws = linear(hs, {});
     const int elems = v.dtype == DType::BF16 ? 8 : 16;
     for (int ksplit : {2, 4})
       for (int loads : {4, 8})
@@ -436,33 +453,13 @@ TEST_F(CudaGemvTest, StreamKernelSplitsRowsOverWarps) {
               std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
               for (float& e : x) e = bf16_round(e);
               const std::vector<float> bias = randoms(size_t(n), ++seed);
-              std::vector<double> want, mag;
-              reference(h, x, 1, bias, want, mag);
-              Tensor tx = f32({1, k}, x), out = f32({1, n}, std::vector<float>(size_t(n), NAN));
-              gpu_->matmul(tx, linear(h, bias), out);
-              expect_matches(read(out), want, mag, what, 2e-6);
+              const std::vector<float> got = expect_one_row_products(h, w, hs, ws, x, bias, what);
               // The same launch again gives the same bits (the split's sums are added in a fixed order).
-              Tensor again = f32({1, n}, std::vector<float>(size_t(n), NAN));
-              gpu_->matmul(tx, linear(h, bias), again);
-              EXPECT_EQ(read(again), read(out)) << what;
-              Tensor act = f32({1, f}, std::vector<float>(size_t(f), NAN)),
-                     gate = f32({1, f}, std::vector<float>(size_t(f))),
-                     up = f32({1, f}, std::vector<float>(size_t(f)));
-              gpu_->matmul_silu_mul(tx, linear(hs, {}), gate, up, act);
-              std::vector<double> gu, gmag;
-              reference(hs, x, 1, {}, gu, gmag);
-              const std::vector<float> got = read(act);
-              for (int64_t j = 0; j < f; ++j) {
-                const double g = gu[size_t(j)], u = gu[size_t(f + j)], s = g / (1 + std::exp(-g));
-                const double tol = (2e-6 * gmag[size_t(j)] + 1e-6) * 1.1 * std::fabs(u) +
-                                   (2e-6 * gmag[size_t(f + j)] + 1e-6) * std::fabs(s) +
-                                   1e-6 * std::fabs(s * u);
-                if (!(std::fabs(got[size_t(j)] - s * u) <= tol)) {
-                  ADD_FAILURE() << what << " silu: element " << j << " got " << got[size_t(j)] << " want "
-                                << s * u;
-                  break;
-                }
-              }
+              EXPECT_EQ(one_row(h, w, x, bias), got) << what;
+              // And the split really ran: unsplit, the 3001 sums are added in another order, so some of
+              // their last bits differ (a launcher that ignored the request would pass the checks above).
+              cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb, 1);
+              EXPECT_NE(one_row(h, w, x, bias), got) << what << ": the same bits as unsplit";
             }
     cuda::set_gemv_v4_shape(0, -1);
   }

@@ -1159,6 +1159,16 @@ int v4_ksplit() {
   const int o = g_v4_ksplit.load(std::memory_order_relaxed);
   return o >= 0 ? o : env;
 }
+// The K split of a launch of `groups` row groups with batches of batch_elems columns on `warps` warps: only
+// where K is a whole number of batches and the norm fusion's one-warp-per-row epilogue is not asked for;
+// gemv_v4_ksplit's choice for BF16, FP8 unsplit unless forced (the measurements above).
+template <class Dec>
+int v4_ksplit_for(const GemvParams& p, int64_t groups, int64_t batch_elems, int64_t warps) {
+  const int requested = v4_ksplit();
+  if (p.k % batch_elems != 0 || p.residual != nullptr || p.in_partials != nullptr) return 1;
+  if (requested == 0 && !std::is_same_v<Dec, DecodeBf16>) return 1;
+  return gemv_v4_ksplit(groups, p.k / batch_elems, warps, requested);
+}
 
 // Streaming multiprocessors of the current device, cached per device.
 cudaError_t device_sms(int& sms) {
@@ -1189,16 +1199,9 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   if (const int cap = v4_ctas_per_sm(); cap > 0) per_sm = std::min(per_sm, cap);
   int sms = 0;
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
-  // The K split: only where the batches divide evenly (K a whole number of batches) and the norm fusion's
-  // one-warp-per-row epilogue is not asked for; chosen per shape for BF16 only unless forced (v4_ksplit).
-  constexpr int64_t kBatchElems = int64_t{kWarp} * (L / R) * Dec::kElems;
   const int64_t groups = warp_row_count<R, kSilu>(p);
-  const int requested = v4_ksplit();
-  const bool splittable = p.k % kBatchElems == 0 && p.residual == nullptr && p.in_partials == nullptr &&
-                          (requested > 0 || std::is_same_v<Dec, DecodeBf16>);
-  const int ks =
-      splittable ? gemv_v4_ksplit(groups, p.k / kBatchElems, int64_t{sms} * per_sm * kGemvWarps, requested)
-                 : 1;
+  const int ks = v4_ksplit_for<Dec>(p, groups, int64_t{kWarp} * (L / R) * Dec::kElems,
+                                    int64_t{sms} * per_sm * kGemvWarps);
   const int64_t ctas = std::min<int64_t>((groups * ks + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
   GemvParams q = p;
   q.ksplit = ks;
