@@ -4,7 +4,8 @@
 # bench/gpu/stage.sh; carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # 1. The GPU test binaries in full (the GEMV v4 K split and the loads-by-row-length rule passed them on an
-#    H100 on 12-05; run again on whatever comes).
+#    H100 on 12-05; the review after them moved the stream-kernel tests' checks into one helper and added
+#    that a forced split must change the sums' bits against the unsplit launch - not yet run on a GPU).
 # 2. Batch 1 at 1k context on a typical H200 node: GEMV v4's loads per lane by row length (the default since
 #    12-05 17:00: 8 for 8 KB rows in BF16 and for FP8 products of >= 8192 rows) against 4 everywhere
 #    (INFERX_GEMV_V4_LOADS=4), and BF16's down projection on the GEMV (INFERX_GEMV_LONG_K=gemv; +0.3% on an
