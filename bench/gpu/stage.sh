@@ -23,6 +23,12 @@ for t in test_cuda_engine test_cuda_qgemm test_cuda_tensor_parallel bench_collec
   [[ -x build/cuda/tests/cuda/$t ]] && cp build/cuda/tests/cuda/$t gpu-carry/
 done
 cp -r ../shared/tools gpu-carry/tools
+# The CUPTI injection library of bench/gpu/timeline.sh and the CUPTI it links (the GPU image's toolkit may
+# lack it): only where the build made it.
+if [[ -f build/cuda/tests/cuda/libinferx_kernel_timeline.so ]]; then
+  cp build/cuda/tests/cuda/libinferx_kernel_timeline.so gpu-carry/
+  cp -L "$(ldd build/cuda/tests/cuda/libinferx_kernel_timeline.so | awk '/libcupti/ {print $3}')" gpu-carry/gpu-libs/
+fi
 cp ../shared/testdata/stories260K.gguf gpu-carry/
 # The device call carries at most 64 MiB: strip the binaries (each holds the whole fatbin) and ship one
 # tarball; there: `tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/run.sh`, carry ["gpu-carry-z"].
