@@ -22,6 +22,9 @@ done
 for t in test_cuda_engine test_cuda_qgemm test_cuda_tensor_parallel bench_collectives; do
   [[ -x build/cuda/tests/cuda/$t ]] && cp build/cuda/tests/cuda/$t gpu-carry/
 done
+# EXTRA_BINS="NAME=PATH ...": more binaries beside inferx, e.g. an older build for decode_ab.sh's BIN=NAME
+# variants (copy build/cuda/src/cli/inferx aside before rebuilding).
+for nb in ${EXTRA_BINS:-}; do cp "${nb#*=}" "gpu-carry/${nb%%=*}"; done
 cp -r ../shared/tools gpu-carry/tools
 # The CUPTI injection library of bench/gpu/timeline.sh and the CUPTI it links (the GPU image's toolkit may
 # lack it): only where the build made it.
