@@ -65,6 +65,7 @@ struct Variant {
   bool symmetric = true;
   bool per_channel = false;
   bool perm = false;
+  bool random_zero = false;  // INT4 asymmetric: zero points drawn from 0..15 (the quantizer's lie near 8)
 };
 
 HostWeight make_weight(const Variant& v, int64_t n, int64_t k, uint32_t seed) {
@@ -97,6 +98,10 @@ HostWeight make_weight(const Variant& v, int64_t n, int64_t k, uint32_t seed) {
     }
     case DType::INT4: {
       Int4Weight q = quantize_int4_weight(w.data(), n, k, v.group, v.symmetric);
+      if (v.random_zero) {
+        std::mt19937 rz(seed + 2);
+        for (uint8_t& z : q.zero) z = static_cast<uint8_t>(rz() % 16);
+      }
       h.bytes = q.codes;
       h.int4_scale = q.scale;
       h.int4_zero = q.zero;
@@ -146,6 +151,53 @@ void float64_product(const HostWeight& h, const std::vector<float>& x, int64_t m
       out[size_t(r * h.n + c)] = acc;
       mag[size_t(r * h.n + c)] = a;
     }
+}
+
+// v4's INT4 plain product of one activation row, bit for bit (kernels_gemv.cu StreamInt4, with the run
+// arithmetic of kernels_gemv_decode.h): the row's runs split into ks parts of consecutive runs (the warps of
+// a K split), lane l of a part's warp adds the terms of its runs l, l + 32, ... in order, the lanes' sums
+// times 256 are added by the warp's butterfly (warp_sum), the parts in order (from 0), then the bias.
+std::vector<float> model_v4_int4(const HostWeight& h, const std::vector<float>& x,
+                                 const std::vector<float>& bias, int ks) {
+  namespace g = cuda::gemv;
+  const int64_t runs = h.k / 32, groups = h.k / h.group;
+  std::vector<float> xsum(static_cast<size_t>(runs));
+  for (int64_t r = 0; r < runs; ++r) xsum[size_t(r)] = g::int4_run_sum(x.data() + 32 * r);
+  std::vector<float> out(static_cast<size_t>(h.n));
+  for (int64_t c = 0; c < h.n; ++c) {
+    float total = 0.0f;
+    for (int j = 0; j < ks; ++j) {
+      float lanes[32] = {};
+      for (int64_t r = j * runs / ks; r < (j + 1) * runs / ks; ++r) {
+        uint32_t v[4];
+        std::memcpy(v, h.bytes.data() + c * h.k / 2 + 16 * r, 16);
+        const size_t at = size_t(c * groups + r * 32 / h.group);
+        const uint32_t sz = g::int4_scale_zero(h.int4_scale[at], h.int4_zero.empty() ? 8u : h.int4_zero[at]);
+        lanes[r % 32] = g::int4_run_term(v, sz, x.data() + 32 * r, xsum[size_t(r)], lanes[r % 32]);
+      }
+      for (float& l : lanes) l *= g::kInt4RunFactor;
+      for (int off = 16; off > 0; off /= 2) {
+        float t[32];
+        for (int l = 0; l < 32; ++l) t[l] = lanes[l] + lanes[l ^ off];
+        std::memcpy(lanes, t, sizeof t);
+      }
+      total = ks == 1 ? lanes[0] : total + lanes[0];
+    }
+    out[size_t(c)] = total + (bias.empty() ? 0.0f : bias[size_t(c)]);
+  }
+  return out;
+}
+
+// float64 references of a one-row plain product (want, mag) and of the stacked gate/up product (gu, gmag).
+struct OneRowRefs {
+  std::vector<double> want, mag, gu, gmag;
+};
+OneRowRefs one_row_refs(const HostWeight& h, const HostWeight& hs, const std::vector<float>& x,
+                        const std::vector<float>& bias) {
+  OneRowRefs r;
+  float64_product(h, x, 1, bias, r.want, r.mag);
+  float64_product(hs, x, 1, {}, r.gu, r.gmag);
+  return r;
 }
 
 class CudaGemvTest : public ::testing::Test {
@@ -199,20 +251,20 @@ class CudaGemvTest : public ::testing::Test {
   }
   // The one-row plain product of h (w) against float64, and the SiLU product of hs (ws: gate rows [0, f)
   // over up rows [f, 2f)) against silu(g) * u from float64 products, each within the GEMV's error bound.
-  // Returns the plain product's output.
+  // Returns the plain product's output. refs: the references of these inputs (one_row_refs), else computed.
   std::vector<float> expect_one_row_products(const HostWeight& h, const Linear& w, const HostWeight& hs,
                                              const Linear& ws, const std::vector<float>& x,
-                                             const std::vector<float>& bias, const std::string& what) {
-    std::vector<double> want, mag;
-    reference(h, x, 1, bias, want, mag);
+                                             const std::vector<float>& bias, const std::string& what,
+                                             const OneRowRefs* refs = nullptr) {
+    const OneRowRefs own = refs ? OneRowRefs{} : one_row_refs(h, hs, x, bias);
+    const OneRowRefs& ref = refs ? *refs : own;
+    const std::vector<double>&want = ref.want, &mag = ref.mag, &gu = ref.gu, &gmag = ref.gmag;
     const std::vector<float> got = one_row(h, w, x, bias);
     expect_matches(got, want, mag, what, 2e-6);
     const int64_t f = hs.n / 2;
     Tensor tx = f32({1, h.k}, x), act = f32({1, f}, std::vector<float>(size_t(f), NAN)),
            gate = f32({1, f}, std::vector<float>(size_t(f))), up = f32({1, f}, std::vector<float>(size_t(f)));
     gpu_->matmul_silu_mul(tx, ws, gate, up, act);
-    std::vector<double> gu, gmag;
-    reference(hs, x, 1, {}, gu, gmag);
     const std::vector<float> silu = read(act);
     for (int64_t j = 0; j < f; ++j) {
       const double g = gu[size_t(j)], u = gu[size_t(f + j)], sg = g / (1 + std::exp(-g));
@@ -263,6 +315,15 @@ const Variant kVariants[] = {
     {"int4 g32 asym", DType::INT4, 32, false},
     {"int4 g64 sym", DType::INT4, 64, true},
     {"int4 g128 sym", DType::INT4, 128, true},
+};
+// INT4 weights for v4's own tests: every group size, symmetric and with zero points anywhere in 0..15.
+const Variant kStreamInt4Variants[] = {
+    {"int4 g32 sym", DType::INT4, 32, true},
+    {"int4 g32 asym", DType::INT4, 32, false, false, false, true},
+    {"int4 g64 sym", DType::INT4, 64, true},
+    {"int4 g64 asym", DType::INT4, 64, false, false, false, true},
+    {"int4 g128 sym", DType::INT4, 128, true},
+    {"int4 g128 asym", DType::INT4, 128, false, false, false, true},
 };
 
 using cuda::GemvKernel;
@@ -398,22 +459,49 @@ TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
 // v4's warps stream several rows each, the next batch of loads in flight across a row's end: long rows
 // (two batches, the second partial) over few warps (one CTA per SM: 4 warps per SM for 3001 rows), both
 // batch sizes, plain products with one or two rows per warp, and SiLU products; with the shared-memory
-// prefetch off, staging some of the first rows' batches, and staging all their full batches.
+// prefetch off, staging some of the first rows' batches, and staging all their full batches. INT4 (every
+// group size, with and without zero points; even row counts for the symmetric weights) also with x in
+// shared memory as F32 and as BF16, alternately; one x for all its launch shapes, whose plain products must
+// all be model_v4_int4's bits (which v1's are not: the launch ran on v4).
 TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
   uint32_t seed = 1300;
-  for (const Variant& v : {kVariants[0], kVariants[1], kVariants[2]}) {
+  std::vector<Variant> variants = {kVariants[0], kVariants[1], kVariants[2]};
+  variants.insert(variants.end(), std::begin(kStreamInt4Variants), std::end(kStreamInt4Variants));
+  for (const Variant& v : variants) {
     const KernelScope scope(v.dtype, GemvKernel::V4);
-    const int64_t k = k_for(v.dtype, true), n = 3001;
+    const bool int4 = v.dtype == DType::INT4;
+    const int64_t k = k_for(v.dtype, true), n = int4 && v.symmetric ? 3000 : 3001;
     const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * 1501, k, ++seed);
     const Linear w = linear(h, {}), ws = linear(hs, {});  // SiLU: gate rows [0, 1501) over up [1501, 3002)
+    std::vector<float> x0, bias0;                         // INT4: one x and bias for all launch shapes
+    OneRowRefs refs;
+    std::vector<float> model;
+    if (int4) {
+      x0 = randoms(static_cast<size_t>(k), ++seed);
+      for (float& e : x0) e = bf16_round(e);
+      bias0 = randoms(size_t(n), ++seed);
+      refs = one_row_refs(h, hs, x0, bias0);
+      model = model_v4_int4(h, x0, bias0, 1);
+      cuda::set_gemv_kernel(v.dtype, GemvKernel::V1);
+      EXPECT_NE(one_row(h, w, x0, bias0), model) << v.name << ": v1 gives v4's bits";
+      cuda::set_gemv_kernel(v.dtype, GemvKernel::V4);
+    }
+    int shape = 0;
     for (int loads : {4, 8}) {
       for (int ctas : {1, 0})
         for (int pairs : {1, 0})  // plain products two rows per warp or one (n odd: a last half pair)
           for (int smem_kb : {0, 48, 200}) {  // shared-memory prefetch: off, part of a row, all full batches
-            cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb);
+            const int x_f32 = int4 ? 2 * (shape++ % 2) : -1;  // INT4: x as BF16 (0) or F32 (2)
+            cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb, -1, x_f32);
             const std::string what = v.name + " loads=" + std::to_string(loads) +
                                      " ctas/SM=" + std::to_string(ctas) + " pairs=" + std::to_string(pairs) +
-                                     " smem KB=" + std::to_string(smem_kb);
+                                     " smem KB=" + std::to_string(smem_kb) +
+                                     (int4 ? x_f32 ? " x F32" : " x BF16" : "");
+            if (int4) {
+              EXPECT_EQ(expect_one_row_products(h, w, hs, ws, x0, bias0, what, &refs), model)
+                  << what << ": not v4's INT4 bits";
+              continue;
+            }
             std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
             for (float& e : x) e = bf16_round(e);
             const std::vector<float> bias = randoms(size_t(n), ++seed);
@@ -426,39 +514,64 @@ TEST_F(CudaGemvTest, StreamKernelCarriesBatchesAcrossRows) {
 
 // v4's K split: the warps of a CTA that share a row group each stream 1/ks of its batches and the group's
 // first warp adds their sums. Forced to 2 and 4 (K a whole number of batches for every batch size: 8192
-// columns), with few and many warps, one or two rows per warp (3001 rows: a last half pair and, split, a
-// CTA with an idle group), the shared-memory prefetch off and staging part or all of a warp's segment; plain
-// and SiLU products. The split in force is the one gemv_v4_ksplit gives for the launch's shape.
+// columns, INT4 16384), with few and many warps, one or two rows per warp (3001 rows: a last half pair and,
+// split, a CTA with an idle group), the shared-memory prefetch off and staging part or all of a warp's
+// segment; plain and SiLU products. The split in force is the one gemv_v4_ksplit gives for the launch's
+// shape. INT4 (group 32 and 128 with zero points, 64 without; x as F32 and BF16 alternately): one x for
+// all launch shapes, the plain products the bits of model_v4_int4 for the split in force.
 TEST_F(CudaGemvTest, StreamKernelSplitsRowsOverWarps) {
   uint32_t seed = 1700;
-  for (const Variant& v : {kVariants[0], kVariants[1], kVariants[2]}) {
+  for (const Variant& v : {kVariants[0], kVariants[1], kVariants[2], kStreamInt4Variants[1],
+                           kStreamInt4Variants[2], kStreamInt4Variants[5]}) {
     const KernelScope scope(v.dtype, GemvKernel::V4);
-    const int64_t k = 8192, n = 3001, f = 1501;
+    const bool int4 = v.dtype == DType::INT4;
+    const int64_t k = int4 ? 16384 : 8192, n = 3001, f = 1501;
     const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * f, k, ++seed);
     const Linear w = linear(h, {}), ws = linear(hs, {});
-    const int elems = v.dtype == DType::BF16 ? 8 : 16;
+    const int elems = v.dtype == DType::BF16 ? 8 : v.dtype == DType::F8_E4M3 ? 16 : 32;
+    std::vector<float> x0, bias0;  // INT4: one x and bias for all launch shapes
+    OneRowRefs refs;
+    std::vector<float> model[5];  // INT4: by the split in force (2, 4)
+    if (int4) {
+      x0 = randoms(static_cast<size_t>(k), ++seed);
+      for (float& e : x0) e = bf16_round(e);
+      bias0 = randoms(size_t(n), ++seed);
+      refs = one_row_refs(h, hs, x0, bias0);
+      model[2] = model_v4_int4(h, x0, bias0, 2);
+      model[4] = model_v4_int4(h, x0, bias0, 4);
+    }
+    int shape = 0;
     for (int ksplit : {2, 4})
       for (int loads : {4, 8})
         for (int ctas : {1, 0})
           for (int pairs : {1, 0})
             for (int smem_kb : {0, 48, 200}) {
-              cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb, ksplit);
+              const int x_f32 = int4 ? 2 * (shape++ % 2) : -1;
+              cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb, ksplit, x_f32);
               const int64_t batches = k / (int64_t{32} * (loads / (pairs + 1)) * elems);
               const int in_force = cuda::gemv_v4_ksplit(n, batches, 1, ksplit);
               ASSERT_GT(in_force, 1) << "the case must split";
               const std::string what =
                   v.name + " ksplit=" + std::to_string(ksplit) + " (" + std::to_string(in_force) +
                   ") loads=" + std::to_string(loads) + " ctas/SM=" + std::to_string(ctas) +
-                  " pairs=" + std::to_string(pairs) + " smem KB=" + std::to_string(smem_kb);
-              std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
-              for (float& e : x) e = bf16_round(e);
-              const std::vector<float> bias = randoms(size_t(n), ++seed);
-              const std::vector<float> got = expect_one_row_products(h, w, hs, ws, x, bias, what);
+                  " pairs=" + std::to_string(pairs) + " smem KB=" + std::to_string(smem_kb) +
+                  (int4 ? x_f32 ? " x F32" : " x BF16" : "");
+              std::vector<float> x = x0, bias = bias0;
+              if (!int4) {
+                x = randoms(static_cast<size_t>(k), ++seed);
+                for (float& e : x) e = bf16_round(e);
+                bias = randoms(size_t(n), ++seed);
+              }
+              const std::vector<float> got =
+                  expect_one_row_products(h, w, hs, ws, x, bias, what, int4 ? &refs : nullptr);
+              if (int4) {
+                EXPECT_EQ(got, model[in_force]) << what << ": not v4's INT4 bits";
+              }
               // The same launch again gives the same bits (the split's sums are added in a fixed order).
               EXPECT_EQ(one_row(h, w, x, bias), got) << what;
               // And the split really ran: unsplit, the 3001 sums are added in another order, so some of
               // their last bits differ (a launcher that ignored the request would pass the checks above).
-              cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb, 1);
+              cuda::set_gemv_v4_shape(loads, ctas, pairs, smem_kb, 1, x_f32);
               EXPECT_NE(one_row(h, w, x, bias), got) << what << ": the same bits as unsplit";
             }
     cuda::set_gemv_v4_shape(0, -1);
@@ -906,6 +1019,84 @@ TEST(GemvStepDecoders, MatchQuantDequantizers) {
       }
     }
   }
+}
+
+// v4's INT4 run arithmetic (kernels_gemv_decode.h), run here on the host: a code byte placed under 0x3F is
+// (128 + code) / 256 exactly; a run's X is its sum; and 256 times a run's term is scale * sum (code - z) x
+// (quant/'s dequantized weights times x) within the FMA chain's rounding, which the 128 offset makes
+// relative to scale * sum |x| rather than to the term (every group size, with and without zero points, zero
+// points anywhere in 0..15). Runs without a GPU.
+TEST(GemvStreamInt4Decoder, RunTermsMatchQuantDequantizers) {
+  namespace g = cuda::gemv;
+  for (uint32_t b = 0; b < 16; ++b)
+    for (uint32_t i = 0; i < 4; ++i) {
+      ASSERT_EQ(g::int4_half(b << (8 * i), i), 0.5f + float(b) / 256.0f) << "code " << b << " byte " << i;
+      ASSERT_EQ(g::int4_scale_zero(0xabcdu, b), 0xabcdu | b << 16);
+    }
+  const int64_t n = 5, k = 1024;
+  const std::vector<float> w = randoms(size_t(n * k), 9, -3.0f, 3.0f);
+  std::vector<float> x = randoms(size_t(k), 10);
+  for (float& e : x) e = bf16_round(e);
+  std::vector<float> deq(static_cast<size_t>(k));
+  for (int64_t r = 0; r < k / 32; ++r) {
+    double sum = 0, abs = 0;
+    for (int j = 0; j < 32; ++j) {
+      sum += x[size_t(32 * r + j)];
+      abs += std::fabs(x[size_t(32 * r + j)]);
+    }
+    ASSERT_NEAR(g::int4_run_sum(x.data() + 32 * r), sum, 0x1p-20 * abs) << "run " << r;
+  }
+  for (int64_t group : {32, 64, 128})
+    for (bool symmetric : {true, false}) {
+      Int4Weight q = quantize_int4_weight(w.data(), n, k, group, symmetric);
+      std::mt19937 rz(static_cast<uint32_t>(group));
+      for (uint8_t& z : q.zero) z = static_cast<uint8_t>(rz() % 16);
+      const int64_t groups = k / group;
+      for (int64_t row = 0; row < n; ++row) {
+        const uint8_t* codes = q.codes.data() + row * k / 2;
+        dequantize_int4_row(codes, q.scale.data() + row * groups,
+                            symmetric ? nullptr : q.zero.data() + row * groups, group, deq.data(), k);
+        for (int64_t r = 0; r < k / 32; ++r) {
+          const size_t at = size_t(row * groups + r * 32 / group);
+          uint32_t v[4];
+          std::memcpy(v, codes + 16 * r, 16);
+          const float* xr = x.data() + 32 * r;
+          const uint32_t sz = g::int4_scale_zero(q.scale[at], symmetric ? 8u : q.zero[at]);
+          const double got =
+              double(g::int4_run_term(v, sz, xr, g::int4_run_sum(xr), 0.0f)) * g::kInt4RunFactor;
+          double want = 0, abs = 0;
+          for (int j = 0; j < 32; ++j) {
+            want += double(deq[size_t(32 * r + j)]) * xr[j];
+            abs += std::fabs(xr[j]);
+          }
+          // 33 roundings of partial sums below 1.12 sum |x| (f <= 0.56), times 256 and the scale.
+          const double tol =
+              33 * 1.12 * 256 * 0x1p-24 * f16_to_f32(q.scale[at]) * abs + 0x1p-22 * std::fabs(want);
+          ASSERT_NEAR(got, want, tol)
+              << "int4 g" << group << (symmetric ? " sym " : " asym ") << row << " run " << r;
+        }
+      }
+    }
+}
+
+// The model of v4's INT4 products (model_v4_int4: the bits the stream-kernel tests require of the GPU)
+// against the float64 reference within the GEMV's error bound, for the tests' shapes (8448 columns
+// unsplit, 16384 split in 2 and 4) and every INT4 variant they run. Runs without a GPU.
+TEST(GemvStreamInt4Decoder, ModelMatchesFloat64Reference) {
+  uint32_t seed = 60;
+  for (const Variant& v : kStreamInt4Variants)
+    for (int ks : {1, 2, 4}) {
+      const int64_t k = ks == 1 ? 8448 : 16384, n = 37;
+      const HostWeight h = make_weight(v, n, k, ++seed);
+      std::vector<float> x = randoms(size_t(k), ++seed);
+      for (float& e : x) e = bf16_round(e);
+      const std::vector<float> bias = randoms(size_t(n), ++seed);
+      std::vector<double> want, mag;
+      float64_product(h, x, 1, bias, want, mag);
+      const std::vector<float> got = model_v4_int4(h, x, bias, ks);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-6 * mag[i] + 1e-6) << v.name << " ks=" << ks << " row " << i;
+    }
 }
 
 // The v3 chunk decoders (kernels_gemv_decode.h): fragment j of a chunk holds the exact BF16 of columns

@@ -12,9 +12,10 @@
 //      exact BF16 and multiplied on tensor cores (mma.m16n8k16, weights as the A operand, x as B), so a
 //      weight costs its decode only (BF16 none, E4M3 ~2.5 instructions, INT4 1.5), and up to 16 rows of
 //      x cost about the same.
-//   v4 (gemv_stream_kernel): v1's BF16 / FP8 decoders on one wave of persistent warps, each streaming
-//      rows w, w + W, ... (plain products: pairs of rows) with the next batch of loads in flight while it
-//      multiplies the current one.
+//   v4 (gemv_stream_kernel): v1's BF16 / FP8 decoders, and INT4 runs of 32 columns at ~2.5 instructions
+//      per weight (StreamInt4: no conversion or subtraction per weight, x from shared memory), on one wave
+//      of persistent warps, each streaming rows w, w + W, ... (plain products: pairs of rows) with the
+//      next batch of loads in flight while it multiplies the current one. One activation row.
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
 // kernel issues its first weight loads, then calls pdl_wait() before it reads x or stores, and
 // pdl_launch_dependents() once its weights are streamed, and is launched with launch_pdl (cuda_common.cuh).
@@ -409,14 +410,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
   gemv_finish<Dec, MR, R, R == 2>(p, n, wrow, acc, 1);
 }
 
-// ---- v4: v1's decoders (BF16, FP8; one activation row) on persistent warps that keep the next batch of
-// weight loads in flight while they convert and multiply the current one. v1 gives each warp one row and
-// each CTA one launch slot: an FP8 row of 4096 columns is a single batch of loads, so a warp loads, waits a
-// whole DRAM latency, computes and exits, and a 6144-row product runs in 1.5 waves of CTAs (ncu, H200,
-// 2026-12-03: the qkv GEMV at 38% of DRAM throughput, warps stalled on long scoreboard, 8 CTAs per SM by
-// registers). Here the grid is one wave (CTAs per SM from the occupancy calculator), warp w takes rows
-// w, w + W, ... (W warps in all) as one stream of batches of U granules per lane, and issues batch i + 1's
-// loads before it uses batch i, across row ends too.
+// ---- v4: v1's decoders (BF16, FP8) and StreamInt4 (INT4), one activation row, on persistent warps that
+// keep the next batch of weight loads in flight while they convert and multiply the current one. v1 gives
+// each warp one row and each CTA one launch slot: an FP8 row of 4096 columns is a single batch of loads, so
+// a warp loads, waits a whole DRAM latency, computes and exits, and a 6144-row product runs in 1.5 waves of
+// CTAs (ncu, H200, 2026-12-03: the qkv GEMV at 38% of DRAM throughput, warps stalled on long scoreboard, 8
+// CTAs per SM by registers). Here the grid is one wave (CTAs per SM from the occupancy calculator), warp w
+// takes rows w, w + W, ... (W warps in all) as one stream of batches of U granules per lane, and issues
+// batch i + 1's loads before it uses batch i, across row ends too.
 // kSilu (R = 2): the SiLU product; R = 2 without it: a plain product two rows per warp (x converted once
 // for both; INFERX_GEMV_V4_PAIRS).
 //
@@ -426,13 +427,149 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const GemvParams p) 
 // one batch, shared memory as many as the budget gives (gemv_v4_staged_batches; at the default 96 KB half of
 // an FP8 4096-column row pair for the o projection's 4 CTAs per SM), and the copy needs no registers while
 // the previous kernel (RMSNorm, attention) runs. Those batches are then read from shared memory.
-// Bytes of one row per batch of U 16-byte granules per lane (v4's formats: BF16, FP8).
+// Bytes of one row per batch of U 16-byte granules per lane (v4's formats: BF16, FP8, INT4).
 __host__ __device__ constexpr int64_t v4_batch_row_bytes(int u) { return int64_t{kWarp} * u * 16; }
 constexpr int kV4BarBytes = 128;  // the CTA's mbarriers (one per warp), then the warps' stages
+
+// INT4 on v4 (kernels_gemv_decode.h int4_run_dot): a granule is a 32-column run, multiplied without
+// per-weight conversions, given the run's sum X of x. x comes from shared memory, where each CTA puts it
+// once (after the PDL wait) with every run's X: v1's way of reading x (each lane 64 bytes of x per run, at
+// the run's stride: each of its four 16-byte loads touches 16 L1 lines) would take some 64 L1 wavefronts per
+// 32 runs against the 4 of a row's weights (an estimate, not profiled), and converting x from BF16 costs
+// half an instruction per weight at two rows per warp.
+// kF32: x as F32 (8 16-byte loads per run, no conversion; 4.6 bytes of shared memory per column), else
+// as its BF16 (4 loads and 32 conversions per run; 2.6 bytes per column) - the launcher takes F32 where it
+// costs no CTAs per SM (v4_x_f32). Each run's x is padded by 16 bytes (144 / 80 bytes): the 8 lanes of a
+// quarter-warp, whose runs are consecutive, then read 8 distinct bank groups. The group scale and zero
+// point are loaded with the weights (a batch ahead; for staged batches from global memory), one word per
+// run (int4_scale_zero); the run's term is scale * (S - f(z) X) and the row's sum is multiplied by 256 at
+// the row's end (the scale stays outside row_scale, which is 1).
+template <bool kF32>
+struct StreamInt4 {
+  static constexpr int kElems = 32;
+  static constexpr int kXStride = kF32 ? 144 : 80;  // bytes per run of x in shared memory
+  struct Raw {
+    uint4 v;
+    uint32_t sz;  // the run's group scale (F16 bits) | zero point << 16
+  };
+  __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
+
+  // Shared memory after the staging: X of every run (F32, 16-byte aligned), then x.
+  __host__ __device__ static int64_t sums_bytes(int64_t k) { return (k / 32 * 4 + 15) / 16 * 16; }
+  __host__ __device__ static int64_t bytes(int64_t k) { return sums_bytes(k) + k / 32 * kXStride; }
+
+  // Run g of x (its 64 bytes of BF16) into shared memory with its X.
+  __device__ static void put_x(const GemvParams& p, uint8_t* sm, int g) {
+    const uint4* xp = reinterpret_cast<const uint4*>(p.x) + 4 * g;
+    uint4 raw[4];
+    float xv[32];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      raw[c] = __ldg(xp + c);
+      bf16x8_to_float(raw[c], xv + 8 * c);
+    }
+    reinterpret_cast<float*>(sm)[g] = gemv::int4_run_sum(xv);
+    uint8_t* at = sm + sums_bytes(p.k) + int64_t{g} * kXStride;
+#pragma unroll
+    for (int c = 0; c < (kF32 ? 8 : 4); ++c) {
+      if constexpr (kF32)
+        reinterpret_cast<float4*>(at)[c] =
+            make_float4(xv[4 * c], xv[4 * c + 1], xv[4 * c + 2], xv[4 * c + 3]);
+      else
+        reinterpret_cast<uint4*>(at)[c] = raw[c];
+    }
+  }
+  // Run g's x and X from shared memory (sums: the X table, x: the runs).
+  __device__ static void get_x(const float* sums, const uint8_t* x, int g, float (&xv)[32], float& xsum) {
+    xsum = sums[g];
+    const uint8_t* at = x + g * kXStride;
+#pragma unroll
+    for (int c = 0; c < (kF32 ? 8 : 4); ++c) {
+      if constexpr (kF32) {
+        const float4 t = reinterpret_cast<const float4*>(at)[c];
+        xv[4 * c] = t.x;
+        xv[4 * c + 1] = t.y;
+        xv[4 * c + 2] = t.z;
+        xv[4 * c + 3] = t.w;
+      } else {
+        bf16x8_to_float(reinterpret_cast<const uint4*>(at)[c], xv + 8 * c);
+      }
+    }
+  }
+  __device__ static void dot(const Raw& r, const float (&xv)[32], float xsum, float& acc) {
+    acc = gemv::int4_run_term({r.v.x, r.v.y, r.v.z, r.v.w}, r.sz, xv, xsum, acc);
+  }
+
+  // A batch's loads (granules g0, g0 + 32, ... below `granules` of the R rows): the weights (kWeights;
+  // else they come from shared memory) and each run's scale and zero point (kZero; else 8). SH =
+  // group_shift: 2^SH runs per group, so that the lane's successive runs (32 apart) are 32 >> SH groups
+  // apart: immediate offsets. Offsets within the weight in 32 bits (the launcher checks that they fit).
+  template <int SH, bool kZero, bool kWeights, int R, int U>
+  __device__ static void load_batch_of(const GemvParams& p, const int64_t (&rows)[R], int64_t g0,
+                                       int64_t granules, Raw (&raw)[R][U]) {
+    constexpr int kGroupStride = kWarp >> SH;
+    const uint32_t g = static_cast<uint32_t>(g0), runs = static_cast<uint32_t>(granules);
+    const uint8_t* const wg = p.w + 16 * g0;
+    const uint8_t* w[R];
+    const unsigned short* s[R];
+    const uint8_t* z[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint32_t row = static_cast<uint32_t>(rows[r]);
+      const uint32_t at = row * static_cast<uint32_t>(p.groups_per_row) + (g >> SH);
+      w[r] = wg + static_cast<uint64_t>(row) * static_cast<uint32_t>(p.row_bytes);
+      s[r] = static_cast<const unsigned short*>(p.scale) + at;
+      if constexpr (kZero) z[r] = p.zero + at;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (g + kWarp * u < runs) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if constexpr (kWeights) raw[r][u].v = load_stream(w[r] + v4_batch_row_bytes(u));
+          const uint32_t scale = __ldg(s[r] + u * kGroupStride);
+          if constexpr (kZero)
+            raw[r][u].sz = gemv::int4_scale_zero(scale, __ldg(z[r] + u * kGroupStride));
+          else
+            raw[r][u].sz = scale | 8u << 16;  // int4_scale_zero(scale, 8)
+        }
+      }
+    }
+  }
+  template <bool kWeights, int R, int U>
+  __device__ static void load_batch(const GemvParams& p, const int64_t (&rows)[R], int64_t g0,
+                                    int64_t granules, Raw (&raw)[R][U]) {
+    const int sh = p.group_shift;
+    if (p.zero != nullptr) {
+      if (sh == 0)
+        load_batch_of<0, true, kWeights>(p, rows, g0, granules, raw);
+      else if (sh == 1)
+        load_batch_of<1, true, kWeights>(p, rows, g0, granules, raw);
+      else
+        load_batch_of<2, true, kWeights>(p, rows, g0, granules, raw);
+    } else {
+      if (sh == 0)
+        load_batch_of<0, false, kWeights>(p, rows, g0, granules, raw);
+      else if (sh == 1)
+        load_batch_of<1, false, kWeights>(p, rows, g0, granules, raw);
+      else
+        load_batch_of<2, false, kWeights>(p, rows, g0, granules, raw);
+    }
+  }
+  // Whether the 32-bit offsets of load_batch_of hold for a weight of `rows` rows.
+  static bool offsets_fit(const GemvParams& p, int64_t rows) {
+    return rows * p.row_bytes < (int64_t{1} << 31) && rows * p.groups_per_row < (int64_t{1} << 31);
+  }
+};
+template <class Dec>
+constexpr bool kStreamInt4 = false;
+template <bool kF32>
+constexpr bool kStreamInt4<StreamInt4<kF32>> = true;
 
 template <class Dec, int R, int U, bool kSilu>
 __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
   using Raw = typename Dec::Raw;
+  constexpr bool kInt4 = kStreamInt4<Dec>;  // x from shared memory, filled by the whole CTA
   extern __shared__ __align__(128) uint8_t v4_smem[];
   const int lane = threadIdx.x % kWarp, wib = threadIdx.x / kWarp;
   // K split (p.ksplit = ks): warps wib = j * ks .. j * ks + ks - 1 of a CTA take the same row groups, warp
@@ -442,8 +579,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (kGemvWarps / ks);  // row-group slots
   const int64_t nrows = warp_row_count<R, kSilu>(p);
   int64_t n = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / ks) + wib / ks;
-  // The norm fusion's CTA-wide sums need every warp, rows or not.
-  const bool active = n < nrows, cta_wide = p.residual != nullptr || p.in_partials != nullptr;
+  // The norm fusion's CTA-wide sums and INT4's x in shared memory need every warp, rows or not.
+  const bool active = n < nrows, cta_wide = p.residual != nullptr || p.in_partials != nullptr || kInt4;
   if (!active && !cta_wide) return;
   __shared__ float sums[kWarp];
   __shared__ float split_sums[2][kGemvWarps][R];  // K split: each warp's sums, by the group's round parity
@@ -467,6 +604,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
   const int64_t pf_bytes = p.pf_batches * v4_batch_row_bytes(U);
   uint64_t* bar = reinterpret_cast<uint64_t*>(v4_smem) + wib;
   uint8_t* stage = v4_smem + kV4BarBytes + wib * R * pf_bytes;
+  // INT4: the runs' sums X and x, after the staging (StreamInt4::bytes).
+  uint8_t* const xsm = v4_smem + (p.pf_batches > 0 ? kV4BarBytes + kGemvWarps * R * pf_bytes : 0);
   // Batch b_lo + batch (batch < p.pf_batches) of row group n0 from shared memory: the same lanes' granules
   // as from global.
   auto load_staged = [&](int batch, Raw(&raw)[R][U]) {
@@ -500,10 +639,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     const bool more = next_n < nrows;
     if (more && next_n == n0 && next_b - b_lo < p.pf_batches) {
       load_staged(next_b - b_lo, nxt);
+      if constexpr (kInt4) {  // the staged runs' scales and zero points
+        int64_t next_rows[R];
+        warp_rows<R, kSilu>(p, next_n, next_rows);
+        Dec::template load_batch<false>(p, next_rows, first(next_b), granules, nxt);
+      }
     } else if (more) {
       int64_t next_rows[R];
       warp_rows<R, kSilu>(p, next_n, next_rows);
-      load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
+      if constexpr (kInt4)
+        Dec::template load_batch<true>(p, next_rows, first(next_b), granules, nxt);
+      else
+        load_granules<Dec, R, U>(p, next_rows, first(next_b), granules, nxt);
     } else {
       if (!p.late_trigger) pdl_launch_dependents();  // after the weight stream (see the file comment)
     }
@@ -512,24 +659,41 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
     // 4.5% slower end to end at batch 1 (fp8:lm_head 338.3-339.7 vs 354.2-356.4 tok/s, H200 2026-12-03
     // 13:52, the same call); the cause (instruction order or the extra x conversion of R = 2) was not
     // profiled.
+    if constexpr (kInt4) {  // x and the run's X from shared memory, then each row's run term (32-bit indices)
+      const int g0 = static_cast<int>(first(b)), runs = static_cast<int>(granules);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t g = first(b) + static_cast<int64_t>(kWarp) * u;
-      if (g >= granules) break;
-      constexpr int E = Dec::kElems;
-      const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * E);
-      float xv[E];
+      for (int u = 0; u < U; ++u) {
+        const int g = g0 + kWarp * u;
+        if (g >= runs) break;
+        float xv[32], xsum;
+        Dec::get_x(reinterpret_cast<const float*>(xsm), xsm + Dec::sums_bytes(p.k), g, xv, xsum);
 #pragma unroll
-      for (int c = 0; c < E / 8; ++c) bf16x8_to_float(__ldg(xp + c), xv + 8 * c);
+        for (int r = 0; r < R; ++r) Dec::dot(cur[r][u], xv, xsum, acc[r][0]);
+      }
+    } else {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float w[E];
-        Dec::expand(p, cur[r][u], w);
+      for (int u = 0; u < U; ++u) {
+        const int64_t g = first(b) + static_cast<int64_t>(kWarp) * u;
+        if (g >= granules) break;
+        constexpr int E = Dec::kElems;
+        const uint4* xp = reinterpret_cast<const uint4*>(p.x + g * E);
+        float xv[E];
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[r][0] = fmaf(w[e], xv[e], acc[r][0]);
+        for (int c = 0; c < E / 8; ++c) bf16x8_to_float(__ldg(xp + c), xv + 8 * c);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float w[E];
+          Dec::expand(p, cur[r][u], w);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[r][0] = fmaf(w[e], xv[e], acc[r][0]);
+        }
       }
     }
     if (next_n != n) {  // row n is complete (this warp's part of it)
+      if constexpr (kInt4) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][0] *= gemv::kInt4RunFactor;  // exact: the runs' terms were S / 256
+      }
       if (ks > 1) {
         // The group's sums: each warp's into shared memory, the group's first warp adds them in order
         // (deterministic) and stores through gemv_finish (lane 0 holds the total, the others 0).
@@ -579,11 +743,19 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
                   static_cast<uint32_t>(pf_bytes), bar);
     }
     __syncwarp();
+    if constexpr (kInt4) Dec::template load_batch<false>(p, wrow, first(b_lo), granules, a);  // scales, zeros
   } else if (active) {
-    load_granules<Dec, R, U>(p, wrow, first(b_lo), granules, a);
+    if constexpr (kInt4)
+      Dec::template load_batch<true>(p, wrow, first(b_lo), granules, a);
+    else
+      load_granules<Dec, R, U>(p, wrow, first(b_lo), granules, a);
   }
   pdl_wait();  // the staged batches or the first batch are in flight (cuda_common.cuh)
   if (!active && !p.late_trigger) pdl_launch_dependents();  // no weights to stream (others: after theirs)
+  if constexpr (kInt4) {  // x (written by the previous kernel) and its run sums, once per CTA
+    for (int g = threadIdx.x; g < granules; g += kGemvThreads) Dec::put_x(p, xsm, g);
+    __syncthreads();
+  }
   if (p.in_partials != nullptr) {
     // The residual epilogue's partial sums of squares, summed in a fixed order (deterministic), while
     // the first weights arrive.
@@ -1120,7 +1292,8 @@ int v4_loads() {
 // 3.136 ms with 8 everywhere (-4.6%). An H100 (17:00), 8 from 8 KB rows: 70B 26.868 -> 26.44 ms (+1.6%), 8B
 // bf16 6.026 -> 5.933 (+1.5%), 8B fp8:lm_head 3.544 -> 3.561 (-0.5%: its 4096-row down product, 14 KB rows,
 // the one FP8 product that changed) - hence the row count for FP8. (On 12-03 10:41, before pairs and the
-// shared-memory staging, 8 everywhere had lost in both formats.)
+// shared-memory staging, 8 everywhere had lost in both formats.) INT4 follows FP8's rule in bytes (8 loads
+// from rows of 16384 columns in products of 8192 rows; not measured: the bench's "l8" rows tell).
 template <class Dec>
 int v4_loads_for(int64_t rows, int64_t row_bytes) {
   const int forced = v4_loads();
@@ -1161,7 +1334,8 @@ int v4_ksplit() {
 }
 // The K split of a launch of `groups` row groups with batches of batch_elems columns on `warps` warps: only
 // where K is a whole number of batches and the norm fusion's one-warp-per-row epilogue is not asked for;
-// gemv_v4_ksplit's choice for BF16, FP8 unsplit unless forced (the measurements above).
+// gemv_v4_ksplit's choice for BF16, FP8 and INT4 unsplit unless forced (the measurements above; INT4 not
+// measured).
 template <class Dec>
 int v4_ksplit_for(const GemvParams& p, int64_t groups, int64_t batch_elems, int64_t warps) {
   const int requested = v4_ksplit();
@@ -1183,13 +1357,36 @@ cudaError_t device_sms(int& sms) {
   return st;
 }
 
-// One wave of v4 CTAs (no more warps than rows). L: loads per lane and batch.
-// kSilu: the SiLU product (R = 2), else a plain product with R rows per warp.
+// Shared memory of the current device: per SM, and reserved by the system per CTA; cached per device.
+cudaError_t device_smem(int& per_sm, int& reserved) {
+  static std::atomic<int> cache[32][2];
+  int device = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st != cudaSuccess) return st;
+  const bool cached = device >= 0 && device < 32;
+  if (cached && (per_sm = cache[device][0].load(std::memory_order_relaxed)) > 0) {
+    reserved = cache[device][1].load(std::memory_order_relaxed);
+    return cudaSuccess;
+  }
+  st = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (st == cudaSuccess)
+    st = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+  if (st == cudaSuccess && cached) {
+    cache[device][1].store(reserved, std::memory_order_relaxed);
+    cache[device][0].store(per_sm, std::memory_order_relaxed);
+  }
+  return st;
+}
+
+// A v4 kernel's CTAs per SM: as many as its registers allow (the occupancy calculator, cached per instance:
+// the same on every H200 / H100), at most v4_ctas_per_sm(); INT4 (StreamInt4) also as many as the shared
+// memory of its x (beyond any staging) lets share an SM, and *fixed receives that memory per CTA with the
+// kernel's static shared memory and the system's reserve (0: not one CTA fits). Others: *fixed = 0.
 template <class Dec, int R, int L, bool kSilu>
-cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
+cudaError_t v4_fit(const GemvParams& p, int& per_sm, int64_t* fixed = nullptr) {
   const auto kernel = gemv_stream_kernel<Dec, R, L / R, kSilu>;
-  static std::atomic<int> fit{0};  // CTAs per SM the kernel's registers allow (same on every H200/H100)
-  int per_sm = fit.load(std::memory_order_relaxed);
+  static std::atomic<int> fit{0};
+  per_sm = fit.load(std::memory_order_relaxed);
   if (per_sm == 0) {
     const cudaError_t st = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, 0);
     if (st != cudaSuccess) return st;
@@ -1197,6 +1394,35 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
     fit.store(per_sm, std::memory_order_relaxed);
   }
   if (const int cap = v4_ctas_per_sm(); cap > 0) per_sm = std::min(per_sm, cap);
+  if (fixed != nullptr) *fixed = 0;
+  if constexpr (kStreamInt4<Dec>) {
+    static std::atomic<int> static_smem{-1};
+    int own = static_smem.load(std::memory_order_relaxed);
+    if (own < 0) {
+      cudaFuncAttributes attr{};
+      if (const cudaError_t st = cudaFuncGetAttributes(&attr, kernel); st != cudaSuccess) return st;
+      own = static_cast<int>(attr.sharedSizeBytes);
+      static_smem.store(own, std::memory_order_relaxed);
+    }
+    int sm_bytes = 0, reserved = 0;
+    if (const cudaError_t st = device_smem(sm_bytes, reserved); st != cudaSuccess) return st;
+    const int64_t cta = Dec::bytes(p.k) + own + reserved;
+    per_sm = static_cast<int>(std::min<int64_t>(per_sm, sm_bytes / cta));
+    if (fixed != nullptr) *fixed = cta;
+  }
+  return cudaSuccess;
+}
+
+// One wave of v4 CTAs (no more warps than rows). L: loads per lane and batch.
+// kSilu: the SiLU product (R = 2), else a plain product with R rows per warp. INT4: cudaErrorNotSupported
+// (nothing launched) where x does not fit in shared memory.
+template <class Dec, int R, int L, bool kSilu>
+cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
+  const auto kernel = gemv_stream_kernel<Dec, R, L / R, kSilu>;
+  int per_sm = 0;
+  int64_t fixed = 0;  // INT4: shared memory per CTA besides the staging (v4_fit)
+  if (const cudaError_t st = v4_fit<Dec, R, L, kSilu>(p, per_sm, &fixed); st != cudaSuccess) return st;
+  if (per_sm < 1) return cudaErrorNotSupported;
   int sms = 0;
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
   const int64_t groups = warp_row_count<R, kSilu>(p);
@@ -1205,8 +1431,16 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   const int64_t ctas = std::min<int64_t>((groups * ks + kGemvWarps - 1) / kGemvWarps, int64_t{sms} * per_sm);
   GemvParams q = p;
   q.ksplit = ks;
-  q.pf_batches = gemv_v4_staged_batches(ctas, sms, R, L, p.row_bytes / ks, v4_smem_kb());
-  const size_t smem = gemv_v4_smem_bytes(R, L, q.pf_batches);
+  int staging_kb = v4_smem_kb();
+  if constexpr (kStreamInt4<Dec>) {  // the staging gets what x leaves of the SM, at most its budget
+    int sm_bytes = 0, reserved = 0;
+    if (const cudaError_t st = device_smem(sm_bytes, reserved); st != cudaSuccess) return st;
+    const int64_t left = sm_bytes - (ctas + sms - 1) / sms * fixed;
+    staging_kb = static_cast<int>(std::clamp<int64_t>(left / 1024, 0, staging_kb));
+  }
+  q.pf_batches = gemv_v4_staged_batches(ctas, sms, R, L, p.row_bytes / ks, staging_kb);
+  size_t smem = gemv_v4_smem_bytes(R, L, q.pf_batches);
+  if constexpr (kStreamInt4<Dec>) smem += static_cast<size_t>(Dec::bytes(p.k));
   if (smem > 48 * 1024) {
     // The opt-in above 48 KB is a function attribute of the current device: once per device and instance
     // (tensor parallel ranks run other devices from the same process).
@@ -1243,15 +1477,46 @@ bool v4_pairs() {
   return (o == 0 || o == 1 ? o : env) == 1;
 }
 
-// R = 2: the SiLU product; R = 1: a plain product (in pairs of rows unless v4_pairs() says not).
+// INT4 puts x into shared memory as F32 (StreamInt4<true>) or BF16: set_gemv_v4_shape's x_f32, else
+// INFERX_GEMV_V4_X_F32 (read once): 1, the default: F32 where it costs no CTAs per SM against BF16 (the
+// 8B model's 4096-column products, not its 14336-column down product; not measured on a GPU yet); 2: F32
+// wherever one CTA fits; 0: BF16.
+std::atomic<int> g_v4_x_f32{-1};
+int v4_x_f32() {
+  static const int env = env_int("INFERX_GEMV_V4_X_F32", 0, 2, 1);
+  const int o = g_v4_x_f32.load(std::memory_order_relaxed);
+  return o >= 0 && o <= 2 ? o : env;
+}
+template <int R, int L, bool kSilu>
+cudaError_t launch_stream_int4(const GemvParams& p, cudaStream_t stream) {
+  if (const int mode = v4_x_f32(); mode != 0) {
+    int f32 = 0, bf16 = 0;
+    cudaError_t st = v4_fit<StreamInt4<true>, R, L, kSilu>(p, f32);
+    if (st == cudaSuccess && mode == 1) st = v4_fit<StreamInt4<false>, R, L, kSilu>(p, bf16);
+    if (st != cudaSuccess) return st;
+    if (f32 >= 1 && f32 >= bf16) return launch_stream<StreamInt4<true>, R, L, kSilu>(p, stream);
+  }
+  return launch_stream<StreamInt4<false>, R, L, kSilu>(p, stream);
+}
+template <class Dec, int R, int L, bool kSilu>
+cudaError_t launch_stream_of(const GemvParams& p, cudaStream_t stream) {
+  if constexpr (kStreamInt4<Dec>)
+    return launch_stream_int4<R, L, kSilu>(p, stream);
+  else
+    return launch_stream<Dec, R, L, kSilu>(p, stream);
+}
+
+// R = 2: the SiLU product; R = 1: a plain product (in pairs of rows unless v4_pairs() says not). INT4: Dec =
+// StreamInt4<false> stands for both of its x layouts (launch_stream_int4 picks one).
 template <class Dec, int R>
 cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   const bool four = v4_loads_for<Dec>(p.rows, p.row_bytes) == 4;
   if constexpr (R == 2)
-    return four ? launch_stream<Dec, 2, 4, true>(p, stream) : launch_stream<Dec, 2, 8, true>(p, stream);
+    return four ? launch_stream_of<Dec, 2, 4, true>(p, stream) : launch_stream_of<Dec, 2, 8, true>(p, stream);
   if (v4_pairs())
-    return four ? launch_stream<Dec, 2, 4, false>(p, stream) : launch_stream<Dec, 2, 8, false>(p, stream);
-  return four ? launch_stream<Dec, 1, 4, false>(p, stream) : launch_stream<Dec, 1, 8, false>(p, stream);
+    return four ? launch_stream_of<Dec, 2, 4, false>(p, stream)
+                : launch_stream_of<Dec, 2, 8, false>(p, stream);
+  return four ? launch_stream_of<Dec, 1, 4, false>(p, stream) : launch_stream_of<Dec, 1, 8, false>(p, stream);
 }
 
 // ---- Which kernel runs a format: set_gemv_kernel (tests, benchmarks), else INFERX_GEMV_KERNEL, else the
@@ -1271,8 +1536,9 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
 //     and the 128256-row lm_head (92.6 vs 104.5): v1.
 //   Q8_0 / Q4_K (00:34, again at 04:20): v2 (60.6 / 47.5 and 31.2 / 20.9 at 14336x4096 / 4096x14336).
 // v3 reads BF16, FP8 and INT4 with K a multiple of 32 / 64 / 128 (whole 4-chunk sets) and up to 16 / S
-// activation rows per launch (other products: v1), v4 BF16 and FP8 with one activation row (more: v1),
-// v2 the four quantized formats, v1 all five.
+// activation rows per launch (other products: v1), v4 BF16, FP8 and INT4 with one activation row (more:
+// v1; INT4 on v4 is not measured on a GPU yet, so v3 stays its default), v2 the four quantized formats,
+// v1 all five.
 
 int format_index(DType dtype) {
   switch (dtype) {
@@ -1298,7 +1564,7 @@ GemvKernel measured_kernel(DType dtype, int m) {
     case DType::F8_E4M3:
       return m >= 2 ? GemvKernel::V3 : GemvKernel::V4;
     case DType::INT4:
-      return GemvKernel::V3;
+      return GemvKernel::V3;  // v4 reads INT4 too (StreamInt4), not yet measured against it
     case DType::Q8_0:
     case DType::Q4_K:
       return GemvKernel::V2;
@@ -1385,6 +1651,11 @@ cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream)
   if (kernel == GemvKernel::V4) {
     if (p.m == 1 && dtype == DType::BF16) return launch_stream<DecodeBf16, R>(p, stream);
     if (p.m == 1 && dtype == DType::F8_E4M3) return launch_stream<DecodeFp8, R>(p, stream);
+    if (p.m == 1 && dtype == DType::INT4 && p.k % 32 == 0 &&
+        StreamInt4<false>::offsets_fit(p, R == 2 ? 2 * p.f : p.rows)) {
+      const cudaError_t e = launch_stream<StreamInt4<false>, R>(p, stream);
+      if (e != cudaErrorNotSupported) return e;  // else x does not fit in shared memory: v1
+    }
     kernel = GemvKernel::V1;  // v4 takes one activation row
   }
   const bool v1 = kernel != GemvKernel::V2;
@@ -1488,7 +1759,7 @@ bool gemv_kernel_reads(GemvKernel kernel, DType dtype) {
     case GemvKernel::V3:
       return dtype == DType::BF16 || dtype == DType::F8_E4M3 || dtype == DType::INT4;
     case GemvKernel::V4:
-      return dtype == DType::BF16 || dtype == DType::F8_E4M3;
+      return dtype == DType::BF16 || dtype == DType::F8_E4M3 || dtype == DType::INT4;
     default:
       return false;
   }
@@ -1570,7 +1841,8 @@ int gemv_v4_ksplit(int64_t groups, int64_t batches, int64_t warps, int requested
   return best;
 }
 
-void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs, int smem_kb, int ksplit) {
+void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs, int smem_kb, int ksplit, int x_f32) {
+  g_v4_x_f32.store(x_f32, std::memory_order_relaxed);
   g_v4_ksplit.store(ksplit, std::memory_order_relaxed);
   g_v4_loads.store(loads, std::memory_order_relaxed);
   g_v4_ctas.store(ctas_per_sm, std::memory_order_relaxed);

@@ -6,11 +6,12 @@
 //   BF16;  F8_E4M3 with a per-tensor or per-channel F32 scale;  INT4 (quant/int4.h: 32-column runs of 16
 //   bytes, F16 group scales, optional U8 zero points, group 32/64/128);  GGUF Q8_0 and Q4_K blocks
 //   (quant/gguf_block_layouts.h), read as stored.
-// Three kernels (kernels_gemv.cu): v1 (one 16-byte granule per lane and load, per-element conversions; all
-// formats), v2 (8 columns per lane and step, kernels_gemv_decode.h; FP8, INT4, Q8_0, Q4_K) and v3 (the
-// dot products on tensor cores, weights decoded to BF16; BF16, FP8, INT4). Each format runs on the
-// fastest measured one unless set_gemv_kernel or INFERX_GEMV_KERNEL (read once: "v1", "int4=v2,fp8=v1",
-// ...) says otherwise; v2 gives a warp two rows from INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never).
+// Four kernels (kernels_gemv.cu): v1 (one 16-byte granule per lane and load, per-element conversions; all
+// formats), v2 (8 columns per lane and step, kernels_gemv_decode.h; FP8, INT4, Q8_0, Q4_K), v3 (the
+// dot products on tensor cores, weights decoded to BF16; BF16, FP8, INT4) and v4 (persistent warps
+// streaming rows, one activation row; BF16, FP8, INT4). Each format runs on the fastest measured one
+// unless set_gemv_kernel or INFERX_GEMV_KERNEL (read once: "v1", "int4=v4,fp8=v1", ...) says otherwise;
+// v2 gives a warp two rows from INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never).
 // Rows of x beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each).
 // Pointers are device pointers; x is [m, k] contiguous BF16 (launch_gemv_prepare_x makes it from F32, and
 // applies an INT4 input permutation).
@@ -85,10 +86,12 @@ void set_gemv_v3_max_warps(int warps);
 // else INFERX_GEMV_V4_LOADS, default 0), CTAs per SM
 // (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 0) and whether a
 // warp takes two rows of a plain product (1 / 0; -1: INFERX_GEMV_V4_PAIRS, default 1), and its shared-memory
-// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu), and its K
-// split (0: gemv_v4_ksplit's choice for BF16, FP8 unsplit; 1: off; 2, 4: forced; -1: INFERX_GEMV_V4_KSPLIT,
-// default 0).
-void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs = -1, int smem_kb = -1, int ksplit = -1);
+// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu), its K
+// split (0: gemv_v4_ksplit's choice for BF16, FP8 and INT4 unsplit; 1: off; 2, 4: forced; -1:
+// INFERX_GEMV_V4_KSPLIT, default 0), and the layout of x in shared memory for INT4 (0: BF16; 1: F32 where
+// that costs no CTAs per SM; 2: F32 wherever it fits; -1: INFERX_GEMV_V4_X_F32, default 1).
+void set_gemv_v4_shape(int loads, int ctas_per_sm, int pairs = -1, int smem_kb = -1, int ksplit = -1,
+                       int x_f32 = -1);
 // v4's K split for `groups` row groups (rows, pairs or gate/up pairs) of `batches` batches each on `warps`
 // warps (one wave): how many warps of a CTA share each row group, each streaming batches / ks of it, so that
 // products with few rows run on more warps with fewer batches each. `requested` > 0 forces 4 / 2 / 1 (the

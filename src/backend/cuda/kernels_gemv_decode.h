@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -18,6 +19,12 @@
 #define INFERX_GEMV_HD __host__ __device__ __forceinline__
 #else
 #define INFERX_GEMV_HD inline
+#endif
+// Full unrolling where the selectors of byte_perm must become immediates (host compilers: no pragma).
+#if defined(__CUDA_ARCH__)
+#define INFERX_GEMV_UNROLL _Pragma("unroll")
+#else
+#define INFERX_GEMV_UNROLL
 #endif
 
 namespace inferx::cuda::gemv {
@@ -97,6 +104,65 @@ INFERX_GEMV_HD void int4x8(uint32_t lo, uint32_t hi, uint32_t shift, float bias,
   bytes_magic((hi >> shift) & 0x0f0f0f0fu, out + 4);
   for (int e = 0; e < 8; ++e) out[e] -= bias;
 }
+
+// ---- v4 INT4 (kernels_gemv.cu StreamInt4): a lane multiplies a whole 32-column run (16 bytes) per step,
+// with no conversion and no subtraction per weight. A byte b < 16 placed by one PRMT as the third byte of
+// a float whose top byte is 0x3F (bits 0x3F'b'0000) is 0.5 + b / 256 = (128 + b) / 256 exactly, so with
+// f_j that value of column j's code, the run's S = sum_j f_j x_j and X = sum_j x_j,
+//   sum_j (code_j - z) x_j = 256 (S - f(z) X),   f(z) = (128 + z) / 256 (the same placement of z).
+// int4_run_dot computes S - f(z) X by starting its chain of 32 FMAs at -f(z) X; the kernel multiplies it
+// by the group scale and the row's sum by 256 (exact). Per weight: one PRMT, one FFMA and 3/8 of a LOP3 /
+// shift (the nibble masks, one or two per 4-byte word).
+constexpr uint32_t kHalfBits = 0x3F000000u;  // 0.5
+
+// (128 + byte i of n) / 256 for a byte below 16: bytes 0, 1 of the result from kHalfBits' byte 0 (zero),
+// byte 2 from n, byte 3 from kHalfBits' byte 3 (0x3F).
+INFERX_GEMV_HD float int4_half(uint32_t n, uint32_t i) {
+  return bits_float(byte_perm(n, kHalfBits, 0x7044u | i << 8));
+}
+
+// S - f(z) X of a run (words v[0..3]: byte b holds column b in its low nibble and 16 + b in its high one;
+// x: its 32 columns) given start = -f(z) X; columns in order 0..31.
+INFERX_GEMV_HD float int4_run_dot(const uint32_t (&v)[4], const float* x, float start) {
+  float s = start;
+  INFERX_GEMV_UNROLL
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t lo = v[w] & 0x0f0f0f0fu;
+    INFERX_GEMV_UNROLL
+    for (uint32_t b = 0; b < 4; ++b) s = fmaf(int4_half(lo, b), x[4 * w + b], s);
+  }
+  INFERX_GEMV_UNROLL
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t hi = (v[w] >> 4) & 0x0f0f0f0fu;
+    INFERX_GEMV_UNROLL
+    for (uint32_t b = 0; b < 4; ++b) s = fmaf(int4_half(hi, b), x[16 + 4 * w + b], s);
+  }
+  return s;
+}
+
+// X of a run of 32 columns, pairwise (the order the kernel and the tests share).
+INFERX_GEMV_HD float int4_run_sum(const float* x) {
+  float t[16];
+  INFERX_GEMV_UNROLL
+  for (int i = 0; i < 16; ++i) t[i] = x[i] + x[16 + i];
+  INFERX_GEMV_UNROLL
+  for (int i = 0; i < 8; ++i) t[i] += t[8 + i];
+  INFERX_GEMV_UNROLL
+  for (int i = 0; i < 4; ++i) t[i] += t[4 + i];
+  return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+// A run's group scale (F16 bits) and zero point in one word, as the kernel carries them: scale | z << 16.
+INFERX_GEMV_HD uint32_t int4_scale_zero(uint32_t scale_bits, uint32_t zero) {
+  return byte_perm(scale_bits, zero, 0x5410u);
+}
+// The run's contribution to its row's sum before the final factor 256: scale * (S - f(z) X).
+INFERX_GEMV_HD float int4_run_term(const uint32_t (&v)[4], uint32_t sz, const float* x, float xsum,
+                                   float acc) {
+  const float fz = bits_float(byte_perm(sz, kHalfBits, 0x7244u));  // (128 + z) / 256: byte 2 of sz is z
+  return fmaf(half_float(static_cast<uint16_t>(sz & 0xffffu)), int4_run_dot(v, x, -fz * xsum), acc);
+}
+constexpr float kInt4RunFactor = 256.0f;
 
 // ---- GGUF Q8_0: 34-byte blocks (f16 d, 32 int8); step s is quants 8 (s & 3)..+7 of block s >> 2.
 INFERX_GEMV_HD int64_t q8_0_block_offset(int64_t s) { return 34 * (s >> 2); }
