@@ -13,9 +13,6 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <type_traits>
-#include <utility>
-
 #include "backend/cuda/cuda_common.cuh"
 
 namespace inferx::cuda::attn {
@@ -206,11 +203,6 @@ struct KvTileLoader {
   }
 };
 
-// Asks L2 for the 128-byte line holding p (no register, no completion to wait for).
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // Maximum over the 4 lanes that share a row of a C fragment.
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -245,22 +237,13 @@ __device__ __forceinline__ SplitKeys split_keys(int pos, int seq_len, int64_t wi
   return {last, k_begin, k_end, k_end > k_begin ? (k_end - k_begin + kTile - 1) / kTile : 0, used};
 }
 
-// Whether a tile loader has warm_l2(int) (v3's do; v2's not).
-template <class Loader, class = void>
-inline constexpr bool kWarmsL2 = false;
-template <class Loader>
-inline constexpr bool kWarmsL2<Loader, std::void_t<decltype(std::declval<const Loader&>().warm_l2(0))>> =
-    true;
-
 // The first kAhead tiles of a decode split (v2, v3), around the wait for the previous kernel. The step's
 // metadata was copied before its first kernel and the keys before `last` were written by earlier steps,
 // so tiles that end before `last` start loading before pdl_wait (the RoPE kernel before this one writes
-// the newest key); the rest after it, with q, the partials and the tickets (cuda_common.cuh, programmatic
-// dependent launch) - their rows asked into L2 before the wait where the loader has warm_l2, so that the
-// split holding the newest key, which the merge waits for, copies from L2 rather than DRAM after it. The
-// early tiles are a prefix, so the cp.async groups stay in tile order. Then the block-table prefetch of
-// tile kAhead. key0: the key of tile 0 that this thread's loader starts at (k_begin, or k_begin plus the
-// warp's offset).
+// the newest key); the rest after it, with q, the partials and the tickets (cuda_common.cuh,
+// programmatic dependent launch). The early tiles are a prefix, so the cp.async groups stay in tile order.
+// Then the block-table prefetch of tile kAhead. key0: the key of tile 0 that this thread's loader starts
+// at (k_begin, or k_begin plus the warp's offset).
 template <int kAhead, int kTile, class Loader, class Smem>
 __device__ __forceinline__ void start_decode_tiles(Loader& loader, Smem& sm, int n_tiles, int k_begin,
                                                    int key0, int last, int k_end) {
@@ -271,12 +254,6 @@ __device__ __forceinline__ void start_decode_tiles(Loader& loader, Smem& sm, int
       loader.prefetch(key0 + i * kTile, k_end);
       loader.begin(sm, i, key0 + i * kTile);
       issued = i + 1;
-    } else if (i < n_tiles) {
-      // The tile with the newest key: its rows into L2 now, copied after the wait (loaders that can).
-      if constexpr (kWarmsL2<Loader>) {
-        loader.prefetch(key0 + i * kTile, k_end);
-        loader.warm_l2(key0 + i * kTile);
-      }
     }
   }
   pdl_wait();

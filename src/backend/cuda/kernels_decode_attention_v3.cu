@@ -138,22 +138,6 @@ struct Loader {
     }
     attn::cp_async_commit();
   }
-  // Before the wait for the previous kernel: asks L2 for the rows begin(j0) will copy (one lane per
-  // 128-byte line), so that a tile holding the newest key, which cannot be copied before RoPE has written
-  // that key, is an L2 hit when it is (attn::start_decode_tiles). The newest key's line may be fetched
-  // stale; RoPE's write then updates it in L2, where the copy after the wait reads it.
-  __device__ __forceinline__ void warm_l2(int j0) const {
-    if ((c * 16) % 128 != 0) return;
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int32_t b = blk[i];
-      if (b < 0 || b >= num_blocks) continue;
-      const int j = j0 + key0 % 16 + i * kKeyStep;
-      const int64_t off = (static_cast<int64_t>(b) * block_size + (j & (block_size - 1))) * kv_row;
-      attn::prefetch_l2(k_base + off);
-      attn::prefetch_l2(v_base + off);
-    }
-  }
 };
 
 // FP8 caches, head_dim 128, block sizes that are multiples of 16, no window (launch_decode_attention_v3 picks
@@ -201,19 +185,6 @@ struct TmaLoader {
     const int row = blk * block_size + (j0 & (block_size - 1));
     tensor_copy(s.k[stage] + warp * 16 * L::kRowBytes, k_map, row, bar);
     tensor_copy(s.v[stage] + warp * 16 * L::kRowBytes, v_map, row, bar);
-  }
-  // As Loader::warm_l2: the warp's 16 K and V rows of the tile at j0 into L2 (lane 0, two tensor prefetches).
-  __device__ __forceinline__ void warm_l2(int j0) const {
-    if (lane != 0 || blk < 0 || blk >= num_blocks) return;
-    const int row = blk * block_size + (j0 & (block_size - 1));
-    asm volatile(
-        "cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(k_map)),
-        "r"(col), "r"(row)
-        : "memory");
-    asm volatile(
-        "cp.async.bulk.prefetch.tensor.2d.L2.global [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(v_map)),
-        "r"(col), "r"(row)
-        : "memory");
   }
   __device__ __forceinline__ void tensor_copy(uint8_t* dst, const CUtensorMap* map, int row, uint64_t* bar) {
     asm volatile(
