@@ -13,7 +13,8 @@
 //      weight costs its decode only (BF16 none, E4M3 ~2.5 instructions, INT4 1.5), and up to 16 rows of
 //      x cost about the same.
 //   v4 (gemv_stream_kernel): v1's BF16 / FP8 decoders, and INT4 runs of 32 columns at ~2.5 instructions
-//      per weight (StreamInt4: no conversion or subtraction per weight, x from shared memory), on one wave
+//      per weight (StreamInt4: no conversion or subtraction per weight, x from shared memory; slower than
+//      v3 for INT4, so opt-in: INFERX_GEMV_KERNEL=int4=v4), on one wave
 //      of persistent warps, each streaming rows w, w + W, ... (plain products: pairs of rows) with the
 //      next batch of loads in flight while it multiplies the current one. One activation row.
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
@@ -1293,7 +1294,7 @@ int v4_loads() {
 // bf16 6.026 -> 5.933 (+1.5%), 8B fp8:lm_head 3.544 -> 3.561 (-0.5%: its 4096-row down product, 14 KB rows,
 // the one FP8 product that changed) - hence the row count for FP8. (On 12-03 10:41, before pairs and the
 // shared-memory staging, 8 everywhere had lost in both formats.) INT4 follows FP8's rule in bytes (8 loads
-// from rows of 16384 columns in products of 8192 rows; not measured: the bench's "l8" rows tell).
+// from rows of 16384 columns in products of 8192 rows; 8 loads at 8B's shapes lose 1-15% in chains).
 template <class Dec>
 int v4_loads_for(int64_t rows, int64_t row_bytes) {
   const int forced = v4_loads();
@@ -1479,7 +1480,8 @@ bool v4_pairs() {
 
 // INT4 puts x into shared memory as F32 (StreamInt4<true>) or BF16: set_gemv_v4_shape's x_f32, else
 // INFERX_GEMV_V4_X_F32 (read once): 1, the default: F32 where it costs no CTAs per SM against BF16 (the
-// 8B model's 4096-column products, not its 14336-column down product; not measured on a GPU yet); 2: F32
+// 8B model's 4096-column products, not its 14336-column down product; chains on an H100: F32 ahead by 2.5-4%
+// on 4096-column products, 28% behind on 4096x14336 - the default's choice); 2: F32
 // wherever one CTA fits; 0: BF16.
 std::atomic<int> g_v4_x_f32{-1};
 int v4_x_f32() {
@@ -1537,8 +1539,12 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
 //   Q8_0 / Q4_K (00:34, again at 04:20): v2 (60.6 / 47.5 and 31.2 / 20.9 at 14336x4096 / 4096x14336).
 // v3 reads BF16, FP8 and INT4 with K a multiple of 32 / 64 / 128 (whole 4-chunk sets) and up to 16 / S
 // activation rows per launch (other products: v1), v4 BF16, FP8 and INT4 with one activation row (more:
-// v1; INT4 on v4 is not measured on a GPU yet, so v3 stays its default), v2 the four quantized formats,
-// v1 all five.
+// v1), v2 the four quantized formats, v1 all five.
+//   INT4 g128 on v4 (StreamInt4, H100 2026-12-05 18:55, % of the 3005 GB/s copy, v3 / v4 / v4 8 loads):
+//     4096x4096 - / 40.5-42.0, 6144x4096 44.4 / 44.0 / 46.6, 14336x4096 64.1 / 57.0 / 55.9, gate/up+SiLU
+//     68.7 / 65.1 / 56.6, 4096x14336 65.4 / 55.5 / 47.1 (asymmetric: 60.0 / 55.9, 69.2 / 54.1); in the 8B
+//     model at batch 1 (int4:lm_head, TPOT p50, two runs each) v3 2.452 / 2.455 ms, v4 2.762 / 2.766: v3
+//     stays INT4's default at every M. (Not profiled: each run is one 32-FFMA dependency chain per row.)
 
 int format_index(DType dtype) {
   switch (dtype) {
@@ -1564,7 +1570,7 @@ GemvKernel measured_kernel(DType dtype, int m) {
     case DType::F8_E4M3:
       return m >= 2 ? GemvKernel::V3 : GemvKernel::V4;
     case DType::INT4:
-      return GemvKernel::V3;  // v4 reads INT4 too (StreamInt4), not yet measured against it
+      return GemvKernel::V3;  // v4 reads INT4 too (StreamInt4): 11% slower in the model (above)
     case DType::Q8_0:
     case DType::Q4_K:
       return GemvKernel::V2;
