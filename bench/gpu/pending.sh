@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-05 19:00), after bench/gpu/stage.sh, carry
+# What is still owed to a GPU run (state of 2026-12-05 19:30), after bench/gpu/stage.sh, carry
 # ["gpu-carry-z"]: tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
-# The GPU tests with GEMV v4 reading INT4 (f55f54b; its A/B ran on 12-05 18:55, the test logs did not come
-# back): test_cuda_backend in full and test_cuda_engine, the failures listed.
+# 1. The decode GEMV split into one file per kernel (kernels_gemv_v1v2.cu, kernels_gemv_tc.cu,
+#    kernels_gemv_stream.cu; the dispatch in kernels_gemv.cu) compiled and linked here but never ran on a
+#    GPU: every GPU test binary, then batch 1 at 1k context for the three formats (the same TPOT as before
+#    the split is expected: 8B bf16 ~5.93, fp8:lm_head ~3.54, int4:lm_head ~2.45 ms on an H100).
+# 2. The persistent decode kernel on an H200 (docs/benchmarks.md 12-05 19:10): per-op vs stack with the
+#    producer 1 and 2 stages ahead, bf16 and FP8 (on one H100 node 1 ahead was +1.3% at bf16, level on
+#    another).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for t in test_cuda_backend test_cuda_engine; do
+for t in test_cuda_backend test_cuda_qgemm test_cuda_engine test_cuda_tensor_parallel; do
   INFERX_REQUIRE_GPU=1 timeout 280 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
   echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]|Failure|Expected|Which is' "$OUT/$t.log" | head -30
-  grep -E '^\[       OK \] (CudaGemvTest.Stream|GemvStreamInt4)' "$OUT/$t.log"
+  grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -20
 done
+SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
+  grep "^decode"
+QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1
+  if2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=2 stack:INFERX_DECODE_STACK=1" \
+  bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests"
+rm -f "$OUT"/*.json "$OUT"/*.err

@@ -1,4 +1,4 @@
-// The decode GEMV (kernels_gemv.cu) through CudaBackend::matmul / matmul_split / matmul_silu_mul, for
+// The decode GEMV (kernels_gemv*.cu) through CudaBackend::matmul / matmul_split / matmul_silu_mul, for
 // every weight format it reads and every kernel that reads it (v1, v2, v3: set_gemv_kernel), against
 // float64 references computed here from the dequantized weights (quant/ on the host) and the BF16-rounded
 // activations the kernel reads. Odd shapes: N not a multiple of the rows of a CTA, M = 1..16 (and 20:
@@ -153,7 +153,7 @@ void float64_product(const HostWeight& h, const std::vector<float>& x, int64_t m
     }
 }
 
-// v4's INT4 plain product of one activation row, bit for bit (kernels_gemv.cu StreamInt4, with the run
+// v4's INT4 plain product of one activation row, bit for bit (kernels_gemv_stream.cu StreamInt4, with the run
 // arithmetic of kernels_gemv_decode.h): the row's runs split into ks parts of consecutive runs (the warps of
 // a K split), lane l of a part's warp adds the terms of its runs l, l + 32, ... in order, the lanes' sums
 // times 256 are added by the warp's butterfly (warp_sum), the parts in order (from 0), then the bias.
@@ -412,7 +412,7 @@ TEST_F(CudaGemvTest, EveryFormatMatchesFloat64Reference) {
   }
 }
 
-// Products of 8192 rows or more give each v2 warp two rows (kernels_gemv.cu v2_pairs): an odd row count
+// Products of 8192 rows or more give each v2 warp two rows (kernels_gemv_v1v2.cu v2_pairs): an odd row count
 // leaves the last warp one row, and split outputs cut between the two rows of a warp (and, for v3, the
 // 16 rows of a CTA). BF16 with one row takes the GEMV too.
 TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
@@ -1180,7 +1180,7 @@ TEST(GemvTensorCoreDecoders, PiecesMatchQuantDequantizers) {
     }
 }
 
-// A host model of the v3 kernel's operands (kernels_gemv.cu gemv_tc_kernel, kernels_gemv_decode.h): per
+// A host model of the v3 kernel's operands (kernels_gemv_tc.cu gemv_tc_kernel, kernels_gemv_decode.h): per
 // CTA of 16 rows and per 4-chunk set, lane (g, t) puts the fragments of chunk 4c + t of rows g and
 // g + 8 into the A operand (PTX m16n8k16 layout: a0 = (g, 2t..2t+1), a1 = (g + 8, 2t..), a2 = (g,
 // 2t+8..), a3 = (g + 8, 2t+8..)), and x into B column n = 8 nt + g (b0 = (2t..2t+1, n), b1 = (2t+8..,

@@ -1,7 +1,7 @@
 #pragma once
 // Hopper's bulk asynchronous copies into shared memory and the mbarriers that count their bytes (PTX ISA:
 // cp.async.bulk, mbarrier), shared by the persistent decode kernel's ring (decode_stack_ring.cuh) and GEMV
-// v4's shared-memory prefetch (kernels_gemv.cu).
+// v4's shared-memory prefetch (kernels_gemv_stream.cu).
 #include <cstdint>
 
 namespace inferx::cuda {
