@@ -119,10 +119,11 @@ def main():
             print(f"{seq[i0]:92s} {k[3]:>10s} {k[4]:>6s} {d:7.2f} {g:10.2f} {a:8.2f}")
         print(f"{'sum of adds':92s} {'':>10s} {'':>6s} {'':>7s} {'':>10s} {total:8.2f}")
 
-    if p:
-        # The first full layer: the first index from which the sequence repeats with period p.
-        key = [(s, k[3], k[4]) for s, k in zip(seq, order[0])]
-        start = next(i for i in range(size) if all(key[j] == key[j + p] for j in range(i, min(i + p, size - p))))
+    key = [(s, k[3], k[4]) for s, k in zip(seq, order[0])]
+    # The first full layer: the first index from which the sequence repeats with period p (none: no layers).
+    start = next((i for i in range(size) if all(key[j] == key[j + p] for j in range(i, min(i + p, size - p)))),
+                 None) if p else None
+    if start is not None:
         layers = (size - start) // p
         while layers > 0 and any(key[start + (layers - 1) * p + j] != key[start + j] for j in range(p)):
             layers -= 1
