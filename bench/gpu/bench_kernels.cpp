@@ -1117,6 +1117,36 @@ void bench_grid_barrier(Bench& b, int reps) {
           b.time([&] { CUDA_CHECK(cuda::launch_barrier_probe(v, words, kRounds, ctas, stream)); }, reps);
       std::printf("grid barrier, %d CTAs, %s: %.3f us per round\n", ctas, names[v], 1e6 * s / kRounds);
     }
+  // The same barrier (the persistent kernel's) while each CTA's producer warp keeps `depth` 16 KB bulk
+  // copies of its own 8 MB slice in flight (1 GB in all: no L2 reuse): us per round against the bytes in
+  // flight per SM, and the stream's rate (kernels_sync_probes.cu).
+  const int sms = gpu.sm_count();
+  constexpr int64_t kSlice = int64_t{8} << 20;
+  const void* src = b.random(static_cast<size_t>(kSlice) * static_cast<size_t>(sms), 91);
+  b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * sizeof(unsigned long long)));
+  auto* streamed = static_cast<unsigned long long*>(b.keep.back()->data());
+  std::vector<unsigned long long> host(static_cast<size_t>(sms));
+  constexpr int kStreamRounds = 2000;
+  for (int depth : {0, 1, 2, 3, 4, 6, 8, 12}) {
+    const double s = b.time(
+        [&] {
+          CUDA_CHECK(cuda::launch_barrier_stream_probe(words, kStreamRounds, sms, src, kSlice, depth,
+                                                       streamed, stream));
+        },
+        reps);
+    double gbs = 0.0;
+    if (depth > 0) {
+      gpu.synchronize();
+      gpu.copy_to_host(host.data(), streamed, host.size() * sizeof(unsigned long long));
+      double bytes = 0.0;
+      for (const unsigned long long v : host) bytes += static_cast<double>(v);
+      gbs = bytes / s / 1e9;
+    }
+    std::printf(
+        "grid barrier under a stream, %d CTAs, %3d KB in flight per SM: %.3f us per round, stream %.0f "
+        "GB/s\n",
+        sms, depth * 16, 1e6 * s / kStreamRounds, gbs);
+  }
 }
 
 int run(bool quick, bool gemm_only) {

@@ -174,6 +174,12 @@ cudaError_t launch_read_stream_on_sms(const void* p, size_t bytes, uint32_t* sin
 // decode kernel's (kernels_decode_stack.cu), 1: with a fence before the arrival, 2: a generation flag.
 // words: two device words (zeroed here).
 cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int ctas, cudaStream_t stream);
+// The persistent kernel's barrier while each CTA's producer warp keeps `depth` 16 KB bulk copies of its own
+// slice of src (slice_bytes, a multiple of 16 KB, cycled) in flight; streamed[CTA] gets the bytes copied
+// (kernels_sync_probes.cu). depth 0..12; 0: no stream.
+cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas, const void* src,
+                                        int64_t slice_bytes, int depth, unsigned long long* streamed,
+                                        cudaStream_t stream);
 // One kernel of `ctas` CTAs of `threads` threads that does nothing but wait for its predecessor (with
 // programmatic dependent launch when pdl, and pdl_enabled()) and add one to *word: chained in a CUDA graph,
 // the cost of a kernel boundary alone.

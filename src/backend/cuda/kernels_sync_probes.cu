@@ -8,10 +8,19 @@
 // own: the persistent kernel's (one counter, a release add and an acquire spin by one thread per CTA), the
 // same with the cooperative-groups fence before the add, and a generation flag (the last arriver, known
 // from the add's return value, publishes the round; the others spin on the flag, not the counter).
+//
+// The same barrier while the CTA's own producer warp keeps Q bytes of bulk copies in flight
+// (INFERX_BENCH_ONLY=grid_barrier, "under a stream"): the persistent kernel's barriers cost 4-9 us inside
+// it with every CTA arriving within 0.2 us, against ~1 us alone, and fell to 3 us with its producer held
+// to one 32 KB stage (H100, 2026-12-05). The model to test (docs/architecture.md): a barrier's control
+// messages come back to a streaming SM behind the bytes it has requested, so a round should cost about
+// the barrier alone plus twice Q over the SM's share of bandwidth, while the stream's rate follows Little's
+// law in Q.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/decode_stack_ring.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -65,6 +74,48 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
   }
 }
 
+// The barrier under a stream: the consumer warps run `rounds` of stack::grid_barrier, while lane 0 of the
+// last warp streams the CTA's own slice of `src` (slice_bytes, cycled) into a shared-memory ring of
+// `depth` stages of kProbeStage bytes, issuing stage i once stage i - depth has landed (so depth stages are
+// in flight), until the consumers are done. streamed[CTA] receives the bytes it copied. depth 0: no stream.
+constexpr uint32_t kProbeStage = 16 * 1024;
+constexpr int kProbeMaxDepth = 12;  // 192 KB, the persistent kernel's ring
+
+__global__ void __launch_bounds__(stack::kThreads, 1)
+    barrier_stream_probe_kernel(uint32_t* counter, int rounds, const uint8_t* src, int64_t slice_bytes,
+                                int depth, unsigned long long* streamed) {
+  extern __shared__ __align__(128) uint8_t ring[];
+  __shared__ uint64_t full[kProbeMaxDepth];
+  __shared__ volatile int done;
+  if (threadIdx.x == 0) {
+    done = 0;
+    for (int i = 0; i < depth; ++i) mbar_init(&full[i], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (threadIdx.x < stack::kConsumers) {
+    for (uint32_t r = 1; r <= static_cast<uint32_t>(rounds); ++r) stack::grid_barrier(counter, r * gridDim.x);
+    if (threadIdx.x == 0) done = 1;
+    return;
+  }
+  if (threadIdx.x != stack::kConsumers || depth == 0) return;  // the producer warp's lane 0 streams
+  const uint8_t* slice = src + static_cast<int64_t>(blockIdx.x) * slice_bytes;
+  int64_t at = 0;
+  uint32_t it = 0;
+  while (done == 0) {
+    const uint32_t slot = it % static_cast<uint32_t>(depth);
+    if (it >= static_cast<uint32_t>(depth)) mbar_wait(&full[slot], (it / depth - 1) & 1);
+    mbar_expect_tx(&full[slot], kProbeStage);
+    bulk_copy(ring + slot * kProbeStage, slice + at, kProbeStage, &full[slot]);
+    at = at + kProbeStage >= slice_bytes ? 0 : at + kProbeStage;
+    ++it;
+  }
+  // Every copy lands before the CTA exits (its shared memory is the destination).
+  const uint32_t first = it > static_cast<uint32_t>(depth) ? it - depth : 0;
+  for (uint32_t j = first; j < it; ++j) mbar_wait(&full[j % depth], (j / depth) & 1);
+  streamed[blockIdx.x] = static_cast<unsigned long long>(it) * kProbeStage;
+}
+
 // The boundary probe: a kernel with no work but a dependency on its predecessor (block 0's thread 0 adds one
 // to a word the previous launch wrote, after the PDL wait), so that a chain of them in a CUDA graph costs
 // the kernel boundary alone: launch, the previous grid's completion and the release of the wait. The
@@ -99,6 +150,26 @@ cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int c
   // Cooperative: every CTA resident at once, or the launch fails (a spin on absent CTAs would hang).
   return cudaLaunchCooperativeKernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(stack::kThreads), args,
                                      0, stream);
+}
+
+cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas, const void* src,
+                                        int64_t slice_bytes, int depth, unsigned long long* streamed,
+                                        cudaStream_t stream) {
+  if (counter == nullptr || rounds < 1 || ctas < 1 || depth < 0 || depth > kProbeMaxDepth ||
+      (depth > 0 && (src == nullptr || streamed == nullptr || slice_bytes < kProbeStage ||
+                     slice_bytes % kProbeStage != 0)))
+    return cudaErrorInvalidValue;
+  cudaError_t st = cudaMemsetAsync(counter, 0, sizeof(uint32_t), stream);
+  if (st != cudaSuccess) return st;
+  const size_t smem = static_cast<size_t>(depth) * kProbeStage;
+  st = cudaFuncSetAttribute(barrier_stream_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(kProbeMaxDepth * kProbeStage));
+  if (st != cudaSuccess) return st;
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  void* args[] = {&counter, &rounds, &bytes, &slice_bytes, &depth, &streamed};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(barrier_stream_probe_kernel),
+                                     dim3(static_cast<unsigned>(ctas)), dim3(stack::kThreads), args, smem,
+                                     stream);
 }
 
 }  // namespace inferx::cuda
