@@ -1147,6 +1147,32 @@ void bench_grid_barrier(Bench& b, int reps) {
         "GB/s\n",
         sms, depth * 16, 1e6 * s / kStreamRounds, gbs);
   }
+  // The two-level barrier over clusters (members released through distributed shared memory), leaders
+  // streaming or not.
+  for (int cluster : {4, 2})
+    for (bool leaders_stream : {true, false})
+      for (int depth : {0, 2, 6, 12}) {
+        int ctas = 0;
+        const double s = b.time(
+            [&] {
+              CUDA_CHECK(cuda::launch_cluster_barrier_stream_probe(words, kStreamRounds, cluster, src, kSlice,
+                                                                   depth, leaders_stream, streamed, &ctas,
+                                                                   stream));
+            },
+            reps);
+        double gbs = 0.0;
+        if (depth > 0) {
+          gpu.synchronize();
+          gpu.copy_to_host(host.data(), streamed, static_cast<size_t>(ctas) * sizeof(unsigned long long));
+          double bytes = 0.0;
+          for (int i = 0; i < ctas; ++i) bytes += static_cast<double>(host[static_cast<size_t>(i)]);
+          gbs = bytes / s / 1e9;
+        }
+        std::printf(
+            "cluster barrier under a stream, clusters of %d, %d CTAs, leaders %s, %3d KB in flight per "
+            "streaming SM: %.3f us per round, stream %.0f GB/s\n",
+            cluster, ctas, leaders_stream ? "stream" : "idle", depth * 16, 1e6 * s / kStreamRounds, gbs);
+      }
 }
 
 int run(bool quick, bool gemm_only) {

@@ -8,7 +8,9 @@
 # 2. The barrier-cost model (docs/architecture.md, 12-05 evening): the persistent kernel's barrier while
 #    each CTA keeps 0-192 KB of bulk copies in flight (INFERX_BENCH_ONLY=grid_barrier, "under a stream",
 #    new, never run): if the model holds, us per round ~ 1 + 2 x (KB in flight) / (the SM's share of the
-#    copy bandwidth), and the stream's rate saturates near 32 KB.
+#    copy bandwidth), and the stream's rate saturates near 32 KB. The same for the candidate fix, a
+#    two-level barrier over clusters (members released through distributed shared memory; leaders
+#    streaming or idle): if it stays near its no-stream time under a stream, it is the barrier to build.
 # 3. The persistent decode kernel on an H200 (docs/benchmarks.md 12-05 19:10): per-op vs stack with the
 #    producer 1 and 2 stages ahead, bf16 and FP8 (on one H100 node 1 ahead was +1.3% at bf16, level on
 #    another).
@@ -20,7 +22,7 @@ for t in test_cuda_backend test_cuda_qgemm test_cuda_engine test_cuda_tensor_par
   echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -20
 done
-INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^grid barrier|rror"
+INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^grid barrier|^cluster barrier|rror"
 SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
   grep "^decode"
 QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1

@@ -116,6 +116,113 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
   streamed[blockIdx.x] = static_cast<unsigned long long>(it) * kProbeStage;
 }
 
+// The candidate fix, measured in the same way: a two-level barrier whose signals to streaming CTAs travel
+// by distributed shared memory inside a cluster, not back through the L2 return path. Clusters of C CTAs
+// (cooperative cluster launch); each CTA's thread 0 arrives on its cluster leader's (rank 0) "gather"
+// mbarrier; the leader, once all C have arrived, takes the global counter (release add, acquire spin) and
+// then arrives on each member's "release" mbarrier, which the member waits on. So only the leaders make
+// the global round trip; with leaders_stream false the leaders' producers do not stream (the question: is
+// a leader's poll fast when its own SM has nothing in flight?). Timing only: the probe carries no data, so
+// the ordering a real barrier needs for the members' writes (a gpu-scope fence before arriving) is left out.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The shared::cluster address of `local` (this CTA's variable) in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(local)), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ void remote_arrive(uint32_t cluster_address) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_address)
+               : "memory");
+}
+__device__ __forceinline__ void wait_cluster_phase(uint64_t* bar, uint32_t parity) {
+  const uint64_t start = gpu_ns();
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
+        "selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    if (done != 0) return;
+    if (gpu_ns() - start > kHangNs) __trap();
+  }
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__global__ void __launch_bounds__(stack::kThreads, 1)
+    cluster_barrier_stream_probe_kernel(uint32_t* counter, int rounds, int cluster, const uint8_t* src,
+                                        int64_t slice_bytes, int depth, bool leaders_stream,
+                                        unsigned long long* streamed) {
+  extern __shared__ __align__(128) uint8_t ring[];
+  __shared__ uint64_t full[kProbeMaxDepth];
+  __shared__ uint64_t gather, release;
+  __shared__ volatile int done;
+  const uint32_t rank = cluster_rank();
+  const uint32_t clusters = gridDim.x / static_cast<uint32_t>(cluster);
+  if (threadIdx.x == 0) {
+    done = 0;
+    for (int i = 0; i < depth; ++i) mbar_init(&full[i], 1);
+    mbar_init(&gather, static_cast<uint32_t>(cluster));
+    mbar_init(&release, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // Every CTA's barriers initialised before any remote arrival (all threads, before the roles split).
+  cluster_sync_all();
+  if (threadIdx.x < stack::kConsumers) {
+    const uint32_t leader_gather = cluster_addr(&gather, 0);
+    for (uint32_t r = 1; r <= static_cast<uint32_t>(rounds); ++r) {
+      stack::consumer_sync();
+      if (threadIdx.x == 0) {
+        remote_arrive(leader_gather);
+        if (rank == 0) {
+          wait_cluster_phase(&gather, (r - 1) & 1);
+          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+          const uint64_t start = gpu_ns();
+          uint32_t seen = 0;
+          do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+            if (gpu_ns() - start > kHangNs) __trap();
+          } while (seen < r * clusters);
+          for (int m = 1; m < cluster; ++m) remote_arrive(cluster_addr(&release, static_cast<uint32_t>(m)));
+        } else {
+          wait_cluster_phase(&release, (r - 1) & 1);
+        }
+      }
+      stack::consumer_sync();
+    }
+    if (threadIdx.x == 0) done = 1;
+    return;
+  }
+  const bool streams = depth > 0 && (leaders_stream || rank != 0);
+  if (threadIdx.x != stack::kConsumers) return;
+  if (!streams) {
+    streamed[blockIdx.x] = 0;
+    return;
+  }
+  const uint8_t* slice = src + static_cast<int64_t>(blockIdx.x) * slice_bytes;
+  int64_t at = 0;
+  uint32_t it = 0;
+  while (done == 0) {
+    const uint32_t slot = it % static_cast<uint32_t>(depth);
+    if (it >= static_cast<uint32_t>(depth)) mbar_wait(&full[slot], (it / depth - 1) & 1);
+    mbar_expect_tx(&full[slot], kProbeStage);
+    bulk_copy(ring + slot * kProbeStage, slice + at, kProbeStage, &full[slot]);
+    at = at + kProbeStage >= slice_bytes ? 0 : at + kProbeStage;
+    ++it;
+  }
+  const uint32_t first = it > static_cast<uint32_t>(depth) ? it - depth : 0;
+  for (uint32_t j = first; j < it; ++j) mbar_wait(&full[j % depth], (j / depth) & 1);
+  streamed[blockIdx.x] = static_cast<unsigned long long>(it) * kProbeStage;
+}
+
 // The boundary probe: a kernel with no work but a dependency on its predecessor (block 0's thread 0 adds one
 // to a word the previous launch wrote, after the PDL wait), so that a chain of them in a CUDA graph costs
 // the kernel boundary alone: launch, the previous grid's completion and the release of the wait. The
@@ -170,6 +277,46 @@ cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas,
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(barrier_stream_probe_kernel),
                                      dim3(static_cast<unsigned>(ctas)), dim3(stack::kThreads), args, smem,
                                      stream);
+}
+
+cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, int cluster, const void* src,
+                                                int64_t slice_bytes, int depth, bool leaders_stream,
+                                                unsigned long long* streamed, int* ctas,
+                                                cudaStream_t stream) {
+  if (counter == nullptr || rounds < 1 || cluster < 2 || cluster > 8 || depth < 0 || depth > kProbeMaxDepth ||
+      ctas == nullptr || src == nullptr || streamed == nullptr || slice_bytes < kProbeStage ||
+      slice_bytes % kProbeStage != 0)
+    return cudaErrorInvalidValue;
+  cudaError_t st = cudaMemsetAsync(counter, 0, sizeof(uint32_t), stream);
+  if (st != cudaSuccess) return st;
+  const auto kernel = cluster_barrier_stream_probe_kernel;
+  st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(kProbeMaxDepth * kProbeStage));
+  if (st != cudaSuccess) return st;
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeCooperative;
+  attrs[1].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(stack::kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(depth) * kProbeStage;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = 2;
+  // As many whole clusters as can be resident at once (a cluster lives in one GPC, so some SMs may idle).
+  int max_clusters = 0;
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
+  st = cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config);
+  if (st != cudaSuccess) return st;
+  if (max_clusters < 1) return cudaErrorInvalidConfiguration;
+  *ctas = max_clusters * cluster;
+  config.gridDim = dim3(static_cast<unsigned>(*ctas));
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  return cudaLaunchKernelEx(&config, kernel, counter, rounds, cluster, bytes, slice_bytes, depth,
+                            leaders_stream, streamed);
 }
 
 }  // namespace inferx::cuda
