@@ -1126,6 +1126,14 @@ void bench_grid_barrier(Bench& b, int reps) {
   b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * sizeof(unsigned long long)));
   auto* streamed = static_cast<unsigned long long*>(b.keep.back()->data());
   std::vector<unsigned long long> host(static_cast<size_t>(sms));
+  // The last launch's streamed bytes over `ctas` CTAs per second of one launch (s), in GB/s.
+  auto stream_gbs = [&](int ctas, double s) {
+    gpu.synchronize();
+    gpu.copy_to_host(host.data(), streamed, static_cast<size_t>(ctas) * sizeof(unsigned long long));
+    double bytes = 0.0;
+    for (int i = 0; i < ctas; ++i) bytes += static_cast<double>(host[static_cast<size_t>(i)]);
+    return bytes / s / 1e9;
+  };
   constexpr int kStreamRounds = 2000;
   for (int depth : {0, 1, 2, 3, 4, 6, 8, 12}) {
     const double s = b.time(
@@ -1134,14 +1142,7 @@ void bench_grid_barrier(Bench& b, int reps) {
                                                        streamed, stream));
         },
         reps);
-    double gbs = 0.0;
-    if (depth > 0) {
-      gpu.synchronize();
-      gpu.copy_to_host(host.data(), streamed, host.size() * sizeof(unsigned long long));
-      double bytes = 0.0;
-      for (const unsigned long long v : host) bytes += static_cast<double>(v);
-      gbs = bytes / s / 1e9;
-    }
+    const double gbs = depth > 0 ? stream_gbs(sms, s) : 0.0;
     std::printf(
         "grid barrier under a stream, %d CTAs, %3d KB in flight per SM: %.3f us per round, stream %.0f "
         "GB/s\n",
@@ -1160,14 +1161,7 @@ void bench_grid_barrier(Bench& b, int reps) {
                                                                    stream));
             },
             reps);
-        double gbs = 0.0;
-        if (depth > 0) {
-          gpu.synchronize();
-          gpu.copy_to_host(host.data(), streamed, static_cast<size_t>(ctas) * sizeof(unsigned long long));
-          double bytes = 0.0;
-          for (int i = 0; i < ctas; ++i) bytes += static_cast<double>(host[static_cast<size_t>(i)]);
-          gbs = bytes / s / 1e9;
-        }
+        const double gbs = depth > 0 ? stream_gbs(ctas, s) : 0.0;
         std::printf(
             "cluster barrier under a stream, clusters of %d, %d CTAs, leaders %s, %3d KB in flight per "
             "streaming SM: %.3f us per round, stream %.0f GB/s\n",

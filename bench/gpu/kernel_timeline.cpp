@@ -7,12 +7,11 @@
 // The CUDA driver loads the library when the program initialises CUDA and calls InitializeInjection(), which
 // turns on CUPTI's concurrent-kernel activity records; at exit (and whenever CUPTI fills a buffer) the
 // records are written as CSV lines: start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block,
-// dynamic_smem,registers,name (mangled; bench/gpu/timeline_summary.py demangles and summarises).
-// INFERX_TIMELINE_SKIP=N drops the first N kernel records (a warm-up), INFERX_TIMELINE_MAX=N stops writing
-// after N (default 2,000,000).
+// dynamic_smem,registers,name (mangled; bench/gpu/timeline_summary.py demangles and summarises, dropping
+// warm-up replays itself). INFERX_TIMELINE_MAX=N stops writing after N records (default 2,000,000).
+// atexit runs flush_at_exit once: CUPTI hands over the records still buffered, then the file closes.
 #include <cupti.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,8 +23,7 @@ constexpr size_t kBufferBytes = 8u << 20;
 
 std::mutex g_mutex;
 FILE* g_out = nullptr;
-uint64_t g_seen = 0, g_written = 0, g_skip = 0, g_max = 2000000;
-std::atomic<bool> g_flushed{false};
+uint64_t g_written = 0, g_max = 2000000;
 
 void check(CUptiResult r, const char* what) {
   if (r == CUPTI_SUCCESS) return;
@@ -49,7 +47,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL)
         continue;
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      if (g_seen++ < g_skip || g_written >= g_max || g_out == nullptr) continue;
+      if (g_written >= g_max || g_out == nullptr) continue;
       std::fprintf(g_out, "%llu,%llu,%u,%llu,%u,%u,%dx%dx%d,%dx%dx%d,%d,%u,%s\n",
                    static_cast<unsigned long long>(k->start), static_cast<unsigned long long>(k->end),
                    k->graphId, static_cast<unsigned long long>(k->graphNodeId), k->correlationId, k->streamId,
@@ -65,7 +63,6 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 }
 
 void flush_at_exit() {
-  if (g_flushed.exchange(true)) return;
   check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_out != nullptr) {
@@ -93,7 +90,6 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) 
   std::fprintf(g_out,
                "start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block,dynamic_smem,"
                "registers,name\n");
-  g_skip = env_u64("INFERX_TIMELINE_SKIP", 0);
   g_max = env_u64("INFERX_TIMELINE_MAX", 2000000);
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");

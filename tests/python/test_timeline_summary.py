@@ -90,6 +90,10 @@ def test_the_two_products_of_one_template_stay_apart(tmp_path):
     csv = tmp_path / "timeline.csv"
     write_timeline(csv)
     text = run_summary(csv)
-    rows = [line for line in text.splitlines() if line.startswith("gemv<2>")]
-    grids = {line.split()[1] for line in rows}
-    assert {"528x1x1", "512x1x1"} <= grids, text
+    # The per-layer table: one row per position, in launch order, with each product's own grid.
+    section = text.split("per layer (mean over")[1].split("sum of adds")[0]
+    rows = [line.split() for line in section.splitlines()[2:] if line.strip()]
+    assert [(r[0], r[1]) for r in rows] == [("norm", "1x1x1"), ("gemv<2>", "528x1x1"), ("norm", "1x1x1"),
+                                            ("gemv<2>", "512x1x1")], text
+    # Each row's duration is its own product's, not a mean over both.
+    assert [float(r[3]) for r in rows] == [dur / 1e3 for _, _, dur, _ in LAYER]

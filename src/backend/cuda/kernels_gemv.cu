@@ -96,7 +96,7 @@ GemvKernel measured_kernel(DType dtype, int m) {
     case DType::F8_E4M3:
       return m >= 2 ? GemvKernel::V3 : GemvKernel::V4;
     case DType::INT4:
-      return GemvKernel::V3;  // v4 reads INT4 too (StreamInt4): 11% slower in the model (above)
+      return GemvKernel::V3;  // v4 reads INT4 too (StreamInt4): TPOT 13% longer in the model (above)
     case DType::Q8_0:
     case DType::Q4_K:
       return GemvKernel::V2;
@@ -154,12 +154,8 @@ int rows_bucket(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 
 
 template <int R>
 cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream) {
-  if (p.residual != nullptr || p.in_partials != nullptr) {  // the norm fusion: v4 only (gemv_norm_fuses)
-    if (p.m != 1 || kernel_for(dtype, 1) != GemvKernel::V4) return cudaErrorNotSupported;
-    if (dtype == DType::BF16) return launch_v4_bf16<R>(p, stream);
-    if (dtype == DType::F8_E4M3) return launch_v4_fp8<R>(p, stream);
-    return cudaErrorNotSupported;
-  }
+  if (p.residual != nullptr || p.in_partials != nullptr)  // the norm fusion: v4 only (gemv_norm_fuses)
+    return kernel_for(dtype, 1) == GemvKernel::V4 ? launch_v4<R>(dtype, p, stream) : cudaErrorNotSupported;
   GemvKernel kernel = kernel_for(dtype, p.m);
   if (kernel == GemvKernel::V3) {
     const int subsets = dtype == DType::INT4 ? 4 >> p.group_shift : 1;
@@ -167,13 +163,9 @@ cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream)
     kernel = GemvKernel::V1;
   }
   if (kernel == GemvKernel::V4) {
-    if (p.m == 1 && dtype == DType::BF16) return launch_v4_bf16<R>(p, stream);
-    if (p.m == 1 && dtype == DType::F8_E4M3) return launch_v4_fp8<R>(p, stream);
-    if (p.m == 1 && dtype == DType::INT4 && p.k % 32 == 0 && v4_int4_fits(p, R == 2 ? 2 * p.f : p.rows)) {
-      const cudaError_t e = launch_v4_int4<R>(p, stream);
-      if (e != cudaErrorNotSupported) return e;  // else x does not fit in shared memory: v1
-    }
-    kernel = GemvKernel::V1;  // v4 takes one activation row
+    const cudaError_t e = launch_v4<R>(dtype, p, stream);
+    if (e != cudaErrorNotSupported) return e;
+    kernel = GemvKernel::V1;  // a launch v4 does not take (more than one activation row, ...)
   }
   return launch_v1v2<R>(dtype, kernel == GemvKernel::V2, p, stream);
 }

@@ -86,26 +86,24 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float* out) {
   }
 }
 
-struct DecodeBf16 {
-  static constexpr int kElems = 8, kUnroll = 8;
+// The formats whose granule is its 16 weight bytes and nothing else (BF16, FP8): loaded as they are.
+struct PlainGranule {
   struct Raw {
     uint4 v;
   };
   __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t g) {
     return {load_stream(row + g * 16)};
   }
+};
+
+struct DecodeBf16 : PlainGranule {
+  static constexpr int kElems = 8, kUnroll = 8;
   __device__ static void expand(const GemvParams&, const Raw& r, float* w) { bf16x8_to_float(r.v, w); }
   __device__ static float row_scale(const GemvParams&, int64_t) { return 1.0f; }
 };
 
-struct DecodeFp8 {
+struct DecodeFp8 : PlainGranule {
   static constexpr int kElems = 16, kUnroll = 8;
-  struct Raw {
-    uint4 v;
-  };
-  __device__ static Raw load(const GemvParams&, const uint8_t* row, int64_t, int64_t g) {
-    return {load_stream(row + g * 16)};
-  }
   __device__ static void expand(const GemvParams&, const Raw& r, float* w) {
     const uint32_t words[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
 #pragma unroll
@@ -349,14 +347,10 @@ cudaError_t launch_v1v2(DType dtype, bool v2, const GemvParams& p, cudaStream_t 
 // v3 (kernels_gemv_tc.cu): BF16, FP8, INT4.
 template <int R>
 cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream);
-// v4 (kernels_gemv_stream.cu), one activation row. INT4 only where v4_int4_fits (its 32-bit offsets) and K
-// is whole runs; it returns cudaErrorNotSupported, nothing launched, where x does not fit in shared memory.
+// v4 (kernels_gemv_stream.cu) where it takes the launch - one activation row; BF16 and FP8; INT4 with K
+// whole 32-column runs, offsets within 32 bits and x fitting in shared memory, not with the norm fusion -
+// else cudaErrorNotSupported with nothing launched.
 template <int R>
-cudaError_t launch_v4_bf16(const GemvParams& p, cudaStream_t stream);
-template <int R>
-cudaError_t launch_v4_fp8(const GemvParams& p, cudaStream_t stream);
-template <int R>
-cudaError_t launch_v4_int4(const GemvParams& p, cudaStream_t stream);
-bool v4_int4_fits(const GemvParams& p, int64_t rows);
+cudaError_t launch_v4(DType dtype, const GemvParams& p, cudaStream_t stream);
 
 }  // namespace inferx::cuda::gemv_impl

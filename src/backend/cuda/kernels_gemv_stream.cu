@@ -136,22 +136,19 @@ struct StreamInt4 {
   template <bool kWeights, int R, int U>
   __device__ static void load_batch(const GemvParams& p, const int64_t (&rows)[R], int64_t g0,
                                     int64_t granules, Raw (&raw)[R][U]) {
-    const int sh = p.group_shift;
-    if (p.zero != nullptr) {
-      if (sh == 0)
-        load_batch_of<0, true, kWeights>(p, rows, g0, granules, raw);
-      else if (sh == 1)
-        load_batch_of<1, true, kWeights>(p, rows, g0, granules, raw);
+    auto by_shift = [&](auto zero) {
+      constexpr bool kZero = decltype(zero)::value;
+      if (p.group_shift == 0)
+        load_batch_of<0, kZero, kWeights>(p, rows, g0, granules, raw);
+      else if (p.group_shift == 1)
+        load_batch_of<1, kZero, kWeights>(p, rows, g0, granules, raw);
       else
-        load_batch_of<2, true, kWeights>(p, rows, g0, granules, raw);
-    } else {
-      if (sh == 0)
-        load_batch_of<0, false, kWeights>(p, rows, g0, granules, raw);
-      else if (sh == 1)
-        load_batch_of<1, false, kWeights>(p, rows, g0, granules, raw);
-      else
-        load_batch_of<2, false, kWeights>(p, rows, g0, granules, raw);
-    }
+        load_batch_of<2, kZero, kWeights>(p, rows, g0, granules, raw);
+    };
+    if (p.zero != nullptr)
+      by_shift(std::true_type{});
+    else
+      by_shift(std::false_type{});
   }
   // Whether the 32-bit offsets of load_batch_of hold for a weight of `rows` rows.
   static bool offsets_fit(const GemvParams& p, int64_t rows) {
@@ -401,7 +398,8 @@ int v4_loads() {
 // bf16 6.026 -> 5.933 (+1.5%), 8B fp8:lm_head 3.544 -> 3.561 (-0.5%: its 4096-row down product, 14 KB rows,
 // the one FP8 product that changed) - hence the row count for FP8. (On 12-03 10:41, before pairs and the
 // shared-memory staging, 8 everywhere had lost in both formats.) INT4 follows FP8's rule in bytes (8 loads
-// from rows of 16384 columns in products of 8192 rows; 8 loads at 8B's shapes lose 1-15% in chains).
+// from rows of 16384 columns in products of 8192 rows; with 8 loads the 8B chains (H100, 12-05 18:55) gain 6%
+// on 6144x4096 and lose 2-15% on the other three shapes).
 template <class Dec>
 int v4_loads_for(int64_t rows, int64_t row_bytes) {
   const int forced = v4_loads();
@@ -452,38 +450,33 @@ int v4_ksplit_for(const GemvParams& p, int64_t groups, int64_t batch_elems, int6
   return gemv_v4_ksplit(groups, p.k / batch_elems, warps, requested);
 }
 
-// Streaming multiprocessors of the current device, cached per device.
-cudaError_t device_sms(int& sms) {
-  static std::atomic<int> cache[32];
-  int device = 0;
-  cudaError_t st = cudaGetDevice(&device);
-  if (st != cudaSuccess) return st;
-  if (device >= 0 && device < 32 && (sms = cache[device].load(std::memory_order_relaxed)) > 0)
-    return cudaSuccess;
-  st = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (st == cudaSuccess && device >= 0 && device < 32) cache[device].store(sms, std::memory_order_relaxed);
-  return st;
-}
-
-// Shared memory of the current device: per SM, and reserved by the system per CTA; cached per device.
-cudaError_t device_smem(int& per_sm, int& reserved) {
-  static std::atomic<int> cache[32][2];
+// Attributes of the current device the launchers read on every launch, cached per device: the SM count,
+// the shared memory per SM and the shared memory the system reserves per CTA.
+enum DeviceAttr { kDevSms, kDevSmemPerSm, kDevSmemReserved, kDevAttrs };
+cudaError_t device_attr(DeviceAttr a, int& value) {
+  static constexpr cudaDeviceAttr kQuery[kDevAttrs] = {cudaDevAttrMultiProcessorCount,
+                                                       cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                                       cudaDevAttrReservedSharedMemoryPerBlock};
+  static std::atomic<int> cache[32][kDevAttrs];  // value + 1 (0: not asked yet; a reservation may be 0)
   int device = 0;
   cudaError_t st = cudaGetDevice(&device);
   if (st != cudaSuccess) return st;
   const bool cached = device >= 0 && device < 32;
-  if (cached && (per_sm = cache[device][0].load(std::memory_order_relaxed)) > 0) {
-    reserved = cache[device][1].load(std::memory_order_relaxed);
-    return cudaSuccess;
+  if (cached) {
+    const int v = cache[device][a].load(std::memory_order_relaxed);
+    if (v > 0) {
+      value = v - 1;
+      return cudaSuccess;
+    }
   }
-  st = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  if (st == cudaSuccess)
-    st = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
-  if (st == cudaSuccess && cached) {
-    cache[device][1].store(reserved, std::memory_order_relaxed);
-    cache[device][0].store(per_sm, std::memory_order_relaxed);
-  }
+  st = cudaDeviceGetAttribute(&value, kQuery[a], device);
+  if (st == cudaSuccess && cached) cache[device][a].store(value + 1, std::memory_order_relaxed);
   return st;
+}
+cudaError_t device_sms(int& sms) { return device_attr(kDevSms, sms); }
+cudaError_t device_smem(int& per_sm, int& reserved) {
+  const cudaError_t st = device_attr(kDevSmemPerSm, per_sm);
+  return st != cudaSuccess ? st : device_attr(kDevSmemReserved, reserved);
 }
 
 // A v4 kernel's CTAs per SM: as many as its registers allow (the occupancy calculator, cached per instance:
@@ -631,24 +624,18 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
 }  // namespace
 
 template <int R>
-cudaError_t launch_v4_bf16(const GemvParams& p, cudaStream_t stream) {
-  return launch_stream<DecodeBf16, R>(p, stream);
+cudaError_t launch_v4(DType dtype, const GemvParams& p, cudaStream_t stream) {
+  if (p.m != 1) return cudaErrorNotSupported;
+  if (dtype == DType::BF16) return launch_stream<DecodeBf16, R>(p, stream);
+  if (dtype == DType::F8_E4M3) return launch_stream<DecodeFp8, R>(p, stream);
+  const bool norm_fusion = p.residual != nullptr || p.in_partials != nullptr;
+  if (dtype == DType::INT4 && !norm_fusion && p.k % 32 == 0 &&
+      StreamInt4<false>::offsets_fit(p, R == 2 ? 2 * p.f : p.rows))
+    return launch_stream<StreamInt4<false>, R>(p, stream);  // NotSupported where x does not fit
+  return cudaErrorNotSupported;
 }
-template <int R>
-cudaError_t launch_v4_fp8(const GemvParams& p, cudaStream_t stream) {
-  return launch_stream<DecodeFp8, R>(p, stream);
-}
-template <int R>
-cudaError_t launch_v4_int4(const GemvParams& p, cudaStream_t stream) {
-  return launch_stream<StreamInt4<false>, R>(p, stream);
-}
-bool v4_int4_fits(const GemvParams& p, int64_t rows) { return StreamInt4<false>::offsets_fit(p, rows); }
-template cudaError_t launch_v4_bf16<1>(const GemvParams&, cudaStream_t);
-template cudaError_t launch_v4_bf16<2>(const GemvParams&, cudaStream_t);
-template cudaError_t launch_v4_fp8<1>(const GemvParams&, cudaStream_t);
-template cudaError_t launch_v4_fp8<2>(const GemvParams&, cudaStream_t);
-template cudaError_t launch_v4_int4<1>(const GemvParams&, cudaStream_t);
-template cudaError_t launch_v4_int4<2>(const GemvParams&, cudaStream_t);
+template cudaError_t launch_v4<1>(DType, const GemvParams&, cudaStream_t);
+template cudaError_t launch_v4<2>(DType, const GemvParams&, cudaStream_t);
 
 }  // namespace inferx::cuda::gemv_impl
 

@@ -81,6 +81,27 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
 constexpr uint32_t kProbeStage = 16 * 1024;
 constexpr int kProbeMaxDepth = 12;  // 192 KB, the persistent kernel's ring
 
+// The probes' stream (lane 0 of the producer warp): stage i of the CTA's slice (cycled) into ring slot
+// i % depth once stage i - depth has landed, so `depth` stages are in flight, until `done`; then every
+// copy lands before the CTA exits (its shared memory is the destination). Returns the bytes copied.
+__device__ unsigned long long stream_until_done(uint8_t* ring, uint64_t* full, int depth,
+                                                const uint8_t* slice, int64_t slice_bytes,
+                                                const volatile int& done) {
+  int64_t at = 0;
+  uint32_t it = 0;
+  while (done == 0) {
+    const uint32_t slot = it % static_cast<uint32_t>(depth);
+    if (it >= static_cast<uint32_t>(depth)) mbar_wait(&full[slot], (it / depth - 1) & 1);
+    mbar_expect_tx(&full[slot], kProbeStage);
+    bulk_copy(ring + slot * kProbeStage, slice + at, kProbeStage, &full[slot]);
+    at = at + kProbeStage >= slice_bytes ? 0 : at + kProbeStage;
+    ++it;
+  }
+  const uint32_t first = it > static_cast<uint32_t>(depth) ? it - depth : 0;
+  for (uint32_t j = first; j < it; ++j) mbar_wait(&full[j % depth], (j / depth) & 1);
+  return static_cast<unsigned long long>(it) * kProbeStage;
+}
+
 __global__ void __launch_bounds__(stack::kThreads, 1)
     barrier_stream_probe_kernel(uint32_t* counter, int rounds, const uint8_t* src, int64_t slice_bytes,
                                 int depth, unsigned long long* streamed) {
@@ -99,21 +120,8 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
     return;
   }
   if (threadIdx.x != stack::kConsumers || depth == 0) return;  // the producer warp's lane 0 streams
-  const uint8_t* slice = src + static_cast<int64_t>(blockIdx.x) * slice_bytes;
-  int64_t at = 0;
-  uint32_t it = 0;
-  while (done == 0) {
-    const uint32_t slot = it % static_cast<uint32_t>(depth);
-    if (it >= static_cast<uint32_t>(depth)) mbar_wait(&full[slot], (it / depth - 1) & 1);
-    mbar_expect_tx(&full[slot], kProbeStage);
-    bulk_copy(ring + slot * kProbeStage, slice + at, kProbeStage, &full[slot]);
-    at = at + kProbeStage >= slice_bytes ? 0 : at + kProbeStage;
-    ++it;
-  }
-  // Every copy lands before the CTA exits (its shared memory is the destination).
-  const uint32_t first = it > static_cast<uint32_t>(depth) ? it - depth : 0;
-  for (uint32_t j = first; j < it; ++j) mbar_wait(&full[j % depth], (j / depth) & 1);
-  streamed[blockIdx.x] = static_cast<unsigned long long>(it) * kProbeStage;
+  streamed[blockIdx.x] = stream_until_done(
+      ring, full, depth, src + static_cast<int64_t>(blockIdx.x) * slice_bytes, slice_bytes, done);
 }
 
 // The candidate fix, measured in the same way: a two-level barrier whose signals to streaming CTAs travel
@@ -207,20 +215,8 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
     streamed[blockIdx.x] = 0;
     return;
   }
-  const uint8_t* slice = src + static_cast<int64_t>(blockIdx.x) * slice_bytes;
-  int64_t at = 0;
-  uint32_t it = 0;
-  while (done == 0) {
-    const uint32_t slot = it % static_cast<uint32_t>(depth);
-    if (it >= static_cast<uint32_t>(depth)) mbar_wait(&full[slot], (it / depth - 1) & 1);
-    mbar_expect_tx(&full[slot], kProbeStage);
-    bulk_copy(ring + slot * kProbeStage, slice + at, kProbeStage, &full[slot]);
-    at = at + kProbeStage >= slice_bytes ? 0 : at + kProbeStage;
-    ++it;
-  }
-  const uint32_t first = it > static_cast<uint32_t>(depth) ? it - depth : 0;
-  for (uint32_t j = first; j < it; ++j) mbar_wait(&full[j % depth], (j / depth) & 1);
-  streamed[blockIdx.x] = static_cast<unsigned long long>(it) * kProbeStage;
+  streamed[blockIdx.x] = stream_until_done(
+      ring, full, depth, src + static_cast<int64_t>(blockIdx.x) * slice_bytes, slice_bytes, done);
 }
 
 // The boundary probe: a kernel with no work but a dependency on its predecessor (block 0's thread 0 adds one
