@@ -2,7 +2,7 @@
 // are built around keeping enough bytes in flight per SM (each lane issues several independent 16-byte
 // weight loads before it converts any) and around not spending L1 on the weights (ld.global.nc with
 // L1::no_allocate), so that x, which every warp re-reads, stays in L1, and around spending few
-// instructions per weight once it arrives. Four kernels, in files of their own (this one: the choice between
+// instructions per weight once it arrives. Five kernels, in files of their own (this one: the choice between
 // them and the entry points; kernels_gemv_impl.cuh: what they share):
 //   v1 (gemv_kernel, kernels_gemv_v1v2.cu): one warp per output row, four warps per CTA; a lane takes one
 //      granule of a format per load (16 bytes: 8 to 32 columns) and expands it to floats element by
@@ -19,6 +19,12 @@
 //      from shared memory; slower than v3 for INT4, so opt-in: INFERX_GEMV_KERNEL=int4=v4), on one wave
 //      of persistent warps, each streaming rows w, w + W, ... (plain products: pairs of rows) with the
 //      next batch of loads in flight while it multiplies the current one. One activation row.
+//   v5 (gemv_w8a8_kernel, kernels_gemv_w8a8.cu; layout in gemv_w8a8_layout.h): FP8 only, W8A8 - x quantized
+//      per token to E4M3 in shared memory, the products on tensor cores (mma.m16n8k32.e4m3, weights as A,
+//      16 rows per warp tile), so a weight costs no instruction of its own - on v4's plan (one wave of
+//      persistent warps, the next batch in flight, the first batches staged before the PDL wait, a K split
+//      for products with few tiles). Up to 16 activation rows. Opt-in (INFERX_GEMV_KERNEL=fp8=v5) until
+//      measured on a GPU.
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
 // kernel issues its first weight loads, then calls pdl_wait() before it reads x or stores, and
 // pdl_launch_dependents() once its weights are streamed, and is launched with launch_pdl (cuda_common.cuh).
@@ -130,6 +136,7 @@ const std::array<GemvKernel, kFormats>& env_kernels() {
                                 : kname == "v2" ? GemvKernel::V2
                                 : kname == "v3" ? GemvKernel::V3
                                 : kname == "v4" ? GemvKernel::V4
+                                : kname == "v5" ? GemvKernel::V5
                                                 : GemvKernel::Default;
       for (int f = 0; f < kFormats; ++f)
         if ((eq == std::string::npos || item.compare(0, eq, names[f]) == 0) &&
@@ -157,6 +164,11 @@ cudaError_t launch_format(DType dtype, const GemvParams& p, cudaStream_t stream)
   if (p.residual != nullptr || p.in_partials != nullptr)  // the norm fusion: v4 only (gemv_norm_fuses)
     return kernel_for(dtype, 1) == GemvKernel::V4 ? launch_v4<R>(dtype, p, stream) : cudaErrorNotSupported;
   GemvKernel kernel = kernel_for(dtype, p.m);
+  if (kernel == GemvKernel::V5) {
+    const cudaError_t e = launch_v5<R>(dtype, p, stream);
+    if (e != cudaErrorNotSupported) return e;
+    kernel = measured_kernel(dtype, p.m);  // a launch v5 does not take (K not a multiple of 64, ...)
+  }
   if (kernel == GemvKernel::V3) {
     const int subsets = dtype == DType::INT4 ? 4 >> p.group_shift : 1;
     if (rows_bucket(p.m) * subsets <= 16 && p.row_bytes % 64 == 0) return launch_v3<R>(dtype, p, stream);
@@ -252,6 +264,8 @@ bool gemv_kernel_reads(GemvKernel kernel, DType dtype) {
       return dtype == DType::BF16 || dtype == DType::F8_E4M3 || dtype == DType::INT4;
     case GemvKernel::V4:
       return dtype == DType::BF16 || dtype == DType::F8_E4M3 || dtype == DType::INT4;
+    case GemvKernel::V5:
+      return dtype == DType::F8_E4M3;
     default:
       return false;
   }
@@ -273,6 +287,8 @@ const char* gemv_kernel_name(GemvKernel kernel) {
       return "v3";
     case GemvKernel::V4:
       return "v4";
+    case GemvKernel::V5:
+      return "v5";
     default:
       return "default";
   }

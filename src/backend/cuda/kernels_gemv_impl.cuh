@@ -1,8 +1,8 @@
 #pragma once
-// The decode GEMV's shared parts, for its kernel files (kernels_gemv.cu: the overview of the four kernels
-// and the dispatch; kernels_gemv_v1v2.cu, kernels_gemv_tc.cu (v3), kernels_gemv_stream.cu (v4)): the
-// launch parameters, v1's decoders (v4 reuses them), the store epilogue, which rows a warp takes, and the
-// launchers each kernel file exports to the dispatch.
+// The decode GEMV's shared parts, for its kernel files (kernels_gemv.cu: the overview of the kernels and
+// the dispatch; kernels_gemv_v1v2.cu, kernels_gemv_tc.cu (v3), kernels_gemv_stream.cu (v4),
+// kernels_gemv_w8a8.cu (v5)): the launch parameters, v1's decoders (v4 reuses them), the store epilogue,
+// which rows a warp takes, and the launchers each kernel file exports to the dispatch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -352,5 +352,14 @@ cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream);
 // else cudaErrorNotSupported with nothing launched.
 template <int R>
 cudaError_t launch_v4(DType dtype, const GemvParams& p, cudaStream_t stream);
+// v5 (kernels_gemv_w8a8.cu) where it takes the launch - FP8 W8A8, up to 16 activation rows, K a multiple
+// of 64, no norm fusion - else cudaErrorNotSupported with nothing launched.
+template <int R>
+cudaError_t launch_v5(DType dtype, const GemvParams& p, cudaStream_t stream);
+
+// The current device's SM count, and its shared memory per SM and the system's reserve per CTA, cached per
+// device (kernels_gemv_stream.cu).
+cudaError_t device_sms(int& sms);
+cudaError_t device_smem(int& per_sm, int& reserved);
 
 }  // namespace inferx::cuda::gemv_impl

@@ -450,8 +450,10 @@ int v4_ksplit_for(const GemvParams& p, int64_t groups, int64_t batch_elems, int6
   return gemv_v4_ksplit(groups, p.k / batch_elems, warps, requested);
 }
 
-// Attributes of the current device the launchers read on every launch, cached per device: the SM count,
-// the shared memory per SM and the shared memory the system reserves per CTA.
+}  // namespace
+
+// Attributes of the current device the launchers read on every launch, cached per device
+// (kernels_gemv_impl.cuh).
 enum DeviceAttr { kDevSms, kDevSmemPerSm, kDevSmemReserved, kDevAttrs };
 cudaError_t device_attr(DeviceAttr a, int& value) {
   static constexpr cudaDeviceAttr kQuery[kDevAttrs] = {cudaDevAttrMultiProcessorCount,
@@ -478,6 +480,8 @@ cudaError_t device_smem(int& per_sm, int& reserved) {
   const cudaError_t st = device_attr(kDevSmemPerSm, per_sm);
   return st != cudaSuccess ? st : device_attr(kDevSmemReserved, reserved);
 }
+
+namespace {
 
 // A v4 kernel's CTAs per SM: as many as its registers allow (the occupancy calculator, cached per instance:
 // the same on every H200 / H100), at most v4_ctas_per_sm(); INT4 (StreamInt4) also as many as the shared
