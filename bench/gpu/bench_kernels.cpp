@@ -301,11 +301,27 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
         fmt_shape(" m%lld", static_cast<long long>(c.m));
     const bool gemv = c.dtype != DType::BF16 || c.m == 1;
     using cuda::GemvKernel;
-    for (GemvKernel k : {GemvKernel::V1, GemvKernel::V2, GemvKernel::V3, GemvKernel::V4}) {
+    for (GemvKernel k : {GemvKernel::V1, GemvKernel::V2, GemvKernel::V3, GemvKernel::V4, GemvKernel::V5}) {
       if (!cuda::gemv_kernel_reads(k, c.dtype) || (!gemv && k != GemvKernel::V1)) continue;
       if (k == GemvKernel::V4 && c.m != 1)
         continue;  // v4 takes one activation row (more: v1, measured above)
       cuda::set_gemv_kernel(c.dtype, k);
+      if (k == GemvKernel::V5) {
+        // v5 (FP8 W8A8 on tensor cores): its default (4 chunks per batch, 96 KB of staging per SM), 2 chunks
+        // ("c2"), no staging ("s0"), 160 KB ("s160").
+        struct V5Alt {
+          const char* suffix;
+          int chunks, smem_kb;
+        };
+        for (const V5Alt& a :
+             {V5Alt{"", 4, 96}, V5Alt{" c2", 2, 96}, V5Alt{" s0", 4, 0}, V5Alt{" s160", 4, 160}}) {
+          cuda::set_gemv_v5_shape(a.chunks, a.smem_kb);
+          const std::string name = std::string(c.name) + " v5" + a.suffix;
+          row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
+        }
+        cuda::set_gemv_v5_shape(0, -1);
+        continue;
+      }
       // Variants: v3 with CTAs of 4 warps (c.warps4); v4 with 8 loads per lane and batch ("l8"), with
       // its shared-memory prefetch at 96 / 160 / 200 KB per SM ("s96" ...), and with the K split forced to
       // 2 ("k2": every format, where the batches divide; the others unsplit); INT4 on v4 also with x in

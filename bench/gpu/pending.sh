@@ -14,18 +14,38 @@
 # 3. The persistent decode kernel on an H200 (docs/benchmarks.md 12-05 19:10): per-op vs stack with the
 #    producer 1 and 2 stages ahead, bf16 and FP8 (on one H100 node 1 ahead was +1.3% at bf16, level on
 #    another).
+# 4. GEMV v5 (kernels_gemv_w8a8.cu, 12-05 evening; never run): FP8 W8A8 on tensor cores. Its kernel tests
+#    (CudaGemvTest.W8a8KernelMatchesQuantizedReference, in step 1's test_cuda_backend), the quantized-model
+#    tests with it as FP8's kernel (test_cuda_qgemm: the trained student's decode steps then use the
+#    prefill's W8A8 numerics), the FP8 product chains v4 vs v5 (% of copy), and batch 1 at 1k context,
+#    fp8:lm_head, default (v4) vs v5 (4 and 2 chunks per batch) - the prediction: the 8B FP8 products from
+#    72-88% of copy to BF16's 94-100% (TPOT 3.54 -> ~3.25 ms on an H100, 1.8x bf16), 70B FP8 level or better.
+# STEPS (default "1 2 3 4") picks the steps: the whole script is about 9 minutes on an H100.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for t in test_cuda_backend test_cuda_qgemm test_cuda_engine test_cuda_tensor_parallel; do
+STEPS=" ${STEPS:-1 2 3 4} "
+step() { [[ "$STEPS" == *" $1 "* ]]; }
+step 1 && for t in test_cuda_backend test_cuda_qgemm test_cuda_engine test_cuda_tensor_parallel; do
   INFERX_REQUIRE_GPU=1 timeout 280 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
   echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -20
 done
-INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^grid barrier|^cluster barrier|rror"
-SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
+step 2 && INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^grid barrier|^cluster barrier|rror"
+step 1 && SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
   grep "^decode"
-QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1
+step 3 && QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1
   if2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=2 stack:INFERX_DECODE_STACK=1" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests"
+if step 4; then
+  INFERX_GEMV_KERNEL=fp8=v5 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_qgemm" --gtest_color=no \
+    >"$OUT/qgemm_v5.log" 2>&1
+  echo "test_cuda_qgemm fp8=v5: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/qgemm_v5.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|stories-hd128' "$OUT/qgemm_v5.log" | head -20
+  INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES="fp8" timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
+    grep -E "fp8.* v4 |fp8.* v5|copy|rror"
+  SKIP_ENGINE_TESTS=1 QUANTS="fp8:lm_head" VARIANTS="v4: v5:INFERX_GEMV_KERNEL=fp8=v5
+    v5c2:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_CHUNKS=2 v5s0:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_SMEM_KB=0
+    v4again:" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err

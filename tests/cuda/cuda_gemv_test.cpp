@@ -896,6 +896,126 @@ TEST_F(CudaGemvTest, SiluProductMatchesReferenceAndFeedsTheNextProduct) {
     }
 }
 
+// v5 reads x as the FP8 GEMM and the CPU backend do (W8A8): each activation row quantized per token
+// (quantize_fp8_activation_row, from the BF16 values the kernel reads) - the reference here, in float64:
+// out[r, c] = s_r * sum_i W[c, i] q[r, i] + bias[c]. Its products are exact and each 64-column chunk's sum
+// goes through a fresh F32 tensor-core fragment, so the bound is F32 summation's (1e-5 of sum |w x|, 5x the
+// other kernels'); a kernel reading x in BF16 misses it by x's E4M3 rounding (~2^-5), so passing also shows
+// that v5 ran. Shapes: one chunk to long rows, rows across tile ends (1, 37, 133, 8193), m = 1..16 (one and
+// two n-tiles), biases, per-tensor and per-channel scales, with and without the staging, 2 and 4 chunks per
+// batch (the K split's choices vary with them), plain products with one and three outputs, SiLU products.
+// K = 272 (not whole chunks) is declined and runs on the measured kernel, weight-only.
+std::vector<double> w8a8_reference(const HostWeight& h, const std::vector<float>& x, int64_t m,
+                                   const std::vector<float>& bias, std::vector<double>& mag) {
+  std::vector<double> out(size_t(m * h.n));
+  mag.assign(out.size(), 0.0);
+  std::vector<float> q(size_t(h.k));
+  for (int64_t r = 0; r < m; ++r) {
+    const double s = quantize_fp8_activation_row(x.data() + r * h.k, h.k, q.data());
+    for (int64_t c = 0; c < h.n; ++c) {
+      double acc = 0, a = 0;
+      for (int64_t i = 0; i < h.k; ++i) {
+        const double p = double(h.deq[size_t(c * h.k + i)]) * q[size_t(i)] * s;
+        acc += p;
+        a += std::fabs(p);
+      }
+      out[size_t(r * h.n + c)] = acc + (bias.empty() ? 0.0 : bias[size_t(c)]);
+      mag[size_t(r * h.n + c)] = a;
+    }
+  }
+  return out;
+}
+
+TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
+  const KernelScope scope(DType::F8_E4M3, GemvKernel::V5);
+  struct Shape {
+    int64_t k, n;
+    std::vector<int64_t> ms;
+  };
+  const Shape shapes[] = {{64, 37, {1, 2, 8, 9, 16}},
+                          {192, 133, {1, 5, 16}},
+                          {4096, 37, {1, 3}},
+                          {14336, 16, {1, 9}},
+                          {4096, 8193, {1}}};
+  uint32_t seed = 2100;
+  for (int chunks : {4, 2})
+    for (int smem_kb : {96, 0}) {
+      cuda::set_gemv_v5_shape(chunks, smem_kb);
+      for (const Variant& v : {kVariants[1], kVariants[2]})
+        for (const Shape& sh : shapes) {
+          if (sh.n == 8193 && (chunks != 4 || !v.per_channel)) continue;  // the long case once per staging
+          const HostWeight h = make_weight(v, sh.n, sh.k, ++seed);
+          for (int64_t m : sh.ms) {
+            const std::string what = v.name + " [v5] chunks=" + std::to_string(chunks) +
+                                     " smem=" + std::to_string(smem_kb) + " n=" + std::to_string(sh.n) +
+                                     " k=" + std::to_string(sh.k) + " m=" + std::to_string(m);
+            std::vector<float> x = randoms(static_cast<size_t>(m * sh.k), ++seed);
+            for (float& e : x) e = bf16_round(e);
+            const std::vector<float> bias = m % 2 == 1 ? randoms(size_t(sh.n), ++seed) : std::vector<float>{};
+            std::vector<double> mag;
+            const std::vector<double> want = w8a8_reference(h, x, m, bias, mag);
+            const Linear l = linear(h, bias);
+            Tensor tx = f32({m, sh.k}, x), out = f32({m, sh.n}, std::vector<float>(size_t(m * sh.n), NAN));
+            gpu_->matmul(tx, l, out);
+            expect_matches(read(out), want, mag, what, 1e-5);
+            if (sh.n < 48 || m != 1) continue;
+            // Three outputs cutting through tiles (and, for 8193 rows, through the 16 rows of one tile).
+            const int64_t parts[3] = {sh.n / 2 + 1, sh.n / 4 - 1, sh.n - (sh.n / 2 + 1) - (sh.n / 4 - 1)};
+            Tensor outs[3];
+            for (int i = 0; i < 3; ++i)
+              outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
+            Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
+            gpu_->matmul_split(tx, l, ptrs);
+            std::vector<float> joined;
+            for (int i = 0; i < 3; ++i) {
+              const std::vector<float> part = read(outs[i]);
+              joined.insert(joined.end(), part.begin(), part.end());
+            }
+            expect_matches(joined, want, mag, what + " split", 1e-5);
+          }
+          // The SiLU product of gate rows [0, f) over up rows [f, 2f): silu(g) * u of the W8A8 values.
+          if (sh.n == 8193) continue;
+          const int64_t f = sh.n;
+          const HostWeight hs = make_weight(v, 2 * f, sh.k, ++seed);
+          const Linear ls = linear(hs, {});
+          for (int64_t m : sh.ms) {
+            std::vector<float> x = randoms(static_cast<size_t>(m * sh.k), ++seed);
+            for (float& e : x) e = bf16_round(e);
+            std::vector<double> gmag;
+            const std::vector<double> gu = w8a8_reference(hs, x, m, {}, gmag);
+            Tensor tx = f32({m, sh.k}, x), act = f32({m, f}, std::vector<float>(size_t(m * f), NAN)),
+                   gate = f32({m, f}, std::vector<float>(size_t(m * f))),
+                   up = f32({m, f}, std::vector<float>(size_t(m * f)));
+            gpu_->matmul_silu_mul(tx, ls, gate, up, act);
+            const std::vector<float> got = read(act);
+            for (int64_t r = 0; r < m; ++r)
+              for (int64_t j = 0; j < f; ++j) {
+                const size_t gi = size_t(r * 2 * f + j), ui = size_t(r * 2 * f + f + j);
+                const double g = gu[gi], u = gu[ui], sg = g / (1 + std::exp(-g));
+                // Each sum within 1e-5 of its magnitude (SiLU's slope is at most 1.1), the fast SiLU a few
+                // ulp.
+                const double tol = (1e-5 * gmag[gi] + 1e-6) * 1.1 * std::fabs(u) +
+                                   (1e-5 * gmag[ui] + 1e-6) * std::fabs(sg) + 1e-5 * std::fabs(sg * u);
+                ASSERT_LE(std::fabs(got[size_t(r * f + j)] - sg * u), tol)
+                    << v.name << " [v5] silu chunks=" << chunks << " smem=" << smem_kb << " k=" << sh.k
+                    << " f=" << f << " m=" << m << " row " << r << " col " << j;
+              }
+          }
+        }
+    }
+  cuda::set_gemv_v5_shape(0, -1);
+  // Not whole 64-column chunks: declined, so the product runs on the measured kernel (weight-only, BF16 x).
+  const HostWeight h = make_weight(kVariants[2], 37, 272, ++seed);
+  std::vector<float> x = randoms(272, ++seed);
+  for (float& e : x) e = bf16_round(e);
+  std::vector<double> want, mag;
+  reference(h, x, 1, {}, want, mag);
+  const Linear l = linear(h, {});
+  Tensor tx = f32({1, 272}, x), out = f32({1, 37}, std::vector<float>(37, NAN));
+  gpu_->matmul(tx, l, out);
+  expect_matches(read(out), want, mag, "fp8 [v5 declines k=272]", 2e-6);
+}
+
 TEST_F(CudaGemvTest, FormatsWithoutKernelsAreRefused) {
   const int64_t k = 64, n = 8;
   Linear l;
