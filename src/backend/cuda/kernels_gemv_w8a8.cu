@@ -172,11 +172,11 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_w8a8_kernel(const GemvPara
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < (kSilu ? 2 : 4); ++i) {  // SiLU: d[2], d[3] are the up rows of d[0], d[1]
         const int r = w8a8::acc_tile_row(lane, i), token = nt * w8a8::kTokens + w8a8::acc_token(lane, i);
         if (token >= p.m || !w8a8::tile_row_stored(tile, r, p.rows, p.f, kSilu)) continue;
         if constexpr (kSilu) {
-          // r < 8 (tile_row_stored): the gate row's sums in d[i], its up row's (r + 8) in d[i + 2].
+          // The gate row's sums in d[i], its up row's (tile row r + 8) in d[i + 2].
           const int64_t j = tile * 8 + r;
           const float v = w8a8_silu_up(acc[nt][i], acc[nt][i + 2], xs[token], wscale[p.per_channel ? j : 0],
                                        p.bias ? p.bias[j] : 0.0f, wscale[p.per_channel ? p.f + j : 0],
