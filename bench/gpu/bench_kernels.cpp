@@ -1150,39 +1150,47 @@ void bench_grid_barrier(Bench& b, int reps) {
     for (int i = 0; i < ctas; ++i) bytes += static_cast<double>(host[static_cast<size_t>(i)]);
     return bytes / s / 1e9;
   };
+  // "+ writes": each CTA stores 64 floats before every round (a phase's outputs), so the release waits for
+  // their acknowledgements, and the cluster barrier runs its real protocol (fences before arriving / adding).
+  b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * 64 * sizeof(float)));
+  auto* writes = static_cast<float*>(b.keep.back()->data());
   constexpr int kStreamRounds = 2000;
-  for (int depth : {0, 1, 2, 3, 4, 6, 8, 12}) {
-    const double s = b.time(
-        [&] {
-          CUDA_CHECK(cuda::launch_barrier_stream_probe(words, kStreamRounds, sms, src, kSlice, depth,
-                                                       streamed, stream));
-        },
-        reps);
-    const double gbs = depth > 0 ? stream_gbs(sms, s) : 0.0;
-    std::printf(
-        "grid barrier under a stream, %d CTAs, %3d KB in flight per SM: %.3f us per round, stream %.0f "
-        "GB/s\n",
-        sms, depth * 16, 1e6 * s / kStreamRounds, gbs);
-  }
+  for (bool with_writes : {false, true})
+    for (int depth : {0, 1, 2, 3, 4, 6, 8, 12}) {
+      if (with_writes && depth != 0 && depth != 2 && depth != 6 && depth != 12) continue;
+      const double s = b.time(
+          [&] {
+            CUDA_CHECK(cuda::launch_barrier_stream_probe(words, kStreamRounds, sms, src, kSlice, depth,
+                                                         streamed, with_writes ? writes : nullptr, stream));
+          },
+          reps);
+      const double gbs = depth > 0 ? stream_gbs(sms, s) : 0.0;
+      std::printf(
+          "grid barrier under a stream%s, %d CTAs, %3d KB in flight per SM: %.3f us per round, stream %.0f "
+          "GB/s\n",
+          with_writes ? " + writes" : "", sms, depth * 16, 1e6 * s / kStreamRounds, gbs);
+    }
   // The two-level barrier over clusters (members released through distributed shared memory), leaders
   // streaming or not.
-  for (int cluster : {4, 2})
-    for (bool leaders_stream : {true, false})
-      for (int depth : {0, 2, 6, 12}) {
-        int ctas = 0;
-        const double s = b.time(
-            [&] {
-              CUDA_CHECK(cuda::launch_cluster_barrier_stream_probe(words, kStreamRounds, cluster, src, kSlice,
-                                                                   depth, leaders_stream, streamed, &ctas,
-                                                                   stream));
-            },
-            reps);
-        const double gbs = depth > 0 ? stream_gbs(ctas, s) : 0.0;
-        std::printf(
-            "cluster barrier under a stream, clusters of %d, %d CTAs, leaders %s, %3d KB in flight per "
-            "streaming SM: %.3f us per round, stream %.0f GB/s\n",
-            cluster, ctas, leaders_stream ? "stream" : "idle", depth * 16, 1e6 * s / kStreamRounds, gbs);
-      }
+  for (bool with_writes : {false, true})
+    for (int cluster : {4, 2})
+      for (bool leaders_stream : {true, false})
+        for (int depth : {0, 2, 6, 12}) {
+          int ctas = 0;
+          const double s = b.time(
+              [&] {
+                CUDA_CHECK(cuda::launch_cluster_barrier_stream_probe(
+                    words, kStreamRounds, cluster, src, kSlice, depth, leaders_stream, streamed,
+                    with_writes ? writes : nullptr, &ctas, stream));
+              },
+              reps);
+          const double gbs = depth > 0 ? stream_gbs(ctas, s) : 0.0;
+          std::printf(
+              "cluster barrier under a stream%s, clusters of %d, %d CTAs, leaders %s, %3d KB in flight per "
+              "streaming SM: %.3f us per round, stream %.0f GB/s\n",
+              with_writes ? " + writes" : "", cluster, ctas, leaders_stream ? "stream" : "idle", depth * 16,
+              1e6 * s / kStreamRounds, gbs);
+        }
 }
 
 int run(bool quick, bool gemm_only) {

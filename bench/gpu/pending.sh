@@ -11,6 +11,10 @@
 #    copy bandwidth), and the stream's rate saturates near 32 KB. The same for the candidate fix, a
 #    two-level barrier over clusters (members released through distributed shared memory; leaders
 #    streaming or idle): if it stays near its no-stream time under a stream, it is the barrier to build.
+#    Both again "+ writes": each CTA stores a phase's outputs before every round and the cluster barrier
+#    runs its real protocol (a member's GPU-scope fence before it arrives): if the fence waits behind the
+#    stream as the model says of acknowledgements, the cluster barrier only pays off where members need no
+#    fence of their own - the decisive row.
 # 3. The persistent decode kernel on an H200 (docs/benchmarks.md 12-05 19:10): per-op vs stack with the
 #    producer 1 and 2 stages ahead, bf16 and FP8 (on one H100 node 1 ahead was +1.3% at bf16, level on
 #    another).
@@ -47,5 +51,15 @@ if step 4; then
   SKIP_ENGINE_TESTS=1 QUANTS="fp8:lm_head" VARIANTS="v4: v5:INFERX_GEMV_KERNEL=fp8=v5
     v5c2:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_CHUNKS=2 v5s0:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_SMEM_KB=0
     v4again:" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  for v in v4: v5:INFERX_GEMV_KERNEL=fp8=v5; do  # 70B FP8 (fits an 80 GB H100 with 1 GiB of KV)
+    IFS=, read -r -a kv <<<"${v#*:}"
+    env "${kv[@]}" timeout 200 "$C/inferx" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \
+      --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 96 --max-model-len 2048 \
+      --kv-cache-memory 1GiB --gpu-memory-utilization 0.99 --no-progress --roofline --json \
+      >"$OUT/b1_70b_${v%%:*}.json" 2>"$OUT/b1_70b_${v%%:*}.err"
+    echo "decode b1 1k 70b fp8:lm_head ${v%%:*}: rc=$? $(python3 -c "
+import json; j=json.load(open('$OUT/b1_70b_${v%%:*}.json')); t=j['tpot_ms']; r=j.get('roofline', {})
+print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}%\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
+  done
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

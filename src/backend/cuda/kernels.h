@@ -176,17 +176,20 @@ cudaError_t launch_read_stream_on_sms(const void* p, size_t bytes, uint32_t* sin
 cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int ctas, cudaStream_t stream);
 // The persistent kernel's barrier while each CTA's producer warp keeps `depth` 16 KB bulk copies of its own
 // slice of src (slice_bytes, a multiple of 16 KB, cycled) in flight; streamed[CTA] gets the bytes copied
-// (kernels_sync_probes.cu). depth 0..12; 0: no stream.
+// (kernels_sync_probes.cu). depth 0..12; 0: no stream. writes (null: none; else ctas x 64 floats): each CTA
+// stores 64 floats before every round, as a phase stores its outputs before the barrier that publishes them.
 cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas, const void* src,
                                         int64_t slice_bytes, int depth, unsigned long long* streamed,
-                                        cudaStream_t stream);
+                                        float* writes, cudaStream_t stream);
 // The same with a two-level barrier over clusters of `cluster` CTAs (2..8; members signal their leader and
 // are released through distributed shared memory, leaders meet on the global counter); leaders_stream false:
 // the leaders' producers do not stream. *ctas receives the grid (whole clusters that fit at once); src must
-// hold that many slices (the SM count's worth is enough).
+// hold that many slices (the SM count's worth is enough). writes: as above, with the real protocol's fences
+// (a member's before it arrives, a leader's before its add).
 cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, int cluster, const void* src,
                                                 int64_t slice_bytes, int depth, bool leaders_stream,
-                                                unsigned long long* streamed, int* ctas, cudaStream_t stream);
+                                                unsigned long long* streamed, float* writes, int* ctas,
+                                                cudaStream_t stream);
 // One kernel of `ctas` CTAs of `threads` threads that does nothing but wait for its predecessor (with
 // programmatic dependent launch when pdl, and pdl_enabled()) and add one to *word: chained in a CUDA graph,
 // the cost of a kernel boundary alone.

@@ -102,9 +102,18 @@ __device__ unsigned long long stream_until_done(uint8_t* ring, uint64_t* full, i
   return static_cast<unsigned long long>(it) * kProbeStage;
 }
 
+// writes (null: none): before each round, consumer threads 0..kProbeWrites-1 store a float each into the
+// CTA's row of writes, as a phase stores its outputs before the barrier that publishes them (the barrier's
+// release must then wait for those stores).
+constexpr int kProbeWrites = 64;
+__device__ __forceinline__ void phase_writes(float* writes, uint32_t round) {
+  if (writes != nullptr && threadIdx.x < kProbeWrites)
+    __stcg(writes + static_cast<int64_t>(blockIdx.x) * kProbeWrites + threadIdx.x, static_cast<float>(round));
+}
+
 __global__ void __launch_bounds__(stack::kThreads, 1)
     barrier_stream_probe_kernel(uint32_t* counter, int rounds, const uint8_t* src, int64_t slice_bytes,
-                                int depth, unsigned long long* streamed) {
+                                int depth, unsigned long long* streamed, float* writes) {
   extern __shared__ __align__(128) uint8_t ring[];
   __shared__ uint64_t full[kProbeMaxDepth];
   __shared__ volatile int done;
@@ -115,7 +124,10 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
   }
   __syncthreads();
   if (threadIdx.x < stack::kConsumers) {
-    for (uint32_t r = 1; r <= static_cast<uint32_t>(rounds); ++r) stack::grid_barrier(counter, r * gridDim.x);
+    for (uint32_t r = 1; r <= static_cast<uint32_t>(rounds); ++r) {
+      phase_writes(writes, r);
+      stack::grid_barrier(counter, r * gridDim.x);
+    }
     if (threadIdx.x == 0) done = 1;
     return;
   }
@@ -131,7 +143,9 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
 // then arrives on each member's "release" mbarrier, which the member waits on. So only the leaders make
 // the global round trip; with leaders_stream false the leaders' producers do not stream (the question: is
 // a leader's poll fast when its own SM has nothing in flight?). Timing only: the probe carries no data, so
-// the ordering a real barrier needs for the members' writes (a gpu-scope fence before arriving) is left out.
+// the ordering a real barrier needs for the members' writes is left out - unless `writes` is set: then every
+// CTA stores a phase's outputs before each round (phase_writes) and the protocol is the real one: a member
+// fences at GPU scope (its stores visible to every CTA) before it arrives, a leader before its add.
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -168,7 +182,7 @@ __device__ __forceinline__ void cluster_sync_all() {
 __global__ void __launch_bounds__(stack::kThreads, 1)
     cluster_barrier_stream_probe_kernel(uint32_t* counter, int rounds, int cluster, const uint8_t* src,
                                         int64_t slice_bytes, int depth, bool leaders_stream,
-                                        unsigned long long* streamed) {
+                                        unsigned long long* streamed, float* writes) {
   extern __shared__ __align__(128) uint8_t ring[];
   __shared__ uint64_t full[kProbeMaxDepth];
   __shared__ uint64_t gather, release;
@@ -187,11 +201,14 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
   if (threadIdx.x < stack::kConsumers) {
     const uint32_t leader_gather = cluster_addr(&gather, 0);
     for (uint32_t r = 1; r <= static_cast<uint32_t>(rounds); ++r) {
+      phase_writes(writes, r);
       stack::consumer_sync();
       if (threadIdx.x == 0) {
+        if (writes != nullptr) __threadfence();
         remote_arrive(leader_gather);
         if (rank == 0) {
           wait_cluster_phase(&gather, (r - 1) & 1);
+          if (writes != nullptr) __threadfence();  // the members' stores, acquired through the gather
           asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
           const uint64_t start = gpu_ns();
           uint32_t seen = 0;
@@ -257,7 +274,7 @@ cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int c
 
 cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas, const void* src,
                                         int64_t slice_bytes, int depth, unsigned long long* streamed,
-                                        cudaStream_t stream) {
+                                        float* writes, cudaStream_t stream) {
   if (counter == nullptr || rounds < 1 || ctas < 1 || depth < 0 || depth > kProbeMaxDepth ||
       (depth > 0 && (src == nullptr || streamed == nullptr || slice_bytes < kProbeStage ||
                      slice_bytes % kProbeStage != 0)))
@@ -269,7 +286,7 @@ cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas,
                             static_cast<int>(kProbeMaxDepth * kProbeStage));
   if (st != cudaSuccess) return st;
   const auto* bytes = static_cast<const uint8_t*>(src);
-  void* args[] = {&counter, &rounds, &bytes, &slice_bytes, &depth, &streamed};
+  void* args[] = {&counter, &rounds, &bytes, &slice_bytes, &depth, &streamed, &writes};
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(barrier_stream_probe_kernel),
                                      dim3(static_cast<unsigned>(ctas)), dim3(stack::kThreads), args, smem,
                                      stream);
@@ -277,7 +294,7 @@ cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas,
 
 cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, int cluster, const void* src,
                                                 int64_t slice_bytes, int depth, bool leaders_stream,
-                                                unsigned long long* streamed, int* ctas,
+                                                unsigned long long* streamed, float* writes, int* ctas,
                                                 cudaStream_t stream) {
   if (counter == nullptr || rounds < 1 || cluster < 2 || cluster > 8 || depth < 0 || depth > kProbeMaxDepth ||
       ctas == nullptr || src == nullptr || streamed == nullptr || slice_bytes < kProbeStage ||
@@ -312,7 +329,7 @@ cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, i
   config.gridDim = dim3(static_cast<unsigned>(*ctas));
   const auto* bytes = static_cast<const uint8_t*>(src);
   return cudaLaunchKernelEx(&config, kernel, counter, rounds, cluster, bytes, slice_bytes, depth,
-                            leaders_stream, streamed);
+                            leaders_stream, streamed, writes);
 }
 
 }  // namespace inferx::cuda
