@@ -18,12 +18,15 @@
 # 3. The persistent decode kernel on an H200 (docs/benchmarks.md 12-05 19:10): per-op vs stack with the
 #    producer 1 and 2 stages ahead, bf16 and FP8 (on one H100 node 1 ahead was +1.3% at bf16, level on
 #    another).
-# 4. GEMV v5 (kernels_gemv_w8a8.cu, 12-05 evening; never run): FP8 W8A8 on tensor cores. Its kernel tests
-#    (CudaGemvTest.W8a8KernelMatchesQuantizedReference, in step 1's test_cuda_backend), the quantized-model
-#    tests with it as FP8's kernel (test_cuda_qgemm: the trained student's decode steps then use the
-#    prefill's W8A8 numerics), the FP8 product chains v4 vs v5 (% of copy), and batch 1 at 1k context,
-#    fp8:lm_head, default (v4) vs v5 (4 and 2 chunks per batch) - the prediction: the 8B FP8 products from
-#    72-88% of copy to BF16's 94-100% (TPOT 3.54 -> ~3.25 ms on an H100, 1.8x bf16), 70B FP8 level or better.
+# 4. GEMV v5 (kernels_gemv_tc_stream.cu, 12-05 evening; never run): v3's tensor-core products on v4's
+#    streaming plan; FP8 as W8A8 on E4M3 tensor cores, INT4 as v3. Its kernel tests
+#    (CudaGemvTest.W8a8KernelMatchesQuantizedReference, .TcStreamKernelReadsInt4LikeV3, and v5 on INT4 in every
+#    weight-only test: step 1's test_cuda_backend), the quantized-model tests with v5 as the FP8 and INT4
+#    kernel (test_cuda_qgemm: the trained student's FP8 decode steps then use the prefill's W8A8 numerics),
+#    the FP8 and INT4 product chains (% of copy, v3 / v4 / v5), and batch 1 at 1k context: fp8:lm_head v4 vs
+#    v5 (4 and 2 chunks per batch, no staging), int4:lm_head v3 vs v5, 70B fp8:lm_head v4 vs v5. Predicted:
+#    the 8B FP8 products from 72-88% of copy to BF16's 94-100% (TPOT 3.54 -> ~3.25 ms on an H100, 1.8x
+#    bf16); INT4's from ~68% (v3: a CTA per 16 rows, no staging) toward 85-90% (2.45 -> ~2.1 ms).
 # STEPS (default "1 2 3 4") picks the steps: the whole script is about 9 minutes on an H100.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -42,15 +45,19 @@ step 3 && QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFE
   if2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=2 stack:INFERX_DECODE_STACK=1" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests"
 if step 4; then
-  INFERX_GEMV_KERNEL=fp8=v5 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_qgemm" --gtest_color=no \
+  INFERX_GEMV_KERNEL=fp8=v5,int4=v5 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_qgemm" --gtest_color=no \
     >"$OUT/qgemm_v5.log" 2>&1
-  echo "test_cuda_qgemm fp8=v5: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/qgemm_v5.log" | tr '\n' ' ')"
+  echo "test_cuda_qgemm fp8=v5,int4=v5: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/qgemm_v5.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|stories-hd128' "$OUT/qgemm_v5.log" | head -20
-  INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES="fp8" timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
-    grep -E "fp8.* v4 |fp8.* v5|copy|rror"
+  for cases in fp8 int4; do
+    INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES="$cases" timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
+      grep -E " (v3|v4|v5)( |$)| v5 |copy|rror"
+  done
   SKIP_ENGINE_TESTS=1 QUANTS="fp8:lm_head" VARIANTS="v4: v5:INFERX_GEMV_KERNEL=fp8=v5
     v5c2:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_CHUNKS=2 v5s0:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_SMEM_KB=0
     v4again:" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  SKIP_ENGINE_TESTS=1 QUANTS="int4:lm_head" VARIANTS="v3: v5:INFERX_GEMV_KERNEL=int4=v5
+    v5s0:INFERX_GEMV_KERNEL=int4=v5,INFERX_GEMV_V5_SMEM_KB=0" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   for v in v4: v5:INFERX_GEMV_KERNEL=fp8=v5; do  # 70B FP8 (fits an 80 GB H100 with 1 GiB of KV)
     IFS=, read -r -a kv <<<"${v#*:}"
     env "${kv[@]}" timeout 200 "$C/inferx" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \

@@ -1,7 +1,7 @@
 #pragma once
 // The decode GEMV's shared parts, for its kernel files (kernels_gemv.cu: the overview of the kernels and
 // the dispatch; kernels_gemv_v1v2.cu, kernels_gemv_tc.cu (v3), kernels_gemv_stream.cu (v4),
-// kernels_gemv_w8a8.cu (v5)): the launch parameters, v1's decoders (v4 reuses them), the store epilogue,
+// kernels_gemv_tc_stream.cu (v5)): the launch parameters, v1's decoders (v4 reuses them), the store epilogue,
 // which rows a warp takes, and the launchers each kernel file exports to the dispatch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -329,6 +329,15 @@ __device__ __forceinline__ void load_granules(const GemvParams& p, const int64_t
   }
 }
 
+// D += A B on tensor cores, BF16 operands, F32 sums (v3 and v5's INT4 products): a: the four A registers of
+// the lane (PTX ISA fragment layout of mma.m16n8k16), b0 / b1: its two B registers.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // go(std::integral_constant<int, MR>{}) for the activation-row bucket MR (1, 2, 4, 8, 16) that holds m:
 // the kernels' row loops are unrolled over MR.
 template <class Go>
@@ -352,8 +361,9 @@ cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream);
 // else cudaErrorNotSupported with nothing launched.
 template <int R>
 cudaError_t launch_v4(DType dtype, const GemvParams& p, cudaStream_t stream);
-// v5 (kernels_gemv_w8a8.cu) where it takes the launch - FP8 W8A8, up to 16 activation rows, K a multiple
-// of 64, no norm fusion - else cudaErrorNotSupported with nothing launched.
+// v5 (kernels_gemv_tc_stream.cu) where it takes the launch - FP8 (W8A8) or INT4, rows of whole 64-byte
+// chunks, up to 16 activation rows (INT4: 16 / subsets), no norm fusion - else cudaErrorNotSupported with
+// nothing launched.
 template <int R>
 cudaError_t launch_v5(DType dtype, const GemvParams& p, cudaStream_t stream);
 

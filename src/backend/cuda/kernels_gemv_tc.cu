@@ -21,13 +21,6 @@ constexpr int kMaxWarps = 8;  // warps splitting K
 constexpr int kUnroll = 4;    // sets per lane and batch: 8 chunk loads (two rows) in flight, 4 KB per warp
 }  // namespace tc
 
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Per format: the chunk decoder (kernels_gemv_decode.h) and the per-row scale; INT4 also reads a zero
 // point per chunk and group scales per set (kGroups).
 struct TcStepBf16 : gemv::TcBf16 {

@@ -1,11 +1,11 @@
-// GEMV v5's operand layout (src/backend/cuda/gemv_w8a8_layout.h) without a GPU: each lane's registers are
-// gathered from memory exactly as the kernel gathers them (tile_row, granule_offset, step_operands), then
+// GEMV v5's operand layout (src/backend/cuda/gemv_tc_stream_layout.h) without a GPU: each lane's registers
+// are gathered from memory exactly as the kernel gathers them (tile_row, granule_offset, step_operands), then
 // placed into the A and B matrices by the PTX ISA's fragment tables for mma.m16n8k32 with 8-bit types
 // (written out here independently of the header), multiplied, and read back through acc_tile_row /
 // acc_token. The result must be every (row, token) dot product over all K columns, each term once; in
 // float64 the E4M3 products and their sums are exact, so the comparison is exact. Also the launch policy:
 // the K split's segments, its choice, and the staging plan.
-#include "backend/cuda/gemv_w8a8_layout.h"
+#include "backend/cuda/gemv_tc_stream_layout.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 namespace inferx {
 namespace {
 
-namespace w8 = cuda::w8a8;
+namespace w8 = cuda::tcs;
 
 // Random finite E4M3 codes (no NaN: 0x7F / 0xFF).
 std::vector<uint8_t> codes(size_t n, uint32_t seed) {
@@ -95,7 +95,7 @@ double dot(const std::vector<uint8_t>& w, int64_t row, const std::vector<uint8_t
   return s;
 }
 
-TEST(GemvW8a8Layout, LaneSumsAreEveryDotProductOfThePlainTile) {
+TEST(GemvTcStreamLayout, LaneSumsAreEveryDotProductOfThePlainTile) {
   for (int64_t k : {64, 192, 4096}) {
     for (int64_t m : {1, 3, 8}) {
       const int64_t rows = 37;  // tiles 0..2, the last one partial
@@ -124,7 +124,7 @@ TEST(GemvW8a8Layout, LaneSumsAreEveryDotProductOfThePlainTile) {
   }
 }
 
-TEST(GemvW8a8Layout, SiluTilesHoldEachGateRowBesideItsUpRow) {
+TEST(GemvTcStreamLayout, SiluTilesHoldEachGateRowBesideItsUpRow) {
   const int64_t k = 128, f = 21, m = 2;  // tiles of 8 gate rows: 0..2, the last one partial
   const auto w = codes(size_t(2 * f * k), 11), x = codes(size_t(m * k), 12);
   EXPECT_EQ(w8::tile_count(0, f, true), 3);
@@ -146,7 +146,7 @@ TEST(GemvW8a8Layout, SiluTilesHoldEachGateRowBesideItsUpRow) {
   }
 }
 
-TEST(GemvW8a8Layout, RowsPastTheEndReadTheLastRow) {
+TEST(GemvTcStreamLayout, RowsPastTheEndReadTheLastRow) {
   EXPECT_EQ(w8::tile_row(2, 15, 37, 0, false), 36);
   EXPECT_EQ(w8::tile_row(2, 4, 37, 0, false), 36);
   EXPECT_EQ(w8::tile_row(2, 3, 37, 0, false), 35);
@@ -155,7 +155,7 @@ TEST(GemvW8a8Layout, RowsPastTheEndReadTheLastRow) {
   EXPECT_EQ(w8::tile_row(1, 9, 0, 21, true), 21 + 9);
 }
 
-TEST(GemvW8a8Layout, SegmentsCoverEveryBatchOnce) {
+TEST(GemvTcStreamLayout, SegmentsCoverEveryBatchOnce) {
   for (int batches : {1, 2, 3, 7, 16, 56})
     for (int ks : {1, 2, 4, 8}) {
       if (ks > batches) continue;
@@ -170,7 +170,7 @@ TEST(GemvW8a8Layout, SegmentsCoverEveryBatchOnce) {
     }
 }
 
-TEST(GemvW8a8Layout, KSplitTakesTheFewestBatchesPerWarp) {
+TEST(GemvTcStreamLayout, KSplitTakesTheFewestBatchesPerWarp) {
   // 132 SMs x 2 CTAs x 8 warps = 2112 warps. The 8B model's FP8 o projection (4096 x 4096): 256 tiles of 16
   // batches of 4 chunks: every warp of a CTA on one tile (2 batches each) beats 256 warps streaming 16.
   EXPECT_EQ(w8::ksplit_for(256, 16, 2112, 8), 8);
@@ -187,7 +187,7 @@ TEST(GemvW8a8Layout, KSplitTakesTheFewestBatchesPerWarp) {
   EXPECT_EQ(w8::ksplit_for(0, 16, 2112, 8), 1);
 }
 
-TEST(GemvW8a8Layout, StagingKeepsWholeBatchesWithinTheBudget) {
+TEST(GemvTcStreamLayout, StagingKeepsWholeBatchesWithinTheBudget) {
   // A staged row of b batches of 4 chunks: 256 b bytes, padded to 64 mod 128.
   EXPECT_EQ(w8::stage_row_bytes(1, 4), 320);
   EXPECT_EQ(w8::stage_row_bytes(2, 2), 320);

@@ -1,32 +1,33 @@
 #pragma once
-// GEMV v5's operand layout and launch policy (kernels_gemv_w8a8.cu), as plain C++ shared by the kernel and
-// the host tests (tests/unit/backend/gemv_w8a8_layout_test.cpp emulates mma.m16n8k32 from the PTX ISA's
-// fragment tables over these functions, without a GPU).
+// GEMV v5's tile layout and launch policy (kernels_gemv_tc_stream.cu), as plain C++ shared by the kernel
+// and the host tests (tests/unit/backend/gemv_tc_stream_layout_test.cpp emulates mma.m16n8k32 from the PTX
+// ISA's fragment tables over these functions, without a GPU).
 //
-// v5 multiplies E4M3 weights by E4M3 activations (W8A8: x quantized per token, as the FP8 GEMM of prefill
-// and the CPU backend do) on tensor cores, mma.sync.m16n8k32.e4m3.e4m3.f32, with the weights as the A
-// operand (16 rows) and x as B (8 activation rows per n-tile). A weight byte then costs no instruction of
-// its own: one mma takes 512 of them, where v4 spends ~3 instructions per E4M3 weight on its conversion and
-// FMA (the FP8 products of the 8B model ran at 72-88% of copy bandwidth in the graph against BF16's 94-100%,
-// and the persistent decode kernel's FP8 phases reached 76% of the roofline where its BF16 ones reached 97%:
-// issue-bound, docs/benchmarks.md 2026-12-05).
+// A warp's tile is 16 weight rows, the A operand of the tensor-core products; lane (g, t) = (lane / 4,
+// lane % 4) holds rows g and g + 8. A row is read in chunks of 64 bytes: lane t takes bytes 16t .. 16t + 15
+// of each chunk, one 16-byte load per row (INT4: one 32-column run, decoded as v3 decodes it,
+// kernels_gemv_decode.h; the rest of this header is FP8's).
 //
-// A warp's tile is 16 weight rows; lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8. A row is
-// read in chunks of 64 bytes (columns): lane t takes bytes 16t .. 16t + 15 of each chunk, one 16-byte load
-// per row, and the same 16 bytes of its activation row g from shared memory. Those 16 bytes feed the two k32
-// steps of the chunk: step s takes bytes 8s .. 8s + 3 as the PTX fragment's columns 4t .. 4t + 3 and bytes
-// 8s + 4 .. 8s + 7 as columns 16 + 4t .. 16 + 4t + 3, for A (a0 / a2 from row g, a1 / a3 from row g + 8)
-// and B (b0 / b1, column g) alike, so the products pair each weight with its own activation and every
-// column of the chunk is taken once: the dot product's order changes, not its terms.
+// FP8 is W8A8: E4M3 weights times E4M3 activations (x quantized per token, as the FP8 GEMM of prefill and
+// the CPU backend do) on mma.sync.m16n8k32.e4m3.e4m3.f32, x as B (8 activation rows per n-tile). A weight
+// byte then costs no instruction of its own: one mma takes 512 of them, where v4 spends ~3 instructions per
+// E4M3 weight on its conversion and FMA (the FP8 products of the 8B model ran at 72-88% of copy bandwidth
+// in the graph against BF16's 94-100%, and the persistent decode kernel's FP8 phases reached 76% of the
+// roofline where its BF16 ones reached 97%: issue-bound, docs/benchmarks.md 2026-12-05). The lane's 16
+// bytes of a chunk and the same 16 bytes of its activation row g (from shared memory) feed the chunk's two
+// k32 steps: step s takes bytes 8s .. 8s + 3 as the PTX fragment's columns 4t .. 4t + 3 and bytes 8s + 4 ..
+// 8s + 7 as columns 16 + 4t .. 16 + 4t + 3, for A (a0 / a2 from row g, a1 / a3 from row g + 8) and B (b0 /
+// b1, column g) alike, so the products pair each weight with its own activation and every column of the
+// chunk is taken once: the dot product's order changes, not its terms.
 #include <cstdint>
 
 #if defined(__CUDACC__)
-#define INFERX_W8A8_HD __host__ __device__ __forceinline__
+#define INFERX_TCS_HD __host__ __device__ __forceinline__
 #else
-#define INFERX_W8A8_HD inline
+#define INFERX_TCS_HD inline
 #endif
 
-namespace inferx::cuda::w8a8 {
+namespace inferx::cuda::tcs {
 
 constexpr int kTileRows = 16;    // weight rows of a warp's tile: the M of mma.m16n8k32
 constexpr int kTokens = 8;       // activation rows of one n-tile: its N
@@ -35,13 +36,13 @@ constexpr int kMaxTokens = 16;   // two n-tiles
 
 // Tiles of a product: plain, 16 consecutive rows each; SiLU (gate rows [0, f) over up rows [f, 2f)), 8
 // gate rows over the same 8 up rows, so that a lane holds a gate row's sums (row g) and its up row's (g + 8).
-INFERX_W8A8_HD int64_t tile_count(int64_t rows, int64_t f, bool silu) {
+INFERX_TCS_HD int64_t tile_count(int64_t rows, int64_t f, bool silu) {
   return silu ? (f + 7) / 8 : (rows + kTileRows - 1) / kTileRows;
 }
 
 // The stored weight row behind row r (0..15) of tile n. Rows past the end read the last row (in bounds; their
 // sums are not stored).
-INFERX_W8A8_HD int64_t tile_row(int64_t n, int r, int64_t rows, int64_t f, bool silu) {
+INFERX_TCS_HD int64_t tile_row(int64_t n, int r, int64_t rows, int64_t f, bool silu) {
   if (silu) {
     const int64_t j = n * 8 + (r & 7);
     return (r < 8 ? 0 : f) + (j < f ? j : f - 1);
@@ -52,12 +53,12 @@ INFERX_W8A8_HD int64_t tile_row(int64_t n, int r, int64_t rows, int64_t f, bool 
 
 // Whether tile row r of tile n is an output (plain: a row below `rows`; SiLU: r < 8 with a gate row below f,
 // whose output also takes up row r + 8).
-INFERX_W8A8_HD bool tile_row_stored(int64_t n, int r, int64_t rows, int64_t f, bool silu) {
+INFERX_TCS_HD bool tile_row_stored(int64_t n, int r, int64_t rows, int64_t f, bool silu) {
   return silu ? r < 8 && n * 8 + r < f : n * kTileRows + r < rows;
 }
 
 // Byte offset, within a row, of lane t's 16 bytes of chunk c.
-INFERX_W8A8_HD int64_t granule_offset(int64_t c, int t) { return c * kChunkBytes + 16 * t; }
+INFERX_TCS_HD int64_t granule_offset(int64_t c, int t) { return c * kChunkBytes + 16 * t; }
 
 // The mma operands of step s (0, 1) of a chunk from the lane's 16 bytes of weight rows g (lo) and g + 8
 // (hi) and of activation row g (x), as 32-bit words (byte 0 lowest): {a0, a1, a2, a3} and {b0, b1}.
@@ -65,19 +66,19 @@ struct Operands {
   uint32_t a[4];
   uint32_t b[2];
 };
-INFERX_W8A8_HD Operands step_operands(const uint32_t (&lo)[4], const uint32_t (&hi)[4],
-                                      const uint32_t (&x)[4], int s) {
+INFERX_TCS_HD Operands step_operands(const uint32_t (&lo)[4], const uint32_t (&hi)[4], const uint32_t (&x)[4],
+                                     int s) {
   return Operands{{lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1]}, {x[2 * s], x[2 * s + 1]}};
 }
 
 // The K split's segments: warp seg of ks streams batches [segment_begin(seg), segment_begin(seg + 1)) of
 // every tile it shares.
-INFERX_W8A8_HD int segment_begin(int seg, int ks, int batches) { return seg * batches / ks; }
+INFERX_TCS_HD int segment_begin(int seg, int ks, int batches) { return seg * batches / ks; }
 
 // The lane's accumulator d[i] (i = 0..3) of one n-tile: tile row lane / 4 (+ 8 for i >= 2), activation row
 // 2 (lane % 4) + (i & 1) of the n-tile.
-INFERX_W8A8_HD int acc_tile_row(int lane, int i) { return lane / 4 + (i >= 2 ? 8 : 0); }
-INFERX_W8A8_HD int acc_token(int lane, int i) { return 2 * (lane % 4) + (i & 1); }
+INFERX_TCS_HD int acc_tile_row(int lane, int i) { return lane / 4 + (i >= 2 ? 8 : 0); }
+INFERX_TCS_HD int acc_token(int lane, int i) { return 2 * (lane % 4) + (i & 1); }
 
 // ---- launch policy (host) --------------------------------------------------------------------------------
 // The K split: how many warps of a CTA (1, 2, 4, 8, dividing warps_per_cta) share each tile, each streaming
@@ -117,4 +118,4 @@ inline int staged_batches(int64_t per_warp_bytes, int64_t batches, int ks, int c
   return b;
 }
 
-}  // namespace inferx::cuda::w8a8
+}  // namespace inferx::cuda::tcs
