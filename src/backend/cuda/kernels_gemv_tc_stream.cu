@@ -255,13 +255,15 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       float v[2][2] = {{acc[nt][0], acc[nt][1]}, {acc[nt][2], acc[nt][3]}};
-      int tokens = 2, token0 = 8 * nt + 2 * t;
+      // acc[nt][2h + e]: tile row tcs::acc_tile_row(lane, 2h) = g + 8h, B column 8 nt + acc_token(lane, e).
+      const int col0 = 8 * nt + tcs::acc_token(lane, 0);
+      int tokens = 2, token0 = col0;
       bool stores = true;
       if constexpr (S >= 2) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) v[h][0] += v[h][1];
         tokens = 1;
-        token0 = (8 * nt + 2 * t) / S;
+        token0 = col0 / S;
       }
       if constexpr (S == 4) {
 #pragma unroll
@@ -274,8 +276,9 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
         const int token = token0 + e;
         if (e >= tokens || token >= p.m) continue;
         if constexpr (kSilu) {
-          const int64_t j = tile * 8 + g;  // gate row g, its up row in tile row g + 8
-          if (j >= p.f) continue;
+          const int r = tcs::acc_tile_row(lane, 0);  // gate row r, its up row in tile row r + 8
+          if (!tcs::tile_row_stored(tile, r, p.rows, p.f, true)) continue;
+          const int64_t j = tile * 8 + r;
           const float b0 = p.bias ? p.bias[j] : 0.0f, b1 = p.bias ? p.bias[p.f + j] : 0.0f;
           float out;
           if constexpr (kInt4)
@@ -288,8 +291,9 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
         } else {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int64_t row = tile * tcs::kTileRows + g + 8 * h;
-            if (row >= p.rows) continue;
+            const int r = tcs::acc_tile_row(lane, 2 * h);
+            if (!tcs::tile_row_stored(tile, r, p.rows, p.f, false)) continue;
+            const int64_t row = tile * tcs::kTileRows + r;
             const float b = p.bias ? p.bias[row] : 0.0f;
             float out;
             if constexpr (kInt4)
