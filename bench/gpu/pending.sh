@@ -17,7 +17,9 @@
 #    fence of their own - the decisive row.
 # 3. The persistent decode kernel on an H200 (docs/benchmarks.md 12-05 19:10): per-op vs stack with the
 #    producer 1 and 2 stages ahead, bf16 and FP8 (on one H100 node 1 ahead was +1.3% at bf16, level on
-#    another).
+#    another); and with its grid barriers in two levels over clusters of 2 and 4 (INFERX_DECODE_STACK_CLUSTER,
+#    12-05 late, never run; its tests are in step 1's test_cuda_engine): worth it if step 2's "+ writes"
+#    cluster rows stay well under the plain barrier's under a stream.
 # 4. GEMV v5 (kernels_gemv_tc_stream.cu, 12-05 evening; never run): v3's tensor-core products on v4's
 #    streaming plan; FP8 as W8A8 on E4M3 tensor cores, INT4 as v3. Its kernel tests
 #    (CudaGemvTest.W8a8KernelMatchesQuantizedReference, .TcStreamKernelReadsInt4LikeV3, and v5 on INT4 in every
@@ -27,7 +29,8 @@
 #    v5 (4 and 2 chunks per batch, no staging), int4:lm_head v3 vs v5, 70B fp8:lm_head v4 vs v5. Predicted:
 #    the 8B FP8 products from 72-88% of copy to BF16's 94-100% (TPOT 3.54 -> ~3.25 ms on an H100, 1.8x
 #    bf16); INT4's from ~68% (v3: a CTA per 16 rows, no staging) toward 85-90% (2.45 -> ~2.1 ms).
-# STEPS (default "1 2 3 4") picks the steps: the whole script is about 9 minutes on an H100.
+# STEPS (default "1 2 3 4") picks the steps. The whole is more than one call's 10 minutes: run STEPS="1 2"
+# (~6 min), then STEPS=4 (~7 min), then STEPS=3 (~6 min), each a call on the warm machine.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -42,7 +45,10 @@ step 2 && INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --q
 step 1 && SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
   grep "^decode"
 step 3 && QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1
-  if2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=2 stack:INFERX_DECODE_STACK=1" \
+  if2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=2 stack:INFERX_DECODE_STACK=1
+  cl2if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_CLUSTER=2
+  cl4if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_CLUSTER=4
+  cl2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_CLUSTER=2" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests"
 if step 4; then
   INFERX_GEMV_KERNEL=fp8=v5,int4=v5 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_qgemm" --gtest_color=no \

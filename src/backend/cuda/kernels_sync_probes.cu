@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "backend/cuda/bulk_copy.cuh"
+#include "backend/cuda/cluster_sync.cuh"
 #include "backend/cuda/decode_stack_ring.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -146,39 +147,6 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
 // the ordering a real barrier needs for the members' writes is left out - unless `writes` is set: then every
 // CTA stores a phase's outputs before each round (phase_writes) and the protocol is the real one: a member
 // fences at GPU scope (its stores visible to every CTA) before it arrives, a leader before its add.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// The shared::cluster address of `local` (this CTA's variable) in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t cluster_addr(const void* local, uint32_t rank) {
-  uint32_t out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(local)), "r"(rank));
-  return out;
-}
-__device__ __forceinline__ void remote_arrive(uint32_t cluster_address) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_address)
-               : "memory");
-}
-__device__ __forceinline__ void wait_cluster_phase(uint64_t* bar, uint32_t parity) {
-  const uint64_t start = gpu_ns();
-  for (;;) {
-    uint32_t done;
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-    if (done != 0) return;
-    if (gpu_ns() - start > kHangNs) __trap();
-  }
-}
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 __global__ void __launch_bounds__(stack::kThreads, 1)
     cluster_barrier_stream_probe_kernel(uint32_t* counter, int rounds, int cluster, const uint8_t* src,
                                         int64_t slice_bytes, int depth, bool leaders_stream,
