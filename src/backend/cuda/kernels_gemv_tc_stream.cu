@@ -136,8 +136,13 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int col = 8 * nt + g;
-    xon[nt] = kInt4 ? col % S == sub && col / S < p.m : col < p.m;
-    xrow[nt] = kInt4 ? min(col / S, p.m - 1) : col;
+    if constexpr (kInt4) {
+      xon[nt] = col % S == sub && col / S < p.m;
+      xrow[nt] = min(col / S, p.m - 1);
+    } else {
+      xon[nt] = col < p.m;
+      xrow[nt] = col;
+    }
   }
 
   // The lane's two weight rows of a tile (g, g + 8), at its 16 bytes of chunk 0; INT4: their rows of zero
