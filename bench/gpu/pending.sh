@@ -26,15 +26,17 @@
 #    weight-only test: step 1's test_cuda_backend), the quantized-model tests with v5 as the FP8 and INT4
 #    kernel (test_cuda_qgemm: the trained student's FP8 decode steps then use the prefill's W8A8 numerics),
 #    the FP8 and INT4 product chains (% of copy, v3 / v4 / v5), and batch 1 at 1k context: fp8:lm_head v4 vs
-#    v5 (4 and 2 chunks per batch, no staging), int4:lm_head v3 vs v5, 70B fp8:lm_head v4 vs v5. Predicted:
+#    v5 (4 and 2 chunks per batch, no staging, the cp.async ring of 3 / 4 batches), int4:lm_head v3 vs v5
+#    (and its ring), 70B fp8:lm_head v4 vs v5. Predicted:
 #    the 8B FP8 products from 72-88% of copy to BF16's 94-100% (TPOT 3.54 -> ~3.25 ms on an H100, 1.8x
 #    bf16); INT4's from ~68% (v3: a CTA per 16 rows, no staging) toward 85-90% (2.45 -> ~2.1 ms).
-# STEPS (default "1 2 3 4") picks the steps. The whole is more than one call's 10 minutes: run STEPS="1 2"
-# (~6 min), then STEPS=4 (~7 min), then STEPS=3 (~6 min), each a call on the warm machine.
+# STEPS (default "1 2 3 4 5") picks the steps. The whole is more than one call's 10 minutes: run STEPS="1 2"
+# (~6 min), then STEPS=4 (~4 min), STEPS=5 (~7 min: step 4's batch-1 figures), then STEPS=3 (~6 min), each a
+# call on the warm machine.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-STEPS=" ${STEPS:-1 2 3 4} "
+STEPS=" ${STEPS:-1 2 3 4 5} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 step 1 && for t in test_cuda_backend test_cuda_qgemm test_cuda_engine test_cuda_tensor_parallel; do
   INFERX_REQUIRE_GPU=1 timeout 280 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
@@ -59,11 +61,15 @@ if step 4; then
     INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES="$cases" timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
       grep -E " (v3|v4|v5)( |$)| v5 |copy|rror"
   done
+fi
+if step 5; then  # step 4's decode figures: batch 1 at 1k context, each variant a fresh process
   SKIP_ENGINE_TESTS=1 QUANTS="fp8:lm_head" VARIANTS="v4: v5:INFERX_GEMV_KERNEL=fp8=v5
     v5c2:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_CHUNKS=2 v5s0:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_SMEM_KB=0
+    v5r3:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_RING=3 v5r4:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_RING=4
     v4again:" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   SKIP_ENGINE_TESTS=1 QUANTS="int4:lm_head" VARIANTS="v3: v5:INFERX_GEMV_KERNEL=int4=v5
-    v5s0:INFERX_GEMV_KERNEL=int4=v5,INFERX_GEMV_V5_SMEM_KB=0" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+    v5s0:INFERX_GEMV_KERNEL=int4=v5,INFERX_GEMV_V5_SMEM_KB=0 v5r3:INFERX_GEMV_KERNEL=int4=v5,INFERX_GEMV_V5_RING=3
+    v5r4:INFERX_GEMV_KERNEL=int4=v5,INFERX_GEMV_V5_RING=4" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   for v in v4: v5:INFERX_GEMV_KERNEL=fp8=v5; do  # 70B FP8 (fits an 80 GB H100 with 1 GiB of KV)
     IFS=, read -r -a kv <<<"${v#*:}"
     env "${kv[@]}" timeout 200 "$C/inferx" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \

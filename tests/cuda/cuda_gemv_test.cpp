@@ -941,72 +941,75 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
                           {14336, 16, {1, 9}},
                           {4096, 8193, {1}}};
   uint32_t seed = 2100;
-  for (int chunks : {4, 2})
-    for (int smem_kb : {96, 0}) {
-      cuda::set_gemv_v5_shape(chunks, smem_kb);
-      for (const Variant& v : {kVariants[1], kVariants[2]})
-        for (const Shape& sh : shapes) {
-          if (sh.n == 8193 && (chunks != 4 || !v.per_channel)) continue;  // the long case once per staging
-          const HostWeight h = make_weight(v, sh.n, sh.k, ++seed);
-          for (int64_t m : sh.ms) {
-            const std::string what = v.name + " [v5] chunks=" + std::to_string(chunks) +
-                                     " smem=" + std::to_string(smem_kb) + " n=" + std::to_string(sh.n) +
-                                     " k=" + std::to_string(sh.k) + " m=" + std::to_string(m);
-            std::vector<float> x = randoms(static_cast<size_t>(m * sh.k), ++seed);
-            for (float& e : x) e = bf16_round(e);
-            const std::vector<float> bias = m % 2 == 1 ? randoms(size_t(sh.n), ++seed) : std::vector<float>{};
-            std::vector<double> mag;
-            const std::vector<double> want = w8a8_reference(h, x, m, bias, mag);
-            const Linear l = linear(h, bias);
-            Tensor tx = f32({m, sh.k}, x), out = f32({m, sh.n}, std::vector<float>(size_t(m * sh.n), NAN));
-            gpu_->matmul(tx, l, out);
-            expect_matches(read(out), want, mag, what, 1e-5);
-            if (sh.n < 48 || m != 1) continue;
-            // Three outputs cutting through tiles (and, for 8193 rows, through the 16 rows of one tile).
-            const int64_t parts[3] = {sh.n / 2 + 1, sh.n / 4 - 1, sh.n - (sh.n / 2 + 1) - (sh.n / 4 - 1)};
-            Tensor outs[3];
-            for (int i = 0; i < 3; ++i)
-              outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
-            Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
-            gpu_->matmul_split(tx, l, ptrs);
-            std::vector<float> joined;
-            for (int i = 0; i < 3; ++i) {
-              const std::vector<float> part = read(outs[i]);
-              joined.insert(joined.end(), part.begin(), part.end());
-            }
-            expect_matches(joined, want, mag, what + " split", 1e-5);
+  // {chunks per batch, staging KB, cp.async ring slots}: the register pipeline staged or not, with 4 or 2
+  // chunks, and the ring of 3 or 4 batches (4 chunks, no staging).
+  const int shapes_v5[][3] = {{4, 96, 0}, {2, 96, 0}, {4, 0, 0}, {2, 0, 0}, {4, 0, 3}, {4, 0, 4}};
+  for (const auto& [chunks, smem_kb, ring] : shapes_v5) {
+    cuda::set_gemv_v5_shape(chunks, smem_kb, ring);
+    for (const Variant& v : {kVariants[1], kVariants[2]})
+      for (const Shape& sh : shapes) {
+        if (sh.n == 8193 && (chunks != 4 || !v.per_channel)) continue;  // the long case once per plan
+        const HostWeight h = make_weight(v, sh.n, sh.k, ++seed);
+        for (int64_t m : sh.ms) {
+          const std::string what = v.name + " [v5] chunks=" + std::to_string(chunks) +
+                                   " smem=" + std::to_string(smem_kb) + " ring=" + std::to_string(ring) +
+                                   " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
+                                   " m=" + std::to_string(m);
+          std::vector<float> x = randoms(static_cast<size_t>(m * sh.k), ++seed);
+          for (float& e : x) e = bf16_round(e);
+          const std::vector<float> bias = m % 2 == 1 ? randoms(size_t(sh.n), ++seed) : std::vector<float>{};
+          std::vector<double> mag;
+          const std::vector<double> want = w8a8_reference(h, x, m, bias, mag);
+          const Linear l = linear(h, bias);
+          Tensor tx = f32({m, sh.k}, x), out = f32({m, sh.n}, std::vector<float>(size_t(m * sh.n), NAN));
+          gpu_->matmul(tx, l, out);
+          expect_matches(read(out), want, mag, what, 1e-5);
+          if (sh.n < 48 || m != 1) continue;
+          // Three outputs cutting through tiles (and, for 8193 rows, through the 16 rows of one tile).
+          const int64_t parts[3] = {sh.n / 2 + 1, sh.n / 4 - 1, sh.n - (sh.n / 2 + 1) - (sh.n / 4 - 1)};
+          Tensor outs[3];
+          for (int i = 0; i < 3; ++i)
+            outs[i] = f32({m, parts[i]}, std::vector<float>(size_t(m * parts[i]), NAN));
+          Tensor* ptrs[] = {&outs[0], &outs[1], &outs[2]};
+          gpu_->matmul_split(tx, l, ptrs);
+          std::vector<float> joined;
+          for (int i = 0; i < 3; ++i) {
+            const std::vector<float> part = read(outs[i]);
+            joined.insert(joined.end(), part.begin(), part.end());
           }
-          // The SiLU product of gate rows [0, f) over up rows [f, 2f): silu(g) * u of the W8A8 values.
-          if (sh.n == 8193) continue;
-          const int64_t f = sh.n;
-          const HostWeight hs = make_weight(v, 2 * f, sh.k, ++seed);
-          const Linear ls = linear(hs, {});
-          for (int64_t m : sh.ms) {
-            std::vector<float> x = randoms(static_cast<size_t>(m * sh.k), ++seed);
-            for (float& e : x) e = bf16_round(e);
-            std::vector<double> gmag;
-            const std::vector<double> gu = w8a8_reference(hs, x, m, {}, gmag);
-            Tensor tx = f32({m, sh.k}, x), act = f32({m, f}, std::vector<float>(size_t(m * f), NAN)),
-                   gate = f32({m, f}, std::vector<float>(size_t(m * f))),
-                   up = f32({m, f}, std::vector<float>(size_t(m * f)));
-            gpu_->matmul_silu_mul(tx, ls, gate, up, act);
-            const std::vector<float> got = read(act);
-            for (int64_t r = 0; r < m; ++r)
-              for (int64_t j = 0; j < f; ++j) {
-                const size_t gi = size_t(r * 2 * f + j), ui = size_t(r * 2 * f + f + j);
-                const double g = gu[gi], u = gu[ui], sg = g / (1 + std::exp(-g));
-                // Each sum within 1e-5 of its magnitude (SiLU's slope is at most 1.1), the fast SiLU a few
-                // ulp.
-                const double tol = (1e-5 * gmag[gi] + 1e-6) * 1.1 * std::fabs(u) +
-                                   (1e-5 * gmag[ui] + 1e-6) * std::fabs(sg) + 1e-5 * std::fabs(sg * u);
-                ASSERT_LE(std::fabs(got[size_t(r * f + j)] - sg * u), tol)
-                    << v.name << " [v5] silu chunks=" << chunks << " smem=" << smem_kb << " k=" << sh.k
-                    << " f=" << f << " m=" << m << " row " << r << " col " << j;
-              }
-          }
+          expect_matches(joined, want, mag, what + " split", 1e-5);
         }
-    }
-  cuda::set_gemv_v5_shape(0, -1);
+        // The SiLU product of gate rows [0, f) over up rows [f, 2f): silu(g) * u of the W8A8 values.
+        if (sh.n == 8193) continue;
+        const int64_t f = sh.n;
+        const HostWeight hs = make_weight(v, 2 * f, sh.k, ++seed);
+        const Linear ls = linear(hs, {});
+        for (int64_t m : sh.ms) {
+          std::vector<float> x = randoms(static_cast<size_t>(m * sh.k), ++seed);
+          for (float& e : x) e = bf16_round(e);
+          std::vector<double> gmag;
+          const std::vector<double> gu = w8a8_reference(hs, x, m, {}, gmag);
+          Tensor tx = f32({m, sh.k}, x), act = f32({m, f}, std::vector<float>(size_t(m * f), NAN)),
+                 gate = f32({m, f}, std::vector<float>(size_t(m * f))),
+                 up = f32({m, f}, std::vector<float>(size_t(m * f)));
+          gpu_->matmul_silu_mul(tx, ls, gate, up, act);
+          const std::vector<float> got = read(act);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t j = 0; j < f; ++j) {
+              const size_t gi = size_t(r * 2 * f + j), ui = size_t(r * 2 * f + f + j);
+              const double g = gu[gi], u = gu[ui], sg = g / (1 + std::exp(-g));
+              // Each sum within 1e-5 of its magnitude (SiLU's slope is at most 1.1), the fast SiLU a few
+              // ulp.
+              const double tol = (1e-5 * gmag[gi] + 1e-6) * 1.1 * std::fabs(u) +
+                                 (1e-5 * gmag[ui] + 1e-6) * std::fabs(sg) + 1e-5 * std::fabs(sg * u);
+              ASSERT_LE(std::fabs(got[size_t(r * f + j)] - sg * u), tol)
+                  << v.name << " [v5] silu chunks=" << chunks << " smem=" << smem_kb << " ring=" << ring
+                  << " k=" << sh.k << " f=" << f << " m=" << m << " row " << r << " col " << j;
+            }
+        }
+      }
+  }
+  cuda::set_gemv_v5_shape(0, -1, -1);
   // Not whole 64-column chunks: declined, so the product runs on the measured kernel (weight-only, BF16 x).
   const HostWeight h = make_weight(kVariants[2], 37, 272, ++seed);
   std::vector<float> x = randoms(272, ++seed);
@@ -1026,12 +1029,15 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
 TEST_F(CudaGemvTest, TcStreamKernelReadsInt4LikeV3) {
   const KernelScope scope(DType::INT4, GemvKernel::V5);
   uint32_t seed = 2600;
-  for (int smem_kb : {96, 0}) {
-    cuda::set_gemv_v5_shape(0, smem_kb);
+  // {staging KB, cp.async ring slots}: the register pipeline staged or not, the ring of 3 or 4 batches.
+  const int plans[][2] = {{96, 0}, {0, 0}, {0, 3}, {0, 4}};
+  for (const auto& [smem_kb, ring] : plans) {
+    cuda::set_gemv_v5_shape(0, smem_kb, ring);
     for (const Variant& v : kStreamInt4Variants) {
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 8448}, {1001, 384}}) {
         const std::string what = v.name + " [v5] smem=" + std::to_string(smem_kb) +
-                                 " n=" + std::to_string(n) + " k=" + std::to_string(k);
+                                 " ring=" + std::to_string(ring) + " n=" + std::to_string(n) +
+                                 " k=" + std::to_string(k);
         const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * n, k, ++seed);
         const Linear l = linear(h, {}), ls = linear(hs, {});
         std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
@@ -1050,7 +1056,7 @@ TEST_F(CudaGemvTest, TcStreamKernelReadsInt4LikeV3) {
       }
     }
   }
-  cuda::set_gemv_v5_shape(0, -1);
+  cuda::set_gemv_v5_shape(0, -1, -1);
 }
 
 TEST_F(CudaGemvTest, FormatsWithoutKernelsAreRefused) {

@@ -112,9 +112,11 @@ int gemv_v4_staged_batches(int64_t ctas, int sms, int rows_per_warp, int loads, 
 size_t gemv_v4_smem_bytes(int rows_per_warp, int loads, int batches);
 
 // v5's 64-byte chunks per row and batch for FP8 (2 or 4: 4 or 8 16-byte loads per lane; 0:
-// INFERX_GEMV_V5_CHUNKS, default 4; INT4 always 2) and its staging budget per SM in KB (0: off; -1:
-// INFERX_GEMV_V5_SMEM_KB, default 96).
-void set_gemv_v5_shape(int chunks, int smem_kb);
+// INFERX_GEMV_V5_CHUNKS, default 4; INT4 always 2), its staging budget per SM in KB (0: off; -1:
+// INFERX_GEMV_V5_SMEM_KB, default 96), and its cp.async ring (3 or 4 batches per warp in shared memory
+// instead of a second batch of registers, 4 chunks per batch for both formats, no staging; 0: off; -1:
+// INFERX_GEMV_V5_RING, default 0).
+void set_gemv_v5_shape(int chunks, int smem_kb, int ring = -1);
 
 // Whether the kernels take this format with k input columns (and, INT4, group size); the caller also
 // checks alignment with gemv_aligned.

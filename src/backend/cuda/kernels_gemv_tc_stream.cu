@@ -50,7 +50,21 @@ struct V5Layout {
   int x_off = 0;      // FP8: codes [m][x_stride]
   int xs_off = 0;     // FP8: activation scales [16] floats
   int stage_off = 0;  // [kV5Warps][16 rows][stage_row]
+  int ring = 0;       // kRing: slots per warp (3 or 4)
+  int ring_off = 0;   // kRing: [kV5Warps][ring][2 rows][U][kWarp lanes][16 bytes]
 };
+
+// The cp.async ring (kRing): a lane copies its own granules (16 bytes each, L2 only) into its own slots and
+// later reads them back, so the copies need no barrier and no mbarrier - each thread waits for its own
+// groups.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem_dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const tcs::Operands& o) {
   asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -106,7 +120,10 @@ struct V5Batch {
 
 // S: 0 for FP8 (W8A8), else INT4 with S group subsets per 128-column chunk. U: chunks per row and batch
 // (2U 16-byte weight loads per lane). NT: n-tiles of 8 B columns (FP8: activation rows; INT4: rows x S).
-template <int S, int U, int NT, bool kSilu>
+// kRing: the weights stream through a cp.async ring of L.ring batches per warp in shared memory instead of
+// a second batch of registers, so the bytes in flight are not bounded by the registers (L.ring - 1 batches
+// ahead; no staging, the ring's first batches are issued before the PDL wait).
+template <int S, int U, int NT, bool kSilu, bool kRing>
 __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const GemvParams p, const V5Layout L) {
   constexpr bool kInt4 = S > 0;
   constexpr int kCS = V5Batch<S, U>::kCS;
@@ -367,6 +384,107 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
     return more;
   };
 
+  if constexpr (kRing) {
+    const int depth = L.ring;  // 3 or 4
+    uint8_t* const ring = smem + L.ring_off + static_cast<int64_t>(wib) * depth * U * 2 * kWarp * 16;
+    auto slot_at = [&](int slot, int r, int u) {
+      return ring + ((static_cast<int64_t>(slot) * 2 + r) * U + u) * kWarp * 16 + lane * 16;
+    };
+    // The issuing cursor runs depth - 1 batches ahead of the consuming one over the same sequence; a
+    // commit without copies (past the last batch) keeps every thread's group count in step.
+    int64_t an = n;
+    int ab = b_lo, issued = 0;
+    auto issue = [&] {
+      if (an < L.tiles) {
+        const int slot = issued % depth;
+        const uint8_t* lo =
+            p.w + tcs::tile_row(an, g, p.rows, p.f, kSilu) * p.row_bytes + tcs::granule_offset(0, t);
+        const uint8_t* hi =
+            p.w + tcs::tile_row(an, g + 8, p.rows, p.f, kSilu) * p.row_bytes + tcs::granule_offset(0, t);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t c = static_cast<int64_t>(ab) * U + u;
+          if (c < chunks) {
+            cp_async16(slot_at(slot, 0, u), lo + c * tcs::kChunkBytes);
+            cp_async16(slot_at(slot, 1, u), hi + c * tcs::kChunkBytes);
+          }
+        }
+        if (++ab == b_hi) {
+          ab = b_lo;
+          an += slots;
+        }
+      }
+      cp_async_commit();
+      ++issued;
+    };
+    if (active)
+      for (int i = 0; i < depth - 1; ++i) issue();
+    pdl_wait();  // the ring's first batches are in flight
+    if (!active) pdl_launch_dependents();
+    if constexpr (!kInt4) {
+      quantize_x(p, smem + L.x_off, L.x_stride, xs, scratch);
+      __syncthreads();
+    }
+    if (!active) return;
+    Batch cur = {}, ext = {};  // ext: INT4's group scales and zero points of the next batch
+    set_rows(n);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (static_cast<int64_t>(b) * U + u < chunks) load_groups(static_cast<int64_t>(b) * U + u, u, ext);
+    for (int consumed = 0;; ++consumed) {
+      if (depth == 3)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<2>();
+      const int slot = consumed % depth;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (static_cast<int64_t>(b) * U + u < chunks) {
+          cur.w[0][u] = *reinterpret_cast<const uint4*>(slot_at(slot, 0, u));
+          cur.w[1][u] = *reinterpret_cast<const uint4*>(slot_at(slot, 1, u));
+        }
+      }
+      if constexpr (kInt4) {
+#pragma unroll
+        for (int u = 0; u < Batch::kN; ++u) {
+          cur.zz[u][0] = ext.zz[u][0];
+          cur.zz[u][1] = ext.zz[u][1];
+#pragma unroll
+          for (int h = 0; h < kCS; ++h) {
+            cur.gs[u][0][h] = ext.gs[u][0][h];
+            cur.gs[u][1][h] = ext.gs[u][1][h];
+          }
+        }
+      }
+      issue();  // into the slot read one round ago
+      int next_b = b + 1;
+      int64_t next_n = n;
+      if (next_b == b_hi) {
+        next_b = b_lo;
+        next_n = n + slots;
+      }
+      const bool more = next_n < L.tiles;
+      if (more) {
+        if constexpr (kInt4) {
+          if (next_n != n) set_rows(next_n);
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            if (static_cast<int64_t>(next_b) * U + u < chunks)
+              load_groups(static_cast<int64_t>(next_b) * U + u, u, ext);
+        }
+      } else {
+        pdl_launch_dependents();  // after the weight stream (kernels_gemv.cu)
+      }
+      multiply(cur, b);
+      if (next_n != n) finish(n);
+      n = next_n;
+      b = next_b;
+      if (!more) break;
+    }
+    cp_async_wait<0>();  // no copy outlives the CTA's shared memory
+    return;
+  }
+
   Batch a = {}, c = {};
   if (active) set_rows(n);
   const bool staged = active && L.pf > 0;
@@ -406,7 +524,15 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
 // Chunks per row and batch (2 or 4: 4 or 8 loads per lane) and the staging budget per SM in KB:
 // set_gemv_v5_shape, else INFERX_GEMV_V5_CHUNKS (default 4) / INFERX_GEMV_V5_SMEM_KB (default 96, v4's), read
 // once. Both unmeasured defaults (v4's 8 loads per lane from 8 KB rows, its 96 KB).
-std::atomic<int> g_v5_chunks{0}, g_v5_smem_kb{-1};
+// And the cp.async ring's slots per warp (0: off, the register pipeline; 3 or 4): set_gemv_v5_shape's ring,
+// else INFERX_GEMV_V5_RING (default 0).
+std::atomic<int> g_v5_chunks{0}, g_v5_smem_kb{-1}, g_v5_ring{-1};
+int v5_ring() {
+  static const int env = env_int("INFERX_GEMV_V5_RING", 0, 4, 0);
+  const int o = g_v5_ring.load(std::memory_order_relaxed);
+  const int v = o >= 0 ? o : env;
+  return v == 3 || v == 4 ? v : 0;
+}
 int v5_chunks() {
   static const int env = env_int("INFERX_GEMV_V5_CHUNKS", 2, 4, 4);
   const int o = g_v5_chunks.load(std::memory_order_relaxed);
@@ -418,9 +544,9 @@ int v5_smem_kb() {
   return o >= 0 ? o : env;
 }
 
-template <int S, int U, int NT, bool kSilu>
+template <int S, int U, int NT, bool kSilu, bool kRing>
 cudaError_t launch_tc_stream(const GemvParams& p, cudaStream_t stream) {
-  const auto kernel = gemv_tc_stream_kernel<S, U, NT, kSilu>;
+  const auto kernel = gemv_tc_stream_kernel<S, U, NT, kSilu, kRing>;
   static std::atomic<int> fit{0};  // CTAs per SM by registers (the same on every Hopper part)
   int by_regs = fit.load(std::memory_order_relaxed);
   if (by_regs == 0) {
@@ -442,16 +568,22 @@ cudaError_t launch_tc_stream(const GemvParams& p, cudaStream_t stream) {
   L.xs_off = static_cast<int>(up(L.x_off + int64_t{p.m} * L.x_stride, 16));
   L.stage_off = static_cast<int>(up(L.xs_off + tcs::kMaxTokens * 4, 128));
   const int64_t static_bytes = kWarp * 4;  // scratch
+  // The ring (kRing) takes the staging's place: ring slots x 2 rows x U granules per lane.
+  L.ring = kRing ? v5_ring() : 0;
+  L.ring_off = L.stage_off;
+  const int64_t ring_bytes = int64_t{kV5Warps} * L.ring * 2 * U * kWarp * 16;
   // CTAs per SM: by registers, and by shared memory without staging; the staging then shares the budget.
-  int per_sm =
-      static_cast<int>(std::min<int64_t>(by_regs, sm_bytes / (L.stage_off + static_bytes + reserved)));
+  int per_sm = static_cast<int>(
+      std::min<int64_t>(by_regs, sm_bytes / (L.stage_off + ring_bytes + static_bytes + reserved)));
   if (per_sm < 1) return cudaErrorNotSupported;
   L.ks = tcs::ksplit_for(L.tiles, batches, int64_t{sms} * per_sm * kV5Warps, kV5Warps);
-  const int64_t room = std::min<int64_t>(int64_t{v5_smem_kb()} * 1024 / per_sm,
-                                         sm_bytes / per_sm - L.stage_off - static_bytes - reserved);
-  L.pf = tcs::staged_batches(room / kV5Warps, batches, L.ks, U);
-  L.stage_row = L.pf > 0 ? static_cast<int>(tcs::stage_row_bytes(L.pf, U)) : 0;
-  const int64_t smem = L.stage_off + int64_t{kV5Warps} * tcs::kTileRows * L.stage_row;
+  if constexpr (!kRing) {
+    const int64_t room = std::min<int64_t>(int64_t{v5_smem_kb()} * 1024 / per_sm,
+                                           sm_bytes / per_sm - L.stage_off - static_bytes - reserved);
+    L.pf = tcs::staged_batches(room / kV5Warps, batches, L.ks, U);
+    L.stage_row = L.pf > 0 ? static_cast<int>(tcs::stage_row_bytes(L.pf, U)) : 0;
+  }
+  const int64_t smem = L.stage_off + int64_t{kV5Warps} * tcs::kTileRows * L.stage_row + ring_bytes;
   if (smem > 48 * 1024) {
     // The opt-in above 48 KB: a function attribute of the current device, once per device and instance.
     static std::atomic<uint32_t> opted{0};
@@ -474,16 +606,23 @@ cudaError_t launch_tc_stream(const GemvParams& p, cudaStream_t stream) {
 // buffers, group scales and zero points spill at the 128 registers of two CTAs per SM (ptxas: 400-1100 bytes
 // of spills per thread) - so INT4 keeps 2 KB per warp in flight in registers (32 KB per SM), which may be
 // short of an H200's bandwidth-latency product; a cp.async ring in shared memory would lift that bound.
+// With the ring (v5_ring()), 4 chunks per batch for both formats: the batch ahead lives in shared memory.
 template <int S, bool kSilu>
 cudaError_t launch_tc_stream_of(const GemvParams& p, cudaStream_t stream) {
   const bool two = p.m * (S > 0 ? S : 1) > tcs::kTokens;
+  if (v5_ring() != 0)
+    return two ? launch_tc_stream<S, 4, 2, kSilu, true>(p, stream)
+               : launch_tc_stream<S, 4, 1, kSilu, true>(p, stream);
   if constexpr (S > 0) {
-    return two ? launch_tc_stream<S, 2, 2, kSilu>(p, stream) : launch_tc_stream<S, 2, 1, kSilu>(p, stream);
+    return two ? launch_tc_stream<S, 2, 2, kSilu, false>(p, stream)
+               : launch_tc_stream<S, 2, 1, kSilu, false>(p, stream);
   } else {
     const bool c2 = v5_chunks() == 2;
     if (two)
-      return c2 ? launch_tc_stream<S, 2, 2, kSilu>(p, stream) : launch_tc_stream<S, 4, 2, kSilu>(p, stream);
-    return c2 ? launch_tc_stream<S, 2, 1, kSilu>(p, stream) : launch_tc_stream<S, 4, 1, kSilu>(p, stream);
+      return c2 ? launch_tc_stream<S, 2, 2, kSilu, false>(p, stream)
+                : launch_tc_stream<S, 4, 2, kSilu, false>(p, stream);
+    return c2 ? launch_tc_stream<S, 2, 1, kSilu, false>(p, stream)
+              : launch_tc_stream<S, 4, 1, kSilu, false>(p, stream);
   }
 }
 
@@ -515,9 +654,10 @@ template cudaError_t launch_v5<2>(DType, const GemvParams&, cudaStream_t);
 
 namespace inferx::cuda {
 
-void set_gemv_v5_shape(int chunks, int smem_kb) {
+void set_gemv_v5_shape(int chunks, int smem_kb, int ring) {
   gemv_impl::g_v5_chunks.store(chunks, std::memory_order_relaxed);
   gemv_impl::g_v5_smem_kb.store(smem_kb, std::memory_order_relaxed);
+  gemv_impl::g_v5_ring.store(ring, std::memory_order_relaxed);
 }
 
 }  // namespace inferx::cuda
