@@ -1153,7 +1153,8 @@ void bench_grid_barrier(Bench& b, int reps) {
     return bytes / s / 1e9;
   };
   // "+ writes": each CTA stores 64 floats before every round (a phase's outputs), so the release waits for
-  // their acknowledgements, and the cluster barrier runs its real protocol (fences before arriving / adding).
+  // their acknowledgements, and the cluster barrier runs the persistent kernel's protocol (every CTA fences
+  // before it arrives).
   b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * 64 * sizeof(float)));
   auto* writes = static_cast<float*>(b.keep.back()->data());
   constexpr int kStreamRounds = 2000;

@@ -184,8 +184,8 @@ cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas,
 // The same with a two-level barrier over clusters of `cluster` CTAs (2..8; members signal their leader and
 // are released through distributed shared memory, leaders meet on the global counter); leaders_stream false:
 // the leaders' producers do not stream. *ctas receives the grid (whole clusters that fit at once); src must
-// hold that many slices (the SM count's worth is enough). writes: as above, with the real protocol's fences
-// (a member's before it arrives, a leader's before its add).
+// hold that many slices (the SM count's worth is enough). writes: as above, with the persistent kernel's
+// fences (every CTA's before it arrives on the gather).
 cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, int cluster, const void* src,
                                                 int64_t slice_bytes, int depth, bool leaders_stream,
                                                 unsigned long long* streamed, float* writes, int* ctas,

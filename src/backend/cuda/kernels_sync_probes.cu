@@ -145,8 +145,9 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
 // the global round trip; with leaders_stream false the leaders' producers do not stream (the question: is
 // a leader's poll fast when its own SM has nothing in flight?). Timing only: the probe carries no data, so
 // the ordering a real barrier needs for the members' writes is left out - unless `writes` is set: then every
-// CTA stores a phase's outputs before each round (phase_writes) and the protocol is the real one: a member
-// fences at GPU scope (its stores visible to every CTA) before it arrives, a leader before its add.
+// CTA stores a phase's outputs before each round (phase_writes) and the protocol is the persistent kernel's
+// (stack::cluster_grid_barrier): every CTA, leader included, fences at GPU scope (its stores visible to every
+// CTA) before it arrives on the gather, so the leader's release add needs no fence of its own.
 __global__ void __launch_bounds__(stack::kThreads, 1)
     cluster_barrier_stream_probe_kernel(uint32_t* counter, int rounds, int cluster, const uint8_t* src,
                                         int64_t slice_bytes, int depth, bool leaders_stream,
@@ -176,7 +177,6 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
         remote_arrive(leader_gather);
         if (rank == 0) {
           wait_cluster_phase(&gather, (r - 1) & 1);
-          if (writes != nullptr) __threadfence();  // the members' stores, acquired through the gather
           asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
           const uint64_t start = gpu_ns();
           uint32_t seen = 0;
