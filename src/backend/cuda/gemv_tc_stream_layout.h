@@ -19,6 +19,7 @@
 // 8s + 7 as columns 16 + 4t .. 16 + 4t + 3, for A (a0 / a2 from row g, a1 / a3 from row g + 8) and B (b0 /
 // b1, column g) alike, so the products pair each weight with its own activation and every column of the
 // chunk is taken once: the dot product's order changes, not its terms.
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -116,6 +117,78 @@ inline int staged_batches(int64_t per_warp_bytes, int64_t batches, int ks, int c
   int b = 0;
   while (b < most && kTileRows * stage_row_bytes(b + 1, chunks_per_batch) <= per_warp_bytes) ++b;
   return b;
+}
+
+// ---- the launch plan (host): where a CTA's pieces sit in dynamic shared memory, its split and staging -----
+constexpr int kWarps = 8;                 // warps per CTA
+constexpr int kBarBytes = 128;            // one mbarrier per warp (the staging)
+constexpr int64_t kMaxXBytes = 96 << 10;  // FP8 x's codes in shared memory: m * (k + 16) bytes at most
+constexpr int64_t kStaticBytes = 32 * 4;  // the kernel's static shared memory (its block reduction's scratch)
+constexpr int64_t kMaxCtaSmem = 227 * 1024;  // opt-in shared memory per CTA on sm_90
+
+struct Layout {
+  int64_t tiles = 0;
+  int ks = 1;         // warps sharing a tile (K split)
+  int pf = 0;         // staged batches of each warp's first tile (0: none)
+  int stage_row = 0;  // bytes per staged row (stage_row_bytes)
+  int x_stride = 0;   // FP8: bytes per activation row of codes, k + 16 (conflict-free reads of 8 rows)
+  int sums_off = 0;   // K split: [2 parities][kWarps][4 NT][32 lanes] floats
+  int x_off = 0;      // FP8: codes [m][x_stride]
+  int xs_off = 0;     // FP8: activation scales [kMaxTokens] floats
+  int stage_off = 0;  // [kWarps][16 rows][stage_row]
+  int ring = 0;       // cp.async ring: slots per warp (3 or 4; 0: none)
+  int ring_off = 0;   // [kWarps][ring][2 rows][U][32 lanes][16 bytes]
+};
+struct Plan {
+  Layout layout;
+  int per_sm = 0;    // CTAs per SM (0: the launch does not fit)
+  int64_t smem = 0;  // dynamic shared memory per CTA
+  int64_t ctas = 0;  // the grid: one wave, at most one CTA per tile
+};
+struct PlanInput {
+  int64_t rows = 0, f = 0;  // plain: rows; SiLU: f (gate rows over up rows)
+  bool silu = false;
+  int64_t row_bytes = 0;  // a whole number of chunks
+  int64_t k = 0;          // columns (FP8: x's codes per activation row)
+  int m = 1;              // activation rows
+  bool fp8 = true;        // x quantized into shared memory (FP8), else read from L1 (INT4)
+  int nt = 1, u = 4;      // n-tiles, chunks per batch
+  int ring = 0;           // 0, 3, 4
+  int staging_kb = 96;    // staging budget per SM (register pipeline only)
+  int by_regs = 2;        // CTAs per SM the registers allow
+  int sms = 132, sm_bytes = 228 * 1024, reserved = 1024;
+};
+inline Plan plan_launch(const PlanInput& in) {
+  Plan pl;
+  Layout& L = pl.layout;
+  L.tiles = tile_count(in.rows, in.f, in.silu);
+  const int64_t chunks = in.row_bytes / kChunkBytes, batches = (chunks + in.u - 1) / in.u;
+  auto up = [](int64_t v, int64_t a) { return (v + a - 1) / a * a; };
+  L.sums_off = kBarBytes;
+  L.x_stride = in.fp8 ? static_cast<int>(in.k + 16) : 0;
+  L.x_off = static_cast<int>(up(L.sums_off + int64_t{2} * kWarps * 4 * in.nt * 32 * 4, 16));
+  L.xs_off = static_cast<int>(up(L.x_off + int64_t{in.m} * L.x_stride, 16));
+  L.stage_off = static_cast<int>(up(L.xs_off + kMaxTokens * 4, 128));
+  // The ring takes the staging's place: ring slots x 2 rows x U granules per lane.
+  L.ring = in.ring;
+  L.ring_off = L.stage_off;
+  const int64_t ring_bytes = int64_t{kWarps} * L.ring * 2 * in.u * 32 * 16;
+  // CTAs per SM: by registers, and by shared memory without staging; the staging then shares the budget.
+  const int64_t fixed = L.stage_off + ring_bytes;
+  if (fixed + kStaticBytes > kMaxCtaSmem) return pl;
+  pl.per_sm =
+      static_cast<int>(std::min<int64_t>(in.by_regs, in.sm_bytes / (fixed + kStaticBytes + in.reserved)));
+  if (pl.per_sm < 1) return pl;
+  L.ks = ksplit_for(L.tiles, batches, int64_t{in.sms} * pl.per_sm * kWarps, kWarps);
+  if (in.ring == 0) {
+    const int64_t room = std::min<int64_t>(int64_t{in.staging_kb} * 1024 / pl.per_sm,
+                                           in.sm_bytes / pl.per_sm - fixed - kStaticBytes - in.reserved);
+    L.pf = staged_batches(room / kWarps, batches, L.ks, in.u);
+    L.stage_row = L.pf > 0 ? static_cast<int>(stage_row_bytes(L.pf, in.u)) : 0;
+  }
+  pl.smem = fixed + int64_t{kWarps} * kTileRows * L.stage_row;
+  pl.ctas = std::min<int64_t>(int64_t{in.sms} * pl.per_sm, L.tiles);
+  return pl;
 }
 
 }  // namespace inferx::cuda::tcs

@@ -24,8 +24,8 @@
 //     the running sums, so that a tensor-core sum covers at most one chunk (the FP8 tensor-core
 //     accumulation is narrower than F32 on Hopper).
 // Not taken (cudaErrorNotSupported, nothing launched): other formats, the norm fusion, rows not whole
-// 64-byte chunks, more activation rows than 16 (INT4: 16 / S), unaligned pointers, or FP8 x codes larger than
-// kMaxXBytes.
+// 64-byte chunks, more activation rows than 16 (INT4: 16 / S), unaligned pointers, FP8 x codes larger than
+// tcs::kMaxXBytes, or a plan whose shared memory does not fit (tcs::plan_launch).
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/gemv_tc_stream_layout.h"
 #include "backend/cuda/kernels_gemv_impl.cuh"
@@ -34,25 +34,10 @@
 namespace inferx::cuda::gemv_impl {
 namespace {
 
-constexpr int kV5Warps = 8;
+constexpr int kV5Warps = tcs::kWarps;
 constexpr int kV5Threads = kV5Warps * kWarp;
-constexpr int kV5BarBytes = 128;          // one mbarrier per warp (the staging)
-constexpr int64_t kMaxXBytes = 96 << 10;  // FP8 x's codes in shared memory: m * (k + 16) bytes at most
-
-// Where a launch's pieces sit in dynamic shared memory, and its plan.
-struct V5Layout {
-  int64_t tiles = 0;
-  int ks = 1;         // warps sharing a tile (K split)
-  int pf = 0;         // staged batches of each warp's first tile (0: none)
-  int stage_row = 0;  // bytes per staged row (tcs::stage_row_bytes)
-  int x_stride = 0;   // FP8: bytes per activation row of codes, k + 16 (conflict-free reads of 8 rows)
-  int sums_off = 0;   // K split: [2 parities][kV5Warps][4 NT][kWarp] floats
-  int x_off = 0;      // FP8: codes [m][x_stride]
-  int xs_off = 0;     // FP8: activation scales [16] floats
-  int stage_off = 0;  // [kV5Warps][16 rows][stage_row]
-  int ring = 0;       // kRing: slots per warp (3 or 4)
-  int ring_off = 0;   // kRing: [kV5Warps][ring][2 rows][U][kWarp lanes][16 bytes]
-};
+using V5Layout = tcs::Layout;
+static_assert(tcs::kStaticBytes == kWarp * sizeof(float), "the plan counts the kernel's static scratch");
 
 // The cp.async ring (kRing): a lane copies its own granules (16 bytes each, L2 only) into its own slots and
 // later reads them back, so the copies need no barrier and no mbarrier - each thread waits for its own
@@ -558,32 +543,26 @@ cudaError_t launch_tc_stream(const GemvParams& p, cudaStream_t stream) {
   int sms = 0, sm_bytes = 0, reserved = 0;
   if (const cudaError_t st = device_sms(sms); st != cudaSuccess) return st;
   if (const cudaError_t st = device_smem(sm_bytes, reserved); st != cudaSuccess) return st;
-  V5Layout L;
-  L.tiles = tcs::tile_count(p.rows, p.f, kSilu);
-  const int64_t chunks = p.row_bytes / tcs::kChunkBytes, batches = (chunks + U - 1) / U;
-  auto up = [](int64_t v, int64_t a) { return (v + a - 1) / a * a; };
-  L.sums_off = kV5BarBytes;
-  L.x_stride = S == 0 ? static_cast<int>(p.k + 16) : 0;  // INT4 reads x from L1
-  L.x_off = static_cast<int>(up(L.sums_off + int64_t{2} * kV5Warps * 4 * NT * kWarp * 4, 16));
-  L.xs_off = static_cast<int>(up(L.x_off + int64_t{p.m} * L.x_stride, 16));
-  L.stage_off = static_cast<int>(up(L.xs_off + tcs::kMaxTokens * 4, 128));
-  const int64_t static_bytes = kWarp * 4;  // scratch
-  // The ring (kRing) takes the staging's place: ring slots x 2 rows x U granules per lane.
-  L.ring = kRing ? v5_ring() : 0;
-  L.ring_off = L.stage_off;
-  const int64_t ring_bytes = int64_t{kV5Warps} * L.ring * 2 * U * kWarp * 16;
-  // CTAs per SM: by registers, and by shared memory without staging; the staging then shares the budget.
-  int per_sm = static_cast<int>(
-      std::min<int64_t>(by_regs, sm_bytes / (L.stage_off + ring_bytes + static_bytes + reserved)));
-  if (per_sm < 1) return cudaErrorNotSupported;
-  L.ks = tcs::ksplit_for(L.tiles, batches, int64_t{sms} * per_sm * kV5Warps, kV5Warps);
-  if constexpr (!kRing) {
-    const int64_t room = std::min<int64_t>(int64_t{v5_smem_kb()} * 1024 / per_sm,
-                                           sm_bytes / per_sm - L.stage_off - static_bytes - reserved);
-    L.pf = tcs::staged_batches(room / kV5Warps, batches, L.ks, U);
-    L.stage_row = L.pf > 0 ? static_cast<int>(tcs::stage_row_bytes(L.pf, U)) : 0;
-  }
-  const int64_t smem = L.stage_off + int64_t{kV5Warps} * tcs::kTileRows * L.stage_row + ring_bytes;
+  tcs::PlanInput in;
+  in.rows = p.rows;
+  in.f = p.f;
+  in.silu = kSilu;
+  in.row_bytes = p.row_bytes;
+  in.k = p.k;
+  in.m = p.m;
+  in.fp8 = S == 0;
+  in.nt = NT;
+  in.u = U;
+  in.ring = kRing ? v5_ring() : 0;
+  in.staging_kb = v5_smem_kb();
+  in.by_regs = by_regs;
+  in.sms = sms;
+  in.sm_bytes = sm_bytes;
+  in.reserved = reserved;
+  const tcs::Plan plan = tcs::plan_launch(in);
+  if (plan.per_sm < 1) return cudaErrorNotSupported;
+  const V5Layout& L = plan.layout;
+  const int64_t smem = plan.smem;
   if (smem > 48 * 1024) {
     // The opt-in above 48 KB: a function attribute of the current device, once per device and instance.
     static std::atomic<uint32_t> opted{0};
@@ -592,14 +571,13 @@ cudaError_t launch_tc_stream(const GemvParams& p, cudaStream_t stream) {
     const uint32_t bit = device < 32 ? 1u << device : 0u;
     if (bit == 0 || (opted.load(std::memory_order_relaxed) & bit) == 0) {
       const cudaError_t st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  227 * 1024 - static_cast<int>(static_bytes));
+                                                  static_cast<int>(tcs::kMaxCtaSmem - tcs::kStaticBytes));
       if (st != cudaSuccess) return st;
       opted.fetch_or(bit, std::memory_order_relaxed);
     }
   }
-  const int64_t ctas = std::min<int64_t>(int64_t{sms} * per_sm, L.tiles);
-  return launch_pdl(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kV5Threads), static_cast<size_t>(smem),
-                    stream, p, L);
+  return launch_pdl(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(kV5Threads),
+                    static_cast<size_t>(smem), stream, p, L);
 }
 
 // NT n-tiles of B columns (activation rows x S). U: FP8 from v5_chunks(); INT4 2, because with 4 its batch
@@ -635,7 +613,7 @@ cudaError_t launch_v5(DType dtype, const GemvParams& p, cudaStream_t stream) {
       p.row_bytes % tcs::kChunkBytes != 0 || p.m < 1 || !is_aligned(p.w, 16) || !is_aligned(p.x, 16))
     return cudaErrorNotSupported;
   if (dtype == DType::F8_E4M3) {
-    if (p.m > tcs::kMaxTokens || p.m * (p.k + 16) > kMaxXBytes) return cudaErrorNotSupported;
+    if (p.m > tcs::kMaxTokens || p.m * (p.k + 16) > tcs::kMaxXBytes) return cudaErrorNotSupported;
     return launch_tc_stream_of<0, kSilu>(p, stream);
   }
   if (dtype == DType::INT4) {
