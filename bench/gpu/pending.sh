@@ -21,7 +21,8 @@
 #    12-05 late, never run; its tests are in step 1's test_cuda_engine): worth it if step 2's "+ writes"
 #    cluster rows stay well under the plain barrier's under a stream.
 # 4. GEMV v5 (kernels_gemv_tc_stream.cu, 12-05 evening; never run): v3's tensor-core products on v4's
-#    streaming plan; FP8 as W8A8 on E4M3 tensor cores, INT4 as v3. Its kernel tests
+#    streaming plan; BF16, FP8 as W8A8 on E4M3 tensor cores, INT4 as v3 (bf16 also with its down projection
+#    on v5 instead of cuBLASLt: INFERX_GEMV_LONG_K=gemv). Its kernel tests
 #    (CudaGemvTest.W8a8KernelMatchesQuantizedReference, .TcStreamKernelReadsInt4LikeV3, and v5 on INT4 in every
 #    weight-only test: step 1's test_cuda_backend), the quantized-model tests with v5 as the FP8 and INT4
 #    kernel (test_cuda_qgemm: the trained student's FP8 decode steps then use the prefill's W8A8 numerics),
@@ -57,12 +58,14 @@ if step 4; then
     >"$OUT/qgemm_v5.log" 2>&1
   echo "test_cuda_qgemm fp8=v5,int4=v5: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/qgemm_v5.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|stories-hd128' "$OUT/qgemm_v5.log" | head -20
-  for cases in fp8 int4; do
+  for cases in fp8 int4 bf16; do
     INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES="$cases" timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
       grep -E " (v3|v4|v5)( |$)| v5 |copy|rror"
   done
 fi
 if step 5; then  # step 4's decode figures: batch 1 at 1k context, each variant a fresh process
+  SKIP_ENGINE_TESTS=1 QUANTS="bf16" VARIANTS="v4: v5:INFERX_GEMV_KERNEL=bf16=v5
+    v5down:INFERX_GEMV_KERNEL=bf16=v5,INFERX_GEMV_LONG_K=gemv" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   SKIP_ENGINE_TESTS=1 QUANTS="fp8:lm_head" VARIANTS="v4: v5:INFERX_GEMV_KERNEL=fp8=v5
     v5c2:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_CHUNKS=2 v5s0:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_SMEM_KB=0
     v5r3:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_RING=3 v5r4:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_RING=4

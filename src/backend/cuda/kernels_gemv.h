@@ -10,10 +10,10 @@
 // formats), v2 (8 columns per lane and step, kernels_gemv_decode.h; FP8, INT4, Q8_0, Q4_K), v3 (the
 // dot products on tensor cores, weights decoded to BF16; BF16, FP8, INT4), v4 (persistent warps
 // streaming rows, one activation row; BF16, FP8, INT4) and v5 (v3's tensor-core products on v4's
-// streaming plan; FP8 as W8A8 on E4M3 tensor cores, INT4; opt-in until measured). Each format runs on the
-// fastest measured one unless set_gemv_kernel or INFERX_GEMV_KERNEL (read once: "v1", "int4=v4,fp8=v1", ...)
-// says otherwise; v2 gives a warp two rows from INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never). Rows of x
-// beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each). Pointers are device
+// streaming plan; BF16, FP8 as W8A8 on E4M3 tensor cores, INT4; opt-in until measured). Each format runs on
+// the fastest measured one unless set_gemv_kernel or INFERX_GEMV_KERNEL (read once: "v1", "int4=v4,fp8=v1",
+// ...) says otherwise; v2 gives a warp two rows from INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never). Rows
+// of x beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each). Pointers are device
 // pointers; x is [m, k] contiguous BF16 (launch_gemv_prepare_x makes it from F32, and applies an INT4 input
 // permutation).
 #include <cuda_runtime_api.h>
@@ -74,9 +74,9 @@ bool gemv_norm_fuses(DType dtype, int64_t k);
 void set_gemv_norm_fusion(int on);
 
 // The kernel generation that runs a format's products; Default: the measured choice (or the environment's).
-// V5 reads FP8 and INT4; for FP8 it is W8A8: it quantizes x per token to E4M3 (the FP8 GEMM's and the CPU
-// backend's codes) where v1-v4 read x in BF16 (weight-only), so its FP8 outputs differ from theirs by x's
-// rounding (INT4: the same numerics as v3).
+// V5 reads BF16, FP8 and INT4; for FP8 it is W8A8: it quantizes x per token to E4M3 (the FP8 GEMM's and the
+// CPU backend's codes) where v1-v4 read x in BF16 (weight-only), so its FP8 outputs differ from theirs by x's
+// rounding (BF16, INT4: the same numerics as v3).
 enum class GemvKernel : uint8_t { Default, V1, V2, V3, V4, V5 };
 bool gemv_kernel_reads(GemvKernel kernel, DType dtype);
 const char* gemv_kernel_name(GemvKernel kernel);

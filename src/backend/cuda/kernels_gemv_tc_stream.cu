@@ -1,5 +1,7 @@
 // GEMV v5: the dot products on tensor cores, on v4's streaming plan (the operand layout and why:
-// gemv_tc_stream_layout.h; the choice between the kernels: kernels_gemv.cu). Two formats:
+// gemv_tc_stream_layout.h; the choice between the kernels: kernels_gemv.cu). Three formats:
+//   BF16 (S = -1): no decode at all; a lane's 16 bytes of a row feed two mma.m16n8k16.bf16 with x from L1
+//     (the same register pairing as FP8's steps). The epilogue adds the bias (SiLU: v3's fast SiLU).
 //   FP8 (S = 0), W8A8: the CTA quantizes x per token into shared memory (quant_codes.cuh: the codes and
 //     scales of the FP8 GEMM's activation pass and of the CPU backend) and each chunk is two
 //     mma.m16n8k32.e4m3 - no per-weight instruction. The epilogue is the W8A8 epilogue's arithmetic
@@ -97,20 +99,20 @@ __device__ void quantize_x(const GemvParams& p, uint8_t* xq, int stride, float* 
 template <int S, int U>
 struct V5Batch {
   static constexpr int kCS = S <= 1 ? 1 : 2;
-  static constexpr int kN = S > 0 ? U : 1;  // FP8 carries no extras
+  static constexpr int kN = S > 0 ? U : 1;  // FP8 and BF16 carry no extras
   uint4 w[2][U];
   uint32_t zz[kN][2];
   uint16_t gs[kN][2][kCS];
 };
 
-// S: 0 for FP8 (W8A8), else INT4 with S group subsets per 128-column chunk. U: chunks per row and batch
-// (2U 16-byte weight loads per lane). NT: n-tiles of 8 B columns (FP8: activation rows; INT4: rows x S).
-// kRing: the weights stream through a cp.async ring of L.ring batches per warp in shared memory instead of
-// a second batch of registers, so the bytes in flight are not bounded by the registers (L.ring - 1 batches
+// S: -1 for BF16, 0 for FP8 (W8A8), else INT4 with S group subsets per 128-column chunk. U: chunks per row
+// and batch (2U 16-byte weight loads per lane). NT: n-tiles of 8 B columns (FP8: activation rows; INT4: rows
+// x S). kRing: the weights stream through a cp.async ring of L.ring batches per warp in shared memory instead
+// of a second batch of registers, so the bytes in flight are not bounded by the registers (L.ring - 1 batches
 // ahead; no staging, the ring's first batches are issued before the PDL wait).
 template <int S, int U, int NT, bool kSilu, bool kRing>
 __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const GemvParams p, const V5Layout L) {
-  constexpr bool kInt4 = S > 0;
+  constexpr bool kInt4 = S > 0, kBf16 = S < 0, kFp8Format = S == 0;
   constexpr int kCS = V5Batch<S, U>::kCS;
   using Batch = V5Batch<S, U>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -132,7 +134,8 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
   const auto* const scale16 = static_cast<const uint16_t*>(p.scale);  // INT4: F16 [rows][groups_per_row]
   // INT4: lane t's run of a chunk belongs to subset `sub`; B column 8 nt + g is activation row xrow[nt]'s
   // subset (8 nt + g) % S, which lane t supplies (xon) only when that is its own subset.
-  const int sub = kInt4 ? gemv::tc_subset(t, S) : 0;
+  int sub = 0;
+  if constexpr (kInt4) sub = gemv::tc_subset(t, S);
   bool xon[NT];
   int64_t xrow[NT];
 #pragma unroll
@@ -237,6 +240,24 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
           for (int i = 0; i < 4; ++i)
             acc[nt][i] = fmaf(d[i], gemv::half_float(bt.gs[u][i / 2][kCS == 1 ? 0 : i % 2]), acc[nt][i]);
         }
+      } else if constexpr (kBf16) {
+        // A chunk is 32 BF16 columns; lane t's 8 (its 16 bytes) are the two k16 steps' pairs 2t.. and 8 +
+        // 2t.. (the same register pairing as FP8's k32 steps, tcs::step_operands), x's 8 from L1.
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          uint32_t x[4];
+          to_words(xon[nt] ? __ldg(reinterpret_cast<const uint4*>(p.x + xrow[nt] * p.k) + 4 * c + t)
+                           : make_uint4(0, 0, 0, 0),
+                   x);
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const tcs::Operands o = tcs::step_operands(lo, hi, x, step);
+            mma_16816(d, o.a, o.b[0], o.b[1]);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[nt][i] += d[i];
+        }
       } else {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -288,7 +309,7 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
           const int64_t j = tile * 8 + r;
           const float b0 = p.bias ? p.bias[j] : 0.0f, b1 = p.bias ? p.bias[p.f + j] : 0.0f;
           float out;
-          if constexpr (kInt4)
+          if constexpr (!kFp8Format)
             out = silu_fast(v[0][e] + b0) * (v[1][e] + b1);
           else
             out = w8a8_silu_up(v[0][e], v[1][e], xs[token], wscale[p.per_channel ? j : 0], b0,
@@ -303,7 +324,7 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
             const int64_t row = tile * tcs::kTileRows + r;
             const float b = p.bias ? p.bias[row] : 0.0f;
             float out;
-            if constexpr (kInt4)
+            if constexpr (!kFp8Format)
               out = v[h][e] + b;
             else
               out = w8a8_value(v[h][e], xs[token], wscale[p.per_channel ? row : 0], b);
@@ -406,7 +427,7 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
       for (int i = 0; i < depth - 1; ++i) issue();
     pdl_wait();  // the ring's first batches are in flight
     if (!active) pdl_launch_dependents();
-    if constexpr (!kInt4) {
+    if constexpr (kFp8Format) {
       quantize_x(p, smem + L.x_off, L.x_stride, xs, scratch);
       __syncthreads();
     }
@@ -492,7 +513,7 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
   }
   pdl_wait();  // the staged batches or the first batch are in flight (cuda_common.cuh)
   if (!active) pdl_launch_dependents();
-  if constexpr (!kInt4) {
+  if constexpr (kFp8Format) {
     quantize_x(p, smem + L.x_off, L.x_stride, xs, scratch);
     __syncthreads();
   }
@@ -550,7 +571,7 @@ cudaError_t launch_tc_stream(const GemvParams& p, cudaStream_t stream) {
   in.row_bytes = p.row_bytes;
   in.k = p.k;
   in.m = p.m;
-  in.fp8 = S == 0;
+  in.fp8 = S == 0;  // x's codes in shared memory (BF16 and INT4 read x from L1)
   in.nt = NT;
   in.u = U;
   in.ring = kRing ? v5_ring() : 0;
@@ -594,6 +615,9 @@ cudaError_t launch_tc_stream_of(const GemvParams& p, cudaStream_t stream) {
   if constexpr (S > 0) {
     return two ? launch_tc_stream<S, 2, 2, kSilu, false>(p, stream)
                : launch_tc_stream<S, 2, 1, kSilu, false>(p, stream);
+  } else if constexpr (S < 0) {  // BF16: 4 chunks (128 columns) per batch, like v4's 8 loads of 8 KB rows
+    return two ? launch_tc_stream<S, 4, 2, kSilu, false>(p, stream)
+               : launch_tc_stream<S, 4, 1, kSilu, false>(p, stream);
   } else {
     const bool c2 = v5_chunks() == 2;
     if (two)
@@ -609,9 +633,14 @@ cudaError_t launch_tc_stream_of(const GemvParams& p, cudaStream_t stream) {
 template <int R>
 cudaError_t launch_v5(DType dtype, const GemvParams& p, cudaStream_t stream) {
   constexpr bool kSilu = R == 2;
-  if (p.residual != nullptr || p.in_partials != nullptr || p.scale == nullptr ||
-      p.row_bytes % tcs::kChunkBytes != 0 || p.m < 1 || !is_aligned(p.w, 16) || !is_aligned(p.x, 16))
+  if (p.residual != nullptr || p.in_partials != nullptr || p.row_bytes % tcs::kChunkBytes != 0 || p.m < 1 ||
+      !is_aligned(p.w, 16) || !is_aligned(p.x, 16))
     return cudaErrorNotSupported;
+  if (dtype == DType::BF16) {
+    if (p.m > tcs::kMaxTokens) return cudaErrorNotSupported;
+    return launch_tc_stream_of<-1, kSilu>(p, stream);
+  }
+  if (p.scale == nullptr) return cudaErrorNotSupported;
   if (dtype == DType::F8_E4M3) {
     if (p.m > tcs::kMaxTokens || p.m * (p.k + 16) > tcs::kMaxXBytes) return cudaErrorNotSupported;
     return launch_tc_stream_of<0, kSilu>(p, stream);
