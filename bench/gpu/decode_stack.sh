@@ -9,7 +9,7 @@
 # at most that, not the whole device budget.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
-INFERX_REQUIRE_GPU=1 timeout 150 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='*DecodeStack*' \
+INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='*DecodeStack*' \
   >"$OUT/stack_tests.log" 2>&1
 echo "decode stack tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/stack_tests.log" | tr '\n' ' ')"
 grep -E 'Failure|Expected' "$OUT/stack_tests.log" | head -5
