@@ -31,6 +31,14 @@
 #    (and its ring), 70B fp8:lm_head v4 vs v5. Predicted:
 #    the 8B FP8 products from 72-88% of copy to BF16's 94-100% (TPOT 3.54 -> ~3.25 ms on an H100, 1.8x
 #    bf16); INT4's from ~68% (v3: a CTA per 16 rows, no staging) toward 85-90% (2.45 -> ~2.1 ms).
+# What to do with the answers (record every figure in docs/benchmarks.md first):
+#   - v5 faster than v4 at batch 1 (step 5) with its tests green: make it the measured default for that format
+#     (kernels_gemv.cu measured_kernel; FP8 at m >= 2 too if step 4's m4/m16 rows beat v3), pick chunks /
+#     staging / ring from the same runs, and for BF16's down projection flip INFERX_GEMV_LONG_K's default if
+#     "v5down" wins. Slower: keep it opt-in and profile gemv_tc_stream_kernel with ncu_detail.sh.
+#   - Cluster rows "+ writes" (step 2) well under the plain barrier's at 32-192 KB in flight, and the stack's
+#     cl2/cl4 runs (step 3) faster than per-op: the two-level barrier stays and the persistent kernel's FP8
+#     consumers on tensor cores (docs/architecture.md) come next. Not faster: remove the cluster mode.
 # STEPS (default "1 2 3 4 5") picks the steps. The whole is more than one call's 10 minutes: run STEPS="1 2"
 # (~6 min), then STEPS=4 (~4 min), STEPS=5 (~7 min: step 4's batch-1 figures), then STEPS=3 (~6 min), each a
 # call on the warm machine.
