@@ -19,7 +19,10 @@
 #    producer 1 and 2 stages ahead, bf16 and FP8 (on one H100 node 1 ahead was +1.3% at bf16, level on
 #    another); and with its grid barriers in two levels over clusters of 2 and 4 (INFERX_DECODE_STACK_CLUSTER,
 #    12-05 late, never run; its tests are in step 1's test_cuda_engine): worth it if step 2's "+ writes"
-#    cluster rows stay well under the plain barrier's under a stream.
+#    cluster rows stay well under the plain barrier's under a stream. And its FP8 products on tensor cores
+#    (INFERX_DECODE_STACK_MMA, W8A8, one warp per stage; never run): "mmaskip2" is FP8's bound without
+#    barriers (76% of the roofline with the scalar consumers; BF16's is 97%), fp8:lm_head's rows the ones
+#    that count (the MMA switch changes nothing for bf16).
 # 4. GEMV v5 (kernels_gemv_tc_stream.cu, 12-05 evening; never run): v3's tensor-core products on v4's
 #    streaming plan; BF16, FP8 as W8A8 on E4M3 tensor cores, INT4 as v3 (bf16 also with its down projection
 #    on v5 instead of cuBLASLt: INFERX_GEMV_LONG_K=gemv). Its kernel tests
@@ -59,7 +62,10 @@ step 3 && QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFE
   if2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=2 stack:INFERX_DECODE_STACK=1
   cl2if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_CLUSTER=2,INFERX_DECODE_STACK_PROFILE=1
   cl4if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_CLUSTER=4
-  cl2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_CLUSTER=2" \
+  cl2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_CLUSTER=2
+  mmaif1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_MMA=1
+  mmaskip2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_MMA=1,INFERX_DECODE_STACK_SKIP=2
+  mmacl2if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_MMA=1,INFERX_DECODE_STACK_CLUSTER=2" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests"
 if step 4; then
   INFERX_GEMV_KERNEL=fp8=v5,int4=v5 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_qgemm" --gtest_color=no \

@@ -23,6 +23,10 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
+// `count` arrivals at once (one thread standing for several).
+__device__ __forceinline__ void mbar_arrive_count(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
 // A wait that never ends means a broken invariant (a copy never issued, a phase counted wrong, a grid not
 // co-resident): trap after kHangNs, so the launch fails with an error the host reports instead of hanging
 // the process (and a GPU job's whole time budget). A decode step takes milliseconds; the first wait of a

@@ -91,6 +91,9 @@ struct CudaBackendOptions {
   // Its grid barriers: 0, one global counter; 2 or 4, two levels over thread-block clusters of that size
   // (members signalled SM to SM, one global poll per cluster: kernels_decode_stack.h). Not yet measured.
   int decode_stack_cluster = 0;
+  // Its FP8 products on tensor cores (W8A8, one warp per stage: kernels_decode_stack.h fp8_mma). Not yet
+  // measured.
+  bool decode_stack_mma = false;
   // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins. Measured (H200,
   // 2026-12-03 20:52): no difference (8B bf16 4.583 ms at 256, 4.580 spinning); kept as the A/B switch.
   int decode_stack_backoff_ns = 256;
@@ -110,6 +113,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12, INFERX_DECODE_STACK_CLUSTER=0|2|4,
+// INFERX_DECODE_STACK_MMA=0|1,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
 // INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
 // INFERX_GEMM_CACHE=DIR|off (the GEMM tuning cache's folder; `gemm_cache_default` when unset).
@@ -181,11 +185,12 @@ class CudaBackend final : public Backend {
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
   // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, int inflight = 0, bool generic = false, int cluster = 0) {
+  void set_decode_stack(bool on, int inflight = 0, bool generic = false, int cluster = 0, bool mma = false) {
     options_.decode_stack = on;
     options_.decode_stack_inflight = inflight;
     options_.decode_stack_generic = generic;
     options_.decode_stack_cluster = cluster;
+    options_.decode_stack_mma = mma;
   }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.

@@ -41,6 +41,7 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
   }
   if (const char* fl = std::getenv("INFERX_DECODE_STACK_INFLIGHT"))
     o.decode_stack_inflight = std::clamp(std::atoi(fl), 0, 12);
+  if (const char* mm = std::getenv("INFERX_DECODE_STACK_MMA")) o.decode_stack_mma = std::strcmp(mm, "0") != 0;
   if (const char* cl = std::getenv("INFERX_DECODE_STACK_CLUSTER")) {
     const int v = std::atoi(cl);
     o.decode_stack_cluster = v == 2 || v == 4 ? v : 0;

@@ -97,6 +97,10 @@ struct DecodeStackParams {
   // two levels over thread-block clusters of that size (stack::cluster_grid_barrier; the launch is then a
   // cooperative cluster launch of decode_stack_cluster_grid CTAs).
   int32_t cluster = 0;
+  // FP8 matrices (with k a multiple of 32) on tensor cores, W8A8: each phase's input quantized per token to
+  // E4M3, each stage taken whole by one warp (kernels_decode_stack.cu consume_matrix_mma). Not yet measured.
+  uint8_t fp8_mma = 0;
+  int32_t x_codes_off = 0;  // set by decode_stack_prepare: the codes' offset in the x buffer (bytes)
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
