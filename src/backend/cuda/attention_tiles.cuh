@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cuda_common.cuh"
 
 namespace inferx::cuda::attn {
@@ -59,16 +60,10 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-// 16-byte global -> shared copy; src_bytes 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+// cp.async (bulk_copy.cuh), under the names these kernels use.
+using ::inferx::cuda::cp_async16;
+using ::inferx::cuda::cp_async_commit;
+using ::inferx::cuda::cp_async_wait;
 
 // Four 8x8 BF16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. Not transposed: with rows =
 // keys and columns = head dims, matrix i's register is a B fragment half of S = Q K^T.

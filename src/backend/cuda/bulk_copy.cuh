@@ -1,7 +1,8 @@
 #pragma once
 // Hopper's bulk asynchronous copies into shared memory and the mbarriers that count their bytes (PTX ISA:
-// cp.async.bulk, mbarrier), shared by the persistent decode kernel's ring (decode_stack_ring.cuh) and GEMV
-// v4's shared-memory prefetch (kernels_gemv_stream.cu).
+// cp.async.bulk, mbarrier), shared by the persistent decode kernel's ring (decode_stack_ring.cuh) and the
+// GEMVs' shared-memory staging (kernels_gemv_stream.cu, kernels_gemv_tc_stream.cu); and the per-thread
+// cp.async of the attention kernels' tiles and GEMV v5's ring.
 #include <cstdint>
 
 namespace inferx::cuda {
@@ -63,6 +64,21 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
           smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
+}
+
+// Per-thread asynchronous copies (cp.async, Ampere's): 16 bytes global -> shared through L2 only; src_bytes 0
+// writes zeros and reads nothing. A thread's groups complete in order; cp_async_wait<N> returns when at most
+// N of its groups are pending, and the waiting thread reads its own copies after it (the attention kernels'
+// tiles, GEMV v5's ring; other threads' copies need a barrier as well). The asm carries no memory clobber:
+// callers order their shared-memory reads after the wait with a warp or CTA barrier.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 }  // namespace inferx::cuda

@@ -100,18 +100,21 @@ __device__ __forceinline__ float consumer_sum(float v, float* scratch) {
 // `target` grows by gridDim.x per barrier. The cooperative-groups pattern puts a __threadfence() before
 // the add; it was dropped because barriers measured ~7 us each with it (H200, 2026-12-03) and a full fence
 // may wait on this SM's outstanding memory traffic - whether dropping it helps is not yet measured.
+// One thread's arrival on the global counter (release add) and its wait until the counter reaches `target`
+// (acquire spin; traps after kHangNs): the global level of both grid barriers below (and of the probes').
+__device__ __forceinline__ void counter_arrive_and_wait(uint32_t* counter, uint32_t target) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+  const uint64_t start = gpu_ns();
+  for (;;) {
+    uint32_t seen;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    if (seen >= target) break;
+    if (gpu_ns() - start > kHangNs) __trap();
+  }
+}
 __device__ __forceinline__ void grid_barrier(uint32_t* counter, uint32_t target) {
   consumer_sync();
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-    const uint64_t start = gpu_ns();
-    for (;;) {
-      uint32_t seen;
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-      if (seen >= target) break;
-      if (gpu_ns() - start > kHangNs) __trap();
-    }
-  }
+  if (threadIdx.x == 0) counter_arrive_and_wait(counter, target);
   consumer_sync();
 }
 
@@ -136,15 +139,7 @@ __device__ __forceinline__ void cluster_grid_barrier(uint32_t* counter, uint32_t
     remote_arrive(cluster_addr(cb.gather, 0));
     if (cb.rank == 0) {
       wait_cluster_phase(cb.gather, (round - 1) & 1);
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-      const uint32_t target = round * cb.clusters;
-      const uint64_t start = gpu_ns();
-      for (;;) {
-        uint32_t seen;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-        if (seen >= target) break;
-        if (gpu_ns() - start > kHangNs) __trap();
-      }
+      counter_arrive_and_wait(counter, round * cb.clusters);
       for (uint32_t m = 1; m < cb.size; ++m) remote_arrive(cluster_addr(cb.release, m));
     } else {
       wait_cluster_phase(cb.release, (round - 1) & 1);

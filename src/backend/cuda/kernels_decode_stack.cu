@@ -317,41 +317,14 @@ __device__ void load_input(const float* src, int32_t n, const float* norm, float
 __device__ void quantize_input(const __nv_bfloat16* xs, int32_t n, uint8_t* codes, float* xscale,
                                float* scratch) {
   float amax = 0.0f;
-  for (int32_t i = threadIdx.x * 8; i < n; i += kConsumers * 8) {
-    float v[8];
-    const uint4 raw = *reinterpret_cast<const uint4*>(xs + i);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      v[2 * e] = __uint_as_float(w[e] << 16);
-      v[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-  }
+  for (int32_t i = threadIdx.x * 8; i < n; i += kConsumers * 8)
+    amax = fmaxf(amax, abs_max_bf16x8(*reinterpret_cast<const uint4*>(xs + i)));
   const float s = fp8_row_scale(consumer_reduce(amax, scratch, MaxOp{}));
   const float inv = fp8_inverse(s);
-  for (int32_t i = threadIdx.x * 8; i < n; i += kConsumers * 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(xs + i);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-    uint8_t c[8];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      c[2 * e] = fp8_code(__uint_as_float(w[e] << 16), inv);
-      c[2 * e + 1] = fp8_code(__uint_as_float(w[e] & 0xffff0000u), inv);
-    }
-    *reinterpret_cast<uint2*>(codes + i) =
-        make_uint2(pack_codes(c[0], c[1], c[2], c[3]), pack_codes(c[4], c[5], c[6], c[7]));
-  }
+  for (int32_t i = threadIdx.x * 8; i < n; i += kConsumers * 8)
+    *reinterpret_cast<uint2*>(codes + i) = codes_bf16x8(*reinterpret_cast<const uint4*>(xs + i), inv);
   if (threadIdx.x == 0) *xscale = s;
   consumer_sync();
-}
-
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
 // An FP8 matrix's stages on tensor cores: each stage (its rs rows, or rs gate over rs up rows: at most 8)
@@ -392,7 +365,8 @@ __device__ void consume_matrix_mma(const StackMatrix& m, const Ring& ring, uint3
           if (j >= steps) break;  // warp-uniform
           const uint2 wv = *reinterpret_cast<const uint2*>(wrow + 32 * j);
           const uint2 xv = gq == 0 ? *reinterpret_cast<const uint2*>(xrow + 32 * j) : make_uint2(0, 0);
-          mma_e4m3(d, xv.x, xv.y, wv.x, wv.y);
+          const uint32_t a[4] = {xv.x, 0u, xv.y, 0u};  // row 0 (the token); rows 8..15 zero
+          mma_e4m3_16832(d, a, wv.x, wv.y);
         }
         acc0 += d[0];
         acc1 += d[1];

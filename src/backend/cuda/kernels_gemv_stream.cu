@@ -547,22 +547,17 @@ cudaError_t launch_stream(const GemvParams& p, cudaStream_t stream) {
   size_t smem = gemv_v4_smem_bytes(R, L, q.pf_batches);
   if constexpr (kStreamInt4<Dec>) smem += static_cast<size_t>(Dec::bytes(p.k));
   if (smem > 48 * 1024) {
-    // The opt-in above 48 KB is a function attribute of the current device: once per device and instance
-    // (tensor parallel ranks run other devices from the same process).
-    static std::atomic<uint32_t> opted{0};
-    int device = 0;
-    if (const cudaError_t st = cudaGetDevice(&device); st != cudaSuccess) return st;
-    const uint32_t bit = device < 32 ? 1u << device : 0u;
-    if (bit == 0 || (opted.load(std::memory_order_relaxed) & bit) == 0) {
-      // The most a CTA may take (227 KB on Hopper) less the kernel's static shared memory.
+    // The opt-in above 48 KB (allow_dynamic_smem: once per device and instance): the most a CTA may take
+    // (227 KB on Hopper) less the kernel's static shared memory, asked once.
+    static unsigned smem_set = 0;
+    static std::atomic<int> own{-1};
+    if (own.load(std::memory_order_relaxed) < 0) {
       cudaFuncAttributes attr{};
-      cudaError_t st = cudaFuncGetAttributes(&attr, kernel);
-      if (st != cudaSuccess) return st;
-      st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                227 * 1024 - static_cast<int>(attr.sharedSizeBytes));
-      if (st != cudaSuccess) return st;
-      opted.fetch_or(bit, std::memory_order_relaxed);
+      if (const cudaError_t st = cudaFuncGetAttributes(&attr, kernel); st != cudaSuccess) return st;
+      own.store(static_cast<int>(attr.sharedSizeBytes), std::memory_order_relaxed);
     }
+    const int most = 227 * 1024 - own.load(std::memory_order_relaxed);
+    if (const cudaError_t st = allow_dynamic_smem(kernel, most, smem_set); st != cudaSuccess) return st;
   }
   if (p.residual != nullptr && ctas > kGemvMaxPartials) return cudaErrorNotSupported;
   if (p.launched_ctas != nullptr) *p.launched_ctas = static_cast<int>(ctas);

@@ -41,25 +41,6 @@ constexpr int kV5Threads = kV5Warps * kWarp;
 using V5Layout = tcs::Layout;
 static_assert(tcs::kStaticBytes == kWarp * sizeof(float), "the plan counts the kernel's static scratch");
 
-// The cp.async ring (kRing): a lane copies its own granules (16 bytes each, L2 only) into its own slots and
-// later reads them back, so the copies need no barrier and no mbarrier - each thread waits for its own
-// groups.
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(smem_dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const tcs::Operands& o) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(o.a[0]), "r"(o.a[1]), "r"(o.a[2]), "r"(o.a[3]), "r"(o.b[0]), "r"(o.b[1]));
-}
-
 __device__ __forceinline__ void to_words(const uint4& v, uint32_t (&w)[4]) {
   w[0] = v.x;
   w[1] = v.y;
@@ -73,21 +54,13 @@ __device__ void quantize_x(const GemvParams& p, uint8_t* xq, int stride, float* 
   for (int i = 0; i < p.m; ++i) {
     const uint4* row = reinterpret_cast<const uint4*>(p.x + i * p.k);
     float amax = 0.0f;
-    for (int64_t j = threadIdx.x; j < granules; j += kV5Threads) {
-      float v[8];
-      bf16x8_to_float(__ldg(row + j), v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e]));
-    }
+    for (int64_t j = threadIdx.x; j < granules; j += kV5Threads)
+      amax = fmaxf(amax, abs_max_bf16x8(__ldg(row + j)));
     const float s = fp8_row_scale(block_max(amax, scratch));
     const float inv = fp8_inverse(s);
     if (threadIdx.x == 0) xs[i] = s;
     for (int64_t j = threadIdx.x; j < granules; j += kV5Threads) {
-      float v[8];
-      bf16x8_to_float(__ldg(row + j), v);
-      const uint2 codes = {
-          pack_codes(fp8_code(v[0], inv), fp8_code(v[1], inv), fp8_code(v[2], inv), fp8_code(v[3], inv)),
-          pack_codes(fp8_code(v[4], inv), fp8_code(v[5], inv), fp8_code(v[6], inv), fp8_code(v[7], inv))};
+      const uint2 codes = codes_bf16x8(__ldg(row + j), inv);
       *reinterpret_cast<uint2*>(xq + static_cast<int64_t>(i) * stride + 8 * j) = codes;
     }
   }
@@ -101,8 +74,10 @@ struct V5Batch {
   static constexpr int kCS = S <= 1 ? 1 : 2;
   static constexpr int kN = S > 0 ? U : 1;  // FP8 and BF16 carry no extras
   uint4 w[2][U];
-  uint32_t zz[kN][2];
-  uint16_t gs[kN][2][kCS];
+  struct Groups {
+    uint32_t zz[kN][2];
+    uint16_t gs[kN][2][kCS];
+  } grp;
 };
 
 // S: -1 for BF16, 0 for FP8 (W8A8), else INT4 with S group subsets per 128-column chunk. U: chunks per row
@@ -164,12 +139,12 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
   auto load_groups = [&](int64_t c, int u, Batch& bt) {
     if constexpr (kInt4) {
       const int64_t base_lo = row_lo * p.groups_per_row + c * S, base_hi = row_hi * p.groups_per_row + c * S;
-      bt.zz[u][0] = gemv::int4_zero_pair(p.zero ? __ldg(p.zero + base_lo + sub) : 8u);
-      bt.zz[u][1] = gemv::int4_zero_pair(p.zero ? __ldg(p.zero + base_hi + sub) : 8u);
+      bt.grp.zz[u][0] = gemv::int4_zero_pair(p.zero ? __ldg(p.zero + base_lo + sub) : 8u);
+      bt.grp.zz[u][1] = gemv::int4_zero_pair(p.zero ? __ldg(p.zero + base_hi + sub) : 8u);
 #pragma unroll
       for (int h = 0; h < kCS; ++h) {
-        bt.gs[u][0][h] = __ldg(scale16 + base_lo + (2 * t + h) % S);
-        bt.gs[u][1][h] = __ldg(scale16 + base_hi + (2 * t + h) % S);
+        bt.grp.gs[u][0][h] = __ldg(scale16 + base_lo + (2 * t + h) % S);
+        bt.grp.gs[u][1][h] = __ldg(scale16 + base_hi + (2 * t + h) % S);
       }
     }
   };
@@ -225,8 +200,8 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
 #pragma unroll
           for (int w = 0; w < 4; ++w) {
             uint32_t l0[2], h0[2], l1[2], h1[2];
-            gemv::int4_word_bf16(lo[w], bt.zz[u][0], l0, h0);
-            gemv::int4_word_bf16(hi[w], bt.zz[u][1], l1, h1);
+            gemv::int4_word_bf16(lo[w], bt.grp.zz[u][0], l0, h0);
+            gemv::int4_word_bf16(hi[w], bt.grp.zz[u][1], l1, h1);
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int q = gemv::TcInt4::piece(2 * w + half);  // columns 4q..4q+3: half q % 2 of load q / 2
@@ -238,7 +213,7 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
           // d: rows g, g + 8 x columns 2t, 2t + 1 (subsets (2t) % S, (2t + 1) % S)
 #pragma unroll
           for (int i = 0; i < 4; ++i)
-            acc[nt][i] = fmaf(d[i], gemv::half_float(bt.gs[u][i / 2][kCS == 1 ? 0 : i % 2]), acc[nt][i]);
+            acc[nt][i] = fmaf(d[i], gemv::half_float(bt.grp.gs[u][i / 2][kCS == 1 ? 0 : i % 2]), acc[nt][i]);
         }
       } else if constexpr (kBf16) {
         // A chunk is 32 BF16 columns; lane t's 8 (its 16 bytes) are the two k16 steps' pairs 2t.. and 8 +
@@ -267,8 +242,11 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
                            : make_uint4(0, 0, 0, 0),
                    x);
           float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma_e4m3(d, tcs::step_operands(lo, hi, x, 0));
-          mma_e4m3(d, tcs::step_operands(lo, hi, x, 1));
+#pragma unroll
+          for (int step = 0; step < 2; ++step) {
+            const tcs::Operands o = tcs::step_operands(lo, hi, x, step);
+            mma_e4m3_16832(d, o.a, o.b[0], o.b[1]);
+          }
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[nt][i] += d[i];
         }
@@ -365,16 +343,21 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
       for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
   };
 
+  // The warp's batch after batch bb of tile nn: the next of the tile's segment, else its first of the next
+  // tile (the register pipeline, and the ring's issuing and consuming cursors alike).
+  auto advance = [&](int64_t& nn, int& bb) {
+    if (++bb == b_hi) {
+      bb = b_lo;
+      nn += slots;
+    }
+  };
   // Batch b of tile n is in `cur`: fill `nxt` with the warp's next batch, multiply `cur`, finish the tile
   // at its end. False after the warp's last batch.
   int b = b_lo;
   auto step = [&](const Batch& cur, Batch& nxt) {
-    int next_b = b + 1;
+    int next_b = b;
     int64_t next_n = n;
-    if (next_b == b_hi) {
-      next_b = b_lo;
-      next_n = n + slots;
-    }
+    advance(next_n, next_b);
     const bool more = next_n < L.tiles;
     if (more && next_n != n) set_rows(next_n);  // finish(n) below reads no row pointer
     if (more && next_n == n0 && next_b - b_lo < L.pf)
@@ -391,6 +374,8 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
   };
 
   if constexpr (kRing) {
+    // A lane copies its own granules (cp.async, 16 bytes each, L2 only) into its own slots and reads them
+    // back itself, so the ring needs no CTA barrier and no mbarrier: each thread waits for its own groups.
     const int depth = L.ring;  // 3 or 4
     uint8_t* const ring = smem + L.ring_off + static_cast<int64_t>(wib) * depth * U * 2 * kWarp * 16;
     auto slot_at = [&](int slot, int r, int u) {
@@ -411,14 +396,11 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
         for (int u = 0; u < U; ++u) {
           const int64_t c = static_cast<int64_t>(ab) * U + u;
           if (c < chunks) {
-            cp_async16(slot_at(slot, 0, u), lo + c * tcs::kChunkBytes);
-            cp_async16(slot_at(slot, 1, u), hi + c * tcs::kChunkBytes);
+            cp_async16(slot_at(slot, 0, u), lo + c * tcs::kChunkBytes, 16);
+            cp_async16(slot_at(slot, 1, u), hi + c * tcs::kChunkBytes, 16);
           }
         }
-        if (++ab == b_hi) {
-          ab = b_lo;
-          an += slots;
-        }
+        advance(an, ab);
       }
       cp_async_commit();
       ++issued;
@@ -442,6 +424,7 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
         cp_async_wait<1>();
       else
         cp_async_wait<2>();
+      __syncwarp();  // the reads below after the wait (bulk_copy.cuh: the waits carry no memory clobber)
       const int slot = consumed % depth;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -450,25 +433,11 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
           cur.w[1][u] = *reinterpret_cast<const uint4*>(slot_at(slot, 1, u));
         }
       }
-      if constexpr (kInt4) {
-#pragma unroll
-        for (int u = 0; u < Batch::kN; ++u) {
-          cur.zz[u][0] = ext.zz[u][0];
-          cur.zz[u][1] = ext.zz[u][1];
-#pragma unroll
-          for (int h = 0; h < kCS; ++h) {
-            cur.gs[u][0][h] = ext.gs[u][0][h];
-            cur.gs[u][1][h] = ext.gs[u][1][h];
-          }
-        }
-      }
-      issue();  // into the slot read one round ago
-      int next_b = b + 1;
+      cur.grp = ext.grp;  // INT4's group scales and zero points (FP8, BF16: nothing)
+      issue();            // into the slot read one round ago
+      int next_b = b;
       int64_t next_n = n;
-      if (next_b == b_hi) {
-        next_b = b_lo;
-        next_n = n + slots;
-      }
+      advance(next_n, next_b);
       const bool more = next_n < L.tiles;
       if (more) {
         if constexpr (kInt4) {
@@ -584,18 +553,10 @@ cudaError_t launch_tc_stream(const GemvParams& p, cudaStream_t stream) {
   if (plan.per_sm < 1) return cudaErrorNotSupported;
   const V5Layout& L = plan.layout;
   const int64_t smem = plan.smem;
-  if (smem > 48 * 1024) {
-    // The opt-in above 48 KB: a function attribute of the current device, once per device and instance.
-    static std::atomic<uint32_t> opted{0};
-    int device = 0;
-    if (const cudaError_t st = cudaGetDevice(&device); st != cudaSuccess) return st;
-    const uint32_t bit = device < 32 ? 1u << device : 0u;
-    if (bit == 0 || (opted.load(std::memory_order_relaxed) & bit) == 0) {
-      const cudaError_t st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  static_cast<int>(tcs::kMaxCtaSmem - tcs::kStaticBytes));
-      if (st != cudaSuccess) return st;
-      opted.fetch_or(bit, std::memory_order_relaxed);
-    }
+  if (smem > 48 * 1024) {  // the opt-in above 48 KB, once per device and instance
+    static unsigned smem_set = 0;
+    const int most = static_cast<int>(tcs::kMaxCtaSmem - tcs::kStaticBytes);
+    if (const cudaError_t st = allow_dynamic_smem(kernel, most, smem_set); st != cudaSuccess) return st;
   }
   return launch_pdl(kernel, dim3(static_cast<unsigned>(plan.ctas)), dim3(kV5Threads),
                     static_cast<size_t>(smem), stream, p, L);

@@ -177,13 +177,7 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
         remote_arrive(leader_gather);
         if (rank == 0) {
           wait_cluster_phase(&gather, (r - 1) & 1);
-          asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-          const uint64_t start = gpu_ns();
-          uint32_t seen = 0;
-          do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-            if (gpu_ns() - start > kHangNs) __trap();
-          } while (seen < r * clusters);
+          stack::counter_arrive_and_wait(counter, r * clusters);
           for (int m = 1; m < cluster; ++m) remote_arrive(cluster_addr(&release, static_cast<uint32_t>(m)));
         } else {
           wait_cluster_phase(&release, (r - 1) & 1);

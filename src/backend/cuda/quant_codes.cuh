@@ -51,6 +51,36 @@ __device__ __forceinline__ float w8a8_silu_up(float a, float b, float xs, float 
   return silu_fast(w8a8_value(a, xs, ws, bs)) * w8a8_value(b, xs, ws2, bs2);
 }
 
+// ---- the W8A8 decode products (GEMV v5, kernels_gemv_tc_stream.cu; the persistent decode kernel's FP8
+// phases, kernels_decode_stack.cu): 8 BF16 activations (one 16-byte load) at a time, and the E4M3 product.
+__device__ __forceinline__ float abs_max_bf16x8(const uint4& v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    m = fmaxf(m, fmaxf(fabsf(__uint_as_float(w[i] << 16)), fabsf(__uint_as_float(w[i] & 0xffff0000u))));
+  return m;
+}
+// Their E4M3 codes (fp8_code with the row's reciprocal scale), the first at the lowest address.
+__device__ __forceinline__ uint2 codes_bf16x8(const uint4& v, float inv) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint8_t c[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    c[2 * i] = fp8_code(__uint_as_float(w[i] << 16), inv);
+    c[2 * i + 1] = fp8_code(__uint_as_float(w[i] & 0xffff0000u), inv);
+  }
+  return make_uint2(pack_codes(c[0], c[1], c[2], c[3]), pack_codes(c[4], c[5], c[6], c[7]));
+}
+// D += A B on tensor cores, E4M3 operands, F32 sums (PTX ISA mma.m16n8k32 fragment layout).
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // V consecutive accumulator values (F32, or BF16 when the FP8 GEMM wrote BF16) as floats; V = 4 is one
 // vector load (16 / 8 bytes, aligned: the launchers check).
 template <int V, class T>

@@ -223,8 +223,7 @@ TEST(GemvTcStreamLayout, LaunchPlansFitSharedMemory) {
       for (int m : {1, 2, 5, 8, 9, 16})
         for (int ring : {0, 3, 4})
           for (int staging_kb : {0, 96, 200}) {
-            if (ring != 0 && staging_kb != 0) continue;  // the ring takes the staging's place
-            const int subsets = 1;  // FP8, and INT4 with groups of 128 (B columns = activation rows)
+            if (ring != 0 && staging_kb != 0) continue;             // the ring takes the staging's place
             if (fp8 && m * (pr.k + 16) > w8::kMaxXBytes) continue;  // declined before planning
             w8::PlanInput in;
             in.rows = pr.rows;
@@ -234,7 +233,7 @@ TEST(GemvTcStreamLayout, LaunchPlansFitSharedMemory) {
             in.k = pr.k;
             in.m = m;
             in.fp8 = fp8;
-            in.nt = m * subsets > 8 ? 2 : 1;
+            in.nt = m > 8 ? 2 : 1;  // FP8, and INT4 with groups of 128 (B columns = activation rows)
             in.u = ring != 0 || fp8 ? 4 : 2;
             in.ring = ring;
             in.staging_kb = staging_kb;
