@@ -1141,9 +1141,11 @@ void bench_grid_barrier(Bench& b, int reps) {
   const int sms = gpu.sm_count();
   constexpr int64_t kSlice = int64_t{8} << 20;
   const void* src = b.random(static_cast<size_t>(kSlice) * static_cast<size_t>(sms), 91);
-  b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * sizeof(unsigned long long)));
+  // Per-CTA counters for up to 8 CTAs per SM (the launchers take one per SM; a check below keeps it so).
+  const int max_ctas = 8 * sms;
+  b.keep.push_back(gpu.allocate(static_cast<size_t>(max_ctas) * sizeof(unsigned long long)));
   auto* streamed = static_cast<unsigned long long*>(b.keep.back()->data());
-  std::vector<unsigned long long> host(static_cast<size_t>(sms));
+  std::vector<unsigned long long> host(static_cast<size_t>(max_ctas));
   // The last launch's streamed bytes over `ctas` CTAs per second of one launch (s), in GB/s.
   auto stream_gbs = [&](int ctas, double s) {
     gpu.synchronize();
@@ -1155,7 +1157,7 @@ void bench_grid_barrier(Bench& b, int reps) {
   // "+ writes": each CTA stores 64 floats before every round (a phase's outputs), so the release waits for
   // their acknowledgements, and the cluster barrier runs the persistent kernel's protocol (every CTA fences
   // before it arrives).
-  b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * 64 * sizeof(float)));
+  b.keep.push_back(gpu.allocate(static_cast<size_t>(max_ctas) * 64 * sizeof(float)));
   auto* writes = static_cast<float*>(b.keep.back()->data());
   constexpr int kStreamRounds = 2000;
   for (bool with_writes : {false, true})
@@ -1187,6 +1189,10 @@ void bench_grid_barrier(Bench& b, int reps) {
                     with_writes ? writes : nullptr, &ctas, stream));
               },
               reps);
+          if (ctas > sms) {  // not the persistent kernel's shape (and the counters' bound)
+            std::printf("cluster barrier probe: %d CTAs for %d SMs, stopped\n", ctas, sms);
+            return;
+          }
           const double gbs = depth > 0 ? stream_gbs(ctas, s) : 0.0;
           std::printf(
               "cluster barrier under a stream%s, clusters of %d, %d CTAs, leaders %s, %3d KB in flight per "

@@ -938,7 +938,7 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
   const Shape shapes[] = {{64, 37, {1, 2, 8, 9, 16}},
                           {192, 133, {1, 5, 16}},
                           {4096, 37, {1, 3}},
-                          {14336, 16, {1, 9}},
+                          {14336, 16, {1, 6}},  // 6 rows of codes: 86 KB of the 96 (tcs::kMaxXBytes)
                           {4096, 8193, {1}}};
   uint32_t seed = 2100;
   // {chunks per batch, staging KB, cp.async ring slots}: the register pipeline staged or not, with 4 or 2
@@ -1010,16 +1010,20 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
       }
   }
   cuda::set_gemv_v5_shape(0, -1, -1);
-  // Not whole 64-column chunks: declined, so the product runs on the measured kernel (weight-only, BF16 x).
-  const HostWeight h = make_weight(kVariants[2], 37, 272, ++seed);
-  std::vector<float> x = randoms(272, ++seed);
-  for (float& e : x) e = bf16_round(e);
-  std::vector<double> want, mag;
-  reference(h, x, 1, {}, want, mag);
-  const Linear l = linear(h, {});
-  Tensor tx = f32({1, 272}, x), out = f32({1, 37}, std::vector<float>(37, NAN));
-  gpu_->matmul(tx, l, out);
-  expect_matches(read(out), want, mag, "fp8 [v5 declines k=272]", 2e-6);
+  // Declined, so the product runs on the measured kernel (weight-only, BF16 x): rows that are not whole
+  // 64-column chunks, and activation codes beyond the shared memory's 96 KB (9 rows of 14336 columns).
+  for (const auto& [k, m] : {std::pair<int64_t, int64_t>{272, 1}, {14336, 9}}) {
+    const HostWeight h = make_weight(kVariants[2], 37, k, ++seed);
+    std::vector<float> x = randoms(size_t(m * k), ++seed);
+    for (float& e : x) e = bf16_round(e);
+    std::vector<double> want, mag;
+    reference(h, x, m, {}, want, mag);
+    const Linear l = linear(h, {});
+    Tensor tx = f32({m, k}, x), out = f32({m, 37}, std::vector<float>(size_t(m * 37), NAN));
+    gpu_->matmul(tx, l, out);
+    expect_matches(read(out), want, mag,
+                   "fp8 [v5 declines k=" + std::to_string(k) + " m=" + std::to_string(m) + "]", 2e-6);
+  }
 }
 
 // v5 on INT4 (v3's numerics on v5's plan) beyond EveryFormatMatchesFloat64Reference's default shape: with

@@ -328,13 +328,19 @@ __device__ void quantize_input(const __nv_bfloat16* xs, int32_t n, uint8_t* code
 }
 
 // An FP8 matrix's stages on tensor cores: each stage (its rs rows, or rs gate over rs up rows: at most 8)
-// is taken whole by one warp, its owner (stage counter % kConsumerWarps), as the B operand of
+// is taken whole by one warp, its owner (stage counter % owners), as the B operand of
 // mma.m16n8k32.e4m3 (B column u = the stage's row u), with x's codes as row 0 of A (the other rows zero), so
 // that one instruction multiplies 8 rows x 32 columns and no weight is converted. Lane (g, t) reads 8 bytes
 // of row g at 32j + 8t per k32 step j - the fragment's columns 4t.. and 16 + 4t.. (the same permutation for
 // A and B, as GEMV v5). The owner releases the stage alone (arriving with the count of every consumer warp);
 // the others skip it. Each 4 steps' products go through a fresh F32 fragment (the FP8 tensor-core
 // accumulation is narrower than F32). Row 0 of C - lanes 0..3, columns 2t and 2t + 1 - holds the sums.
+// owners = min(kConsumerWarps, ring depth): a warp skips the stages it does not own, so with more owners
+// than slots it could wait on a slot two fills ahead, where the mbarrier's parity is that of a fill already
+// completed - it read stale weights and released a slot the producer had not filled (first GPU run,
+// 2026-12-05: the 8B shapes, 5 slots of 32 KB for 15 warps, hung until the ring's hang guard trapped).
+// With owners <= slots, the warp's previous stage (it - owners) was filled, so every stage up to it - slots
+// was too, and the slot is at most one fill behind the one it waits for.
 template <Emit kEmit>
 __device__ void consume_matrix_mma(const StackMatrix& m, const Ring& ring, uint32_t& it, const uint8_t* codes,
                                    float xscale, float* out, uint32_t skip) {
@@ -345,8 +351,9 @@ __device__ void consume_matrix_mma(const StackMatrix& m, const Ring& ring, uint3
   const int32_t steps = m.k / 32;
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
+  const uint32_t owners = static_cast<uint32_t>(min(kConsumerWarps, ring.stages));
   for (int32_t row = r0; row < r1; row += rs, ++it) {
-    if (warp != static_cast<int>(it % kConsumerWarps)) continue;
+    if (warp != static_cast<int>(it % owners)) continue;
     const int32_t n = min(rs, r1 - row);
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
     mbar_wait(&ring.full[slot], (it / ring.stages) & 1);

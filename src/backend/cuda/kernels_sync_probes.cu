@@ -277,7 +277,10 @@ cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, i
   attrs[1].val.cooperative = 1;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(stack::kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(depth) * kProbeStage;
+  // The whole ring's shared memory whatever the depth: one CTA per SM, as the persistent kernel. (Sized by
+  // depth, the first GPU run, 2026-12-05, got 4 CTAs per SM at depth 0 - 496 CTAs, past the bench's
+  // per-SM counters.)
+  config.dynamicSmemBytes = static_cast<size_t>(kProbeMaxDepth) * kProbeStage;
   config.stream = stream;
   config.attrs = attrs;
   config.numAttrs = 2;
