@@ -307,21 +307,15 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
         continue;  // v4 takes one activation row (more: v1, measured above)
       cuda::set_gemv_kernel(c.dtype, k);
       if (k == GemvKernel::V5) {
-        // v5 (tensor cores on v4's plan; FP8 as W8A8): its default (FP8: 4 chunks per batch; INT4: 2; 96 KB
-        // of staging per SM), 2 chunks ("c2", FP8), no staging ("s0"), 160 KB ("s160"), and the cp.async
-        // ring of 3 or 4 batches per warp ("r3", "r4").
-        struct V5Alt {
-          const char* suffix;
-          int chunks, smem_kb, ring;
-        };
-        for (const V5Alt& a : {V5Alt{"", 4, 96, 0}, V5Alt{" c2", 2, 96, 0}, V5Alt{" s0", 4, 0, 0},
-                               V5Alt{" s160", 4, 160, 0}, V5Alt{" r3", 4, 0, 3}, V5Alt{" r4", 4, 0, 4}}) {
-          if (a.chunks == 2 && c.dtype != DType::F8_E4M3) continue;  // INT4 takes 2 chunks anyway
-          cuda::set_gemv_v5_shape(a.chunks, a.smem_kb, a.ring);
-          const std::string name = std::string(c.name) + " v5" + a.suffix;
+        // v5 (FP8 as W8A8 on tensor cores, v4's plan): 96 KB of staging per SM (its default), none
+        // ("s0"), 160 KB ("s160").
+        for (const auto& [suffix, smem_kb] :
+             {std::pair<const char*, int>{"", 96}, {" s0", 0}, {" s160", 160}}) {
+          cuda::set_gemv_v5_smem_kb(smem_kb);
+          const std::string name = std::string(c.name) + " v5" + suffix;
           row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
         }
-        cuda::set_gemv_v5_shape(0, -1, -1);
+        cuda::set_gemv_v5_smem_kb(-1);
         continue;
       }
       // Variants: v3 with CTAs of 4 warps (c.warps4); v4 with 8 loads per lane and batch ("l8"), with

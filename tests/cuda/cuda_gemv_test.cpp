@@ -330,12 +330,11 @@ using cuda::GemvKernel;
 
 // The kernels that read a format; a scope that runs products on one of them (set_gemv_kernel) and
 // restores the default choice when it ends.
-// v5 on FP8 is W8A8 (other numerics: W8a8KernelMatchesQuantizedReference tests it); on INT4 it computes what
-// v3 does, so it runs the weight-only tests too.
+// The weight-only kernels (v5 is W8A8, other numerics: W8a8KernelMatchesQuantizedReference tests it).
 std::vector<GemvKernel> kernels_for(DType t) {
   std::vector<GemvKernel> ks;
-  for (GemvKernel k : {GemvKernel::V1, GemvKernel::V2, GemvKernel::V3, GemvKernel::V4, GemvKernel::V5})
-    if (cuda::gemv_kernel_reads(k, t) && !(k == GemvKernel::V5 && t == DType::F8_E4M3)) ks.push_back(k);
+  for (GemvKernel k : {GemvKernel::V1, GemvKernel::V2, GemvKernel::V3, GemvKernel::V4})
+    if (cuda::gemv_kernel_reads(k, t)) ks.push_back(k);
   return ks;
 }
 struct KernelScope {
@@ -364,9 +363,8 @@ int64_t k_for(DType t, bool long_rows) {
 
 // v3 takes rows of whole 4-chunk sets (K a multiple of 32 BF16 / 64 FP8 / 128 INT4; others fall back
 // to v1): 3 sets (one partial batch), or 66 sets (8 warps of 9 sets: batches of 4, 4, 1; the last warp 3).
-// v5 takes rows of whole 64-byte chunks (INT4: 128 columns) the same way.
 int64_t k_for(DType t, bool long_rows, GemvKernel kernel) {
-  if (kernel != GemvKernel::V3 && kernel != GemvKernel::V5) return k_for(t, long_rows);
+  if (kernel != GemvKernel::V3) return k_for(t, long_rows);
   const int64_t set_cols = t == DType::BF16 ? 32 : t == DType::F8_E4M3 ? 64 : 128;
   return set_cols * (long_rows ? 66 : 3);
 }
@@ -941,18 +939,15 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
                           {14336, 16, {1, 6}},  // 6 rows of codes: 86 KB of the 96 (tcs::kMaxXBytes)
                           {4096, 8193, {1}}};
   uint32_t seed = 2100;
-  // {chunks per batch, staging KB, cp.async ring slots}: the register pipeline staged or not, with 4 or 2
-  // chunks, and the ring of 3 or 4 batches (4 chunks, no staging).
-  const int shapes_v5[][3] = {{4, 96, 0}, {2, 96, 0}, {4, 0, 0}, {2, 0, 0}, {4, 0, 3}, {4, 0, 4}};
-  for (const auto& [chunks, smem_kb, ring] : shapes_v5) {
-    cuda::set_gemv_v5_shape(chunks, smem_kb, ring);
+  // Staged before the PDL wait or not.
+  for (const int smem_kb : {96, 0}) {
+    cuda::set_gemv_v5_smem_kb(smem_kb);
     for (const Variant& v : {kVariants[1], kVariants[2]})
       for (const Shape& sh : shapes) {
-        if (sh.n == 8193 && (chunks != 4 || !v.per_channel)) continue;  // the long case once per plan
+        if (sh.n == 8193 && !v.per_channel) continue;  // the long case once per plan
         const HostWeight h = make_weight(v, sh.n, sh.k, ++seed);
         for (int64_t m : sh.ms) {
-          const std::string what = v.name + " [v5] chunks=" + std::to_string(chunks) +
-                                   " smem=" + std::to_string(smem_kb) + " ring=" + std::to_string(ring) +
+          const std::string what = v.name + " [v5] smem=" + std::to_string(smem_kb) +
                                    " n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k) +
                                    " m=" + std::to_string(m);
           std::vector<float> x = randoms(static_cast<size_t>(m * sh.k), ++seed);
@@ -1003,13 +998,13 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
               const double tol = (1e-5 * gmag[gi] + 1e-6) * 1.1 * std::fabs(u) +
                                  (1e-5 * gmag[ui] + 1e-6) * std::fabs(sg) + 1e-5 * std::fabs(sg * u);
               ASSERT_LE(std::fabs(got[size_t(r * f + j)] - sg * u), tol)
-                  << v.name << " [v5] silu chunks=" << chunks << " smem=" << smem_kb << " ring=" << ring
-                  << " k=" << sh.k << " f=" << f << " m=" << m << " row " << r << " col " << j;
+                  << v.name << " [v5] silu smem=" << smem_kb << " k=" << sh.k << " f=" << f << " m=" << m
+                  << " row " << r << " col " << j;
             }
         }
       }
   }
-  cuda::set_gemv_v5_shape(0, -1, -1);
+  cuda::set_gemv_v5_smem_kb(-1);
   // Declined, so the product runs on the measured kernel (weight-only, BF16 x): rows that are not whole
   // 64-column chunks, and activation codes beyond the shared memory's 96 KB (9 rows of 14336 columns).
   for (const auto& [k, m] : {std::pair<int64_t, int64_t>{272, 1}, {14336, 9}}) {
@@ -1024,43 +1019,6 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
     expect_matches(read(out), want, mag,
                    "fp8 [v5 declines k=" + std::to_string(k) + " m=" + std::to_string(m) + "]", 2e-6);
   }
-}
-
-// v5 on INT4 (v3's numerics on v5's plan) beyond EveryFormatMatchesFloat64Reference's default shape: with
-// and without the staging, every group size with random zero points or none (S = 4, 2, 1 subsets: the
-// epilogue's subset sums within a lane and across lanes t, t ^ 1), K split over warps (few tiles of long
-// rows) or not (many tiles), plain and SiLU products at one row, plain products up to 16 / S rows.
-TEST_F(CudaGemvTest, TcStreamKernelReadsInt4LikeV3) {
-  const KernelScope scope(DType::INT4, GemvKernel::V5);
-  uint32_t seed = 2600;
-  // {staging KB, cp.async ring slots}: the register pipeline staged or not, the ring of 3 or 4 batches.
-  const int plans[][2] = {{96, 0}, {0, 0}, {0, 3}, {0, 4}};
-  for (const auto& [smem_kb, ring] : plans) {
-    cuda::set_gemv_v5_shape(0, smem_kb, ring);
-    for (const Variant& v : kStreamInt4Variants) {
-      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 8448}, {1001, 384}}) {
-        const std::string what = v.name + " [v5] smem=" + std::to_string(smem_kb) +
-                                 " ring=" + std::to_string(ring) + " n=" + std::to_string(n) +
-                                 " k=" + std::to_string(k);
-        const HostWeight h = make_weight(v, n, k, ++seed), hs = make_weight(v, 2 * n, k, ++seed);
-        const Linear l = linear(h, {}), ls = linear(hs, {});
-        std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
-        for (float& e : x) e = bf16_round(e);
-        expect_one_row_products(h, l, hs, ls, x, randoms(size_t(n), ++seed), what);
-        const int64_t most = 16 / (128 / v.group);
-        for (int64_t m : {int64_t{2}, most}) {
-          std::vector<float> xm = randoms(static_cast<size_t>(m * k), ++seed);
-          for (float& e : xm) e = bf16_round(e);
-          std::vector<double> want, mag;
-          reference(h, xm, m, {}, want, mag);
-          Tensor tx = f32({m, k}, xm), out = f32({m, n}, std::vector<float>(size_t(m * n), NAN));
-          gpu_->matmul(tx, l, out);
-          expect_matches(read(out), want, mag, what + " m=" + std::to_string(m));
-        }
-      }
-    }
-  }
-  cuda::set_gemv_v5_shape(0, -1, -1);
 }
 
 TEST_F(CudaGemvTest, FormatsWithoutKernelsAreRefused) {

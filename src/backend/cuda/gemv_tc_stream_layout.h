@@ -5,8 +5,7 @@
 //
 // A warp's tile is 16 weight rows, the A operand of the tensor-core products; lane (g, t) = (lane / 4,
 // lane % 4) holds rows g and g + 8. A row is read in chunks of 64 bytes: lane t takes bytes 16t .. 16t + 15
-// of each chunk, one 16-byte load per row (INT4: one 32-column run, decoded as v3 decodes it,
-// kernels_gemv_decode.h; the rest of this header is FP8's).
+// of each chunk, one 16-byte load per row.
 //
 // FP8 is W8A8: E4M3 weights times E4M3 activations (x quantized per token, as the FP8 GEMM of prefill and
 // the CPU backend do) on mma.sync.m16n8k32.e4m3.e4m3.f32, x as B (8 activation rows per n-tile). A weight
@@ -33,6 +32,7 @@ namespace inferx::cuda::tcs {
 constexpr int kTileRows = 16;    // weight rows of a warp's tile: the M of mma.m16n8k32
 constexpr int kTokens = 8;       // activation rows of one n-tile: its N
 constexpr int kChunkBytes = 64;  // columns of a row per chunk: four lanes x 16 bytes, two k32 steps
+constexpr int kChunks = 4;       // chunks per row and batch: 8 16-byte loads per lane in flight per batch
 constexpr int kMaxTokens = 16;   // two n-tiles
 
 // Tiles of a product: plain, 16 consecutive rows each; SiLU (gate rows [0, f) over up rows [f, 2f)), 8
@@ -122,7 +122,7 @@ inline int staged_batches(int64_t per_warp_bytes, int64_t batches, int ks, int c
 // ---- the launch plan (host): where a CTA's pieces sit in dynamic shared memory, its split and staging -----
 constexpr int kWarps = 8;                 // warps per CTA
 constexpr int kBarBytes = 128;            // one mbarrier per warp (the staging)
-constexpr int64_t kMaxXBytes = 96 << 10;  // FP8 x's codes in shared memory: m * (k + 16) bytes at most
+constexpr int64_t kMaxXBytes = 96 << 10;  // x's codes in shared memory: m * (k + 16) bytes at most
 constexpr int64_t kStaticBytes = 32 * 4;  // the kernel's static shared memory (its block reduction's scratch)
 constexpr int64_t kMaxCtaSmem = 227 * 1024;  // opt-in shared memory per CTA on sm_90
 
@@ -131,13 +131,11 @@ struct Layout {
   int ks = 1;         // warps sharing a tile (K split)
   int pf = 0;         // staged batches of each warp's first tile (0: none)
   int stage_row = 0;  // bytes per staged row (stage_row_bytes)
-  int x_stride = 0;   // FP8: bytes per activation row of codes, k + 16 (conflict-free reads of 8 rows)
+  int x_stride = 0;   // bytes per activation row of codes, k + 16 (conflict-free reads of 8 rows)
   int sums_off = 0;   // K split: [2 parities][kWarps][4 NT][32 lanes] floats
-  int x_off = 0;      // FP8: codes [m][x_stride]
-  int xs_off = 0;     // FP8: activation scales [kMaxTokens] floats
+  int x_off = 0;      // codes [m][x_stride]
+  int xs_off = 0;     // activation scales [kMaxTokens] floats
   int stage_off = 0;  // [kWarps][16 rows][stage_row]
-  int ring = 0;       // cp.async ring: slots per warp (3 or 4; 0: none)
-  int ring_off = 0;   // [kWarps][ring][2 rows][U][32 lanes][16 bytes]
 };
 struct Plan {
   Layout layout;
@@ -149,12 +147,10 @@ struct PlanInput {
   int64_t rows = 0, f = 0;  // plain: rows; SiLU: f (gate rows over up rows)
   bool silu = false;
   int64_t row_bytes = 0;  // a whole number of chunks
-  int64_t k = 0;          // columns (FP8: x's codes per activation row)
+  int64_t k = 0;          // columns: x's codes per activation row
   int m = 1;              // activation rows
-  bool fp8 = true;        // x quantized into shared memory (FP8), else read from L1 (INT4)
-  int nt = 1, u = 4;      // n-tiles, chunks per batch
-  int ring = 0;           // 0, 3, 4
-  int staging_kb = 96;    // staging budget per SM (register pipeline only)
+  int nt = 1;             // n-tiles
+  int staging_kb = 96;    // staging budget per SM
   int by_regs = 2;        // CTAs per SM the registers allow
   int sms = 132, sm_bytes = 228 * 1024, reserved = 1024;
 };
@@ -162,30 +158,24 @@ inline Plan plan_launch(const PlanInput& in) {
   Plan pl;
   Layout& L = pl.layout;
   L.tiles = tile_count(in.rows, in.f, in.silu);
-  const int64_t chunks = in.row_bytes / kChunkBytes, batches = (chunks + in.u - 1) / in.u;
+  const int64_t chunks = in.row_bytes / kChunkBytes, batches = (chunks + kChunks - 1) / kChunks;
   auto up = [](int64_t v, int64_t a) { return (v + a - 1) / a * a; };
   L.sums_off = kBarBytes;
-  L.x_stride = in.fp8 ? static_cast<int>(in.k + 16) : 0;
+  L.x_stride = static_cast<int>(in.k + 16);
   L.x_off = static_cast<int>(up(L.sums_off + int64_t{2} * kWarps * 4 * in.nt * 32 * 4, 16));
   L.xs_off = static_cast<int>(up(L.x_off + int64_t{in.m} * L.x_stride, 16));
   L.stage_off = static_cast<int>(up(L.xs_off + kMaxTokens * 4, 128));
-  // The ring takes the staging's place: ring slots x 2 rows x U granules per lane.
-  L.ring = in.ring;
-  L.ring_off = L.stage_off;
-  const int64_t ring_bytes = int64_t{kWarps} * L.ring * 2 * in.u * 32 * 16;
   // CTAs per SM: by registers, and by shared memory without staging; the staging then shares the budget.
-  const int64_t fixed = L.stage_off + ring_bytes;
+  const int64_t fixed = L.stage_off;
   if (fixed + kStaticBytes > kMaxCtaSmem) return pl;
   pl.per_sm =
       static_cast<int>(std::min<int64_t>(in.by_regs, in.sm_bytes / (fixed + kStaticBytes + in.reserved)));
   if (pl.per_sm < 1) return pl;
   L.ks = ksplit_for(L.tiles, batches, int64_t{in.sms} * pl.per_sm * kWarps, kWarps);
-  if (in.ring == 0) {
-    const int64_t room = std::min<int64_t>(int64_t{in.staging_kb} * 1024 / pl.per_sm,
-                                           in.sm_bytes / pl.per_sm - fixed - kStaticBytes - in.reserved);
-    L.pf = staged_batches(room / kWarps, batches, L.ks, in.u);
-    L.stage_row = L.pf > 0 ? static_cast<int>(stage_row_bytes(L.pf, in.u)) : 0;
-  }
+  const int64_t room = std::min<int64_t>(int64_t{in.staging_kb} * 1024 / pl.per_sm,
+                                         in.sm_bytes / pl.per_sm - fixed - kStaticBytes - in.reserved);
+  L.pf = staged_batches(room / kWarps, batches, L.ks, kChunks);
+  L.stage_row = L.pf > 0 ? static_cast<int>(stage_row_bytes(L.pf, kChunks)) : 0;
   pl.smem = fixed + int64_t{kWarps} * kTileRows * L.stage_row;
   pl.ctas = std::min<int64_t>(int64_t{in.sms} * pl.per_sm, L.tiles);
   return pl;

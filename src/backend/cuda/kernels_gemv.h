@@ -9,8 +9,8 @@
 // Five kernels (kernels_gemv.cu): v1 (one 16-byte granule per lane and load, per-element conversions; all
 // formats), v2 (8 columns per lane and step, kernels_gemv_decode.h; FP8, INT4, Q8_0, Q4_K), v3 (the
 // dot products on tensor cores, weights decoded to BF16; BF16, FP8, INT4), v4 (persistent warps
-// streaming rows, one activation row; BF16, FP8, INT4) and v5 (v3's tensor-core products on v4's
-// streaming plan; BF16, FP8 as W8A8 on E4M3 tensor cores, INT4; opt-in until measured). Each format runs on
+// streaming rows, one activation row; BF16, FP8, INT4) and v5 (FP8 as W8A8 on E4M3 tensor cores on v4's
+// streaming plan; opt-in). Each format runs on
 // the fastest measured one unless set_gemv_kernel or INFERX_GEMV_KERNEL (read once: "v1", "int4=v4,fp8=v1",
 // ...) says otherwise; v2 gives a warp two rows from INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never). Rows
 // of x beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each). Pointers are device
@@ -74,9 +74,8 @@ bool gemv_norm_fuses(DType dtype, int64_t k);
 void set_gemv_norm_fusion(int on);
 
 // The kernel generation that runs a format's products; Default: the measured choice (or the environment's).
-// V5 reads BF16, FP8 and INT4; for FP8 it is W8A8: it quantizes x per token to E4M3 (the FP8 GEMM's and the
-// CPU backend's codes) where v1-v4 read x in BF16 (weight-only), so its FP8 outputs differ from theirs by x's
-// rounding (BF16, INT4: the same numerics as v3).
+// V5 reads FP8 only, as W8A8: it quantizes x per token to E4M3 (the FP8 GEMM's and the CPU backend's codes)
+// where v1-v4 read x in BF16 (weight-only), so its outputs differ from theirs by x's rounding.
 enum class GemvKernel : uint8_t { Default, V1, V2, V3, V4, V5 };
 bool gemv_kernel_reads(GemvKernel kernel, DType dtype);
 const char* gemv_kernel_name(GemvKernel kernel);
@@ -111,12 +110,8 @@ int gemv_v4_staged_batches(int64_t ctas, int sms, int rows_per_warp, int loads, 
                            int smem_kb);
 size_t gemv_v4_smem_bytes(int rows_per_warp, int loads, int batches);
 
-// v5's 64-byte chunks per row and batch for FP8 (2 or 4: 4 or 8 16-byte loads per lane; 0:
-// INFERX_GEMV_V5_CHUNKS, default 4; INT4 always 2), its staging budget per SM in KB (0: off; -1:
-// INFERX_GEMV_V5_SMEM_KB, default 96), and its cp.async ring (3 or 4 batches per warp in shared memory
-// instead of a second batch of registers, 4 chunks per batch for both formats, no staging; 0: off; -1:
-// INFERX_GEMV_V5_RING, default 0).
-void set_gemv_v5_shape(int chunks, int smem_kb, int ring = -1);
+// v5's staging budget per SM in KB (0: off; -1: INFERX_GEMV_V5_SMEM_KB, default 96).
+void set_gemv_v5_smem_kb(int smem_kb);
 
 // Whether the kernels take this format with k input columns (and, INT4, group size); the caller also
 // checks alignment with gemv_aligned.
