@@ -1135,11 +1135,9 @@ void bench_grid_barrier(Bench& b, int reps) {
   const int sms = gpu.sm_count();
   constexpr int64_t kSlice = int64_t{8} << 20;
   const void* src = b.random(static_cast<size_t>(kSlice) * static_cast<size_t>(sms), 91);
-  // Per-CTA counters for up to 8 CTAs per SM (the launchers take one per SM; a check below keeps it so).
-  const int max_ctas = 8 * sms;
-  b.keep.push_back(gpu.allocate(static_cast<size_t>(max_ctas) * sizeof(unsigned long long)));
+  b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * sizeof(unsigned long long)));
   auto* streamed = static_cast<unsigned long long*>(b.keep.back()->data());
-  std::vector<unsigned long long> host(static_cast<size_t>(max_ctas));
+  std::vector<unsigned long long> host(static_cast<size_t>(sms));
   // The last launch's streamed bytes over `ctas` CTAs per second of one launch (s), in GB/s.
   auto stream_gbs = [&](int ctas, double s) {
     gpu.synchronize();
@@ -1149,9 +1147,9 @@ void bench_grid_barrier(Bench& b, int reps) {
     return bytes / s / 1e9;
   };
   // "+ writes": each CTA stores 64 floats before every round (a phase's outputs), so the release waits for
-  // their acknowledgements, and the cluster barrier runs the persistent kernel's protocol (every CTA fences
-  // before it arrives).
-  b.keep.push_back(gpu.allocate(static_cast<size_t>(max_ctas) * 64 * sizeof(float)));
+  // their acknowledgements. (A two-level barrier over clusters was probed here too and lost at every depth:
+  // docs/benchmarks.md, H100 2026-12-06 00:42.)
+  b.keep.push_back(gpu.allocate(static_cast<size_t>(sms) * 64 * sizeof(float)));
   auto* writes = static_cast<float*>(b.keep.back()->data());
   constexpr int kStreamRounds = 2000;
   for (bool with_writes : {false, true})
@@ -1169,31 +1167,6 @@ void bench_grid_barrier(Bench& b, int reps) {
           "GB/s\n",
           with_writes ? " + writes" : "", sms, depth * 16, 1e6 * s / kStreamRounds, gbs);
     }
-  // The two-level barrier over clusters (members released through distributed shared memory), leaders
-  // streaming or not.
-  for (bool with_writes : {false, true})
-    for (int cluster : {4, 2})
-      for (bool leaders_stream : {true, false})
-        for (int depth : {0, 2, 6, 12}) {
-          int ctas = 0;
-          const double s = b.time(
-              [&] {
-                CUDA_CHECK(cuda::launch_cluster_barrier_stream_probe(
-                    words, kStreamRounds, cluster, src, kSlice, depth, leaders_stream, streamed,
-                    with_writes ? writes : nullptr, &ctas, stream));
-              },
-              reps);
-          if (ctas > sms) {  // not the persistent kernel's shape (and the counters' bound)
-            std::printf("cluster barrier probe: %d CTAs for %d SMs, stopped\n", ctas, sms);
-            return;
-          }
-          const double gbs = depth > 0 ? stream_gbs(ctas, s) : 0.0;
-          std::printf(
-              "cluster barrier under a stream%s, clusters of %d, %d CTAs, leaders %s, %3d KB in flight per "
-              "streaming SM: %.3f us per round, stream %.0f GB/s\n",
-              with_writes ? " + writes" : "", cluster, ctas, leaders_stream ? "stream" : "idle", depth * 16,
-              1e6 * s / kStreamRounds, gbs);
-        }
 }
 
 int run(bool quick, bool gemm_only) {

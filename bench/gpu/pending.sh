@@ -4,19 +4,15 @@
 # 1. Correctness of the fixes of 7e02d57 and the FP8-only GEMV v5: every GPU test binary (the W8A8 test's
 #    declined shape; v5 no longer in the weight-only tests; the persistent kernel's FP8 MMA cases, which hung
 #    on the 8B shape before the owner fix), then batch 1 at 1k context for the three formats.
-# 2. The cluster barrier probe (one CTA per SM now; its first run stopped at an illegal address): worth
-#    building on only if its "+ writes" rows stay well under the plain barrier's at 32-192 KB in flight
-#    (plain, H200 12-05 22:40: 2.5 / 7.7 / 14.5 us at 32 / 96 / 192 KB).
-# 3. The persistent decode kernel on an H200: per-op vs stack one stage ahead, its bound without barriers
-#    (skip2), with two-level barriers over clusters of 2 / 4, and its FP8 phases on tensor cores (mmaif1;
-#    mmaskip2 = FP8's bound without barriers, 76% of the roofline with scalar consumers on an H100).
+# 2. The grid barrier probes on the card at hand (the cluster barrier lost on an H100, 12-06, and is gone).
+# 3. The persistent decode kernel on an H200: per-op vs stack one stage ahead and its bound without
+#    barriers (skip2), with the per-phase profile; its FP8 phases on tensor cores (mmaif1, mmaskip2) only
+#    once their decode-stack tests pass (H100 12-06: the 8B and Mistral cases 0.10 off, not found yet).
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
 # What to do with the answers (record every figure in docs/benchmarks.md first):
-#   - v5 faster than v4 for the 8B on an H100 as on the H200, tests green: make it FP8's measured default at
-#     one row for products up to 8192 columns (kernels_gemv.cu measured_kernel; the 70B lost).
-#   - cluster rows "+ writes" well under the plain barrier's and cl2if1 / cl4if1 faster than if1: keep the
-#     two-level barrier; otherwise remove INFERX_DECODE_STACK_CLUSTER and cluster_sync.cuh.
+#   - v5 (FP8 W8A8): slower than v4 on an H100 (3.597 vs 3.545 ms, 12-06), faster on one H200 node (-2.4%):
+#     rerun on an H200 beside v4 before any default changes; remove it if it does not win there again.
 #   - mmaif1 faster than if1 for fp8:lm_head: the persistent kernel's FP8 phases go on tensor cores by default.
 # STEPS (default "1 2 3 4") picks the steps; run STEPS="1 2" (~4 min), then STEPS="3 4" (~5 min).
 set -uo pipefail
@@ -29,13 +25,12 @@ step 1 && for t in test_cuda_backend test_cuda_qgemm test_cuda_engine test_cuda_
   echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -20
 done
-step 2 && INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^grid barrier|^cluster barrier|rror"
+step 2 && INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^grid barrier|rror"
 step 1 && SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
   grep "^decode"
 step 3 && QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1
   skip2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_SKIP=2
-  cl2if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_CLUSTER=2
-  cl4if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_CLUSTER=4
+  if1prof:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_PROFILE=1
   mmaif1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_MMA=1
   mmaskip2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_MMA=1,INFERX_DECODE_STACK_SKIP=2" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests"

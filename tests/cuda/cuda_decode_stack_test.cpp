@@ -3,7 +3,7 @@
 // per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
 // 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
 // FP8 weights (per channel, and the vocabulary projection) and an FP8 KV cache, the producer's
-// in-flight stage limit (1 to 3 stages), the two-level grid barrier over clusters of 2 and 4, FP8 on tensor
+// in-flight stage limit (1 to 3 stages), FP8 on tensor
 // cores (W8A8, against the per-op path's W8A8 GEMV v5), and the kernel's generic instance as well as those
 // for one weight format (mixed formats, e.g. FP8 layers with a
 // BF16 vocabulary projection, run the generic one). Decode steps run through SequenceRunner, so they are
@@ -35,7 +35,6 @@ struct Case {
   int steps = 12;
   int inflight = 0;      // the producer's in-flight stage limit (CudaBackendOptions::decode_stack_inflight)
   bool generic = false;  // the kernel's generic instance instead of the one for the model's weight format
-  int cluster = 0;       // the two-level grid barrier over clusters of this size (decode_stack_cluster)
   bool mma = false;      // FP8 on tensor cores, W8A8 (decode_stack_mma); the per-op reference then runs its
                          // FP8 products on GEMV v5, W8A8 too
 };
@@ -58,7 +57,7 @@ int32_t argmax(const std::vector<float>& v) {
 // Runs prompt + steps; feeds `forced` tokens when given, else the greedy token of each step.
 Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& forced) {
   auto& cuda = static_cast<CudaBackend&>(model.backend());
-  cuda.set_decode_stack(stack, c.inflight, c.generic, c.cluster, c.mma);  // off by default (cuda_backend.h)
+  cuda.set_decode_stack(stack, c.inflight, c.generic, c.mma);  // off by default (cuda_backend.h)
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -164,21 +163,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "fp8:lm_head"},  // the FP8, head size 64 instance
                       Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 0, true},
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 0, true},
-                      Case{"tiny", "", DType::BF16, 0, 300, 12, 0, false, 2},  // two-level barriers
-                      Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 1, false, 2},
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 0, false, 4},
-                      Case{"tiny", "fp8:lm_head", DType::BF16, 0, 300, 12, 0, false, 0, true},  // FP8 MMA
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 1, false, 0, true},
-                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8, 0, false, 0, true}),
+                      Case{"tiny", "fp8:lm_head", DType::BF16, 0, 300, 12, 0, false, true},  // FP8 MMA
+                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 1, false, true},
+                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8, 0, false, true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
                       (info.param.kv == DType::F8_E4M3 ? "_kvfp8" : "") +
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "") +
                       (info.param.inflight ? "_inflight" + std::to_string(info.param.inflight) : "") +
-                      (info.param.generic ? "_generic" : "") +
-                      (info.param.cluster ? "_cluster" + std::to_string(info.param.cluster) : "") +
-                      (info.param.mma ? "_mma" : "");
+                      (info.param.generic ? "_generic" : "") + (info.param.mma ? "_mma" : "");
       for (char& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

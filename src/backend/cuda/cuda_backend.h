@@ -88,9 +88,6 @@ struct CudaBackendOptions {
   int decode_stack_stage_kb = 32;
   // How many ring stages its producer keeps in flight (requested, not landed); 0: up to the ring's depth.
   int decode_stack_inflight = 0;
-  // Its grid barriers: 0, one global counter; 2 or 4, two levels over thread-block clusters of that size
-  // (members signalled SM to SM, one global poll per cluster: kernels_decode_stack.h). Not yet measured.
-  int decode_stack_cluster = 0;
   // Its FP8 products on tensor cores (W8A8, one warp per stage: kernels_decode_stack.h fp8_mma). Not yet
   // measured.
   bool decode_stack_mma = false;
@@ -112,7 +109,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
-// INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12, INFERX_DECODE_STACK_CLUSTER=0|2|4,
+// INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
 // INFERX_DECODE_STACK_MMA=0|1,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
 // INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
@@ -185,11 +182,10 @@ class CudaBackend final : public Backend {
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
   // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, int inflight = 0, bool generic = false, int cluster = 0, bool mma = false) {
+  void set_decode_stack(bool on, int inflight = 0, bool generic = false, bool mma = false) {
     options_.decode_stack = on;
     options_.decode_stack_inflight = inflight;
     options_.decode_stack_generic = generic;
-    options_.decode_stack_cluster = cluster;
     options_.decode_stack_mma = mma;
   }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
@@ -309,10 +305,6 @@ class CudaBackend final : public Backend {
   // The persistent decode kernel's scratch (q/k/v, attention output and partials, MLP activation, grid
   // barrier) and its parameter block (~25 KB, built per step; heap, not the stack).
   Scratch decode_stack_scratch_, decode_stack_profile_;
-  // The cluster launch's grid for (decode_stack_cluster_smem_, decode_stack_cluster_for_), set by an eager
-  // step.
-  int decode_stack_cluster_grid_ = 0, decode_stack_cluster_for_ = 0;
-  size_t decode_stack_cluster_smem_ = 0;
   std::unique_ptr<cuda::DecodeStackParams> decode_stack_params_;
   size_t decode_stack_smem_ = 0;  // the shared-memory size the kernel's attribute was set for
   int decode_stack_ctas_ = 0;

@@ -212,25 +212,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
                    smem);
   }
   if (decode_stack_ctas_ < 1) return false;
-  int grid = sm_count_;
-  if (options_.decode_stack_cluster > 1) {
-    // Whole clusters that fit at once (a cluster lives in one GPC): asked once per size and smem.
-    p.cluster = options_.decode_stack_cluster;
-    if (decode_stack_cluster_for_ != p.cluster || smem != decode_stack_cluster_smem_) {
-      if (capturing_) return false;
-      decode_stack_cluster_grid_ = std::min(cuda::decode_stack_cluster_grid(p, smem), sm_count_);
-      decode_stack_cluster_grid_ -= decode_stack_cluster_grid_ % p.cluster;
-      decode_stack_cluster_for_ = p.cluster;
-      decode_stack_cluster_smem_ = smem;
-      if (decode_stack_cluster_grid_ < p.cluster)
-        std::fprintf(stderr,
-                     "inferx cuda: no cluster of %d persistent decode CTAs fits at once; batch-1 decode runs "
-                     "the per-op kernels\n",
-                     p.cluster);
-    }
-    if (decode_stack_cluster_grid_ < p.cluster) return false;
-    grid = decode_stack_cluster_grid_;
-  }
+  const int grid = sm_count_;
   p.splits = std::clamp(grid / static_cast<int>(hkv), 1, cuda::kMaxStackSplits);
   const size_t bytes = cuda::decode_stack_scratch(p, static_cast<int32_t>(inter), nullptr);
   if (capturing_ && bytes > decode_stack_scratch_.bytes) return false;

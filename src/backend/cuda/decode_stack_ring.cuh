@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "backend/cuda/bulk_copy.cuh"
-#include "backend/cuda/cluster_sync.cuh"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels_decode_stack.h"
 
@@ -27,12 +26,9 @@ constexpr int kKeyWords = kMaxKeysPerStage / 32;
 constexpr int kMaxStages = 12;  // ring depth (16 KB stages fill shared memory better than 32 KB ones)
 // Offsets (floats) in the misc area: scratch and flag, the 2 x kMaxStages mbarriers, key bits.
 constexpr int kMiscKeyBits = 32 + 2 * kMaxStages * 2;
-// Then the two-level barrier's gather and release mbarriers (cluster mode), 8-byte aligned.
-constexpr int kMiscClusterBars = kMiscKeyBits + kMaxStages * kKeyWords;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
 constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers, key bits
-static_assert(kMiscClusterBars % 2 == 0 && (kMiscClusterBars + 4) * 4 <= kMiscBytes,
-              "the misc area's layout");
+static_assert((kMiscKeyBits + kMaxStages * kKeyWords) * 4 <= kMiscBytes, "the misc area's layout");
 
 // ---- stage geometry (host and device) -----------------------------------------------------------------
 // A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product),
@@ -115,36 +111,6 @@ __device__ __forceinline__ void counter_arrive_and_wait(uint32_t* counter, uint3
 __device__ __forceinline__ void grid_barrier(uint32_t* counter, uint32_t target) {
   consumer_sync();
   if (threadIdx.x == 0) counter_arrive_and_wait(counter, target);
-  consumer_sync();
-}
-
-// The same barrier in two levels over thread-block clusters (DecodeStackParams::cluster; the model and the
-// probe behind it: docs/architecture.md, kernels_sync_probes.cu). Thread 0 of every CTA makes its CTA's
-// phase outputs visible at GPU scope (the CTA barrier orders the other threads' writes before its fence)
-// and arrives on its cluster leader's `gather` mbarrier through distributed shared memory; the leader
-// (rank 0), once its cluster has arrived, takes the global counter (release add, acquire spin; `target`
-// grows by the number of clusters per barrier) and arrives on each member's `release` mbarrier, which the
-// member waits on locally. So only one CTA per cluster polls L2 - behind its own streamed bytes - and the
-// members learn the outcome SM to SM. `round` counts the barriers (1, 2, ...): phase parity (round - 1) & 1.
-struct ClusterBarrier {
-  uint64_t* gather = nullptr;   // this CTA's (used on the leader)
-  uint64_t* release = nullptr;  // this CTA's (used on the members)
-  uint32_t rank = 0, size = 1, clusters = 1;
-};
-__device__ __forceinline__ void cluster_grid_barrier(uint32_t* counter, uint32_t round,
-                                                     const ClusterBarrier& cb) {
-  consumer_sync();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    remote_arrive(cluster_addr(cb.gather, 0));
-    if (cb.rank == 0) {
-      wait_cluster_phase(cb.gather, (round - 1) & 1);
-      counter_arrive_and_wait(counter, round * cb.clusters);
-      for (uint32_t m = 1; m < cb.size; ++m) remote_arrive(cluster_addr(cb.release, m));
-    } else {
-      wait_cluster_phase(cb.release, (round - 1) & 1);
-    }
-  }
   consumer_sync();
 }
 

@@ -181,15 +181,6 @@ cudaError_t launch_barrier_probe(int variant, uint32_t* words, int rounds, int c
 cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas, const void* src,
                                         int64_t slice_bytes, int depth, unsigned long long* streamed,
                                         float* writes, cudaStream_t stream);
-// The same with a two-level barrier over clusters of `cluster` CTAs (2..8; members signal their leader and
-// are released through distributed shared memory, leaders meet on the global counter); leaders_stream false:
-// the leaders' producers do not stream. *ctas receives the grid (whole clusters that fit at once); src must
-// hold that many slices (the SM count's worth is enough). writes: as above, with the persistent kernel's
-// fences (every CTA's before it arrives on the gather).
-cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, int cluster, const void* src,
-                                                int64_t slice_bytes, int depth, bool leaders_stream,
-                                                unsigned long long* streamed, float* writes, int* ctas,
-                                                cudaStream_t stream);
 // One kernel of `ctas` CTAs of `threads` threads that does nothing but wait for its predecessor (with
 // programmatic dependent launch when pdl, and pdl_enabled()) and add one to *word: chained in a CUDA graph,
 // the cost of a kernel boundary alone.

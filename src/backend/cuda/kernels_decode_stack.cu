@@ -464,27 +464,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   ring.full = reinterpret_cast<uint64_t*>(misc + 32);
   auto* key_bits = reinterpret_cast<uint32_t*>(misc + kMiscKeyBits);  // [stages][kKeyWords]
   ring.empty = ring.full + p.stages;
-  ClusterBarrier cb;
-  if (p.cluster > 1) {
-    cb.gather = reinterpret_cast<uint64_t*>(misc + kMiscClusterBars);
-    cb.release = cb.gather + 1;
-    cb.rank = cluster_rank();
-    cb.size = static_cast<uint32_t>(p.cluster);
-    cb.clusters = gridDim.x / cb.size;
-  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.stages; ++s) {
       mbar_init(&ring.full[s], 1);
       mbar_init(&ring.empty[s], kConsumerWarps);  // every consumer warp releases every stage
     }
-    if (p.cluster > 1) {
-      mbar_init(cb.gather, cb.size);  // the cluster's thread 0s (used on the leader)
-      mbar_init(cb.release, 1);       // the leader's release (used on the members)
-    }
     mbar_init_fence();
   }
   __syncthreads();
-  if (p.cluster > 1) cluster_sync_all();  // every CTA's barriers initialised before a remote arrival
   if (threadIdx.x >= kConsumers) {
     producer(p, ring, key_bits);
     return;
@@ -498,10 +485,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto sync_grid = [&] {
     if (p.skip & 2) return;
     ++barriers;
-    if (p.cluster > 1)
-      cluster_grid_barrier(counter, barriers, cb);
-    else
-      grid_barrier(counter, barriers * gridDim.x);
+    grid_barrier(counter, barriers * gridDim.x);
   };
   const int32_t qd = p.hq * p.hd, inter = p.layers[0].down.k;
   for (int l = 0; l < p.num_layers; ++l) {
@@ -626,48 +610,21 @@ int decode_stack_ctas_per_sm(size_t smem) {
   return least;
 }
 
-namespace {
-cudaLaunchAttribute cluster_dim_attribute(int cluster) {
-  cudaLaunchAttribute a = {};
-  a.id = cudaLaunchAttributeClusterDimension;
-  a.val.clusterDim.x = static_cast<unsigned>(cluster);
-  a.val.clusterDim.y = 1;
-  a.val.clusterDim.z = 1;
-  return a;
-}
-}  // namespace
-
-int decode_stack_cluster_grid(const DecodeStackParams& p, size_t smem) {
-  if (p.cluster != 2 && p.cluster != 4) return 0;
-  cudaLaunchAttribute attr = cluster_dim_attribute(p.cluster);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.cluster));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, stack_instance(p).kernel, &config) != cudaSuccess) return 0;
-  return clusters * p.cluster;
-}
-
 cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream) {
-  if (p.num_layers < 1 || p.num_layers > kMaxStackLayers || p.splits < 1 || p.splits > kMaxStackSplits ||
-      (p.cluster > 1 && grid % p.cluster != 0))
+  if (p.num_layers < 1 || p.num_layers > kMaxStackLayers || p.splits < 1 || p.splits > kMaxStackSplits)
     return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(p.control, 0, (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t), stream);
   if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attrs[2] = {};  // all CTAs resident at once (the grid barriers need it)
+  cudaLaunchAttribute attrs[1] = {};  // all CTAs resident at once (the grid barriers need it)
   attrs[0].id = cudaLaunchAttributeCooperative;
   attrs[0].val.cooperative = 1;
-  if (p.cluster > 1) attrs[1] = cluster_dim_attribute(p.cluster);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(grid));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attrs;
-  config.numAttrs = p.cluster > 1 ? 2 : 1;
+  config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, stack_instance(p).kernel, p);
 }
 

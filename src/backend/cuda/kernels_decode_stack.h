@@ -93,10 +93,6 @@ struct DecodeStackParams {
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
-  // Grid barriers: 0 or 1, one counter every CTA's thread 0 adds to and polls (stack::grid_barrier); 2 or 4,
-  // two levels over thread-block clusters of that size (stack::cluster_grid_barrier; the launch is then a
-  // cooperative cluster launch of decode_stack_cluster_grid CTAs).
-  int32_t cluster = 0;
   // FP8 matrices (with k a multiple of 32) on tensor cores, W8A8: each phase's input quantized per token to
   // E4M3, each stage taken whole by one warp (kernels_decode_stack.cu consume_matrix_mma). Not yet measured.
   uint8_t fp8_mma = 0;
@@ -129,12 +125,7 @@ size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base);
 int decode_stack_ctas_per_sm(size_t smem);
 // The kernel instance launch_decode_stack runs for p ("generic", "bf16_hd128", "fp8_hd64", ...).
 const char* decode_stack_instance_name(const DecodeStackParams& p);
-// With p.cluster 2 or 4: how many CTAs of `smem` bytes the cluster launch can keep resident at once (whole
-// clusters; a cluster lives in one GPC, so some SMs may stay idle); 0 when none (or p.cluster < 2). The
-// kernel's shared-memory attribute must be set (decode_stack_ctas_per_sm does it).
-int decode_stack_cluster_grid(const DecodeStackParams& p, size_t smem);
-// Zeroes p.control and launches `grid` cooperative CTAs (one per SM; with p.cluster > 1 in clusters of that
-// size, grid from decode_stack_cluster_grid).
+// Zeroes p.control and launches `grid` cooperative CTAs (one per SM).
 cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t smem, cudaStream_t stream);
 
 }  // namespace inferx::cuda

@@ -21,7 +21,6 @@
 #include <cstdint>
 
 #include "backend/cuda/bulk_copy.cuh"
-#include "backend/cuda/cluster_sync.cuh"
 #include "backend/cuda/decode_stack_ring.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -137,67 +136,6 @@ __global__ void __launch_bounds__(stack::kThreads, 1)
       ring, full, depth, src + static_cast<int64_t>(blockIdx.x) * slice_bytes, slice_bytes, done);
 }
 
-// The candidate fix, measured in the same way: a two-level barrier whose signals to streaming CTAs travel
-// by distributed shared memory inside a cluster, not back through the L2 return path. Clusters of C CTAs
-// (cooperative cluster launch); each CTA's thread 0 arrives on its cluster leader's (rank 0) "gather"
-// mbarrier; the leader, once all C have arrived, takes the global counter (release add, acquire spin) and
-// then arrives on each member's "release" mbarrier, which the member waits on. So only the leaders make
-// the global round trip; with leaders_stream false the leaders' producers do not stream (the question: is
-// a leader's poll fast when its own SM has nothing in flight?). Timing only: the probe carries no data, so
-// the ordering a real barrier needs for the members' writes is left out - unless `writes` is set: then every
-// CTA stores a phase's outputs before each round (phase_writes) and the protocol is the persistent kernel's
-// (stack::cluster_grid_barrier): every CTA, leader included, fences at GPU scope (its stores visible to every
-// CTA) before it arrives on the gather, so the leader's release add needs no fence of its own.
-__global__ void __launch_bounds__(stack::kThreads, 1)
-    cluster_barrier_stream_probe_kernel(uint32_t* counter, int rounds, int cluster, const uint8_t* src,
-                                        int64_t slice_bytes, int depth, bool leaders_stream,
-                                        unsigned long long* streamed, float* writes) {
-  extern __shared__ __align__(128) uint8_t ring[];
-  __shared__ uint64_t full[kProbeMaxDepth];
-  __shared__ uint64_t gather, release;
-  __shared__ volatile int done;
-  const uint32_t rank = cluster_rank();
-  const uint32_t clusters = gridDim.x / static_cast<uint32_t>(cluster);
-  if (threadIdx.x == 0) {
-    done = 0;
-    for (int i = 0; i < depth; ++i) mbar_init(&full[i], 1);
-    mbar_init(&gather, static_cast<uint32_t>(cluster));
-    mbar_init(&release, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  // Every CTA's barriers initialised before any remote arrival (all threads, before the roles split).
-  cluster_sync_all();
-  if (threadIdx.x < stack::kConsumers) {
-    const uint32_t leader_gather = cluster_addr(&gather, 0);
-    for (uint32_t r = 1; r <= static_cast<uint32_t>(rounds); ++r) {
-      phase_writes(writes, r);
-      stack::consumer_sync();
-      if (threadIdx.x == 0) {
-        if (writes != nullptr) __threadfence();
-        remote_arrive(leader_gather);
-        if (rank == 0) {
-          wait_cluster_phase(&gather, (r - 1) & 1);
-          stack::counter_arrive_and_wait(counter, r * clusters);
-          for (int m = 1; m < cluster; ++m) remote_arrive(cluster_addr(&release, static_cast<uint32_t>(m)));
-        } else {
-          wait_cluster_phase(&release, (r - 1) & 1);
-        }
-      }
-      stack::consumer_sync();
-    }
-    if (threadIdx.x == 0) done = 1;
-    return;
-  }
-  const bool streams = depth > 0 && (leaders_stream || rank != 0);
-  if (threadIdx.x != stack::kConsumers) return;
-  if (!streams) {
-    streamed[blockIdx.x] = 0;
-    return;
-  }
-  streamed[blockIdx.x] = stream_until_done(
-      ring, full, depth, src + static_cast<int64_t>(blockIdx.x) * slice_bytes, slice_bytes, done);
-}
-
 // The boundary probe: a kernel with no work but a dependency on its predecessor (block 0's thread 0 adds one
 // to a word the previous launch wrote, after the PDL wait), so that a chain of them in a CUDA graph costs
 // the kernel boundary alone: launch, the previous grid's completion and the release of the wait. The
@@ -252,49 +190,6 @@ cudaError_t launch_barrier_stream_probe(uint32_t* counter, int rounds, int ctas,
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(barrier_stream_probe_kernel),
                                      dim3(static_cast<unsigned>(ctas)), dim3(stack::kThreads), args, smem,
                                      stream);
-}
-
-cudaError_t launch_cluster_barrier_stream_probe(uint32_t* counter, int rounds, int cluster, const void* src,
-                                                int64_t slice_bytes, int depth, bool leaders_stream,
-                                                unsigned long long* streamed, float* writes, int* ctas,
-                                                cudaStream_t stream) {
-  if (counter == nullptr || rounds < 1 || cluster < 2 || cluster > 8 || depth < 0 || depth > kProbeMaxDepth ||
-      ctas == nullptr || src == nullptr || streamed == nullptr || slice_bytes < kProbeStage ||
-      slice_bytes % kProbeStage != 0)
-    return cudaErrorInvalidValue;
-  cudaError_t st = cudaMemsetAsync(counter, 0, sizeof(uint32_t), stream);
-  if (st != cudaSuccess) return st;
-  const auto kernel = cluster_barrier_stream_probe_kernel;
-  st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            static_cast<int>(kProbeMaxDepth * kProbeStage));
-  if (st != cudaSuccess) return st;
-  cudaLaunchAttribute attrs[2];
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeCooperative;
-  attrs[1].val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.blockDim = dim3(stack::kThreads);
-  // The whole ring's shared memory whatever the depth: one CTA per SM, as the persistent kernel. (Sized by
-  // depth, the first GPU run, 2026-12-05, got 4 CTAs per SM at depth 0 - 496 CTAs, past the bench's
-  // per-SM counters.)
-  config.dynamicSmemBytes = static_cast<size_t>(kProbeMaxDepth) * kProbeStage;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = 2;
-  // As many whole clusters as can be resident at once (a cluster lives in one GPC, so some SMs may idle).
-  int max_clusters = 0;
-  config.gridDim = dim3(static_cast<unsigned>(cluster));
-  st = cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config);
-  if (st != cudaSuccess) return st;
-  if (max_clusters < 1) return cudaErrorInvalidConfiguration;
-  *ctas = max_clusters * cluster;
-  config.gridDim = dim3(static_cast<unsigned>(*ctas));
-  const auto* bytes = static_cast<const uint8_t*>(src);
-  return cudaLaunchKernelEx(&config, kernel, counter, rounds, cluster, bytes, slice_bytes, depth,
-                            leaders_stream, streamed, writes);
 }
 
 }  // namespace inferx::cuda
