@@ -3,11 +3,10 @@
 // per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
 // 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
 // FP8 weights (per channel, and the vocabulary projection) and an FP8 KV cache, the producer's
-// in-flight stage limit (1 to 3 stages), FP8 on tensor
-// cores (W8A8, against the per-op path's W8A8 GEMV v5), and the kernel's generic instance as well as those
-// for one weight format (mixed formats, e.g. FP8 layers with a
-// BF16 vocabulary projection, run the generic one). Decode steps run through SequenceRunner, so they are
-// recorded into a CUDA graph and replayed, as in serving.
+// in-flight stage limit (1 to 3 stages), FP8 on tensor cores (W8A8, against the per-op path's W8A8 GEMV
+// v5), and the kernel's generic instance as well as those for one weight format (mixed formats, e.g. FP8
+// layers with a BF16 vocabulary projection, run the generic one). Decode steps run through SequenceRunner,
+// so they are recorded into a CUDA graph and replayed, as in serving.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -24,11 +24,14 @@ constexpr int kMaxGroup = 8;                  // query heads per KV head
 constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
 constexpr int kKeyWords = kMaxKeysPerStage / 32;
 constexpr int kMaxStages = 12;  // ring depth (16 KB stages fill shared memory better than 32 KB ones)
-// Offsets (floats) in the misc area: scratch and flag, the 2 x kMaxStages mbarriers, key bits.
+// Offsets (floats) in the misc area: the consumers' reduction scratch [kConsumerWarps], the attention's flag,
+// the FP8 phase input's scale (fp8_mma), the 2 x kMaxStages mbarriers, key bits.
+constexpr int kMiscXScale = kConsumerWarps + 1;
 constexpr int kMiscKeyBits = 32 + 2 * kMaxStages * 2;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
 constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers, key bits
-static_assert((kMiscKeyBits + kMaxStages * kKeyWords) * 4 <= kMiscBytes, "the misc area's layout");
+static_assert(kMiscXScale < 32 && (kMiscKeyBits + kMaxStages * kKeyWords) * 4 <= kMiscBytes,
+              "the misc area's layout");
 
 // ---- stage geometry (host and device) -----------------------------------------------------------------
 // A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product),
@@ -96,21 +99,18 @@ __device__ __forceinline__ float consumer_sum(float v, float* scratch) {
 // `target` grows by gridDim.x per barrier. The cooperative-groups pattern puts a __threadfence() before
 // the add; it was dropped because barriers measured ~7 us each with it (H200, 2026-12-03) and a full fence
 // may wait on this SM's outstanding memory traffic - whether dropping it helps is not yet measured.
-// One thread's arrival on the global counter (release add) and its wait until the counter reaches `target`
-// (acquire spin; traps after kHangNs): the global level of both grid barriers below (and of the probes').
-__device__ __forceinline__ void counter_arrive_and_wait(uint32_t* counter, uint32_t target) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-  const uint64_t start = gpu_ns();
-  for (;;) {
-    uint32_t seen;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-    if (seen >= target) break;
-    if (gpu_ns() - start > kHangNs) __trap();
-  }
-}
 __device__ __forceinline__ void grid_barrier(uint32_t* counter, uint32_t target) {
   consumer_sync();
-  if (threadIdx.x == 0) counter_arrive_and_wait(counter, target);
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    const uint64_t start = gpu_ns();
+    for (;;) {
+      uint32_t seen;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+      if (seen >= target) break;
+      if (gpu_ns() - start > kHangNs) __trap();
+    }
+  }
   consumer_sync();
 }
 

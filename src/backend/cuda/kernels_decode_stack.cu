@@ -431,7 +431,7 @@ __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const flo
   if constexpr (kW != kStackBf16) {
     if (p.fp8_mma && m.fp8 && m.k % 32 == 0) {
       uint8_t* codes = reinterpret_cast<uint8_t*>(xs) + p.x_codes_off;
-      float* xscale = scratch + kConsumerWarps + 1;  // after the reduction scratch and the flag
+      float* xscale = scratch + kMiscXScale;
       quantize_input(xs, n, codes, xscale, scratch);
       consume_matrix_mma<kEmit>(m, ring, it, codes, *xscale, out, p.skip);
       return;
@@ -460,7 +460,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
   float* scratch = misc;  // [kConsumerWarps]
   int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
-  // misc (floats): [0, 32) scratch and flag, then 2 x kMaxStages mbarriers, key bits.
+  // misc (floats): [0, 32) scratch, flag and the FP8 input's scale (kMiscXScale), then 2 x kMaxStages
+  // mbarriers, key bits.
   ring.full = reinterpret_cast<uint64_t*>(misc + 32);
   auto* key_bits = reinterpret_cast<uint32_t*>(misc + kMiscKeyBits);  // [stages][kKeyWords]
   ring.empty = ring.full + p.stages;
@@ -483,9 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.profile != nullptr && threadIdx.x == 0) p.profile[blockIdx.x * events + e] = gpu_ns();
   };
   auto sync_grid = [&] {
-    if (p.skip & 2) return;
-    ++barriers;
-    grid_barrier(counter, barriers * gridDim.x);
+    if (!(p.skip & 2)) grid_barrier(counter, ++barriers * gridDim.x);
   };
   const int32_t qd = p.hq * p.hd, inter = p.layers[0].down.k;
   for (int l = 0; l < p.num_layers; ++l) {
@@ -545,9 +544,9 @@ bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_b
 
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
   // The x buffer: the BF16 input, then (p.fp8_mma) its E4M3 codes; the attention's scratch between phases.
-  p.x_codes_off = p.fp8_mma ? (max_k * 2 + 15) / 16 * 16 : 0;
-  const size_t input =
-      static_cast<size_t>(p.x_codes_off) + (p.fp8_mma ? static_cast<size_t>(max_k) : max_k * 2);
+  const size_t bf16_bytes = (static_cast<size_t>(max_k) * 2 + 15) / 16 * 16;
+  p.x_codes_off = p.fp8_mma ? static_cast<int32_t>(bf16_bytes) : 0;
+  const size_t input = bf16_bytes + (p.fp8_mma ? static_cast<size_t>(max_k) : 0);
   const size_t x_bytes = (std::max(input, attention_scratch_bytes(p.hd, p.hq / p.hkv)) + 127) / 128 * 128;
   if (x_bytes + kMiscBytes + 2 * static_cast<size_t>(p.stage_bytes) > kSmemLimit) return 0;
   const size_t stages = std::min<size_t>(kMaxStages, (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);
@@ -615,17 +614,11 @@ cudaError_t launch_decode_stack(const DecodeStackParams& p, int grid, size_t sme
     return cudaErrorInvalidValue;
   cudaError_t e = cudaMemsetAsync(p.control, 0, (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t), stream);
   if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attrs[1] = {};  // all CTAs resident at once (the grid barriers need it)
-  attrs[0].id = cudaLaunchAttributeCooperative;
-  attrs[0].val.cooperative = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, stack_instance(p).kernel, p);
+  cudaLaunchAttribute cooperative = {};  // all CTAs resident at once (the grid barriers need it)
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  return launch_with(cooperative, true, stack_instance(p).kernel, dim3(grid), dim3(kThreads), smem, stream,
+                     p);
 }
 
 }  // namespace inferx::cuda

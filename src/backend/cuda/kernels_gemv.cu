@@ -23,8 +23,8 @@
 //      as W8A8 - x quantized per token to E4M3 in shared memory, mma.m16n8k32.e4m3, no instruction per
 //      weight - on v4's plan (one wave of persistent warps taking 16-row tiles, the next batch in flight,
 //      the first batches staged before the PDL wait, a K split for products with few tiles). Up to 16
-//      activation rows. Opt-in (INFERX_GEMV_KERNEL=fp8=v5): 2.4% faster than v4 at batch 1 on one H200
-//      node (2026-12-05), not yet confirmed on an H100.
+//      activation rows. Opt-in (INFERX_GEMV_KERNEL=fp8=v5): at batch 1 (8B fp8:lm_head) 2.4% faster than
+//      v4 on one H200 node (2026-12-05 22:45), 1.5% slower on an H100 (2026-12-06 00:42).
 // Which one runs a format: kernel_for (measured default, INFERX_GEMV_KERNEL, set_gemv_kernel). Every
 // kernel issues its first weight loads, then calls pdl_wait() before it reads x or stores, and
 // pdl_launch_dependents() once its weights are streamed, and is launched with launch_pdl (cuda_common.cuh).

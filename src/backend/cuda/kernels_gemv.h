@@ -10,8 +10,8 @@
 // formats), v2 (8 columns per lane and step, kernels_gemv_decode.h; FP8, INT4, Q8_0, Q4_K), v3 (the
 // dot products on tensor cores, weights decoded to BF16; BF16, FP8, INT4), v4 (persistent warps
 // streaming rows, one activation row; BF16, FP8, INT4) and v5 (FP8 as W8A8 on E4M3 tensor cores on v4's
-// streaming plan; opt-in). Each format runs on
-// the fastest measured one unless set_gemv_kernel or INFERX_GEMV_KERNEL (read once: "v1", "int4=v4,fp8=v1",
+// streaming plan; opt-in). Each format runs on the fastest measured one unless set_gemv_kernel or
+// INFERX_GEMV_KERNEL (read once: "v1", "int4=v4,fp8=v1",
 // ...) says otherwise; v2 gives a warp two rows from INFERX_GEMV_V2_PAIRS rows (default 8192; 0: never). Rows
 // of x beyond kGemvMaxRows are processed in chunks of kGemvMaxRows (one launch each). Pointers are device
 // pointers; x is [m, k] contiguous BF16 (launch_gemv_prepare_x makes it from F32, and applies an INT4 input

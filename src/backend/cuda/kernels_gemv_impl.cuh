@@ -361,8 +361,8 @@ cudaError_t launch_v3(DType dtype, const GemvParams& p, cudaStream_t stream);
 // else cudaErrorNotSupported with nothing launched.
 template <int R>
 cudaError_t launch_v4(DType dtype, const GemvParams& p, cudaStream_t stream);
-// v5 (kernels_gemv_tc_stream.cu) where it takes the launch - BF16, FP8 (W8A8) or INT4, rows of whole 64-byte
-// chunks, up to 16 activation rows (INT4: 16 / subsets), no norm fusion - else cudaErrorNotSupported with
+// v5 (kernels_gemv_tc_stream.cu) where it takes the launch - FP8 as W8A8, rows of whole 64-byte chunks, up
+// to 16 activation rows whose codes fit tcs::kMaxXBytes, no norm fusion - else cudaErrorNotSupported with
 // nothing launched.
 template <int R>
 cudaError_t launch_v5(DType dtype, const GemvParams& p, cudaStream_t stream);
