@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-05 23:30), after bench/gpu/stage.sh, carry
+# What is still owed to a GPU run (state of 2026-12-06 02:00), after bench/gpu/stage.sh, carry
 # ["gpu-carry-z"]: tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
-# 1. Correctness of the fixes of 7e02d57 and the FP8-only GEMV v5: every GPU test binary (the W8A8 test's
-#    declined shape; v5 no longer in the weight-only tests; the persistent kernel's FP8 MMA cases, which hung
-#    on the 8B shape before the owner fix), then batch 1 at 1k context for the three formats.
-# 2. The grid barrier probes on the card at hand (the cluster barrier lost on an H100, 12-06, and is gone).
-# 3. The persistent decode kernel on an H200: per-op vs stack one stage ahead and its bound without
-#    barriers (skip2), with the per-phase profile; its FP8 phases on tensor cores (mmaif1, mmaskip2) only
-#    once their decode-stack tests pass (H100 12-06: the 8B and Mistral cases 0.10 off, not found yet).
+# 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats.
+# 2. The grid barrier probes on the card at hand.
+# 3. The persistent decode kernel: per-op vs the stack one stage ahead (if1), the producer's L2 lead
+#    (new: l2=KB per SM requested into L2 beyond the ring, to keep the memory busy through the attention and
+#    its barriers), the no-barrier bound (skip2), per-phase profiles; the decode-stack tests, whose FP8
+#    tensor-core cases now print per step how far the mma stack is from per-op v5, the plain stack from
+#    per-op and per-op v5 from per-op (H100 12-06: the 8B and Mistral mma cases 0.10 off, cause not found).
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
 # What to do with the answers (record every figure in docs/benchmarks.md first):
+#   - the L2 lead beats if1 on bf16 and fp8: make the best (inflight, KB) the stack's default and time the
+#     stack against per-op on both cards; the stack becomes the batch-1 default where it wins.
 #   - v5 (FP8 W8A8): slower than v4 on an H100 (3.597 vs 3.545 ms, 12-06), faster on one H200 node (-2.4%):
 #     rerun on an H200 beside v4 before any default changes; remove it if it does not win there again.
-#   - mmaif1 faster than if1 for fp8:lm_head: the persistent kernel's FP8 phases go on tensor cores by default.
-# STEPS (default "1 2 3 4") picks the steps; run STEPS="1 2" (~4 min), then STEPS="3 4" (~5 min).
+# STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~6 min), then "1 2" (~4 min), then 4 (~5 min).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -28,12 +29,18 @@ done
 step 2 && INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^grid barrier|rror"
 step 1 && SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
   grep "^decode"
-step 3 && QUANTS="bf16 fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 if1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1
-  skip2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_SKIP=2
-  if1prof:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_PROFILE=1
-  mmaif1:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_MMA=1
-  mmaskip2:INFERX_DECODE_STACK=1,INFERX_DECODE_STACK_MMA=1,INFERX_DECODE_STACK_SKIP=2" \
-  bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests"
+# Step 3's modes: per-op against the stack one stage ahead (if1), with the producer's L2 lead (l2=KB per SM
+# beyond the ring) and without the in-flight limit, and the no-barrier bound (skip2); two per-phase profiles.
+S="INFERX_DECODE_STACK=1"
+step 3 && QUANTS="${QUANTS3:-bf16 fp8:lm_head}" MODES="${MODES3:-per-op:INFERX_DECODE_STACK=0
+  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=256:$S,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_L2_KB=256
+  if1l2=512:$S,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_L2_KB=512 l2=256:$S,INFERX_DECODE_STACK_L2_KB=256
+  l2=512:$S,INFERX_DECODE_STACK_L2_KB=512 skip2:$S,INFERX_DECODE_STACK_SKIP=2
+  if1prof:$S,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_PROFILE=1
+  if1l2prof:$S,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_L2_KB=256,INFERX_DECODE_STACK_PROFILE=1}" \
+  bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests|profile"
+# The FP8 tensor-core cases' per-step comparison (cuda_decode_stack_test.cpp): first and last steps.
+step 3 && grep -E "^\[ RUN|^  step (0|7|11):" "$OUT/stack_tests.log" | grep -B1 "step" | grep -v "^--" | head -24
 if step 4; then
   INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES=fp8 timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
     grep -E " m1 " | grep -E " (v3|v4|v5)( |$)| v4 l8 | v5 |rror"

@@ -3,15 +3,16 @@
 // per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
 // 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
 // FP8 weights (per channel, and the vocabulary projection) and an FP8 KV cache, the producer's
-// in-flight stage limit (1 to 3 stages), FP8 on tensor cores (W8A8, against the per-op path's W8A8 GEMV
-// v5), and the kernel's generic instance as well as those for one weight format (mixed formats, e.g. FP8
-// layers with a BF16 vocabulary projection, run the generic one). Decode steps run through SequenceRunner,
-// so they are recorded into a CUDA graph and replayed, as in serving.
+// in-flight stage limit (1 to 3 stages) and L2 lead, FP8 on tensor cores (W8A8, against the per-op path's
+// W8A8 GEMV v5), and the kernel's generic instance as well as those for one weight format (mixed formats,
+// e.g. FP8 layers with a BF16 vocabulary projection, run the generic one). Decode steps run through
+// SequenceRunner, so they are recorded into a CUDA graph and replayed, as in serving.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@ struct Case {
   bool generic = false;  // the kernel's generic instance instead of the one for the model's weight format
   bool mma = false;      // FP8 on tensor cores, W8A8 (decode_stack_mma); the per-op reference then runs its
                          // FP8 products on GEMV v5, W8A8 too
+  int l2_kb = 0;         // the producer's L2 lead (CudaBackendOptions::decode_stack_l2_kb)
 };
 
 struct Trace {
@@ -56,7 +58,7 @@ int32_t argmax(const std::vector<float>& v) {
 // Runs prompt + steps; feeds `forced` tokens when given, else the greedy token of each step.
 Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& forced) {
   auto& cuda = static_cast<CudaBackend&>(model.backend());
-  cuda.set_decode_stack(stack, c.inflight, c.generic, c.mma);  // off by default (cuda_backend.h)
+  cuda.set_decode_stack(stack, c.inflight, c.generic, c.mma, c.l2_kb);  // off by default (cuda_backend.h)
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -69,6 +71,17 @@ Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& f
   }
   cuda.set_decode_stack(false);
   return t;
+}
+
+// sqrt(sum (b - a)^2 / sum a^2) over one step's logits.
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(b[i]) - a[i];
+    num += d * d;
+    den += static_cast<double>(a[i]) * a[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 class CudaDecodeStack : public ::testing::TestWithParam<Case> {
@@ -102,6 +115,21 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
                                                                  std::to_string(model->config().head_dim);
   EXPECT_EQ(std::string(cuda.decode_stack_instance()), expected);
   ASSERT_EQ(got.logits.size(), ref.logits.size());
+  if (c.mma) {
+    // Where a W8A8 difference comes from: the same tokens through the stack without tensor cores (FP8
+    // weight-only) and through the per-op path's default (weight-only) kernels. Printed for every step so
+    // that a failure below says whether the tensor-core phases or the W8A8 arithmetic itself differ.
+    Case plain_case = c;
+    plain_case.mma = false;
+    const Trace plain = run(*model, plain_case, true, ref.tokens);
+    const Trace ref_wo = run(*model, plain_case, false, ref.tokens);
+    for (size_t s = 0; s < ref.logits.size(); ++s)
+      std::printf(
+          "  step %zu: stack-mma vs per-op-v5 %.4f | stack vs per-op %.4f | stack-mma vs stack %.4f | "
+          "per-op-v5 vs per-op %.4f\n",
+          s, relative_error(ref.logits[s], got.logits[s]), relative_error(ref_wo.logits[s], plain.logits[s]),
+          relative_error(plain.logits[s], got.logits[s]), relative_error(ref_wo.logits[s], ref.logits[s]));
+  }
   int argmax_checked = 0;
   for (size_t s = 0; s < ref.logits.size(); ++s) {
     const std::vector<float>& a = ref.logits[s];
@@ -164,14 +192,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 0, true},
                       Case{"tiny", "fp8:lm_head", DType::BF16, 0, 300, 12, 0, false, true},  // FP8 MMA
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 1, false, true},
-                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8, 0, false, true}),
+                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8, 0, false, true},
+                      // the producer's L2 lead (a hint: the same results), alone and with the in-flight limit
+                      Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 0, false, false, 256},
+                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 8, 1, false, false, 512}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
                       (info.param.kv == DType::F8_E4M3 ? "_kvfp8" : "") +
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "") +
                       (info.param.inflight ? "_inflight" + std::to_string(info.param.inflight) : "") +
-                      (info.param.generic ? "_generic" : "") + (info.param.mma ? "_mma" : "");
+                      (info.param.generic ? "_generic" : "") + (info.param.mma ? "_mma" : "") +
+                      (info.param.l2_kb ? "_l2lead" + std::to_string(info.param.l2_kb) : "");
       for (char& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

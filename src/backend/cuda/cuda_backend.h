@@ -88,6 +88,9 @@ struct CudaBackendOptions {
   int decode_stack_stage_kb = 32;
   // How many ring stages its producer keeps in flight (requested, not landed); 0: up to the ring's depth.
   int decode_stack_inflight = 0;
+  // KB of weights per SM its producer keeps requested into L2 ahead of the ring (0: none;
+  // kernels_decode_stack.cu L2Lead).
+  int decode_stack_l2_kb = 0;
   // Its FP8 products on tensor cores (W8A8, one warp per stage: kernels_decode_stack.h fp8_mma). Not yet
   // correct on the 8B shapes (kernels_decode_stack.h); not timed.
   bool decode_stack_mma = false;
@@ -110,7 +113,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
-// INFERX_DECODE_STACK_MMA=0|1,
+// INFERX_DECODE_STACK_L2_KB=0..1024, INFERX_DECODE_STACK_MMA=0|1,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
 // INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
 // INFERX_GEMM_CACHE=DIR|off (the GEMM tuning cache's folder; `gemm_cache_default` when unset).
@@ -182,9 +185,10 @@ class CudaBackend final : public Backend {
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
   // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, int inflight = 0, bool generic = false, bool mma = false) {
+  void set_decode_stack(bool on, int inflight = 0, bool generic = false, bool mma = false, int l2_kb = 0) {
     options_.decode_stack = on;
     options_.decode_stack_inflight = inflight;
+    options_.decode_stack_l2_kb = l2_kb;
     options_.decode_stack_generic = generic;
     options_.decode_stack_mma = mma;
   }

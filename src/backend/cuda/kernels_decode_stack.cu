@@ -45,7 +45,69 @@ __device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
   }
 }
 
-__device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
+// The producer's L2 lead (DecodeStackParams::l2_lead_kb): the weight rows the ring will want next, requested
+// into L2 ahead of the ring's own copies. The ring is at most ~5 stages (~160 KB) ahead of the consumers,
+// about 5 us of this SM's share of the memory stream; when the consumers stop for longer - the attention
+// phase and its two grid barriers take ~15 us per layer, during which the ring fills with the o rows and
+// then waits - the stream stops with them. A prefetch sends nothing back to the SM, so it keeps the memory
+// busy without queueing in front of the barriers' polls, and the ring's copies of those rows then come
+// from L2. Walks the matrices in the producer's order (per layer qkv, o, gate/up, down; then the lm_head),
+// this CTA's rows of each, gate and up rows side by side. Lane 0 of the producer only.
+struct L2Lead {
+  int32_t seg = 0;    // 4 per layer, then the lm_head (4 * num_layers); past it: done
+  int32_t row = -1;   // the next row of the CTA's range to request (-1: the segment's first)
+  int64_t ahead = 0;  // bytes requested minus bytes the ring has copied (weights only)
+  int64_t limit = 0;  // bytes to keep requested ahead of the ring (0: off)
+};
+
+__device__ __forceinline__ const StackMatrix* lead_matrix(const DecodeStackParams& p, int32_t seg,
+                                                          bool& paired) {
+  paired = false;
+  if (seg < 4 * p.num_layers) {
+    const StackLayer& L = p.layers[seg / 4];
+    switch (seg % 4) {
+      case 0:
+        return &L.qkv;
+      case 1:
+        return &L.o;
+      case 2:
+        paired = true;
+        return &L.gate_up;
+      default:
+        return &L.down;
+    }
+  }
+  return seg == 4 * p.num_layers ? &p.lm_head : nullptr;
+}
+
+constexpr int32_t kL2LeadChunk = 32 * 1024;  // bytes per request (whole rows, at least one)
+
+__device__ void l2_top_up(const DecodeStackParams& p, L2Lead& lead) {
+  while (lead.ahead < lead.limit) {
+    bool paired = false;
+    const StackMatrix* m = lead_matrix(p, lead.seg, paired);
+    if (m == nullptr) return;
+    int32_t r0, r1;
+    cta_rows(m->rows, r0, r1);
+    if (lead.row < 0) lead.row = r0;
+    if (lead.row >= r1) {
+      ++lead.seg;
+      lead.row = -1;
+      continue;
+    }
+    const int32_t row_bytes = m->k * (m->fp8 ? 1 : 2), srcs = paired ? 2 : 1;
+    const int32_t n = min(r1 - lead.row, max(1, kL2LeadChunk / (row_bytes * srcs)));
+    const auto* base = static_cast<const uint8_t*>(m->data);
+    for (int32_t src = 0; src < srcs; ++src)
+      l2_prefetch(base + (static_cast<int64_t>(src) * m->rows + lead.row) * row_bytes,
+                  static_cast<uint32_t>(n) * row_bytes);
+    lead.ahead += static_cast<int64_t>(n) * row_bytes * srcs;
+    lead.row += n;
+  }
+}
+
+__device__ void produce_matrix(const DecodeStackParams& p, const StackMatrix& m, bool paired,
+                               const Ring& ring, uint32_t& it, L2Lead& lead) {
   const Geom g = stage_geometry(m, paired, ring.stage_bytes);
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
@@ -61,6 +123,10 @@ __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ri
     for (int32_t src = 0; src < g.srcs; ++src)
       bulk_copy(dst + static_cast<size_t>(src) * g.rows_per_stage * g.row_bytes,
                 base + (static_cast<int64_t>(src) * m.rows + row) * g.row_bytes, bytes, &ring.full[slot]);
+    if (lead.limit > 0) {
+      lead.ahead -= static_cast<int64_t>(bytes) * g.srcs;
+      l2_top_up(p, lead);
+    }
   }
 }
 
@@ -107,15 +173,18 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
 
 __device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits) {
   uint32_t it = 0;
+  L2Lead lead;
+  lead.limit = static_cast<int64_t>(p.l2_lead_kb) * 1024;
+  if (lead.limit > 0 && threadIdx.x % kWarp == 0) l2_top_up(p, lead);
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
-    produce_matrix(L.qkv, false, ring, it);
+    produce_matrix(p, L.qkv, false, ring, it, lead);
     produce_kv(p, L, ring, it, key_bits);
-    produce_matrix(L.o, false, ring, it);
-    produce_matrix(L.gate_up, true, ring, it);
-    produce_matrix(L.down, false, ring, it);
+    produce_matrix(p, L.o, false, ring, it, lead);
+    produce_matrix(p, L.gate_up, true, ring, it, lead);
+    produce_matrix(p, L.down, false, ring, it, lead);
   }
-  produce_matrix(p.lm_head, false, ring, it);
+  produce_matrix(p, p.lm_head, false, ring, it, lead);
 }
 
 // ---- consumers: dot products over a stage ---------------------------------------------------------------

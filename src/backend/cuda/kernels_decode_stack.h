@@ -86,6 +86,9 @@ struct DecodeStackParams {
   int32_t stages = 4;           // ring depth
   int32_t x_bytes = 0;          // shared-memory bytes of the BF16 input vector (and attention scratch)
   int32_t inflight = 0;         // stages the producer keeps requested and not landed (0: up to the depth)
+  // Weight bytes the producer keeps requested into L2 ahead of the ring's copies (kernels_decode_stack.cu
+  // L2Lead; 0: none).
+  int32_t l2_lead_kb = 0;
   uint32_t backoff_ns = 256;    // the producer's sleep between polls of a stage it waits for (0: spin)
   // kStackBf16 / kStackFp8 when every matrix has that format (the host sets it; the instance for it runs),
   // else kStackAnyFormat.
