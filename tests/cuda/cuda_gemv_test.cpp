@@ -902,9 +902,10 @@ TEST_F(CudaGemvTest, SiluProductMatchesReferenceAndFeedsTheNextProduct) {
 // out[r, c] = s_r * sum_i W[c, i] q[r, i] + bias[c]. Its products are exact and each 64-column chunk's sum
 // goes through a fresh F32 tensor-core fragment, so the bound is F32 summation's (1e-5 of sum |w x|, 5x the
 // other kernels'); a kernel reading x in BF16 misses it by x's E4M3 rounding (~2^-5), so passing also shows
-// that v5 ran. Shapes: one chunk to long rows, rows across tile ends (1, 37, 133, 8193), m = 1..16 (one and
-// two n-tiles), biases, per-tensor and per-channel scales, with and without the staging, 2 and 4 chunks per
-// batch (the K split's choices vary with them), plain products with one and three outputs, SiLU products.
+// that v5 ran. Shapes: one chunk to long rows, rows across tile ends (1, 37, 133, 8193), the 8B MLP's
+// (14336 x 4096 and 4096 x 14336 with their SiLU products), m = 1..16 (one and two n-tiles), biases,
+// per-tensor and per-channel scales, with and without the staging, 2 and 4 chunks per batch (the K split's
+// choices vary with them), plain products with one and three outputs, SiLU products.
 // K = 272 (not whole chunks) is declined and runs on the measured kernel, weight-only.
 std::vector<double> w8a8_reference(const HostWeight& h, const std::vector<float>& x, int64_t m,
                                    const std::vector<float>& bias, std::vector<double>& mag) {
@@ -937,14 +938,19 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
                           {192, 133, {1, 5, 16}},
                           {4096, 37, {1, 3}},
                           {14336, 16, {1, 6}},  // 6 rows of codes: 86 KB of the 96 (tcs::kMaxXBytes)
-                          {4096, 8193, {1}}};
+                          {4096, 8193, {1}},
+                          // The 8B / Mistral MLP at batch 1 (the down projection; gate/up with f = 14336):
+                          // hundreds of tiles over long rows, so the K split and the staging take other
+                          // choices than in the short shapes.
+                          {14336, 4096, {1}},
+                          {4096, 14336, {1}}};
   uint32_t seed = 2100;
   // Staged before the PDL wait or not.
   for (const int smem_kb : {96, 0}) {
     cuda::set_gemv_v5_smem_kb(smem_kb);
     for (const Variant& v : {kVariants[1], kVariants[2]})
       for (const Shape& sh : shapes) {
-        if (sh.n == 8193 && !v.per_channel) continue;  // the long case once per plan
+        if (sh.n >= 4096 && !v.per_channel) continue;  // the long cases once per plan
         const HostWeight h = make_weight(v, sh.n, sh.k, ++seed);
         for (int64_t m : sh.ms) {
           const std::string what = v.name + " [v5] smem=" + std::to_string(smem_kb) +
@@ -959,7 +965,7 @@ TEST_F(CudaGemvTest, W8a8KernelMatchesQuantizedReference) {
           Tensor tx = f32({m, sh.k}, x), out = f32({m, sh.n}, std::vector<float>(size_t(m * sh.n), NAN));
           gpu_->matmul(tx, l, out);
           expect_matches(read(out), want, mag, what, 1e-5);
-          if (sh.n < 48 || m != 1) continue;
+          if (sh.n < 48 || sh.n > 8193 || m != 1) continue;
           // Three outputs cutting through tiles (and, for 8193 rows, through the 16 rows of one tile).
           const int64_t parts[3] = {sh.n / 2 + 1, sh.n / 4 - 1, sh.n - (sh.n / 2 + 1) - (sh.n / 4 - 1)};
           Tensor outs[3];
