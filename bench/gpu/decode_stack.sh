@@ -9,10 +9,12 @@
 # at most that, not the whole device budget.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
-INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='*DecodeStack*' \
-  >"$OUT/stack_tests.log" 2>&1
-echo "decode stack tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/stack_tests.log" | tr '\n' ' ')"
-grep -E 'Failure|Expected' "$OUT/stack_tests.log" | head -5
+if [[ -z "${SKIP_TESTS:-}" ]]; then  # SKIP_TESTS=1 leaves the tests out
+  INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='*DecodeStack*' \
+    >"$OUT/stack_tests.log" 2>&1
+  echo "decode stack tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/stack_tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|Failure' "$OUT/stack_tests.log" | head -12
+fi
 # The engine's own GPU tests (graph replay == eager at batch 1 and padded batches, device sampling) with
 # the kernel on: batch-1 steps then take it inside the engine's CUDA graphs.
 # SKIP_ENGINE=1 leaves this part out.

@@ -39,6 +39,11 @@ step 3 && QUANTS="${QUANTS3:-bf16 fp8:lm_head}" MODES="${MODES3:-per-op:INFERX_D
   skip2:$S,INFERX_DECODE_STACK_SKIP=2
   if1l2prof:$S,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_L2_KB=256,INFERX_DECODE_STACK_PROFILE=1}" \
   SKIP_ENGINE="${SKIP_ENGINE-1}" bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests|profile"
+# INT4 in the persistent kernel (new): per-op (GEMV v3) against the stack.
+step 3 && SKIP_TESTS=1 SKIP_ENGINE=1 QUANTS="int4:lm_head" MODES="per-op:INFERX_DECODE_STACK=0
+  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=512:$S,INFERX_DECODE_STACK_INFLIGHT=1,INFERX_DECODE_STACK_L2_KB=512
+  l2=512:$S,INFERX_DECODE_STACK_L2_KB=512 skip2:$S,INFERX_DECODE_STACK_SKIP=2" \
+  bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama"
 # The FP8 tensor-core cases' per-step comparison (cuda_decode_stack_test.cpp): first and last steps.
 step 3 && grep -E "^\[ RUN|^  step (0|7|11):" "$OUT/stack_tests.log" | grep -B1 "step" | grep -v "^--" | head -24
 if step 4; then

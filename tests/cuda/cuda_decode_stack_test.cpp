@@ -2,7 +2,8 @@
 // per-op kernels on the same model, cache layout and tokens: a prompt, then decode steps fed with the
 // per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
 // 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
-// FP8 weights (per channel, and the vocabulary projection) and an FP8 KV cache, the producer's
+// FP8 weights (per channel, and the vocabulary projection), INT4 weights (groups of 32 and 128, symmetric
+// and with zero points) and an FP8 KV cache, the producer's
 // in-flight stage limit (1 to 3 stages) and L2 lead, FP8 on tensor cores (W8A8, against the per-op path's
 // W8A8 GEMV v5), and the kernel's generic instance as well as those for one weight format (mixed formats,
 // e.g. FP8 layers with a BF16 vocabulary projection, run the generic one). Decode steps run through
@@ -110,9 +111,10 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
   // The instance for the model's one weight format and head size; the generic one when asked for, or when
   // the formats mix ("fp8" keeps the vocabulary projection in BF16).
   const std::string quant = c.quantize;
-  const std::string expected = c.generic || quant == "fp8" ? "generic"
-                                                           : (quant.empty() ? "bf16_hd" : "fp8_hd") +
-                                                                 std::to_string(model->config().head_dim);
+  const bool mixed = !quant.empty() && quant.find("lm_head") == std::string::npos;  // BF16 vocabulary
+  const std::string format = quant.empty() ? "bf16" : quant.substr(0, quant.find(':'));
+  const std::string expected =
+      c.generic || mixed ? "generic" : format + "_hd" + std::to_string(model->config().head_dim);
   EXPECT_EQ(std::string(cuda.decode_stack_instance()), expected);
   ASSERT_EQ(got.logits.size(), ref.logits.size());
   if (c.mma) {
@@ -188,6 +190,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 2},
                       Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, 3},
                       Case{"tiny", "fp8:lm_head"},  // the FP8, head size 64 instance
+                      // INT4: groups of 32 (head size 64), 128 with the in-flight limit, zero points in the
+                      // generic instance (BF16 vocabulary) with a window
+                      Case{"tiny", "int4:g32:lm_head"},
+                      Case{"llama-3-8b", "int4:lm_head", DType::F8_E4M3, 0, 300, 8, 1},
+                      Case{"mistral-7b", "int4:asym", DType::BF16, 100, 300, 8},
                       Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 0, true},
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 0, true},
                       Case{"tiny", "fp8:lm_head", DType::BF16, 0, 300, 12, 0, false, true},  // FP8 MMA

@@ -41,12 +41,24 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
   m.rows = static_cast<int32_t>(rows);
   m.k = static_cast<int32_t>(k);
   if (w.dtype == DType::BF16) {
-    if (!l->scale.empty()) return false;
+    if (!l->scale.empty() || !l->zero.empty()) return false;
   } else if (w.dtype == DType::F8_E4M3) {
-    if (l->scale.dtype != DType::F32 || (l->scale.numel() != 1 && l->scale.numel() != stored)) return false;
+    if (l->scale.dtype != DType::F32 || (l->scale.numel() != 1 && l->scale.numel() != stored) ||
+        !l->zero.empty())
+      return false;
     m.fp8 = 1;
     m.per_channel = l->scale.numel() > 1 ? 1 : 0;
-    m.scale = l->scale.ptr<float>();
+    m.scale = l->scale.data;
+  } else if (w.dtype == DType::INT4) {
+    const int64_t g = l->group_size;
+    if ((g != 32 && g != 64 && g != 128) || k % g != 0 || l->scale.dtype != DType::F16 ||
+        l->scale.numel() != stored * (k / g) ||
+        (!l->zero.empty() && (l->zero.dtype != DType::U8 || l->zero.numel() != l->scale.numel())))
+      return false;
+    m.int4 = 1;
+    m.group_shift = static_cast<uint8_t>(g == 32 ? 0 : g == 64 ? 1 : 2);
+    m.scale = l->scale.data;
+    m.zero = l->zero.empty() ? nullptr : static_cast<const uint8_t*>(l->zero.data);
   } else {
     return false;
   }
@@ -122,10 +134,12 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   // Ring stage size: options_.decode_stack_stage_kb (32 KB by default), larger for a row (the gate and up
   // rows together) that would not fit one (Qwen2.5-7B's 18944-column down projection in BF16).
   int64_t longest = 0;
-  auto row_bytes = [](const Linear* l, int64_t copies) {
-    return l == nullptr || l->weight.ndim != 2
-               ? int64_t{0}
-               : l->weight.dim(1) * copies * (l->weight.dtype == DType::F8_E4M3 ? 1 : 2);
+  auto row_bytes = [](const Linear* l, int64_t copies) {  // stage_geometry's row_bytes
+    if (l == nullptr || l->weight.ndim != 2) return int64_t{0};
+    const int64_t k = l->weight.dim(1);
+    if (l->weight.dtype == DType::INT4 && l->group_size > 0)
+      return copies * (k / 2 + k / l->group_size * (l->zero.empty() ? 2 : 3));
+    return copies * k * (l->weight.dtype == DType::F8_E4M3 ? 1 : 2);
   };
   for (const DecodeStackLayer& l : s.layers)
     longest = std::max(
@@ -144,7 +158,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   const KvCacheLayer* first = s.layers[0].cache;
   if (first == nullptr || first->k.ndim != 4) return false;
   const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);
-  int64_t fp8_matrices = 0;  // the kernel instance: every matrix BF16, every one FP8, or mixed
+  int64_t fp8_matrices = 0, int4_matrices = 0;  // the kernel instance: every matrix one format, or mixed
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const DecodeStackLayer& l = s.layers[i];
     cuda::StackLayer& d = p.layers[i];
@@ -160,6 +174,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
         kc.dim(1) != block_size || kc.dim(2) != hkv || kc.dim(3) != hd || vc.numel() != kc.numel())
       return false;
     fp8_matrices += d.qkv.fp8 + d.o.fp8 + d.gate_up.fp8 + d.down.fp8;
+    int4_matrices += d.qkv.int4 + d.o.int4 + d.gate_up.int4 + d.down.int4;
     d.attn_norm = l.attn_norm->ptr<float>();
     d.ffn_norm = l.ffn_norm->ptr<float>();
     d.k_cache = kc.data;
@@ -174,11 +189,13 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   // The instance for the stack's one weight format, unless it mixes formats (or the generic one is asked
   // for, options_.decode_stack_generic).
   fp8_matrices += p.lm_head.fp8;
+  int4_matrices += p.lm_head.int4;
   const int64_t matrices = 4 * static_cast<int64_t>(s.layers.size()) + 1;
-  p.format = options_.decode_stack_generic ? cuda::kStackAnyFormat
-             : fp8_matrices == 0           ? cuda::kStackBf16
-             : fp8_matrices == matrices    ? cuda::kStackFp8
-                                           : cuda::kStackAnyFormat;
+  p.format = options_.decode_stack_generic             ? cuda::kStackAnyFormat
+             : fp8_matrices == 0 && int4_matrices == 0 ? cuda::kStackBf16
+             : fp8_matrices == matrices                ? cuda::kStackFp8
+             : int4_matrices == matrices               ? cuda::kStackInt4
+                                                       : cuda::kStackAnyFormat;
   p.final_norm = s.final_norm->ptr<float>();
   p.hidden = static_cast<int32_t>(hidden);
   p.hq = static_cast<int32_t>(hq);

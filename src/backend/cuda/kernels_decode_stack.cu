@@ -95,13 +95,14 @@ __device__ void l2_top_up(const DecodeStackParams& p, L2Lead& lead) {
       lead.row = -1;
       continue;
     }
-    const int32_t row_bytes = m->k * (m->fp8 ? 1 : 2), srcs = paired ? 2 : 1;
-    const int32_t n = min(r1 - lead.row, max(1, kL2LeadChunk / (row_bytes * srcs)));
+    // The weight rows (INT4's scales, ~3% more, come with the ring's copies).
+    const int32_t w_bytes = m->int4 ? m->k / 2 : m->k * (m->fp8 ? 1 : 2), srcs = paired ? 2 : 1;
+    const int32_t n = min(r1 - lead.row, max(1, kL2LeadChunk / (w_bytes * srcs)));
     const auto* base = static_cast<const uint8_t*>(m->data);
     for (int32_t src = 0; src < srcs; ++src)
-      l2_prefetch(base + (static_cast<int64_t>(src) * m->rows + lead.row) * row_bytes,
-                  static_cast<uint32_t>(n) * row_bytes);
-    lead.ahead += static_cast<int64_t>(n) * row_bytes * srcs;
+      l2_prefetch(base + (static_cast<int64_t>(src) * m->rows + lead.row) * w_bytes,
+                  static_cast<uint32_t>(n) * w_bytes);
+    lead.ahead += static_cast<int64_t>(n) * w_bytes * srcs;
     lead.row += n;
   }
 }
@@ -112,19 +113,28 @@ __device__ void produce_matrix(const DecodeStackParams& p, const StackMatrix& m,
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
   const auto* base = static_cast<const uint8_t*>(m.data);
-  for (int32_t row = r0; row < r1; row += g.rows_per_stage, ++it) {
-    const int32_t n = min(g.rows_per_stage, r1 - row);
-    const uint32_t bytes = static_cast<uint32_t>(n) * g.row_bytes;
+  const auto* scales = static_cast<const uint8_t*>(m.scale);
+  const int rs = g.rows_per_stage;
+  for (int32_t row = r0; row < r1; row += rs, ++it) {
+    const int32_t n = min(rs, r1 - row);
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
     claim_stage(ring, it);
     if (threadIdx.x % kWarp != 0) continue;  // lane 0 issues
-    mbar_expect_tx(&ring.full[slot], bytes * g.srcs);
+    mbar_expect_tx(&ring.full[slot], static_cast<uint32_t>(n) * g.row_bytes * g.srcs);
     uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-    for (int32_t src = 0; src < g.srcs; ++src)
-      bulk_copy(dst + static_cast<size_t>(src) * g.rows_per_stage * g.row_bytes,
-                base + (static_cast<int64_t>(src) * m.rows + row) * g.row_bytes, bytes, &ring.full[slot]);
+    for (int32_t src = 0; src < g.srcs; ++src) {
+      uint8_t* block = dst + static_cast<size_t>(src) * rs * g.row_bytes;  // stage_row's layout
+      const int64_t stored = static_cast<int64_t>(src) * m.rows + row;
+      bulk_copy(block, base + stored * g.w_bytes, static_cast<uint32_t>(n) * g.w_bytes, &ring.full[slot]);
+      if (g.s_bytes > 0)
+        bulk_copy(block + static_cast<size_t>(rs) * g.w_bytes, scales + stored * g.s_bytes,
+                  static_cast<uint32_t>(n) * g.s_bytes, &ring.full[slot]);
+      if (g.z_bytes > 0)
+        bulk_copy(block + static_cast<size_t>(rs) * (g.w_bytes + g.s_bytes), m.zero + stored * g.z_bytes,
+                  static_cast<uint32_t>(n) * g.z_bytes, &ring.full[slot]);
+    }
     if (lead.limit > 0) {
-      lead.ahead -= static_cast<int64_t>(bytes) * g.srcs;
+      lead.ahead -= static_cast<int64_t>(n) * g.w_bytes * g.srcs;
       l2_top_up(p, lead);
     }
   }
@@ -207,8 +217,8 @@ __device__ __forceinline__ float dot_fp8x4(uint32_t w, uint32_t x01, uint32_t x2
 enum class Emit { Store, AddToResidual, SiluMul };
 
 __device__ __forceinline__ float row_scale(const StackMatrix& m, int64_t stored_row) {
-  if (!m.fp8) return 1.0f;
-  return m.scale[m.per_channel ? stored_row : 0];
+  if (!m.fp8) return 1.0f;  // BF16; INT4 scales its groups inside the dot product
+  return static_cast<const float*>(m.scale)[m.per_channel ? stored_row : 0];
 }
 __device__ __forceinline__ float row_bias(const StackMatrix& m, int64_t stored_row) {
   return m.bias ? m.bias[stored_row] : 0.0f;
@@ -279,17 +289,67 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
   return warp_sum(a0 + a1);
 }
 
-// The product of one row with x in the matrix's format: kW (kStackBf16 / kStackFp8, or kStackAnyFormat: m.fp8
-// decides) fixes it at compile time, so a kernel instance for one format carries one product loop.
+// INT4 (src/quant/int4.h): a 16-byte vector is 32 columns - byte j holds column j in its low nibble and
+// column 16 + j in its high one - inside one group (32 << group_shift columns share a scale and zero point).
+// A code becomes a float by the exponent trick: a PRMT puts its byte under 0x4B000000 (2^23), and one
+// subtraction of 2^23 + zero leaves code - zero, exactly (full-rate instructions, where I2F runs at a
+// quarter rate); one FMA with x follows, and the group's scale multiplies the vector's sum.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float dot_row_int4(const StageRow& r, bool zeros, const __nv_bfloat16* x,
+                                              int32_t nv, int group_shift) {
+  const int lane = threadIdx.x % kWarp;
+  const auto* w4 = reinterpret_cast<const uint4*>(r.w);
+  const auto* x4 = reinterpret_cast<const uint4*>(x);
+  const auto* sc = reinterpret_cast<const __half*>(r.s);
+  float acc = 0.0f;
+#pragma unroll 2
+  for (int32_t v = lane; v < nv; v += kWarp) {
+    const uint4 wv = w4[v];
+    const int32_t grp = v >> group_shift;
+    const float scale = __half2float(sc[grp]);
+    const float off = 8388608.0f + (zeros ? static_cast<float>(r.z[grp]) : 8.0f);
+    // x's 32 columns: xl[c] (c = 0..15, the low nibbles') and xh[c] (16 + c) as 8 words of two BF16 each.
+    const uint4 x0 = x4[4 * v], x1 = x4[4 * v + 1], x2 = x4[4 * v + 2], x3 = x4[4 * v + 3];
+    const uint32_t xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const uint32_t xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+    float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // word j: columns 4j .. 4j + 3 and 16 + 4j .. 16 + 4j + 3
+      const uint32_t lo = words[j] & 0x0F0F0F0Fu, hi = (words[j] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const float ql = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440u | b)) - off;
+        const float qh = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440u | b)) - off;
+        const int c = 4 * j + b;
+        const float xlo = c % 2 ? bf16_hi(xl[c / 2]) : bf16_lo(xl[c / 2]);
+        const float xhi = c % 2 ? bf16_hi(xh[c / 2]) : bf16_lo(xh[c / 2]);
+        a0 = fmaf(ql, xlo, a0);
+        a1 = fmaf(qh, xhi, a1);
+      }
+    }
+    acc = fmaf(a0 + a1, scale, acc);
+  }
+  return warp_sum(acc);
+}
+
+// The product of one row (row i of source src of the stage at `base`) with x in the matrix's format: kW
+// (kStackBf16 / kStackFp8 / kStackInt4, or kStackAnyFormat: the matrix decides) fixes it at compile time, so
+// a kernel instance for one format carries one product loop.
 template <int kW>
-__device__ __forceinline__ float row_dot(const StackMatrix& m, const uint8_t* w, const __nv_bfloat16* x,
-                                         int32_t nv) {
+__device__ __forceinline__ float row_dot(const StackMatrix& m, const Geom& g, const uint8_t* base, int src,
+                                         int i, const __nv_bfloat16* x) {
+  const StageRow r = stage_row(g, base, src, i);
   if constexpr (kW == kStackBf16) {
-    return dot_row<false>(w, x, nv);
+    return dot_row<false>(r.w, x, m.k / 8);
   } else if constexpr (kW == kStackFp8) {
-    return dot_row<true>(w, x, nv);
+    return dot_row<true>(r.w, x, m.k / 16);
+  } else if constexpr (kW == kStackInt4) {
+    return dot_row_int4(r, g.z_bytes > 0, x, m.k / 32, m.group_shift);
   } else {
-    return m.fp8 ? dot_row<true>(w, x, nv) : dot_row<false>(w, x, nv);
+    if (m.int4) return dot_row_int4(r, g.z_bytes > 0, x, m.k / 32, m.group_shift);
+    return m.fp8 ? dot_row<true>(r.w, x, m.k / 16) : dot_row<false>(r.w, x, m.k / 8);
   }
 }
 
@@ -306,7 +366,6 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
   const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int rs = g.rows_per_stage;
-  const int32_t nv = m.k / (m.fp8 ? 16 : 8);
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
   for (int32_t row = r0; row < r1; row += rs, ++it) {
@@ -322,13 +381,9 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
     mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
     float d0 = 0.0f, d1 = 0.0f;
     if (mine && !(skip & 1)) {
-      const uint8_t* w0 =
-          ring.data + static_cast<size_t>(slot) * ring.stage_bytes + static_cast<size_t>(i) * g.row_bytes;
-      d0 = row_dot<kW>(m, w0, xs, nv);
-      if constexpr (kPaired) {
-        const uint8_t* w1 = w0 + static_cast<size_t>(rs) * g.row_bytes;
-        d1 = row_dot<kW>(m, w1, xs, nv);
-      }
+      const uint8_t* base = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+      d0 = row_dot<kW>(m, g, base, 0, i, xs);
+      if constexpr (kPaired) d1 = row_dot<kW>(m, g, base, 1, i, xs);
     }
     release_stage(ring, slot);
     if (mine && lane == 0) epilogue.store(out, r, d0, d1);
@@ -497,7 +552,7 @@ __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const flo
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
                                            float* scratch) {
   load_input(src, n, norm, p.eps, xs, scratch);
-  if constexpr (kW != kStackBf16) {
+  if constexpr (kW == kStackFp8 || kW == kStackAnyFormat) {
     if (p.fp8_mma && m.fp8 && m.k % 32 == 0) {
       uint8_t* codes = reinterpret_cast<uint8_t*>(xs) + p.x_codes_off;
       float* xscale = scratch + kMiscXScale;
@@ -607,7 +662,15 @@ bool decode_stack_supported(int32_t hidden, int32_t inter, int32_t hq, int32_t h
 bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_bytes) {
   if (m.data == nullptr || m.rows <= 0 || m.k <= 0 || m.k % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(m.data) % 16 != 0) return false;
-  if (m.fp8 && m.scale == nullptr) return false;
+  if ((m.fp8 || m.int4) && m.scale == nullptr) return false;
+  if (m.int4) {
+    // Whole 16-byte vectors of codes, and scale / zero-point rows whose bulk copies are whole 16 bytes.
+    const Geom g = stage_geometry(m, paired, stage_bytes);
+    if (m.k % 32 != 0 || m.group_shift > 2 || (m.k >> 5) % (1 << m.group_shift) != 0 || g.s_bytes % 16 != 0 ||
+        g.z_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(m.scale) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(m.zero) % 16 != 0)
+      return false;
+  }
   return stage_geometry(m, paired, stage_bytes).rows_per_stage >= 1;
 }
 
@@ -648,16 +711,19 @@ struct StackInstance {
   StackKernel kernel;
   const char* name;
 };
-// Generic first; then BF16 / FP8 for hd 128 and hd 64 (decode_stack_supported takes no other head size).
+// Generic first; then BF16 / FP8 / INT4 for hd 128 and hd 64 (decode_stack_supported takes no other head
+// size).
 constexpr StackInstance kStackInstances[] = {{decode_stack_kernel<kStackAnyFormat, 0>, "generic"},
                                              {decode_stack_kernel<kStackBf16, 128>, "bf16_hd128"},
                                              {decode_stack_kernel<kStackFp8, 128>, "fp8_hd128"},
+                                             {decode_stack_kernel<kStackInt4, 128>, "int4_hd128"},
                                              {decode_stack_kernel<kStackBf16, 64>, "bf16_hd64"},
-                                             {decode_stack_kernel<kStackFp8, 64>, "fp8_hd64"}};
+                                             {decode_stack_kernel<kStackFp8, 64>, "fp8_hd64"},
+                                             {decode_stack_kernel<kStackInt4, 64>, "int4_hd64"}};
 
 const StackInstance& stack_instance(const DecodeStackParams& p) {
   if (p.format == kStackAnyFormat) return kStackInstances[0];
-  return kStackInstances[(p.hd == 128 ? 1 : 3) + (p.format == kStackFp8 ? 1 : 0)];
+  return kStackInstances[(p.hd == 128 ? 1 : 4) + (p.format - kStackBf16)];
 }
 }  // namespace
 

@@ -16,8 +16,9 @@
 // mbarriers), never waiting for the data dependencies; the consumer warps wait at grid-wide barriers between
 // the phases. The weight stream therefore keeps running across the barriers, the attention and the norms.
 //
-// Weights: BF16, or F8_E4M3 with a per-tensor or per-channel scale (weight-only; x in BF16, fp32
-// accumulation, as the GEMVs of kernels_gemv.h). KV cache: BF16 or F8_E4M3 (k / k_scale, v / v_scale).
+// Weights: BF16, F8_E4M3 with a per-tensor or per-channel scale, or INT4 with F16 group scales (groups of
+// 32 / 64 / 128, symmetric or with zero points) - weight-only; x in BF16, fp32 accumulation, as the GEMVs of
+// kernels_gemv.h. KV cache: BF16 or F8_E4M3 (k / k_scale, v / v_scale).
 // Head dims 64 and 128, up to 8 query heads per KV head; sliding windows; q/k/v biases.
 #include <cuda_runtime_api.h>
 
@@ -27,15 +28,19 @@
 
 namespace inferx::cuda {
 
-// One weight matrix [rows (x2 for gate_up: gate rows, then up rows), k], rows of k * (1 or 2) bytes.
+// One weight matrix [rows (x2 for gate_up: gate rows, then up rows), k], rows of k * 2 (BF16), k (F8_E4M3)
+// or k / 2 bytes (INT4, src/quant/int4.h's nibble order, with its scales and zero points beside it).
 struct StackMatrix {
   const void* data = nullptr;
-  const float* scale = nullptr;  // F8_E4M3 only: [1] or per row of the stored matrix
-  const float* bias = nullptr;   // F32 per row of the stored matrix, or null
-  int32_t rows = 0;              // output rows (gate_up: F, the matrix holds 2F)
+  const void* scale = nullptr;    // F8_E4M3: F32 [1] or per stored row; INT4: F16 [stored rows, k / group]
+  const uint8_t* zero = nullptr;  // INT4: U8 zero points shaped as the scales, or null (symmetric: 8)
+  const float* bias = nullptr;    // F32 per row of the stored matrix, or null
+  int32_t rows = 0;               // output rows (gate_up: F, the matrix holds 2F)
   int32_t k = 0;
-  uint8_t fp8 = 0;          // 0: BF16, 1: F8_E4M3
+  uint8_t fp8 = 0;          // 1: F8_E4M3
+  uint8_t int4 = 0;         // 1: INT4 (neither: BF16)
   uint8_t per_channel = 0;  // F8_E4M3: scale has one value per stored row
+  uint8_t group_shift = 0;  // INT4: log2(group / 32), group 32, 64 or 128 columns per scale
 };
 
 struct StackLayer {
@@ -48,7 +53,7 @@ struct StackLayer {
 
 // The weight format of every matrix of a stack (the kernel has an instance per format; kStackAnyFormat
 // takes mixed stacks, e.g. FP8 layers with a BF16 vocabulary projection).
-constexpr int kStackAnyFormat = 0, kStackBf16 = 1, kStackFp8 = 2;
+constexpr int kStackAnyFormat = 0, kStackBf16 = 1, kStackFp8 = 2, kStackInt4 = 3;
 
 // Layers travel in the kernel's parameters (CUDA 12.1+ takes up to 32 KB there): no device descriptor to
 // upload, so the first decode step can be captured into a CUDA graph directly.
@@ -89,7 +94,7 @@ struct DecodeStackParams {
   // Weight bytes the producer keeps requested into L2 ahead of the ring's copies (kernels_decode_stack.cu
   // L2Lead; 0: none).
   int32_t l2_lead_kb = 0;
-  uint32_t backoff_ns = 256;    // the producer's sleep between polls of a stage it waits for (0: spin)
+  uint32_t backoff_ns = 256;  // the producer's sleep between polls of a stage it waits for (0: spin)
   // kStackBf16 / kStackFp8 when every matrix has that format (the host sets it; the instance for it runs),
   // else kStackAnyFormat.
   int32_t format = kStackAnyFormat;
@@ -105,6 +110,9 @@ struct DecodeStackParams {
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
 };
+// CUDA 12.1+ takes up to 32764 bytes of kernel parameters (the layers travel there).
+static_assert(sizeof(DecodeStackParams) <= 32764, "the persistent kernel's parameters");
+
 // Per layer: start, qkv done, barrier, the attention's rope, first key stage landed, keys, partials
 // published and merge done, barrier, o done, barrier, gate/up done, barrier, down done, barrier; then the
 // lm_head's start and end.
