@@ -31,7 +31,7 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
   if (l == nullptr) return false;
   const Tensor& w = l->weight;
   const int64_t stored = rows * (paired ? 2 : 1);
-  if (w.device != Device::CUDA || w.ndim != 2 || w.dim(0) != stored || w.dim(1) != k || !l->zero.empty() ||
+  if (w.device != Device::CUDA || w.ndim != 2 || w.dim(0) != stored || w.dim(1) != k ||
       !l->input_perm.empty() || rows > INT32_MAX || k > INT32_MAX)
     return false;
   if (!l->bias.empty() && (l->bias.dtype != DType::F32 || l->bias.numel() != stored)) return false;
