@@ -8,6 +8,7 @@
 
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/decode_stack_layout.h"
 #include "backend/cuda/kernels_decode_stack.h"
 
 namespace inferx::cuda::stack {
@@ -19,7 +20,6 @@ constexpr int kConsumerWarps = 15;
 constexpr int kConsumers = kConsumerWarps * kWarp;
 constexpr int kAttnWarps = 8;  // key walkers per head block the x buffer holds partials for (at least)
 constexpr int kThreads = kConsumers + kWarp;  // + the producer warp
-constexpr int kMaxUnits = 8;                  // rows of a stage (gate and up rows both count)
 constexpr int kMaxGroup = 8;                  // query heads per KV head
 constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring stage; validity bits per key
 constexpr int kKeyWords = kMaxKeysPerStage / 32;
@@ -33,50 +33,7 @@ constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers
 static_assert(kMiscXScale < 32 && (kMiscKeyBits + kMaxStages * kKeyWords) * 4 <= kMiscBytes,
               "the misc area's layout");
 
-// ---- stage geometry (host and device) -----------------------------------------------------------------
-// A stage holds up to kMaxUnits whole rows (gate and up rows of the same outputs for the SiLU product),
-// back to back; a row (or gate + up pair) longer than a stage is not taken (the host sizes stages for the
-// longest row). A source's block of rs rows is its rs weight rows, then (INT4) their rs scale rows and rs
-// zero-point rows, each part one bulk copy of contiguous rows (the scales are [rows, groups] row-major).
-struct Geom {
-  int32_t srcs;            // 1, or 2 for gate/up
-  int32_t w_bytes;         // weight bytes of one source row
-  int32_t s_bytes;         // INT4: scale bytes of one row (F16 per group); else 0
-  int32_t z_bytes;         // INT4 with zero points: their bytes per row (U8 per group); else 0
-  int32_t row_bytes;       // all three
-  int32_t rows_per_stage;  // power of two, rows_per_stage * srcs <= kMaxUnits; 0: a row does not fit
-};
-
-__host__ __device__ inline Geom stage_geometry(const StackMatrix& m, bool paired, int32_t stage_bytes) {
-  Geom g;
-  g.srcs = paired ? 2 : 1;
-  g.w_bytes = m.int4 ? m.k / 2 : m.k * (m.fp8 ? 1 : 2);
-  const int32_t groups = m.int4 ? m.k >> (5 + m.group_shift) : 0;
-  g.s_bytes = groups * 2;
-  g.z_bytes = m.int4 && m.zero != nullptr ? groups : 0;
-  g.row_bytes = g.w_bytes + g.s_bytes + g.z_bytes;
-  const int64_t fit = stage_bytes / (static_cast<int64_t>(g.row_bytes) * g.srcs);
-  int rs = 1;
-  while (rs * 2 <= fit && rs * 2 * g.srcs <= kMaxUnits) rs *= 2;
-  g.rows_per_stage = fit >= 1 ? rs : 0;
-  return g;
-}
-
-// Row i of source src in a stage at `base`: its weights, and (INT4) its scales and zero points.
-struct StageRow {
-  const uint8_t* w;
-  const uint8_t* s;
-  const uint8_t* z;
-};
-__device__ __forceinline__ StageRow stage_row(const Geom& g, const uint8_t* base, int src, int i) {
-  const int rs = g.rows_per_stage;
-  const uint8_t* block = base + static_cast<size_t>(src) * rs * g.row_bytes;
-  StageRow r;
-  r.w = block + static_cast<size_t>(i) * g.w_bytes;
-  r.s = block + static_cast<size_t>(rs) * g.w_bytes + static_cast<size_t>(i) * g.s_bytes;
-  r.z = block + static_cast<size_t>(rs) * (g.w_bytes + g.s_bytes) + static_cast<size_t>(i) * g.z_bytes;
-  return r;
-}
+// The stage geometry (Geom, stage_geometry, stage_row) and kMaxUnits: decode_stack_layout.h.
 
 // ---- async copies and mbarriers: bulk_copy.cuh; the producer's wait with a backoff here ----------------
 // The producer's wait, sleeping sleep_ns between polls (0: spin). Added on the hypothesis that a warp

@@ -123,15 +123,16 @@ __device__ void produce_matrix(const DecodeStackParams& p, const StackMatrix& m,
     mbar_expect_tx(&ring.full[slot], static_cast<uint32_t>(n) * g.row_bytes * g.srcs);
     uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
     for (int32_t src = 0; src < g.srcs; ++src) {
-      uint8_t* block = dst + static_cast<size_t>(src) * rs * g.row_bytes;  // stage_row's layout
+      const StageRow at = stage_row(g, src, 0);  // the source's n rows of each part, back to back
       const int64_t stored = static_cast<int64_t>(src) * m.rows + row;
-      bulk_copy(block, base + stored * g.w_bytes, static_cast<uint32_t>(n) * g.w_bytes, &ring.full[slot]);
+      bulk_copy(dst + at.w, base + stored * g.w_bytes, static_cast<uint32_t>(n) * g.w_bytes,
+                &ring.full[slot]);
       if (g.s_bytes > 0)
-        bulk_copy(block + static_cast<size_t>(rs) * g.w_bytes, scales + stored * g.s_bytes,
-                  static_cast<uint32_t>(n) * g.s_bytes, &ring.full[slot]);
+        bulk_copy(dst + at.s, scales + stored * g.s_bytes, static_cast<uint32_t>(n) * g.s_bytes,
+                  &ring.full[slot]);
       if (g.z_bytes > 0)
-        bulk_copy(block + static_cast<size_t>(rs) * (g.w_bytes + g.s_bytes), m.zero + stored * g.z_bytes,
-                  static_cast<uint32_t>(n) * g.z_bytes, &ring.full[slot]);
+        bulk_copy(dst + at.z, m.zero + stored * g.z_bytes, static_cast<uint32_t>(n) * g.z_bytes,
+                  &ring.full[slot]);
     }
     if (lead.limit > 0) {
       lead.ahead -= static_cast<int64_t>(n) * g.w_bytes * g.srcs;
@@ -289,47 +290,27 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
   return warp_sum(a0 + a1);
 }
 
-// INT4 (src/quant/int4.h): a 16-byte vector is 32 columns - byte j holds column j in its low nibble and
-// column 16 + j in its high one - inside one group (32 << group_shift columns share a scale and zero point).
-// A code becomes a float by the exponent trick: a PRMT puts its byte under 0x4B000000 (2^23), and one
-// subtraction of 2^23 + zero leaves code - zero, exactly (full-rate instructions, where I2F runs at a
-// quarter rate); one FMA with x follows, and the group's scale multiplies the vector's sum.
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ __forceinline__ float dot_row_int4(const StageRow& r, bool zeros, const __nv_bfloat16* x,
-                                              int32_t nv, int group_shift) {
+// INT4: each lane takes whole 16-byte vectors (32 columns of one group; decode_stack_layout.h
+// int4_vector_dot), the group's scale multiplying the vector's sum.
+__device__ __forceinline__ float dot_row_int4(const uint8_t* w, const uint8_t* s, const uint8_t* z,
+                                              bool zeros, const __nv_bfloat16* x, int32_t nv,
+                                              int group_shift) {
   const int lane = threadIdx.x % kWarp;
-  const auto* w4 = reinterpret_cast<const uint4*>(r.w);
+  const auto* w4 = reinterpret_cast<const uint4*>(w);
   const auto* x4 = reinterpret_cast<const uint4*>(x);
-  const auto* sc = reinterpret_cast<const __half*>(r.s);
+  const auto* sc = reinterpret_cast<const __half*>(s);
   float acc = 0.0f;
 #pragma unroll 2
   for (int32_t v = lane; v < nv; v += kWarp) {
     const uint4 wv = w4[v];
     const int32_t grp = v >> group_shift;
     const float scale = __half2float(sc[grp]);
-    const float off = 8388608.0f + (zeros ? static_cast<float>(r.z[grp]) : 8.0f);
-    // x's 32 columns: xl[c] (c = 0..15, the low nibbles') and xh[c] (16 + c) as 8 words of two BF16 each.
+    const float off = 8388608.0f + (zeros ? static_cast<float>(z[grp]) : 8.0f);
     const uint4 x0 = x4[4 * v], x1 = x4[4 * v + 1], x2 = x4[4 * v + 2], x3 = x4[4 * v + 3];
-    const uint32_t xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const uint32_t xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-    const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
-    float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // word j: columns 4j .. 4j + 3 and 16 + 4j .. 16 + 4j + 3
-      const uint32_t lo = words[j] & 0x0F0F0F0Fu, hi = (words[j] >> 4) & 0x0F0F0F0Fu;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const float ql = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7440u | b)) - off;
-        const float qh = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7440u | b)) - off;
-        const int c = 4 * j + b;
-        const float xlo = c % 2 ? bf16_hi(xl[c / 2]) : bf16_lo(xl[c / 2]);
-        const float xhi = c % 2 ? bf16_hi(xh[c / 2]) : bf16_lo(xh[c / 2]);
-        a0 = fmaf(ql, xlo, a0);
-        a1 = fmaf(qh, xhi, a1);
-      }
-    }
-    acc = fmaf(a0 + a1, scale, acc);
+    const uint32_t xw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
+                             x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+    const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
+    acc = fmaf(int4_vector_dot(ww, xw, off), scale, acc);
   }
   return warp_sum(acc);
 }
@@ -340,16 +321,17 @@ __device__ __forceinline__ float dot_row_int4(const StageRow& r, bool zeros, con
 template <int kW>
 __device__ __forceinline__ float row_dot(const StackMatrix& m, const Geom& g, const uint8_t* base, int src,
                                          int i, const __nv_bfloat16* x) {
-  const StageRow r = stage_row(g, base, src, i);
+  const StageRow r = stage_row(g, src, i);
+  const uint8_t* w = base + r.w;
   if constexpr (kW == kStackBf16) {
-    return dot_row<false>(r.w, x, m.k / 8);
+    return dot_row<false>(w, x, m.k / 8);
   } else if constexpr (kW == kStackFp8) {
-    return dot_row<true>(r.w, x, m.k / 16);
+    return dot_row<true>(w, x, m.k / 16);
   } else if constexpr (kW == kStackInt4) {
-    return dot_row_int4(r, g.z_bytes > 0, x, m.k / 32, m.group_shift);
+    return dot_row_int4(w, base + r.s, base + r.z, g.z_bytes > 0, x, m.k / 32, m.group_shift);
   } else {
-    if (m.int4) return dot_row_int4(r, g.z_bytes > 0, x, m.k / 32, m.group_shift);
-    return m.fp8 ? dot_row<true>(r.w, x, m.k / 16) : dot_row<false>(r.w, x, m.k / 8);
+    if (m.int4) return dot_row_int4(w, base + r.s, base + r.z, g.z_bytes > 0, x, m.k / 32, m.group_shift);
+    return m.fp8 ? dot_row<true>(w, x, m.k / 16) : dot_row<false>(w, x, m.k / 8);
   }
 }
 

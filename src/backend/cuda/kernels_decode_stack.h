@@ -24,25 +24,12 @@
 
 #include <cstdint>
 
+#include "backend/cuda/decode_stack_layout.h"
 #include "backend/cuda/kernels.h"
 
 namespace inferx::cuda {
 
-// One weight matrix [rows (x2 for gate_up: gate rows, then up rows), k], rows of k * 2 (BF16), k (F8_E4M3)
-// or k / 2 bytes (INT4, src/quant/int4.h's nibble order, with its scales and zero points beside it).
-struct StackMatrix {
-  const void* data = nullptr;
-  const void* scale = nullptr;    // F8_E4M3: F32 [1] or per stored row; INT4: F16 [stored rows, k / group]
-  const uint8_t* zero = nullptr;  // INT4: U8 zero points shaped as the scales, or null (symmetric: 8)
-  const float* bias = nullptr;    // F32 per row of the stored matrix, or null
-  int32_t rows = 0;               // output rows (gate_up: F, the matrix holds 2F)
-  int32_t k = 0;
-  uint8_t fp8 = 0;          // 1: F8_E4M3
-  uint8_t int4 = 0;         // 1: INT4 (neither: BF16)
-  uint8_t per_channel = 0;  // F8_E4M3: scale has one value per stored row
-  uint8_t group_shift = 0;  // INT4: log2(group / 32), group 32, 64 or 128 columns per scale
-};
-
+// StackMatrix: decode_stack_layout.h (shared with the host test of the stage layout).
 struct StackLayer {
   StackMatrix qkv, o, gate_up, down;
   const float* attn_norm = nullptr;  // F32 [hidden]
