@@ -36,16 +36,13 @@ S="INFERX_DECODE_STACK=1"
 # 128 / 256 / 384 KB per SM against 5.02; but its 17th warp cut the consumers to 96 registers, and 256+ KB x
 # 132 SMs is most of the 50 MB L2): the lead is now the producer's own lane, no extra warp, at 64-256 KB.
 L="INFERX_DECODE_STACK_L2_KB"
-step 3 && QUANTS="${QUANTS3:-bf16 fp8:lm_head}" MODES="${MODES3:-per-op:INFERX_DECODE_STACK=0
-  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=64:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=64
+step 3 && QUANTS="bf16" MODES="${MODES3:-per-op:INFERX_DECODE_STACK=0 if1:$S,INFERX_DECODE_STACK_INFLIGHT=1
   if1l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128 if1l2=256:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=256
-  if2l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=2,$L=128 l2=128:$S,$L=128 skip2:$S,INFERX_DECODE_STACK_SKIP=2
-  if1l2prof:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128,INFERX_DECODE_STACK_PROFILE=1}" \
+  skip2:$S,INFERX_DECODE_STACK_SKIP=2 if1l2prof:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128,INFERX_DECODE_STACK_PROFILE=1}" \
   SKIP_ENGINE="${SKIP_ENGINE-1}" bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests|profile|FAILED"
-# INT4 in the persistent kernel (new): per-op (GEMV v3) against the stack.
-step 3 && SKIP_TESTS=1 SKIP_ENGINE=1 QUANTS="int4:lm_head" MODES="per-op:INFERX_DECODE_STACK=0
-  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128
-  if2:$S,INFERX_DECODE_STACK_INFLIGHT=2 skip2:$S,INFERX_DECODE_STACK_SKIP=2" \
+# FP8 and INT4 (new in the persistent kernel): per-op (GEMV v4 / v3) against the stack.
+step 3 && SKIP_TESTS=1 SKIP_ENGINE=1 QUANTS="fp8:lm_head int4:lm_head" MODES="per-op:INFERX_DECODE_STACK=0
+  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama"
 # The FP8 tensor-core cases' per-step comparison (cuda_decode_stack_test.cpp): first and last steps.
 step 3 && grep -E "^\[ RUN|^  step (0|7|11):" "$OUT/stack_tests.log" | grep -B1 "step" | grep -v "^--" | head -24
