@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 02:00), after bench/gpu/stage.sh, carry
-# ["gpu-carry-z"]: tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
+# What is still owed to a GPU run (state of 2026-12-06 03:10: no device machine could be started all that
+# session), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats.
 # 2. The grid barrier probes on the card at hand.
-# 3. The persistent decode kernel: per-op vs the stack one stage ahead (if1), the producer's L2 lead
+# 3. The persistent decode kernel: its INT4 reading (new, never run: decode-stack tests and per-op v3 vs
+#    the stack), per-op vs the stack one stage ahead (if1), the producer's L2 lead
 #    (new: l2=KB per SM requested into L2 beyond the ring, to keep the memory busy through the attention and
 #    its barriers), the no-barrier bound (skip2), per-phase profiles; the decode-stack tests, whose FP8
 #    tensor-core cases now print per step how far the mma stack is from per-op v5, the plain stack from
@@ -12,10 +14,16 @@
 #    21.53 vs 20.80, slower) and the FP8 product chains.
 # What to do with the answers (record every figure in docs/benchmarks.md first):
 #   - the L2 lead beats if1 on bf16 and fp8: make the best (inflight, KB) the stack's default and time the
-#     stack against per-op on both cards; the stack becomes the batch-1 default where it wins.
+#     stack against per-op on both cards; the stack becomes the batch-1 default where it wins. If it loses at
+#     every lead, remove it (the 12-03 prefetch warp lost too).
+#   - INT4: the stack against per-op v3 at int4:lm_head; INT4's 3x needs ~1.53 ms on an H200.
+#   - MMA: "per-op-v5 vs per-op" far above "stack vs per-op" with "stack-mma vs stack" small means v5 is the
+#     wrong one (then W8a8KernelMatchesQuantizedReference at the 8B MLP shapes fails too).
 #   - v5 (FP8 W8A8): slower than v4 on an H100 (3.597 vs 3.545 ms, 12-06), faster on one H200 node (-2.4%):
 #     rerun on an H200 beside v4 before any default changes; remove it if it does not win there again.
-# STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~6 min), then "1 2" (~4 min), then 4 (~5 min).
+# STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~7 min), then "1 2" (~4 min), then 4 (~5 min). With
+# little device time, the correctness part of step 3 alone (~1.5 min): test_cuda_engine
+# --gtest_filter='*DecodeStack*int4*:*DecodeStack*mma*:*DecodeStack*l2lead*'.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -36,13 +44,16 @@ S="INFERX_DECODE_STACK=1"
 # 128 / 256 / 384 KB per SM against 5.02; but its 17th warp cut the consumers to 96 registers, and 256+ KB x
 # 132 SMs is most of the 50 MB L2): the lead is now the producer's own lane, no extra warp, at 64-256 KB.
 L="INFERX_DECODE_STACK_L2_KB"
-step 3 && QUANTS="bf16" MODES="${MODES3:-per-op:INFERX_DECODE_STACK=0 if1:$S,INFERX_DECODE_STACK_INFLIGHT=1
+step 3 && QUANTS="${QUANTS3:-bf16 fp8:lm_head}" MODES="${MODES3:-per-op:INFERX_DECODE_STACK=0
+  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=64:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=64
   if1l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128 if1l2=256:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=256
-  skip2:$S,INFERX_DECODE_STACK_SKIP=2 if1l2prof:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128,INFERX_DECODE_STACK_PROFILE=1}" \
+  if2l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=2,$L=128 l2=128:$S,$L=128 skip2:$S,INFERX_DECODE_STACK_SKIP=2
+  if1l2prof:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128,INFERX_DECODE_STACK_PROFILE=1}" \
   SKIP_ENGINE="${SKIP_ENGINE-1}" bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests|profile|FAILED"
-# FP8 and INT4 (new in the persistent kernel): per-op (GEMV v4 / v3) against the stack.
-step 3 && SKIP_TESTS=1 SKIP_ENGINE=1 QUANTS="fp8:lm_head int4:lm_head" MODES="per-op:INFERX_DECODE_STACK=0
-  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128" \
+# INT4 in the persistent kernel (new): per-op (GEMV v3) against the stack.
+step 3 && SKIP_TESTS=1 SKIP_ENGINE=1 QUANTS="int4:lm_head" MODES="per-op:INFERX_DECODE_STACK=0
+  if1:$S,INFERX_DECODE_STACK_INFLIGHT=1 if1l2=128:$S,INFERX_DECODE_STACK_INFLIGHT=1,$L=128
+  if2:$S,INFERX_DECODE_STACK_INFLIGHT=2 skip2:$S,INFERX_DECODE_STACK_SKIP=2" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama"
 # The FP8 tensor-core cases' per-step comparison (cuda_decode_stack_test.cpp): first and last steps.
 step 3 && grep -E "^\[ RUN|^  step (0|7|11):" "$OUT/stack_tests.log" | grep -B1 "step" | grep -v "^--" | head -24
