@@ -96,7 +96,8 @@ __device__ void l2_top_up(const DecodeStackParams& p, L2Lead& lead) {
       continue;
     }
     // The weight rows (INT4's scales, ~3% more, come with the ring's copies).
-    const int32_t w_bytes = m->int4 ? m->k / 2 : m->k * (m->fp8 ? 1 : 2), srcs = paired ? 2 : 1;
+    const Geom g = stage_geometry(*m, paired, p.stage_bytes);
+    const int32_t w_bytes = g.w_bytes, srcs = g.srcs;
     const int32_t n = min(r1 - lead.row, max(1, kL2LeadChunk / (w_bytes * srcs)));
     const auto* base = static_cast<const uint8_t*>(m->data);
     for (int32_t src = 0; src < srcs; ++src)
