@@ -105,6 +105,15 @@ INFERX_STACK_HD float bf16_bits_to_float(uint32_t bits16) {
 #endif
 }
 
+// Where x's element i sits in shared memory for an INT4 phase (n = k columns, nv = k / 32 vectors): chunk-
+// major, the q-th 16 bytes (8 columns) of every vector together - element i of vector v = i / 32, chunk
+// q = (i % 32) / 8, at ((q * nv) + v) * 8 + i % 8. The consumers' lanes read the same chunk of consecutive
+// vectors at once, 16 consecutive bytes apart: conflict-free, where x in column order (64 bytes a lane) made
+// every 16-byte load a 4-way bank conflict (two of a quarter-warp's eight 16-byte bank groups).
+INFERX_STACK_HD int32_t int4_x_index(int32_t i, int32_t nv) {
+  return (((i % 32) / 8) * nv + i / 32) * 8 + i % 8;
+}
+
 // sum over the vector's 32 columns of (code - zero) * x, with w its four words, x its 32 BF16 values as 16
 // words of two (columns 0..31 in order), off = 2^23 + zero. Two partial sums (low and high nibbles).
 INFERX_STACK_HD float int4_vector_dot(const uint32_t (&w)[4], const uint32_t (&x)[16], float off) {

@@ -292,7 +292,7 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
 }
 
 // INT4: each lane takes whole 16-byte vectors (32 columns of one group; decode_stack_layout.h
-// int4_vector_dot), the group's scale multiplying the vector's sum.
+// int4_vector_dot), the group's scale multiplying the vector's sum; x chunk-major (int4_x_index).
 __device__ __forceinline__ float dot_row_int4(const uint8_t* w, const uint8_t* s, const uint8_t* z,
                                               bool zeros, const __nv_bfloat16* x, int32_t nv,
                                               int group_shift) {
@@ -307,7 +307,7 @@ __device__ __forceinline__ float dot_row_int4(const uint8_t* w, const uint8_t* s
     const int32_t grp = v >> group_shift;
     const float scale = __half2float(sc[grp]);
     const float off = 8388608.0f + (zeros ? static_cast<float>(z[grp]) : 8.0f);
-    const uint4 x0 = x4[4 * v], x1 = x4[4 * v + 1], x2 = x4[4 * v + 2], x3 = x4[4 * v + 3];
+    const uint4 x0 = x4[v], x1 = x4[nv + v], x2 = x4[2 * nv + v], x3 = x4[3 * nv + v];
     const uint32_t xw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
                              x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
     const uint32_t ww[4] = {wv.x, wv.y, wv.z, wv.w};
@@ -398,21 +398,25 @@ __device__ __forceinline__ void read_normed(const float* src, int32_t n, const f
   }
 }
 
-// xs = BF16(src normed with `norm`, read_normed), or BF16(src) without a norm.
+// xs = BF16(src normed with `norm`, read_normed), or BF16(src) without a norm; in column order, or for an
+// INT4 phase (int4_order) chunk-major (decode_stack_layout.h int4_x_index; n a multiple of 32, and the 4
+// columns a thread stores stay together).
 __device__ void load_input(const float* src, int32_t n, const float* norm, float eps, __nv_bfloat16* xs,
-                           float* scratch) {
+                           float* scratch, bool int4_order) {
+  const int32_t nv = n / 32;
+  auto at = [&](int32_t i) { return int4_order ? int4_x_index(i, nv) : i; };
   if (norm != nullptr) {
     float4 v[kNormVecs];
     read_normed(src, n, norm, eps, v, scratch);
 #pragma unroll
     for (int j = 0; j < kNormVecs; ++j) {
       const int32_t i = (threadIdx.x + j * kConsumers) * 4;
-      if (i < n) store_bf16x4(xs + i, v[j].x, v[j].y, v[j].z, v[j].w);
+      if (i < n) store_bf16x4(xs + at(i), v[j].x, v[j].y, v[j].z, v[j].w);
     }
   } else {
     for (int32_t i = threadIdx.x * 4; i < n; i += kConsumers * 4) {
       const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
-      store_bf16x4(xs + i, v.x, v.y, v.z, v.w);
+      store_bf16x4(xs + at(i), v.x, v.y, v.z, v.w);
     }
   }
   consumer_sync();
@@ -534,7 +538,7 @@ __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const flo
                                            const float* norm, const StackMatrix& m, float* out,
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
                                            float* scratch) {
-  load_input(src, n, norm, p.eps, xs, scratch);
+  load_input(src, n, norm, p.eps, xs, scratch, kW == kStackInt4 || (kW == kStackAnyFormat && m.int4));
   if constexpr (kW == kStackFp8 || kW == kStackAnyFormat) {
     if (p.fp8_mma && m.fp8 && m.k % 32 == 0) {
       uint8_t* codes = reinterpret_cast<uint8_t*>(xs) + p.x_codes_off;

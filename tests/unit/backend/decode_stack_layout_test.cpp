@@ -1,9 +1,9 @@
 // The persistent decode kernel's ring stages (src/backend/cuda/decode_stack_layout.h) without a GPU: a stage
 // is filled as the producer's bulk copies fill it (each part of a source's rows, back to back at
-// stage_row's offsets) and read as the consumers read it (stage_row, and INT4's int4_vector_dot with the
-// group scale per 32-column vector), then compared with src/quant/int4.h's dequantized rows times x in
-// float64. Also what the bulk copies need: every destination offset and size a multiple of 16 bytes where the
-// kernel takes the matrix, and a stage that holds its rows.
+// stage_row's offsets) and read as the consumers read it (stage_row, x chunk-major by int4_x_index, and
+// INT4's int4_vector_dot with the group scale per 32-column vector), then compared with src/quant/int4.h's
+// dequantized rows times x in float64. Also what the bulk copies need: every destination offset and size a
+// multiple of 16 bytes where the kernel takes the matrix, and a stage that holds its rows.
 #include "backend/cuda/decode_stack_layout.h"
 
 #include <gtest/gtest.h>
@@ -61,6 +61,10 @@ TEST(DecodeStackLayout, Int4StagesDecodeToTheDequantizedProducts) {
     const Int4Weight w = quantize_int4_weight(wf.data(), stored, c.k, c.group, !c.zeros);
     std::vector<uint16_t> xb(static_cast<size_t>(c.k));
     for (uint16_t& v : xb) v = f32_to_bf16(normal(rng));
+    // x in shared memory as an INT4 phase lays it out (chunk-major), read back chunk by chunk.
+    const int32_t nv = static_cast<int32_t>(c.k / 32);
+    std::vector<uint16_t> xs(xb.size());
+    for (int32_t i = 0; i < c.k; ++i) xs[size_t(st::int4_x_index(i, nv))] = xb[size_t(i)];
 
     const StackMatrix m = int4_matrix(c, w);
     const st::Geom g = st::stage_geometry(m, c.paired, kStageBytes);
@@ -102,7 +106,7 @@ TEST(DecodeStackLayout, Int4StagesDecodeToTheDequantizedProducts) {
           for (int64_t v = 0; v < c.k / 32; ++v) {
             uint32_t ww[4], xw[16];
             std::memcpy(ww, stage.data() + r.w + 16 * v, sizeof ww);
-            std::memcpy(xw, xb.data() + 32 * v, sizeof xw);
+            for (int q = 0; q < 4; ++q) std::memcpy(xw + 4 * q, xs.data() + (q * nv + v) * 8, 16);
             const int64_t grp = v >> m.group_shift;
             uint16_t s16;
             std::memcpy(&s16, stage.data() + r.s + 2 * grp, 2);
@@ -123,6 +127,23 @@ TEST(DecodeStackLayout, Int4StagesDecodeToTheDequantizedProducts) {
           ASSERT_NEAR(got, want, 1e-5 * mag + 1e-6) << what << " row " << stored_row;
         }
     }
+  }
+}
+
+// The 16-byte x loads of a quarter-warp (8 lanes on consecutive vectors, the same chunk) fall in 8 distinct
+// 16-byte bank groups of the 128-byte bank window: one shared-memory wavefront each.
+TEST(DecodeStackLayout, Int4InputChunksAreConflictFree) {
+  for (const int32_t nv : {8, 128, 448}) {
+    for (int q = 0; q < 4; ++q)
+      for (int32_t v0 = 0; v0 + 8 <= nv; v0 += 8) {
+        unsigned groups = 0;
+        for (int lane = 0; lane < 8; ++lane) {
+          const int32_t element = st::int4_x_index((v0 + lane) * 32 + 8 * q, nv);  // chunk q's first column
+          ASSERT_EQ(element % 8, 0);
+          groups |= 1u << ((element * 2 / 16) % 8);  // BF16: 2 bytes an element
+        }
+        EXPECT_EQ(groups, 0xFFu) << "nv " << nv << " chunk " << q << " vectors " << v0;
+      }
   }
 }
 
