@@ -17,6 +17,8 @@
 #     stack against per-op on both cards; the stack becomes the batch-1 default where it wins. If it loses at
 #     every lead, remove it (the 12-03 prefetch warp lost too).
 #   - INT4: the stack against per-op v3 at int4:lm_head; INT4's 3x needs ~1.53 ms on an H200.
+#   - FP8: its phases now read x chunk-major (no 2-way bank conflicts); compare skip2 fp8 with the 12-05 H100
+#     bound (76.0%) and if1 fp8 with per-op. If they gained nothing, the conflicts were not FP8's limit.
 #   - MMA: "per-op-v5 vs per-op" far above "stack vs per-op" with "stack-mma vs stack" small means v5 is the
 #     wrong one (then W8a8KernelMatchesQuantizedReference at the 8B MLP shapes fails too).
 #   - v5 (FP8 W8A8): slower than v4 on an H100 (3.597 vs 3.545 ms, 12-06), faster on one H200 node (-2.4%):

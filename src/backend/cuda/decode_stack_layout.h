@@ -105,13 +105,14 @@ INFERX_STACK_HD float bf16_bits_to_float(uint32_t bits16) {
 #endif
 }
 
-// Where x's element i sits in shared memory for an INT4 phase (n = k columns, nv = k / 32 vectors): chunk-
-// major, the q-th 16 bytes (8 columns) of every vector together - element i of vector v = i / 32, chunk
-// q = (i % 32) / 8, at ((q * nv) + v) * 8 + i % 8. The consumers' lanes read the same chunk of consecutive
-// vectors at once, 16 consecutive bytes apart: conflict-free, where x in column order (64 bytes a lane) made
-// every 16-byte load a 4-way bank conflict (two of a quarter-warp's eight 16-byte bank groups).
-INFERX_STACK_HD int32_t int4_x_index(int32_t i, int32_t nv) {
-  return (((i % 32) / 8) * nv + i / 32) * 8 + i % 8;
+// Where x's element i sits in shared memory for a phase whose lanes each take 16-byte weight vectors of
+// `chunks` x 8 columns (INT4: 32 columns, 4 chunks of x; FP8: 16 columns, 2 chunks), nv = k / (8 chunks)
+// vectors: chunk-major, the q-th 8 columns (16 bytes of BF16) of every vector together - element i of
+// vector v = i / (8 chunks), chunk q = i / 8 % chunks, at (q * nv + v) * 8 + i % 8. A quarter-warp's lanes
+// read the same chunk of consecutive vectors, 16 consecutive bytes apart: conflict-free. In column order a
+// lane's x is 16 x chunks bytes, so its 16-byte loads were 4-way (INT4) and 2-way (FP8) bank conflicts.
+INFERX_STACK_HD int32_t x_chunked_index(int32_t i, int32_t nv, int32_t chunks) {
+  return ((i / 8 % chunks) * nv + i / (8 * chunks)) * 8 + i % 8;
 }
 
 // sum over the vector's 32 columns of (code - zero) * x, with w its four words, x its 32 BF16 values as 16

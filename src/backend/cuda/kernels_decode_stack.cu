@@ -256,7 +256,9 @@ struct RowEpilogue {
 };
 
 // The dot product of a row's 16-byte weight vectors [0, nv) with x, by one warp (every lane gets it). Four
-// vectors per lane are loaded before any is used: shared-memory latency, not issue, bounds a warp.
+// vectors per lane are loaded before any is used: shared-memory latency, not issue, bounds a warp. FP8 reads
+// x chunk-major (load_input with 2 chunks: a vector's 16 columns are x4[v] and x4[nv + v]), BF16 in column
+// order (its 8 columns are x4[v]).
 template <bool kFp8>
 __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* x, int32_t nv) {
   constexpr int kUnroll = 4;
@@ -266,7 +268,7 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
   float a0 = 0.0f, a1 = 0.0f;
   auto step = [&](const uint4& wv, int32_t v) {
     if constexpr (kFp8) {
-      const uint4 xa = x4[2 * v], xb = x4[2 * v + 1];
+      const uint4 xa = x4[v], xb = x4[nv + v];
       a0 = dot_fp8x4(wv.x, xa.x, xa.y, a0);
       a1 = dot_fp8x4(wv.y, xa.z, xa.w, a1);
       a0 = dot_fp8x4(wv.z, xb.x, xb.y, a0);
@@ -292,7 +294,8 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
 }
 
 // INT4: each lane takes whole 16-byte vectors (32 columns of one group; decode_stack_layout.h
-// int4_vector_dot), the group's scale multiplying the vector's sum; x chunk-major (int4_x_index).
+// int4_vector_dot), the group's scale multiplying the vector's sum; x chunk-major (x_chunked_index, 4
+// chunks).
 __device__ __forceinline__ float dot_row_int4(const uint8_t* w, const uint8_t* s, const uint8_t* z,
                                               bool zeros, const __nv_bfloat16* x, int32_t nv,
                                               int group_shift) {
@@ -398,13 +401,13 @@ __device__ __forceinline__ void read_normed(const float* src, int32_t n, const f
   }
 }
 
-// xs = BF16(src normed with `norm`, read_normed), or BF16(src) without a norm; in column order, or for an
-// INT4 phase (int4_order) chunk-major (decode_stack_layout.h int4_x_index; n a multiple of 32, and the 4
-// columns a thread stores stay together).
+// xs = BF16(src normed with `norm`, read_normed), or BF16(src) without a norm; in column order (chunks 0),
+// or chunk-major for the INT4 (4) and FP8 (2) products (decode_stack_layout.h x_chunked_index; n a multiple
+// of 8 x chunks, and the 4 columns a thread stores stay together).
 __device__ void load_input(const float* src, int32_t n, const float* norm, float eps, __nv_bfloat16* xs,
-                           float* scratch, bool int4_order) {
-  const int32_t nv = n / 32;
-  auto at = [&](int32_t i) { return int4_order ? int4_x_index(i, nv) : i; };
+                           float* scratch, int chunks) {
+  const int32_t nv = chunks > 0 ? n / (8 * chunks) : 0;
+  auto at = [&](int32_t i) { return chunks > 0 ? x_chunked_index(i, nv, chunks) : i; };
   if (norm != nullptr) {
     float4 v[kNormVecs];
     read_normed(src, n, norm, eps, v, scratch);
@@ -538,9 +541,19 @@ __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const flo
                                            const float* norm, const StackMatrix& m, float* out,
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
                                            float* scratch) {
-  load_input(src, n, norm, p.eps, xs, scratch, kW == kStackInt4 || (kW == kStackAnyFormat && m.int4));
+  const bool mma = kW != kStackBf16 && kW != kStackInt4 && p.fp8_mma && m.fp8 && m.k % 32 == 0;
+  // x as the product loop reads it (row_dot): chunk-major for INT4 and FP8, in column order for BF16 and
+  // for the tensor-core path (its codes are quantized from column order).
+  const int chunks = mma                ? 0
+                     : kW == kStackInt4 ? 4
+                     : kW == kStackFp8  ? 2
+                     : kW == kStackBf16 ? 0
+                     : m.int4           ? 4
+                     : m.fp8            ? 2
+                                        : 0;
+  load_input(src, n, norm, p.eps, xs, scratch, chunks);
   if constexpr (kW == kStackFp8 || kW == kStackAnyFormat) {
-    if (p.fp8_mma && m.fp8 && m.k % 32 == 0) {
+    if (mma) {
       uint8_t* codes = reinterpret_cast<uint8_t*>(xs) + p.x_codes_off;
       float* xscale = scratch + kMiscXScale;
       quantize_input(xs, n, codes, xscale, scratch);

@@ -1,6 +1,6 @@
 // The persistent decode kernel's ring stages (src/backend/cuda/decode_stack_layout.h) without a GPU: a stage
 // is filled as the producer's bulk copies fill it (each part of a source's rows, back to back at
-// stage_row's offsets) and read as the consumers read it (stage_row, x chunk-major by int4_x_index, and
+// stage_row's offsets) and read as the consumers read it (stage_row, x chunk-major by x_chunked_index, and
 // INT4's int4_vector_dot with the group scale per 32-column vector), then compared with src/quant/int4.h's
 // dequantized rows times x in float64. Also what the bulk copies need: every destination offset and size a
 // multiple of 16 bytes where the kernel takes the matrix, and a stage that holds its rows.
@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -64,7 +65,7 @@ TEST(DecodeStackLayout, Int4StagesDecodeToTheDequantizedProducts) {
     // x in shared memory as an INT4 phase lays it out (chunk-major), read back chunk by chunk.
     const int32_t nv = static_cast<int32_t>(c.k / 32);
     std::vector<uint16_t> xs(xb.size());
-    for (int32_t i = 0; i < c.k; ++i) xs[size_t(st::int4_x_index(i, nv))] = xb[size_t(i)];
+    for (int32_t i = 0; i < c.k; ++i) xs[size_t(st::x_chunked_index(i, nv, 4))] = xb[size_t(i)];
 
     const StackMatrix m = int4_matrix(c, w);
     const st::Geom g = st::stage_geometry(m, c.paired, kStageBytes);
@@ -131,20 +132,26 @@ TEST(DecodeStackLayout, Int4StagesDecodeToTheDequantizedProducts) {
 }
 
 // The 16-byte x loads of a quarter-warp (8 lanes on consecutive vectors, the same chunk) fall in 8 distinct
-// 16-byte bank groups of the 128-byte bank window: one shared-memory wavefront each.
-TEST(DecodeStackLayout, Int4InputChunksAreConflictFree) {
-  for (const int32_t nv : {8, 128, 448}) {
-    for (int q = 0; q < 4; ++q)
-      for (int32_t v0 = 0; v0 + 8 <= nv; v0 += 8) {
-        unsigned groups = 0;
-        for (int lane = 0; lane < 8; ++lane) {
-          const int32_t element = st::int4_x_index((v0 + lane) * 32 + 8 * q, nv);  // chunk q's first column
-          ASSERT_EQ(element % 8, 0);
-          groups |= 1u << ((element * 2 / 16) % 8);  // BF16: 2 bytes an element
+// 16-byte bank groups of the 128-byte bank window (one shared-memory wavefront each), for INT4's 4 chunks a
+// vector and FP8's 2; and the layout is a permutation of the k elements.
+TEST(DecodeStackLayout, ChunkedInputReadsAreConflictFree) {
+  for (const int chunks : {4, 2})
+    for (const int32_t k : {256, 4096, 14336}) {
+      const int32_t nv = k / (8 * chunks);
+      std::vector<int> seen(static_cast<size_t>(k), 0);
+      for (int32_t i = 0; i < k; ++i) ++seen[size_t(st::x_chunked_index(i, nv, chunks))];
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), k) << "chunks " << chunks << " k " << k;
+      for (int q = 0; q < chunks; ++q)
+        for (int32_t v0 = 0; v0 + 8 <= nv; v0 += 8) {
+          unsigned groups = 0;
+          for (int lane = 0; lane < 8; ++lane) {
+            const int32_t e = st::x_chunked_index((v0 + lane) * 8 * chunks + 8 * q, nv, chunks);  // chunk q
+            ASSERT_EQ(e % 8, 0);
+            groups |= 1u << ((e * 2 / 16) % 8);  // BF16: 2 bytes an element
+          }
+          EXPECT_EQ(groups, 0xFFu) << "chunks " << chunks << " k " << k << " chunk " << q << " at " << v0;
         }
-        EXPECT_EQ(groups, 0xFFu) << "nv " << nv << " chunk " << q << " vectors " << v0;
-      }
-  }
+    }
 }
 
 TEST(DecodeStackLayout, Bf16AndFp8RowsFillStagesInPowersOfTwo) {
