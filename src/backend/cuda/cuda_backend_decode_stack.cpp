@@ -24,6 +24,17 @@ bool f32_vector(const Tensor* t, int64_t n) {
          aligned16(t->data);
 }
 
+// The format fields of l's StackMatrix (what stage_geometry and the products read): F8_E4M3's scale,
+// INT4's group, scales and zero points. The checks are stack_matrix's.
+void format_of(const Linear& l, cuda::StackMatrix& m) {
+  m.fp8 = l.weight.dtype == DType::F8_E4M3 ? 1 : 0;
+  m.int4 = l.weight.dtype == DType::INT4 ? 1 : 0;
+  m.per_channel = m.fp8 && l.scale.numel() > 1 ? 1 : 0;
+  m.group_shift = static_cast<uint8_t>(l.group_size == 64 ? 1 : l.group_size == 128 ? 2 : 0);
+  m.scale = m.fp8 || m.int4 ? l.scale.data : nullptr;
+  m.zero = m.int4 && !l.zero.empty() ? static_cast<const uint8_t*>(l.zero.data) : nullptr;
+}
+
 // The kernel's view of a linear layer with `rows` outputs (x2 stacked when paired) over k inputs; false for
 // formats and shapes it does not read.
 bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t stage_bytes,
@@ -40,25 +51,19 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
   m.bias = l->bias.empty() ? nullptr : l->bias.ptr<float>();
   m.rows = static_cast<int32_t>(rows);
   m.k = static_cast<int32_t>(k);
+  format_of(*l, m);
   if (w.dtype == DType::BF16) {
     if (!l->scale.empty() || !l->zero.empty()) return false;
   } else if (w.dtype == DType::F8_E4M3) {
     if (l->scale.dtype != DType::F32 || (l->scale.numel() != 1 && l->scale.numel() != stored) ||
         !l->zero.empty())
       return false;
-    m.fp8 = 1;
-    m.per_channel = l->scale.numel() > 1 ? 1 : 0;
-    m.scale = l->scale.data;
   } else if (w.dtype == DType::INT4) {
     const int64_t g = l->group_size;
     if ((g != 32 && g != 64 && g != 128) || k % g != 0 || l->scale.dtype != DType::F16 ||
         l->scale.numel() != stored * (k / g) ||
         (!l->zero.empty() && (l->zero.dtype != DType::U8 || l->zero.numel() != l->scale.numel())))
       return false;
-    m.int4 = 1;
-    m.group_shift = static_cast<uint8_t>(g == 32 ? 0 : g == 64 ? 1 : 2);
-    m.scale = l->scale.data;
-    m.zero = l->zero.empty() ? nullptr : static_cast<const uint8_t*>(l->zero.data);
   } else {
     return false;
   }
@@ -134,17 +139,18 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   // Ring stage size: options_.decode_stack_stage_kb (32 KB by default), larger for a row (the gate and up
   // rows together) that would not fit one (Qwen2.5-7B's 18944-column down projection in BF16).
   int64_t longest = 0;
-  auto row_bytes = [](const Linear* l, int64_t copies) {  // stage_geometry's row_bytes
+  auto row_bytes = [](const Linear* l, bool paired) {  // a row (gate + up: both) as stage_geometry counts it
     if (l == nullptr || l->weight.ndim != 2) return int64_t{0};
-    const int64_t k = l->weight.dim(1);
-    if (l->weight.dtype == DType::INT4 && l->group_size > 0)
-      return copies * (k / 2 + k / l->group_size * (l->zero.empty() ? 2 : 3));
-    return copies * k * (l->weight.dtype == DType::F8_E4M3 ? 1 : 2);
+    cuda::StackMatrix m;
+    format_of(*l, m);
+    m.k = static_cast<int32_t>(l->weight.dim(1));
+    const cuda::stack::Geom g = cuda::stack::stage_geometry(m, paired, 1);
+    return int64_t{g.row_bytes} * g.srcs;
   };
   for (const DecodeStackLayer& l : s.layers)
-    longest = std::max(
-        {longest, row_bytes(l.qkv, 1), row_bytes(l.o, 1), row_bytes(l.gate_up, 2), row_bytes(l.down, 1)});
-  longest = std::max(longest, row_bytes(s.lm_head, 1));
+    longest = std::max({longest, row_bytes(l.qkv, false), row_bytes(l.o, false), row_bytes(l.gate_up, true),
+                        row_bytes(l.down, false)});
+  longest = std::max(longest, row_bytes(s.lm_head, false));
   p.stage_bytes = static_cast<int32_t>(
       std::max<int64_t>(options_.decode_stack_stage_kb * 1024, (longest + 1023) / 1024 * 1024));
   if (p.stage_bytes > 64 * 1024) return false;

@@ -5,7 +5,8 @@
 // as the consumers do, without a GPU): StackMatrix, the stage geometry, a row's place in a stage, and the
 // INT4 decode of one 16-byte vector.
 #include <cstdint>
-#include <cstring>
+
+#include "core/half.h"  // the host side of the bit casts below
 
 #if defined(__CUDACC__)
 #define INFERX_STACK_HD __host__ __device__ __forceinline__
@@ -88,29 +89,25 @@ INFERX_STACK_HD float int4_code_plus_2p23(uint32_t nibbles, int b) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(__byte_perm(nibbles, 0x4B000000u, 0x7440u | static_cast<uint32_t>(b)));
 #else
-  const uint32_t bits = 0x4B000000u | ((nibbles >> (8 * b)) & 0xffu);
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return bits_to_f32(0x4B000000u | ((nibbles >> (8 * b)) & 0xffu));
 #endif
 }
 INFERX_STACK_HD float bf16_bits_to_float(uint32_t bits16) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(bits16 << 16);
 #else
-  const uint32_t bits = bits16 << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return bf16_to_f32(static_cast<uint16_t>(bits16));
 #endif
 }
 
-// Where x's element i sits in shared memory for a phase whose lanes each take 16-byte weight vectors of
-// `chunks` x 8 columns (INT4: 32 columns, 4 chunks of x; FP8: 16 columns, 2 chunks), nv = k / (8 chunks)
-// vectors: chunk-major, the q-th 8 columns (16 bytes of BF16) of every vector together - element i of
-// vector v = i / (8 chunks), chunk q = i / 8 % chunks, at (q * nv + v) * 8 + i % 8. A quarter-warp's lanes
-// read the same chunk of consecutive vectors, 16 consecutive bytes apart: conflict-free. In column order a
-// lane's x is 16 x chunks bytes, so its 16-byte loads were 4-way (INT4) and 2-way (FP8) bank conflicts.
+// x in shared memory as a phase's product loop reads it. A lane takes 16-byte weight vectors of
+// x_chunks(m) x 8 columns (BF16: 8 columns, 1 chunk; FP8: 16, 2; INT4: 32, 4), and x is laid out chunk-major
+// over nv = k / (8 chunks) vectors: the q-th 8 columns (16 bytes of BF16) of every vector together - element
+// i of vector v = i / (8 chunks), chunk q = i / 8 % chunks, at (q * nv + v) * 8 + i % 8 (with 1 chunk,
+// column order). A quarter-warp's lanes read the same chunk of consecutive vectors, 16 consecutive bytes
+// apart: conflict-free. In column order a lane's x is 16 x chunks bytes, so FP8's and INT4's 16-byte loads
+// were 2-way and 4-way bank conflicts.
+INFERX_STACK_HD int32_t x_chunks(const StackMatrix& m) { return m.int4 ? 4 : m.fp8 ? 2 : 1; }
 INFERX_STACK_HD int32_t x_chunked_index(int32_t i, int32_t nv, int32_t chunks) {
   return ((i / 8 % chunks) * nv + i / (8 * chunks)) * 8 + i % 8;
 }

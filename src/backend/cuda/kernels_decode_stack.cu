@@ -48,20 +48,23 @@ __device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
 // The producer's L2 lead (DecodeStackParams::l2_lead_kb): the weight rows the ring will want next, requested
 // into L2 ahead of the ring's own copies. The ring is at most ~5 stages (~160 KB) ahead of the consumers,
 // about 5 us of this SM's share of the memory stream; when the consumers stop for longer - the attention
-// phase and its two grid barriers take ~15 us per layer, during which the ring fills with the o rows and
-// then waits - the stream stops with them. A prefetch sends nothing back to the SM, so it keeps the memory
-// busy without queueing in front of the barriers' polls, and the ring's copies of those rows then come
-// from L2. Walks the matrices in the producer's order (per layer qkv, o, gate/up, down; then the lm_head),
-// this CTA's rows of each, gate and up rows side by side. Lane 0 of the producer only.
+// phase and the barrier after it took 19.3 us per layer (H200 profile, 2026-12-03), during which the ring
+// fills with the o rows and then waits - the stream stops with them. A prefetch sends nothing back to the
+// SM, so it keeps the memory busy without queueing in front of the barriers' polls, and the ring's copies
+// of those rows then come from L2. Walks the matrices in the producer's order (phase_matrix), this CTA's rows
+// of each, gate and up rows side by side. Lane 0 of the producer only.
 struct L2Lead {
-  int32_t seg = 0;    // 4 per layer, then the lm_head (4 * num_layers); past it: done
+  int32_t seg = 0;    // phase_matrix's segment
   int32_t row = -1;   // the next row of the CTA's range to request (-1: the segment's first)
   int64_t ahead = 0;  // bytes requested minus bytes the ring has copied (weights only)
   int64_t limit = 0;  // bytes to keep requested ahead of the ring (0: off)
 };
 
-__device__ __forceinline__ const StackMatrix* lead_matrix(const DecodeStackParams& p, int32_t seg,
-                                                          bool& paired) {
+// The weight matrices in the order the producer streams them (and the consumers use them): per layer qkv,
+// o, gate/up (paired), down, as segments 4 l .. 4 l + 3, then the lm_head (4 * num_layers); null past it.
+// The producer streams a layer's cached keys and values right after its qkv rows (segment 4 l).
+__device__ __forceinline__ const StackMatrix* phase_matrix(const DecodeStackParams& p, int32_t seg,
+                                                           bool& paired) {
   paired = false;
   if (seg < 4 * p.num_layers) {
     const StackLayer& L = p.layers[seg / 4];
@@ -85,7 +88,7 @@ constexpr int32_t kL2LeadChunk = 32 * 1024;  // bytes per request (whole rows, a
 __device__ void l2_top_up(const DecodeStackParams& p, L2Lead& lead) {
   while (lead.ahead < lead.limit) {
     bool paired = false;
-    const StackMatrix* m = lead_matrix(p, lead.seg, paired);
+    const StackMatrix* m = phase_matrix(p, lead.seg, paired);
     if (m == nullptr) return;
     int32_t r0, r1;
     cta_rows(m->rows, r0, r1);
@@ -188,15 +191,11 @@ __device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t*
   L2Lead lead;
   lead.limit = static_cast<int64_t>(p.l2_lead_kb) * 1024;
   if (lead.limit > 0 && threadIdx.x % kWarp == 0) l2_top_up(p, lead);
-  for (int l = 0; l < p.num_layers; ++l) {
-    const StackLayer& L = p.layers[l];
-    produce_matrix(p, L.qkv, false, ring, it, lead);
-    produce_kv(p, L, ring, it, key_bits);
-    produce_matrix(p, L.o, false, ring, it, lead);
-    produce_matrix(p, L.gate_up, true, ring, it, lead);
-    produce_matrix(p, L.down, false, ring, it, lead);
+  bool paired = false;
+  for (int32_t seg = 0; const StackMatrix* m = phase_matrix(p, seg, paired); ++seg) {
+    produce_matrix(p, *m, paired, ring, it, lead);
+    if (seg % 4 == 0 && seg < 4 * p.num_layers) produce_kv(p, p.layers[seg / 4], ring, it, key_bits);
   }
-  produce_matrix(p, p.lm_head, false, ring, it, lead);
 }
 
 // ---- consumers: dot products over a stage ---------------------------------------------------------------
@@ -256,9 +255,8 @@ struct RowEpilogue {
 };
 
 // The dot product of a row's 16-byte weight vectors [0, nv) with x, by one warp (every lane gets it). Four
-// vectors per lane are loaded before any is used: shared-memory latency, not issue, bounds a warp. FP8 reads
-// x chunk-major (load_input with 2 chunks: a vector's 16 columns are x4[v] and x4[nv + v]), BF16 in column
-// order (its 8 columns are x4[v]).
+// vectors per lane are loaded before any is used: shared-memory latency, not issue, bounds a warp. x in
+// x_chunks: a BF16 vector's 8 columns are x4[v], an FP8 vector's 16 are x4[v] and x4[nv + v].
 template <bool kFp8>
 __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* x, int32_t nv) {
   constexpr int kUnroll = 4;
@@ -294,8 +292,7 @@ __device__ __forceinline__ float dot_row(const uint8_t* w, const __nv_bfloat16* 
 }
 
 // INT4: each lane takes whole 16-byte vectors (32 columns of one group; decode_stack_layout.h
-// int4_vector_dot), the group's scale multiplying the vector's sum; x chunk-major (x_chunked_index, 4
-// chunks).
+// int4_vector_dot), the group's scale multiplying the vector's sum; x in x_chunks (chunk q at x4[q nv + v]).
 __device__ __forceinline__ float dot_row_int4(const uint8_t* w, const uint8_t* s, const uint8_t* z,
                                               bool zeros, const __nv_bfloat16* x, int32_t nv,
                                               int group_shift) {
@@ -401,13 +398,13 @@ __device__ __forceinline__ void read_normed(const float* src, int32_t n, const f
   }
 }
 
-// xs = BF16(src normed with `norm`, read_normed), or BF16(src) without a norm; in column order (chunks 0),
-// or chunk-major for the INT4 (4) and FP8 (2) products (decode_stack_layout.h x_chunked_index; n a multiple
-// of 8 x chunks, and the 4 columns a thread stores stay together).
+// xs = BF16(src normed with `norm`, read_normed), or BF16(src) without a norm, laid out in `chunks`
+// (decode_stack_layout.h x_chunked_index; 1: column order; n a multiple of 8 x chunks, and the 4 columns a
+// thread stores stay together).
 __device__ void load_input(const float* src, int32_t n, const float* norm, float eps, __nv_bfloat16* xs,
-                           float* scratch, int chunks) {
-  const int32_t nv = chunks > 0 ? n / (8 * chunks) : 0;
-  auto at = [&](int32_t i) { return chunks > 0 ? x_chunked_index(i, nv, chunks) : i; };
+                           float* scratch, int32_t chunks) {
+  const int32_t nv = n / (8 * chunks);
+  auto at = [&](int32_t i) { return x_chunked_index(i, nv, chunks); };
   if (norm != nullptr) {
     float4 v[kNormVecs];
     read_normed(src, n, norm, eps, v, scratch);
@@ -542,15 +539,13 @@ __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const flo
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
                                            float* scratch) {
   const bool mma = kW != kStackBf16 && kW != kStackInt4 && p.fp8_mma && m.fp8 && m.k % 32 == 0;
-  // x as the product loop reads it (row_dot): chunk-major for INT4 and FP8, in column order for BF16 and
-  // for the tensor-core path (its codes are quantized from column order).
-  const int chunks = mma                ? 0
-                     : kW == kStackInt4 ? 4
-                     : kW == kStackFp8  ? 2
-                     : kW == kStackBf16 ? 0
-                     : m.int4           ? 4
-                     : m.fp8            ? 2
-                                        : 0;
+  // x as the product loop reads it: x_chunks for row_dot (of the instance's one format, a compile-time
+  // constant: read from m in the INT4 instance it cost 24 bytes of spills), column order for the
+  // tensor-core path (its codes are quantized from column order).
+  StackMatrix format;
+  format.fp8 = kW == kStackFp8;
+  format.int4 = kW == kStackInt4;
+  const int32_t chunks = mma ? 1 : x_chunks(kW == kStackAnyFormat ? m : format);
   load_input(src, n, norm, p.eps, xs, scratch, chunks);
   if constexpr (kW == kStackFp8 || kW == kStackAnyFormat) {
     if (mma) {

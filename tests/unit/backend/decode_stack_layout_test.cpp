@@ -62,12 +62,13 @@ TEST(DecodeStackLayout, Int4StagesDecodeToTheDequantizedProducts) {
     const Int4Weight w = quantize_int4_weight(wf.data(), stored, c.k, c.group, !c.zeros);
     std::vector<uint16_t> xb(static_cast<size_t>(c.k));
     for (uint16_t& v : xb) v = f32_to_bf16(normal(rng));
-    // x in shared memory as an INT4 phase lays it out (chunk-major), read back chunk by chunk.
+    const StackMatrix m = int4_matrix(c, w);
+    // x in shared memory as the phase lays it out (x_chunks: chunk-major), read back chunk by chunk.
+    ASSERT_EQ(st::x_chunks(m), 4) << what;
     const int32_t nv = static_cast<int32_t>(c.k / 32);
     std::vector<uint16_t> xs(xb.size());
-    for (int32_t i = 0; i < c.k; ++i) xs[size_t(st::x_chunked_index(i, nv, 4))] = xb[size_t(i)];
+    for (int32_t i = 0; i < c.k; ++i) xs[size_t(st::x_chunked_index(i, nv, st::x_chunks(m)))] = xb[size_t(i)];
 
-    const StackMatrix m = int4_matrix(c, w);
     const st::Geom g = st::stage_geometry(m, c.paired, kStageBytes);
     ASSERT_GE(g.rows_per_stage, 1) << what;
     ASSERT_LE(g.rows_per_stage * g.srcs, st::kMaxUnits) << what;
@@ -133,9 +134,16 @@ TEST(DecodeStackLayout, Int4StagesDecodeToTheDequantizedProducts) {
 
 // The 16-byte x loads of a quarter-warp (8 lanes on consecutive vectors, the same chunk) fall in 8 distinct
 // 16-byte bank groups of the 128-byte bank window (one shared-memory wavefront each), for INT4's 4 chunks a
-// vector and FP8's 2; and the layout is a permutation of the k elements.
+// vector, FP8's 2 and BF16's 1; the layout is a permutation of the k elements, and 1 chunk is column order.
 TEST(DecodeStackLayout, ChunkedInputReadsAreConflictFree) {
-  for (const int chunks : {4, 2})
+  StackMatrix bf16, fp8, int4;
+  fp8.fp8 = 1;
+  int4.int4 = 1;
+  EXPECT_EQ(st::x_chunks(bf16), 1);
+  EXPECT_EQ(st::x_chunks(fp8), 2);
+  EXPECT_EQ(st::x_chunks(int4), 4);
+  for (int32_t i = 0; i < 4096; ++i) ASSERT_EQ(st::x_chunked_index(i, 4096 / 8, 1), i);
+  for (const int chunks : {4, 2, 1})
     for (const int32_t k : {256, 4096, 14336}) {
       const int32_t nv = k / (8 * chunks);
       std::vector<int> seen(static_cast<size_t>(k), 0);
