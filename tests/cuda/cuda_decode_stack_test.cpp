@@ -34,11 +34,11 @@ struct Case {
   int64_t window = 0;  // Model::set_sliding_window when > 0
   int prompt = 300;    // tokens before the decode steps (crosses 16-token blocks and attention splits)
   int steps = 12;
-  int inflight = 0;      // the producer's in-flight stage limit (CudaBackendOptions::decode_stack_inflight)
+  int inflight = 1;      // the producer's in-flight stage limit (CudaBackendOptions::decode_stack_inflight,
+                         // 1 by default; 0: the ring's depth)
   bool generic = false;  // the kernel's generic instance instead of the one for the model's weight format
   bool mma = false;      // FP8 on tensor cores, W8A8 (decode_stack_mma); the per-op reference then runs its
                          // FP8 products on GEMV v5, W8A8 too
-  int l2_kb = 0;         // the producer's L2 lead (CudaBackendOptions::decode_stack_l2_kb)
 };
 
 struct Trace {
@@ -59,7 +59,7 @@ int32_t argmax(const std::vector<float>& v) {
 // Runs prompt + steps; feeds `forced` tokens when given, else the greedy token of each step.
 Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& forced) {
   auto& cuda = static_cast<CudaBackend&>(model.backend());
-  cuda.set_decode_stack(stack, c.inflight, c.generic, c.mma, c.l2_kb);  // off by default (cuda_backend.h)
+  cuda.set_decode_stack(stack, c.inflight, c.generic, c.mma);  // off by default (cuda_backend.h)
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -117,20 +117,30 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
       c.generic || mixed ? "generic" : format + "_hd" + std::to_string(model->config().head_dim);
   EXPECT_EQ(std::string(cuda.decode_stack_instance()), expected);
   ASSERT_EQ(got.logits.size(), ref.logits.size());
+  // W8A8 (c.mma): each phase's input is rounded to E4M3 (3 mantissa bits) again at every product, so two
+  // correct W8A8 paths whose inputs differ by one BF16 rounding anywhere (summation orders differ) round
+  // some inputs to neighbouring codes, and over 32 random-weight layers their results
+  // decorrelate down to the W8A8 error itself: on the 8B shapes (H100 2026-12-06) the stack on tensor cores
+  // was 0.09-0.10 from per-op v5 and from the stack without them, per-op v5 0.083-0.088 from the per-op
+  // FP8 weight-only kernels, while the two weight-only paths agreed within 0.0075 (and on the tiny model
+  // the tensor-core stack matched v5 exactly). So a W8A8 run is held to the W8A8 error of the per-op path
+  // instead: no further from the weight-only (BF16-input) result than per-op v5 is, with 50% + 0.01 of room
+  // for the decorrelation; a wrong row, scale or fragment is off by O(1).
   if (c.mma) {
-    // Where a W8A8 difference comes from: the same tokens through the stack without tensor cores (FP8
-    // weight-only) and through the per-op path's default (weight-only) kernels. Printed for every step so
-    // that a failure below says whether the tensor-core phases or the W8A8 arithmetic itself differ.
     Case plain_case = c;
     plain_case.mma = false;
     const Trace plain = run(*model, plain_case, true, ref.tokens);
     const Trace ref_wo = run(*model, plain_case, false, ref.tokens);
-    for (size_t s = 0; s < ref.logits.size(); ++s)
+    for (size_t s = 0; s < ref.logits.size(); ++s) {
+      const double v5_err = relative_error(ref_wo.logits[s], ref.logits[s]);
+      const double mma_err = relative_error(ref_wo.logits[s], got.logits[s]);
       std::printf(
-          "  step %zu: stack-mma vs per-op-v5 %.4f | stack vs per-op %.4f | stack-mma vs stack %.4f | "
-          "per-op-v5 vs per-op %.4f\n",
-          s, relative_error(ref.logits[s], got.logits[s]), relative_error(ref_wo.logits[s], plain.logits[s]),
-          relative_error(plain.logits[s], got.logits[s]), relative_error(ref_wo.logits[s], ref.logits[s]));
+          "  step %zu: stack-mma vs per-op %.4f | per-op-v5 vs per-op %.4f | stack-mma vs per-op-v5 %.4f | "
+          "stack vs per-op %.4f\n",
+          s, mma_err, v5_err, relative_error(ref.logits[s], got.logits[s]),
+          relative_error(ref_wo.logits[s], plain.logits[s]));
+      EXPECT_LT(mma_err, 1.5 * v5_err + 1e-2) << c.model << " step " << s;
+    }
   }
   int argmax_checked = 0;
   for (size_t s = 0; s < ref.logits.size(); ++s) {
@@ -145,8 +155,10 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
     ASSERT_TRUE(finite) << "step " << s;
     const double rel = relative_error(a, b);
     // Both paths round x to BF16 before each product and accumulate in fp32; they differ in summation
-    // order (and the 8B down projection, cuBLASLt's BF16 GEMM on the per-op path).
-    EXPECT_LT(rel, 2e-2) << c.model << " step " << s << " max |diff| " << max_abs;
+    // order (and the 8B down projection, cuBLASLt's BF16 GEMM on the per-op path). W8A8: held above.
+    if (!c.mma) {
+      EXPECT_LT(rel, 2e-2) << c.model << " step " << s << " max |diff| " << max_abs;
+    }
     // The greedy token must agree wherever the per-op logits' top two are further apart than the error.
     std::vector<float> sorted = a;
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
@@ -155,7 +167,10 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
       ++argmax_checked;
     }
   }
-  EXPECT_GT(argmax_checked, 0) << "no step had a clear greedy token";
+  // (W8A8 on the 8B shapes: its 0.1 error leaves no step's top two that far apart.)
+  if (!c.mma) {
+    EXPECT_GT(argmax_checked, 0) << "no step had a clear greedy token";
+  }
 }
 
 // Shapes the kernel does not take (Qwen3's q/k norm) decode through the per-op kernels with the stack on.
@@ -183,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3},  // FP8 weights and cache
                       Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8},     // q/k/v biases, 7 per kv head
                       Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8},
-                      Case{"tiny", "", DType::BF16, 0, 300, 12, 1},
+                      Case{"tiny", "", DType::BF16, 0, 300, 12, 2},
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 2},
                       Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, 3},
                       Case{"tiny", "fp8:lm_head"},  // the FP8, head size 64 instance
@@ -197,17 +212,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "fp8:lm_head", DType::BF16, 0, 300, 12, 0, false, true},  // FP8 MMA
                       Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 1, false, true},
                       Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8, 0, false, true},
-                      // the producer's L2 lead (a hint: the same results), alone and with the in-flight limit
-                      Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 0, false, false, 256},
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 8, 1, false, false, 512}),
+                      // the producer as deep as the ring (no in-flight limit)
+                      Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 0},
+                      Case{"tiny", "", DType::BF16, 0, 300, 12, 0}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
                       (info.param.kv == DType::F8_E4M3 ? "_kvfp8" : "") +
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "") +
-                      (info.param.inflight ? "_inflight" + std::to_string(info.param.inflight) : "") +
-                      (info.param.generic ? "_generic" : "") + (info.param.mma ? "_mma" : "") +
-                      (info.param.l2_kb ? "_l2lead" + std::to_string(info.param.l2_kb) : "");
+                      (info.param.inflight != 1 ? "_inflight" + std::to_string(info.param.inflight) : "") +
+                      (info.param.generic ? "_generic" : "") + (info.param.mma ? "_mma" : "");
       for (char& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

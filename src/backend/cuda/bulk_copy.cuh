@@ -66,12 +66,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
-// Asks L2 to fetch [src, src + bytes) from device memory; nothing comes back to the SM, so unlike a copy it
-// does not queue in front of the SM's other loads (bytes: a multiple of 16; src 16-byte aligned).
-__device__ __forceinline__ void l2_prefetch(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // Per-thread asynchronous copies (cp.async, Ampere's): 16 bytes global -> shared through L2 only; src_bytes 0
 // writes zeros and reads nothing. A thread's groups complete in order; cp_async_wait<N> returns when at most
 // N of its groups are pending, and the waiting thread reads its own copies after it (the attention kernels'

@@ -79,20 +79,22 @@ struct CudaBackendOptions {
   // INFERX_LAST_LAYER_NARROW_MIXED=0 turns it off.
   bool narrow_mixed_steps = true;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
-  // the weights (BF16, FP8), shapes and cache (BF16, FP8) allow. Off: measured slower than the per-op
-  // kernels so far (H200, 2026-12-03: 8B BF16 5.19 against 4.51 ms per token; docs/benchmarks.md).
+  // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow. Off: 8B BF16 1-2% faster than the
+  // per-op kernels on two H100 nodes of three (5.700 against 5.815 ms, 2026-12-06), not yet timed on an
+  // H200 one stage ahead; FP8 14% and INT4 28% slower (docs/benchmarks.md).
   bool decode_stack = false;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
   // barriers, 4 no attention arithmetic; wrong results, never for serving); how many eager steps print a
   // per-phase profile on stderr.
   int decode_stack_stage_kb = 32;
   // How many ring stages its producer keeps in flight (requested, not landed); 0: up to the ring's depth.
-  int decode_stack_inflight = 0;
-  // KB of weights per SM its producer keeps requested into L2 ahead of the ring (0: none;
-  // kernels_decode_stack.cu L2Lead).
-  int decode_stack_l2_kb = 0;
-  // Its FP8 products on tensor cores (W8A8, one warp per stage: kernels_decode_stack.h fp8_mma). Not yet
-  // correct on the 8B shapes (kernels_decode_stack.h); not timed.
+  // 1: a grid barrier's atomics and polls wait behind the SM's bytes in flight (the barrier probe under a
+  // stream, H100 2026-12-06: 1.0 us with none, 2.9 us at 32 KB per SM, 29.7 us at 192 KB, while the stream
+  // is already at 3.2 TB/s with 32 KB), and one 32 KB stage ahead beat the full depth on every node
+  // (8B bf16 5.700 against 5.939 ms, docs/benchmarks.md).
+  int decode_stack_inflight = 1;
+  // Its FP8 products on tensor cores (W8A8, one warp per stage: kernels_decode_stack.h fp8_mma): as far
+  // from the weight-only result as the per-op W8A8 (GEMV v5) on the 8B shapes (cuda_decode_stack_test.cpp).
   bool decode_stack_mma = false;
   // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins. Measured (H200,
   // 2026-12-03 20:52): no difference (8B bf16 4.583 ms at 256, 4.580 spinning); kept as the A/B switch.
@@ -113,7 +115,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
 // INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
-// INFERX_DECODE_STACK_L2_KB=0..1024, INFERX_DECODE_STACK_MMA=0|1,
+// INFERX_DECODE_STACK_MMA=0|1,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
 // INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
 // INFERX_GEMM_CACHE=DIR|off (the GEMM tuning cache's folder; `gemm_cache_default` when unset).
@@ -185,10 +187,9 @@ class CudaBackend final : public Backend {
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
   // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, int inflight = 0, bool generic = false, bool mma = false, int l2_kb = 0) {
+  void set_decode_stack(bool on, int inflight = 1, bool generic = false, bool mma = false) {
     options_.decode_stack = on;
     options_.decode_stack_inflight = inflight;
-    options_.decode_stack_l2_kb = l2_kb;
     options_.decode_stack_generic = generic;
     options_.decode_stack_mma = mma;
   }

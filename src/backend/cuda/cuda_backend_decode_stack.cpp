@@ -156,7 +156,6 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   if (p.stage_bytes > 64 * 1024) return false;
   p.skip = options_.decode_stack_skip;
   p.inflight = options_.decode_stack_inflight;
-  p.l2_lead_kb = options_.decode_stack_l2_kb;
   p.fp8_mma = options_.decode_stack_mma ? 1 : 0;
   p.backoff_ns = static_cast<uint32_t>(options_.decode_stack_backoff_ns);
   const int32_t stage = p.stage_bytes;

@@ -41,8 +41,6 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
   }
   if (const char* fl = std::getenv("INFERX_DECODE_STACK_INFLIGHT"))
     o.decode_stack_inflight = std::clamp(std::atoi(fl), 0, 12);
-  if (const char* l2 = std::getenv("INFERX_DECODE_STACK_L2_KB"))
-    o.decode_stack_l2_kb = std::clamp(std::atoi(l2), 0, 1024);
   if (const char* mm = std::getenv("INFERX_DECODE_STACK_MMA")) o.decode_stack_mma = std::strcmp(mm, "0") != 0;
   if (const char* bo = std::getenv("INFERX_DECODE_STACK_BACKOFF_NS"))
     o.decode_stack_backoff_ns = std::clamp(std::atoi(bo), 0, 10000);

@@ -45,21 +45,6 @@ __device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
   }
 }
 
-// The producer's L2 lead (DecodeStackParams::l2_lead_kb): the weight rows the ring will want next, requested
-// into L2 ahead of the ring's own copies. The ring is at most ~5 stages (~160 KB) ahead of the consumers,
-// about 5 us of this SM's share of the memory stream; when the consumers stop for longer - the attention
-// phase and the barrier after it took 19.3 us per layer (H200 profile, 2026-12-03), during which the ring
-// fills with the o rows and then waits - the stream stops with them. A prefetch sends nothing back to the
-// SM, so it keeps the memory busy without queueing in front of the barriers' polls, and the ring's copies
-// of those rows then come from L2. Walks the matrices in the producer's order (phase_matrix), this CTA's rows
-// of each, gate and up rows side by side. Lane 0 of the producer only.
-struct L2Lead {
-  int32_t seg = 0;    // phase_matrix's segment
-  int32_t row = -1;   // the next row of the CTA's range to request (-1: the segment's first)
-  int64_t ahead = 0;  // bytes requested minus bytes the ring has copied (weights only)
-  int64_t limit = 0;  // bytes to keep requested ahead of the ring (0: off)
-};
-
 // The weight matrices in the order the producer streams them (and the consumers use them): per layer qkv,
 // o, gate/up (paired), down, as segments 4 l .. 4 l + 3, then the lm_head (4 * num_layers); null past it.
 // The producer streams a layer's cached keys and values right after its qkv rows (segment 4 l).
@@ -83,36 +68,7 @@ __device__ __forceinline__ const StackMatrix* phase_matrix(const DecodeStackPara
   return seg == 4 * p.num_layers ? &p.lm_head : nullptr;
 }
 
-constexpr int32_t kL2LeadChunk = 32 * 1024;  // bytes per request (whole rows, at least one)
-
-__device__ void l2_top_up(const DecodeStackParams& p, L2Lead& lead) {
-  while (lead.ahead < lead.limit) {
-    bool paired = false;
-    const StackMatrix* m = phase_matrix(p, lead.seg, paired);
-    if (m == nullptr) return;
-    int32_t r0, r1;
-    cta_rows(m->rows, r0, r1);
-    if (lead.row < 0) lead.row = r0;
-    if (lead.row >= r1) {
-      ++lead.seg;
-      lead.row = -1;
-      continue;
-    }
-    // The weight rows (INT4's scales, ~3% more, come with the ring's copies).
-    const Geom g = stage_geometry(*m, paired, p.stage_bytes);
-    const int32_t w_bytes = g.w_bytes, srcs = g.srcs;
-    const int32_t n = min(r1 - lead.row, max(1, kL2LeadChunk / (w_bytes * srcs)));
-    const auto* base = static_cast<const uint8_t*>(m->data);
-    for (int32_t src = 0; src < srcs; ++src)
-      l2_prefetch(base + (static_cast<int64_t>(src) * m->rows + lead.row) * w_bytes,
-                  static_cast<uint32_t>(n) * w_bytes);
-    lead.ahead += static_cast<int64_t>(n) * w_bytes * srcs;
-    lead.row += n;
-  }
-}
-
-__device__ void produce_matrix(const DecodeStackParams& p, const StackMatrix& m, bool paired,
-                               const Ring& ring, uint32_t& it, L2Lead& lead) {
+__device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
   const Geom g = stage_geometry(m, paired, ring.stage_bytes);
   int32_t r0, r1;
   cta_rows(m.rows, r0, r1);
@@ -137,10 +93,6 @@ __device__ void produce_matrix(const DecodeStackParams& p, const StackMatrix& m,
       if (g.z_bytes > 0)
         bulk_copy(dst + at.z, m.zero + stored * g.z_bytes, static_cast<uint32_t>(n) * g.z_bytes,
                   &ring.full[slot]);
-    }
-    if (lead.limit > 0) {
-      lead.ahead -= static_cast<int64_t>(n) * g.w_bytes * g.srcs;
-      l2_top_up(p, lead);
     }
   }
 }
@@ -188,12 +140,9 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
 
 __device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits) {
   uint32_t it = 0;
-  L2Lead lead;
-  lead.limit = static_cast<int64_t>(p.l2_lead_kb) * 1024;
-  if (lead.limit > 0 && threadIdx.x % kWarp == 0) l2_top_up(p, lead);
   bool paired = false;
   for (int32_t seg = 0; const StackMatrix* m = phase_matrix(p, seg, paired); ++seg) {
-    produce_matrix(p, *m, paired, ring, it, lead);
+    produce_matrix(*m, paired, ring, it);
     if (seg % 4 == 0 && seg < 4 * p.num_layers) produce_kv(p, p.layers[seg / 4], ring, it, key_bits);
   }
 }
