@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 05:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-06 05:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats.
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
 #    per SM, 29.7 us under 192 KB).
-# 3. The persistent decode kernel, one stage in flight now its default (INFERX_DECODE_STACK=1): per-op against
-#    the stack twice each (bf16 wins by 1-2% on two H100 nodes of three, never timed on an H200 one stage
-#    ahead), the stack as deep as the ring (if0), the no-barrier bound (skip2), a per-phase profile; FP8 with
-#    its products on tensor cores (mma: W8A8, never timed) against the CUDA-core FP8 stack; the decode-stack
-#    tests (their W8A8 cases now held to per-op v5's W8A8 error).
+# 3. The persistent decode kernel, now the BF16 batch-1 default (one stage in flight): per-op
+#    (INFERX_DECODE_STACK=0) against it twice each - it won on H100s (+1.7% at 1k context, 12-06) and was never
+#    timed on an H200 one stage ahead -, the stack as deep as the ring (if0), the no-barrier bound (skip2), a
+#    per-phase profile, FP8 in the stack (13-15% slower on an H100); the decode-stack tests.
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
 # What to do with the answers (record every figure in docs/benchmarks.md first):
-#   - bf16 stack faster than per-op on an H200 too: make it the batch-1 default for BF16 weights.
-#   - mma: faster than the CUDA-core FP8 stack and than per-op FP8: the FP8 default in the stack; else remove.
+#   - bf16 stack slower than per-op on an H200: decode_stack_bf16 back to false (cuda_backend.h).
 #   - v5 (FP8 W8A8): slower than v4 on an H100 (3.597 vs 3.545 ms, 12-06), faster on one H200 node (-2.4%):
 #     rerun on an H200 beside v4 before any default changes; remove it if it does not win there again.
 # STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~2 min), then "1 2" (~3 min), then 4 (~5 min).
@@ -31,19 +29,15 @@ step 2 && INFERX_BENCH_ONLY=grid_barrier timeout 120 "$C/bench_cuda_kernels" --q
 step 1 && SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16 fp8:lm_head int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
   grep "^decode"
 # Step 3: per-op against the stack (one stage in flight by default), each twice; the stack as deep as the ring
-# (if0); the no-barrier bound (skip2); FP8 on tensor cores (mma); per-phase profiles.
+# (if0); the no-barrier bound (skip2); per-phase profiles.
 S="INFERX_DECODE_STACK=1"
-M="INFERX_DECODE_STACK_MMA=1"
 step 3 && QUANTS="${QUANTS3:-bf16}" MODES="${MODES3:-per-op:INFERX_DECODE_STACK=0 stack:$S
   per-op2:INFERX_DECODE_STACK=0 stack2:$S if0:$S,INFERX_DECODE_STACK_INFLIGHT=0 skip2:$S,INFERX_DECODE_STACK_SKIP=2
   prof:$S,INFERX_DECODE_STACK_PROFILE=1}" \
   SKIP_ENGINE="${SKIP_ENGINE-}" bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|tests|profile|FAILED"
 step 3 && SKIP_TESTS=1 SKIP_ENGINE=1 QUANTS="fp8:lm_head" MODES="per-op:INFERX_DECODE_STACK=0 stack:$S
-  mma:$S,$M per-op2:INFERX_DECODE_STACK=0 stack2:$S mma2:$S,$M skip2:$S,INFERX_DECODE_STACK_SKIP=2
-  mma-skip2:$S,$M,INFERX_DECODE_STACK_SKIP=2 mma-prof:$S,$M,INFERX_DECODE_STACK_PROFILE=1" \
+  skip2:$S,INFERX_DECODE_STACK_SKIP=2 prof:$S,INFERX_DECODE_STACK_PROFILE=1" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|profile"
-# The W8A8 cases' per-step errors (cuda_decode_stack_test.cpp): first and last steps.
-step 3 && grep -E "^\[ RUN|^  step (0|7|11):" "$OUT/stack_tests.log" | grep -B1 "step" | grep -v "^--" | head -24
 if step 4; then
   INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES=fp8 timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
     grep -E " m1 " | grep -E " (v3|v4|v5)( |$)| v4 l8 | v5 |rror"

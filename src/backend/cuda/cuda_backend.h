@@ -79,10 +79,13 @@ struct CudaBackendOptions {
   // INFERX_LAST_LAYER_NARROW_MIXED=0 turns it off.
   bool narrow_mixed_steps = true;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
-  // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow. Off: 8B BF16 1-2% faster than the
-  // per-op kernels on two H100 nodes of three (5.700 against 5.815 ms, 2026-12-06), not yet timed on an
-  // H200 one stage ahead; FP8 14% and INT4 28% slower (docs/benchmarks.md).
+  // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow: decode_stack for every weight
+  // format, decode_stack_bf16 (the default) where every matrix is BF16. Measured against the per-op kernels
+  // (H100, 2026-12-06, 8B, one stage in flight): BF16 faster at every context (+4.4% at 100 tokens, +1.7%
+  // at 1k, +0.6% at 1.9k; 1-2% on two earlier nodes, level on a third); FP8 13-15% and INT4 28% slower,
+  // 70B FP8 7% slower (docs/benchmarks.md). Not yet timed on an H200 one stage ahead.
   bool decode_stack = false;
+  bool decode_stack_bf16 = true;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
   // barriers, 4 no attention arithmetic; wrong results, never for serving); how many eager steps print a
   // per-phase profile on stderr.
@@ -93,9 +96,6 @@ struct CudaBackendOptions {
   // is already at 3.2 TB/s with 32 KB), and one 32 KB stage ahead beat the full depth on every node
   // (8B bf16 5.700 against 5.939 ms, docs/benchmarks.md).
   int decode_stack_inflight = 1;
-  // Its FP8 products on tensor cores (W8A8, one warp per stage: kernels_decode_stack.h fp8_mma): as far
-  // from the weight-only result as the per-op W8A8 (GEMV v5) on the 8B shapes (cuda_decode_stack_test.cpp).
-  bool decode_stack_mma = false;
   // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins. Measured (H200,
   // 2026-12-03 20:52): no difference (8B bf16 4.583 ms at 256, 4.580 spinning); kept as the A/B switch.
   int decode_stack_backoff_ns = 256;
@@ -113,9 +113,9 @@ struct CudaBackendOptions {
 inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipAttention = 4;
 
 // Options from the environment: INFERX_CUDA_KV_DTYPE=f32|bf16|fp8, INFERX_CUDA_BF16_ACT=0|1,
-// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N, INFERX_DECODE_STACK=0|1,
+// INFERX_CUDA_GEMV=0|1, INFERX_GEMV_LONG_K=gemv|cublas, INFERX_DECODE_SPLITS=N,
+// INFERX_DECODE_STACK=0|1 (off | on for every weight format; unset: BF16 weights only),
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
-// INFERX_DECODE_STACK_MMA=0|1,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
 // INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
 // INFERX_GEMM_CACHE=DIR|off (the GEMM tuning cache's folder; `gemm_cache_default` when unset).
@@ -186,12 +186,13 @@ class CudaBackend final : public Backend {
   // The batch-1 persistent decode kernel (cuda_backend_decode_stack.cpp).
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
-  // Tests and benchmarks: turn the persistent decode kernel on or off (options_.decode_stack).
-  void set_decode_stack(bool on, int inflight = 1, bool generic = false, bool mma = false) {
+  // Tests and benchmarks: turn the persistent decode kernel on for every format, or off for every format
+  // (options_.decode_stack, options_.decode_stack_bf16).
+  void set_decode_stack(bool on, int inflight = 1, bool generic = false) {
     options_.decode_stack = on;
+    options_.decode_stack_bf16 = on;
     options_.decode_stack_inflight = inflight;
     options_.decode_stack_generic = generic;
-    options_.decode_stack_mma = mma;
   }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.

@@ -25,12 +25,11 @@ constexpr int kMaxKeysPerStage = 256;  // keys (with their values) of one ring s
 constexpr int kKeyWords = kMaxKeysPerStage / 32;
 constexpr int kMaxStages = 12;  // ring depth (16 KB stages fill shared memory better than 32 KB ones)
 // Offsets (floats) in the misc area: the consumers' reduction scratch [kConsumerWarps], the attention's flag,
-// the FP8 phase input's scale (fp8_mma), the 2 x kMaxStages mbarriers, key bits.
-constexpr int kMiscXScale = kConsumerWarps + 1;
+// the 2 x kMaxStages mbarriers, key bits.
 constexpr int kMiscKeyBits = 32 + 2 * kMaxStages * 2;
 constexpr size_t kSmemLimit = 227 * 1024;  // opt-in shared memory per block on sm_90
 constexpr size_t kMiscBytes = 1024;        // reduction scratch, flag, mbarriers, key bits
-static_assert(kMiscXScale < 32 && (kMiscKeyBits + kMaxStages * kKeyWords) * 4 <= kMiscBytes,
+static_assert(kConsumerWarps + 1 <= 32 && (kMiscKeyBits + kMaxStages * kKeyWords) * 4 <= kMiscBytes,
               "the misc area's layout");
 
 // The stage geometry (Geom, stage_geometry, stage_row) and kMaxUnits: decode_stack_layout.h.

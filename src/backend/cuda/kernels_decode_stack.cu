@@ -371,140 +371,18 @@ __device__ void load_input(const float* src, int32_t n, const float* norm, float
   consumer_sync();
 }
 
-// ---- FP8 on tensor cores (DecodeStackParams::fp8_mma) ------------------------------------------------
-// W8A8 as the per-op GEMV v5 and the FP8 GEMM: the phase's BF16 input quantized per token to E4M3 (the
-// activation pass's codes and scale, quant_codes.cuh) into `codes`, its scale in *xscale. Every consumer.
-__device__ void quantize_input(const __nv_bfloat16* xs, int32_t n, uint8_t* codes, float* xscale,
-                               float* scratch) {
-  float amax = 0.0f;
-  for (int32_t i = threadIdx.x * 8; i < n; i += kConsumers * 8)
-    amax = fmaxf(amax, abs_max_bf16x8(*reinterpret_cast<const uint4*>(xs + i)));
-  const float s = fp8_row_scale(consumer_reduce(amax, scratch, MaxOp{}));
-  const float inv = fp8_inverse(s);
-  for (int32_t i = threadIdx.x * 8; i < n; i += kConsumers * 8)
-    *reinterpret_cast<uint2*>(codes + i) = codes_bf16x8(*reinterpret_cast<const uint4*>(xs + i), inv);
-  if (threadIdx.x == 0) *xscale = s;
-  consumer_sync();
-}
-
-// An FP8 matrix's stages on tensor cores: each stage (its rs rows, or rs gate over rs up rows: at most 8)
-// is taken whole by one warp, its owner (stage counter % owners), as the B operand of
-// mma.m16n8k32.e4m3 (B column u = the stage's row u), with x's codes as row 0 of A (the other rows zero), so
-// that one instruction multiplies 8 rows x 32 columns and no weight is converted. Lane (g, t) reads 8 bytes
-// of row g at 32j + 8t per k32 step j - the fragment's columns 4t.. and 16 + 4t.. (the same permutation for
-// A and B, as GEMV v5). The owner releases the stage alone (arriving with the count of every consumer warp);
-// the others skip it. Each 4 steps' products go through a fresh F32 fragment (the FP8 tensor-core
-// accumulation is narrower than F32). Row 0 of C - lanes 0..3, columns 2t and 2t + 1 - holds the sums.
-// owners = min(kConsumerWarps, ring depth): a warp skips the stages it does not own, so with more owners
-// than slots it could wait on a slot two fills ahead, where the mbarrier's parity is that of a fill already
-// completed - it read stale weights and released a slot the producer had not filled (first GPU run,
-// 2026-12-05: the 8B shapes, 5 slots of 32 KB for 15 warps, hung until the ring's hang guard trapped).
-// With owners <= slots, the warp's previous stage (it - owners) was filled, so every stage up to it - slots
-// was too, and the slot is at most one fill behind the one it waits for.
-template <Emit kEmit>
-__device__ void consume_matrix_mma(const StackMatrix& m, const Ring& ring, uint32_t& it, const uint8_t* codes,
-                                   float xscale, float* out, uint32_t skip) {
-  constexpr bool kPaired = kEmit == Emit::SiluMul;
-  const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, gq = lane / 4, tq = lane % 4;
-  const int rs = g.rows_per_stage, units = rs * g.srcs;
-  const int32_t steps = m.k / 32;
-  int32_t r0, r1;
-  cta_rows(m.rows, r0, r1);
-  const uint32_t owners = static_cast<uint32_t>(min(kConsumerWarps, ring.stages));
-  for (int32_t row = r0; row < r1; row += rs, ++it) {
-    if (warp != static_cast<int>(it % owners)) continue;
-    const int32_t n = min(rs, r1 - row);
-    const int32_t slot = static_cast<int32_t>(it % ring.stages);
-    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
-    const uint8_t* st = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
-    // B column gq: unit gq of the stage (source gq / rs, row gq % rs); past the units, row 0 (ignored).
-    const int unit = gq < units ? gq : 0;
-    const uint8_t* wrow = st + (static_cast<size_t>(unit / rs) * rs + unit % rs) * g.row_bytes + 8 * tq;
-    const uint8_t* xrow = codes + 8 * tq;
-    float acc0 = 0.0f, acc1 = 0.0f;
-    if (!(skip & 1)) {
-      for (int32_t j0 = 0; j0 < steps; j0 += 4) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const int32_t j = j0 + jj;
-          if (j >= steps) break;  // warp-uniform
-          const uint2 wv = *reinterpret_cast<const uint2*>(wrow + 32 * j);
-          const uint2 xv = gq == 0 ? *reinterpret_cast<const uint2*>(xrow + 32 * j) : make_uint2(0, 0);
-          const uint32_t a[4] = {xv.x, 0u, xv.y, 0u};  // row 0 (the token); rows 8..15 zero
-          mma_e4m3_16832(d, a, wv.x, wv.y);
-        }
-        acc0 += d[0];
-        acc1 += d[1];
-      }
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive_count(&ring.empty[slot], kConsumerWarps);
-    // Lanes 0..3 hold units 2t (acc0) and 2t + 1 (acc1). SiLU: gate unit i's up unit is rs + i.
-    if constexpr (kPaired) {
-      float up[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int u = rs + 2 * tq + e;  // this lane's gate unit's up unit (when 2tq + e < rs)
-        const int src = (u < 8 ? u : 0) / 2;
-        const float a0 = __shfl_sync(0xffffffffu, acc0, src), a1 = __shfl_sync(0xffffffffu, acc1, src);
-        up[e] = u % 2 ? a1 : a0;
-      }
-      if (gq == 0) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 2 * tq + e;
-          if (i >= rs || i >= n) continue;
-          const int64_t r = row + i;
-          const float gv = w8a8_value(e ? acc1 : acc0, xscale, row_scale(m, r), row_bias(m, r));
-          const float uv = w8a8_value(up[e], xscale, row_scale(m, m.rows + r), row_bias(m, m.rows + r));
-          __stcg(out + r, silu(gv) * uv);
-        }
-      }
-    } else {
-      if (gq == 0) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 2 * tq + e;
-          if (i >= n) continue;
-          const int64_t r = row + i;
-          const float v = w8a8_value(e ? acc1 : acc0, xscale, row_scale(m, r), row_bias(m, r));
-          if constexpr (kEmit == Emit::AddToResidual)
-            __stcg(out + r, __ldcg(out + r) + v);
-          else
-            __stcg(out + r, v);
-        }
-      }
-    }
-  }
-}
-
-// One product phase: the input into the x buffer, then this CTA's rows of m (FP8 with p.fp8_mma and whole
-// k32 steps: on tensor cores, x quantized per token first).
+// One product phase: the input into the x buffer, then this CTA's rows of m.
 template <Emit kEmit, int kW>
 __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const float* src, int32_t n,
                                            const float* norm, const StackMatrix& m, float* out,
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
                                            float* scratch) {
-  const bool mma = kW != kStackBf16 && kW != kStackInt4 && p.fp8_mma && m.fp8 && m.k % 32 == 0;
   // x as the product loop reads it: x_chunks for row_dot (of the instance's one format, a compile-time
-  // constant: read from m in the INT4 instance it cost 24 bytes of spills), column order for the
-  // tensor-core path (its codes are quantized from column order).
+  // constant: read from m in the INT4 instance it cost 24 bytes of spills).
   StackMatrix format;
   format.fp8 = kW == kStackFp8;
   format.int4 = kW == kStackInt4;
-  const int32_t chunks = mma ? 1 : x_chunks(kW == kStackAnyFormat ? m : format);
-  load_input(src, n, norm, p.eps, xs, scratch, chunks);
-  if constexpr (kW == kStackFp8 || kW == kStackAnyFormat) {
-    if (mma) {
-      uint8_t* codes = reinterpret_cast<uint8_t*>(xs) + p.x_codes_off;
-      float* xscale = scratch + kMiscXScale;
-      quantize_input(xs, n, codes, xscale, scratch);
-      consume_matrix_mma<kEmit>(m, ring, it, codes, *xscale, out, p.skip);
-      return;
-    }
-  }
+  load_input(src, n, norm, p.eps, xs, scratch, x_chunks(kW == kStackAnyFormat ? m : format));
   consume_matrix<kEmit, kW>(m, ring, it, xs, out, p.skip);
 }
 
@@ -528,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto* misc = reinterpret_cast<float*>(smem + static_cast<size_t>(p.stages) * p.stage_bytes + p.x_bytes);
   float* scratch = misc;  // [kConsumerWarps]
   int* flag = reinterpret_cast<int*>(scratch + kConsumerWarps);
-  // misc (floats): [0, 32) scratch, flag and the FP8 input's scale (kMiscXScale), then 2 x kMaxStages
+  // misc (floats): [0, 32) scratch and flag, then 2 x kMaxStages
   // mbarriers, key bits.
   ring.full = reinterpret_cast<uint64_t*>(misc + 32);
   auto* key_bits = reinterpret_cast<uint32_t*>(misc + kMiscKeyBits);  // [stages][kKeyWords]
@@ -619,10 +497,8 @@ bool decode_stack_matrix_fits(const StackMatrix& m, bool paired, int32_t stage_b
 }
 
 size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
-  // The x buffer: the BF16 input, then (p.fp8_mma) its E4M3 codes; the attention's scratch between phases.
-  const size_t bf16_bytes = (static_cast<size_t>(max_k) * 2 + 15) / 16 * 16;
-  p.x_codes_off = p.fp8_mma ? static_cast<int32_t>(bf16_bytes) : 0;
-  const size_t input = bf16_bytes + (p.fp8_mma ? static_cast<size_t>(max_k) : 0);
+  // The x buffer: the BF16 input; the attention's scratch between phases.
+  const size_t input = (static_cast<size_t>(max_k) * 2 + 15) / 16 * 16;
   const size_t x_bytes = (std::max(input, attention_scratch_bytes(p.hd, p.hq / p.hkv)) + 127) / 128 * 128;
   if (x_bytes + kMiscBytes + 2 * static_cast<size_t>(p.stage_bytes) > kSmemLimit) return 0;
   const size_t stages = std::min<size_t>(kMaxStages, (kSmemLimit - x_bytes - kMiscBytes) / p.stage_bytes);

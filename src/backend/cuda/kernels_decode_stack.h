@@ -85,11 +85,6 @@ struct DecodeStackParams {
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
-  // FP8 matrices (with k a multiple of 32) on tensor cores, W8A8: each phase's input quantized per token to
-  // E4M3, each stage taken whole by one warp (kernels_decode_stack.cu consume_matrix_mma). Opt-in: its
-  // error is the W8A8 error of the per-op GEMV v5 (0.09 on the 8B shapes, cuda_decode_stack_test.cpp).
-  uint8_t fp8_mma = 0;
-  int32_t x_codes_off = 0;  // set by decode_stack_prepare: the codes' offset in the x buffer (bytes)
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
