@@ -81,9 +81,9 @@ struct CudaBackendOptions {
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow: decode_stack for every weight
   // format, decode_stack_bf16 (the default) where every matrix is BF16. Measured against the per-op kernels
-  // (H100, 2026-12-06, 8B, one stage in flight): BF16 faster at every context (+4.4% at 100 tokens, +1.7%
-  // at 1k, +0.6% at 1.9k; 1-2% on two earlier nodes, level on a third); FP8 13-15% and INT4 28% slower,
-  // 70B FP8 7% slower (docs/benchmarks.md). Not yet timed on an H200 one stage ahead.
+  // (H100s, 2026-12-06, 8B, one stage in flight): BF16 at 1k context +1.3%, level, +2.0%, +1.7%, -0.3% on
+  // five nodes, +1.9-4.4% at 100 tokens, +0.6% at 1.9k; FP8 13-15% and INT4 28% slower, 70B FP8 7% slower
+  // (docs/benchmarks.md). Not yet timed on an H200 one stage ahead.
   bool decode_stack = false;
   bool decode_stack_bf16 = true;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
