@@ -176,28 +176,26 @@ TEST(CudaDecodeStackFallback, UnsupportedShapesRunThePerOpKernels) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaDecodeStack,
-    ::testing::Values(Case{"tiny", ""},                                   // hd 64, 2 q heads per kv head
-                      Case{"tiny", "", DType::F8_E4M3},                   // FP8 KV cache
-                      Case{"tiny", "", DType::BF16, 40, 120},             // window shorter than the context
-                      Case{"llama-3.2-1b", ""},                           // hd 64, 4 per kv head, tied
-                      Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8},    // hd 128, 4 per kv head, 14336
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3},  // FP8 weights and cache
-                      Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8},     // q/k/v biases, 7 per kv head
-                      Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8},
-                      Case{"tiny", "", DType::BF16, 0, 300, 12, 2},
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 2},
-                      Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, 3},
-                      Case{"tiny", "fp8:lm_head"},  // the FP8, head size 64 instance
-                      // INT4: groups of 32 (head size 64), 128 with the in-flight limit, zero points in the
-                      // generic instance (BF16 vocabulary) with a window
-                      Case{"tiny", "int4:g32:lm_head"},
-                      Case{"llama-3-8b", "int4:lm_head", DType::F8_E4M3, 0, 300, 8, 1},
-                      Case{"mistral-7b", "int4:asym", DType::BF16, 100, 300, 8},
-                      Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 0, true},
-                      Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 0, true},
-                      // the producer as deep as the ring (no in-flight limit)
-                      Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 0},
-                      Case{"tiny", "", DType::BF16, 0, 300, 12, 0}),
+    ::testing::Values(
+        Case{"tiny", ""},                                   // hd 64, 2 q heads per kv head
+        Case{"tiny", "", DType::F8_E4M3},                   // FP8 KV cache
+        Case{"tiny", "", DType::BF16, 40, 120},             // window shorter than the context
+        Case{"llama-3.2-1b", ""},                           // hd 64, 4 per kv head, tied
+        Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8},    // hd 128, 4 per kv head, 14336
+        Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3},  // FP8 weights and cache
+        Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8},     // q/k/v biases, 7 per kv head
+        Case{"mistral-7b", "fp8", DType::BF16, 100, 300, 8}, Case{"tiny", "", DType::BF16, 0, 300, 12, 2},
+        Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 2},
+        Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, 3},
+        Case{"tiny", "fp8:lm_head"},  // the FP8, head size 64 instance
+        // INT4: groups of 32 (head size 64), 128 with the in-flight limit, zero points in the
+        // generic instance (BF16 vocabulary) with a window
+        Case{"tiny", "int4:g32:lm_head"}, Case{"llama-3-8b", "int4:lm_head", DType::F8_E4M3, 0, 300, 8, 1},
+        Case{"mistral-7b", "int4:asym", DType::BF16, 100, 300, 8},
+        Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 0, true},
+        Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 0, true},
+        // the producer as deep as the ring (no in-flight limit)
+        Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 0}, Case{"tiny", "", DType::BF16, 0, 300, 12, 0}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
