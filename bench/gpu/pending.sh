@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 05:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-06 05:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats.
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
 #    per SM, 29.7 us under 192 KB).
-# 3. The persistent decode kernel, now the BF16 batch-1 default (one stage in flight): per-op
-#    (INFERX_DECODE_STACK=0) against it twice each - it won on H100s (+1.7% at 1k context, 12-06) and was never
-#    timed on an H200 one stage ahead -, the stack as deep as the ring (if0), the no-barrier bound (skip2), a
-#    per-phase profile, FP8 in the stack (13-15% slower on an H100); the decode-stack tests.
+# 3. The persistent decode kernel (one stage in flight): its tests first - the long-context cases (*ctx*: a
+#    split's keys over 2-4 ring stages, written 12-06, never run) decide whether INFERX_DECODE_STACK=bf16
+#    can become the default -, then per-op against it twice each (+1.7% / -0.3% at 1k context on two H100
+#    nodes, 12-06; never timed on an H200 one stage ahead), the stack as deep as the ring (if0), the
+#    no-barrier bound (skip2), a per-phase profile, FP8 in the stack (13-15% slower on an H100).
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
 # What to do with the answers (record every figure in docs/benchmarks.md first):
-#   - bf16 stack slower than per-op on an H200: decode_stack_bf16 back to false (cuda_backend.h).
+#   - the *ctx* cases pass and the bf16 stack is at least level with per-op on an H200: decode_stack_bf16
+#     = true by default (cuda_backend.h; CudaDecodeStackOptions expects the defaults it reads).
 #   - v5 (FP8 W8A8): slower than v4 on an H100 (3.597 vs 3.545 ms, 12-06), faster on one H200 node (-2.4%):
 #     rerun on an H200 beside v4 before any default changes; remove it if it does not win there again.
 # STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~2 min), then "1 2" (~3 min), then 4 (~5 min).
+# With little device time, the long-context stack tests alone (~40 s): test_cuda_engine
+# --gtest_filter='*DecodeStack*ctx*:*TakesBf16*'.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

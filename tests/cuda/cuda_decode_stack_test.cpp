@@ -3,8 +3,8 @@
 // per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
 // 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
 // FP8 weights (per channel, and the vocabulary projection), INT4 weights (groups of 32 and 128, symmetric
-// and with zero points) and an FP8 KV cache, the producer's in-flight stage limit (1 to 3 stages) and L2
-// lead, FP8 on tensor cores (W8A8, against the per-op path's W8A8 GEMV v5), and the kernel's generic
+// and with zero points) and an FP8 KV cache, the producer's in-flight stage limit (0 = the ring's depth, 1
+// by default, 2, 3), contexts whose splits take several ring stages of keys, and the kernel's generic
 // instance as well as those for one weight format (mixed formats, e.g. FP8 layers with a BF16 vocabulary
 // projection, run the generic one). Decode steps run through SequenceRunner, so they are recorded into a
 // CUDA graph and replayed, as in serving.
@@ -14,12 +14,12 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/kernels_gemv.h"
 #include "cuda_test_util.h"
 #include "model/model.h"
 #include "quant/plan.h"
@@ -138,12 +138,14 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
   EXPECT_GT(argmax_checked, 0) << "no step had a clear greedy token";
 }
 
-// By default (CudaBackendOptions::decode_stack_bf16) the kernel takes BF16 models' batch-1 steps, and
-// leaves FP8 and INT4 ones to the per-op kernels (faster there, cuda_backend.h).
-TEST(CudaDecodeStackDefault, TakesBf16WeightsOnly) {
+// With CudaBackendOptions::decode_stack_bf16 (INFERX_DECODE_STACK=bf16) the kernel takes BF16 models'
+// batch-1 steps, and leaves FP8 and INT4 ones to the per-op kernels (faster there, cuda_backend.h).
+TEST(CudaDecodeStackBf16, TakesBf16WeightsOnly) {
   INFERX_SKIP_WITHOUT_GPU();
+  CudaBackendOptions opts;
+  opts.decode_stack_bf16 = true;
   for (const char* quant : {"", "fp8:lm_head", "int4:lm_head"}) {
-    auto backend = make_cuda_backend(0, CudaBackendOptions{});
+    auto backend = make_cuda_backend(0, opts);
     auto& cuda = static_cast<CudaBackend&>(*backend);
     LoadOptions lo;
     if (*quant) lo.quantize = parse_quant_options(quant);
@@ -157,6 +159,27 @@ TEST(CudaDecodeStackDefault, TakesBf16WeightsOnly) {
     else
       EXPECT_GT(cuda.decode_stack_launches(), 0);
   }
+}
+
+// INFERX_DECODE_STACK: 0 off, 1 every weight format, bf16 BF16 weights only; unset: the options' defaults.
+// (Reads the environment only: runs without a GPU.)
+TEST(CudaDecodeStackOptions, EnvironmentSelectsTheFormats) {
+  struct Want {
+    const char* value;
+    bool all, bf16;
+  };
+  const CudaBackendOptions defaults;
+  for (const Want& w : {Want{nullptr, defaults.decode_stack, defaults.decode_stack_bf16},
+                        Want{"0", false, false}, Want{"1", true, true}, Want{"bf16", false, true}}) {
+    if (w.value)
+      setenv("INFERX_DECODE_STACK", w.value, 1);
+    else
+      unsetenv("INFERX_DECODE_STACK");
+    const CudaBackendOptions o = cuda_options_from_environment();
+    EXPECT_EQ(o.decode_stack, w.all) << (w.value ? w.value : "unset");
+    EXPECT_EQ(o.decode_stack_bf16, w.bf16) << (w.value ? w.value : "unset");
+  }
+  unsetenv("INFERX_DECODE_STACK");
 }
 
 // Shapes the kernel does not take (Qwen3's q/k norm) decode through the per-op kernels with the stack on.
@@ -195,12 +218,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 0, true},
         Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 0, true},
         // the producer as deep as the ring (no in-flight limit)
-        Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 0}, Case{"tiny", "", DType::BF16, 0, 300, 12, 0}),
+        Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 0}, Case{"tiny", "", DType::BF16, 0, 300, 12, 0},
+        // long contexts: a split's keys over several ring stages (16 splits per KV head on 132 SMs; 64
+        // BF16 keys of head size 128 per 32 KB stage, 128 of head size 64 or FP8: ~3 and ~2 stages)
+        Case{"llama-3-8b", "", DType::BF16, 0, 3000, 4}, Case{"llama-3-8b", "", DType::F8_E4M3, 0, 3000, 4},
+        Case{"llama-3.2-1b", "", DType::BF16, 0, 4100, 4},
+        Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
                       (info.param.kv == DType::F8_E4M3 ? "_kvfp8" : "") +
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "") +
+                      (info.param.prompt > 1000 ? "_ctx" + std::to_string(info.param.prompt) : "") +
                       (info.param.inflight != 1 ? "_inflight" + std::to_string(info.param.inflight) : "") +
                       (info.param.generic ? "_generic" : "");
       for (char& ch : n)
