@@ -12,8 +12,8 @@
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
 # What to do with the answers (record every figure in docs/benchmarks.md first):
-#   - the *ctx* cases pass and the bf16 stack is at least level with per-op on an H200: decode_stack_bf16
-#     = true by default (cuda_backend.h; CudaDecodeStackOptions expects the defaults it reads).
+#   - the *ctx* cases pass and the bf16 stack is at least level with per-op on an H200: make
+#     DecodeStackMode::Bf16 the default of CudaBackendOptions::decode_stack (cuda_backend.h).
 #   - v5 (FP8 W8A8): slower than v4 on an H100 (3.597 vs 3.545 ms, 12-06), faster on one H200 node (-2.4%):
 #     rerun on an H200 beside v4 before any default changes; remove it if it does not win there again.
 # STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~2 min), then "1 2" (~3 min), then 4 (~5 min).

@@ -138,12 +138,12 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
   EXPECT_GT(argmax_checked, 0) << "no step had a clear greedy token";
 }
 
-// With CudaBackendOptions::decode_stack_bf16 (INFERX_DECODE_STACK=bf16) the kernel takes BF16 models'
+// With DecodeStackMode::Bf16 (INFERX_DECODE_STACK=bf16) the kernel takes BF16 models'
 // batch-1 steps, and leaves FP8 and INT4 ones to the per-op kernels (faster there, cuda_backend.h).
 TEST(CudaDecodeStackBf16, TakesBf16WeightsOnly) {
   INFERX_SKIP_WITHOUT_GPU();
   CudaBackendOptions opts;
-  opts.decode_stack_bf16 = true;
+  opts.decode_stack = DecodeStackMode::Bf16;
   for (const char* quant : {"", "fp8:lm_head", "int4:lm_head"}) {
     auto backend = make_cuda_backend(0, opts);
     auto& cuda = static_cast<CudaBackend&>(*backend);
@@ -166,18 +166,17 @@ TEST(CudaDecodeStackBf16, TakesBf16WeightsOnly) {
 TEST(CudaDecodeStackOptions, EnvironmentSelectsTheFormats) {
   struct Want {
     const char* value;
-    bool all, bf16;
+    DecodeStackMode mode;
   };
   const CudaBackendOptions defaults;
-  for (const Want& w : {Want{nullptr, defaults.decode_stack, defaults.decode_stack_bf16},
-                        Want{"0", false, false}, Want{"1", true, true}, Want{"bf16", false, true}}) {
+  for (const Want& w : {Want{nullptr, defaults.decode_stack}, Want{"0", DecodeStackMode::Off},
+                        Want{"1", DecodeStackMode::All}, Want{"bf16", DecodeStackMode::Bf16}}) {
     if (w.value)
       setenv("INFERX_DECODE_STACK", w.value, 1);
     else
       unsetenv("INFERX_DECODE_STACK");
     const CudaBackendOptions o = cuda_options_from_environment();
-    EXPECT_EQ(o.decode_stack, w.all) << (w.value ? w.value : "unset");
-    EXPECT_EQ(o.decode_stack_bf16, w.bf16) << (w.value ? w.value : "unset");
+    EXPECT_EQ(o.decode_stack, w.mode) << (w.value ? w.value : "unset");
   }
   unsetenv("INFERX_DECODE_STACK");
 }
@@ -186,7 +185,7 @@ TEST(CudaDecodeStackOptions, EnvironmentSelectsTheFormats) {
 TEST(CudaDecodeStackFallback, UnsupportedShapesRunThePerOpKernels) {
   INFERX_SKIP_WITHOUT_GPU();
   CudaBackendOptions opts;
-  opts.decode_stack = true;
+  opts.decode_stack = DecodeStackMode::All;
   auto backend = make_cuda_backend(0, opts);
   auto& cuda = static_cast<CudaBackend&>(*backend);
   auto model = Model::load("dummy:qwen3-0.6b", *backend);
@@ -211,8 +210,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 12, 2},
         Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, 3},
         Case{"tiny", "fp8:lm_head"},  // the FP8, head size 64 instance
-        // INT4: groups of 32 (head size 64), 128 with the in-flight limit, zero points in the
-        // generic instance (BF16 vocabulary) with a window
+        // INT4: groups of 32 (head size 64), 128 with an FP8 cache, zero points in the generic
+        // instance (BF16 vocabulary) with a window
         Case{"tiny", "int4:g32:lm_head"}, Case{"llama-3-8b", "int4:lm_head", DType::F8_E4M3, 0, 300, 8, 1},
         Case{"mistral-7b", "int4:asym", DType::BF16, 100, 300, 8},
         Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 0, true},

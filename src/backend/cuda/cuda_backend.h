@@ -12,6 +12,7 @@
 //     their output as BF16 into a backend buffer, and the next matmul whose input is that same tensor
 //     reads the BF16 copy (no conversion pass). Any other op, or a write over the tensor, drops the copy;
 //   - CUDA graphs (begin/end_graph_capture, replay_graph), GPU sampling (argmax, sample), fill_random.
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +37,9 @@ struct DecodeStackParams;
 
 // Which attention kernel runs (tests and benchmarks force one; Auto picks per batch).
 enum class CudaAttentionKernel { Auto, Reference, Decode, Prefill };
+
+// Where the batch-1 persistent decode kernel runs (CudaBackendOptions::decode_stack).
+enum class DecodeStackMode : uint8_t { Off, Bf16, All };
 
 struct CudaBackendOptions {
   DType kv_cache_dtype = DType::BF16;  // F32 for bit-for-bit comparisons with the CPU backend; F8_E4M3
@@ -79,15 +83,14 @@ struct CudaBackendOptions {
   // INFERX_LAST_LAYER_NARROW_MIXED=0 turns it off.
   bool narrow_mixed_steps = true;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
-  // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow: decode_stack for every weight
-  // format, decode_stack_bf16 where every matrix is BF16. Measured against the per-op kernels
+  // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow: for every weight format (All), or
+  // only where every matrix is BF16 (Bf16). Measured against the per-op kernels
   // (H100s, 2026-12-06, 8B, one stage in flight): BF16 at 1k context +1.3%, level, +2.0%, +1.7%, -0.3% on
   // five nodes, +1.9-4.4% at 100 tokens, +0.6% at 1.9k; FP8 13-15% and INT4 28% slower, 70B FP8 7% slower
   // (docs/benchmarks.md). Not yet the BF16 default: no test has yet run a split's keys over several ring
   // stages (contexts past ~1k tokens; cuda_decode_stack_test.cpp's "ctx" cases, written 12-06, not yet
   // run), and it is not yet timed on an H200 one stage ahead.
-  bool decode_stack = false;
-  bool decode_stack_bf16 = false;
+  DecodeStackMode decode_stack = DecodeStackMode::Off;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
   // barriers, 4 no attention arithmetic; wrong results, never for serving); how many eager steps print a
   // per-phase profile on stderr.
@@ -96,7 +99,7 @@ struct CudaBackendOptions {
   // 1: a grid barrier's atomics and polls wait behind the SM's bytes in flight (the barrier probe under a
   // stream, H100 2026-12-06: 1.0 us with none, 2.9 us at 32 KB per SM, 29.7 us at 192 KB, while the stream
   // is already at 3.2 TB/s with 32 KB), and one 32 KB stage ahead beat the full depth on every node
-  // (8B bf16 5.700 against 5.939 ms, docs/benchmarks.md).
+  // (8B bf16 in one call, H100 2026-12-06: 5.710 / 5.723 against 5.866 ms; docs/benchmarks.md).
   int decode_stack_inflight = 1;
   // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins. Measured (H200,
   // 2026-12-03 20:52): no difference (8B bf16 4.583 ms at 256, 4.580 spinning); kept as the A/B switch.
@@ -188,11 +191,9 @@ class CudaBackend final : public Backend {
   // The batch-1 persistent decode kernel (cuda_backend_decode_stack.cpp).
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
-  // Tests and benchmarks: turn the persistent decode kernel on for every format, or off for every format
-  // (options_.decode_stack, options_.decode_stack_bf16).
+  // Tests and benchmarks: turn the persistent decode kernel on for every format, or off.
   void set_decode_stack(bool on, int inflight = 1, bool generic = false) {
-    options_.decode_stack = on;
-    options_.decode_stack_bf16 = on;
+    options_.decode_stack = on ? DecodeStackMode::All : DecodeStackMode::Off;
     options_.decode_stack_inflight = inflight;
     options_.decode_stack_generic = generic;
   }

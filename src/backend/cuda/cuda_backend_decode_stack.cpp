@@ -114,7 +114,7 @@ void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_
 bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, const RopeParams& rope,
                                const AttentionParams& ap, Tensor& x, Tensor& logits) {
   finish_deferred();  // a deferred product is read only by the call it was deferred for
-  if (!(options_.decode_stack || options_.decode_stack_bf16) || options_.timing_skip != 0) return false;
+  if (options_.decode_stack == DecodeStackMode::Off || options_.timing_skip != 0) return false;
   if (batch.num_tokens != 1 || batch.num_seqs != 1 || batch.num_logits != 1 || batch.max_blocks_per_seq < 1)
     return false;
   if (s.layers.empty() || s.layers.size() > static_cast<size_t>(cuda::kMaxStackLayers) || !s.lm_head ||
@@ -194,7 +194,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   // for, options_.decode_stack_generic).
   fp8_matrices += p.lm_head.fp8;
   int4_matrices += p.lm_head.int4;
-  if (!options_.decode_stack && fp8_matrices + int4_matrices > 0) return false;  // decode_stack_bf16 only
+  if (options_.decode_stack == DecodeStackMode::Bf16 && fp8_matrices + int4_matrices > 0) return false;
   const int64_t matrices = 4 * static_cast<int64_t>(s.layers.size()) + 1;
   p.format = options_.decode_stack_generic             ? cuda::kStackAnyFormat
              : fp8_matrices == 0 && int4_matrices == 0 ? cuda::kStackBf16

@@ -34,10 +34,10 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
   if (const char* act = std::getenv("INFERX_CUDA_BF16_ACT")) o.bf16_activations = std::strcmp(act, "0") != 0;
   if (const char* gemv = std::getenv("INFERX_CUDA_GEMV")) o.gemv = std::strcmp(gemv, "0") != 0;
   if (const char* ds = std::getenv("INFERX_DECODE_SPLITS")) o.decode_splits = std::max(0, std::atoi(ds));
-  if (const char* st = std::getenv("INFERX_DECODE_STACK")) {
-    o.decode_stack_bf16 = std::strcmp(st, "0") != 0;
-    o.decode_stack = o.decode_stack_bf16 && std::strcmp(st, "bf16") != 0;
-  }
+  if (const char* st = std::getenv("INFERX_DECODE_STACK"))
+    o.decode_stack = std::strcmp(st, "0") == 0      ? DecodeStackMode::Off
+                     : std::strcmp(st, "bf16") == 0 ? DecodeStackMode::Bf16
+                                                    : DecodeStackMode::All;
   if (const char* kb = std::getenv("INFERX_DECODE_STACK_STAGE_KB")) {
     const int v = std::atoi(kb);
     if (v >= 8 && v <= 64) o.decode_stack_stage_kb = v;

@@ -22,7 +22,6 @@
 #include "backend/cuda/decode_stack_attention.cuh"
 #include "backend/cuda/decode_stack_ring.cuh"
 #include "backend/cuda/kernels_decode_stack.h"
-#include "backend/cuda/quant_codes.cuh"
 
 namespace inferx::cuda {
 namespace {

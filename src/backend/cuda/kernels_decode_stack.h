@@ -77,7 +77,7 @@ struct DecodeStackParams {
   int32_t stage_bytes = 32768;  // ring stage size
   int32_t stages = 4;           // ring depth
   int32_t x_bytes = 0;          // shared-memory bytes of the BF16 input vector (and attention scratch)
-  int32_t inflight = 0;         // stages the producer keeps requested and not landed (0: up to the depth)
+  int32_t inflight = 1;         // stages the producer keeps requested and not landed (0: up to the depth)
   uint32_t backoff_ns = 256;    // the producer's sleep between polls of a stage it waits for (0: spin)
   // kStackBf16 / kStackFp8 when every matrix has that format (the host sets it; the instance for it runs),
   // else kStackAnyFormat.
