@@ -35,7 +35,7 @@ one() {  # model quant label env...
   echo "$model $q $label: rc=$rc $(python3 -c "
 import json; j=json.load(open('$OUT/stack.json')); r=j['roofline']
 print(f\"TPOT p50 {j['tpot_ms']['p50']:.3f} ms = {r['tpot_p50_roofline_ratio']*100:.1f}% of the roofline\")" 2>&1 | tail -1)"
-  grep 'inferx cuda' "$OUT/stack.err" | head -2
+  grep 'inferx cuda' "$OUT/stack.err" | head -4
   local keep="err_${model}_${q}_${label}.txt"
   cp "$OUT/stack.err" "$OUT/${keep//[:=]/_}"  # the profile's lines; ':' does not come back from $OUT
 }

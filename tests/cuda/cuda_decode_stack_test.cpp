@@ -37,6 +37,7 @@ struct Case {
   int inflight = 1;      // the producer's in-flight stage limit (CudaBackendOptions::decode_stack_inflight,
                          // 1 by default; 0: the ring's depth)
   bool generic = false;  // the kernel's generic instance instead of the one for the model's weight format
+  bool mlp_split = false;  // CudaBackendOptions::decode_stack_mlp_split (taken where every down is BF16)
 };
 
 struct Trace {
@@ -58,6 +59,7 @@ int32_t argmax(const std::vector<float>& v) {
 Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& forced) {
   auto& cuda = static_cast<CudaBackend&>(model.backend());
   cuda.set_decode_stack(stack, c.inflight, c.generic);  // off by default (cuda_backend.h)
+  cuda.set_decode_stack_mlp_split(stack && c.mlp_split);
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -103,6 +105,9 @@ TEST_P(CudaDecodeStack, EqualsThePerOpKernels) {
   ASSERT_EQ(cuda.decode_stack_launches(), 0);
   const Trace got = run(*model, c, true, ref.tokens);
   ASSERT_GT(cuda.decode_stack_launches(), 0) << "the persistent kernel did not take " << c.model;
+  // The MLP split runs where it is asked for and every down matrix is BF16 ("fp8:lm_head": FP8 ones).
+  const bool bf16_down = std::string(c.quantize).empty();
+  EXPECT_EQ(cuda.decode_stack_split_launches() > 0, c.mlp_split && bf16_down) << c.model;
   // The instance for the model's one weight format and head size; the generic one when asked for, or when
   // the formats mix ("fp8" keeps the vocabulary projection in BF16).
   const std::string quant = c.quantize;
@@ -222,7 +227,16 @@ INSTANTIATE_TEST_SUITE_P(
         // BF16 keys of head size 128 per 32 KB stage, 128 of head size 64 or FP8: ~3 and ~2 stages)
         Case{"llama-3-8b", "", DType::BF16, 0, 3000, 4}, Case{"llama-3-8b", "", DType::F8_E4M3, 0, 3000, 4},
         Case{"llama-3.2-1b", "", DType::BF16, 0, 4100, 4},
-        Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4}),
+        Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4},
+        // the MLP as one phase (mlp_split): hd 64 and 128, biases elsewhere, tied, long contexts, a window,
+        // the generic instance, and an FP8 model, which keeps its two MLP phases
+        Case{"tiny", "", DType::BF16, 0, 300, 12, 1, false, true},
+        Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 1, false, true},
+        Case{"qwen2.5-7b", "", DType::BF16, 0, 200, 8, 1, false, true},
+        Case{"llama-3.2-1b", "", DType::F8_E4M3, 0, 4100, 4, 1, false, true},
+        Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4, 1, false, true},
+        Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 1, true, true},
+        Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 8, 1, false, true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
@@ -230,7 +244,7 @@ INSTANTIATE_TEST_SUITE_P(
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "") +
                       (info.param.prompt > 1000 ? "_ctx" + std::to_string(info.param.prompt) : "") +
                       (info.param.inflight != 1 ? "_inflight" + std::to_string(info.param.inflight) : "") +
-                      (info.param.generic ? "_generic" : "");
+                      (info.param.generic ? "_generic" : "") + (info.param.mlp_split ? "_mlpsplit" : "");
       for (char& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

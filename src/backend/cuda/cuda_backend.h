@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -85,12 +86,12 @@ struct CudaBackendOptions {
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow: for every weight format (All), or
   // only where every matrix is BF16 (Bf16). Measured against the per-op kernels
-  // (H100s, 2026-12-06, 8B, one stage in flight): BF16 at 1k context +1.3%, level, +2.0%, +1.7%, -0.3% on
-  // five nodes, +1.9-4.4% at 100 tokens, +0.6% at 1.9k; FP8 13-15% and INT4 28% slower, 70B FP8 7% slower
-  // (docs/benchmarks.md). Not yet the BF16 default: no test has yet run a split's keys over several ring
-  // stages (contexts past ~1k tokens; cuda_decode_stack_test.cpp's "ctx" cases, written 12-06, not yet
-  // run), and it is not yet timed on an H200 one stage ahead.
-  DecodeStackMode decode_stack = DecodeStackMode::Off;
+  // (H100s, 2026-12-06, 8B, one stage in flight): BF16 at 1k context +1.3%, level, +2.0%, +1.7%, -0.3%,
+  // +1.8% on six nodes, +1.9-4.4% at 100 tokens, +0.6% at 1.9k; FP8 1-15% and INT4 28% slower, 70B FP8 7%
+  // slower (docs/benchmarks.md). Hence BF16 by default, since its long-context cases (a split's keys over
+  // several ring stages, cuda_decode_stack_test.cpp's "ctx" cases) passed (H100 2026-12-06 07:40); not yet
+  // timed on an H200 one stage ahead (no H200 was lent that day).
+  DecodeStackMode decode_stack = DecodeStackMode::Bf16;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
   // barriers, 4 no attention arithmetic; wrong results, never for serving); how many eager steps print a
   // per-phase profile on stderr.
@@ -109,6 +110,10 @@ struct CudaBackendOptions {
   bool decode_stack_generic = false;
   unsigned decode_stack_skip = 0;
   int decode_stack_profiles = 0;
+  // The MLP as one phase of the persistent kernel where every down matrix is BF16 (DecodeStackParams::
+  // mlp_split: a transposed copy of each down matrix, hidden x intermediate x 2 bytes per layer, made at the
+  // first batch-1 step; float atomics, so the last bits vary between runs). Opt-in while measured.
+  bool decode_stack_mlp_split = false;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
   // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)
@@ -122,6 +127,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // INFERX_DECODE_STACK=0|1|bf16 (off | on for every weight format | on for BF16 weights only),
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
+// INFERX_DECODE_STACK_MLP_SPLIT=0|1,
 // INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
 // INFERX_GEMM_CACHE=DIR|off (the GEMM tuning cache's folder; `gemm_cache_default` when unset).
 CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_default = "");
@@ -197,7 +203,9 @@ class CudaBackend final : public Backend {
     options_.decode_stack_inflight = inflight;
     options_.decode_stack_generic = generic;
   }
+  void set_decode_stack_mlp_split(bool on) { options_.decode_stack_mlp_split = on; }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
+  int64_t decode_stack_split_launches() const { return decode_stack_split_launches_; }  // with mlp_split
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.
   const char* decode_stack_instance() const { return decode_stack_instance_; }
 
@@ -236,6 +244,9 @@ class CudaBackend final : public Backend {
   cuda::QuantizedGemm& quantized_gemm() { return *qgemm_; }
 
  private:
+  // mlp_split's transposed down matrices for p's layers (made once, at an eager step) and whether the
+  // kernel can take the split for p's shapes on `grid` CTAs; false leaves the MLP in two phases.
+  bool prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParams& p, int64_t inter, int grid);
   // Device scratch grown on demand (stream-ordered); growth bumps generation_ so that graphs captured
   // with the old pointer are not replayed.
   struct Scratch {
@@ -314,10 +325,13 @@ class CudaBackend final : public Backend {
   // The persistent decode kernel's scratch (q/k/v, attention output and partials, MLP activation, grid
   // barrier) and its parameter block (~25 KB, built per step; heap, not the stack).
   Scratch decode_stack_scratch_, decode_stack_profile_;
+  // mlp_split's transposed down matrices, by the down weight's device address (weights never move).
+  std::unordered_map<const void*, std::unique_ptr<DeviceBuffer>> decode_stack_down_t_;
+  bool decode_stack_down_t_failed_ = false;  // an allocation failed once: mlp_split stays off
   std::unique_ptr<cuda::DecodeStackParams> decode_stack_params_;
   size_t decode_stack_smem_ = 0;  // the shared-memory size the kernel's attribute was set for
   int decode_stack_ctas_ = 0;
-  int64_t decode_stack_launches_ = 0;
+  int64_t decode_stack_launches_ = 0, decode_stack_split_launches_ = 0;
   const char* decode_stack_instance_ = "";
   int decode_stack_profiles_left_ = 0;  // from options_.decode_stack_profiles
   Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,

@@ -111,6 +111,41 @@ void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_
 
 }  // namespace
 
+bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParams& p, int64_t inter, int grid) {
+  if (decode_stack_down_t_failed_ || !cuda::decode_stack_mlp_split_fits(p, static_cast<int32_t>(inter), grid))
+    return false;
+  for (int32_t i = 0; i < p.num_layers; ++i) {
+    const cuda::StackMatrix& down = p.layers[i].down;
+    if (down.fp8 || down.int4 || down.scale != nullptr) return false;  // BF16 only
+  }
+  for (int32_t i = 0; i < p.num_layers; ++i) {
+    const Tensor& w = s.layers[static_cast<size_t>(i)].down->weight;  // [hidden, inter]
+    auto found = decode_stack_down_t_.find(w.data);
+    if (found == decode_stack_down_t_.end()) {
+      if (capturing_) return false;  // the copies are made by an eager step (the first one)
+      std::unique_ptr<DeviceBuffer> copy;
+      try {
+        copy = allocate(static_cast<size_t>(w.numel()) * 2);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "inferx cuda: the MLP split's transposed down matrices do not fit (%s); off\n",
+                     e.what());
+        decode_stack_down_t_failed_ = true;
+        decode_stack_down_t_.clear();
+        return false;
+      }
+      CUDA_CHECK(cuda::transpose_bf16(w.data, copy->data(), w.dim(0), w.dim(1), stream_));
+      found = decode_stack_down_t_.emplace(w.data, std::move(copy)).first;
+    }
+    p.layers[i].down_t = found->second->data();
+    cuda::StackMatrix t;  // the kernel's view (kernels_decode_stack.cu down_transposed)
+    t.data = p.layers[i].down_t;
+    t.rows = static_cast<int32_t>(inter);
+    t.k = p.hidden;
+    if (!cuda::decode_stack_matrix_fits(t, false, p.stage_bytes)) return false;
+  }
+  return true;
+}
+
 bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, const RopeParams& rope,
                                const AttentionParams& ap, Tensor& x, Tensor& logits) {
   finish_deferred();  // a deferred product is read only by the call it was deferred for
@@ -237,6 +272,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   if (decode_stack_ctas_ < 1) return false;
   const int grid = sm_count_;
   p.splits = std::clamp(grid / static_cast<int>(hkv), 1, cuda::kMaxStackSplits);
+  if (options_.decode_stack_mlp_split) p.mlp_split = prepare_mlp_split(s, p, inter, grid) ? 1 : 0;
   const size_t bytes = cuda::decode_stack_scratch(p, static_cast<int32_t>(inter), nullptr);
   if (capturing_ && bytes > decode_stack_scratch_.bytes) return false;
   cuda::decode_stack_scratch(p, static_cast<int32_t>(inter), scratch(decode_stack_scratch_, bytes));
@@ -253,6 +289,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   CUDA_CHECK(cuda::launch_decode_stack(p, grid, smem, stream_));
   drop_bf16_copy();
   ++decode_stack_launches_;
+  if (p.mlp_split && decode_stack_split_launches_++ == 0)
+    std::fprintf(stderr, "inferx cuda: decode stack with the MLP as one phase (mlp_split)\n");
   decode_stack_instance_ = cuda::decode_stack_instance_name(p);
   if (p.profile != nullptr) {
     --decode_stack_profiles_left_;

@@ -28,6 +28,16 @@ namespace {
 
 using namespace stack;  // the kernel's plumbing (decode_stack_ring.cuh, decode_stack_attention.cuh)
 
+// mlp_split's view of a layer's down matrix: BF16 [intermediate, hidden], row j the weights of activation j
+// (the host checks that down is BF16; its bias is added with the residual).
+__device__ __forceinline__ StackMatrix down_transposed(const StackLayer& L) {
+  StackMatrix t;
+  t.data = L.down_t;
+  t.rows = L.down.k;
+  t.k = L.down.rows;
+  return t;
+}
+
 // ---- producer -------------------------------------------------------------------------------------------
 // Stage `it` may be issued once the consumers have released its slot and, with ring.inflight set, once
 // stage it - inflight has landed. Every lane of the producer warp waits (so none runs a ring round ahead).
@@ -45,26 +55,33 @@ __device__ __forceinline__ void claim_stage(const Ring& ring, uint32_t it) {
 }
 
 // The weight matrices in the order the producer streams them (and the consumers use them): per layer qkv,
-// o, gate/up (paired), down, as segments 4 l .. 4 l + 3, then the lm_head (4 * num_layers); null past it.
-// The producer streams a layer's cached keys and values right after its qkv rows (segment 4 l).
-__device__ __forceinline__ const StackMatrix* phase_matrix(const DecodeStackParams& p, int32_t seg,
-                                                           bool& paired) {
+// o, gate/up (paired), down (transposed with mlp_split), as segments 4 l .. 4 l + 3, then the lm_head
+// (4 * num_layers); false past it. The producer streams a layer's cached keys and values right after its qkv
+// rows (segment 4 l).
+__device__ __forceinline__ bool phase_matrix(const DecodeStackParams& p, int32_t seg, StackMatrix& m,
+                                             bool& paired) {
   paired = false;
   if (seg < 4 * p.num_layers) {
     const StackLayer& L = p.layers[seg / 4];
     switch (seg % 4) {
       case 0:
-        return &L.qkv;
+        m = L.qkv;
+        break;
       case 1:
-        return &L.o;
+        m = L.o;
+        break;
       case 2:
         paired = true;
-        return &L.gate_up;
+        m = L.gate_up;
+        break;
       default:
-        return &L.down;
+        m = p.mlp_split ? down_transposed(L) : L.down;
     }
+    return true;
   }
-  return seg == 4 * p.num_layers ? &p.lm_head : nullptr;
+  if (seg != 4 * p.num_layers) return false;
+  m = p.lm_head;
+  return true;
 }
 
 __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ring, uint32_t& it) {
@@ -140,8 +157,9 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
 __device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t* key_bits) {
   uint32_t it = 0;
   bool paired = false;
-  for (int32_t seg = 0; const StackMatrix* m = phase_matrix(p, seg, paired); ++seg) {
-    produce_matrix(*m, paired, ring, it);
+  StackMatrix m;
+  for (int32_t seg = 0; phase_matrix(p, seg, m, paired); ++seg) {
+    produce_matrix(m, paired, ring, it);
     if (seg % 4 == 0 && seg < 4 * p.num_layers) produce_kv(p, p.layers[seg / 4], ring, it, key_bits);
   }
 }
@@ -190,15 +208,14 @@ struct RowEpilogue {
     if constexpr (kEmit == Emit::AddToResidual) resid = __ldcg(out + r);
   }
   // d0 (and d1, the up row's) are the raw dot products.
-  __device__ __forceinline__ void store(float* out, int64_t r, float d0, float d1) const {
+  __device__ __forceinline__ float value(float d0, float d1) const {
     const float a = d0 * scale0 + bias0;
-    if constexpr (kEmit == Emit::Store) {
-      __stcg(out + r, a);
-    } else if constexpr (kEmit == Emit::AddToResidual) {
-      __stcg(out + r, resid + a);
-    } else {
-      __stcg(out + r, silu(a) * (d1 * scale1 + bias1));
-    }
+    if constexpr (kEmit == Emit::Store) return a;
+    if constexpr (kEmit == Emit::AddToResidual) return resid + a;
+    return silu(a) * (d1 * scale1 + bias1);
+  }
+  __device__ __forceinline__ void store(float* out, int64_t r, float d0, float d1) const {
+    __stcg(out + r, value(d0, d1));
   }
 };
 
@@ -290,9 +307,10 @@ __device__ __forceinline__ float row_dot(const StackMatrix& m, const Geom& g, co
 // barrier counts the warps), so no warp runs more than a ring ahead of the slowest.
 // (Measured against a variant where each slot had its own warp group: 2x slower, since a group then
 // alternates between computing its one stage and waiting for that stage's refill.)
+// With `local` (mlp_split's activations) row r goes to local[r - r0] in shared memory instead of out.
 template <Emit kEmit, int kW>
 __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t& it, const __nv_bfloat16* xs,
-                               float* out, uint32_t skip) {
+                               float* out, uint32_t skip, float* local = nullptr) {
   constexpr bool kPaired = kEmit == Emit::SiluMul;
   const Geom g = stage_geometry(m, kPaired, ring.stage_bytes);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -317,7 +335,69 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
       if constexpr (kPaired) d1 = row_dot<kW>(m, g, base, 1, i, xs);
     }
     release_stage(ring, slot);
-    if (mine && lane == 0) epilogue.store(out, r, d0, d1);
+    if (mine && lane == 0) {
+      if (local != nullptr)
+        local[r - r0] = epilogue.value(d0, d1);
+      else
+        epilogue.store(out, r, d0, d1);
+    }
+  }
+}
+
+// mlp_split's down product: this CTA's rows [r0, r1) of the transposed down matrix (t, BF16 [inter,
+// hidden]) weighted by its activations `act` (shared memory, act[j] for row r0 + j), summed into a partial
+// output vector that is added to `out` with float atomics. Consumer thread c owns the 8 columns of each
+// 16-byte vector v = c + u kConsumers of a row (u < kSplitVecs: hidden <= kSplitVecs * 8 * kConsumers) and
+// keeps their sums in registers over every stage.
+constexpr int kSplitVecs = 4;
+__device__ void consume_down_split(const StackMatrix& t, const Ring& ring, uint32_t& it, const float* act,
+                                   float* out, uint32_t skip) {
+  const Geom g = stage_geometry(t, false, ring.stage_bytes);
+  const int rs = g.rows_per_stage;
+  const int32_t nv = t.k / 8;
+  int32_t r0, r1;
+  cta_rows(t.rows, r0, r1);
+  float acc[kSplitVecs][8];
+#pragma unroll
+  for (int u = 0; u < kSplitVecs; ++u)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+  for (int32_t row = r0; row < r1; row += rs, ++it) {
+    const int32_t n = min(rs, r1 - row);
+    const int32_t slot = static_cast<int32_t>(it % ring.stages);
+    mbar_wait(&ring.full[slot], (it / ring.stages) & 1);
+    if (!(skip & 1)) {
+      const uint8_t* base = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+      for (int i = 0; i < n; ++i) {
+        const float a = act[row - r0 + i];
+        const auto* w4 = reinterpret_cast<const uint4*>(base + stage_row(g, 0, i).w);
+#pragma unroll
+        for (int u = 0; u < kSplitVecs; ++u) {
+          const int32_t v = static_cast<int32_t>(threadIdx.x) + u * kConsumers;
+          if (v < nv) {
+            const uint4 wv = w4[v];
+            const uint32_t words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float2 w2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[e]));
+              acc[u][2 * e] = fmaf(a, w2.x, acc[u][2 * e]);
+              acc[u][2 * e + 1] = fmaf(a, w2.y, acc[u][2 * e + 1]);
+            }
+          }
+        }
+      }
+    }
+    release_stage(ring, slot);
+  }
+  if (r1 <= r0) return;  // no rows: nothing to add
+#pragma unroll
+  for (int u = 0; u < kSplitVecs; ++u) {
+    const int32_t v = static_cast<int32_t>(threadIdx.x) + u * kConsumers;
+    if (v < nv) {
+      auto* o = reinterpret_cast<float4*>(out + 8 * static_cast<int64_t>(v));
+      atomicAdd(o, make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]));
+      atomicAdd(o + 1, make_float4(acc[u][4], acc[u][5], acc[u][6], acc[u][7]));
+    }
   }
 }
 
@@ -375,14 +455,28 @@ template <Emit kEmit, int kW>
 __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const float* src, int32_t n,
                                            const float* norm, const StackMatrix& m, float* out,
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
-                                           float* scratch) {
+                                           float* scratch, float* local = nullptr) {
   // x as the product loop reads it: x_chunks for row_dot (of the instance's one format, a compile-time
   // constant: read from m in the INT4 instance it cost 24 bytes of spills).
   StackMatrix format;
   format.fp8 = kW == kStackFp8;
   format.int4 = kW == kStackInt4;
   load_input(src, n, norm, p.eps, xs, scratch, x_chunks(kW == kStackAnyFormat ? m : format));
-  consume_matrix<kEmit, kW>(m, ring, it, xs, out, p.skip);
+  consume_matrix<kEmit, kW>(m, ring, it, xs, out, p.skip, local);
+}
+
+// mlp_split: this CTA's share of `hidden` (cta_rows), which it zeroes in the buffer the layer's MLP will add
+// into and adds the residual (and down's bias) to.
+__device__ __forceinline__ void zero_share(float* v, int32_t hidden) {
+  int32_t h0, h1;
+  cta_rows(hidden, h0, h1);
+  for (int32_t i = h0 + static_cast<int32_t>(threadIdx.x); i < h1; i += kConsumers) __stcg(v + i, 0.0f);
+}
+__device__ __forceinline__ void add_share(const float* resid, const float* bias, float* out, int32_t hidden) {
+  int32_t h0, h1;
+  cta_rows(hidden, h0, h1);
+  for (int32_t i = h0 + static_cast<int32_t>(threadIdx.x); i < h1; i += kConsumers)
+    atomicAdd(out + i, __ldcg(resid + i) + (bias != nullptr ? bias[i] : 0.0f));
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
@@ -432,11 +526,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (!(p.skip & 2)) grid_barrier(counter, ++barriers * gridDim.x);
   };
   const int32_t qd = p.hq * p.hd, inter = p.layers[0].down.k;
+  // mlp_split takes BF16 down matrices only (the host checks): the FP8 / INT4 instances leave it out (its
+  // registers cost the FP8 instance 12 bytes of spills).
+  constexpr bool kSplits = kW == kStackBf16 || kW == kStackAnyFormat;
+  // The residual stream: x, or with mlp_split x and x_alt in turn (each layer's MLP adds into the other).
+  float* xr = p.x;
+  float* xt = p.x_alt;
+  // mlp_split's activations: after the gate/up input in the x buffer (decode_stack_mlp_split_fits).
+  auto* act_local = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(xs) + (p.hidden * 2 + 15) / 16 * 16);
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
     const int64_t e = static_cast<int64_t>(l) * kStackLayerEvents;
     stamp(e);
-    gemv_phase<Emit::Store, kW>(p, p.x, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch);
+    // xt's last readers were the previous layer's MLP phase, behind a grid barrier; this layer's MLP adds
+    // into it behind two more.
+    if (kSplits && p.mlp_split) zero_share(xt, p.hidden);
+    gemv_phase<Emit::Store, kW>(p, xr, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch);
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
@@ -448,21 +553,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 7);
     sync_grid();
     stamp(e + 8);
-    gemv_phase<Emit::AddToResidual, kW>(p, p.attn, qd, nullptr, L.o, p.x, ring, it, xs, scratch);
+    gemv_phase<Emit::AddToResidual, kW>(p, p.attn, qd, nullptr, L.o, xr, ring, it, xs, scratch);
     stamp(e + 9);
     sync_grid();
     stamp(e + 10);
-    gemv_phase<Emit::SiluMul, kW>(p, p.x, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
-    stamp(e + 11);
-    sync_grid();
-    stamp(e + 12);
-    gemv_phase<Emit::AddToResidual, kW>(p, p.act, inter, nullptr, L.down, p.x, ring, it, xs, scratch);
-    stamp(e + 13);
-    sync_grid();
+    if (kSplits && p.mlp_split) {
+      // gate/up into shared memory, then the down product of those activations added into xt with the
+      // residual: no barrier between them (kernels_decode_stack.h, mlp_split). The profile's gate/up ->
+      // down barrier reads as zero.
+      gemv_phase<Emit::SiluMul, kW>(p, xr, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch,
+                                    act_local);
+      stamp(e + 11);
+      consumer_sync();  // every warp's activations written
+      stamp(e + 12);
+      consume_down_split(down_transposed(L), ring, it, act_local, xt, p.skip);
+      add_share(xr, L.down.bias, xt, p.hidden);
+      stamp(e + 13);
+      sync_grid();
+      float* const swap = xr;
+      xr = xt;
+      xt = swap;
+    } else {
+      gemv_phase<Emit::SiluMul, kW>(p, xr, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
+      stamp(e + 11);
+      sync_grid();
+      stamp(e + 12);
+      gemv_phase<Emit::AddToResidual, kW>(p, p.act, inter, nullptr, L.down, xr, ring, it, xs, scratch);
+      stamp(e + 13);
+      sync_grid();
+    }
     stamp(e + 14);
   }
   stamp(events - 2);
-  gemv_phase<Emit::Store, kW>(p, p.x, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);
+  gemv_phase<Emit::Store, kW>(p, xr, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);
   stamp(events - 1);
 }
 
@@ -506,17 +629,51 @@ size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
   return stages * p.stage_bytes + x_bytes + kMiscBytes;
 }
 
+bool decode_stack_mlp_split_fits(const DecodeStackParams& p, int32_t inter, int grid) {
+  if (grid < 1 || p.hidden > kSplitVecs * 8 * kConsumers || p.hidden % 8 != 0) return false;
+  const int64_t rows = (static_cast<int64_t>(inter) + grid - 1) / grid;
+  return (static_cast<int64_t>(p.hidden) * 2 + 15) / 16 * 16 + rows * 4 <= p.x_bytes;
+}
+
+namespace {
+// 32 x 32 tiles through shared memory (a one-time copy per layer at the first batch-1 step).
+__global__ void transpose_bf16_kernel(const __nv_bfloat16* src, __nv_bfloat16* dst, int64_t rows,
+                                      int64_t cols) {
+  __shared__ __nv_bfloat16 tile[32][33];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * 32, r0 = static_cast<int64_t>(blockIdx.y) * 32;
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+}  // namespace
+
+cudaError_t transpose_bf16(const void* src, void* dst, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || (cols + 31) / 32 > INT32_MAX || (rows + 31) / 32 > 65535)
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+  transpose_bf16_kernel<<<grid, dim3(32, 8), 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
+                                                           static_cast<__nv_bfloat16*>(dst), rows, cols);
+  return cudaGetLastError();
+}
+
 size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
   // Each buffer on a 256-byte boundary: q/k/v, the attention output, the MLP activation, the split
-  // partials, then the control words.
+  // partials, mlp_split's second residual buffer, then the control words.
   auto up = [](size_t floats) { return (floats + 63) / 64 * 64; };
   const size_t sizes[] = {up(static_cast<size_t>(p.hq + 2 * p.hkv) * p.hd),
                           up(static_cast<size_t>(p.hq) * p.hd), up(static_cast<size_t>(inter)),
-                          up(static_cast<size_t>(p.hq) * p.splits * (p.hd + 2))};
+                          up(static_cast<size_t>(p.hq) * p.splits * (p.hd + 2)),
+                          up(static_cast<size_t>(p.hidden))};
   float* f = static_cast<float*>(base);
-  float** const buffers[] = {&p.qkv, &p.attn, &p.act, &p.partials};
+  float** const buffers[] = {&p.qkv, &p.attn, &p.act, &p.partials, &p.x_alt};
   size_t at = 0;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     if (f != nullptr) *buffers[i] = f + at;
     at += sizes[i];
   }

@@ -4,12 +4,12 @@
 // (+ residual), then the final norm and the vocabulary projection, for one token of one sequence.
 //
 // Why: at batch 1 each kernel boundary costs its ramp-up and drain (~3-5 us with PDL, ~260 boundaries per
-// 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Status: correct (tests
-// against the per-op kernels) but not faster: 8B bf16 4.58 ms (78.0% of the roofline) against the per-op
-// path's 4.57 in the same call, FP8 18% slower, and the per-op path has since reached 80-81% (GEMV v4's
-// shared-memory prefetch); so off by default (CudaBackendOptions::decode_stack, INFERX_DECODE_STACK=1).
-// The weight stream alone reaches the copy rate and the matrix phases 90-100% of it; the 5 grid barriers
-// per layer (~22 us, half of it arrival spread) and the attention (~12 us) are what lose (benchmarks.md,
+// 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Status: the BF16 default
+// at batch 1 (CudaBackendOptions::decode_stack): 8B bf16 on H100s 5.705 / 5.717 ms against the per-op
+// kernels' 5.811 / 5.812 (87.3% of the roofline, 2026-12-06), FP8 and INT4 slower (their per-op GEMVs
+// decode more cheaply). The weight stream alone reaches the copy rate (93.9% of the roofline without grid
+// barriers); the 5 grid barriers per layer (~22 us: their atomics and polls wait behind the SM's streamed
+// bytes, not for late CTAs) and the attention (~5 us) are what lose (benchmarks.md,
 // 2026-12-03 17:10-18:10 and 20:52). Here one
 // CTA per SM stays resident for the whole step; one producer warp per CTA streams the CTA's share of every
 // weight matrix, in the order they are used, through a ring of shared-memory stages (cp.async.bulk +
@@ -36,6 +36,9 @@ struct StackLayer {
   const float* ffn_norm = nullptr;
   void* k_cache = nullptr;  // [num_blocks, block_size, hkv, hd]
   void* v_cache = nullptr;
+  // DecodeStackParams::mlp_split: BF16 down weights transposed, [intermediate, hidden] (row j: the weights
+  // that activation j multiplies), so a CTA's down product reads rows of the activations it computed.
+  const void* down_t = nullptr;
 };
 
 // The weight format of every matrix of a stack (the kernel has an instance per format; kStackAnyFormat
@@ -85,6 +88,15 @@ struct DecodeStackParams {
   // Timing ablation only (INFERX_DECODE_STACK_SKIP, wrong results): 1 skips the dot products, 2 the grid
   // barriers, 4 the attention.
   uint32_t skip = 0;
+  // 1: the MLP as one phase (BF16 down only, layers[].down_t set): each CTA multiplies the activations it
+  // computed (its gate/up rows, kept in shared memory) by the same rows of the transposed down matrix and
+  // adds the partial output vector into the next residual buffer with float atomics, so the grid barrier
+  // between gate/up and down (the costliest of the five, ~6.9 us per layer on an H100) and the activation's
+  // round trip through L2 go. The residual then alternates between x and x_alt (each layer's MLP adds into
+  // the other, zeroed during that layer's qkv phase). The atomics make the sums' order, hence the last bits,
+  // vary between runs.
+  uint8_t mlp_split = 0;
+  float* x_alt = nullptr;  // [hidden], mlp_split's second residual buffer (scratch)
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;
@@ -99,6 +111,12 @@ constexpr int kStackLayerEvents = 15;
 constexpr int64_t decode_stack_profile_events(int32_t num_layers) {
   return static_cast<int64_t>(num_layers) * kStackLayerEvents + 2;
 }
+
+// mlp_split's shared memory beyond the gate/up input: the CTA's activations, ceil(inter / grid) floats after
+// the BF16 input in the x buffer. Whether they fit p.x_bytes (decode_stack_prepare first).
+bool decode_stack_mlp_split_fits(const DecodeStackParams& p, int32_t inter, int grid);
+// dst [cols, rows] = src [rows, cols] transposed (BF16), for DecodeStackLayer's down_t.
+cudaError_t transpose_bf16(const void* src, void* dst, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // Whether the stack's shapes fit the kernel (the host also checks formats and alignment): every k a
 // multiple of 16, hd 64 or 128, hq a multiple of hkv with at most 8 query heads per KV head, a hidden size
