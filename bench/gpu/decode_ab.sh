@@ -13,6 +13,7 @@ if [[ "${SKIP_ENGINE_TESTS:-0}" != 1 ]]; then  # callers that ran the engine tes
   echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)|graph steps checked' "$OUT/engine_tests.log" | tr '\n' ' ')"
 fi
 VARIANTS="${VARIANTS:-pdl: nopdl:INFERX_PDL=0 down-gemv:INFERX_GEMV_LONG_K=gemv}"
+# INPUT_LEN (default 1000) / MAX_LEN (2048): the context the decode steps run at.
 QUANTS="${QUANTS:-bf16 fp8 int4}"
 for q in $QUANTS; do
   qa=()
@@ -25,10 +26,11 @@ for q in $QUANTS; do
     bin=inferx  # BIN=NAME among a variant's settings: another binary staged in $C (e.g. an older build)
     for e in "${kv[@]}"; do [[ "$e" == BIN=* ]] && bin=${e#BIN=}; done
     env "${kv[@]}" timeout 120 "$C/$bin" bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
-      --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 256 --max-model-len 2048 --no-progress \
+      --max-batch-size 1 --num-prompts 1 --input-len "${INPUT_LEN:-1000}" --output-len 256 \
+      --max-model-len "${MAX_LEN:-2048}" --no-progress \
       --roofline --json >"$OUT/ab_${tag}_$name.json" 2>"$OUT/ab_${tag}_$name.err"
     rc=$?
-    echo "decode b1 1k $q $name: rc=$rc $(python3 -c "
+    echo "decode b1 ctx${INPUT_LEN:-1000} $q $name: rc=$rc $(python3 -c "
 import json; j=json.load(open('$OUT/ab_${tag}_$name.json')); t=j['tpot_ms']; r=j.get('roofline', {})
 print(f\"TPOT p50 {t['p50']:.3f} ms = {1000/t['p50']:.1f} tok/s\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}% of {r['batch1_roofline_tok_s']:.1f} ({r['weight_bytes_per_token']/1e9:.3f} GB at {r['bandwidth_gbs']:.0f} GB/s)\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
   done

@@ -60,6 +60,7 @@ Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& f
   auto& cuda = static_cast<CudaBackend&>(model.backend());
   cuda.set_decode_stack(stack, c.inflight, c.generic);  // off by default (cuda_backend.h)
   cuda.set_decode_stack_mlp_split(stack && c.mlp_split);
+  cuda.set_decode_stack_max_context(1 << 30);  // every context here (the default stops at 2048 tokens)
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -164,6 +165,34 @@ TEST(CudaDecodeStackBf16, TakesBf16WeightsOnly) {
     else
       EXPECT_GT(cuda.decode_stack_launches(), 0);
   }
+}
+
+// By default the kernel takes only sequences whose block tables hold at most 2048 tokens
+// (CudaBackendOptions::decode_stack_max_context): the same model decodes per-op in a longer runner.
+TEST(CudaDecodeStackBf16, LeavesLongContextsToThePerOpKernels) {
+  INFERX_SKIP_WITHOUT_GPU();
+  for (const int capacity : {64, 2048, 2049, 4000}) {
+    auto backend = make_cuda_backend(0, CudaBackendOptions{});
+    auto& cuda = static_cast<CudaBackend&>(*backend);
+    auto model = Model::load("dummy:tiny", *backend);
+    SequenceRunner runner(*model, capacity);
+    std::vector<float> logits = runner.step(prompt_tokens(20, 256));
+    for (int s = 0; s < 3; ++s) logits = runner.step({argmax(logits)});
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+    if (capacity <= 2048)
+      EXPECT_GT(cuda.decode_stack_launches(), 0) << capacity;
+    else
+      EXPECT_EQ(cuda.decode_stack_launches(), 0) << capacity;
+  }
+}
+
+// INFERX_DECODE_STACK_MAX_CONTEXT sets that bound. (Reads the environment only: runs without a GPU.)
+TEST(CudaDecodeStackOptions, EnvironmentSetsTheContextBound) {
+  EXPECT_EQ(CudaBackendOptions{}.decode_stack_max_context, 2048);
+  setenv("INFERX_DECODE_STACK_MAX_CONTEXT", "8192", 1);
+  EXPECT_EQ(cuda_options_from_environment().decode_stack_max_context, 8192);
+  unsetenv("INFERX_DECODE_STACK_MAX_CONTEXT");
+  EXPECT_EQ(cuda_options_from_environment().decode_stack_max_context, 2048);
 }
 
 // INFERX_DECODE_STACK: 0 off, 1 every weight format, bf16 BF16 weights only; unset: the options' defaults.

@@ -92,6 +92,12 @@ struct CudaBackendOptions {
   // several ring stages, cuda_decode_stack_test.cpp's "ctx" cases) passed (H100 2026-12-06 07:40); not yet
   // timed on an H200 one stage ahead (no H200 was lent that day).
   DecodeStackMode decode_stack = DecodeStackMode::Bf16;
+  // ... and only for sequences that can hold at most this many tokens (the step's block-table capacity,
+  // max_blocks_per_seq x block size: the engine's --max-model-len; an upper bound for every replay of a
+  // recorded step). Its attention streams each split's keys through the ring one bulk copy per key, which
+  // grows faster with the context than the per-op attention: 8B bf16 on an H100 (2026-12-06, same call),
+  // stack against per-op +3.0% at 100 tokens, +1.1% at 1k, -4.8% at 4k (+0.6% at 1.9k on 12-06 earlier).
+  int decode_stack_max_context = 2048;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid
   // barriers, 4 no attention arithmetic; wrong results, never for serving); how many eager steps print a
   // per-phase profile on stderr.
@@ -111,8 +117,13 @@ struct CudaBackendOptions {
   unsigned decode_stack_skip = 0;
   int decode_stack_profiles = 0;
   // The MLP as one phase of the persistent kernel where every down matrix is BF16 (DecodeStackParams::
-  // mlp_split: a transposed copy of each down matrix, hidden x intermediate x 2 bytes per layer, made at the
-  // first batch-1 step; float atomics, so the last bits vary between runs). Opt-in while measured.
+  // mlp_split: a transposed copy of each down matrix, hidden x intermediate x 2 bytes per layer - 3.7 GB for
+  // the 8B shape - made at the first batch-1 step if a margin stays free). Measured (8B bf16, 1k context,
+  // five H100 calls on three nodes, 2026-12-06): 1.7-2.2% faster than the stack without it, 0.4-2.7% faster
+  // than per-op. Opt-in because its float atomics make a step's last bits depend on their order: greedy
+  // text may differ between runs, and CudaEngine.GraphReplayEqualsEagerAtBatchOne (bit-equal replay) fails
+  // with it on. An order-free version (int64 fixed-point atomics, 4x the atomic operations) passed every
+  // test but ran 2.5% slower than the stack without the split (docs/benchmarks.md, 2026-12-06 07:50).
   bool decode_stack_mlp_split = false;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
@@ -127,7 +138,7 @@ inline constexpr unsigned kTimingSkipNorm = 1, kTimingSkipRope = 2, kTimingSkipA
 // INFERX_DECODE_STACK=0|1|bf16 (off | on for every weight format | on for BF16 weights only),
 // INFERX_DECODE_STACK_STAGE_KB=8..64, INFERX_DECODE_STACK_INFLIGHT=0..12,
 // INFERX_DECODE_STACK_BACKOFF_NS=0..10000, INFERX_DECODE_STACK_GENERIC=0|1, INFERX_DECODE_STACK_SKIP=0..7,
-// INFERX_DECODE_STACK_MLP_SPLIT=0|1,
+// INFERX_DECODE_STACK_MLP_SPLIT=0|1, INFERX_DECODE_STACK_MAX_CONTEXT=N,
 // INFERX_DECODE_STACK_PROFILE=N, INFERX_DEFER_SPLIT_ROWS=N, INFERX_TIMING_SKIP=norm,rope,attention,
 // INFERX_GEMM_CACHE=DIR|off (the GEMM tuning cache's folder; `gemm_cache_default` when unset).
 CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_default = "");
@@ -204,6 +215,7 @@ class CudaBackend final : public Backend {
     options_.decode_stack_generic = generic;
   }
   void set_decode_stack_mlp_split(bool on) { options_.decode_stack_mlp_split = on; }
+  void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
   int64_t decode_stack_split_launches() const { return decode_stack_split_launches_; }  // with mlp_split
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.

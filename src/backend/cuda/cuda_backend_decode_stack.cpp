@@ -118,6 +118,23 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
     const cuda::StackMatrix& down = p.layers[i].down;
     if (down.fp8 || down.int4 || down.scale != nullptr) return false;  // BF16 only
   }
+  if (decode_stack_down_t_.empty()) {
+    // The copies come out of what the KV cache left (the engine sized it before this first batch-1 step):
+    // take them only if a margin (5% of the device, at least 1 GiB) stays free for later workspaces.
+    const size_t copies = static_cast<size_t>(p.num_layers) * static_cast<size_t>(p.hidden) *
+                          static_cast<size_t>(inter) * 2;
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const size_t margin = std::max<size_t>(size_t{1} << 30, total_bytes / 20);
+    if (free_bytes < copies + margin) {
+      std::fprintf(stderr,
+                   "inferx cuda: the MLP split's transposed down matrices (%zu MiB) would leave less than %zu "
+                   "MiB free (%zu MiB now); batch-1 steps keep the two MLP phases\n",
+                   copies >> 20, margin >> 20, free_bytes >> 20);
+      decode_stack_down_t_failed_ = true;
+      return false;
+    }
+  }
   for (int32_t i = 0; i < p.num_layers; ++i) {
     const Tensor& w = s.layers[static_cast<size_t>(i)].down->weight;  // [hidden, inter]
     auto found = decode_stack_down_t_.find(w.data);
@@ -197,6 +214,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   const KvCacheLayer* first = s.layers[0].cache;
   if (first == nullptr || first->k.ndim != 4) return false;
   const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);
+  if (static_cast<int64_t>(batch.max_blocks_per_seq) * block_size > options_.decode_stack_max_context)
+    return false;  // longer contexts run faster per-op (options_.decode_stack_max_context)
   int64_t fp8_matrices = 0, int4_matrices = 0;  // the kernel instance: every matrix one format, or mixed
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const DecodeStackLayer& l = s.layers[i];
