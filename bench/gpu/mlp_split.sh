@@ -21,5 +21,5 @@ fi
 M="INFERX_DECODE_STACK_MLP_SPLIT=1"
 SKIP_TESTS=1 SKIP_ENGINE=1 QUANTS="${QUANTS:-bf16}" MODES="${MODES:-per-op:INFERX_DECODE_STACK=0 stack:INFERX_DECODE_STACK=1
   split:$M per-op2:INFERX_DECODE_STACK=0 stack2:INFERX_DECODE_STACK=1 split2:$M
-  splitprof:$M,INFERX_DECODE_STACK_PROFILE=1 splitskip2:$M,INFERX_DECODE_STACK_SKIP=2}" \
+  splitprof:$M,INFERX_DECODE_STACK_PROFILE=1,INFERX_WARMUP=0 splitskip2:$M,INFERX_DECODE_STACK_SKIP=2}" \
   bash "$(dirname "$0")/decode_stack.sh" 2>&1 | grep -E "^llama|profile|mlp_split|rror"

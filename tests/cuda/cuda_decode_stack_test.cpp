@@ -34,9 +34,9 @@ struct Case {
   int64_t window = 0;  // Model::set_sliding_window when > 0
   int prompt = 300;    // tokens before the decode steps (crosses 16-token blocks and attention splits)
   int steps = 12;
-  int inflight = 1;      // the producer's in-flight stage limit (CudaBackendOptions::decode_stack_inflight,
-                         // 1 by default; 0: the ring's depth)
-  bool generic = false;  // the kernel's generic instance instead of the one for the model's weight format
+  int inflight = 1;        // the producer's in-flight stage limit (CudaBackendOptions::decode_stack_inflight,
+                           // 1 by default; 0: the ring's depth)
+  bool generic = false;    // the kernel's generic instance instead of the one for the model's weight format
   bool mlp_split = false;  // CudaBackendOptions::decode_stack_mlp_split (taken where every down is BF16)
 };
 
@@ -255,8 +255,7 @@ INSTANTIATE_TEST_SUITE_P(
         // long contexts: a split's keys over several ring stages (16 splits per KV head on 132 SMs; 64
         // BF16 keys of head size 128 per 32 KB stage, 128 of head size 64 or FP8: ~3 and ~2 stages)
         Case{"llama-3-8b", "", DType::BF16, 0, 3000, 4}, Case{"llama-3-8b", "", DType::F8_E4M3, 0, 3000, 4},
-        Case{"llama-3.2-1b", "", DType::BF16, 0, 4100, 4},
-        Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4},
+        Case{"llama-3.2-1b", "", DType::BF16, 0, 4100, 4}, Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4},
         // the MLP as one phase (mlp_split): hd 64 and 128, biases elsewhere, tied, long contexts, a window,
         // the generic instance, and an FP8 model, which keeps its two MLP phases
         Case{"tiny", "", DType::BF16, 0, 300, 12, 1, false, true},

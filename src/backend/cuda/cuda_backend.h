@@ -115,6 +115,10 @@ struct CudaBackendOptions {
   // model's format (A/B: 259 against 171-179 KB of code, kernels_decode_stack.cu).
   bool decode_stack_generic = false;
   unsigned decode_stack_skip = 0;
+  // Only eager steps are profiled, and the engine's startup warm-up runs the batch-1 step eagerly (at a
+  // context of one token) before recording it: profile real contexts with INFERX_WARMUP=0. (Profiles from
+  // 12-05 14:30 to 12-06 07:30 in docs/benchmarks.md were of that warm-up step: their attention figures,
+  // ~5 us per layer, were ~10.5 us at 1k context and ~29 us at 4k.)
   int decode_stack_profiles = 0;
   // The MLP as one phase of the persistent kernel where every down matrix is BF16 (DecodeStackParams::
   // mlp_split: a transposed copy of each down matrix, hidden x intermediate x 2 bytes per layer - 3.7 GB for
@@ -216,7 +220,7 @@ class CudaBackend final : public Backend {
   }
   void set_decode_stack_mlp_split(bool on) { options_.decode_stack_mlp_split = on; }
   void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
-  int64_t decode_stack_launches() const { return decode_stack_launches_; }  // eager and captured
+  int64_t decode_stack_launches() const { return decode_stack_launches_; }              // eager and captured
   int64_t decode_stack_split_launches() const { return decode_stack_split_launches_; }  // with mlp_split
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.
   const char* decode_stack_instance() const { return decode_stack_instance_; }

@@ -111,7 +111,8 @@ void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_
 
 }  // namespace
 
-bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParams& p, int64_t inter, int grid) {
+bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParams& p, int64_t inter,
+                                    int grid) {
   if (decode_stack_down_t_failed_ || !cuda::decode_stack_mlp_split_fits(p, static_cast<int32_t>(inter), grid))
     return false;
   for (int32_t i = 0; i < p.num_layers; ++i) {
@@ -121,16 +122,17 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
   if (decode_stack_down_t_.empty()) {
     // The copies come out of what the KV cache left (the engine sized it before this first batch-1 step):
     // take them only if a margin (5% of the device, at least 1 GiB) stays free for later workspaces.
-    const size_t copies = static_cast<size_t>(p.num_layers) * static_cast<size_t>(p.hidden) *
-                          static_cast<size_t>(inter) * 2;
+    const size_t copies =
+        static_cast<size_t>(p.num_layers) * static_cast<size_t>(p.hidden) * static_cast<size_t>(inter) * 2;
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const size_t margin = std::max<size_t>(size_t{1} << 30, total_bytes / 20);
     if (free_bytes < copies + margin) {
-      std::fprintf(stderr,
-                   "inferx cuda: the MLP split's transposed down matrices (%zu MiB) would leave less than %zu "
-                   "MiB free (%zu MiB now); batch-1 steps keep the two MLP phases\n",
-                   copies >> 20, margin >> 20, free_bytes >> 20);
+      std::fprintf(
+          stderr,
+          "inferx cuda: the MLP split's transposed down matrices (%zu MiB) would leave less than %zu "
+          "MiB free (%zu MiB now); batch-1 steps keep the two MLP phases\n",
+          copies >> 20, margin >> 20, free_bytes >> 20);
       decode_stack_down_t_failed_ = true;
       return false;
     }

@@ -454,8 +454,8 @@ __device__ void load_input(const float* src, int32_t n, const float* norm, float
 template <Emit kEmit, int kW>
 __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const float* src, int32_t n,
                                            const float* norm, const StackMatrix& m, float* out,
-                                           const Ring& ring, uint32_t& it, __nv_bfloat16* xs,
-                                           float* scratch, float* local = nullptr) {
+                                           const Ring& ring, uint32_t& it, __nv_bfloat16* xs, float* scratch,
+                                           float* local = nullptr) {
   // x as the product loop reads it: x_chunks for row_dot (of the instance's one format, a compile-time
   // constant: read from m in the INT4 instance it cost 24 bytes of spills).
   StackMatrix format;
@@ -658,7 +658,7 @@ cudaError_t transpose_bf16(const void* src, void* dst, int64_t rows, int64_t col
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
   transpose_bf16_kernel<<<grid, dim3(32, 8), 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
-                                                           static_cast<__nv_bfloat16*>(dst), rows, cols);
+                                                          static_cast<__nv_bfloat16*>(dst), rows, cols);
   return cudaGetLastError();
 }
 
