@@ -13,8 +13,9 @@
 #    (INFERX_DECODE_STACK_MLP_SPLIT=1, opt-in: +1.5..2.9% over per-op on H100s)?
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
-# Next kernel work the 12-06 profiles point at: the stack's attention key walk (84 ns per key of a split:
-# 4.7 us per layer at 1k, 21 us at 4k) - what keeps the stack behind per-op past ~2k tokens.
+# Next kernel work the 12-06 profiles point at: the stack's key/value delivery (256-byte bulk copies, ~29 ns
+# each: 4.7 us per layer at 1k, 14.9-21 us at 4k, with or without the attention arithmetic) - what keeps the
+# stack behind per-op past ~2k tokens. Try the idle consumer warps loading keys and values from global memory.
 # STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~2 min), then "1 2" (~3 min), then 4 (~5 min).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"

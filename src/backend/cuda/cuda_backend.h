@@ -94,8 +94,9 @@ struct CudaBackendOptions {
   DecodeStackMode decode_stack = DecodeStackMode::Bf16;
   // ... and only for sequences that can hold at most this many tokens (the step's block-table capacity,
   // max_blocks_per_seq x block size: the engine's --max-model-len; an upper bound for every replay of a
-  // recorded step). Its attention streams each split's keys through the ring one bulk copy per key, which
-  // grows faster with the context than the per-op attention: 8B bf16 on an H100 (2026-12-06, same call),
+  // recorded step). Its attention streams each split's keys through the ring one 256-byte bulk copy per key
+  // and value (~29 ns each, the phase's cost with or without its arithmetic), which grows faster with the
+  // context than the per-op attention: 8B bf16 on an H100 (2026-12-06, same call),
   // stack against per-op +3.0% at 100 tokens, +1.1% at 1k, -4.8% at 4k (+0.6% at 1.9k on 12-06 earlier).
   int decode_stack_max_context = 2048;
   // Its A/B and diagnosis switches: ring stage size in KB (8..64); timing ablation (1 no products, 2 no grid

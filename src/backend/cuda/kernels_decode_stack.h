@@ -9,8 +9,8 @@
 // kernels' 5.811 / 5.812 (87.3% of the roofline, 2026-12-06), FP8 and INT4 slower (their per-op GEMVs
 // decode more cheaply). The weight stream alone reaches the copy rate (93.9% of the roofline without grid
 // barriers); the 5 grid barriers per layer (~22 us: their atomics and polls wait behind the SM's streamed
-// bytes, not for late CTAs) and the attention (~10.5 us at 1k context, ~29 at 4k: its key walk, ~84 ns
-// per key of a split) are what lose (benchmarks.md,
+// bytes, not for late CTAs) and the attention (~10.5 us at 1k context, ~29 at 4k: mostly the keys'
+// and values' delivery, one 256-byte bulk copy each, ~29 ns per copy) are what lose (benchmarks.md,
 // 2026-12-03 17:10-18:10 and 20:52). Here one
 // CTA per SM stays resident for the whole step; one producer warp per CTA streams the CTA's share of every
 // weight matrix, in the order they are used, through a ring of shared-memory stages (cp.async.bulk +
