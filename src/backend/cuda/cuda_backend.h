@@ -85,12 +85,12 @@ struct CudaBackendOptions {
   bool narrow_mixed_steps = true;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow: for every weight format (All), or
-  // only where every matrix is BF16 (Bf16). Measured against the per-op kernels
-  // (H100s, 2026-12-06, 8B, one stage in flight): BF16 at 1k context +1.3%, level, +2.0%, +1.7%, -0.3%,
-  // +1.8% on six nodes, +1.9-4.4% at 100 tokens, +0.6% at 1.9k; FP8 1-15% and INT4 28% slower, 70B FP8 7%
-  // slower (docs/benchmarks.md). Hence BF16 by default, since its long-context cases (a split's keys over
-  // several ring stages, cuda_decode_stack_test.cpp's "ctx" cases) passed (H100 2026-12-06 07:40); not yet
-  // timed on an H200 one stage ahead (no H200 was lent that day).
+  // only where every matrix is BF16 (Bf16). Measured against the per-op kernels, 8B bf16, one stage in
+  // flight (H100s, 12-06, docs/benchmarks.md): at 1k context -1.1..+1.8% over ten calls on at least three
+  // nodes (+0.4% on average; six ahead, four behind), +3.0-4.4% at 100 tokens, +0.6% at 1.9k, -4.8% at 4k;
+  // FP8 1-15% and INT4 28% slower, 70B FP8 7% slower. So BF16 only, and only short contexts (below); its
+  // long-context test cases (a split's keys over several ring stages) pass. Not timed on an H200 one stage
+  // ahead (none was lent on 12-06).
   DecodeStackMode decode_stack = DecodeStackMode::Bf16;
   // ... and only for sequences that can hold at most this many tokens (the step's block-table capacity,
   // max_blocks_per_seq x block size: the engine's --max-model-len; an upper bound for every replay of a
@@ -124,8 +124,8 @@ struct CudaBackendOptions {
   // The MLP as one phase of the persistent kernel where every down matrix is BF16 (DecodeStackParams::
   // mlp_split: a transposed copy of each down matrix, hidden x intermediate x 2 bytes per layer - 3.7 GB for
   // the 8B shape - made at the first batch-1 step if a margin stays free). Measured (8B bf16, 1k context,
-  // five H100 calls on three nodes, 2026-12-06): 1.7-2.2% faster than the stack without it, 0.4-2.7% faster
-  // than per-op. Opt-in because its float atomics make a step's last bits depend on their order: greedy
+  // seven H100 calls, 2026-12-06): 1.6-2.2% faster than the stack without it, 0.5-2.9% faster than
+  // per-op. Opt-in because its float atomics make a step's last bits depend on their order: greedy
   // text may differ between runs, and CudaEngine.GraphReplayEqualsEagerAtBatchOne (bit-equal replay) fails
   // with it on. An order-free version (int64 fixed-point atomics, 4x the atomic operations) passed every
   // test but ran 2.5% slower than the stack without the split (docs/benchmarks.md, 2026-12-06 07:50).

@@ -70,6 +70,14 @@ bool stack_matrix(const Linear* l, int64_t rows, int64_t k, bool paired, int32_t
   return cuda::decode_stack_matrix_fits(m, paired, stage_bytes);
 }
 
+// Whether every matrix of the stack holds BF16 weights (DecodeStackMode::Bf16).
+bool all_bf16(const DecodeStack& s) {
+  auto bf16 = [](const Linear* l) { return l != nullptr && l->weight.dtype == DType::BF16; };
+  for (const DecodeStackLayer& l : s.layers)
+    if (!bf16(l.qkv) || !bf16(l.o) || !bf16(l.gate_up) || !bf16(l.down)) return false;
+  return bf16(s.lm_head);
+}
+
 // Mean over CTAs and layers of each interval between phase boundaries, and how far the CTAs' arrivals at
 // each barrier spread (the slowest minus the fastest finisher of the phase before it), in microseconds.
 void print_decode_stack_profile(const std::vector<uint64_t>& t, int grid, int32_t layers) {
@@ -117,7 +125,7 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
     return false;
   for (int32_t i = 0; i < p.num_layers; ++i) {
     const cuda::StackMatrix& down = p.layers[i].down;
-    if (down.fp8 || down.int4 || down.scale != nullptr) return false;  // BF16 only
+    if (down.fp8 || down.int4) return false;  // BF16 only
   }
   if (decode_stack_down_t_.empty()) {
     // The copies come out of what the KV cache left (the engine sized it before this first batch-1 step):
@@ -156,11 +164,8 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
       found = decode_stack_down_t_.emplace(w.data, std::move(copy)).first;
     }
     p.layers[i].down_t = found->second->data();
-    cuda::StackMatrix t;  // the kernel's view (kernels_decode_stack.cu down_transposed)
-    t.data = p.layers[i].down_t;
-    t.rows = static_cast<int32_t>(inter);
-    t.k = p.hidden;
-    if (!cuda::decode_stack_matrix_fits(t, false, p.stage_bytes)) return false;
+    if (!cuda::decode_stack_matrix_fits(cuda::down_transposed(p.layers[i]), false, p.stage_bytes))
+      return false;
   }
   return true;
 }
@@ -186,6 +191,14 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
                                     static_cast<int32_t>(hq), static_cast<int32_t>(hkv),
                                     static_cast<int32_t>(hd)))
     return false;
+  // The cheap refusals first: with the BF16 default every eager batch-1 step of a longer-context or
+  // quantized model comes through here and leaves.
+  const KvCacheLayer* first = s.layers[0].cache;
+  if (first == nullptr || first->k.ndim != 4) return false;
+  const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);
+  if (static_cast<int64_t>(batch.max_blocks_per_seq) * block_size > options_.decode_stack_max_context)
+    return false;  // longer contexts run faster per-op (options_.decode_stack_max_context)
+  if (options_.decode_stack == DecodeStackMode::Bf16 && !all_bf16(s)) return false;
 
   if (!decode_stack_params_) decode_stack_params_ = std::make_unique<cuda::DecodeStackParams>();
   cuda::DecodeStackParams& p = *decode_stack_params_;
@@ -213,11 +226,6 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   p.backoff_ns = static_cast<uint32_t>(options_.decode_stack_backoff_ns);
   const int32_t stage = p.stage_bytes;
   const int64_t qkv_rows = (hq + 2 * hkv) * hd;
-  const KvCacheLayer* first = s.layers[0].cache;
-  if (first == nullptr || first->k.ndim != 4) return false;
-  const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);
-  if (static_cast<int64_t>(batch.max_blocks_per_seq) * block_size > options_.decode_stack_max_context)
-    return false;  // longer contexts run faster per-op (options_.decode_stack_max_context)
   int64_t fp8_matrices = 0, int4_matrices = 0;  // the kernel instance: every matrix one format, or mixed
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const DecodeStackLayer& l = s.layers[i];
@@ -250,7 +258,6 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   // for, options_.decode_stack_generic).
   fp8_matrices += p.lm_head.fp8;
   int4_matrices += p.lm_head.int4;
-  if (options_.decode_stack == DecodeStackMode::Bf16 && fp8_matrices + int4_matrices > 0) return false;
   const int64_t matrices = 4 * static_cast<int64_t>(s.layers.size()) + 1;
   p.format = options_.decode_stack_generic             ? cuda::kStackAnyFormat
              : fp8_matrices == 0 && int4_matrices == 0 ? cuda::kStackBf16

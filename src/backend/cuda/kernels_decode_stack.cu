@@ -28,16 +28,6 @@ namespace {
 
 using namespace stack;  // the kernel's plumbing (decode_stack_ring.cuh, decode_stack_attention.cuh)
 
-// mlp_split's view of a layer's down matrix: BF16 [intermediate, hidden], row j the weights of activation j
-// (the host checks that down is BF16; its bias is added with the residual).
-__device__ __forceinline__ StackMatrix down_transposed(const StackLayer& L) {
-  StackMatrix t;
-  t.data = L.down_t;
-  t.rows = L.down.k;
-  t.k = L.down.rows;
-  return t;
-}
-
 // ---- producer -------------------------------------------------------------------------------------------
 // Stage `it` may be issued once the consumers have released its slot and, with ring.inflight set, once
 // stage it - inflight has landed. Every lane of the producer warp waits (so none runs a ring round ahead).

@@ -5,17 +5,17 @@
 //
 // Why: at batch 1 each kernel boundary costs its ramp-up and drain (~3-5 us with PDL, ~260 boundaries per
 // 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Status: the BF16 default
-// at batch 1 (CudaBackendOptions::decode_stack): 8B bf16 on H100s 5.705 / 5.717 ms against the per-op
-// kernels' 5.811 / 5.812 (87.3% of the roofline, 2026-12-06), FP8 and INT4 slower (their per-op GEMVs
-// decode more cheaply). The weight stream alone reaches the copy rate (93.9% of the roofline without grid
-// barriers); the 5 grid barriers per layer (~22 us: their atomics and polls wait behind the SM's streamed
-// bytes, not for late CTAs) and the attention (~10.5 us at 1k context, ~29 at 4k: mostly the keys'
-// and values' delivery, one 256-byte bulk copy each, ~29 ns per copy) are what lose (benchmarks.md,
-// 2026-12-03 17:10-18:10 and 20:52). Here one
-// CTA per SM stays resident for the whole step; one producer warp per CTA streams the CTA's share of every
-// weight matrix, in the order they are used, through a ring of shared-memory stages (cp.async.bulk +
-// mbarriers), never waiting for the data dependencies; the consumer warps wait at grid-wide barriers between
-// the phases. The weight stream therefore keeps running across the barriers, the attention and the norms.
+// at batch 1 for contexts up to 2048 tokens (CudaBackendOptions::decode_stack): 8B bf16 at 1k context on
+// H100s 86.0-87.3% of the roofline on most nodes, -1.1..+1.8% against the per-op kernels in the same calls
+// (2026-12-06), FP8 and INT4 slower (their per-op GEMVs decode more cheaply). The weight stream alone reaches
+// the copy rate (93.9% of the roofline without grid barriers); the 5 grid barriers per layer (~22 us: their
+// atomics and polls wait behind the SM's streamed bytes, not for late CTAs) and the attention (~10.5 us at 1k
+// context, ~29 at 4k: mostly the keys' and values' delivery, one 256-byte bulk copy each, ~29 ns per copy)
+// are what lose (benchmarks.md, 2026-12-03 17:10-18:10 and 20:52). Here one CTA per SM stays resident for the
+// whole step; one producer warp per CTA streams the CTA's share of every weight matrix, in the order they are
+// used, through a ring of shared-memory stages (cp.async.bulk + mbarriers), never waiting for the data
+// dependencies; the consumer warps wait at grid-wide barriers between the phases. The weight stream therefore
+// keeps running across the barriers, the attention and the norms.
 //
 // Weights: BF16, F8_E4M3 with a per-tensor or per-channel scale, or INT4 with F16 group scales (groups of
 // 32 / 64 / 128, symmetric or with zero points) - weight-only; x in BF16, fp32 accumulation, as the GEMVs of
@@ -41,6 +41,17 @@ struct StackLayer {
   // that activation j multiplies), so a CTA's down product reads rows of the activations it computed.
   const void* down_t = nullptr;
 };
+
+// mlp_split's view of a layer's down matrix: BF16 [intermediate, hidden], row j the weights of activation j
+// (the host checks that down is BF16; its bias is added with the residual). The kernel streams it, the host
+// checks it fits the stages.
+INFERX_STACK_HD StackMatrix down_transposed(const StackLayer& L) {
+  StackMatrix t;
+  t.data = L.down_t;
+  t.rows = L.down.k;
+  t.k = L.down.rows;
+  return t;
+}
 
 // The weight format of every matrix of a stack (the kernel has an instance per format; kStackAnyFormat
 // takes mixed stacks, e.g. FP8 layers with a BF16 vocabulary projection).
