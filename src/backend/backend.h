@@ -265,6 +265,10 @@ class Backend {
                             const AttentionParams& attention, Tensor& x, Tensor& logits) {
     return false;
   }
+  // The longest KV length (tokens) at which decode_stack takes a step (BatchView::max_seq_len at most this);
+  // 0 when it has no such bound or takes none. Decode graphs record batch 1 once below it and once above, so
+  // that an engine allowing long contexts still replays the fused program for its short ones.
+  virtual int32_t decode_stack_context_bound() const { return 0; }
   // Copies between two places of this backend's memory (default: staged through the host).
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) {
     std::vector<uint8_t> host(bytes);

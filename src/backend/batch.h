@@ -19,6 +19,9 @@ struct BatchView {
   const int32_t* logits_rows = nullptr;  // [num_logits] token rows whose logits are wanted
   int32_t num_logits = 0;
   int32_t max_query_len = 0;  // host-side hints for kernel launch shapes
+  // Host hint: no sequence's KV length exceeds this, in this step nor in any replay of a recording of it
+  // (decode graphs set the bound their recording was made for, not the step's own length). 0: unknown, the
+  // block tables' capacity (max_blocks_per_seq x block size) bounds it.
   int32_t max_seq_len = 0;
   // Host hint: the first num_decode_prefix sequences have one query token each (tokens [0, n)); the
   // scheduler puts decodes first, so a GPU backend can run them through its decode kernel and the rest

@@ -30,15 +30,15 @@ DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, const DecodeGraphConfig& c
   for (auto& h : host_) h = model_.backend().allocate_upload(ints * sizeof(int32_t));
   // Allocated once, before any recording: its address never changes.
   device_ = model_.backend().allocate(ints * sizeof(int32_t));
-  state_.assign(buckets_.size(), 0);
-  graph_logits_.resize(buckets_.size());
+  state_.assign(buckets_.size() + 1, 0);  // the last slot: batch 1's short-context recording
+  graph_logits_.resize(buckets_.size() + 1);
 }
 
 DecodeGraphs::~DecodeGraphs() {
-  for (size_t i = 0; i < buckets_.size(); ++i) {
+  for (size_t i = 0; i < state_.size(); ++i) {
     if (state_[i] == 1) {
       try {
-        model_.backend().drop_graph(key(buckets_[i]));
+        model_.backend().drop_graph(key(i));
       } catch (const std::exception&) {  // never throw from a destructor
       }
     }
@@ -61,7 +61,32 @@ bool DecodeGraphs::accepts(const SchedulerOutput& out) const {
   return true;
 }
 
+bool DecodeGraphs::has_short_class() const {
+  return config_.short_context > 0 && static_cast<int64_t>(config_.short_context) <
+                                          static_cast<int64_t>(config_.max_blocks_per_seq) * kv_.block_size();
+}
+
+bool DecodeGraphs::short_class(const SchedulerOutput& out, int32_t bucket) const {
+  if (bucket != 1 || !has_short_class()) return false;
+  for (const ScheduledSequence& s : out.seqs) {
+    if (s.start + 1 > config_.short_context) return false;
+  }
+  return true;
+}
+
+size_t DecodeGraphs::slot(int32_t bucket, bool short_len) const {
+  if (short_len) return buckets_.size();
+  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), bucket);
+  INFERX_CHECK(it != buckets_.end() && *it == bucket, "decode graphs: {} is not a bucket", bucket);
+  return static_cast<size_t>(it - buckets_.begin());
+}
+
 BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens) {
+  return build_for(out, bucket, tokens, short_class(out, bucket));
+}
+
+BatchView DecodeGraphs::build_for(const SchedulerOutput& out, int32_t bucket,
+                                  const SampledTokenSource* tokens, bool short_len) {
   const auto S = static_cast<int32_t>(out.seqs.size());
   const int32_t B = bucket, M = config_.max_blocks_per_seq;
   INFERX_CHECK(S >= 0 && S <= B && B <= buckets_.back(), "decode graphs: {} sequences in a bucket of {}", S,
@@ -113,35 +138,36 @@ BatchView DecodeGraphs::build(const SchedulerOutput& out, int32_t bucket, const 
   BatchView v = layout.view(static_cast<const int32_t*>(device_->data()));
   v.max_query_len = 1;
   // A host hint frozen into a recording: the largest length any replay may see.
-  v.max_seq_len = M * static_cast<int32_t>(kv_.block_size());
+  v.max_seq_len = short_len ? config_.short_context : M * static_cast<int32_t>(kv_.block_size());
   return v;
 }
 
 Tensor DecodeGraphs::run(const SchedulerOutput& out, const SampledTokenSource* tokens) {
   INFERX_CHECK(!out.seqs.empty(), "decode graphs: a step without sequences");
   const auto S = static_cast<int32_t>(out.seqs.size());
-  return run_bucket(out, bucket_for(S), tokens).rows_view(0, S);
+  const int32_t B = bucket_for(S);
+  return run_bucket(out, B, tokens, short_class(out, B)).rows_view(0, S);
 }
 
 int32_t DecodeGraphs::warm_up() {
   const SchedulerOutput none;
-  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) run_bucket(none, *it, nullptr);
+  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) run_bucket(none, *it, nullptr, false);
+  if (has_short_class()) run_bucket(none, 1, nullptr, true);
   return static_cast<int32_t>(buckets_.size());
 }
 
-int32_t DecodeGraphs::bucket_state(int32_t bucket) const {
-  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), bucket);
-  INFERX_CHECK(it != buckets_.end() && *it == bucket, "decode graphs: {} is not a bucket", bucket);
-  return state_[static_cast<size_t>(it - buckets_.begin())];
+int32_t DecodeGraphs::bucket_state(int32_t bucket, bool short_context) const {
+  INFERX_CHECK(!short_context || bucket == 1, "decode graphs: only batch 1 has a short-context recording");
+  return state_[slot(bucket, short_context)];
 }
 
-Tensor DecodeGraphs::run_bucket(const SchedulerOutput& out, int32_t B, const SampledTokenSource* tokens) {
-  const auto bi =
-      static_cast<size_t>(std::lower_bound(buckets_.begin(), buckets_.end(), B) - buckets_.begin());
-  const BatchView batch = build(out, B, tokens);
+Tensor DecodeGraphs::run_bucket(const SchedulerOutput& out, int32_t B, const SampledTokenSource* tokens,
+                                bool short_len) {
+  const size_t bi = slot(B, short_len);
+  const BatchView batch = build_for(out, B, tokens, short_len);
   Backend& be = model_.backend();
   if (state_[bi] == 1) {
-    if (be.replay_graph(key(B))) {
+    if (be.replay_graph(key(bi))) {
       ++replays_;
       return graph_logits_[bi];
     }
@@ -152,11 +178,11 @@ Tensor DecodeGraphs::run_bucket(const SchedulerOutput& out, int32_t B, const Sam
     try {
       // Recorded, not run: the eager step above already computed this step.
       graph_logits_[bi] = model_.forward(batch, kv_);
-      be.end_graph_capture(key(B));
+      be.end_graph_capture(key(bi));
       state_[bi] = graph_logits_[bi].data == logits.data ? 1 : 0;
       if (state_[bi] == 1) ++captures_;
     } catch (const Error&) {
-      be.end_graph_capture(key(B), false);
+      be.end_graph_capture(key(bi), false);
       state_[bi] = -1;  // e.g. an op that cannot be recorded: this bucket stays eager
     }
   }

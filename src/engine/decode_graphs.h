@@ -11,6 +11,11 @@
 // batch gives them (tokens, positions, lengths, blocks), and every kernel computes a row from its own
 // metadata only, so their logits equal the eager path's.
 //
+// Batch 1 may keep two recordings (DecodeGraphConfig::short_context, from the backend's
+// decode_stack_context_bound): steps whose sequence holds at most short_context tokens replay one made with
+// that as BatchView::max_seq_len (the CUDA backend's persistent kernel takes it), longer ones the one made
+// for the full capacity (per-op kernels, faster there). The recording's hint bounds every replay of it.
+//
 // The first step of a bucket runs eagerly (sizing every workspace) and is then recorded; later ones
 // replay the recording. A backend without graphs (CPU) runs the padded batch eagerly: tests use that to
 // check the padded metadata. Any allocation in the backend (a larger prefill growing a workspace) makes
@@ -41,6 +46,9 @@ struct DecodeGraphConfig {
   int32_t max_blocks_per_seq = 1;  // ceil(max_model_len / block_size)
   int32_t scratch_block = 0;       // a KV block id the block pool never hands out
   bool capture = true;             // false: pad and run eagerly (tests; backends without graphs)
+  // Batch-1 steps whose sequence holds at most this many tokens get their own recording, made with this as
+  // the length hint (Backend::decode_stack_context_bound); 0, or not below the capacity: one recording.
+  int32_t short_context = 0;
 };
 
 class DecodeGraphs {
@@ -64,20 +72,31 @@ class DecodeGraphs {
   // decode steps of a full batch are) or its recording. Padding rows touch only the scratch block.
   // Returns the buckets run.
   int32_t warm_up();
-  // Writes the padded metadata of `out` into the fixed buffer (tests inspect it through the view).
+  // Writes the padded metadata of `out` into the fixed buffer (tests inspect it through the view); its
+  // max_seq_len is the bound of the recording the step replays (short_context or the capacity).
   BatchView build(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens = nullptr);
   int32_t bucket_for(int32_t num_seqs) const;
-  int32_t bucket_state(int32_t bucket) const;  // 0 nothing recorded, 1 recorded, -1 stays eager
+  // 0 nothing recorded, 1 recorded, -1 stays eager; for batch 1, `short_context` picks that recording.
+  int32_t bucket_state(int32_t bucket, bool short_context = false) const;
+  // Whether a step of `out` in `bucket` replays the short-context recording.
+  bool short_class(const SchedulerOutput& out, int32_t bucket) const;
 
+  // The bound of batch 1's short-context recording; 0 when there is none.
+  int32_t short_context() const { return has_short_class() ? config_.short_context : 0; }
   int64_t replays() const { return replays_; }
   int64_t captures() const { return captures_; }
 
  private:
-  // run()'s work for bucket B: the full padded logits [B, vocab].
-  Tensor run_bucket(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens);
-  uint64_t key(int32_t bucket) const {
-    return reinterpret_cast<uintptr_t>(this) + static_cast<uint64_t>(bucket);
-  }
+  // run()'s work for bucket B: the full padded logits [B, vocab]; `short_len` selects batch 1's
+  // short-context recording.
+  Tensor run_bucket(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens,
+                    bool short_len);
+  BatchView build_for(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens,
+                      bool short_len);
+  bool has_short_class() const;
+  // A recording's slot: the bucket's index, or one past the last for batch 1's short-context recording.
+  size_t slot(int32_t bucket, bool short_len) const;
+  uint64_t key(size_t slot) const { return reinterpret_cast<uintptr_t>(this) + static_cast<uint64_t>(slot); }
 
   Model& model_;
   KvCache& kv_;
@@ -88,7 +107,7 @@ class DecodeGraphs {
   std::unique_ptr<DeviceBuffer> host_[2];
   int next_host_ = 0;
   std::unique_ptr<DeviceBuffer> device_;
-  // Per bucket index: 0 nothing recorded, 1 recorded, -1 recording failed (stay eager).
+  // Per slot: 0 nothing recorded, 1 recorded, -1 recording failed (stay eager).
   std::vector<int8_t> state_;
   std::vector<Tensor> graph_logits_;
   int64_t replays_ = 0, captures_ = 0;

@@ -181,6 +181,7 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
     gc.max_blocks_per_seq = static_cast<int32_t>(blocks_for_tokens(config.max_model_len, bs));
     gc.scratch_block = static_cast<int32_t>(num_blocks);
     gc.capture = gpu && genv != "pad";
+    gc.short_context = model.backend().decode_stack_context_bound();
     decode_graphs = std::make_unique<DecodeGraphs>(model, *kv, gc);
   }
   defer_emit = gpu;
@@ -214,9 +215,13 @@ void Engine::Impl::warm_up(int32_t scratch_block) {
   warm_up_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(
       stderr,
-      "inferx engine: warm-up: %zu step sizes (%d..%d tokens), %d decode sizes (%lld recorded) in %.2f s\n",
+      "inferx engine: warm-up: %zu step sizes (%d..%d tokens), %d decode sizes (%lld recorded%s) in %.2f s\n",
       counts.size(), counts.empty() ? 0 : counts.back(), counts.empty() ? 0 : counts.front(), buckets,
-      static_cast<long long>(decode_graphs->captures()), warm_up_seconds);
+      static_cast<long long>(decode_graphs->captures()),
+      decode_graphs->short_context() > 0
+          ? fmt::format(", batch 1 once up to {} tokens, once beyond", decode_graphs->short_context()).c_str()
+          : "",
+      warm_up_seconds);
 }
 
 void Engine::Impl::submit(EngineRequest&& r) {

@@ -61,8 +61,11 @@ std::vector<float> SequenceRunner::run(const std::vector<int32_t>& tokens, bool 
                meta.size(), layout.total());
   BatchView b = layout.view(d);
   b.max_query_len = static_cast<int32_t>(n);
-  b.max_seq_len = static_cast<int32_t>(length_ + n);
-  Tensor logits = forward(b, n == 1 && !all_logits);
+  const bool decode = n == 1 && !all_logits;
+  // A decode step may be recorded and replayed at every later length (forward below): its hint is the
+  // runner's capacity, not this step's length.
+  b.max_seq_len = static_cast<int32_t>(decode && use_graphs_ ? max_tokens_ : length_ + n);
+  Tensor logits = forward(b, decode);
   std::vector<float> host(static_cast<size_t>(num_logits * vocab));
   be.copy_to_host(host.data(), logits.data, host.size() * sizeof(float));
   length_ += n;

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -164,6 +165,31 @@ TEST(CudaDecodeStackBf16, TakesBf16WeightsOnly) {
       EXPECT_EQ(cuda.decode_stack_launches(), 0) << quant;
     else
       EXPECT_GT(cuda.decode_stack_launches(), 0);
+  }
+}
+
+// The MLP split's sums are exact (each CTA's partial cut into two parts on fixed grids,
+// kernels_decode_stack.cu), so runs of the same steps give the same bits however the CTAs' atomics arrive
+// (with plain float atomics, as first written, they differed in the last bits). Every CTA adds into every
+// output column here (llama-3.2-1b: 8192 activations over the SMs, 2048 columns).
+TEST(CudaDecodeStackMlpSplit, IsBitReproducible) {
+  INFERX_SKIP_WITHOUT_GPU();
+  auto backend = make_cuda_backend(0, CudaBackendOptions{});
+  auto& cuda = static_cast<CudaBackend&>(*backend);
+  auto model = Model::load("dummy:llama-3.2-1b", *backend);
+  Case c{"llama-3.2-1b", ""};
+  c.mlp_split = true;
+  const Trace first = run(*model, c, true, {});
+  ASSERT_GT(cuda.decode_stack_split_launches(), 0);
+  for (int rep = 0; rep < 3; ++rep) {
+    const Trace again = run(*model, c, true, first.tokens);
+    ASSERT_EQ(again.logits.size(), first.logits.size());
+    for (size_t s = 0; s < first.logits.size(); ++s) {
+      ASSERT_EQ(
+          std::memcmp(again.logits[s].data(), first.logits[s].data(), first.logits[s].size() * sizeof(float)),
+          0)
+          << "run " << rep + 1 << " step " << s;
+    }
   }
 }
 

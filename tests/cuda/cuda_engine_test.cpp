@@ -286,6 +286,19 @@ void CudaEngine::graph_replay_vs_eager(int num_seqs) {
 
 TEST_F(CudaEngine, GraphReplayEqualsTheSamePaddedStepRunEagerly) { graph_replay_vs_eager(5); }
 TEST_F(CudaEngine, GraphReplayEqualsEagerAtBatchOne) { graph_replay_vs_eager(1); }
+// The persistent kernel's MLP split sums its CTAs' partials with atomics: exactly (kernels_decode_stack.cu),
+// so the replay still equals the eager step bit for bit.
+TEST_F(CudaEngine, GraphReplayEqualsEagerAtBatchOneWithTheMlpSplit) {
+  auto& cuda = static_cast<CudaBackend&>(*backend_);
+  struct Split {  // on for this test only
+    explicit Split(CudaBackend& b) : b_(b) { b_.set_decode_stack_mlp_split(true); }
+    ~Split() { b_.set_decode_stack_mlp_split(CudaBackendOptions{}.decode_stack_mlp_split); }
+    CudaBackend& b_;
+  } split(cuda);
+  const int64_t before = cuda.decode_stack_split_launches();
+  graph_replay_vs_eager(1);
+  EXPECT_GT(cuda.decode_stack_split_launches(), before) << "the split did not run";
+}
 
 TEST_F(CudaEngine, EngineWithGraphsGivesThePaddedEagerTextExactly) {
   std::vector<GenerationParams> ps;
@@ -313,6 +326,38 @@ TEST_F(CudaEngine, EngineWithGraphsGivesThePaddedEagerTextExactly) {
   }
   std::printf("graphs vs unpadded eager: %zu of %zu sequences identical; %lld graph steps\n", same_seqs,
               ps.size(), static_cast<long long>(gs.decode_graph_steps));
+}
+
+// An engine allowing longer contexts than the persistent batch-1 kernel's bound (decode_stack_max_context,
+// here 64 tokens against the engine's 512) still runs that kernel while a lone sequence is short: batch 1 is
+// recorded once within the bound (with the kernel) and once beyond (per-op kernels), and a sequence growing
+// past the bound moves from one recording to the other. Both are recorded by the warm-up (the kernel is
+// launched once eagerly and once recorded, never again); the text equals the padded eager run's, which runs
+// the same kernels step by step (the kernel at every step within the bound).
+TEST_F(CudaEngine, BatchOneReplaysTheDecodeStackWithinItsContextBoundOnly) {
+  auto& cuda = static_cast<CudaBackend&>(*backend_);
+  struct Bound {  // the shared backend's bound for this test only
+    explicit Bound(CudaBackend& b) : b_(b) { b_.set_decode_stack_max_context(64); }
+    ~Bound() { b_.set_decode_stack_max_context(CudaBackendOptions{}.decode_stack_max_context); }
+    CudaBackend& b_;
+  } bound(cuda);
+  const std::vector<GenerationParams> ps{greedy(120)};  // a 12-token prompt grows to 132 tokens
+  EngineStats gs, pads;
+  const int64_t l0 = cuda.decode_stack_launches();
+  const auto graphs = run(ps, Env(Vars{}), &gs);
+  const int64_t l1 = cuda.decode_stack_launches();
+  const auto padded = run(ps, Env(Vars{{"INFERX_GRAPHS", "pad"}}), &pads);
+  const int64_t l2 = cuda.decode_stack_launches();
+  EXPECT_EQ(graphs, padded);
+  ASSERT_EQ(graphs[0].size(), 120u);
+  EXPECT_EQ(gs.decode_graph_replays, gs.decode_graph_steps)
+      << "every decode step replayed a warm-up recording";
+  EXPECT_EQ(l1 - l0, 2) << "the short-context recording: one eager run, one recorded";
+  // Padded eagerly: the warm-up's step and each decode step feeding positions 12..63 (lengths 13..64).
+  EXPECT_EQ(l2 - l1, 1 + 52);
+  std::printf("decode stack launches: graphs %lld, padded eager %lld; graph steps %lld\n",
+              static_cast<long long>(l1 - l0), static_cast<long long>(l2 - l1),
+              static_cast<long long>(gs.decode_graph_steps));
 }
 
 // EngineConfig::warm_up: every decode bucket is run and recorded at construction, so every decode step

@@ -92,9 +92,10 @@ struct CudaBackendOptions {
   // long-context test cases (a split's keys over several ring stages) pass. Not timed on an H200 one stage
   // ahead (none was lent on 12-06).
   DecodeStackMode decode_stack = DecodeStackMode::Bf16;
-  // ... and only for sequences that can hold at most this many tokens (the step's block-table capacity,
-  // max_blocks_per_seq x block size: the engine's --max-model-len; an upper bound for every replay of a
-  // recorded step). Its attention streams each split's keys through the ring one 256-byte bulk copy per key
+  // ... and only for sequences that can hold at most this many tokens: the step's BatchView::max_seq_len (an
+  // upper bound for every replay of a recorded step; the engine's decode graphs record batch 1 once for
+  // contexts up to this bound and once for longer ones), else its block-table capacity (max_blocks_per_seq x
+  // block size). Its attention streams each split's keys through the ring one 256-byte bulk copy per key
   // and value (~29 ns each, the phase's cost with or without its arithmetic), which grows faster with the
   // context than the per-op attention: 8B bf16 on an H100 (2026-12-06, same call),
   // stack against per-op +3.0% at 100 tokens, +1.1% at 1k, -4.8% at 4k (+0.6% at 1.9k on 12-06 earlier).
@@ -123,12 +124,13 @@ struct CudaBackendOptions {
   int decode_stack_profiles = 0;
   // The MLP as one phase of the persistent kernel where every down matrix is BF16 (DecodeStackParams::
   // mlp_split: a transposed copy of each down matrix, hidden x intermediate x 2 bytes per layer - 3.7 GB for
-  // the 8B shape - made at the first batch-1 step if a margin stays free). Measured (8B bf16, 1k context,
-  // seven H100 calls, 2026-12-06): 1.6-2.2% faster than the stack without it, 0.5-2.9% faster than
-  // per-op. Opt-in because its float atomics make a step's last bits depend on their order: greedy
-  // text may differ between runs, and CudaEngine.GraphReplayEqualsEagerAtBatchOne (bit-equal replay) fails
-  // with it on. An order-free version (int64 fixed-point atomics, 4x the atomic operations) passed every
-  // test but ran 2.5% slower than the stack without the split (docs/benchmarks.md, 2026-12-06 07:50).
+  // the 8B shape - made at the first batch-1 step if a margin stays free). Its sums are exact (float
+  // atomics of values cut onto fixed grids, kernels_decode_stack.cu), so a step's bits do not depend on the
+  // atomics' order (CudaDecodeStackMlpSplit.IsBitReproducible; graph replay = eager). Measured (8B bf16, 1k
+  // context, H100, 2026-12-06 10:25): 5.749 / 5.751 ms against the stack's 5.806 / 5.797 and per-op's
+  // 5.821 / 5.816 (+1.0% / +1.2%); the first version's plain float atomics (not reproducible) measured
+  // +1.6-2.2% over the stack in seven earlier calls. Opt-in because of the copy's memory (taken from what the
+  // KV cache could hold), for about 1%.
   bool decode_stack_mlp_split = false;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
@@ -213,6 +215,11 @@ class CudaBackend final : public Backend {
   // The batch-1 persistent decode kernel (cuda_backend_decode_stack.cpp).
   bool decode_stack(const DecodeStack& stack, const BatchView& batch, const RopeParams& rope,
                     const AttentionParams& attention, Tensor& x, Tensor& logits) override;
+  int32_t decode_stack_context_bound() const override {
+    return options_.decode_stack == DecodeStackMode::Off || options_.timing_skip != 0
+               ? 0
+               : options_.decode_stack_max_context;
+  }
   // Tests and benchmarks: turn the persistent decode kernel on for every format, or off.
   void set_decode_stack(bool on, int inflight = 1, bool generic = false) {
     options_.decode_stack = on ? DecodeStackMode::All : DecodeStackMode::Off;

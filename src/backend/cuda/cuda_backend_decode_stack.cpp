@@ -196,8 +196,12 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   const KvCacheLayer* first = s.layers[0].cache;
   if (first == nullptr || first->k.ndim != 4) return false;
   const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);
-  if (static_cast<int64_t>(batch.max_blocks_per_seq) * block_size > options_.decode_stack_max_context)
-    return false;  // longer contexts run faster per-op (options_.decode_stack_max_context)
+  // Longer contexts run faster per-op (options_.decode_stack_max_context). The bound is the step's hint when
+  // it has one (a decode graph's short-context recording), else the block tables' capacity: a recording is
+  // replayed at every later length its hint allows.
+  const int64_t capacity = static_cast<int64_t>(batch.max_blocks_per_seq) * block_size;
+  const int64_t bound = batch.max_seq_len > 0 ? std::min<int64_t>(batch.max_seq_len, capacity) : capacity;
+  if (bound > options_.decode_stack_max_context) return false;
   if (options_.decode_stack == DecodeStackMode::Bf16 && !all_bf16(s)) return false;
 
   if (!decode_stack_params_) decode_stack_params_ = std::make_unique<cuda::DecodeStackParams>();

@@ -334,14 +334,41 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
   }
 }
 
+// mlp_split's partial sums, added across CTAs with float atomics in whatever order they arrive, yet exactly:
+// each CTA's partial p is cut into hi = p rounded to an integer and lo = (p - hi) rounded to a multiple of
+// 2^-17 (|lo| <= 1/2), each added into its own sum. Every value then added is a multiple of its sum's unit,
+// and every partial sum stays where fp32 holds such multiples exactly (hi below 2^24; lo below
+// kMaxSplitCtas x 1/2 = 128 = 2^24 units), so no addition rounds and the order does not matter: the step's
+// bits are the same in every run (graph replay = eager). The cost: p rounded at 2^-17 (<= 3.8e-6 per
+// partial, below the BF16 rounding of the residual the products read) and a second atomic where |p| >= 1/2
+// (hi is zero below that, and a zero vector is not added; rare).
+constexpr float kHiUnit = 1.0f, kHiScale = 1.0f;
+constexpr float kLoUnit = 1.0f / 131072.0f, kLoScale = 131072.0f;
+__device__ __forceinline__ float4 exact_hi(float4 v) {
+  return make_float4(rintf(v.x * kHiScale) * kHiUnit, rintf(v.y * kHiScale) * kHiUnit,
+                     rintf(v.z * kHiScale) * kHiUnit, rintf(v.w * kHiScale) * kHiUnit);
+}
+__device__ __forceinline__ float4 exact_lo(float4 v, float4 hi) {
+  return make_float4(rintf((v.x - hi.x) * kLoScale) * kLoUnit, rintf((v.y - hi.y) * kLoScale) * kLoUnit,
+                     rintf((v.z - hi.z) * kLoScale) * kLoUnit, rintf((v.w - hi.w) * kLoScale) * kLoUnit);
+}
+__device__ __forceinline__ bool nonzero(float4 v) {
+  return v.x != 0.0f || v.y != 0.0f || v.z != 0.0f || v.w != 0.0f;
+}
+__device__ __forceinline__ void add_exact(float* hi, float* lo, float4 v) {
+  const float4 h = exact_hi(v), l = exact_lo(v, h);
+  if (nonzero(h)) atomicAdd(reinterpret_cast<float4*>(hi), h);
+  if (nonzero(l)) atomicAdd(reinterpret_cast<float4*>(lo), l);
+}
+
 // mlp_split's down product: this CTA's rows [r0, r1) of the transposed down matrix (t, BF16 [inter,
 // hidden]) weighted by its activations `act` (shared memory, act[j] for row r0 + j), summed into a partial
-// output vector that is added to `out` with float atomics. Consumer thread c owns the 8 columns of each
-// 16-byte vector v = c + u kConsumers of a row (u < kSplitVecs: hidden <= kSplitVecs * 8 * kConsumers) and
-// keeps their sums in registers over every stage.
+// output vector that is added into the exact sums hi / lo (above). Consumer thread c owns the 8 columns of
+// each 16-byte vector v = c + u kConsumers of a row (u < kSplitVecs: hidden <= kSplitVecs * 8 * kConsumers)
+// and keeps their sums in registers over every stage.
 constexpr int kSplitVecs = 4;
 __device__ void consume_down_split(const StackMatrix& t, const Ring& ring, uint32_t& it, const float* act,
-                                   float* out, uint32_t skip) {
+                                   float* hi, float* lo, uint32_t skip) {
   const Geom g = stage_geometry(t, false, ring.stage_bytes);
   const int rs = g.rows_per_stage;
   const int32_t nv = t.k / 8;
@@ -384,9 +411,9 @@ __device__ void consume_down_split(const StackMatrix& t, const Ring& ring, uint3
   for (int u = 0; u < kSplitVecs; ++u) {
     const int32_t v = static_cast<int32_t>(threadIdx.x) + u * kConsumers;
     if (v < nv) {
-      auto* o = reinterpret_cast<float4*>(out + 8 * static_cast<int64_t>(v));
-      atomicAdd(o, make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]));
-      atomicAdd(o + 1, make_float4(acc[u][4], acc[u][5], acc[u][6], acc[u][7]));
+      const int64_t at = 8 * static_cast<int64_t>(v);
+      add_exact(hi + at, lo + at, make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]));
+      add_exact(hi + at + 4, lo + at + 4, make_float4(acc[u][4], acc[u][5], acc[u][6], acc[u][7]));
     }
   }
 }
@@ -395,14 +422,38 @@ __device__ void consume_down_split(const StackMatrix& t, const Ring& ring, uint3
 // zeros past n): src * rsqrt(mean(src^2) + eps) * norm, read once (L2 round trips are what the phase
 // boundaries cost) and held in registers between the sum of squares and the scaling. n <= kNormVecs * 4 *
 // kConsumers (decode_stack_supported).
+// mlp_split: the previous layer's MLP output, still in its exact sums (hi + lo, plus down's bias), which the
+// next reader of the residual adds to it; `keep` (if set) receives this CTA's share (cta_rows) of the sum,
+// the residual from then on.
+struct PendingMlp {
+  const float* hi = nullptr;
+  const float* lo = nullptr;
+  const float* bias = nullptr;
+  float* keep = nullptr;
+};
 constexpr int kNormVecs = 8;
 __device__ __forceinline__ void read_normed(const float* src, int32_t n, const float* norm, float eps,
-                                            float4 (&v)[kNormVecs], float* scratch) {
+                                            float4 (&v)[kNormVecs], float* scratch,
+                                            const PendingMlp* mlp = nullptr) {
   float ss = 0.0f;
+  int32_t h0 = 0, h1 = 0;
+  if (mlp != nullptr) cta_rows(n, h0, h1);
 #pragma unroll
   for (int j = 0; j < kNormVecs; ++j) {
     const int32_t i = (threadIdx.x + j * kConsumers) * 4;
     v[j] = i < n ? __ldcg(reinterpret_cast<const float4*>(src + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (mlp != nullptr && i < n) {
+      const float4 h = __ldcg(reinterpret_cast<const float4*>(mlp->hi + i));
+      const float4 l = __ldcg(reinterpret_cast<const float4*>(mlp->lo + i));
+      float* e = &v[j].x;
+      const float hs[4] = {h.x, h.y, h.z, h.w}, ls[4] = {l.x, l.y, l.z, l.w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        e[c] += hs[c] + ls[c];
+        if (mlp->bias != nullptr) e[c] += mlp->bias[i + c];
+        if (mlp->keep != nullptr && i + c >= h0 && i + c < h1) __stcg(mlp->keep + i + c, e[c]);
+      }
+    }
     ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
   }
   const float rs = rsqrtf(consumer_sum(ss, scratch) / static_cast<float>(n) + eps);
@@ -420,12 +471,12 @@ __device__ __forceinline__ void read_normed(const float* src, int32_t n, const f
 // (decode_stack_layout.h x_chunked_index; 1: column order; n a multiple of 8 x chunks, and the 4 columns a
 // thread stores stay together).
 __device__ void load_input(const float* src, int32_t n, const float* norm, float eps, __nv_bfloat16* xs,
-                           float* scratch, int32_t chunks) {
+                           float* scratch, int32_t chunks, const PendingMlp* mlp = nullptr) {
   const int32_t nv = n / (8 * chunks);
   auto at = [&](int32_t i) { return x_chunked_index(i, nv, chunks); };
   if (norm != nullptr) {
     float4 v[kNormVecs];
-    read_normed(src, n, norm, eps, v, scratch);
+    read_normed(src, n, norm, eps, v, scratch, mlp);
 #pragma unroll
     for (int j = 0; j < kNormVecs; ++j) {
       const int32_t i = (threadIdx.x + j * kConsumers) * 4;
@@ -445,28 +496,22 @@ template <Emit kEmit, int kW>
 __device__ __forceinline__ void gemv_phase(const DecodeStackParams& p, const float* src, int32_t n,
                                            const float* norm, const StackMatrix& m, float* out,
                                            const Ring& ring, uint32_t& it, __nv_bfloat16* xs, float* scratch,
-                                           float* local = nullptr) {
+                                           float* local = nullptr, const PendingMlp* mlp = nullptr) {
   // x as the product loop reads it: x_chunks for row_dot (of the instance's one format, a compile-time
   // constant: read from m in the INT4 instance it cost 24 bytes of spills).
   StackMatrix format;
   format.fp8 = kW == kStackFp8;
   format.int4 = kW == kStackInt4;
-  load_input(src, n, norm, p.eps, xs, scratch, x_chunks(kW == kStackAnyFormat ? m : format));
+  load_input(src, n, norm, p.eps, xs, scratch, x_chunks(kW == kStackAnyFormat ? m : format), mlp);
   consume_matrix<kEmit, kW>(m, ring, it, xs, out, p.skip, local);
 }
 
-// mlp_split: this CTA's share of `hidden` (cta_rows), which it zeroes in the buffer the layer's MLP will add
-// into and adds the residual (and down's bias) to.
+// mlp_split: this CTA's share of `hidden` (cta_rows), which it zeroes in the sums the layer's MLP will add
+// into.
 __device__ __forceinline__ void zero_share(float* v, int32_t hidden) {
   int32_t h0, h1;
   cta_rows(hidden, h0, h1);
   for (int32_t i = h0 + static_cast<int32_t>(threadIdx.x); i < h1; i += kConsumers) __stcg(v + i, 0.0f);
-}
-__device__ __forceinline__ void add_share(const float* resid, const float* bias, float* out, int32_t hidden) {
-  int32_t h0, h1;
-  cta_rows(hidden, h0, h1);
-  for (int32_t i = h0 + static_cast<int32_t>(threadIdx.x); i < h1; i += kConsumers)
-    atomicAdd(out + i, __ldcg(resid + i) + (bias != nullptr ? bias[i] : 0.0f));
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------
@@ -519,19 +564,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   // mlp_split takes BF16 down matrices only (the host checks): the FP8 / INT4 instances leave it out (its
   // registers cost the FP8 instance 12 bytes of spills).
   constexpr bool kSplits = kW == kStackBf16 || kW == kStackAnyFormat;
-  // The residual stream: x, or with mlp_split x and x_alt in turn (each layer's MLP adds into the other).
+  // The residual stream: x, or with mlp_split x and x_alt in turn: each layer's MLP adds into exact sums
+  // (the pair of its layer's parity in mlp_sums), which the next layer's qkv phase adds to the residual as it
+  // reads it, each CTA keeping its share of the result in the other buffer.
   float* xr = p.x;
   float* xt = p.x_alt;
+  const int32_t sums = mlp_sums_stride(p.hidden);
+  PendingMlp pending;
   // mlp_split's activations: after the gate/up input in the x buffer (decode_stack_mlp_split_fits).
   auto* act_local = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(xs) + (p.hidden * 2 + 15) / 16 * 16);
   for (int l = 0; l < p.num_layers; ++l) {
     const StackLayer& L = p.layers[l];
     const int64_t e = static_cast<int64_t>(l) * kStackLayerEvents;
     stamp(e);
-    // xt's last readers were the previous layer's MLP phase, behind a grid barrier; this layer's MLP adds
-    // into it behind two more.
-    if (kSplits && p.mlp_split) zero_share(xt, p.hidden);
-    gemv_phase<Emit::Store, kW>(p, xr, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch);
+    // This layer's sums were last read by the previous layer's qkv phase, three grid barriers back; this
+    // layer's MLP adds into them behind three more. xt was last read there too.
+    float* const hi = p.mlp_sums + (l & 1) * 2 * sums;
+    if (kSplits && p.mlp_split) {
+      zero_share(hi, p.hidden);
+      zero_share(hi + sums, p.hidden);
+    }
+    if (kSplits && p.mlp_split && l > 0) {
+      pending.keep = xt;
+      gemv_phase<Emit::Store, kW>(p, xr, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch, nullptr,
+                                  &pending);
+      float* const swap = xr;
+      xr = xt;
+      xt = swap;
+    } else {
+      gemv_phase<Emit::Store, kW>(p, xr, p.hidden, L.attn_norm, L.qkv, p.qkv, ring, it, xs, scratch);
+    }
     stamp(e + 1);
     sync_grid();
     stamp(e + 2);
@@ -548,21 +610,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     sync_grid();
     stamp(e + 10);
     if (kSplits && p.mlp_split) {
-      // gate/up into shared memory, then the down product of those activations added into xt with the
-      // residual: no barrier between them (kernels_decode_stack.h, mlp_split). The profile's gate/up ->
+      // gate/up into shared memory, then the down product of those activations added into this layer's
+      // exact sums: no barrier between them (kernels_decode_stack.h, mlp_split). The profile's gate/up ->
       // down barrier reads as zero.
       gemv_phase<Emit::SiluMul, kW>(p, xr, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch,
                                     act_local);
       stamp(e + 11);
       consumer_sync();  // every warp's activations written
       stamp(e + 12);
-      consume_down_split(down_transposed(L), ring, it, act_local, xt, p.skip);
-      add_share(xr, L.down.bias, xt, p.hidden);
+      consume_down_split(down_transposed(L), ring, it, act_local, hi, hi + sums, p.skip);
+      pending.hi = hi;
+      pending.lo = hi + sums;
+      pending.bias = L.down.bias;
       stamp(e + 13);
       sync_grid();
-      float* const swap = xr;
-      xr = xt;
-      xt = swap;
     } else {
       gemv_phase<Emit::SiluMul, kW>(p, xr, p.hidden, L.ffn_norm, L.gate_up, p.act, ring, it, xs, scratch);
       stamp(e + 11);
@@ -575,7 +636,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(e + 14);
   }
   stamp(events - 2);
-  gemv_phase<Emit::Store, kW>(p, xr, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);
+  if (kSplits && p.mlp_split) {
+    pending.keep = nullptr;  // the last layer's MLP: added here, kept nowhere
+    gemv_phase<Emit::Store, kW>(p, xr, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch,
+                                nullptr, &pending);
+  } else {
+    gemv_phase<Emit::Store, kW>(p, xr, p.hidden, p.final_norm, p.lm_head, p.logits, ring, it, xs, scratch);
+  }
   stamp(events - 1);
 }
 
@@ -620,7 +687,8 @@ size_t decode_stack_prepare(DecodeStackParams& p, int32_t max_k) {
 }
 
 bool decode_stack_mlp_split_fits(const DecodeStackParams& p, int32_t inter, int grid) {
-  if (grid < 1 || p.hidden > kSplitVecs * 8 * kConsumers || p.hidden % 8 != 0) return false;
+  if (grid < 1 || grid > kMaxSplitCtas || p.hidden > kSplitVecs * 8 * kConsumers || p.hidden % 8 != 0)
+    return false;
   const int64_t rows = (static_cast<int64_t>(inter) + grid - 1) / grid;
   return (static_cast<int64_t>(p.hidden) * 2 + 15) / 16 * 16 + rows * 4 <= p.x_bytes;
 }
@@ -657,13 +725,15 @@ size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
   // partials, mlp_split's second residual buffer, then the control words.
   auto up = [](size_t floats) { return (floats + 63) / 64 * 64; };
   const size_t sizes[] = {up(static_cast<size_t>(p.hq + 2 * p.hkv) * p.hd),
-                          up(static_cast<size_t>(p.hq) * p.hd), up(static_cast<size_t>(inter)),
+                          up(static_cast<size_t>(p.hq) * p.hd),
+                          up(static_cast<size_t>(inter)),
                           up(static_cast<size_t>(p.hq) * p.splits * (p.hd + 2)),
-                          up(static_cast<size_t>(p.hidden))};
+                          up(static_cast<size_t>(p.hidden)),
+                          4 * static_cast<size_t>(mlp_sums_stride(p.hidden))};
   float* f = static_cast<float*>(base);
-  float** const buffers[] = {&p.qkv, &p.attn, &p.act, &p.partials, &p.x_alt};
+  float** const buffers[] = {&p.qkv, &p.attn, &p.act, &p.partials, &p.x_alt, &p.mlp_sums};
   size_t at = 0;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 6; ++i) {
     if (f != nullptr) *buffers[i] = f + at;
     at += sizes[i];
   }

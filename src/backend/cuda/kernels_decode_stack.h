@@ -42,6 +42,11 @@ struct StackLayer {
   const void* down_t = nullptr;
 };
 
+// mlp_split's exact sums hold up to this many CTAs' partials (kernels_decode_stack.cu).
+constexpr int kMaxSplitCtas = 256;
+// The stride of mlp_split's sums (floats): hidden rounded up to 256 bytes, so every sum is 16-byte aligned.
+INFERX_STACK_HD int32_t mlp_sums_stride(int32_t hidden) { return (hidden + 63) / 64 * 64; }
+
 // mlp_split's view of a layer's down matrix: BF16 [intermediate, hidden], row j the weights of activation j
 // (the host checks that down is BF16; its bias is added with the residual). The kernel streams it, the host
 // checks it fits the stages.
@@ -102,13 +107,15 @@ struct DecodeStackParams {
   uint32_t skip = 0;
   // 1: the MLP as one phase (BF16 down only, layers[].down_t set): each CTA multiplies the activations it
   // computed (its gate/up rows, kept in shared memory) by the same rows of the transposed down matrix and
-  // adds the partial output vector into the next residual buffer with float atomics, so the grid barrier
-  // between gate/up and down (the costliest of the five, ~6.9 us per layer on an H100) and the activation's
-  // round trip through L2 go. The residual then alternates between x and x_alt (each layer's MLP adds into
-  // the other, zeroed during that layer's qkv phase). The atomics make the sums' order, hence the last bits,
-  // vary between runs.
+  // adds the partial output vector into the layer's sums with float atomics, so the grid barrier between
+  // gate/up and down (the costliest of the five, ~6.9 us per layer on an H100) and the activation's round
+  // trip through L2 go. The sums are exact (each partial cut into two parts on fixed grids: no addition
+  // rounds, kernels_decode_stack.cu), so their arrival order changes no bit. The next layer's qkv phase adds
+  // them to the residual as it reads it, each CTA keeping its share in the other residual buffer (x and
+  // x_alt in turn).
   uint8_t mlp_split = 0;
-  float* x_alt = nullptr;  // [hidden], mlp_split's second residual buffer (scratch)
+  float* x_alt = nullptr;     // [hidden], mlp_split's second residual buffer (scratch)
+  float* mlp_sums = nullptr;  // [2 layer parities][hi, lo][mlp_sums_stride(hidden)] (scratch)
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
   // clock (ns) at every phase boundary: [gridDim.x][num_layers * kStackLayerEvents + 2].
   uint64_t* profile = nullptr;

@@ -190,6 +190,115 @@ TEST_F(DecodeGraphsCpu, MetadataIsExactAcrossShrinkingRowsAndBuckets) {
   }
 }
 
+// Batch 1 has a second recording for sequences within DecodeGraphConfig::short_context tokens, made with that
+// as the step's length hint (a backend's fused batch-1 program takes it: CudaBackend::decode_stack); longer
+// sequences and larger buckets get the capacity. A bound of 0, or one not below the capacity, adds none.
+TEST_F(DecodeGraphsCpu, BatchOneWithinTheShortContextGetsItsOwnLengthHint) {
+  constexpr int32_t kBlocks = 64, kBs = 16, kM = 16;  // capacity 256 tokens
+  KvCache kv(*backend_, model_->config(), kBlocks + 1, kBs);
+  std::vector<Sequence> seqs(2);
+  auto step = [&](std::initializer_list<int32_t> lens) {
+    SchedulerOutput out;
+    size_t i = 0;
+    for (int32_t len : lens) {
+      Sequence& s = seqs[i++];
+      s.tokens.assign(static_cast<size_t>(len), 5);
+      s.blocks.assign(static_cast<size_t>((len + kBs - 1) / kBs), 3);
+      out.seqs.push_back({&s, len - 1, 1, true});
+    }
+    return out;
+  };
+  for (const int32_t bound : {0, 64, 256, 300}) {
+    SCOPED_TRACE(bound);
+    DecodeGraphConfig gc;
+    gc.max_batch_size = 4;
+    gc.max_blocks_per_seq = kM;
+    gc.scratch_block = kBlocks;
+    gc.capture = false;
+    gc.short_context = bound;
+    DecodeGraphs graphs(*model_, kv, gc);
+    const bool has = bound == 64;
+    for (const int32_t len : {1, 63, 64, 65, 200, 256}) {
+      const SchedulerOutput out = step({len});
+      const bool want = has && len <= 64;
+      EXPECT_EQ(graphs.short_class(out, 1), want) << len;
+      EXPECT_EQ(graphs.build(out, 1).max_seq_len, want ? 64 : 256) << len;
+      EXPECT_EQ(graphs.build(out, 2).max_seq_len, 256) << len << ": batch 1 only";
+    }
+    EXPECT_EQ(graphs.build(step({10, 20}), 2).max_seq_len, 256);
+    EXPECT_EQ(graphs.build(SchedulerOutput{}, 1).max_seq_len, has ? 64 : 256) << "padding only";
+  }
+}
+
+// On a backend that records (faked: the CPU backend runs every forward, a "recording" is its key), the two
+// batch-1 recordings are made once each and replayed by the steps of their own side of the bound, the warm-up
+// making both; each recorded forward saw its own hint.
+TEST_F(DecodeGraphsCpu, ShortAndLongBatchOneStepsReplayTheirOwnRecordings) {
+  struct RecordingBackend final : ForwardingBackend {
+    explicit RecordingBackend(Backend& inner) : ForwardingBackend(inner) {}
+    bool begin_graph_capture() override { return true; }
+    void end_graph_capture(uint64_t key, bool keep) override {
+      if (keep) keys.push_back(key);
+    }
+    bool replay_graph(uint64_t key) override {
+      ++replays;
+      return std::find(keys.begin(), keys.end(), key) != keys.end();
+    }
+    void drop_graph(uint64_t key) override { std::erase(keys, key); }
+    void attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
+                   const AttentionParams& params, Tensor& out) override {
+      hints.push_back(batch.max_seq_len);
+      ForwardingBackend::attention(q, cache, batch, params, out);
+    }
+    std::vector<uint64_t> keys;
+    std::vector<int32_t> hints;  // one per layer of every forward
+    int64_t replays = 0;
+  };
+  RecordingBackend rec(*backend_);
+  auto model = Model::load("dummy:tiny", rec);
+  const auto layers = static_cast<size_t>(model->config().num_layers);
+  constexpr int32_t kBlocks = 64, kBs = 16;
+  KvCache kv(rec, model->config(), kBlocks + 1, kBs);
+  DecodeGraphConfig gc;
+  gc.max_batch_size = 4;
+  gc.max_blocks_per_seq = 16;
+  gc.scratch_block = kBlocks;
+  gc.short_context = 64;
+  std::vector<Sequence> seqs(1);
+  auto step = [&](int32_t len) {
+    Sequence& s = seqs[0];
+    s.tokens.assign(static_cast<size_t>(len), 5);
+    s.blocks.assign(static_cast<size_t>((len + kBs - 1) / kBs), 3);
+    SchedulerOutput out;
+    out.seqs.push_back({&s, len - 1, 1, true});
+    return out;
+  };
+  {
+    DecodeGraphs graphs(*model, kv, gc);
+    for (const int32_t len : {10, 11, 100, 64, 101, 65, 12}) graphs.run(step(len));
+    EXPECT_EQ(graphs.captures(), 2);
+    EXPECT_EQ(graphs.replays(), 5);
+    EXPECT_EQ(graphs.bucket_state(1, true), 1);
+    EXPECT_EQ(graphs.bucket_state(1), 1);
+    EXPECT_EQ(rec.keys.size(), 2u);
+    // Eager then recorded, short first (10), then long (100): every layer saw its recording's hint.
+    std::vector<int32_t> want;
+    for (const int32_t h : {64, 64, 256, 256}) want.insert(want.end(), layers, h);
+    EXPECT_EQ(rec.hints, want);
+  }
+  EXPECT_TRUE(rec.keys.empty()) << "the destructor drops both recordings";
+  DecodeGraphs graphs(*model, kv, gc);
+  graphs.warm_up();
+  for (const int32_t b : decode_buckets(4)) EXPECT_EQ(graphs.bucket_state(b), 1) << b;
+  EXPECT_EQ(graphs.bucket_state(1, true), 1);
+  EXPECT_EQ(graphs.captures(), static_cast<int64_t>(decode_buckets(4).size()) + 1);
+  const int64_t before = graphs.replays();
+  graphs.run(step(30));
+  graphs.run(step(200));
+  EXPECT_EQ(graphs.replays(), before + 2);
+  EXPECT_EQ(graphs.captures(), static_cast<int64_t>(decode_buckets(4).size()) + 1) << "no new recording";
+}
+
 TEST(WarmUp, TokenCountsRunFromTheStepBudgetDownInPowersOfTwoAboveTheDecodeSizes) {
   EXPECT_EQ(warm_up_token_counts(8192, 512), (std::vector<int32_t>{8192, 4096, 2048, 1024}));
   EXPECT_EQ(warm_up_token_counts(6000, 512), (std::vector<int32_t>{6000, 4096, 2048, 1024}));
