@@ -3,7 +3,8 @@
 // per-op path's greedy tokens, the logits of every decode step compared. Shapes cover head dims 64 and
 // 128, 1 to 8 query heads per KV head, q/k/v biases (Qwen2), a sliding window shorter than the context,
 // FP8 weights (per channel, and the vocabulary projection), INT4 weights (groups of 32 and 128, symmetric
-// and with zero points) and an FP8 KV cache, the producer's in-flight stage limit (0 = the ring's depth, 1
+// and with zero points) and an FP8 KV cache, the cached keys and values copied a block at a time (tensor
+// maps, the default) or per key, the producer's in-flight stage limit (0 = the ring's depth, 1
 // by default, 2, 3), contexts whose splits take several ring stages of keys, and the kernel's generic
 // instance as well as those for one weight format (mixed formats, e.g. FP8 layers with a BF16 vocabulary
 // projection, run the generic one). Decode steps run through SequenceRunner, so they are recorded into a
@@ -39,6 +40,7 @@ struct Case {
                            // 1 by default; 0: the ring's depth)
   bool generic = false;    // the kernel's generic instance instead of the one for the model's weight format
   bool mlp_split = false;  // CudaBackendOptions::decode_stack_mlp_split (taken where every down is BF16)
+  bool kv_tiles = true;    // CudaBackendOptions::decode_stack_kv_tiles (false: one bulk copy per key)
 };
 
 struct Trace {
@@ -61,6 +63,7 @@ Trace run(Model& model, const Case& c, bool stack, const std::vector<int32_t>& f
   auto& cuda = static_cast<CudaBackend&>(model.backend());
   cuda.set_decode_stack(stack, c.inflight, c.generic);  // off by default (cuda_backend.h)
   cuda.set_decode_stack_mlp_split(stack && c.mlp_split);
+  cuda.set_decode_stack_kv_tiles(c.kv_tiles);
   cuda.set_decode_stack_max_context(1 << 30);  // every context here (the default stops at 2048 tokens)
   Trace t;
   SequenceRunner runner(model, c.prompt + c.steps + 1);
@@ -290,7 +293,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama-3.2-1b", "", DType::F8_E4M3, 0, 4100, 4, 1, false, true},
         Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4, 1, false, true},
         Case{"llama-3-8b", "", DType::BF16, 0, 300, 8, 1, true, true},
-        Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 8, 1, false, true}),
+        Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 8, 1, false, true},
+        // the cached keys and values copied per key instead of a block at a time (kv_tiles off): hd 64 and
+        // 128, an FP8 cache, a window, a long context
+        Case{"tiny", "", DType::BF16, 40, 120, 12, 1, false, false, false},
+        Case{"llama-3-8b", "", DType::BF16, 0, 1000, 8, 1, false, false, false},
+        Case{"llama-3-8b", "fp8:lm_head", DType::F8_E4M3, 0, 300, 8, 1, false, false, false},
+        Case{"mistral-7b", "", DType::BF16, 2500, 4000, 4, 1, false, false, false}),
     [](const ::testing::TestParamInfo<Case>& info) {
       std::string n = std::string(info.param.model) + "_" +
                       (*info.param.quantize ? info.param.quantize : "bf16") +
@@ -298,7 +307,8 @@ INSTANTIATE_TEST_SUITE_P(
                       (info.param.window ? "_window" + std::to_string(info.param.window) : "") +
                       (info.param.prompt > 1000 ? "_ctx" + std::to_string(info.param.prompt) : "") +
                       (info.param.inflight != 1 ? "_inflight" + std::to_string(info.param.inflight) : "") +
-                      (info.param.generic ? "_generic" : "") + (info.param.mlp_split ? "_mlpsplit" : "");
+                      (info.param.generic ? "_generic" : "") + (info.param.mlp_split ? "_mlpsplit" : "") +
+                      (info.param.kv_tiles ? "" : "_perkey");
       for (char& ch : n)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return n;

@@ -65,6 +65,15 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
+// The box of a 2-D tensor map (tensor_map.h) at element coordinates (col, row) -> dst, completing on bar.
+// The map lives in kernel parameters, constant or global memory (global: written before the launch).
+__device__ __forceinline__ void tensor_copy_2d(void* dst, const void* map, int col, int row, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
+      : "memory");
+}
 
 // Per-thread asynchronous copies (cp.async, Ampere's): 16 bytes global -> shared through L2 only; src_bytes 0
 // writes zeros and reads nothing. A thread's groups complete in order; cp_async_wait<N> returns when at most

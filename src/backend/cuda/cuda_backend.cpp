@@ -194,6 +194,13 @@ void CudaBackend::use_device() const { CUDA_CHECK(cudaSetDevice(device_)); }
 // Memory -----------------------------------------------------------------------------------------------
 
 std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
+  auto buffer = allocate_unrecorded(bytes);
+  // A new buffer may replace one a captured graph points at (a grown workspace): retire the graphs.
+  ++generation_;
+  return buffer;
+}
+
+std::unique_ptr<DeviceBuffer> CudaBackend::allocate_unrecorded(size_t bytes) {
   // As at a step's start (embedding): nothing allocates between a deferred product and its consumer.
   if (qgemm_) qgemm_->drop_pending();
   use_device();
@@ -210,8 +217,6 @@ std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
         name_, bytes, bytes >> 20, free_bytes, free_bytes >> 20, total_bytes >> 20);
   }
   CUDA_CHECK(status);
-  // A new buffer may replace one a captured graph points at (a grown workspace): retire the graphs.
-  ++generation_;
   auto buffer = std::make_unique<CudaDeviceBuffer>(p, bytes);
   CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   return buffer;

@@ -132,6 +132,13 @@ struct CudaBackendOptions {
   // +1.6-2.2% over the stack in seven earlier calls. Opt-in because of the copy's memory (taken from what the
   // KV cache could hold), for about 1%.
   bool decode_stack_mlp_split = false;
+  // Its attention's cached keys and values copied a block of one KV head at a time through tensor maps
+  // (DecodeStackParams::kv_maps) instead of one 256-byte bulk copy per key and per value. Measured (8B bf16,
+  // H100, 2026-12-06 10:00, one call): at 1k context level (6.011 / 6.012 against 6.011 / 6.030 ms; the
+  // profile's first stage lands in 0.4 us instead of 1.2, the key walk 5.4 against 5.0 us per layer), at 4k
+  // 2.3% faster (6.401 against 6.553 ms; keys 17.6 us per layer against ~21), still behind per-op there
+  // (6.119). So the copies' count was not what the phase waits for. INFERX_DECODE_STACK_KV_TILES=0|1.
+  bool decode_stack_kv_tiles = true;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
   // (everything around them, buffers and copies, stays as it was), so the change in a step's time is what
   // they cost inside a replayed graph, overlap included, which Nsight Compute (it serialises kernels)
@@ -228,6 +235,7 @@ class CudaBackend final : public Backend {
   }
   void set_decode_stack_mlp_split(bool on) { options_.decode_stack_mlp_split = on; }
   void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
+  void set_decode_stack_kv_tiles(bool on) { options_.decode_stack_kv_tiles = on; }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }              // eager and captured
   int64_t decode_stack_split_launches() const { return decode_stack_split_launches_; }  // with mlp_split
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.
@@ -271,6 +279,12 @@ class CudaBackend final : public Backend {
   // mlp_split's transposed down matrices for p's layers (made once, at an eager step) and whether the
   // kernel can take the split for p's shapes on `grid` CTAs; false leaves the MLP in two phases.
   bool prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParams& p, int64_t inter, int grid);
+  // allocate() without retiring the recorded graphs: for a buffer that replaces none a recording may point
+  // at (the persistent kernel's transposed down copies and tensor maps, made once).
+  std::unique_ptr<DeviceBuffer> allocate_unrecorded(size_t bytes);
+  // The persistent kernel's tensor maps of p's layer caches (DecodeStackParams::kv_maps), encoded and
+  // uploaded at an eager step and kept per set of caches; null where they cannot be made (per-key copies).
+  const void* decode_stack_kv_maps(const cuda::DecodeStackParams& p);
   // Device scratch grown on demand (stream-ordered); growth bumps generation_ so that graphs captured
   // with the old pointer are not replayed.
   struct Scratch {
@@ -351,6 +365,11 @@ class CudaBackend final : public Backend {
   Scratch decode_stack_scratch_, decode_stack_profile_;
   // mlp_split's transposed down matrices, by the down weight's device address (weights never move).
   std::unordered_map<const void*, std::unique_ptr<DeviceBuffer>> decode_stack_down_t_;
+  struct KvMaps {
+    std::vector<uint8_t> host;  // the encoded maps, to tell a reused address with another layout
+    std::unique_ptr<DeviceBuffer> device;
+  };
+  std::unordered_map<const void*, KvMaps> decode_stack_kv_maps_;  // by the first layer's key cache
   bool decode_stack_down_t_failed_ = false;  // an allocation failed once: mlp_split stays off
   std::unique_ptr<cuda::DecodeStackParams> decode_stack_params_;
   size_t decode_stack_smem_ = 0;  // the shared-memory size the kernel's attribute was set for

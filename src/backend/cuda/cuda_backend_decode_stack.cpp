@@ -152,7 +152,7 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
       if (capturing_) return false;  // the copies are made by an eager step (the first one)
       std::unique_ptr<DeviceBuffer> copy;
       try {
-        copy = allocate(static_cast<size_t>(w.numel()) * 2);
+        copy = allocate_unrecorded(static_cast<size_t>(w.numel()) * 2);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "inferx cuda: the MLP split's transposed down matrices do not fit (%s); off\n",
                      e.what());
@@ -168,6 +168,25 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
       return false;
   }
   return true;
+}
+
+const void* CudaBackend::decode_stack_kv_maps(const cuda::DecodeStackParams& p) {
+  std::vector<uint8_t> host(2 * static_cast<size_t>(p.num_layers) * cuda::kTensorMapBytes + 64);
+  auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host.data()) + 63) / 64 * 64);
+  if (!cuda::decode_stack_encode_kv_maps(p, aligned)) return nullptr;
+  const std::vector<uint8_t> maps(aligned,
+                                  aligned + 2 * static_cast<size_t>(p.num_layers) * cuda::kTensorMapBytes);
+  auto found = decode_stack_kv_maps_.find(p.layers[0].k_cache);
+  if (found != decode_stack_kv_maps_.end() && found->second.host == maps) return found->second.device->data();
+  if (capturing_) return nullptr;  // made by an eager step; this recording copies per key
+  // A new set of caches: a buffer no recording points at. Another layout at a known address (a cache freed
+  // and another made there): a replacement, so allocate() retires the recordings of the old one.
+  const bool known = found != decode_stack_kv_maps_.end();
+  KvMaps entry{maps, known ? allocate(maps.size()) : allocate_unrecorded(maps.size())};
+  copy_to_device(entry.device->data(), maps.data(), maps.size());
+  const void* device = entry.device->data();
+  decode_stack_kv_maps_[p.layers[0].k_cache] = std::move(entry);
+  return device;
 }
 
 bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, const RopeParams& rope,
@@ -286,6 +305,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   p.block_size = static_cast<int32_t>(block_size);
   p.batch = {batch.num_tokens, batch.num_seqs,     batch.positions,         batch.query_start,
              batch.seq_lens,   batch.block_tables, batch.max_blocks_per_seq};
+
+  if (options_.decode_stack_kv_tiles) p.kv_maps = decode_stack_kv_maps(p);
 
   const int64_t max_k = std::max({hidden, hq * hd, inter});
   const size_t smem = cuda::decode_stack_prepare(p, static_cast<int32_t>(max_k));

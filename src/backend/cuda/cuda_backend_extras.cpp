@@ -52,6 +52,8 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
     o.decode_stack_skip = static_cast<unsigned>(std::atoi(sk)) & 7u;
   if (const char* ms = std::getenv("INFERX_DECODE_STACK_MLP_SPLIT"))
     o.decode_stack_mlp_split = std::strcmp(ms, "0") != 0;
+  if (const char* kt = std::getenv("INFERX_DECODE_STACK_KV_TILES"))
+    o.decode_stack_kv_tiles = std::strcmp(kt, "0") != 0;
   if (const char* mc = std::getenv("INFERX_DECODE_STACK_MAX_CONTEXT"))
     o.decode_stack_max_context = std::max(0, std::atoi(mc));
   if (const char* pr = std::getenv("INFERX_DECODE_STACK_PROFILE"))

@@ -17,11 +17,16 @@ namespace inferx::cuda::stack {
 // producer streams them through the ring right after the layer's qkv rows, and the attention phase finds
 // them in shared memory instead of waiting on dependent loads. The new token's key and value (position
 // pos, written to the cache by the owning split during the phase) are not streamed.
+// With the layers' tensor maps (DecodeStackParams::kv_maps) the span streams whole blocks: splits of a
+// multiple of block_size keys, from k0's block start to k1's block end (`first`, ntok a multiple of the block
+// size, stages too), the producer copying one block of one KV head per tensor copy; keys outside [k0, k1)
+// and the new position are marked invalid like missing block-table entries.
 struct KvSpan {
   int g, s;
   int32_t k0, k1, pos;
-  bool active, owner;
-  int32_t ntok;       // cached keys streamed: [k0, k1) without pos
+  bool active, owner, tiled;
+  int32_t first;      // the first streamed token (k0, or its block's start when tiled)
+  int32_t ntok;       // tokens streamed: [k0, k1) without pos; tiled: whole blocks from `first`
   int32_t row;        // bytes of one key (and of one value) row
   int32_t per_stage;  // keys per stage: keys first, then their values
   uint32_t nstages;
@@ -36,13 +41,23 @@ __device__ __forceinline__ KvSpan kv_span(const DecodeStackParams& p, int32_t st
   k.pos = p.batch.positions[0];
   const int32_t len = p.batch.seq_lens[0];
   const int32_t lo = p.window > 0 ? max(0, k.pos + 1 - p.window) : 0;
-  const int32_t per = (max(len - lo, 0) + splits - 1) / splits;
+  const int32_t bs = p.block_size;
+  k.tiled = p.kv_maps != nullptr;
+  int32_t per = (max(len - lo, 0) + splits - 1) / splits;
+  if (k.tiled) per = (per + bs - 1) / bs * bs;
   k.k0 = lo + k.s * per;
   k.k1 = min(len, k.k0 + per);
   k.owner = k.active && k.pos >= k.k0 && k.pos < k.k1;
-  k.ntok = k.active ? max(0, k.k1 - k.k0) - (k.owner ? 1 : 0) : 0;
   k.row = p.hd * (p.kv_fp8 ? 1 : 2);
   k.per_stage = min(stage_bytes / (2 * k.row), kMaxKeysPerStage);
+  if (k.tiled) {
+    k.per_stage = k.per_stage / bs * bs;  // at least one block (the host checks)
+    k.first = k.k0 / bs * bs;
+    k.ntok = k.active && k.k1 > k.k0 ? (k.k1 + bs - 1) / bs * bs - k.first : 0;
+  } else {
+    k.first = k.k0;
+    k.ntok = k.active ? max(0, k.k1 - k.k0) - (k.owner ? 1 : 0) : 0;
+  }
   k.nstages = static_cast<uint32_t>((k.ntok + k.per_stage - 1) / k.per_stage);
   return k;
 }
@@ -56,10 +71,18 @@ __device__ __forceinline__ int64_t kv_offset(const DecodeStackParams& p, int32_t
   return ((static_cast<int64_t>(block) * p.block_size + t % p.block_size) * p.hkv + g) * hd;
 }
 
-// Position of the i-th streamed key (the new position skipped).
+// Position of the i-th streamed key (per key: the new position skipped; tiled: every position).
 __device__ __forceinline__ int32_t kv_token(const KvSpan& k, int32_t i) {
-  const int32_t t = k.k0 + i;
-  return k.owner && t >= k.pos ? t + 1 : t;
+  const int32_t t = k.first + i;
+  return !k.tiled && k.owner && t >= k.pos ? t + 1 : t;
+}
+
+// Whether the i-th streamed key is one the attention reads: a valid block-table entry and, tiled, inside
+// [k0, k1) and not the new position (whose key the owning split adds itself).
+__device__ __forceinline__ bool kv_streamed_valid(const DecodeStackParams& p, const KvSpan& k, int32_t i) {
+  const int32_t t = kv_token(k, i);
+  if (k.tiled && (t < k.k0 || t >= k.k1 || t == k.pos)) return false;
+  return kv_offset(p, t, k.g, p.hd) >= 0;
 }
 
 // ---- attention ------------------------------------------------------------------------------------------

@@ -25,8 +25,6 @@
 // Splits, partials, the PDL protocol and the early tile issue are those of v2; the last CTA's merge is
 // spread over all its threads. Measured (H200 ncu, 256 decode rows at ~1.05k context, per layer): FP8 KV
 // 372 -> 211 us, BF16 398 -> 334 us; batch 1 inside the graph 16.5 -> 8.5 us (docs/benchmarks.md).
-#include <cuda.h>  // CUtensorMap (the type only: the encoder comes through the runtime's driver entry point)
-#include <cudaTypedefs.h>
 #include <math_constants.h>
 
 #include <cmath>
@@ -37,6 +35,7 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/decode_attention_epilogue.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_map.h"
 
 namespace inferx::cuda {
 namespace {
@@ -187,11 +186,7 @@ struct TmaLoader {
     tensor_copy(s.v[stage] + warp * 16 * L::kRowBytes, v_map, row, bar);
   }
   __device__ __forceinline__ void tensor_copy(uint8_t* dst, const CUtensorMap* map, int row, uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-        "[%4];" ::"r"(smem_addr(dst)),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_addr(bar))
-        : "memory");
+    tensor_copy_2d(dst, map, col, row, bar);
   }
   // After the wait for a stage: zero V rows of keys that are not valid (lanes 0..15, one row each).
   template <class SmemT>
@@ -540,22 +535,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
 bool tma_enabled() {
   static const bool on = env_int("INFERX_DECODE_ATTN_TMA", 0, 1, 1) == 1;
   return on;
-}
-
-// cuTensorMapEncodeTiled through the runtime (no link against the driver library); null if unavailable.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-            cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
 }
 
 // The 2-D view TmaLoader copies from: rows = cache slots, hkv * HD bytes each; boxes of 16 rows x HD bytes

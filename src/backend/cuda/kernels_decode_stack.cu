@@ -22,6 +22,7 @@
 #include "backend/cuda/decode_stack_attention.cuh"
 #include "backend/cuda/decode_stack_ring.cuh"
 #include "backend/cuda/kernels_decode_stack.h"
+#include "backend/cuda/tensor_map.h"
 
 namespace inferx::cuda {
 namespace {
@@ -107,10 +108,24 @@ __device__ void produce_matrix(const StackMatrix& m, bool paired, const Ring& ri
 // rows (two bulk copies per key), after lane 0 has set the stage's byte count and written which keys had a
 // valid block-table entry (an invalid one, which the engine never produces, copies block 0's row and is
 // skipped by the consumers).
-__device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, const Ring& ring, uint32_t& it,
+// With the layers' tensor maps (kv_span: tiled) each lane copies whole blocks instead, one tensor copy per
+// block for the keys and one for the values (a missing entry copies block 0).
+__device__ void produce_kv(const DecodeStackParams& p, int layer, const Ring& ring, uint32_t& it,
                            uint32_t* key_bits) {
+  const StackLayer& L = p.layers[layer];
   const KvSpan k = kv_span(p, ring.stage_bytes);
   const int lane = threadIdx.x % kWarp;
+  const uint8_t* k_map = nullptr;
+  const uint8_t* v_map = nullptr;
+  if (k.tiled && k.nstages > 0) {
+    k_map = static_cast<const uint8_t*>(p.kv_maps) + static_cast<size_t>(2 * layer) * kTensorMapBytes;
+    v_map = k_map + kTensorMapBytes;
+    if (lane == 0) {  // the maps were written by a host copy before the launch
+      asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(k_map) : "memory");
+      asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(v_map) : "memory");
+    }
+    __syncwarp();
+  }
   for (uint32_t st = 0; st < k.nstages; ++st, ++it) {
     const int32_t slot = static_cast<int32_t>(it % ring.stages);
     claim_stage(ring, it);
@@ -121,7 +136,7 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
 #pragma unroll 1
     for (int q = 0; q < words; ++q) {
       const int32_t j = lane + q * kWarp;
-      const bool valid = j < n && kv_offset(p, kv_token(k, i0 + j), k.g, p.hd) >= 0;
+      const bool valid = j < n && kv_streamed_valid(p, k, i0 + j);
       const uint32_t bits = __ballot_sync(0xffffffffu, valid);
       if (lane == 0) key_bits[slot * kKeyWords + q] = bits;
     }
@@ -130,6 +145,20 @@ __device__ void produce_kv(const DecodeStackParams& p, const StackLayer& L, cons
       mbar_expect_tx(&ring.full[slot], static_cast<uint32_t>(2 * n * k.row));  // releases the bits
     __syncwarp();
     uint8_t* dst = ring.data + static_cast<size_t>(slot) * ring.stage_bytes;
+    if (k.tiled) {
+      const int32_t bs = p.block_size;
+#pragma unroll 1
+      for (int32_t b = lane; b * bs < n; b += kWarp) {
+        const int32_t bi = (k.first + i0) / bs + b;  // first + i0 is a block start
+        int32_t block = bi < p.batch.max_blocks_per_seq ? p.batch.block_tables[bi] : -1;
+        if (block < 0 || block >= p.num_blocks) block = 0;
+        const size_t at = static_cast<size_t>(b) * bs * k.row;
+        tensor_copy_2d(dst + at, k_map, k.g * p.hd, block * bs, &ring.full[slot]);
+        tensor_copy_2d(dst + static_cast<size_t>(k.per_stage) * k.row + at, v_map, k.g * p.hd, block * bs,
+                       &ring.full[slot]);
+      }
+      continue;
+    }
     const int64_t esize = p.kv_fp8 ? 1 : 2;
 #pragma unroll 1
     for (int32_t j = lane; j < n; j += kWarp) {
@@ -150,7 +179,7 @@ __device__ void producer(const DecodeStackParams& p, const Ring& ring, uint32_t*
   StackMatrix m;
   for (int32_t seg = 0; phase_matrix(p, seg, m, paired); ++seg) {
     produce_matrix(m, paired, ring, it);
-    if (seg % 4 == 0 && seg < 4 * p.num_layers) produce_kv(p, p.layers[seg / 4], ring, it, key_bits);
+    if (seg % 4 == 0 && seg < 4 * p.num_layers) produce_kv(p, seg / 4, ring, it, key_bits);
   }
 }
 
@@ -739,6 +768,34 @@ size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
   }
   if (f != nullptr) p.control = reinterpret_cast<uint32_t*>(f + at);
   return at * sizeof(float) + (1 + static_cast<size_t>(p.hkv)) * sizeof(uint32_t);
+}
+
+bool decode_stack_encode_kv_maps(const DecodeStackParams& p, void* out) {
+  static_assert(sizeof(CUtensorMap) == kTensorMapBytes, "the kernel steps through the maps by this size");
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  const int32_t row = p.hd * (p.kv_fp8 ? 1 : 2);
+  const int64_t slots = p.num_blocks * p.block_size;
+  if (encode == nullptr || p.block_size < 1 || p.block_size > 256 || slots >= (int64_t{1} << 31) ||
+      std::min(p.stage_bytes / (2 * row), stack::kMaxKeysPerStage) < p.block_size ||
+      reinterpret_cast<uintptr_t>(out) % 64 != 0)
+    return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.hkv) * p.hd, static_cast<cuuint64_t>(slots)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.hkv) * row};  // bytes between slots
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(p.hd), static_cast<cuuint32_t>(p.block_size)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  auto* maps = static_cast<CUtensorMap*>(out);
+  for (int32_t l = 0; l < p.num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      void* base = kv == 0 ? p.layers[l].k_cache : p.layers[l].v_cache;
+      if (reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
+          encode(&maps[2 * l + kv],
+                 p.kv_fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims,
+                 strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return false;
+    }
+  }
+  return true;
 }
 
 namespace {

@@ -42,6 +42,9 @@ struct StackLayer {
   const void* down_t = nullptr;
 };
 
+// A CUtensorMap's size (and alignment: 64).
+constexpr size_t kTensorMapBytes = 128;
+
 // mlp_split's exact sums hold up to this many CTAs' partials (kernels_decode_stack.cu).
 constexpr int kMaxSplitCtas = 256;
 // The stride of mlp_split's sums (floats): hidden rounded up to 256 bytes, so every sum is 16-byte aligned.
@@ -114,6 +117,10 @@ struct DecodeStackParams {
   // them to the residual as it reads it, each CTA keeping its share in the other residual buffer (x and
   // x_alt in turn).
   uint8_t mlp_split = 0;
+  // The layers' caches as 2-D tensor maps (tensor_map.h; decode_stack_encode_kv_maps), [num_layers][K, V] in
+  // device memory, kTensorMapBytes each. Set: the producer copies a split's keys and values a block at a
+  // time (two tensor copies per block of one KV head instead of two bulk copies per key); null: per key.
+  const void* kv_maps = nullptr;
   float* x_alt = nullptr;     // [hidden], mlp_split's second residual buffer (scratch)
   float* mlp_sums = nullptr;  // [2 layer parities][hi, lo][mlp_sums_stride(hidden)] (scratch)
   // Profiling (INFERX_DECODE_STACK_PROFILE, eager steps): when set, thread 0 of each CTA writes the GPU
@@ -134,6 +141,11 @@ constexpr int64_t decode_stack_profile_events(int32_t num_layers) {
 // mlp_split's shared memory beyond the gate/up input: the CTA's activations, ceil(inter / grid) floats after
 // the BF16 input in the x buffer. Whether they fit p.x_bytes (decode_stack_prepare first).
 bool decode_stack_mlp_split_fits(const DecodeStackParams& p, int32_t inter, int grid);
+// DecodeStackParams::kv_maps for p's layers (their k_cache / v_cache, block_size, hkv, hd, kv_fp8 set) into
+// `out` (host memory, 2 x num_layers x kTensorMapBytes, 64-byte aligned): one map per cache, rows = slots
+// (num_blocks x block_size), boxes of block_size rows x hd elements. False where the stage holds no whole
+// block or the driver refuses a map: the producer then copies per key.
+bool decode_stack_encode_kv_maps(const DecodeStackParams& p, void* out);
 // dst [cols, rows] = src [rows, cols] transposed (BF16), for DecodeStackLayer's down_t.
 cudaError_t transpose_bf16(const void* src, void* dst, int64_t rows, int64_t cols, cudaStream_t stream);
 
