@@ -196,12 +196,14 @@ TEST(CudaDecodeStackMlpSplit, IsBitReproducible) {
   }
 }
 
-// By default the kernel takes only sequences whose block tables hold at most 2048 tokens
+// On, the kernel takes only sequences whose block tables hold at most 2048 tokens by default
 // (CudaBackendOptions::decode_stack_max_context): the same model decodes per-op in a longer runner.
 TEST(CudaDecodeStackBf16, LeavesLongContextsToThePerOpKernels) {
   INFERX_SKIP_WITHOUT_GPU();
+  CudaBackendOptions opts;
+  opts.decode_stack = DecodeStackMode::Bf16;
   for (const int capacity : {64, 2048, 2049, 4000}) {
-    auto backend = make_cuda_backend(0, CudaBackendOptions{});
+    auto backend = make_cuda_backend(0, opts);
     auto& cuda = static_cast<CudaBackend&>(*backend);
     auto model = Model::load("dummy:tiny", *backend);
     SequenceRunner runner(*model, capacity);

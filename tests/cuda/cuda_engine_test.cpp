@@ -290,9 +290,15 @@ TEST_F(CudaEngine, GraphReplayEqualsEagerAtBatchOne) { graph_replay_vs_eager(1);
 // so the replay still equals the eager step bit for bit.
 TEST_F(CudaEngine, GraphReplayEqualsEagerAtBatchOneWithTheMlpSplit) {
   auto& cuda = static_cast<CudaBackend&>(*backend_);
-  struct Split {  // on for this test only
-    explicit Split(CudaBackend& b) : b_(b) { b_.set_decode_stack_mlp_split(true); }
-    ~Split() { b_.set_decode_stack_mlp_split(CudaBackendOptions{}.decode_stack_mlp_split); }
+  struct Split {  // the kernel and its split on for this test only
+    explicit Split(CudaBackend& b) : b_(b) {
+      b_.set_decode_stack(true);
+      b_.set_decode_stack_mlp_split(true);
+    }
+    ~Split() {
+      b_.set_decode_stack(CudaBackendOptions{}.decode_stack != DecodeStackMode::Off);
+      b_.set_decode_stack_mlp_split(CudaBackendOptions{}.decode_stack_mlp_split);
+    }
     CudaBackend& b_;
   } split(cuda);
   const int64_t before = cuda.decode_stack_split_launches();
@@ -336,9 +342,15 @@ TEST_F(CudaEngine, EngineWithGraphsGivesThePaddedEagerTextExactly) {
 // the same kernels step by step (the kernel at every step within the bound).
 TEST_F(CudaEngine, BatchOneReplaysTheDecodeStackWithinItsContextBoundOnly) {
   auto& cuda = static_cast<CudaBackend&>(*backend_);
-  struct Bound {  // the shared backend's bound for this test only
-    explicit Bound(CudaBackend& b) : b_(b) { b_.set_decode_stack_max_context(64); }
-    ~Bound() { b_.set_decode_stack_max_context(CudaBackendOptions{}.decode_stack_max_context); }
+  struct Bound {  // the kernel on, with this bound, in the shared backend for this test only
+    explicit Bound(CudaBackend& b) : b_(b) {
+      b_.set_decode_stack(true);
+      b_.set_decode_stack_max_context(64);
+    }
+    ~Bound() {
+      b_.set_decode_stack(CudaBackendOptions{}.decode_stack != DecodeStackMode::Off);
+      b_.set_decode_stack_max_context(CudaBackendOptions{}.decode_stack_max_context);
+    }
     CudaBackend& b_;
   } bound(cuda);
   const std::vector<GenerationParams> ps{greedy(120)};  // a 12-token prompt grows to 132 tokens
@@ -381,6 +393,31 @@ TEST_F(CudaEngine, WarmUpRecordsEveryDecodeSizeBeforeTheFirstRequest) {
               static_cast<long long>(warm.decode_graph_replays),
               static_cast<long long>(cold.decode_graph_replays),
               static_cast<long long>(cold.decode_graph_steps));
+}
+
+// The persistent kernel's own buffers (its scratch, the caches' tensor maps, the MLP split's transposed down
+// copies) are made at the warm-up's batch-1 step, after the larger buckets were recorded; they replace
+// nothing a recording points at, so those recordings stay: every decode step of a mixed batch replays. A
+// fresh backend each time, so the buffers are made here (until 12-06 the scratch retired every recording).
+TEST_F(CudaEngine, WarmUpRecordingsSurviveTheDecodeStacksOwnBuffers) {
+  for (const bool split : {false, true}) {
+    SCOPED_TRACE(split ? "with the MLP split" : "default");
+    CudaBackendOptions opts;
+    opts.decode_stack = DecodeStackMode::Bf16;
+    opts.decode_stack_mlp_split = split;
+    auto backend = make_cuda_backend(0, opts);
+    auto& cuda = static_cast<CudaBackend&>(*backend);
+    auto model = Model::load("dummy:tiny", *backend);
+    std::vector<GenerationParams> ps;
+    for (int i = 0; i < 12; ++i) ps.push_back(greedy(8 + 3 * i));
+    EngineStats stats;
+    testing::run_to_end(*model, ps, &stats);
+    EXPECT_GT(cuda.decode_stack_launches(), 0);
+    EXPECT_EQ(cuda.decode_stack_split_launches() > 0, split);
+    EXPECT_GT(stats.decode_graph_steps, 10);
+    EXPECT_EQ(stats.decode_graph_replays, stats.decode_graph_steps)
+        << "a recording was retired by the warm-up";
+  }
 }
 
 // Overlapped decode steps (step N + 1 launched before N's ids reach the host, its input ids gathered on the

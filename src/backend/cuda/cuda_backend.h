@@ -85,13 +85,13 @@ struct CudaBackendOptions {
   bool narrow_mixed_steps = true;
   // A batch-1 decode step as one persistent kernel (Backend::decode_stack, kernels_decode_stack.h) where
   // the weights (BF16, FP8, INT4), shapes and cache (BF16, FP8) allow: for every weight format (All), or
-  // only where every matrix is BF16 (Bf16). Measured against the per-op kernels, 8B bf16, one stage in
-  // flight (H100s, 12-06, docs/benchmarks.md): at 1k context -1.1..+1.8% over ten calls on at least three
-  // nodes (+0.4% on average; six ahead, four behind), +3.0-4.4% at 100 tokens, +0.6% at 1.9k, -4.8% at 4k;
-  // FP8 1-15% and INT4 28% slower, 70B FP8 7% slower. So BF16 only, and only short contexts (below); its
-  // long-context test cases (a split's keys over several ring stages) pass. Not timed on an H200 one stage
-  // ahead (none was lent on 12-06).
-  DecodeStackMode decode_stack = DecodeStackMode::Bf16;
+  // only where every matrix is BF16 (Bf16). Off by default since 12-06 10:10: on the H200 (the card the
+  // targets name; same machine, one call each) it lost to the per-op kernels at every setting measured -
+  // 8B bf16 at 1k context 4.913 ms against 4.553 with one stage in flight (the H100 setting), 4.593 with
+  // two, 4.675 with three, 4.577 with two and the MLP split; +0.3% at 100 tokens with two; FP8 3.23-3.28
+  // against 2.997 ms. On H100s it was -1.1..+1.8% against per-op at 1k (+0.4% on average over ten calls),
+  // +3.0% at 100 tokens, -4.8% at 4k. Its test cases all pass; INFERX_DECODE_STACK=bf16|1 turns it on.
+  DecodeStackMode decode_stack = DecodeStackMode::Off;
   // ... and only for sequences that can hold at most this many tokens: the step's BatchView::max_seq_len (an
   // upper bound for every replay of a recorded step; the engine's decode graphs record batch 1 once for
   // contexts up to this bound and once for longer ones), else its block-table capacity (max_blocks_per_seq x

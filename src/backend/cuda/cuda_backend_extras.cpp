@@ -101,8 +101,13 @@ void* CudaBackend::scratch(Scratch& s, size_t bytes) {
       "step once without capture first",
       bytes);
   use_device();
-  ++generation_;
-  if (s.data) CUDA_CHECK(cudaFreeAsync(s.data, stream_));
+  // Growth replaces a buffer a recording may point at: retire the recordings. A first allocation replaces
+  // nothing (the persistent kernel's scratch, made at the warm-up's batch-1 step after the larger decode
+  // buckets were recorded, retired all of them until 12-06).
+  if (s.data) {
+    ++generation_;
+    CUDA_CHECK(cudaFreeAsync(s.data, stream_));
+  }
   s.data = nullptr;
   s.bytes = 0;
   const size_t rounded = (bytes + 4095) / 4096 * 4096;
