@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 08:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-06 10:20), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
-# Every figure of 12-06 came from H100s (no H200 was lent): the issues' targets are set on an H200.
-# 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (bf16 now takes the
-#    persistent kernel by default where --max-model-len <= 2048).
+# On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
+# batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
+# the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
+# 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
+#    default).
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
-#    per SM, 29.7 us under 192 KB).
-# 3. The persistent decode kernel: its tests, per-op against it twice each, the ring-deep producer (if0), the
-#    no-barrier bound (skip2), a per-phase profile of a real context (INFERX_WARMUP=0: the warm-up step
-#    is otherwise the one profiled), FP8 in the stack. On an H200: is the stack still ahead of per-op at
-#    1k context (H100: +1.1..1.8% on most nodes, -0.5..-1.1% on others), and with the MLP split
-#    (INFERX_DECODE_STACK_MLP_SPLIT=1, opt-in: +1.5..2.9% over per-op on H100s)?
+#    per SM, 29.7 us under 192 KB); on an H200 they were last probed on 12-03.
+# 3. The persistent decode kernel (INFERX_DECODE_STACK=1 here): its tests, per-op against it twice each, the
+#    ring-deep producer (if0), the no-barrier bound (skip2), a per-phase profile of a real context
+#    (INFERX_WARMUP=0), FP8 in the stack. On an H200 pass MODES3 with INFERX_DECODE_STACK_INFLIGHT=2 (one
+#    stage in flight, the H100 setting, is 8% slower there).
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
-# Next kernel work the 12-06 profiles point at: the stack's key/value delivery (256-byte bulk copies, ~29 ns
-# each: 4.7 us per layer at 1k, 14.9-21 us at 4k, with or without the attention arithmetic) - what keeps the
-# stack behind per-op past ~2k tokens. Try the idle consumer warps loading keys and values from global memory.
+# Next kernel work the 12-06 runs point at: on the H200 the per-op batch-1 step spends ~31 us per layer (bf16)
+# to ~38 (FP8) beyond its bytes; the stack cannot keep 4.2 TB/s with one stage in flight per SM, and more in
+# flight slows its barriers. Its key walk (two keys per pass since 12-06 10:00, not yet timed against one)
+# was arithmetic-bound at 4k once keys came by tensor maps: tensor-core scores (as decode attention v3) next.
 # STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~2 min), then "1 2" (~3 min), then 4 (~5 min).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"

@@ -108,7 +108,9 @@ struct CudaBackendOptions {
   // 1: a grid barrier's atomics and polls wait behind the SM's bytes in flight (the barrier probe under a
   // stream, H100 2026-12-06: 1.0 us with none, 2.9 us at 32 KB per SM, 29.7 us at 192 KB, while the stream
   // is already at 3.2 TB/s with 32 KB), and one 32 KB stage ahead beat the full depth on every node
-  // (8B bf16 in one call, H100 2026-12-06: 5.710 / 5.723 against 5.866 ms; docs/benchmarks.md).
+  // (8B bf16 in one call, H100 2026-12-06: 5.710 / 5.723 against 5.866 ms; docs/benchmarks.md). On an H200
+  // two are needed (12-06 10:05, one machine: 4.593 ms with two, 4.913 with one, 4.675 with three): set
+  // INFERX_DECODE_STACK_INFLIGHT=2 there when the kernel is turned on.
   int decode_stack_inflight = 1;
   // How long (ns) its producer sleeps between polls of a stage it waits for; 0: it spins. Measured (H200,
   // 2026-12-03 20:52): no difference (8B bf16 4.583 ms at 256, 4.580 spinning); kept as the A/B switch.
