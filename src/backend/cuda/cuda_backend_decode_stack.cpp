@@ -210,8 +210,8 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
                                     static_cast<int32_t>(hq), static_cast<int32_t>(hkv),
                                     static_cast<int32_t>(hd)))
     return false;
-  // The cheap refusals first: with the BF16 default every eager batch-1 step of a longer-context or
-  // quantized model comes through here and leaves.
+  // The cheap refusals first: with the kernel on for BF16 (DecodeStackMode::Bf16), every eager batch-1 step
+  // of a longer-context or quantized model comes through here and leaves.
   const KvCacheLayer* first = s.layers[0].cache;
   if (first == nullptr || first->k.ndim != 4) return false;
   const int64_t num_blocks = first->k.dim(0), block_size = first->k.dim(1);

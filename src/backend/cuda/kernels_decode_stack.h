@@ -4,14 +4,15 @@
 // (+ residual), then the final norm and the vocabulary projection, for one token of one sequence.
 //
 // Why: at batch 1 each kernel boundary costs its ramp-up and drain (~3-5 us with PDL, ~260 boundaries per
-// 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Status: the BF16 default
-// at batch 1 for contexts up to 2048 tokens (CudaBackendOptions::decode_stack): 8B bf16 at 1k context on
-// H100s 86.0-87.3% of the roofline on most nodes, -1.1..+1.8% against the per-op kernels in the same calls
-// (2026-12-06), FP8 and INT4 slower (their per-op GEMVs decode more cheaply). The weight stream alone reaches
+// 8B step: 77% of the memory roofline with separate kernels, docs/benchmarks.md). Status: off by default
+// (CudaBackendOptions::decode_stack). On H100s, 8B bf16 at 1k context, it is within -1.1..+1.8% of the per-op
+// kernels (2026-12-06). On an H200 it lost to them at every setting (2026-12-06 10:05: 4.91 ms with one stage
+// in flight, 4.59 with two, per-op 4.55; FP8 3.23 against 3.00). On the H100 the weight stream alone reaches
 // the copy rate (93.9% of the roofline without grid barriers); the 5 grid barriers per layer (~22 us: their
 // atomics and polls wait behind the SM's streamed bytes, not for late CTAs) and the attention (~10.5 us at 1k
-// context, ~29 at 4k: mostly the keys' and values' delivery, one 256-byte bulk copy each, ~29 ns per copy)
-// are what lose (benchmarks.md, 2026-12-03 17:10-18:10 and 20:52). Here one CTA per SM stays resident for the
+// context, ~18 at 4k: its key walk's arithmetic since the keys come by tensor maps) are what lose
+// (benchmarks.md). On the H200 one stage in flight per SM does not keep the copy rate (81.7% of the roofline
+// even without barriers), and more in flight slows the barriers. Here one CTA per SM stays resident for the
 // whole step; one producer warp per CTA streams the CTA's share of every weight matrix, in the order they are
 // used, through a ring of shared-memory stages (cp.async.bulk + mbarriers), never waiting for the data
 // dependencies; the consumer warps wait at grid-wide barriers between the phases. The weight stream therefore
