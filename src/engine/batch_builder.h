@@ -19,7 +19,8 @@ class BatchBuilder {
   // Row i of the logits belongs to the i-th scheduled sequence with sample == true.
   BatchView build(const SchedulerOutput& out);
   // Sizes both buffers for the largest batch the scheduler can produce, so that no later build()
-  // allocates (the engine's warm-up: on CUDA any allocation retires the recorded decode graphs).
+  // allocates (the engine's warm-up: on CUDA a grown buffer frees the old one, which retires the recorded
+  // decode graphs).
   void reserve(int32_t tokens, int32_t seqs, int32_t max_blocks, int32_t logits);
   // Host copy of the last batch's arrays (tests).
   const std::vector<int32_t>& host() const { return host_; }

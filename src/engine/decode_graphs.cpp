@@ -30,6 +30,9 @@ DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, const DecodeGraphConfig& c
   for (auto& h : host_) h = model_.backend().allocate_upload(ints * sizeof(int32_t));
   // Allocated once, before any recording: its address never changes.
   device_ = model_.backend().allocate(ints * sizeof(int32_t));
+  if (config_.short_context > 0 &&
+      static_cast<int64_t>(config_.short_context) < int64_t{config_.max_blocks_per_seq} * kv.block_size())
+    short_context_ = config_.short_context;
   state_.assign(buckets_.size() + 1, 0);  // the last slot: batch 1's short-context recording
   graph_logits_.resize(buckets_.size() + 1);
 }
@@ -61,15 +64,10 @@ bool DecodeGraphs::accepts(const SchedulerOutput& out) const {
   return true;
 }
 
-bool DecodeGraphs::has_short_class() const {
-  return config_.short_context > 0 && static_cast<int64_t>(config_.short_context) <
-                                          static_cast<int64_t>(config_.max_blocks_per_seq) * kv_.block_size();
-}
-
 bool DecodeGraphs::short_class(const SchedulerOutput& out, int32_t bucket) const {
-  if (bucket != 1 || !has_short_class()) return false;
+  if (bucket != 1 || short_context_ == 0) return false;
   for (const ScheduledSequence& s : out.seqs) {
-    if (s.start + 1 > config_.short_context) return false;
+    if (s.start + 1 > short_context_) return false;
   }
   return true;
 }
@@ -138,7 +136,7 @@ BatchView DecodeGraphs::build_for(const SchedulerOutput& out, int32_t bucket,
   BatchView v = layout.view(static_cast<const int32_t*>(device_->data()));
   v.max_query_len = 1;
   // A host hint frozen into a recording: the largest length any replay may see.
-  v.max_seq_len = short_len ? config_.short_context : M * static_cast<int32_t>(kv_.block_size());
+  v.max_seq_len = short_len ? short_context_ : M * static_cast<int32_t>(kv_.block_size());
   return v;
 }
 
@@ -152,7 +150,7 @@ Tensor DecodeGraphs::run(const SchedulerOutput& out, const SampledTokenSource* t
 int32_t DecodeGraphs::warm_up() {
   const SchedulerOutput none;
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) run_bucket(none, *it, nullptr, false);
-  if (has_short_class()) run_bucket(none, 1, nullptr, true);
+  if (short_context_ > 0) run_bucket(none, 1, nullptr, true);
   return static_cast<int32_t>(buckets_.size());
 }
 

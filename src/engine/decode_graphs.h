@@ -18,8 +18,8 @@
 //
 // The first step of a bucket runs eagerly (sizing every workspace) and is then recorded; later ones
 // replay the recording. A backend without graphs (CPU) runs the padded batch eagerly: tests use that to
-// check the padded metadata. Any allocation in the backend (a larger prefill growing a workspace) makes
-// it refuse the old recordings, which are then captured again.
+// check the padded metadata. A buffer the backend frees (a larger prefill growing a workspace) makes it
+// refuse the old recordings, which are then captured again.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -82,7 +82,7 @@ class DecodeGraphs {
   bool short_class(const SchedulerOutput& out, int32_t bucket) const;
 
   // The bound of batch 1's short-context recording; 0 when there is none.
-  int32_t short_context() const { return has_short_class() ? config_.short_context : 0; }
+  int32_t short_context() const { return short_context_; }
   int64_t replays() const { return replays_; }
   int64_t captures() const { return captures_; }
 
@@ -93,7 +93,6 @@ class DecodeGraphs {
                     bool short_len);
   BatchView build_for(const SchedulerOutput& out, int32_t bucket, const SampledTokenSource* tokens,
                       bool short_len);
-  bool has_short_class() const;
   // A recording's slot: the bucket's index, or one past the last for batch 1's short-context recording.
   size_t slot(int32_t bucket, bool short_len) const;
   uint64_t key(size_t slot) const { return reinterpret_cast<uintptr_t>(this) + static_cast<uint64_t>(slot); }
@@ -101,6 +100,7 @@ class DecodeGraphs {
   Model& model_;
   KvCache& kv_;
   DecodeGraphConfig config_;
+  int32_t short_context_ = 0;  // config_.short_context where it is below the capacity, else 0
   std::vector<int32_t> buckets_;
   // The metadata is written into one of two host copies in turn (page-locked on GPUs: the upload is queued
   // behind the previous work, not waited for) and uploaded whole.

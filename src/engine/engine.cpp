@@ -201,12 +201,12 @@ Engine::Impl::Impl(Model& m, const Tokenizer* tok, const EngineConfig& c)
 
 void Engine::Impl::warm_up(int32_t scratch_block) {
   const auto t0 = std::chrono::steady_clock::now();
-  // Step sizes first: their forwards size the workspace (an allocation drops recorded graphs).
+  // Step sizes first: their forwards size the workspace (growing it drops recorded graphs).
   const std::vector<int32_t> counts = warm_up_token_counts(
       std::min(config.max_num_batched_tokens, EngineConfig::kMaxWarmUpTokens), config.max_batch_size);
   warm_up_step_sizes(model, *kv, *builder, scratch_block, counts, config.max_batch_size);
-  // The step metadata at its largest, so that no served step allocates (on CUDA an allocation retires
-  // every recorded graph); then the decode buckets, recorded last.
+  // The step metadata at its largest, so that no served step grows it (on CUDA the old buffer's release
+  // retires every recorded graph); then the decode buckets, recorded last.
   builder->reserve(std::max(config.max_num_batched_tokens, config.max_batch_size), config.max_batch_size,
                    static_cast<int32_t>(blocks_for_tokens(config.max_model_len, config.block_size)),
                    config.max_batch_size);

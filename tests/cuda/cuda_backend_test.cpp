@@ -537,5 +537,29 @@ TEST_F(CudaBackendTest, ReportsItsDeviceAndRoundTripsMemory) {
   EXPECT_EQ(back, data);
 }
 
+// A recorded graph stays valid while buffers are allocated (none it reads can move) and is refused once any
+// device buffer is freed (a later allocation may reuse the address: the recorder re-records): a growth, which
+// frees the old buffer, retires it, and a first allocation (the persistent kernel's scratch or tensor maps at
+// the warm-up's batch-1 step) does not.
+TEST_F(CudaBackendTest, RecordingsSurviveAllocationsAndAreRefusedAfterAFree) {
+  constexpr uint64_t kKey = 7;
+  auto src = gpu_->allocate(4096), dst = gpu_->allocate(4096);
+  std::vector<uint8_t> data(4096);
+  std::iota(data.begin(), data.end(), uint8_t{3});
+  gpu_->copy_to_device(src->data(), data.data(), data.size());
+  ASSERT_TRUE(gpu_->begin_graph_capture());
+  gpu_->copy_on_device(dst->data(), src->data(), data.size());
+  gpu_->end_graph_capture(kKey);
+  ASSERT_TRUE(gpu_->replay_graph(kKey));
+  std::vector<uint8_t> back(data.size());
+  gpu_->copy_to_host(back.data(), dst->data(), back.size());
+  EXPECT_EQ(back, data) << "the replay copied";
+  auto unrelated = gpu_->allocate(1 << 20);
+  EXPECT_TRUE(gpu_->replay_graph(kKey)) << "an allocation retired the recording";
+  unrelated.reset();
+  EXPECT_FALSE(gpu_->replay_graph(kKey)) << "a freed buffer left the recording replayable";
+  EXPECT_FALSE(gpu_->has_graph(kKey));
+}
+
 }  // namespace
 }  // namespace inferx

@@ -172,9 +172,10 @@ TEST(CudaDecodeStackBf16, TakesBf16WeightsOnly) {
 }
 
 // The MLP split's sums are exact (each CTA's partial cut into two parts on fixed grids,
-// kernels_decode_stack.cu), so runs of the same steps give the same bits however the CTAs' atomics arrive
-// (with plain float atomics, as first written, they differed in the last bits). Every CTA adds into every
-// output column here (llama-3.2-1b: 8192 activations over the SMs, 2048 columns).
+// kernels_decode_stack.cu), so runs of the same steps give the same bits however the CTAs' atomics arrive.
+// (The first version's plain float atomics failed CudaEngine.GraphReplayEqualsEagerAtBatchOne; this test
+// was written after it and has not been run against it.) Every CTA adds into every output column here
+// (llama-3.2-1b: 8192 activations over the SMs, 2048 columns).
 TEST(CudaDecodeStackMlpSplit, IsBitReproducible) {
   INFERX_SKIP_WITHOUT_GPU();
   auto backend = make_cuda_backend(0, CudaBackendOptions{});

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,13 +20,17 @@ namespace inferx {
 namespace {
 
 // Memory from cudaMalloc (kFree = cudaFree) or page-locked host memory from cudaHostAlloc (cudaFreeHost).
+// `frees` (device memory): counted up when the memory is freed, which retires the backend's recorded graphs
+// (CudaBackend::generation: a recording may point at it, and a later allocation may reuse the address).
 template <cudaError_t (*kFree)(void*)>
 class CudaMemory final : public DeviceBuffer {
  public:
-  CudaMemory(void* p, size_t bytes) : ptr_(p), size_(bytes) {}
+  CudaMemory(void* p, size_t bytes, std::shared_ptr<std::atomic<uint64_t>> frees = nullptr)
+      : ptr_(p), size_(bytes), frees_(std::move(frees)) {}
   ~CudaMemory() override {
     // Freeing waits for work using the memory; destructors cannot throw, so a failure is only reported.
     if (ptr_ && kFree(ptr_) != cudaSuccess) std::fprintf(stderr, "inferx cuda: freeing memory failed\n");
+    if (ptr_ && frees_) frees_->fetch_add(1);
   }
   CudaMemory(const CudaMemory&) = delete;
   CudaMemory& operator=(const CudaMemory&) = delete;
@@ -35,6 +40,7 @@ class CudaMemory final : public DeviceBuffer {
  private:
   void* ptr_;
   size_t size_;
+  std::shared_ptr<std::atomic<uint64_t>> frees_;
 };
 using CudaDeviceBuffer = CudaMemory<cudaFree>;
 using CudaPinnedBuffer = CudaMemory<cudaFreeHost>;
@@ -193,14 +199,9 @@ void CudaBackend::use_device() const { CUDA_CHECK(cudaSetDevice(device_)); }
 
 // Memory -----------------------------------------------------------------------------------------------
 
+// A new buffer retires no recorded graph (none can point at it); freeing one does (CudaMemory), so a buffer
+// that replaces another (a grown workspace) retires them when the old one goes.
 std::unique_ptr<DeviceBuffer> CudaBackend::allocate(size_t bytes) {
-  auto buffer = allocate_unrecorded(bytes);
-  // A new buffer may replace one a captured graph points at (a grown workspace): retire the graphs.
-  ++generation_;
-  return buffer;
-}
-
-std::unique_ptr<DeviceBuffer> CudaBackend::allocate_unrecorded(size_t bytes) {
   // As at a step's start (embedding): nothing allocates between a deferred product and its consumer.
   if (qgemm_) qgemm_->drop_pending();
   use_device();
@@ -217,7 +218,7 @@ std::unique_ptr<DeviceBuffer> CudaBackend::allocate_unrecorded(size_t bytes) {
         name_, bytes, bytes >> 20, free_bytes, free_bytes >> 20, total_bytes >> 20);
   }
   CUDA_CHECK(status);
-  auto buffer = std::make_unique<CudaDeviceBuffer>(p, bytes);
+  auto buffer = std::make_unique<CudaDeviceBuffer>(p, bytes, device_frees_);
   CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   return buffer;
 }

@@ -12,6 +12,8 @@
 //     their output as BF16 into a backend buffer, and the next matmul whose input is that same tensor
 //     reads the BF16 copy (no conversion pass). Any other op, or a write over the tensor, drops the copy;
 //   - CUDA graphs (begin/end_graph_capture, replay_graph), GPU sampling (argmax, sample), fill_random.
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -138,7 +140,8 @@ struct CudaBackendOptions {
   // (DecodeStackParams::kv_maps) instead of one 256-byte bulk copy per key and per value. Measured (8B bf16,
   // H100, 2026-12-06 10:00, one call): at 1k context level (6.011 / 6.012 against 6.011 / 6.030 ms; the
   // profile's first stage lands in 0.4 us instead of 1.2, the key walk 5.4 against 5.0 us per layer), at 4k
-  // 2.3% faster (6.401 against 6.553 ms; keys 17.6 us per layer against ~21), still behind per-op there
+  // 2.3% faster (6.401 against 6.553 ms; keys 17.6 us per layer, ~21 per key on other nodes earlier on
+  // 12-06), still behind per-op there
   // (6.119). So the copies' count was not what the phase waits for. INFERX_DECODE_STACK_KV_TILES=0|1.
   bool decode_stack_kv_tiles = true;
   // Timing ablation only (INFERX_TIMING_SKIP=norm,rope,attention): the named kernels are not launched
@@ -281,9 +284,6 @@ class CudaBackend final : public Backend {
   // mlp_split's transposed down matrices for p's layers (made once, at an eager step) and whether the
   // kernel can take the split for p's shapes on `grid` CTAs; false leaves the MLP in two phases.
   bool prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParams& p, int64_t inter, int grid);
-  // allocate() without retiring the recorded graphs: for a buffer that replaces none a recording may point
-  // at (the persistent kernel's transposed down copies and tensor maps, made once).
-  std::unique_ptr<DeviceBuffer> allocate_unrecorded(size_t bytes);
   // The persistent kernel's tensor maps of p's layer caches (DecodeStackParams::kv_maps), encoded and
   // uploaded at an eager step and kept per set of caches; null where they cannot be made (per-key copies).
   const void* decode_stack_kv_maps(const cuda::DecodeStackParams& p);
@@ -368,8 +368,11 @@ class CudaBackend final : public Backend {
   // mlp_split's transposed down matrices, by the down weight's device address (weights never move).
   std::unordered_map<const void*, std::unique_ptr<DeviceBuffer>> decode_stack_down_t_;
   struct KvMaps {
-    std::vector<uint8_t> host;  // the encoded maps, to tell a reused address with another layout
-    std::unique_ptr<DeviceBuffer> device;
+    // What the maps were encoded from (every layer's key and value cache; the cache layout and stage size):
+    // a step compares these instead of encoding again.
+    std::vector<const void*> caches;
+    std::array<int64_t, 6> layout{};
+    std::unique_ptr<DeviceBuffer> device;  // null: no maps for this layout (the producer copies per key)
   };
   std::unordered_map<const void*, KvMaps> decode_stack_kv_maps_;  // by the first layer's key cache
   bool decode_stack_down_t_failed_ = false;  // an allocation failed once: mlp_split stays off
@@ -394,7 +397,9 @@ class CudaBackend final : public Backend {
   const void* shadow_src_ = nullptr;
   int64_t shadow_rows_ = 0, shadow_cols_ = 0;
   bool last_matmul_bf16_ = false;  // produce BF16 copies only for models whose matmuls take them
-  uint64_t generation_ = 0;
+  uint64_t generation_ = 0;        // scratch buffers replaced (scratch()); generation() adds the two below
+  // Device buffers from allocate() freed (CudaMemory counts them; shared: a buffer may outlive the backend).
+  std::shared_ptr<std::atomic<uint64_t>> device_frees_ = std::make_shared<std::atomic<uint64_t>>(0);
   bool capturing_ = false;
   uint64_t capture_generation_ = 0;
   struct Graph {

@@ -2,6 +2,7 @@
 // (kernels_decode_stack.h) and launches it after the embedding; anything it does not take returns false
 // before a launch, and Model::forward runs the per-op kernels instead.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -11,6 +12,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_decode_stack.h"
+#include "backend/cuda/tensor_map.h"
 #include "core/error.h"
 
 namespace inferx {
@@ -152,7 +154,7 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
       if (capturing_) return false;  // the copies are made by an eager step (the first one)
       std::unique_ptr<DeviceBuffer> copy;
       try {
-        copy = allocate_unrecorded(static_cast<size_t>(w.numel()) * 2);
+        copy = allocate(static_cast<size_t>(w.numel()) * 2);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "inferx cuda: the MLP split's transposed down matrices do not fit (%s); off\n",
                      e.what());
@@ -171,22 +173,28 @@ bool CudaBackend::prepare_mlp_split(const DecodeStack& s, cuda::DecodeStackParam
 }
 
 const void* CudaBackend::decode_stack_kv_maps(const cuda::DecodeStackParams& p) {
-  std::vector<uint8_t> host(2 * static_cast<size_t>(p.num_layers) * cuda::kTensorMapBytes + 64);
-  auto* aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(host.data()) + 63) / 64 * 64);
-  if (!cuda::decode_stack_encode_kv_maps(p, aligned)) return nullptr;
-  const std::vector<uint8_t> maps(aligned,
-                                  aligned + 2 * static_cast<size_t>(p.num_layers) * cuda::kTensorMapBytes);
-  auto found = decode_stack_kv_maps_.find(p.layers[0].k_cache);
-  if (found != decode_stack_kv_maps_.end() && found->second.host == maps) return found->second.device->data();
-  if (capturing_) return nullptr;  // made by an eager step; this recording copies per key
-  // A new set of caches: a buffer no recording points at. Another layout at a known address (a cache freed
-  // and another made there): a replacement, so allocate() retires the recordings of the old one.
-  const bool known = found != decode_stack_kv_maps_.end();
-  KvMaps entry{maps, known ? allocate(maps.size()) : allocate_unrecorded(maps.size())};
-  copy_to_device(entry.device->data(), maps.data(), maps.size());
-  const void* device = entry.device->data();
-  decode_stack_kv_maps_[p.layers[0].k_cache] = std::move(entry);
-  return device;
+  const std::array<int64_t, 6> layout = {p.num_blocks, p.block_size, p.hkv, p.hd, p.kv_fp8, p.stage_bytes};
+  KvMaps& entry = decode_stack_kv_maps_[p.layers[0].k_cache];
+  bool same = entry.layout == layout && entry.caches.size() == 2 * static_cast<size_t>(p.num_layers);
+  for (int32_t l = 0; same && l < p.num_layers; ++l)
+    same = entry.caches[2 * static_cast<size_t>(l)] == p.layers[l].k_cache &&
+           entry.caches[2 * static_cast<size_t>(l) + 1] == p.layers[l].v_cache;
+  if (same) return entry.device ? entry.device->data() : nullptr;
+  if (capturing_) return nullptr;  // encoded by an eager step; this recording copies per key
+  // New caches, or another layout at a known address (a cache freed and another made there): the old maps'
+  // buffer goes with the entry (freeing it retires the recordings that read it).
+  entry.layout = layout;
+  entry.caches.clear();
+  for (int32_t l = 0; l < p.num_layers; ++l) {
+    entry.caches.push_back(p.layers[l].k_cache);
+    entry.caches.push_back(p.layers[l].v_cache);
+  }
+  entry.device.reset();
+  std::vector<CUtensorMap> maps(2 * static_cast<size_t>(p.num_layers));  // 64-byte aligned elements
+  if (!cuda::decode_stack_encode_kv_maps(p, maps.data())) return nullptr;
+  entry.device = allocate(maps.size() * sizeof(CUtensorMap));
+  copy_to_device(entry.device->data(), maps.data(), maps.size() * sizeof(CUtensorMap));
+  return entry.device->data();
 }
 
 bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, const RopeParams& rope,

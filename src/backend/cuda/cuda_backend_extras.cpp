@@ -101,9 +101,9 @@ void* CudaBackend::scratch(Scratch& s, size_t bytes) {
       "step once without capture first",
       bytes);
   use_device();
-  // Growth replaces a buffer a recording may point at: retire the recordings. A first allocation replaces
-  // nothing (the persistent kernel's scratch, made at the warm-up's batch-1 step after the larger decode
-  // buckets were recorded, retired all of them until 12-06).
+  // As for allocate()'s buffers, freeing retires the recordings, allocating does not (the persistent
+  // kernel's scratch, first made at the warm-up's batch-1 step after the larger decode buckets were
+  // recorded, retired all of them until 12-06).
   if (s.data) {
     ++generation_;
     CUDA_CHECK(cudaFreeAsync(s.data, stream_));
@@ -152,7 +152,9 @@ void CudaBackend::release_pinned(Scratch& s) {
   s = {};
 }
 
-uint64_t CudaBackend::generation() const { return generation_ + (gemm_ ? gemm_->buffer_generation() : 0); }
+uint64_t CudaBackend::generation() const {
+  return generation_ + device_frees_->load() + (gemm_ ? gemm_->buffer_generation() : 0);
+}
 
 void* CudaBackend::bf16_copy_for(const Tensor& out) {
   shadow_src_ = nullptr;

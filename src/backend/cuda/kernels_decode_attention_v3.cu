@@ -540,16 +540,11 @@ bool tma_enabled() {
 // The 2-D view TmaLoader copies from: rows = cache slots, hkv * HD bytes each; boxes of 16 rows x HD bytes
 // with the 128-byte swizzle. False if the driver refuses it (the caller then takes the cp.async loader).
 bool encode_kv_map(CUtensorMap& map, const void* base, const PagedKv& cache, int hkv, int hd) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(hkv) * hd,
-                              static_cast<cuuint64_t>(cache.num_blocks * cache.block_size)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(hkv) * hd};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(hd), 16};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
-                elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const auto bytes_per_slot = static_cast<uint64_t>(hkv) * hd;
+  return encode_rows_map(map, base, CU_TENSOR_MAP_DATA_TYPE_UINT8, bytes_per_slot,
+                         static_cast<uint64_t>(cache.num_blocks * cache.block_size), bytes_per_slot,
+                         static_cast<uint32_t>(hd), 16, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B);
 }
 
 // Whether TmaLoader takes this launch (its conditions: the comment above it).

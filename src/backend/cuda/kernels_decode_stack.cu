@@ -371,11 +371,9 @@ __device__ void consume_matrix(const StackMatrix& m, const Ring& ring, uint32_t&
 // bits are the same in every run (graph replay = eager). The cost: p rounded at 2^-17 (<= 3.8e-6 per
 // partial, below the BF16 rounding of the residual the products read) and a second atomic where |p| >= 1/2
 // (hi is zero below that, and a zero vector is not added; rare).
-constexpr float kHiUnit = 1.0f, kHiScale = 1.0f;
-constexpr float kLoUnit = 1.0f / 131072.0f, kLoScale = 131072.0f;
+constexpr float kLoUnit = 1.0f / 131072.0f, kLoScale = 131072.0f;  // 2^-17
 __device__ __forceinline__ float4 exact_hi(float4 v) {
-  return make_float4(rintf(v.x * kHiScale) * kHiUnit, rintf(v.y * kHiScale) * kHiUnit,
-                     rintf(v.z * kHiScale) * kHiUnit, rintf(v.w * kHiScale) * kHiUnit);
+  return make_float4(rintf(v.x), rintf(v.y), rintf(v.z), rintf(v.w));
 }
 __device__ __forceinline__ float4 exact_lo(float4 v, float4 hi) {
   return make_float4(rintf((v.x - hi.x) * kLoScale) * kLoUnit, rintf((v.y - hi.y) * kLoScale) * kLoUnit,
@@ -772,26 +770,23 @@ size_t decode_stack_scratch(DecodeStackParams& p, int32_t inter, void* base) {
 
 bool decode_stack_encode_kv_maps(const DecodeStackParams& p, void* out) {
   static_assert(sizeof(CUtensorMap) == kTensorMapBytes, "the kernel steps through the maps by this size");
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   const int32_t row = p.hd * (p.kv_fp8 ? 1 : 2);
   const int64_t slots = p.num_blocks * p.block_size;
-  if (encode == nullptr || p.block_size < 1 || p.block_size > 256 || slots >= (int64_t{1} << 31) ||
+  if (p.block_size < 1 || p.block_size > 256 || slots >= (int64_t{1} << 31) ||
       std::min(p.stage_bytes / (2 * row), stack::kMaxKeysPerStage) < p.block_size ||
       reinterpret_cast<uintptr_t>(out) % 64 != 0)
     return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(p.hkv) * p.hd, static_cast<cuuint64_t>(slots)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.hkv) * row};  // bytes between slots
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(p.hd), static_cast<cuuint32_t>(p.block_size)};
-  const cuuint32_t elem_strides[2] = {1, 1};
   auto* maps = static_cast<CUtensorMap*>(out);
   for (int32_t l = 0; l < p.num_layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
-      void* base = kv == 0 ? p.layers[l].k_cache : p.layers[l].v_cache;
+      const void* base = kv == 0 ? p.layers[l].k_cache : p.layers[l].v_cache;
       if (reinterpret_cast<uintptr_t>(base) % 16 != 0 ||
-          encode(&maps[2 * l + kv],
-                 p.kv_fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, dims,
-                 strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+          !encode_rows_map(maps[2 * l + kv], base,
+                           p.kv_fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                           static_cast<uint64_t>(p.hkv) * p.hd, static_cast<uint64_t>(slots),
+                           static_cast<uint64_t>(p.hkv) * row, static_cast<uint32_t>(p.hd),
+                           static_cast<uint32_t>(p.block_size), CU_TENSOR_MAP_SWIZZLE_NONE,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B))
         return false;
     }
   }

@@ -372,10 +372,10 @@ struct PaddedGraphs {  // INFERX_GRAPHS=pad for one scope
   bool on_;
 };
 
-// After the warm-up the engine's served steps allocate no backend memory (on CUDA any allocation retires
-// every recorded decode graph, so a step that allocates undoes the warm-up's recordings): the step metadata
-// is reserved at its largest and the workspace sized by the largest step. Without the warm-up the first
-// steps do allocate (the check can fail).
+// After the warm-up the engine's served steps allocate no backend memory (on CUDA a buffer grown frees the
+// old one, which retires every recorded decode graph, so a step that allocates undoes the warm-up's
+// recordings): the step metadata is reserved at its largest and the workspace sized by the largest step.
+// Without the warm-up the first steps do allocate (the check can fail).
 TEST_F(DecodeGraphsCpu, AfterTheWarmUpServedStepsAllocateNothing) {
   struct CountingBackend final : ForwardingBackend {
     explicit CountingBackend(Backend& inner) : ForwardingBackend(inner) {}
