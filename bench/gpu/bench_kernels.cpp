@@ -1297,13 +1297,18 @@ int run(bool quick, bool gemm_only) {
       e.w_scale = ws.ptr<float>();
       e.per_channel = true;
       e.silu = true;
-      const double s = b.time(
-          [&] {
-            CUDA_CHECK(cuda::launch_fp8_silu_quantize(e, codes, reinterpret_cast<float*>(codes + T * F), st));
-          },
-          reps, st);
-      row("silu->fp8 (bf16 sums)", fmt_shape("%lldx14336", T), s, double(T) * F * (2 * 2 + 1), false,
-          copy_gbs);
+      for (cuda::SiluPass pass : {cuda::SiluPass::Registers, cuda::SiluPass::SharedMemory}) {
+        cuda::set_fp8_silu_pass(pass);
+        const double s = b.time(
+            [&] {
+              CUDA_CHECK(
+                  cuda::launch_fp8_silu_quantize(e, codes, reinterpret_cast<float*>(codes + T * F), st));
+            },
+            reps, st);
+        row(pass == cuda::SiluPass::Registers ? "silu->fp8 (bf16 sums, registers)"
+                                              : "silu->fp8 (bf16 sums, shared memory)",
+            fmt_shape("%lldx14336", T), s, double(T) * F * (2 * 2 + 1), false, copy_gbs);
+      }
       b.keep.resize(mark);
     }
     CUDA_CHECK(cudaStreamDestroy(st));

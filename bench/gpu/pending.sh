@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 10:20), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-06 12:00), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
@@ -14,11 +14,20 @@
 #    stage in flight, the H100 setting, is 8% slower there).
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
+# 5. 1000 x 1000/1000 FP8 + FP8 KV with the plain FP8 plan, the quantized lm_head and per-tensor weight scales
+#    (H100 12-06 12:00: 14,510 / 14,706 (+1.35%) / 14,769 (+1.8%) with fp8:tensor:lm_head).
+# 6. The batch-1 kernel timeline on this card (bench/gpu/timeline.sh): 8B bf16 and fp8:lm_head, 70B
+#    fp8:lm_head (6b). Never taken on an H200: the H200 per-op step's ~31 us per layer beyond its bytes is
+#    measured on H100s only (19-20 us of small kernels there).
+# 7. 70B FP8 + FP8 KV served through the OpenAI endpoint with the default KV budget (~50 GB of cache: needs the
+#    H200's 141 GB), 64 requests 1024/256 at concurrency 32.
+# 8. The kernel timeline of FP8 + FP8 KV decode steps at 512 rows and 1.2-1.6k context (the 1000/1000 run's decode
+#    steps, 72% of it): where the ~9.8 ms of a step that is not the decode attention goes.
 # Next kernel work the 12-06 runs point at: on the H200 the per-op batch-1 step spends ~31 us per layer (bf16)
 # to ~38 (FP8) beyond its bytes; the stack cannot keep 4.2 TB/s with one stage in flight per SM, and more in
-# flight slows its barriers. Its key walk was arithmetic-bound at 4k once keys came by tensor maps (two keys per
-# pass: +1.5% at 4k, -0.6% at 1k, not kept): tensor-core scores (as decode attention v3) next.
-# STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~2 min), then "1 2" (~3 min), then 4 (~5 min).
+# flight slows its barriers.
+# STEPS (default "1 2 3 4") picks the steps: STEPS=3 first (~2 min), then "1 2" (~3 min), then 4 (~5 min);
+# "6 5 7" ~7-8 min on an H200.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -57,5 +66,26 @@ if step 4; then
 import json; j=json.load(open('$OUT/b1_70b_${v%%:*}.json')); t=j['tpot_ms']; r=j.get('roofline', {})
 print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}%\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
   done
+fi
+if step 5; then
+  i=0
+  for q in fp8 fp8:lm_head fp8:tensor:lm_head; do
+    i=$((i + 1))
+    QUANT_ARGS="--quantize $q --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 VARIANTS="q$i-${q//:/-}:" \
+      bash "$(dirname "$0")/offline_ab.sh"
+  done
+fi
+step 6 && QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/timeline.sh"
+step 6b && MODEL=dummy:llama-3-70b QUANTS=fp8:lm_head OUTPUT_LEN=48 \
+  EXTRA="--kv-cache-memory 1GiB --gpu-memory-utilization 0.99" bash "$(dirname "$0")/timeline.sh"
+step 7 && MODEL=dummy:llama-3-70b SERVE_ARGS="--quantize fp8 --kv-cache-dtype fp8" CASES=1024:256 N_REQ=64 \
+  CONCURRENCY=32 BASELINES="" TOTAL_S="${TOTAL_S7:-200}" bash "$(dirname "$0")/serve_bench.sh" 2>&1 | grep -E "^=>|rror|kv|KV"
+if step 8; then
+  CUDA_INJECTION64_PATH="$PWD/$C/libinferx_kernel_timeline.so" INFERX_TIMELINE_OUT="$OUT/timeline_dec512_fp8.csv" \
+    timeout 240 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --quantize "${QUANT8:-fp8}" \
+    --kv-cache-dtype fp8 --device cuda --max-batch-size 512 --num-prompts 512 --input-len 1200 --output-len 400 \
+    --max-model-len 4096 --no-progress --json >"$OUT/tl_dec512.json" 2>"$OUT/tl_dec512.err"
+  echo "dec512 traced: rc=$? $(grep -h kernel_timeline "$OUT/tl_dec512.err" | tail -1)"
+  python3 "$(dirname "$0")/timeline_summary.py" "$OUT/timeline_dec512_fp8.csv" --skip 4 2>&1
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -557,59 +557,68 @@ TEST_F(CudaKernelsTest, DecodeStepsReplayedFromAGraphMatchEagerSteps) {
 // gives exactly the codes and scales of the unfused pair launch_fp8_epilogue + launch_quantize_fp8_rows,
 // from a few columns (38: one column per load; 40; 5000) to Llama-3-8B's 14336 and Llama-3-70B's 28672
 // and past them (40000), per-channel and per-tensor scales, with biases (4096, 8192 and 8196: row widths
-// around the thread count's multiples).
+// around the thread count's multiples), in both of its forms (the row in registers up to 16384 columns,
+// in shared memory), and past the 65535 CTAs of one launch (rows looped over by each CTA).
 TEST_F(CudaKernelsTest, SiluQuantizePassMatchesTheUnfusedPassesExactly) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  for (int64_t f : {int64_t{40}, int64_t{38}, int64_t{4096}, int64_t{5000}, int64_t{8192}, int64_t{8196},
-                    int64_t{14336}, int64_t{28672}, int64_t{40000}})
-    for (bool per_channel : {true, false})
-      for (int64_t t : {int64_t{1}, int64_t{37}}) {
-        SCOPED_TRACE(::testing::Message() << "f " << f << " per_channel " << per_channel << " t " << t);
-        std::vector<float> acc = uniform(static_cast<size_t>(t * 2 * f), rng, -30.0f, 30.0f);
-        const std::vector<uint16_t> acc_bf16 = to_bf16(acc);
-        const std::vector<float> xs = uniform(static_cast<size_t>(t), rng, 0.01f, 0.1f),
-                                 ws = uniform(per_channel ? static_cast<size_t>(2 * f) : 1, rng, 0.001f,
-                                              0.01f),
-                                 bias = uniform(static_cast<size_t>(2 * f), rng, -0.5f, 0.5f);
-        cuda::Fp8Epilogue e;
-        e.acc = upload(acc_bf16);
-        e.acc_bf16 = true;
-        e.t = t;
-        e.n = 2 * f;
-        e.x_scale = static_cast<const float*>(upload(xs));
-        e.w_scale = static_cast<const float*>(upload(ws));
-        e.per_channel = per_channel;
-        e.bias = static_cast<const float*>(upload(bias));
-        e.silu = true;
-        ASSERT_TRUE(cuda::fp8_silu_quantize_takes(e));
-        std::vector<uint8_t> none(static_cast<size_t>(t * f), 0);
-        void* q_fused = upload(none);
-        void* q_unfused = upload(none);
-        void* s_fused = upload(std::vector<float>(static_cast<size_t>(t), -1.0f));
-        void* s_unfused = upload(std::vector<float>(static_cast<size_t>(t), -1.0f));
-        void* y = upload(std::vector<float>(static_cast<size_t>(t * f), 0.0f));
-        ASSERT_EQ(cuda::launch_fp8_silu_quantize(e, static_cast<uint8_t*>(q_fused),
-                                                 static_cast<float*>(s_fused), nullptr),
-                  cudaSuccess);
-        cuda::Fp8Epilogue u = e;
-        u.out[0] = static_cast<float*>(y);
-        u.cols[0] = f;
-        ASSERT_EQ(cuda::launch_fp8_epilogue(u, nullptr), cudaSuccess);
-        ASSERT_EQ(cuda::launch_quantize_fp8_rows(static_cast<const float*>(y), t, f,
-                                                 static_cast<uint8_t*>(q_unfused),
-                                                 static_cast<float*>(s_unfused), nullptr, nullptr),
-                  cudaSuccess);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_EQ(download<float>(s_fused, static_cast<size_t>(t)),
-                  download<float>(s_unfused, static_cast<size_t>(t)));
-        const auto a = download<uint8_t>(q_fused, static_cast<size_t>(t * f)),
-                   b = download<uint8_t>(q_unfused, static_cast<size_t>(t * f));
-        size_t differ = 0;
-        for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
-        EXPECT_EQ(differ, 0u) << "codes differing from the unfused passes";
-      }
+  struct RestorePass {
+    cuda::SiluPass was = cuda::fp8_silu_pass();
+    ~RestorePass() { cuda::set_fp8_silu_pass(was); }
+  } restore;
+  for (cuda::SiluPass pass : {cuda::SiluPass::Registers, cuda::SiluPass::SharedMemory})
+    for (int64_t f : {int64_t{40}, int64_t{38}, int64_t{4096}, int64_t{5000}, int64_t{8192}, int64_t{8196},
+                      int64_t{14336}, int64_t{16384}, int64_t{28672}, int64_t{40000}})
+      for (bool per_channel : {true, false})
+        for (int64_t t : {int64_t{1}, int64_t{37}, int64_t{66000}}) {
+          if (t > 1000 && f > 64) continue;  // the CTAs' row loop on narrow rows only
+          cuda::set_fp8_silu_pass(pass);
+          SCOPED_TRACE(::testing::Message() << "pass " << static_cast<int>(pass) << " f " << f
+                                            << " per_channel " << per_channel << " t " << t);
+          std::vector<float> acc = uniform(static_cast<size_t>(t * 2 * f), rng, -30.0f, 30.0f);
+          const std::vector<uint16_t> acc_bf16 = to_bf16(acc);
+          const std::vector<float> xs = uniform(static_cast<size_t>(t), rng, 0.01f, 0.1f),
+                                   ws = uniform(per_channel ? static_cast<size_t>(2 * f) : 1, rng, 0.001f,
+                                                0.01f),
+                                   bias = uniform(static_cast<size_t>(2 * f), rng, -0.5f, 0.5f);
+          cuda::Fp8Epilogue e;
+          e.acc = upload(acc_bf16);
+          e.acc_bf16 = true;
+          e.t = t;
+          e.n = 2 * f;
+          e.x_scale = static_cast<const float*>(upload(xs));
+          e.w_scale = static_cast<const float*>(upload(ws));
+          e.per_channel = per_channel;
+          e.bias = static_cast<const float*>(upload(bias));
+          e.silu = true;
+          ASSERT_TRUE(cuda::fp8_silu_quantize_takes(e));
+          std::vector<uint8_t> none(static_cast<size_t>(t * f), 0);
+          void* q_fused = upload(none);
+          void* q_unfused = upload(none);
+          void* s_fused = upload(std::vector<float>(static_cast<size_t>(t), -1.0f));
+          void* s_unfused = upload(std::vector<float>(static_cast<size_t>(t), -1.0f));
+          void* y = upload(std::vector<float>(static_cast<size_t>(t * f), 0.0f));
+          ASSERT_EQ(cuda::launch_fp8_silu_quantize(e, static_cast<uint8_t*>(q_fused),
+                                                   static_cast<float*>(s_fused), nullptr),
+                    cudaSuccess);
+          cuda::Fp8Epilogue u = e;
+          u.out[0] = static_cast<float*>(y);
+          u.cols[0] = f;
+          ASSERT_EQ(cuda::launch_fp8_epilogue(u, nullptr), cudaSuccess);
+          ASSERT_EQ(cuda::launch_quantize_fp8_rows(static_cast<const float*>(y), t, f,
+                                                   static_cast<uint8_t*>(q_unfused),
+                                                   static_cast<float*>(s_unfused), nullptr, nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_EQ(download<float>(s_fused, static_cast<size_t>(t)),
+                    download<float>(s_unfused, static_cast<size_t>(t)));
+          const auto a = download<uint8_t>(q_fused, static_cast<size_t>(t * f)),
+                     b = download<uint8_t>(q_unfused, static_cast<size_t>(t * f));
+          size_t differ = 0;
+          for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+          EXPECT_EQ(differ, 0u) << "codes differing from the unfused passes";
+        }
 }
 
 }  // namespace

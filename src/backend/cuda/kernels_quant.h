@@ -49,7 +49,8 @@ cudaError_t launch_fp8_epilogue(const Fp8Epilogue& e, cudaStream_t stream);
 //   silu_quantize: the SiLU * up epilogue of a fused gate/up FP8 GEMM (e.silu, Fp8Epilogue above; e.out
 //     unused) quantized per row in the same pass: codes q [t, n / 2], scale [t] - the codes and scales that
 //     launch_fp8_epilogue followed by launch_quantize_fp8_rows give. One CTA per row, the row's values held
-//     in shared memory (n / 2 floats: fp8_silu_quantize_takes); others: cudaErrorNotSupported.
+//     in registers (SiluPass below) or in shared memory (n / 2 floats: fp8_silu_quantize_takes); others:
+//     cudaErrorNotSupported.
 //   dequantize: out [t, k] F32 = e4m3 value of q * scale[row] (the fallback when a GEMM after a fused pass
 //     is refused: the W8A8 values, which quantize back to the same codes).
 //     add_product (add then null): a deferred product (quantized_gemm.h) whose values are the add - residual
@@ -61,6 +62,12 @@ cudaError_t launch_norm_quantize_fp8_rows(float* residual, const float* add, con
                                           int64_t t, int64_t k, uint8_t* q, float* scale, cudaStream_t stream,
                                           const Fp8Epilogue* add_product = nullptr);
 bool fp8_silu_quantize_takes(const Fp8Epilogue& e);
+// Which SiLU pass launch_fp8_silu_quantize runs for BF16 sums of up to 16384 columns in whole 8-byte chunks
+// (others take the shared-memory pass): the row in registers (the default) or in shared memory
+// (INFERX_SILU_PASS=smem; tests and benchmarks set it). Same codes and scales either way.
+enum class SiluPass { Registers, SharedMemory };
+void set_fp8_silu_pass(SiluPass pass);
+SiluPass fp8_silu_pass();
 cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* scale, cudaStream_t stream);
 cudaError_t launch_dequantize_fp8_rows(const uint8_t* q, const float* scale, int64_t t, int64_t k, float* out,
                                        cudaStream_t stream);

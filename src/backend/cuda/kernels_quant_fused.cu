@@ -8,6 +8,9 @@
 // Each computes its values with the same expressions as the unfused kernels (kernels_norm.cu,
 // kernels_quant.cu), so the codes and scales are those of the unfused passes.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels_quant.h"
@@ -161,6 +164,87 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same pass with the row in registers, for rows of up to kRegsThreads * 4 * kRegsMaxChunks columns of
+// BF16 sums: thread i takes the 4-column chunks i, i + kRegsThreads, ... (kC of them), issues all of its
+// chunks' gate and up loads at once, turns them into the W8A8 SiLU * up values in place, and after the row's
+// maximum writes the codes from the same registers: one memory round trip per row and no shared memory, so
+// two CTAs of 512 threads per SM and the per-channel weight scales (the same for every row) can stay in L1,
+// where the shared-memory pass's 57 KB per CTA left them to L2. Same expressions as silu_quantize_kernel and
+// an order-free maximum, so the same codes and scales to the bit. Measured on an H100 (2026-12-06,
+// `INFERX_BENCH_ONLY=silu bench_cuda_kernels`, registers / shared memory): 300 rows 14.8 / 14.6 us, 512 rows
+// 26.2 / 25.6 us, 8192 rows 258 / 292 us (75% / 66% of copy); 8B FP8 + FP8 KV 1000 x 1000/1000 offline
+// 14,706 / 14,591 output tok/s in the same call. Not what was predicted for the decode rows: the 512-row
+// pass stays at ~46% of copy in both forms (in a decode step's graph the shared-memory pass took 32.4 us
+// per layer for 12 us of bytes; CUPTI timeline, same day) - what bounds it there is not yet profiled.
+constexpr int kRegsThreads = 512;
+constexpr int kRegsMaxChunks = 8;  // 16384 columns (Llama-3-8B's 14336: 7 chunks)
+template <int kC, bool kVecScales>
+__global__ void __launch_bounds__(kRegsThreads, 2)
+    silu_quantize_regs_kernel(const __grid_constant__ Fp8Epilogue e, uint8_t* q, float* scale) {
+  __shared__ float scratch[kWarp];
+  const auto* acc = static_cast<const __nv_bfloat16*>(e.acc);
+  const int64_t f = e.n / 2;
+  for (int64_t r = blockIdx.x; r < e.t; r += gridDim.x) {
+    const __nv_bfloat16* row = acc + r * e.n;
+    uint2 g[kC], u[kC];  // four BF16 sums each
+#pragma unroll
+    for (int j = 0; j < kC; ++j) {
+      const int64_t c = 4 * (threadIdx.x + static_cast<int64_t>(j) * kRegsThreads);
+      if (c < f) {
+        g[j] = *reinterpret_cast<const uint2*>(row + c);
+        u[j] = *reinterpret_cast<const uint2*>(row + f + c);
+      }
+    }
+    const float xs = e.x_scale[r];
+    float y[kC][4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kC; ++j) {
+      const int64_t c = 4 * (threadIdx.x + static_cast<int64_t>(j) * kRegsThreads);
+      if (c >= f) continue;
+      float ws[4], ws2[4], bs[4] = {}, bs2[4] = {};
+      if constexpr (kVecScales) {  // per channel, 16-byte aligned (the launcher checks)
+        const float4 w1 = __ldg(reinterpret_cast<const float4*>(e.w_scale + c)),
+                     w2 = __ldg(reinterpret_cast<const float4*>(e.w_scale + f + c));
+        ws[0] = w1.x, ws[1] = w1.y, ws[2] = w1.z, ws[3] = w1.w;
+        ws2[0] = w2.x, ws2[1] = w2.y, ws2[2] = w2.z, ws2[3] = w2.w;
+      } else {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          ws[v] = e.w_scale[e.per_channel ? c + v : 0];
+          ws2[v] = e.w_scale[e.per_channel ? f + c + v : 0];
+        }
+      }
+      if (e.bias) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          bs[v] = e.bias[c + v];
+          bs2[v] = e.bias[f + c + v];
+        }
+      }
+      const uint32_t gw[2] = {g[j].x, g[j].y}, uw[2] = {u[j].x, u[j].y};
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        // BF16 v of a pair of words: the low half first (the lower address).
+        const float a = __uint_as_float(v % 2 == 0 ? gw[v / 2] << 16 : gw[v / 2] & 0xffff0000u);
+        const float b = __uint_as_float(v % 2 == 0 ? uw[v / 2] << 16 : uw[v / 2] & 0xffff0000u);
+        y[j][v] = w8a8_silu_up(a, b, xs, ws[v], bs[v], ws2[v], bs2[v]);
+        amax = fmaxf(amax, fabsf(y[j][v]));
+      }
+    }
+    const float s = fp8_row_scale(block_max(amax, scratch));  // its trailing barrier frees scratch
+    const float inv = fp8_inverse(s);
+    if (threadIdx.x == 0) scale[r] = s;
+#pragma unroll
+    for (int j = 0; j < kC; ++j) {
+      const int64_t c = 4 * (threadIdx.x + static_cast<int64_t>(j) * kRegsThreads);
+      if (c < f)
+        *reinterpret_cast<uint32_t*>(q + r * f + c) = pack_codes(
+            fp8_code(y[j][0], inv), fp8_code(y[j][1], inv), fp8_code(y[j][2], inv), fp8_code(y[j][3], inv));
+    }
+  }
+}
+
 __global__ void dequantize_fp8_rows_kernel(const uint8_t* q, const float* scale, int64_t t, int64_t k,
                                            float* out) {
   const int64_t total = t * k;
@@ -182,7 +266,37 @@ cudaError_t launch_silu(const Fp8Epilogue& e, uint8_t* q, float* scale, size_t s
   return cudaGetLastError();
 }
 
+// One instance of the register pass: a CTA per row up to two per SM.
+template <int kC, bool kVecScales>
+cudaError_t launch_silu_regs(const Fp8Epilogue& e, uint8_t* q, float* scale, cudaStream_t stream) {
+  silu_quantize_regs_kernel<kC, kVecScales><<<row_blocks(e.t), kRegsThreads, 0, stream>>>(e, q, scale);
+  return cudaGetLastError();
+}
+template <bool kVecScales>
+cudaError_t launch_silu_regs(const Fp8Epilogue& e, uint8_t* q, float* scale, cudaStream_t stream) {
+  const int64_t chunks = (e.n / 2 + 4 * kRegsThreads - 1) / (4 * kRegsThreads);
+  if (chunks <= 2) return launch_silu_regs<2, kVecScales>(e, q, scale, stream);
+  if (chunks <= 4) return launch_silu_regs<4, kVecScales>(e, q, scale, stream);
+  if (chunks <= 7) return launch_silu_regs<7, kVecScales>(e, q, scale, stream);
+  return launch_silu_regs<kRegsMaxChunks, kVecScales>(e, q, scale, stream);
+}
+
+std::atomic<int> g_silu_pass{-1};  // set_fp8_silu_pass; -1: INFERX_SILU_PASS
+
 }  // namespace
+
+void set_fp8_silu_pass(SiluPass pass) {
+  g_silu_pass.store(static_cast<int>(pass), std::memory_order_relaxed);
+}
+SiluPass fp8_silu_pass() {
+  const int set = g_silu_pass.load(std::memory_order_relaxed);
+  if (set >= 0) return static_cast<SiluPass>(set);
+  static const SiluPass env = [] {
+    const char* v = std::getenv("INFERX_SILU_PASS");
+    return v != nullptr && std::strcmp(v, "smem") == 0 ? SiluPass::SharedMemory : SiluPass::Registers;
+  }();
+  return env;
+}
 
 bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k,
                              const Fp8Epilogue* add_product) {
@@ -240,6 +354,10 @@ cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* sc
   const int64_t f = e.n / 2;
   const bool vec = f % 4 == 0 && is_aligned(e.acc, e.acc_bf16 ? 8 : 16) && is_aligned(q, 4);
   const size_t smem = static_cast<size_t>(f) * sizeof(float);
+  if (fp8_silu_pass() == SiluPass::Registers && e.acc_bf16 && vec && f <= 4 * kRegsThreads * kRegsMaxChunks) {
+    if (e.per_channel && is_aligned(e.w_scale, 16)) return launch_silu_regs<true>(e, q, scale, stream);
+    return launch_silu_regs<false>(e, q, scale, stream);
+  }
   if (e.acc_bf16 && vec && e.per_channel && is_aligned(e.w_scale, 16))
     return launch_silu<4, __nv_bfloat16, true>(e, q, scale, smem, stream);
   if (e.acc_bf16)
