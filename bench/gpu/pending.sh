@@ -22,7 +22,8 @@
 # 7. 70B FP8 + FP8 KV served through the OpenAI endpoint with the default KV budget (~50 GB of cache: needs the
 #    H200's 141 GB), 64 requests 1024/256 at concurrency 32.
 # 8. The kernel timeline of FP8 + FP8 KV decode steps at 512 rows and 1.2-1.6k context (the 1000/1000 run's decode
-#    steps, 72% of it): where the ~9.8 ms of a step that is not the decode attention goes.
+#    steps, 72% of it): where the ~9.8 ms of a step that is not the decode attention goes (BIN8=NAME: another
+#    staged binary; QUANT8: the plan).
 # Next kernel work the 12-06 runs point at: on the H200 the per-op batch-1 step spends ~31 us per layer (bf16)
 # to ~38 (FP8) beyond its bytes; the stack cannot keep 4.2 TB/s with one stage in flight per SM, and more in
 # flight slows its barriers.
@@ -82,7 +83,7 @@ step 7 && MODEL=dummy:llama-3-70b SERVE_ARGS="--quantize fp8 --kv-cache-dtype fp
   CONCURRENCY=32 BASELINES="" TOTAL_S="${TOTAL_S7:-200}" bash "$(dirname "$0")/serve_bench.sh" 2>&1 | grep -E "^=>|rror|kv|KV"
 if step 8; then
   CUDA_INJECTION64_PATH="$PWD/$C/libinferx_kernel_timeline.so" INFERX_TIMELINE_OUT="$OUT/timeline_dec512_fp8.csv" \
-    timeout 240 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 --quantize "${QUANT8:-fp8}" \
+    timeout 240 "$C/${BIN8:-inferx}" bench offline -m dummy:llama-3-8b --dtype bf16 --quantize "${QUANT8:-fp8}" \
     --kv-cache-dtype fp8 --device cuda --max-batch-size 512 --num-prompts 512 --input-len 1200 --output-len 400 \
     --max-model-len 4096 --no-progress --json >"$OUT/tl_dec512.json" 2>"$OUT/tl_dec512.err"
   echo "dec512 traced: rc=$? $(grep -h kernel_timeline "$OUT/tl_dec512.err" | tail -1)"

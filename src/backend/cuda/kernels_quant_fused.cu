@@ -173,9 +173,9 @@ __global__ void __launch_bounds__(kThreads)
 // an order-free maximum, so the same codes and scales to the bit. Measured on an H100 (2026-12-06,
 // `INFERX_BENCH_ONLY=silu bench_cuda_kernels`, registers / shared memory): 300 rows 14.8 / 14.6 us, 512 rows
 // 26.2 / 25.6 us, 8192 rows 258 / 292 us (75% / 66% of copy); 8B FP8 + FP8 KV 1000 x 1000/1000 offline
-// 14,706 / 14,591 output tok/s in the same call. Not what was predicted for the decode rows: the 512-row
-// pass stays at ~46% of copy in both forms (in a decode step's graph the shared-memory pass took 32.4 us
-// per layer for 12 us of bytes; CUPTI timeline, same day) - what bounds it there is not yet profiled.
+// 14,706 / 14,591 output tok/s in the same call. Alone at 512 rows both forms stay at ~46% of copy (what
+// bounds them there is not profiled), but inside an FP8 decode step's graph at 512 rows (CUPTI timeline,
+// same day, two nodes) the register pass takes 23.4 us per layer where the shared-memory pass took 32.4.
 constexpr int kRegsThreads = 512;
 constexpr int kRegsMaxChunks = 8;  // 16384 columns (Llama-3-8B's 14336: 7 chunks)
 template <int kC, bool kVecScales>
