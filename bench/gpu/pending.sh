@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 12:00), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-06 12:50), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
@@ -15,7 +15,7 @@
 # 4. GEMV v5 (FP8 W8A8) against v4 at batch 1 on the card at hand (H200 12-05: 2.919 vs 2.988 ms, -2.4%; 70B
 #    21.53 vs 20.80, slower) and the FP8 product chains.
 # 5. 1000 x 1000/1000 FP8 + FP8 KV with the plain FP8 plan, the quantized lm_head and per-tensor weight scales
-#    (H100 12-06 12:00: 14,510 / 14,706 (+1.35%) / 14,769 (+1.8%) with fp8:tensor:lm_head).
+#    (H100 12-06 11:35: 14,510 / 14,706 (+1.35%) / 14,769 (+1.8%) with fp8:tensor:lm_head).
 # 6. The batch-1 kernel timeline on this card (bench/gpu/timeline.sh): 8B bf16 and fp8:lm_head, 70B
 #    fp8:lm_head (6b). Never taken on an H200: the H200 per-op step's ~31 us per layer beyond its bytes is
 #    measured on H100s only (19-20 us of small kernels there).
@@ -24,6 +24,9 @@
 # 8. The kernel timeline of FP8 + FP8 KV decode steps at 512 rows and 1.2-1.6k context (the 1000/1000 run's decode
 #    steps, 72% of it): where the ~9.8 ms of a step that is not the decode attention goes (BIN8=NAME: another
 #    staged binary; QUANT8: the plan).
+# The 512-row FP8 decode step (step 8, H100 12-06): decode attention 68% (~95% of copy), FP8 GEMMs 22%, passes
+# ~10%; per layer above their bytes: SiLU 23.4 us for 12.1 (register pass), RoPE 11.5 for 7.3, the norms ~3 each,
+# and the gate/up GEMM starting 5 us after its input (unexplained). All-loads-at-once RoPE lost (29.3 us).
 # Next kernel work the 12-06 runs point at: on the H200 the per-op batch-1 step spends ~31 us per layer (bf16)
 # to ~38 (FP8) beyond its bytes; the stack cannot keep 4.2 TB/s with one stage in flight per SM, and more in
 # flight slows its barriers.
