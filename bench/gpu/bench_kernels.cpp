@@ -1297,6 +1297,7 @@ int run(bool quick, bool gemm_only) {
       e.w_scale = ws.ptr<float>();
       e.per_channel = true;
       e.silu = true;
+      const cuda::SiluPass was = cuda::fp8_silu_pass();
       for (cuda::SiluPass pass : {cuda::SiluPass::Registers, cuda::SiluPass::SharedMemory}) {
         cuda::set_fp8_silu_pass(pass);
         const double s = b.time(
@@ -1309,6 +1310,7 @@ int run(bool quick, bool gemm_only) {
                                               : "silu->fp8 (bf16 sums, shared memory)",
             fmt_shape("%lldx14336", T), s, double(T) * F * (2 * 2 + 1), false, copy_gbs);
       }
+      cuda::set_fp8_silu_pass(was);
       b.keep.resize(mark);
     }
     CUDA_CHECK(cudaStreamDestroy(st));

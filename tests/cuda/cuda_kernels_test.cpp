@@ -599,6 +599,9 @@ TEST_F(CudaKernelsTest, SiluQuantizePassMatchesTheUnfusedPassesExactly) {
           void* s_fused = upload(std::vector<float>(static_cast<size_t>(t), -1.0f));
           void* s_unfused = upload(std::vector<float>(static_cast<size_t>(t), -1.0f));
           void* y = upload(std::vector<float>(static_cast<size_t>(t * f), 0.0f));
+          // The register pass takes every whole-chunk width up to 16384 columns: it is the one under test.
+          EXPECT_EQ(cuda::fp8_silu_registers_take(e, q_fused),
+                    pass == cuda::SiluPass::Registers && f % 4 == 0 && f <= 16384);
           ASSERT_EQ(cuda::launch_fp8_silu_quantize(e, static_cast<uint8_t*>(q_fused),
                                                    static_cast<float*>(s_fused), nullptr),
                     cudaSuccess);

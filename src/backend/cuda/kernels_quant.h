@@ -68,6 +68,8 @@ bool fp8_silu_quantize_takes(const Fp8Epilogue& e);
 enum class SiluPass { Registers, SharedMemory };
 void set_fp8_silu_pass(SiluPass pass);
 SiluPass fp8_silu_pass();
+// Whether launch_fp8_silu_quantize(e, q, ...) runs the register pass (the pass chosen above and e's shape).
+bool fp8_silu_registers_take(const Fp8Epilogue& e, const void* q);
 cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* scale, cudaStream_t stream);
 cudaError_t launch_dequantize_fp8_rows(const uint8_t* q, const float* scale, int64_t t, int64_t k, float* out,
                                        cudaStream_t stream);

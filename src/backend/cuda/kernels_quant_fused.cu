@@ -88,6 +88,36 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The weight scales and biases of gate column c and its up column f + c .. + V - 1 (biases 0 when absent),
+// for both SiLU passes. kVecScales: per-channel scales as float4s (V == 4, 16-byte aligned: the launchers
+// check). Read-only loads: the scales and biases are weights.
+template <int V, bool kVecScales>
+__device__ __forceinline__ void silu_column_terms(const Fp8Epilogue& e, int64_t f, int64_t c, float (&ws)[V],
+                                                  float (&ws2)[V], float (&bs)[V], float (&bs2)[V]) {
+  if constexpr (kVecScales) {
+    static_assert(V == 4, "vector scales come as float4s");
+    const float4 w1 = __ldg(reinterpret_cast<const float4*>(e.w_scale + c)),
+                 w2 = __ldg(reinterpret_cast<const float4*>(e.w_scale + f + c));
+    ws[0] = w1.x, ws[1] = w1.y, ws[2] = w1.z, ws[3] = w1.w;
+    ws2[0] = w2.x, ws2[1] = w2.y, ws2[2] = w2.z, ws2[3] = w2.w;
+  } else {
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      ws[u] = e.w_scale[e.per_channel ? c + u : 0];
+      ws2[u] = e.w_scale[e.per_channel ? f + c + u : 0];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < V; ++u) bs[u] = bs2[u] = 0.0f;
+  if (e.bias) {
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      bs[u] = e.bias[c + u];
+      bs2[u] = e.bias[f + c + u];
+    }
+  }
+}
+
 // fp8_epilogue_kernel's SiLU * up values of row r (w8a8_silu_up, bias 0 when absent) into shared memory,
 // then the row's scale and codes. V = 4: float4 / BF16x4 loads and 4 codes per store. kUnroll chunks of a
 // thread are loaded before any is used (their loads in flight together: one CTA per row walks 14336 columns
@@ -121,26 +151,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kUnroll; ++j) {
         const int64_t c = c0 + static_cast<int64_t>(j) * kThreads * V;
         if (c >= f) continue;
-        float ws[V], ws2[V], bs[V] = {}, bs2[V] = {};
-        if constexpr (kVecScales) {  // per channel, V == 4, 16-byte aligned (the launcher checks)
-          const float4 w1 = *reinterpret_cast<const float4*>(e.w_scale + c),
-                       w2 = *reinterpret_cast<const float4*>(e.w_scale + f + c);
-          ws[0] = w1.x, ws[1] = w1.y, ws[2] = w1.z, ws[3] = w1.w;
-          ws2[0] = w2.x, ws2[1] = w2.y, ws2[2] = w2.z, ws2[3] = w2.w;
-        } else {
-#pragma unroll
-          for (int u = 0; u < V; ++u) {
-            ws[u] = e.w_scale[e.per_channel ? c + u : 0];
-            ws2[u] = e.w_scale[e.per_channel ? f + c + u : 0];
-          }
-        }
-        if (e.bias) {
-#pragma unroll
-          for (int u = 0; u < V; ++u) {
-            bs[u] = e.bias[c + u];
-            bs2[u] = e.bias[f + c + u];
-          }
-        }
+        float ws[V], ws2[V], bs[V], bs2[V];
+        silu_column_terms<V, kVecScales>(e, f, c, ws, ws2, bs, bs2);
 #pragma unroll
         for (int u = 0; u < V; ++u) {
           const float y = w8a8_silu_up(a[j][u], b[j][u], xs, ws[u], bs[u], ws2[u], bs2[u]);
@@ -167,15 +179,16 @@ __global__ void __launch_bounds__(kThreads)
 // The same pass with the row in registers, for rows of up to kRegsThreads * 4 * kRegsMaxChunks columns of
 // BF16 sums: thread i takes the 4-column chunks i, i + kRegsThreads, ... (kC of them), issues all of its
 // chunks' gate and up loads at once, turns them into the W8A8 SiLU * up values in place, and after the row's
-// maximum writes the codes from the same registers: one memory round trip per row and no shared memory, so
-// two CTAs of 512 threads per SM and the per-channel weight scales (the same for every row) can stay in L1,
-// where the shared-memory pass's 57 KB per CTA left them to L2. Same expressions as silu_quantize_kernel and
-// an order-free maximum, so the same codes and scales to the bit. Measured on an H100 (2026-12-06,
-// `INFERX_BENCH_ONLY=silu bench_cuda_kernels`, registers / shared memory): 300 rows 14.8 / 14.6 us, 512 rows
-// 26.2 / 25.6 us, 8192 rows 258 / 292 us (75% / 66% of copy); 8B FP8 + FP8 KV 1000 x 1000/1000 offline
-// 14,706 / 14,591 output tok/s in the same call. Alone at 512 rows both forms stay at ~46% of copy (what
-// bounds them there is not profiled), but inside an FP8 decode step's graph at 512 rows (CUPTI timeline,
-// same day, two nodes) the register pass takes 23.4 us per layer where the shared-memory pass took 32.4.
+// maximum writes the codes from the same registers: one memory round trip per row and no shared memory beyond
+// the maximum's 32 floats, so two CTAs of 512 threads per SM and the per-channel weight scales (the same for
+// every row) can stay in L1, where the shared-memory pass's 57 KB per CTA left them to L2. Same expressions
+// as silu_quantize_kernel and an order-free maximum, so the same codes and scales to the bit. Measured on an
+// H100 (2026-12-06, `INFERX_BENCH_ONLY=silu bench_cuda_kernels`, registers / shared memory): 300 rows 14.8
+// / 14.6 us, 512 rows 26.2 / 25.6 us, 8192 rows 258 / 292 us (75% / 66% of copy); 8B FP8 + FP8 KV 1000 x
+// 1000/1000 offline 14,706 / 14,591 output tok/s in the same call. Alone at 512 rows both forms stay at ~46%
+// of copy (what bounds them there is not profiled), but inside an FP8 decode step's graph at 512 rows (CUPTI
+// timeline, same day, two nodes) the register pass takes 23.4 us per layer where the shared-memory pass
+// took 32.4.
 constexpr int kRegsThreads = 512;
 constexpr int kRegsMaxChunks = 8;  // 16384 columns (Llama-3-8B's 14336: 7 chunks)
 template <int kC, bool kVecScales>
@@ -202,26 +215,8 @@ __global__ void __launch_bounds__(kRegsThreads, 2)
     for (int j = 0; j < kC; ++j) {
       const int64_t c = 4 * (threadIdx.x + static_cast<int64_t>(j) * kRegsThreads);
       if (c >= f) continue;
-      float ws[4], ws2[4], bs[4] = {}, bs2[4] = {};
-      if constexpr (kVecScales) {  // per channel, 16-byte aligned (the launcher checks)
-        const float4 w1 = __ldg(reinterpret_cast<const float4*>(e.w_scale + c)),
-                     w2 = __ldg(reinterpret_cast<const float4*>(e.w_scale + f + c));
-        ws[0] = w1.x, ws[1] = w1.y, ws[2] = w1.z, ws[3] = w1.w;
-        ws2[0] = w2.x, ws2[1] = w2.y, ws2[2] = w2.z, ws2[3] = w2.w;
-      } else {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          ws[v] = e.w_scale[e.per_channel ? c + v : 0];
-          ws2[v] = e.w_scale[e.per_channel ? f + c + v : 0];
-        }
-      }
-      if (e.bias) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          bs[v] = e.bias[c + v];
-          bs2[v] = e.bias[f + c + v];
-        }
-      }
+      float ws[4], ws2[4], bs[4], bs2[4];
+      silu_column_terms<4, kVecScales>(e, f, c, ws, ws2, bs, bs2);
       const uint32_t gw[2] = {g[j].x, g[j].y}, uw[2] = {u[j].x, u[j].y};
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
@@ -298,6 +293,12 @@ SiluPass fp8_silu_pass() {
   return env;
 }
 
+bool fp8_silu_registers_take(const Fp8Epilogue& e, const void* q) {
+  const int64_t f = e.n / 2;
+  return fp8_silu_pass() == SiluPass::Registers && fp8_silu_quantize_takes(e) && e.acc_bf16 && f % 4 == 0 &&
+         f <= 4 * kRegsThreads * kRegsMaxChunks && is_aligned(e.acc, 8) && is_aligned(q, 4);
+}
+
 bool fp8_norm_quantize_takes(const float* residual, const float* add, const float* w, int64_t k,
                              const Fp8Epilogue* add_product) {
   if (add_product) {
@@ -354,7 +355,7 @@ cudaError_t launch_fp8_silu_quantize(const Fp8Epilogue& e, uint8_t* q, float* sc
   const int64_t f = e.n / 2;
   const bool vec = f % 4 == 0 && is_aligned(e.acc, e.acc_bf16 ? 8 : 16) && is_aligned(q, 4);
   const size_t smem = static_cast<size_t>(f) * sizeof(float);
-  if (fp8_silu_pass() == SiluPass::Registers && e.acc_bf16 && vec && f <= 4 * kRegsThreads * kRegsMaxChunks) {
+  if (fp8_silu_registers_take(e, q)) {
     if (e.per_channel && is_aligned(e.w_scale, 16)) return launch_silu_regs<true>(e, q, scale, stream);
     return launch_silu_regs<false>(e, q, scale, stream);
   }
