@@ -5,7 +5,8 @@
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
 # the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
-#    default).
+#    default). First: the review commit 0e8ca0f (the SiLU passes' shared scale loader, the exactness test's
+#    new check that the register pass is the one taken) has not run on a GPU.
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
 #    per SM, 29.7 us under 192 KB); on an H200 they were last probed on 12-03.
 # 3. The persistent decode kernel (INFERX_DECODE_STACK=1 here): its tests, per-op against it twice each, the
