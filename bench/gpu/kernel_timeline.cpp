@@ -6,7 +6,7 @@
 // Use: CUDA_INJECTION64_PATH=/path/libinferx_kernel_timeline.so INFERX_TIMELINE_OUT=kernels.csv <program>.
 // The CUDA driver loads the library when the program initialises CUDA and calls InitializeInjection(), which
 // turns on CUPTI's concurrent-kernel activity records; at exit (and whenever CUPTI fills a buffer) the
-// records are written as CSV lines: start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block,
+// records (and memset / memcpy records: write_transfer) are written as CSV lines: start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block,
 // dynamic_smem,registers,name (mangled; bench/gpu/timeline_summary.py demangles and summarises, dropping
 // warm-up replays itself). INFERX_TIMELINE_MAX=N stops writing after N records (default 2,000,000).
 // atexit runs flush_at_exit once: CUPTI hands over the records still buffered, then the file closes.
@@ -39,15 +39,41 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;
 }
 
+// A memset or memcpy node (cuBLASLt may add one ahead of a GEMM; a graph can hold copies): one CSV line with
+// grid and block 0x0x0, its byte count in the dynamic_smem column and the name [memset] or [memcpy], so the
+// summary counts the time it adds between kernels. Called with g_mutex held.
+void write_transfer(const CUpti_Activity* record) {
+  const bool memset = record->kind == CUPTI_ACTIVITY_KIND_MEMSET;
+  uint64_t start = 0, end = 0, node = 0, bytes = 0;
+  uint32_t graph = 0, corr = 0, stream = 0;
+  if (memset) {
+    const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+    start = m->start, end = m->end, node = m->graphNodeId, bytes = m->bytes;
+    graph = m->graphId, corr = m->correlationId, stream = m->streamId;
+  } else {
+    const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+    start = m->start, end = m->end, node = m->graphNodeId, bytes = m->bytes;
+    graph = m->graphId, corr = m->correlationId, stream = m->streamId;
+  }
+  std::fprintf(g_out, "%llu,%llu,%u,%llu,%u,%u,0x0x0,0x0x0,%llu,0,%s\n", static_cast<unsigned long long>(start),
+               static_cast<unsigned long long>(end), graph, static_cast<unsigned long long>(node), corr, stream,
+               static_cast<unsigned long long>(bytes), memset ? "[memset]" : "[memcpy]");
+  ++g_written;
+}
+
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     CUpti_Activity* record = nullptr;
     while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+      if (g_written >= g_max || g_out == nullptr) continue;
+      if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET || record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        write_transfer(record);
+        continue;
+      }
       if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL)
         continue;
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      if (g_written >= g_max || g_out == nullptr) continue;
       std::fprintf(g_out, "%llu,%llu,%u,%llu,%u,%u,%dx%dx%d,%dx%dx%d,%d,%u,%s\n",
                    static_cast<unsigned long long>(k->start), static_cast<unsigned long long>(k->end),
                    k->graphId, static_cast<unsigned long long>(k->graphNodeId), k->correlationId, k->streamId,
@@ -93,6 +119,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) 
   g_max = env_u64("INFERX_TIMELINE_MAX", 2000000);
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(MEMSET)");
+  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable(MEMCPY)");
   std::atexit(flush_at_exit);
   return 1;
 }
