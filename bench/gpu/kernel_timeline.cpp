@@ -6,10 +6,11 @@
 // Use: CUDA_INJECTION64_PATH=/path/libinferx_kernel_timeline.so INFERX_TIMELINE_OUT=kernels.csv <program>.
 // The CUDA driver loads the library when the program initialises CUDA and calls InitializeInjection(), which
 // turns on CUPTI's concurrent-kernel activity records; at exit (and whenever CUPTI fills a buffer) the
-// records (and memset / memcpy records: write_transfer) are written as CSV lines: start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block,
-// dynamic_smem,registers,name (mangled; bench/gpu/timeline_summary.py demangles and summarises, dropping
-// warm-up replays itself). INFERX_TIMELINE_MAX=N stops writing after N records (default 2,000,000).
-// atexit runs flush_at_exit once: CUPTI hands over the records still buffered, then the file closes.
+// records (and memset / memcpy records: write_transfer) are written as CSV lines:
+// start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block, dynamic_smem,registers,name
+// (mangled; bench/gpu/timeline_summary.py demangles and summarises, dropping warm-up replays itself).
+// INFERX_TIMELINE_MAX=N stops writing after N records (default 2,000,000). atexit runs flush_at_exit once:
+// CUPTI hands over the records still buffered, then the file closes.
 #include <cupti.h>
 
 #include <cstdint>
@@ -55,9 +56,10 @@ void write_transfer(const CUpti_Activity* record) {
     start = m->start, end = m->end, node = m->graphNodeId, bytes = m->bytes;
     graph = m->graphId, corr = m->correlationId, stream = m->streamId;
   }
-  std::fprintf(g_out, "%llu,%llu,%u,%llu,%u,%u,0x0x0,0x0x0,%llu,0,%s\n", static_cast<unsigned long long>(start),
-               static_cast<unsigned long long>(end), graph, static_cast<unsigned long long>(node), corr, stream,
-               static_cast<unsigned long long>(bytes), memset ? "[memset]" : "[memcpy]");
+  std::fprintf(g_out, "%llu,%llu,%u,%llu,%u,%u,0x0x0,0x0x0,%llu,0,%s\n",
+               static_cast<unsigned long long>(start), static_cast<unsigned long long>(end), graph,
+               static_cast<unsigned long long>(node), corr, stream, static_cast<unsigned long long>(bytes),
+               memset ? "[memset]" : "[memcpy]");
   ++g_written;
 }
 

@@ -93,4 +93,12 @@ if step 8; then
   echo "dec512 traced: rc=$? $(grep -h kernel_timeline "$OUT/tl_dec512.err" | tail -1)"
   python3 "$(dirname "$0")/timeline_summary.py" "$OUT/timeline_dec512_fp8.csv" --skip 4 2>&1
 fi
+# 9. The SiLU pass's trimmed instructions (paired E4M3 conversions, .ftz SiLU, guard-free full rows): its
+#    kernel bench, then 1000 x 1000/1000 FP8 against the build before it staged as inferx_base
+#    (EXTRA_BINS=inferx_base=PATH bash bench/gpu/stage.sh).
+if step 9; then
+  INFERX_BENCH_ONLY=silu timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -iE "silu|copy|rror" | head -20
+  [[ -x "$C/inferx_base" ]] && WORKLOADS=1000x1000/1000 VARIANTS="base:BIN=inferx_base new:" \
+    bash "$(dirname "$0")/offline_ab.sh"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err

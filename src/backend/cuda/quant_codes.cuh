@@ -25,6 +25,16 @@ __device__ __forceinline__ uint32_t pack_codes(uint8_t c0, uint8_t c1, uint8_t c
   return static_cast<uint32_t>(c0) | static_cast<uint32_t>(c1) << 8 | static_cast<uint32_t>(c2) << 16 |
          static_cast<uint32_t>(c3) << 24;
 }
+// Four values' codes (fp8_code with the row's reciprocal inv) packed the same way, converted two at a time
+// (cvt.rn.satfinite.e4m3x2.f32: the same rounding and saturation as one at a time, half the instructions;
+// the FP8 passes are bound by their per-value instructions).
+__device__ __forceinline__ uint32_t fp8_codes4(float v0, float v1, float v2, float v3, float inv) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v0, inv), __fmul_rn(v1, inv)),
+                                               __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(v2, inv), __fmul_rn(v3, inv)),
+                                               __NV_SATFINITE, __NV_E4M3);
+  return lo | hi << 16;
+}
 __device__ __forceinline__ float abs_max4(const float4& v) {
   return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
@@ -44,7 +54,16 @@ __device__ __forceinline__ float w8a8_value(const Fp8Epilogue& e, float a, float
 // the product to E4M3 (2^-4) right after, and the SiLU pass was bound by its per-value arithmetic, not its
 // loads (H200 2026-12-04: all of a row's loads in flight made it slower); measured together with the pass's
 // other changes (kernels_quant_fused.cu), not alone. Every FP8 path (epilogue and fused pass) uses this one.
-__device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
+// The .ftz forms: __expf and __fdividef without flush-to-zero keep range checks and rescaling for denormal
+// results and huge divisors (~6 instructions per value, SASS 2026-12-06); here they change nothing that
+// survives: a denormal e^-g is negligible beside 1, and g / (1 + e^-g) for g < -87 is below E4M3's
+// smallest code after any row scale (it rounds to zero either way; the zero may now carry g's sign).
+__device__ __forceinline__ float silu_fast(float g) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return g * r;
+}
 // The W8A8 SiLU * up value of one gate / up column pair from the unscaled FP8 products a, b.
 __device__ __forceinline__ float w8a8_silu_up(float a, float b, float xs, float ws, float bs, float ws2,
                                               float bs2) {
@@ -64,13 +83,13 @@ __device__ __forceinline__ float abs_max_bf16x8(const uint4& v) {
 // Their E4M3 codes (fp8_code with the row's reciprocal scale), the first at the lowest address.
 __device__ __forceinline__ uint2 codes_bf16x8(const uint4& v, float inv) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  uint8_t c[8];
+  float f[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    c[2 * i] = fp8_code(__uint_as_float(w[i] << 16), inv);
-    c[2 * i + 1] = fp8_code(__uint_as_float(w[i] & 0xffff0000u), inv);
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
-  return make_uint2(pack_codes(c[0], c[1], c[2], c[3]), pack_codes(c[4], c[5], c[6], c[7]));
+  return make_uint2(fp8_codes4(f[0], f[1], f[2], f[3], inv), fp8_codes4(f[4], f[5], f[6], f[7], inv));
 }
 // D += A B on tensor cores, E4M3 operands, F32 sums (PTX ISA mma.m16n8k32 fragment layout).
 __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
