@@ -7,7 +7,7 @@
 // The CUDA driver loads the library when the program initialises CUDA and calls InitializeInjection(), which
 // turns on CUPTI's concurrent-kernel activity records; at exit (and whenever CUPTI fills a buffer) the
 // records (and memset / memcpy records: write_transfer) are written as CSV lines:
-// start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block, dynamic_smem,registers,name
+// start_ns,end_ns,graph_id,graph_node_id,correlation_id,stream,grid,block,dynamic_smem,registers,name
 // (mangled; bench/gpu/timeline_summary.py demangles and summarises, dropping warm-up replays itself).
 // INFERX_TIMELINE_MAX=N stops writing after N records (default 2,000,000). atexit runs flush_at_exit once:
 // CUPTI hands over the records still buffered, then the file closes.
