@@ -109,6 +109,7 @@ if step 10; then
   env "$P" STEPS=8 bash "$0" 2>&1 | grep -A16 "^per layer"
   WORKLOADS=1000x1000/1000 VARIANTS="def: pen8:$P pen8-t64:$P,INFERX_DEFER_SPLIT_ROWS=64" \
     bash "$(dirname "$0")/offline_ab.sh"
+  SKIP_ENGINE_TESTS=1 VARIANTS="def: pen8:$P" QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
     QUANT_ARGS="--quantize fp8:tensor:lm_head --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 \
       VARIANTS="pen8-tensor-lm_head:$P" bash "$(dirname "$0")/offline_ab.sh"
