@@ -155,6 +155,16 @@ double workspace_penalty_us() {
   return us;
 }
 
+// INFERX_GEMM_TUNE_LOG=1: one stderr line per tuned bucket: the shape, and per candidate its median time per
+// launch (with any workspace charge), its workspace bytes and which one won (*).
+bool tune_log() {
+  static const bool on = [] {
+    const char* v = std::getenv("INFERX_GEMM_TUNE_LOG");
+    return v != nullptr && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 int32_t scale_mode(LtScale s) {
   return s == LtScale::OuterVector ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
                                    : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
@@ -528,7 +538,22 @@ int LtMatmul::fastest(const Plan& plan, const LtShape& shape, const LtOperands& 
       samples[i].push_back(ms);
     }
   }
-  return pick(samples, usable);
+  const int best = pick(samples, usable);
+  if (tune_log()) {  // pick left each sample list's median at its middle
+    std::string line;
+    for (size_t i = 0; i < count; ++i) {
+      const std::vector<float>& v = samples[i];
+      char item[64];
+      std::snprintf(item, sizeof item, " %s%zu:%.2fus/ws%zu", static_cast<int>(i) == best ? "*" : "", i,
+                    v.empty() ? -1.0 : 1e3 * v[v.size() / 2] / batch, plan.workspace[i]);
+      line += item;
+    }
+    std::fprintf(stderr, "inferx gemm tune: n %lld t %lld k %lld ab %d d %d:%s\n",
+                 static_cast<long long>(shape.n), static_cast<long long>(shape.t),
+                 static_cast<long long>(shape.k), static_cast<int>(shape.ab_type),
+                 static_cast<int>(shape.d_type), line.c_str());
+  }
+  return best;
 }
 
 bool LtMatmul::enqueue_sample(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops,
