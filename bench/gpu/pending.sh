@@ -101,19 +101,4 @@ if step 9; then
   [[ -x "$C/inferx_base" ]] && WORKLOADS=1000x1000/1000 VARIANTS="base:BIN=inferx_base new:" \
     bash "$(dirname "$0")/offline_ab.sh"
 fi
-# 10. The tuner's charge for workspace-using GEMM algorithms (their memset node breaks the PDL chain in a graph):
-#    the 512-row decode step's timeline with it, then 1000 x 1000/1000 FP8 without / with it / with it and the
-#    q/k/v deferral from 64 rows; on an H200 also the fastest plan with it, and the batch-1 timelines (step 6).
-if step 10; then
-  P=INFERX_GEMM_WORKSPACE_PENALTY_US=8
-  env "$P" STEPS=8 bash "$0" 2>&1 | grep -A16 "^per layer"
-  WORKLOADS=1000x1000/1000 VARIANTS="def: pen8:$P pen8-t64:$P,INFERX_DEFER_SPLIT_ROWS=64" \
-    bash "$(dirname "$0")/offline_ab.sh"
-  SKIP_ENGINE_TESTS=1 VARIANTS="def: pen8:$P" QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    QUANT_ARGS="--quantize fp8:tensor:lm_head --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 \
-      VARIANTS="pen8-tensor-lm_head:$P" bash "$(dirname "$0")/offline_ab.sh"
-    QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/timeline.sh" 2>&1 | grep -vE "^(before|after)" | head -80
-  fi
-fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -141,22 +141,8 @@ bool fp8_fast_accum() {
   return on;
 }
 
-// INFERX_GEMM_WORKSPACE_PENALTY_US: microseconds added per launch to the timing of a candidate that needs
-// workspace. Why: such an algorithm (a persistent kernel with a dynamic tile counter, one CTA per SM)
-// comes with a 4-byte memset node ahead of its kernel, and in a decode step's CUDA graph that node breaks
-// the PDL chain: the FP8 gate/up GEMM of a 512-row Llama-3-8B step started 1.5 us after its producer, the
-// memset took 0.9, and the kernel started 4.2 after the memset (CUPTI timeline, H100 2026-12-06), where the
-// GEMMs without one start as their producer ends. Back-to-back eager timing does not see that.
-double workspace_penalty_us() {
-  static const double us = [] {
-    const char* v = std::getenv("INFERX_GEMM_WORKSPACE_PENALTY_US");
-    return v == nullptr ? 0.0 : std::max(0.0, std::atof(v));
-  }();
-  return us;
-}
-
 // INFERX_GEMM_TUNE_LOG=1: one stderr line per tuned bucket: the shape, and per candidate its median time per
-// launch (with any workspace charge), its workspace bytes and which one won (*).
+// launch, its workspace bytes and which one won (*).
 bool tune_log() {
   static const bool on = [] {
     const char* v = std::getenv("INFERX_GEMM_TUNE_LOG");
@@ -487,8 +473,7 @@ void LtMatmul::use_tuning_cache(const std::string& dir) {
                    std::to_string(prop.multiProcessorCount) + "; cuBLASLt " +
                    std::to_string(cublasLtGetVersion()) + "; fast_accum " + (fp8_fast_accum() ? "1" : "0") +
                    "; sm_target " + std::to_string(sm_target_) + "; candidates " +
-                   std::to_string(candidates_) + "; workspace " + std::to_string(workspace_bytes_) +
-                   "; workspace penalty " + std::to_string(workspace_penalty_us());
+                   std::to_string(candidates_) + "; workspace " + std::to_string(workspace_bytes_);
   char name[40];
   std::snprintf(name, sizeof name, "/gemm-tuning-%016llx.bin",
                 static_cast<unsigned long long>(fnv1a(cache_context_)));
@@ -533,8 +518,6 @@ int LtMatmul::fastest(const Plan& plan, const LtShape& shape, const LtOperands& 
       if (!queued[i]) continue;
       float ms = 0.0f;
       CUDA_CHECK(cudaEventElapsedTime(&ms, events[i].start, events[i].stop));
-      // What a workspace-using algorithm costs in a graph beyond this eager timing (workspace_penalty_us).
-      if (plan.workspace[i] > 0) ms += static_cast<float>(workspace_penalty_us() * batch * 1e-3);
       samples[i].push_back(ms);
     }
   }
