@@ -101,4 +101,19 @@ if step 9; then
   [[ -x "$C/inferx_base" ]] && WORKLOADS=1000x1000/1000 VARIANTS="base:BIN=inferx_base new:" \
     bash "$(dirname "$0")/offline_ab.sh"
 fi
+# 10. cuBLASLt's workspace memsets moved earlier in recorded graphs (INFERX_HOIST_GEMM_MEMSETS=1, off by
+#    default until this runs): its tests, the 512-row FP8 decode step's timeline with it (the gate/up GEMM's
+#    memset at 1.5 + 0.9 + 4.2 us per layer on 12-06 13:45 should leave the chain: predicted ~6 us per layer,
+#    ~0.8% of the step), 1000 x 1000/1000 FP8 without / with it, batch 1 bf16 (its lm_head has one too).
+if step 10; then
+  H=INFERX_HOIST_GEMM_MEMSETS=1
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Tun*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
+  env "$H" INFERX_REQUIRE_GPU=1 timeout 280 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head -20
+  env "$H" INFERX_GEMM_STATS=1 STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer|moved earlier"
+  WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H" bash "$(dirname "$0")/offline_ab.sh"
+  SKIP_ENGINE_TESTS=1 VARIANTS="def: hoist:$H" QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
+    grep "^decode"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err

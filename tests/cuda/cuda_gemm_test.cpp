@@ -2,12 +2,14 @@
 // (heuristic's first choice) result within float rounding and matches a float64 reference; a shape's row
 // bucket is tuned once and reused; nothing is timed while the stream is captured into a CUDA graph (a
 // bucket tuned before is still taken); the tuning cache restores buckets across instances; the
-// INFERX_GEMM_TUNE=0 switch. Needs a GPU: every test skips when
-// none is visible.
+// INFERX_GEMM_TUNE=0 switch; cuBLASLt's workspace memsets moved earlier in a recorded graph
+// (graph_rewrite.h) with the products on dedicated workspaces. Needs a GPU: every test skips when none is
+// visible.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +19,10 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/graph_rewrite.h"
+#include "backend/cuda/kernels.h"
 #include "core/half.h"
+#include "core/random_fill.h"
 #include "cuda_test_util.h"
 
 namespace inferx {
@@ -264,6 +269,174 @@ TEST_F(CudaGemmTuningTest, EnvironmentSwitchDisablesTuning) {
     unsetenv("INFERX_GEMM_TUNE");
   EXPECT_FALSE(off);
   EXPECT_TRUE(on);
+}
+
+// The nodes a node depends on.
+std::vector<cudaGraphNode_t> dependencies(cudaGraphNode_t node) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> deps(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  if (n > 0) CUDA_CHECK(cudaGraphNodeGetDependencies(node, deps.data(), data.data(), &n));
+  return deps;
+}
+
+// The graph's nodes of one type, in the order cudaGraphGetNodes gives (a captured chain's order).
+std::vector<cudaGraphNode_t> nodes_of(cudaGraph_t graph, cudaGraphNodeType type) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> all(n), out;
+  if (n > 0) CUDA_CHECK(cudaGraphGetNodes(graph, all.data(), &n));
+  for (cudaGraphNode_t node : all) {
+    cudaGraphNodeType t{};
+    CUDA_CHECK(cudaGraphNodeGetType(node, &t));
+    if (t == type) out.push_back(node);
+  }
+  return out;
+}
+
+bool contains(const std::vector<cudaGraphNode_t>& v, cudaGraphNode_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// The rewrite on a chain Q -> P -> M (memset of a dedicated buffer) -> K (reads that buffer): M then
+// depends on Q, K on P and M, and a replay still zeroes the buffer before K reads it (every replay: the
+// buffer is dirtied between them) while P's result is unchanged. A memset the predicate refuses stays, and
+// so does one whose producer is preceded by a memset of the same buffer (the same product twice in a row).
+TEST_F(CudaGemmTuningTest, HoistedWorkspaceMemsetStillZeroesBeforeItsKernel) {
+  const int64_t n = 1 << 16;
+  DeviceMem a(n * 4), z(n * 4), b(n * 2), c(n * 2), d(n * 2), e(n * 2);
+  RandomFill fill;
+  fill.amplitude = 1.0f;
+  fill.seed = 17;
+  CUDA_CHECK(cuda::launch_fill_random(DType::F32, a.p, n, n, fill, stream_));
+  const auto record = [&](bool twice) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    if (twice) {
+      CUDA_CHECK(cudaMemsetAsync(z.p, 0, n * 4, stream_));
+      CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), n, DType::BF16, e.p, stream_));
+    } else {
+      CUDA_CHECK(
+          cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, b.p, stream_));  // Q
+      CUDA_CHECK(
+          cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, c.p, stream_));  // P
+    }
+    CUDA_CHECK(cudaMemsetAsync(z.p, 0, n * 4, stream_));                                                 // M
+    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), n, DType::BF16, d.p, stream_));  // K
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    return graph;
+  };
+  const auto in_z = [&](const void* p) { return p == z.p; };
+
+  cudaGraph_t refused = record(false);
+  EXPECT_EQ(cuda::hoist_workspace_memsets(refused, [](const void*) { return false; }), 0);
+  CUDA_CHECK(cudaGraphDestroy(refused));
+  cudaGraph_t twice = record(true);
+  EXPECT_EQ(cuda::hoist_workspace_memsets(twice, in_z), 0);
+  CUDA_CHECK(cudaGraphDestroy(twice));
+
+  cudaGraph_t graph = record(false);
+  const std::vector<cudaGraphNode_t> kernels = nodes_of(graph, cudaGraphNodeTypeKernel),
+                                     memsets = nodes_of(graph, cudaGraphNodeTypeMemset);
+  ASSERT_EQ(kernels.size(), 3u);
+  ASSERT_EQ(memsets.size(), 1u);
+  cudaGraphNode_t q = nullptr, p = nullptr, k = nullptr, m = memsets[0];
+  for (cudaGraphNode_t node : kernels) {  // by their places in the chain
+    const std::vector<cudaGraphNode_t> deps = dependencies(node);
+    if (deps.empty())
+      q = node;
+    else if (deps[0] == m)
+      k = node;
+    else
+      p = node;
+  }
+  ASSERT_TRUE(q && p && k);
+  ASSERT_EQ(dependencies(m), std::vector<cudaGraphNode_t>{p});
+
+  ASSERT_EQ(cuda::hoist_workspace_memsets(graph, in_z), 1);
+  EXPECT_EQ(dependencies(m), std::vector<cudaGraphNode_t>{q});
+  const std::vector<cudaGraphNode_t> k_deps = dependencies(k);
+  EXPECT_EQ(k_deps.size(), 2u);
+  EXPECT_TRUE(contains(k_deps, p) && contains(k_deps, m));
+  EXPECT_EQ(dependencies(p), std::vector<cudaGraphNode_t>{q});
+
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<uint16_t> want_c(n);
+  CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, e.p, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CUDA_CHECK(cudaMemcpy(want_c.data(), e.p, n * 2, cudaMemcpyDeviceToHost));
+  for (int replay = 0; replay < 3; ++replay) {
+    RandomFill dirt = fill;
+    dirt.seed = 100 + replay;
+    CUDA_CHECK(cuda::launch_fill_random(DType::F32, z.p, n, n, dirt, stream_));  // nonzero again
+    CUDA_CHECK(cudaMemsetAsync(c.p, 0xff, n * 2, stream_));
+    CUDA_CHECK(cudaMemsetAsync(d.p, 0xff, n * 2, stream_));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<uint16_t> got_c(n), got_d(n);
+    CUDA_CHECK(cudaMemcpy(got_c.data(), c.p, n * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(got_d.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got_c, want_c) << "replay " << replay;
+    EXPECT_EQ(got_d, std::vector<uint16_t>(n, 0)) << "replay " << replay;
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+// A recorded cuBLASLt product whose algorithm needs a small workspace (the Llama-3-8B lm_head's shape at
+// 512 rows: every heuristic candidate of it has a 4-byte tile counter on Hopper, 2026-12-06) runs on its
+// dedicated workspace, its memset moves beside the kernel before it, and replays give the eager product's
+// result each time (a counter left dirty by the previous replay would skip tiles).
+TEST_F(CudaGemmTuningTest, DedicatedWorkspaceProductReplaysWithItsMemsetMoved) {
+  const int64_t t = 512, k = 4096, n = 128256;
+  DeviceMem x(t * k * 2), w(n * k * 2), before(t * k * 2), out(t * n * 4), eager(t * n * 4);
+  RandomFill fill;
+  fill.amplitude = 1.0f;
+  fill.seed = 3;
+  CUDA_CHECK(cuda::launch_fill_random(DType::BF16, x.p, t * k, k, fill, stream_));
+  fill.seed = 4;
+  fill.amplitude = 0.05f;
+  CUDA_CHECK(cuda::launch_fill_random(DType::BF16, w.p, n * k, k, fill, stream_));
+  CublasLtGemm gemm(stream_);
+  gemm.lt().set_dedicated_workspaces(true);
+  // Eager first: tuned on the shared workspace (the graph below takes the same algorithm).
+  gemm.matmul(x.p, DType::BF16, t, k, DType::BF16, w.p, n, nullptr, static_cast<float*>(eager.p));
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  // A kernel ahead of the product (its producer in a decode step: here a fill of another buffer).
+  CUDA_CHECK(cuda::launch_fill_random(DType::BF16, before.p, t * k, k, fill, stream_));
+  gemm.matmul(x.p, DType::BF16, t, k, DType::BF16, w.p, n, nullptr, static_cast<float*>(out.p));
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  const std::vector<cudaGraphNode_t> memsets = nodes_of(graph, cudaGraphNodeTypeMemset);
+  if (memsets.empty()) {
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    GTEST_SKIP() << "this cuBLASLt's algorithm for the shape needs no workspace memset: nothing to move";
+  }
+  ASSERT_EQ(memsets.size(), 1u);
+  cudaMemsetParams mp{};
+  CUDA_CHECK(cudaGraphMemsetNodeGetParams(memsets[0], &mp));
+  EXPECT_TRUE(gemm.lt().in_dedicated_workspace(mp.dst)) << "the recorded product is on the shared workspace";
+  EXPECT_EQ(cuda::hoist_workspace_memsets(graph,
+                                          [&](const void* p) { return gemm.lt().in_dedicated_workspace(p); }),
+            1);
+  EXPECT_TRUE(dependencies(memsets[0]).empty());  // its producer was the graph's first node
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<float> want(static_cast<size_t>(t * n));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CUDA_CHECK(cudaMemcpy(want.data(), eager.p, want.size() * 4, cudaMemcpyDeviceToHost));
+  for (int replay = 0; replay < 3; ++replay) {
+    CUDA_CHECK(cudaMemsetAsync(out.p, 0, t * n * 4, stream_));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    std::vector<float> got = download(out, static_cast<size_t>(t * n));
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    EXPECT_EQ(differ, 0u) << "replay " << replay;
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
 }  // namespace

@@ -149,6 +149,10 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
   qgemm_ = std::make_unique<cuda::QuantizedGemm>(stream_);
   gemm_->lt().use_tuning_cache(options_.gemm_tuning_cache);
   qgemm_->lt().use_tuning_cache(options_.gemm_tuning_cache);
+  if (options_.hoist_gemm_memsets) {
+    gemm_->lt().set_dedicated_workspaces(true);
+    qgemm_->lt().set_dedicated_workspaces(true);
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -168,6 +172,9 @@ CudaBackend::~CudaBackend() {
     };
     if (gemm_) print("16-bit", gemm_->tuning_stats());
     if (qgemm_) print("quantized", qgemm_->tuning_stats());
+    if (options_.hoist_gemm_memsets)
+      std::fprintf(stderr, "inferx cuda: workspace memsets moved earlier in recorded graphs: %llu\n",
+                   static_cast<unsigned long long>(hoisted_memsets_));
   }
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);

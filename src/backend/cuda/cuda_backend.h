@@ -77,6 +77,11 @@ struct CudaBackendOptions {
   // rows (10.5 us). Against 64 rows (the first version's threshold), 1000 x 1000/1000 FP8 offline: 15,146
   // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 1024;
+  // cuBLASLt's workspace memsets run earlier in recorded steps (graph_rewrite.h: hoist_workspace_memsets),
+  // with every recorded product that needs a small workspace on one of its own
+  // (LtMatmul::set_dedicated_workspaces). Off until measured on a GPU: the 512-row FP8 gate/up GEMM loses
+  // ~6.6 us per layer to its memset (H100 timeline, 2026-12-06). INFERX_HOIST_GEMM_MEMSETS=1.
+  bool hoist_gemm_memsets = false;
   // Backend::narrows_mixed_steps: the last layer on the logits rows only also in steps with decode rows.
   // On since 2026-12-05 14:40: 1000 x 1000/1000 FP8 offline 17,306 narrowed vs 17,198 output tok/s not
   // (H200, same call, with the startup warm-up; mixed steps 124.1 vs 125.3 ms, decode steps level). Before
@@ -261,6 +266,8 @@ class CudaBackend final : public Backend {
   bool has_graph(uint64_t key) const override;
   void drop_graph(uint64_t key) override;
   void clear_graphs() override;
+  // How many cuBLASLt workspace memsets the recorded graphs had moved earlier (options hoist_gemm_memsets).
+  uint64_t hoisted_memsets() const { return hoisted_memsets_; }
 
   // GPU sampling (engine-facing, not yet in Backend): token ids of each row of logits [rows, vocab] F32
   // in device memory, written to host memory; one small device-to-host copy. sample() takes one
@@ -402,6 +409,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<std::atomic<uint64_t>> device_frees_ = std::make_shared<std::atomic<uint64_t>>(0);
   bool capturing_ = false;
   uint64_t capture_generation_ = 0;
+  uint64_t hoisted_memsets_ = 0;  // workspace memsets moved by hoist_workspace_memsets, over every graph
   struct Graph {
     CUgraphExec_st* exec = nullptr;
     uint64_t generation = 0;

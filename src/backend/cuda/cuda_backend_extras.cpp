@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
+#include "backend/cuda/graph_rewrite.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_quant.h"
 #include "backend/cuda/quantized_gemm.h"
@@ -59,6 +60,8 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
   if (const char* pr = std::getenv("INFERX_DECODE_STACK_PROFILE"))
     o.decode_stack_profiles = std::max(0, std::atoi(pr));
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
+  if (const char* hm = std::getenv("INFERX_HOIST_GEMM_MEMSETS"))
+    o.hoist_gemm_memsets = std::strcmp(hm, "0") != 0;
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
   // INFERX_GEMM_CACHE: the GEMM tuning cache's folder, or off (also 0 or empty).
@@ -228,6 +231,17 @@ void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
     (void)cudaGetLastError();  // an invalidated capture leaves a sticky-free error: clear it
     if (keep) CUDA_CHECK(status);
     return;
+  }
+  if (options_.hoist_gemm_memsets) {
+    const int moved = cuda::hoist_workspace_memsets(graph, [this](const void* p) {
+      return gemm_->lt().in_dedicated_workspace(p) || qgemm_->lt().in_dedicated_workspace(p);
+    });
+    if (moved < 0) {
+      (void)cudaGraphDestroy(graph);
+      CUDA_CHECK(cudaGetLastError());
+      INFERX_CHECK(false, "cuda backend: rewriting a recorded step's graph failed");
+    }
+    hoisted_memsets_ += static_cast<uint64_t>(moved);
   }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);

@@ -228,6 +228,10 @@ struct LtMatmul::Plan {
   bool fused_bias = false;  // false with a bias: the heuristic offered nothing fused, the caller adds it
   bool tuned = false;       // the algorithm is settled (timed, or taken from the bucket)
   bool a_scaled = false, b_scaled = false;
+  // The dedicated workspace (LtMatmul::set_dedicated_workspaces) and the algorithm it was sized for.
+  void* slot = nullptr;
+  cublasLtMatmulAlgo_t slot_algo{};
+  bool slot_known = false;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -253,6 +257,7 @@ LtMatmul::~LtMatmul() {
   plans_.clear();
   report_release_failure(cudaStreamSynchronize(stream_) != cudaSuccess, "the gemm stream");
   if (workspace_) report_release_failure(cudaFree(workspace_) != cudaSuccess, "the cuBLASLt workspace");
+  if (slots_) report_release_failure(cudaFree(slots_) != cudaSuccess, "the dedicated cuBLASLt workspaces");
   if (lt_) report_release_failure(cublasLtDestroy(lt_) != CUBLAS_STATUS_SUCCESS, "the cuBLASLt handle");
 }
 
@@ -566,17 +571,55 @@ int LtMatmul::pick(std::vector<std::vector<float>>& samples, const std::vector<b
   return best;
 }
 
-cublasStatus_t LtMatmul::launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops) {
+void LtMatmul::set_dedicated_workspaces(bool on) {
+  if (on && slots_ == nullptr) CUDA_CHECK(cudaMalloc(&slots_, kSlotArenaBytes));
+  dedicated_ = on;
+}
+
+bool LtMatmul::in_dedicated_workspace(const void* p) const {
+  const auto* b = static_cast<const char*>(slots_);
+  const auto* q = static_cast<const char*>(p);
+  return b != nullptr && q >= b && q < b + kSlotArenaBytes;
+}
+
+void* LtMatmul::dedicated_workspace(Plan& plan) {
+  if (!dedicated_) return nullptr;
+  if (plan.slot_known && std::memcmp(&plan.slot_algo, &plan.algo, sizeof plan.algo) == 0) return plan.slot;
+  // Eager launches stay on the shared workspace until a capture records the plan: only recorded products
+  // need a slot, and the arena is small.
+  if (may_time() && plan.slot == nullptr) return nullptr;
+  plan.slot_known = true;
+  plan.slot_algo = plan.algo;
+  cublasLtMatmulHeuristicResult_t r{};
+  const bool ok = cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, &plan.algo, &r) ==
+                      CUBLAS_STATUS_SUCCESS &&
+                  r.state == CUBLAS_STATUS_SUCCESS;
+  if (!ok || r.workspaceSize == 0 || r.workspaceSize > kSlotBytes) {
+    plan.slot = nullptr;  // a slot it had stays unused: the arena is not reused
+    return nullptr;
+  }
+  if (plan.slot == nullptr && slots_used_ + kSlotBytes <= kSlotArenaBytes) {
+    plan.slot = static_cast<char*>(slots_) + slots_used_;
+    slots_used_ += kSlotBytes;
+  }
+  return plan.slot;
+}
+
+cublasStatus_t LtMatmul::launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops,
+                                void* ws, size_t ws_bytes) {
   // Pointers held by the descriptor are set per call (host-side only, so this is capture-safe).
   if (plan.fused_bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ops.bias);
   if (plan.a_scaled) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ops.a_scale);
   if (plan.b_scaled) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, ops.b_scale);
   const float alpha = 1.0f, beta = 0.0f;
   return cublasLtMatmul(lt_, plan.desc, &alpha, ops.a, plan.a, ops.b, plan.b, &beta, ops.d, plan.d, ops.d,
-                        plan.d, &algo, workspace_, workspace_bytes_, stream_);
+                        plan.d, &algo, ws ? ws : workspace_, ws ? ws_bytes : workspace_bytes_, stream_);
 }
 
-cublasStatus_t LtMatmul::run(Plan& plan, const LtOperands& ops) { return launch(plan, plan.algo, ops); }
+cublasStatus_t LtMatmul::run(Plan& plan, const LtOperands& ops) {
+  void* slot = dedicated_workspace(plan);
+  return launch(plan, plan.algo, ops, slot, kSlotBytes);
+}
 
 // CublasLtGemm ------------------------------------------------------------------------------------------
 

@@ -119,6 +119,15 @@ class LtMatmul {
   void use_tuning_cache(const std::string& dir);
   // While a CUDA graph is being captured nothing may synchronize: no algorithm timing.
   void set_capturing(bool capturing) { capturing_ = capturing; }
+  // Dedicated workspaces: a plan launched during a graph capture whose algorithm needs a small workspace
+  // (at most kSlotBytes: the tile counter of a persistent kernel, which cuBLASLt zeroes with a memset node
+  // ahead of every launch) gets a slot of its own in a small arena instead of the shared workspace, so no
+  // other product reads or writes it and a graph rewrite may run that memset earlier, beside the kernel
+  // before it (graph_rewrite.h). Call outside capture (the arena is allocated on the first call); plans keep
+  // their slots until they are evicted; a full arena leaves later plans on the shared workspace.
+  void set_dedicated_workspaces(bool on);
+  // Whether p lies in this instance's arena of dedicated workspaces.
+  bool in_dedicated_workspace(const void* p) const;
   const Stats& stats() const { return stats_; }
   void* workspace() const { return workspace_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
@@ -141,7 +150,11 @@ class LtMatmul {
   bool may_time() const;
   void settle(Plan& plan, const LtShape& shape, const LtOperands& ops);
   bool fits(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const;
-  cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops);
+  // On the shared workspace unless ws says otherwise (run: a plan's dedicated one).
+  cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops,
+                        void* ws = nullptr, size_t ws_bytes = 0);
+  // The plan's dedicated workspace for its current algorithm (set_dedicated_workspaces), or null.
+  void* dedicated_workspace(Plan& plan);
   // Index of the fastest candidate on the real operands (events on the stream); -1 when none ran.
   int fastest(const Plan& plan, const LtShape& shape, const LtOperands& ops);
   struct EventPair;
@@ -154,6 +167,10 @@ class LtMatmul {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  static constexpr size_t kSlotBytes = 256, kSlotArenaBytes = size_t{256} << 10;
+  void* slots_ = nullptr;  // the dedicated workspaces' arena (kSlotArenaBytes), null while they are off
+  size_t slots_used_ = 0;
+  bool dedicated_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::map<Key, Tuned> tuned_;  // per row bucket
   std::set<Key> restored_;      // buckets of tuned_ restored from the tuning cache and not yet used

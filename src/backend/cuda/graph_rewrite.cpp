@@ -1,0 +1,79 @@
+#include "backend/cuda/graph_rewrite.h"
+
+#include <vector>
+
+namespace inferx::cuda {
+namespace {
+
+struct Edges {
+  std::vector<cudaGraphNode_t> nodes;
+  std::vector<cudaGraphEdgeData> data;
+};
+
+// A node's dependencies (in) or dependents (out) with their edge data; false when the call fails.
+bool edges_of(cudaGraphNode_t node, bool in, Edges& e) {
+  size_t n = 0;
+  const auto get = [&](cudaGraphNode_t* nodes, cudaGraphEdgeData* data, size_t* count) {
+    return in ? cudaGraphNodeGetDependencies(node, nodes, data, count)
+              : cudaGraphNodeGetDependentNodes(node, nodes, data, count);
+  };
+  if (get(nullptr, nullptr, &n) != cudaSuccess) return false;
+  e.nodes.assign(n, nullptr);
+  e.data.assign(n, cudaGraphEdgeData{});
+  return n == 0 || get(e.nodes.data(), e.data.data(), &n) == cudaSuccess;
+}
+
+bool is_type(cudaGraphNode_t node, cudaGraphNodeType want) {
+  cudaGraphNodeType t{};
+  return cudaGraphNodeGetType(node, &t) == cudaSuccess && t == want;
+}
+
+bool memset_destination(cudaGraphNode_t node, const void*& dst) {
+  cudaMemsetParams p{};
+  if (cudaGraphMemsetNodeGetParams(node, &p) != cudaSuccess) return false;
+  dst = p.dst;
+  return true;
+}
+
+// A plain edge: full completion of the upstream node, the whole downstream node waits.
+bool full_edge(const cudaGraphEdgeData& d) {
+  return d.from_port == 0 && d.to_port == 0 && d.type == cudaGraphDependencyTypeDefault;
+}
+
+}  // namespace
+
+int hoist_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated) {
+  size_t count = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return -1;
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0 && cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return -1;
+  int moved = 0;
+  const cudaGraphEdgeData plain{};
+  for (cudaGraphNode_t m : nodes) {
+    const void* dst = nullptr;
+    if (!is_type(m, cudaGraphNodeTypeMemset) || !memset_destination(m, dst) || !dedicated(dst)) continue;
+    Edges in, out, p_in;
+    if (!edges_of(m, true, in) || !edges_of(m, false, out)) return -1;
+    if (in.nodes.size() != 1 || out.nodes.size() != 1 || !full_edge(in.data[0]) || !full_edge(out.data[0]))
+      continue;
+    cudaGraphNode_t p = in.nodes[0], k = out.nodes[0];
+    if (!is_type(p, cudaGraphNodeTypeKernel) || !is_type(k, cudaGraphNodeTypeKernel)) continue;
+    if (!edges_of(p, true, p_in)) return -1;
+    bool same_product_before = false;
+    for (cudaGraphNode_t q : p_in.nodes) {
+      const void* qdst = nullptr;
+      if (is_type(q, cudaGraphNodeTypeMemset) && memset_destination(q, qdst) && qdst == dst)
+        same_product_before = true;
+    }
+    if (same_product_before) continue;
+    // P -> K first, so K never loses its wait on P; then M leaves P for P's own dependencies.
+    if (cudaGraphAddDependencies(graph, &p, &k, &plain, 1) != cudaSuccess) return -1;
+    if (cudaGraphRemoveDependencies(graph, &p, &m, &in.data[0], 1) != cudaSuccess) return -1;
+    for (cudaGraphNode_t q : p_in.nodes)
+      if (cudaGraphAddDependencies(graph, &q, &m, &plain, 1) != cudaSuccess) return -1;
+    ++moved;
+  }
+  return moved;
+}
+
+}  // namespace inferx::cuda
