@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 12:50), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-06 14:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
 # On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
 # the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
+# FIRST: step 10 (~6 min on an H100): the memset move (d15eb5b) has never run on a GPU, its tests included;
+# if its timeline shows the gate/up GEMM starting as its producer ends and 1000/1000 does not lose, make
+# CudaBackendOptions::hoist_gemm_memsets default on.
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
-#    default). First: the review commit 0e8ca0f (the SiLU passes' shared scale loader, the exactness test's
-#    new check that the register pass is the one taken) has not run on a GPU.
+#    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
 #    per SM, 29.7 us under 192 KB); on an H200 they were last probed on 12-03.
 # 3. The persistent decode kernel (INFERX_DECODE_STACK=1 here): its tests, per-op against it twice each, the
@@ -26,8 +28,9 @@
 #    steps, 72% of it): where the ~9.8 ms of a step that is not the decode attention goes (BIN8=NAME: another
 #    staged binary; QUANT8: the plan).
 # The 512-row FP8 decode step (step 8, H100 12-06): decode attention 68% (~95% of copy), FP8 GEMMs 22%, passes
-# ~10%; per layer above their bytes: SiLU 23.4 us for 12.1 (register pass), RoPE 11.5 for 7.3, the norms ~3 each,
-# and the gate/up GEMM starting 5 us after its input (unexplained). All-loads-at-once RoPE lost (29.3 us).
+# ~10%; per layer above their bytes: SiLU 17.0 us for 12.1 (register pass, trimmed 12-06 13:45), RoPE 11.2 for
+# 7.3, the norms ~3 each, and the gate/up GEMM's cuBLASLt memset node (+1.5, 0.9 us, then the GEMM +4.2 us: its
+# every heuristic candidate needs the 4-byte workspace; step 10 moves it). All-loads-at-once RoPE lost (29.3 us).
 # Next kernel work the 12-06 runs point at: on the H200 the per-op batch-1 step spends ~31 us per layer (bf16)
 # to ~38 (FP8) beyond its bytes; the stack cannot keep 4.2 TB/s with one stage in flight per SM, and more in
 # flight slows its barriers.
