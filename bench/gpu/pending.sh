@@ -4,9 +4,9 @@
 # On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
 # the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
-# FIRST: step 10 (~6 min on an H100): the memset move (d15eb5b) has never run on a GPU, its tests included;
-# if its timeline shows the gate/up GEMM starting as its producer ends and 1000/1000 does not lose, make
-# CudaBackendOptions::hoist_gemm_memsets default on.
+# FIRST: step 10 (~7 min on an H100): the memset move (d15eb5b) and the vector RoPE kernel have never run on a
+# GPU, their tests included; where the timeline and 1000/1000 show a gain, make them default on
+# (CudaBackendOptions::hoist_gemm_memsets, kernels_rope_kv.cu rope_vector()); then step 11 (batch 1).
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
 #    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
@@ -104,19 +104,21 @@ if step 9; then
   [[ -x "$C/inferx_base" ]] && WORKLOADS=1000x1000/1000 VARIANTS="base:BIN=inferx_base new:" \
     bash "$(dirname "$0")/offline_ab.sh"
 fi
-# 10. cuBLASLt's workspace memsets moved earlier in recorded graphs (INFERX_HOIST_GEMM_MEMSETS=1, off by
-#    default until this runs): its tests, the 512-row FP8 decode step's timeline with it (the gate/up GEMM's
-#    memset at 1.5 + 0.9 + 4.2 us per layer on 12-06 13:45 should leave the chain: predicted ~6 us per layer,
-#    ~0.8% of the step), 1000 x 1000/1000 FP8 without / with it, batch 1 bf16 (its lm_head has one too).
+# 10. cuBLASLt's workspace memsets moved earlier in recorded graphs (INFERX_HOIST_GEMM_MEMSETS=1) and the
+#    RoPE token kernel with four pairs per thread (INFERX_ROPE_VEC=1), both off by default until this runs:
+#    their tests, the 512-row FP8 decode step's timeline with both (predicted: the gate/up GEMM's memset,
+#    1.5 + 0.9 + 4.2 us per layer on 12-06 13:45, leaves the chain, ~6 us; RoPE 11.2 -> ~8-9 us; together ~1.2%
+#    of the step), 1000 x 1000/1000 FP8 without / with each (~7 min on an H100). 11: batch 1 with them.
+H=INFERX_HOIST_GEMM_MEMSETS=1
+R=INFERX_ROPE_VEC=1
 if step 10; then
-  H=INFERX_HOIST_GEMM_MEMSETS=1
-  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Tun*' 2>&1 |
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Tun*:*Rope*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
-  env "$H" INFERX_REQUIRE_GPU=1 timeout 280 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
+  env "$H" "$R" INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head -20
-  env "$H" INFERX_GEMM_STATS=1 STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer|moved earlier"
-  WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H" bash "$(dirname "$0")/offline_ab.sh"
-  SKIP_ENGINE_TESTS=1 VARIANTS="def: hoist:$H" QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
-    grep "^decode"
+  env "$H" "$R" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
+  WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R" bash "$(dirname "$0")/offline_ab.sh"
 fi
+step 11 && SKIP_ENGINE_TESTS=1 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R" QUANTS="bf16 fp8:lm_head" \
+  bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -127,6 +127,8 @@ class CudaAttentionTest : public ::testing::Test {
     seed_ = std::random_device{}();
     rng_.seed(seed_);
   }
+  // RopeWritesScaledE4M3CodesIntoTheCache's body, once per RoPE kernel.
+  void rope_writes_scaled_codes();
   CudaBackend& backend(DType kv, float k_scale = 1.0f, float v_scale = 1.0f) {
     CudaBackendOptions o;
     o.kv_cache_dtype = kv;
@@ -548,8 +550,20 @@ TEST_F(CudaAttentionTest, PrefillVariantsOverBf16AndFp8CachesMatchFloat64) {
 
 // RoPE + cache write into an FP8 cache with scales: every code is the E4M3 rounding of the rotated k / v
 // over the scale (at most one code away where the GPU's rotation differs from the host's in the last
-// bit), saturated at +-448, and nothing outside the written slots changes.
+// bit), saturated at +-448, and nothing outside the written slots changes - for the kernel of blocks of
+// heads, the token kernel and its four-pairs-per-thread form (mode 0, 1, 2).
 TEST_F(CudaAttentionTest, RopeWritesScaledE4M3CodesIntoTheCache) {
+  for (int mode : {0, 1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "kernel mode " << mode);
+    cuda::set_rope_token_blocks(mode > 0 ? 1 : 0);
+    cuda::set_rope_vector(mode == 2 ? 1 : 0);
+    rope_writes_scaled_codes();
+  }
+  cuda::set_rope_token_blocks(-1);
+  cuda::set_rope_vector(-1);
+}
+
+void CudaAttentionTest::rope_writes_scaled_codes() {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const float ks = 0.05f, vs = 0.004f;  // v / 0.004 exceeds 448 for |v| > 1.79: saturation is exercised
   CudaBackend& gpu = backend(DType::F8_E4M3, ks, vs);

@@ -335,14 +335,16 @@ void rotate_ref(float* head, int64_t hd, int32_t pos, const std::vector<double>&
   }
 }
 
-// Both kernels (cuda::set_rope_token_blocks: blocks of heads, and one block per token with several passes
-// over the heads: 6 heads in one pass, 40 in several) on every layout and scaling.
+// The three kernels (cuda::set_rope_token_blocks: blocks of heads, and one block per token with several
+// passes over the heads: 6 heads in one pass, 40 in several; cuda::set_rope_vector: the token kernel with
+// four pairs per thread, NeoX only - the interleaved case takes the scalar one) on every layout and scaling.
 TEST_F(CudaBackendTest, RopeAndKvWriteMatchReferenceForEveryLayoutAndScaling) {
   const int64_t bs = 16, num_blocks = 12, max_blocks = 4;
-  for (int token_blocks : {0, 1})
+  for (int token_blocks : {0, 1, 2})
     for (const auto& [hq, hkv] : {std::pair<int64_t, int64_t>{4, 2}, std::pair<int64_t, int64_t>{32, 8}})
-      for (int64_t hd : {64, 128}) {  // one thread per rotated pair: 32 and 64 threads per head
-        cuda::set_rope_token_blocks(token_blocks);
+      for (int64_t hd : {64, 128}) {  // scalar kernels: one thread per rotated pair, 32 and 64 per head
+        cuda::set_rope_token_blocks(token_blocks > 0 ? 1 : 0);
+        cuda::set_rope_vector(token_blocks == 2 ? 1 : 0);
         RopeParams cases[3];
         cases[0] = {hd, 10000.0f, RopeLayout::NeoX, {}};
         cases[1] = {
@@ -386,6 +388,7 @@ TEST_F(CudaBackendTest, RopeAndKvWriteMatchReferenceForEveryLayoutAndScaling) {
         }
       }
   cuda::set_rope_token_blocks(-1);
+  cuda::set_rope_vector(-1);
 }
 
 // Attention --------------------------------------------------------------------------------------------

@@ -94,6 +94,9 @@ cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq,
 // Tests and benchmarks: the per-token-block RoPE kernel for launches of many tokens (1: always, 0: never,
 // -1: INFERX_ROPE_TOKEN_BLOCKS, else from 64 tokens; kernels_rope_kv.cu).
 void set_rope_token_blocks(int mode);
+// Tests and benchmarks: the token kernel with four pairs per thread (NeoX, F32 q / k / v; 1: where it
+// applies, 0: never, -1: INFERX_ROPE_VEC=1; kernels_rope_kv.cu).
+void set_rope_vector(int mode);
 
 // kernels_attention.cu --------------------------------------------------------------------------------
 constexpr int kMaxAttentionHeadDim = 256;

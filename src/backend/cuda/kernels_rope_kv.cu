@@ -183,6 +183,103 @@ __global__ void __launch_bounds__(kTokenThreads)
   }
 }
 
+// Four cache elements from one aligned vector store: E4M3 codes of v / scale (fp8_codes4: the codes
+// store_kv writes), or the 16- / 32-bit values.
+template <class CacheT>
+__device__ __forceinline__ void store4_kv(CacheT* dst, const float4& v, float /*inv_scale*/) {
+  struct alignas(4 * sizeof(CacheT)) Four {
+    CacheT e[4];
+  };
+  *reinterpret_cast<Four*>(dst) = Four{
+      {from_float<CacheT>(v.x), from_float<CacheT>(v.y), from_float<CacheT>(v.z), from_float<CacheT>(v.w)}};
+}
+template <>
+__device__ __forceinline__ void store4_kv<uint8_t>(uint8_t* dst, const float4& v, float inv_scale) {
+  *reinterpret_cast<uint32_t*>(dst) = fp8_codes4(v.x, v.y, v.z, v.w, inv_scale);
+}
+
+__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void store4(float* p, const float4& v) { *reinterpret_cast<float4*>(p) = v; }
+
+// The token kernel with four rotated pairs per thread, for the NeoX layout (pairs (i, i + hd / 2): four
+// consecutive pairs are two float4s) and q / k / v in F32 (no deferred product): hd / 8 threads per head,
+// 256 / (hd / 8) heads per pass (16 at hd 128), and kVecPasses passes' loads issued before any is rotated -
+// Llama-3-8B's 40 heads in two round trips (32 q heads, then the 8 k heads with their v heads), where the
+// scalar kernel above takes three (4-byte loads, 4 heads per pass, 4 passes per round). Its stores are
+// 16-byte q / k stores and 4-byte E4M3 cache stores (one byte per store above). Same rotation and codes as
+// the kernels above. At most 64 registers (4 CTAs per SM: 512 decode rows in one wave; three passes in
+// flight took 90, two waves). Why: the token kernel took 11.2 us per layer for 7.3 us of bytes at 512
+// decode rows (H100 timeline, 2026-12-06); the all-loads-at-once scalar form needed 80 registers and lost
+// (29.3 us, two waves).
+constexpr int kVecPasses = 2;
+template <class CacheT>
+__global__ void __launch_bounds__(kTokenThreads, 4)
+    rope_write_kv_vec_kernel(const __grid_constant__ RopeKvArgs<CacheT> p) {
+  __shared__ int64_t s_slot;
+  const int t = blockIdx.x, threads_per_head = p.hd / 8, per_pass = kTokenThreads / threads_per_head;
+  const int i0 = 4 * (threadIdx.x % threads_per_head), h0 = threadIdx.x / threads_per_head;
+  const int half = p.hd / 2;
+  const int32_t pos = p.batch.positions[t];  // step metadata: read before the wait (as above)
+  if (threadIdx.x == 0) s_slot = p.cache_slot(t, pos);
+  float sn[4], cs[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) sincosf(static_cast<float>(pos) * p.freqs.inv_freq[i0 + u], &sn[u], &cs[u]);
+  __syncthreads();
+  const int64_t slot = s_slot;
+  pdl_wait();
+  pdl_launch_dependents();
+  if (h0 >= per_pass) return;
+  const int heads = p.hq + p.hkv;
+  for (int base = h0; base < heads; base += kVecPasses * per_pass) {
+    float4 xa[kVecPasses], xb[kVecPasses], va[kVecPasses], vb[kVecPasses];
+#pragma unroll
+    for (int j = 0; j < kVecPasses; ++j) {
+      const int h = base + j * per_pass;
+      if (h >= heads) continue;
+      const float* x = p.head(t, h);
+      xa[j] = load4(x + i0);
+      xb[j] = load4(x + i0 + half);
+      if (h >= p.hq && slot >= 0) {
+        const float* v = p.v + t * p.kv_row() + static_cast<int64_t>(h - p.hq) * p.hd;
+        va[j] = load4(v + i0);
+        vb[j] = load4(v + i0 + half);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kVecPasses; ++j) {
+      const int h = base + j * per_pass;
+      if (h >= heads) continue;
+      float4 ya, yb;
+      rotate(xa[j].x, xb[j].x, cs[0], sn[0], ya.x, yb.x);
+      rotate(xa[j].y, xb[j].y, cs[1], sn[1], ya.y, yb.y);
+      rotate(xa[j].z, xb[j].z, cs[2], sn[2], ya.z, yb.z);
+      rotate(xa[j].w, xb[j].w, cs[3], sn[3], ya.w, yb.w);
+      float* x = p.head(t, h);
+      store4(x + i0, ya);
+      store4(x + i0 + half, yb);
+      if (h >= p.hq && slot >= 0) {
+        const int64_t off = slot + static_cast<int64_t>(h - p.hq) * p.hd;
+        store4_kv(p.k_cache + off + i0, ya, p.inv_k_scale);
+        store4_kv(p.k_cache + off + i0 + half, yb, p.inv_k_scale);
+        store4_kv(p.v_cache + off + i0, va[j], p.inv_v_scale);
+        store4_kv(p.v_cache + off + i0 + half, vb[j], p.inv_v_scale);
+      }
+    }
+  }
+}
+
+// Whether a token-block launch takes the vector kernel: set_rope_vector (tests), else INFERX_ROPE_VEC=1.
+// Off by default until a GPU run measures it.
+std::atomic<int> g_rope_vector{-1};
+bool rope_vector() {
+  static const bool env = [] {
+    const char* v = std::getenv("INFERX_ROPE_VEC");
+    return v != nullptr && v[0] == '1';
+  }();
+  const int o = g_rope_vector.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : env;
+}
+
 // Which kernel a launch takes: set_rope_token_blocks (tests), else INFERX_ROPE_TOKEN_BLOCKS (0: never,
 // 1: always), else from kRopeTokenBlocksFrom tokens.
 constexpr int32_t kRopeTokenBlocksFrom = 64;
@@ -219,7 +316,13 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                                 1.0f / cache.k_scale,
                                 1.0f / cache.v_scale,
                                 product ? *product : Fp8Epilogue{}};
-  if (hd / 2 <= kTokenThreads && token_blocks(batch.num_tokens))
+  const bool token = hd / 2 <= kTokenThreads && token_blocks(batch.num_tokens);
+  // The vector kernel: NeoX pairs, F32 q / k / v 16-byte aligned, whole heads of 4-pair threads per pass.
+  if (token && rope_vector() && !interleaved && !product && hd % 8 == 0 && kTokenThreads % (hd / 8) == 0 &&
+      is_aligned(q, 16) && is_aligned(k, 16) && is_aligned(v, 16))
+    return launch_pdl(rope_write_kv_vec_kernel<CacheT>, dim3(static_cast<unsigned>(batch.num_tokens)),
+                      dim3(kTokenThreads), 0, stream, args);
+  if (token)
     return launch_pdl(rope_write_kv_token_kernel<CacheT>, dim3(static_cast<unsigned>(batch.num_tokens)),
                       dim3(kTokenThreads), 0, stream, args);
   const int64_t heads_per_block = std::max<int64_t>(1, kRopeBlockThreads / (hd / 2));
@@ -233,6 +336,7 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
 }  // namespace
 
 void set_rope_token_blocks(int mode) { g_token_blocks.store(mode, std::memory_order_relaxed); }
+void set_rope_vector(int mode) { g_rope_vector.store(mode, std::memory_order_relaxed); }
 
 bool rope_takes_product(const Fp8Epilogue& e, int64_t hq, int64_t hkv, int64_t hd, int64_t tokens) {
   return e.acc != nullptr && e.acc_bf16 && !e.silu && e.t == tokens && e.n == (hq + 2 * hkv) * hd &&
