@@ -1276,6 +1276,34 @@ int run(bool quick, bool gemm_only) {
     bench_sampling(b, gpu, copy_gbs, reps);
     return 0;
   }
+  // =rope: RoPE + KV write of Llama-3-8B's heads (32 q / 8 kv, head dim 128, NeoX) into an FP8 cache at
+  // decode steps of 512 and 2048 rows (1k-key contexts): the token kernel, scalar and with four pairs per
+  // thread (cuda::set_rope_vector). Bytes = q and k read and written, v read (F32), k and v codes written.
+  if (only != nullptr && std::strcmp(only, "rope") == 0) {
+    CudaBackendOptions o;
+    o.kv_cache_dtype = DType::F8_E4M3;
+    auto fp8_backend = make_cuda_backend(0, o);
+    auto& g8 = static_cast<CudaBackend&>(*fp8_backend);
+    Bench b8{g8, {}};
+    const int64_t hq = 32, hkv = 8, hd = 128, bs = 16;
+    const RopeParams rope{hd, 500000.0f, RopeLayout::NeoX, {}};
+    for (int64_t rows : {int64_t{512}, int64_t{2048}}) {
+      const Bench::DecodeBatch batch = b8.decode_batch(rows, 1024, bs);
+      KvCacheLayer cache = b8.kv_layer(DType::F8_E4M3, batch.num_blocks, bs, hkv, hd, 40);
+      Tensor q = b8.f32(rows, hq * hd, 41), k = b8.f32(rows, hkv * hd, 42), v = b8.f32(rows, hkv * hd, 43);
+      const double bytes = double(rows) * hd * (8.0 * hq + 8.0 * hkv + 4.0 * hkv + 2.0 * hkv);
+      cuda::set_rope_token_blocks(1);
+      for (int vec : {0, 1}) {
+        cuda::set_rope_vector(vec);
+        const double s = b8.time([&] { g8.rope_and_write_kv(q, k, v, batch.view, rope, cache); }, reps);
+        row(vec ? "rope+kv (vector)" : "rope+kv (token)", fmt_shape("b%lld 32/8x128 fp8", rows), s, bytes,
+            false, copy_gbs);
+      }
+      cuda::set_rope_vector(-1);
+      cuda::set_rope_token_blocks(-1);
+    }
+    return 0;
+  }
   // =silu: the FP8 SiLU * up pass as the FP8 MLP runs it (BF16 sums, per-channel scales) at a decode and a
   // prefill step's rows; bytes = the BF16 sums read + the codes written.
   if (only != nullptr && std::strcmp(only, "silu") == 0) {

@@ -114,6 +114,7 @@ R=INFERX_ROPE_VEC=1
 if step 10; then
   INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Tun*:*Rope*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
+  INFERX_BENCH_ONLY=rope timeout 60 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^rope|^ceiling|rror"
   env "$H" "$R" INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head -20
   env "$H" "$R" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
