@@ -4,9 +4,10 @@
 # On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
 # the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
-# FIRST: step 10 (~7 min on an H100): the memset move (d15eb5b) and the vector RoPE kernel have never run on a
-# GPU, their tests included; where the timeline and 1000/1000 show a gain, make them default on
-# (CudaBackendOptions::hoist_gemm_memsets, kernels_rope_kv.cu rope_vector()); then step 11 (batch 1).
+# FIRST: step 10 (~4 min on an H100), then 12 (~5.5 min): the memset move (d15eb5b), the vector RoPE kernel
+# and its deferred-product path have never run on a GPU, their tests included; where the timeline and
+# 1000/1000 show a gain, make them default on (CudaBackendOptions::hoist_gemm_memsets, kernels_rope_kv.cu
+# rope_vector(), CudaBackendOptions::defer_split_rows); then step 11 (batch 1).
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
 #    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
@@ -104,22 +105,28 @@ if step 9; then
   [[ -x "$C/inferx_base" ]] && WORKLOADS=1000x1000/1000 VARIANTS="base:BIN=inferx_base new:" \
     bash "$(dirname "$0")/offline_ab.sh"
 fi
-# 10. cuBLASLt's workspace memsets moved earlier in recorded graphs (INFERX_HOIST_GEMM_MEMSETS=1) and the
-#    RoPE token kernel with four pairs per thread (INFERX_ROPE_VEC=1), both off by default until this runs:
-#    their tests, the 512-row FP8 decode step's timeline with both (predicted: the gate/up GEMM's memset,
-#    1.5 + 0.9 + 4.2 us per layer on 12-06 13:45, leaves the chain, ~6 us; RoPE 11.2 -> ~8-9 us; together ~1.2%
-#    of the step), 1000 x 1000/1000 FP8 without / with each (~7 min on an H100). 11: batch 1 with them.
+# 10. cuBLASLt's workspace memsets moved earlier in recorded graphs (INFERX_HOIST_GEMM_MEMSETS=1), the RoPE
+#    token kernel with four pairs per thread (INFERX_ROPE_VEC=1), which also reads a deferred q/k/v product
+#    (so with INFERX_DEFER_SPLIT_ROWS=64 the split epilogue leaves decode steps), all off by default until
+#    this runs: their tests, the RoPE bench, the engine tests with all three, and the 512-row FP8 decode
+#    step's timeline with all three (predicted per layer: the gate/up memset's ~6 us gone, the split
+#    epilogue's 6.6 us gone, RoPE 11.2 -> ~7-8 us: ~15 us of ~740, ~2% of the step). ~4 min on an H100.
+# 12. 1000 x 1000/1000 FP8 without / with each, cumulatively (~5.5 min). 11: batch 1 with them.
 H=INFERX_HOIST_GEMM_MEMSETS=1
 R=INFERX_ROPE_VEC=1
+D=INFERX_DEFER_SPLIT_ROWS=64
 if step 10; then
   INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Tun*:*Rope*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_qgemm" --gtest_filter='*Deferred*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
   INFERX_BENCH_ONLY=rope timeout 60 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^rope|^ceiling|rror"
-  env "$H" "$R" INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
+  env "$H" "$R" "$D" INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head -20
-  env "$H" "$R" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
-  WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R" bash "$(dirname "$0")/offline_ab.sh"
+  env "$H" "$R" "$D" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
 fi
+step 12 && WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R hoist-ropevec-defer64:$H,$R,$D" \
+  bash "$(dirname "$0")/offline_ab.sh"
 step 11 && SKIP_ENGINE_TESTS=1 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R" QUANTS="bf16 fp8:lm_head" \
   bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 rm -f "$OUT"/*.json "$OUT"/*.err

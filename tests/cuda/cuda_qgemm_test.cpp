@@ -705,18 +705,20 @@ TEST_F(QuantizedGemmTest, DeferredEpiloguesMatchTheLaunchedOnes) {
 // The q/k/v split of a fused FP8 projection deferred to RoPE + KV write (quantized_gemm.h defer_split; from
 // CudaBackendOptions::defer_split_rows rows): the RoPE kernel reads the BF16 sums and forms the split
 // epilogue's values itself. q after RoPE and the cache must be those of the launched epilogue to the bit, for
-// both RoPE kernels; the deferred k and v tensors stay unwritten (NaN), which shows that the deferral engaged
-// (and below the threshold, that it did not).
+// every RoPE kernel (blocks of heads, the token kernel, its four-pairs-per-thread form: mode 0, 1, 2); the
+// deferred k and v tensors stay unwritten (NaN), which shows that the deferral engaged (and below the
+// threshold, that it did not).
 TEST_F(QuantizedGemmTest, DeferredQkvProductMatchesTheLaunchedSplit) {
   qgemm().set_bf16_accumulator(true);
   const int64_t k = 208, hq = 4, hkv = 2, hd = 64, qd = hq * hd, kvd = hkv * hd, bs = 16;
   const RopeParams rope{hd, 500000.0f, RopeLayout::NeoX, {}};
-  for (int token_blocks : {0, 1})
+  for (int token_blocks : {0, 1, 2})
     for (bool per_channel : {true, false})
       for (int64_t t : {300, 1100}) {  // decode-sized (launched) and prefill-sized (deferred) steps
         SCOPED_TRACE(::testing::Message()
                      << "token blocks " << token_blocks << " per_channel " << per_channel << " t " << t);
-        cuda::set_rope_token_blocks(token_blocks);
+        cuda::set_rope_token_blocks(token_blocks > 0 ? 1 : 0);
+        cuda::set_rope_vector(token_blocks == 2 ? 1 : 0);
         HostLinear qkv =
             make_layer(DType::F8_E4M3, qd + 2 * kvd, k, 101 + static_cast<uint32_t>(t), per_channel);
         if (t == 1100) qkv.bias = random_floats(static_cast<size_t>(qd + 2 * kvd), 13);
@@ -790,6 +792,7 @@ TEST_F(QuantizedGemmTest, DeferredQkvProductMatchesTheLaunchedSplit) {
             << (defers ? "deferred: k and v are not written" : "decode sizes: the split epilogue runs");
       }
   cuda::set_rope_token_blocks(-1);
+  cuda::set_rope_vector(-1);
   qgemm().set_bf16_accumulator(false);
 }
 

@@ -63,6 +63,33 @@ struct RopeKvArgs {
   __device__ void store(int t, int h, int e, float y) const {
     if (h < hq || !product.acc) head(t, h)[e] = y;
   }
+  // Elements e .. e + 3 of head h (load's numbering; e a multiple of 4) as load gives them, to the bit: one
+  // 16-byte F32 load, or the deferred product's four BF16 sums (8 bytes) with their weight scales and bias
+  // as float4s (per-tensor scale: broadcast). launch_typed checks the alignments first.
+  __device__ float4 load4(int t, int h, int e) const {
+    if (const Fp8Epilogue& d = product; d.acc) {
+      const int64_t c = static_cast<int64_t>(h) * hd + e;
+      const uint2 raw =
+          *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(d.acc) + t * d.n + c);
+      const float xs = d.x_scale[t];
+      const float4 ws = d.per_channel ? *reinterpret_cast<const float4*>(d.w_scale + c)
+                                      : make_float4(d.w_scale[0], d.w_scale[0], d.w_scale[0], d.w_scale[0]);
+      const float4 bs =
+          d.bias ? *reinterpret_cast<const float4*>(d.bias + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+      // BF16 j of a 32-bit word pair: the low half first (the lower address).
+      return make_float4(w8a8_value(__uint_as_float(raw.x << 16), xs, ws.x, bs.x),
+                         w8a8_value(__uint_as_float(raw.x & 0xffff0000u), xs, ws.y, bs.y),
+                         w8a8_value(__uint_as_float(raw.y << 16), xs, ws.z, bs.z),
+                         w8a8_value(__uint_as_float(raw.y & 0xffff0000u), xs, ws.w, bs.w));
+    }
+    const float* src =
+        h >= hq + hkv ? v + t * kv_row() + static_cast<int64_t>(h - hq - hkv) * hd : head(t, h);
+    return *reinterpret_cast<const float4*>(src + e);
+  }
+  // store's four-element form (16-byte store).
+  __device__ void store4(int t, int h, int e, const float4& y) const {
+    if (h < hq || !product.acc) *reinterpret_cast<float4*>(head(t, h) + e) = y;
+  }
   // Head h of token t (q heads first, then k heads).
   __device__ float* head(int t, int h) const {
     return h >= hq ? k + t * kv_row() + static_cast<int64_t>(h - hq) * hd
@@ -198,16 +225,14 @@ __device__ __forceinline__ void store4_kv<uint8_t>(uint8_t* dst, const float4& v
   *reinterpret_cast<uint32_t*>(dst) = fp8_codes4(v.x, v.y, v.z, v.w, inv_scale);
 }
 
-__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ void store4(float* p, const float4& v) { *reinterpret_cast<float4*>(p) = v; }
-
 // The token kernel with four rotated pairs per thread, for the NeoX layout (pairs (i, i + hd / 2): four
-// consecutive pairs are two float4s) and q / k / v in F32 (no deferred product): hd / 8 threads per head,
-// 256 / (hd / 8) heads per pass (16 at hd 128), and kVecPasses passes' loads issued before any is rotated -
-// Llama-3-8B's 40 heads in two round trips (32 q heads, then the 8 k heads with their v heads), where the
-// scalar kernel above takes three (4-byte loads, 4 heads per pass, 4 passes per round). Its stores are
-// 16-byte q / k stores and 4-byte E4M3 cache stores (one byte per store above). Same rotation and codes as
-// the kernels above. At most 64 registers (4 CTAs per SM: 512 decode rows in one wave; three passes in
+// consecutive pairs are two float4s), reading q / k / v in F32 or the deferred q/k/v product's BF16 sums
+// (RopeKvArgs::load4; then only q is written back and the split epilogue never runs): hd / 8 threads per
+// head, 256 / (hd / 8) heads per pass (16 at hd 128), and kVecPasses passes' loads issued before any is
+// rotated - Llama-3-8B's 40 heads in two round trips (32 q heads, then the 8 k heads with their v heads),
+// where the scalar kernel above takes three (4-byte loads, 4 heads per pass, 4 passes per round). Its stores
+// are 16-byte q / k stores and 4-byte E4M3 cache stores (one byte per store above). Same rotation and codes
+// as the kernels above. At most 64 registers (4 CTAs per SM: 512 decode rows in one wave; three passes in
 // flight took 90, two waves). Why: the token kernel took 11.2 us per layer for 7.3 us of bytes at 512
 // decode rows (H100 timeline, 2026-12-06); the all-loads-at-once scalar form needed 80 registers and lost
 // (29.3 us, two waves).
@@ -236,13 +261,11 @@ __global__ void __launch_bounds__(kTokenThreads, 4)
     for (int j = 0; j < kVecPasses; ++j) {
       const int h = base + j * per_pass;
       if (h >= heads) continue;
-      const float* x = p.head(t, h);
-      xa[j] = load4(x + i0);
-      xb[j] = load4(x + i0 + half);
-      if (h >= p.hq && slot >= 0) {
-        const float* v = p.v + t * p.kv_row() + static_cast<int64_t>(h - p.hq) * p.hd;
-        va[j] = load4(v + i0);
-        vb[j] = load4(v + i0 + half);
+      xa[j] = p.load4(t, h, i0);
+      xb[j] = p.load4(t, h, i0 + half);
+      if (h >= p.hq && slot >= 0) {  // its v head: h + hkv in load4's numbering
+        va[j] = p.load4(t, h + p.hkv, i0);
+        vb[j] = p.load4(t, h + p.hkv, i0 + half);
       }
     }
 #pragma unroll
@@ -254,9 +277,8 @@ __global__ void __launch_bounds__(kTokenThreads, 4)
       rotate(xa[j].y, xb[j].y, cs[1], sn[1], ya.y, yb.y);
       rotate(xa[j].z, xb[j].z, cs[2], sn[2], ya.z, yb.z);
       rotate(xa[j].w, xb[j].w, cs[3], sn[3], ya.w, yb.w);
-      float* x = p.head(t, h);
-      store4(x + i0, ya);
-      store4(x + i0 + half, yb);
+      p.store4(t, h, i0, ya);
+      p.store4(t, h, i0 + half, yb);
       if (h >= p.hq && slot >= 0) {
         const int64_t off = slot + static_cast<int64_t>(h - p.hq) * p.hd;
         store4_kv(p.k_cache + off + i0, ya, p.inv_k_scale);
@@ -317,9 +339,13 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                                 1.0f / cache.v_scale,
                                 product ? *product : Fp8Epilogue{}};
   const bool token = hd / 2 <= kTokenThreads && token_blocks(batch.num_tokens);
-  // The vector kernel: NeoX pairs, F32 q / k / v 16-byte aligned, whole heads of 4-pair threads per pass.
-  if (token && rope_vector() && !interleaved && !product && hd % 8 == 0 && kTokenThreads % (hd / 8) == 0 &&
-      is_aligned(q, 16) && is_aligned(k, 16) && is_aligned(v, 16))
+  // The vector kernel: NeoX pairs, whole heads of 4-pair threads per pass, q (and k / v, or the product's
+  // sums, scales and bias: RopeKvArgs::load4) aligned for its vector accesses.
+  const bool product_vec = !product || (product->n % 4 == 0 && is_aligned(product->acc, 8) &&
+                                        (!product->per_channel || is_aligned(product->w_scale, 16)) &&
+                                        (!product->bias || is_aligned(product->bias, 16)));
+  if (token && rope_vector() && !interleaved && product_vec && hd % 8 == 0 && kTokenThreads % (hd / 8) == 0 &&
+      is_aligned(q, 16) && (product || (is_aligned(k, 16) && is_aligned(v, 16))))
     return launch_pdl(rope_write_kv_vec_kernel<CacheT>, dim3(static_cast<unsigned>(batch.num_tokens)),
                       dim3(kTokenThreads), 0, stream, args);
   if (token)
