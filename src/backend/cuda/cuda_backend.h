@@ -266,8 +266,6 @@ class CudaBackend final : public Backend {
   bool has_graph(uint64_t key) const override;
   void drop_graph(uint64_t key) override;
   void clear_graphs() override;
-  // How many cuBLASLt workspace memsets the recorded graphs had moved earlier (options hoist_gemm_memsets).
-  uint64_t hoisted_memsets() const { return hoisted_memsets_; }
 
   // GPU sampling (engine-facing, not yet in Backend): token ids of each row of logits [rows, vocab] F32
   // in device memory, written to host memory; one small device-to-host copy. sample() takes one

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -223,7 +224,6 @@ struct LtMatmul::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best first; dropped once tuned
-  std::vector<size_t> workspace;                 // each candidate's workspace bytes (the heuristic's figure)
   bool has_algo = false;
   bool fused_bias = false;  // false with a bias: the heuristic offered nothing fused, the caller adds it
   bool tuned = false;       // the algorithm is settled (timed, or taken from the bucket)
@@ -351,13 +351,9 @@ std::unique_ptr<LtMatmul::Plan> LtMatmul::build(const LtShape& s, const Tuned* b
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         lt_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p, candidates_, results.data(), &found);
     plan->candidates.clear();
-    plan->workspace.clear();
     if (status != CUBLAS_STATUS_SUCCESS) return;
     for (int i = 0; i < found; ++i)
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
-        plan->candidates.push_back(results[i].algo);
-        plan->workspace.push_back(results[i].workspaceSize);
-      }
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->candidates.push_back(results[i].algo);
   };
   if (s.bias) {
     // Bias in the epilogue: F32 bias with the F32 output (cuBLASLt docs,
@@ -411,12 +407,17 @@ LtMatmul::Plan* LtMatmul::plan(const LtShape& shape, const LtOperands& ops) {
   return &plan;
 }
 
-bool LtMatmul::fits(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+std::optional<size_t> LtMatmul::checked_workspace(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
   cublasLtMatmulHeuristicResult_t result{};
   const cublasStatus_t status =
       cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, &algo, &result);
-  return status == CUBLAS_STATUS_SUCCESS && result.state == CUBLAS_STATUS_SUCCESS &&
-         result.workspaceSize <= workspace_bytes_;
+  if (status != CUBLAS_STATUS_SUCCESS || result.state != CUBLAS_STATUS_SUCCESS) return std::nullopt;
+  return result.workspaceSize;
+}
+
+bool LtMatmul::fits(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const {
+  const std::optional<size_t> ws = checked_workspace(plan, algo);
+  return ws && *ws <= workspace_bytes_;
 }
 
 // Takes the bucket's algorithm when there is one and it runs this exact shape (host-side checks only, so
@@ -462,8 +463,6 @@ void LtMatmul::settle(Plan& plan, const LtShape& shape, const LtOperands& ops) {
   plan.tuned = true;
   plan.candidates.clear();
   plan.candidates.shrink_to_fit();
-  plan.workspace.clear();
-  plan.workspace.shrink_to_fit();
 }
 
 void LtMatmul::use_tuning_cache(const std::string& dir) {
@@ -533,7 +532,8 @@ int LtMatmul::fastest(const Plan& plan, const LtShape& shape, const LtOperands& 
       const std::vector<float>& v = samples[i];
       char item[64];
       std::snprintf(item, sizeof item, " %s%zu:%.2fus/ws%zu", static_cast<int>(i) == best ? "*" : "", i,
-                    v.empty() ? -1.0 : 1e3 * v[v.size() / 2] / batch, plan.workspace[i]);
+                    v.empty() ? -1.0 : 1e3 * v[v.size() / 2] / batch,
+                    checked_workspace(plan, plan.candidates[i]).value_or(0));
       line += item;
     }
     std::fprintf(stderr, "inferx gemm tune: n %lld t %lld k %lld ab %d d %d:%s\n",
@@ -590,11 +590,8 @@ void* LtMatmul::dedicated_workspace(Plan& plan) {
   if (may_time() && plan.slot == nullptr) return nullptr;
   plan.slot_known = true;
   plan.slot_algo = plan.algo;
-  cublasLtMatmulHeuristicResult_t r{};
-  const bool ok = cublasLtMatmulAlgoCheck(lt_, plan.desc, plan.a, plan.b, plan.d, plan.d, &plan.algo, &r) ==
-                      CUBLAS_STATUS_SUCCESS &&
-                  r.state == CUBLAS_STATUS_SUCCESS;
-  if (!ok || r.workspaceSize == 0 || r.workspaceSize > kSlotBytes) {
+  const std::optional<size_t> need = checked_workspace(plan, plan.algo);
+  if (!need || *need == 0 || *need > kSlotBytes) {
     plan.slot = nullptr;  // a slot it had stays unused: the arena is not reused
     return nullptr;
   }
@@ -618,7 +615,7 @@ cublasStatus_t LtMatmul::launch(const Plan& plan, const cublasLtMatmulAlgo_t& al
 
 cublasStatus_t LtMatmul::run(Plan& plan, const LtOperands& ops) {
   void* slot = dedicated_workspace(plan);
-  return launch(plan, plan.algo, ops, slot, kSlotBytes);
+  return slot ? launch(plan, plan.algo, ops, slot, kSlotBytes) : launch(plan, plan.algo, ops);
 }
 
 // CublasLtGemm ------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -149,6 +150,8 @@ class LtMatmul {
   // Whether the stream may synchronize now (not captured into a CUDA graph): candidates can be timed.
   bool may_time() const;
   void settle(Plan& plan, const LtShape& shape, const LtOperands& ops);
+  // The workspace bytes `algo` needs for the plan's shape, or nothing when cuBLASLt does not take it there.
+  std::optional<size_t> checked_workspace(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const;
   bool fits(const Plan& plan, const cublasLtMatmulAlgo_t& algo) const;
   // On the shared workspace unless ws says otherwise (run: a plan's dedicated one).
   cublasStatus_t launch(const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtOperands& ops,
