@@ -557,8 +557,10 @@ TEST_F(CudaKernelsTest, DecodeStepsReplayedFromAGraphMatchEagerSteps) {
 // gives exactly the codes and scales of the unfused pair launch_fp8_epilogue + launch_quantize_fp8_rows,
 // from a few columns (38: one column per load; 40; 5000) to Llama-3-8B's 14336 and Llama-3-70B's 28672
 // and past them (40000), per-channel and per-tensor scales, with biases (4096, 8192 and 8196: row widths
-// around the thread count's multiples), in both of its forms (the row in registers up to 16384 columns,
-// in shared memory), and past the 65535 CTAs of one launch (rows looped over by each CTA).
+// around the thread count's multiples), in both of its forms (the row in registers up to 16384 columns -
+// rows of exactly its chunk counts, 4096 / 8192 / 14336 / 16384, take its guard-free instance, the others
+// the guarded one - and in shared memory), and past the 65535 CTAs of one launch (rows looped over by each
+// CTA).
 TEST_F(CudaKernelsTest, SiluQuantizePassMatchesTheUnfusedPassesExactly) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
