@@ -125,6 +125,18 @@ if step 10; then
     grep -E "^\[  (PASSED|FAILED)|Failure" | head -20
   env "$H" "$R" "$D" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
 fi
+# 13. (12-06 15:40) The memset replaced by a zeroing kernel in the chain (INFERX_HOIST_GEMM_MEMSETS=2; hoisted,
+#    step 10 on an H100 saved only ~1.7 of the 6.6 us: the GEMM, now with two dependencies, still started
+#    4.9 us after the norm): its tests, the 512-row timeline with it, then 1000 x 1000/1000 default against
+#    all three switches with either rewrite (~6 min on an H100).
+Z=INFERX_HOIST_GEMM_MEMSETS=2
+if step 13; then
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Replaced*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
+  env "$Z" "$R" "$D" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
+  WORKLOADS=1000x1000/1000 VARIANTS="def: zero-rope-defer:$Z,$R,$D hoist-rope-defer:$H,$R,$D" \
+    bash "$(dirname "$0")/offline_ab.sh"
+fi
 step 12 && WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R hoist-ropevec-defer64:$H,$R,$D" \
   bash "$(dirname "$0")/offline_ab.sh"
 step 11 && SKIP_ENGINE_TESTS=1 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R" QUANTS="bf16 fp8:lm_head" \

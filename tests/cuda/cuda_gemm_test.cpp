@@ -385,11 +385,108 @@ TEST_F(CudaGemmTuningTest, HoistedWorkspaceMemsetStillZeroesBeforeItsKernel) {
   CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
+// The other rewrite on the same chain Q -> P -> M -> K, with a 256-byte memset (the largest it takes): M
+// becomes a zeroing kernel Z between P and K (P -> Z -> K, the edge from P programmatic when asked), and a
+// replay still zeroes the buffer before K reads it while P's result is unchanged. Memsets the predicate
+// refuses, and larger ones, stay.
+TEST_F(CudaGemmTuningTest, ReplacedWorkspaceMemsetZeroesBetweenProducerAndKernel) {
+  const int64_t n = 1 << 16, zn = 64;  // zn floats: 256 bytes
+  DeviceMem a(n * 4), z(n * 4), c(n * 2), d(n * 2), e(n * 2);
+  RandomFill fill;
+  fill.amplitude = 1.0f;
+  fill.seed = 23;
+  CUDA_CHECK(cuda::launch_fill_random(DType::F32, a.p, n, n, fill, stream_));
+  const auto record = [&](int64_t zero_floats) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, e.p, stream_));   // Q
+    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, c.p, stream_));   // P
+    CUDA_CHECK(cudaMemsetAsync(z.p, 0, zero_floats * 4, stream_));                                        // M
+    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), zn, DType::BF16, d.p, stream_));  // K
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    return graph;
+  };
+  const auto in_z = [&](const void* p) { return p == z.p; };
+  const void* zk = cuda::workspace_zero_kernel();
+
+  cudaGraph_t refused = record(zn);
+  EXPECT_EQ(cuda::replace_workspace_memsets(
+                refused, [](const void*) { return false; }, zk, true),
+            0);
+  CUDA_CHECK(cudaGraphDestroy(refused));
+  cudaGraph_t large = record(zn + 1);
+  EXPECT_EQ(cuda::replace_workspace_memsets(large, in_z, zk, true), 0);
+  EXPECT_EQ(nodes_of(large, cudaGraphNodeTypeMemset).size(), 1u);
+  CUDA_CHECK(cudaGraphDestroy(large));
+
+  for (bool programmatic : {true, false}) {
+    cudaGraph_t graph = record(zn);
+    std::vector<cudaGraphNode_t> kernels = nodes_of(graph, cudaGraphNodeTypeKernel);
+    const cudaGraphNode_t m = nodes_of(graph, cudaGraphNodeTypeMemset).at(0);
+    ASSERT_EQ(kernels.size(), 3u);
+    const cudaGraphNode_t p = dependencies(m).at(0);
+    cudaGraphNode_t k = nullptr;
+    for (cudaGraphNode_t node : kernels)
+      if (dependencies(node) == std::vector<cudaGraphNode_t>{m}) k = node;
+    ASSERT_TRUE(k != nullptr);
+
+    ASSERT_EQ(cuda::replace_workspace_memsets(graph, in_z, zk, programmatic), 1);
+    EXPECT_TRUE(nodes_of(graph, cudaGraphNodeTypeMemset).empty());
+    kernels = nodes_of(graph, cudaGraphNodeTypeKernel);
+    ASSERT_EQ(kernels.size(), 4u);
+    const std::vector<cudaGraphNode_t> k_deps = dependencies(k);
+    ASSERT_EQ(k_deps.size(), 1u);
+    const cudaGraphNode_t zn_node = k_deps[0];
+    EXPECT_FALSE(contains(kernels, m));
+    EXPECT_TRUE(contains(kernels, zn_node));
+    EXPECT_EQ(dependencies(zn_node), std::vector<cudaGraphNode_t>{p});
+    size_t ne = 1;
+    cudaGraphNode_t from = nullptr;
+    cudaGraphEdgeData edge{};
+    CUDA_CHECK(cudaGraphNodeGetDependencies(zn_node, &from, &edge, &ne));
+    if (programmatic) {
+      EXPECT_EQ(edge.type, cudaGraphDependencyTypeProgrammatic);
+    } else {
+      EXPECT_EQ(edge.type, cudaGraphDependencyTypeDefault);
+    }
+
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<uint16_t> want_c(n);
+    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, e.p, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaMemcpy(want_c.data(), e.p, n * 2, cudaMemcpyDeviceToHost));
+    for (int replay = 0; replay < 3; ++replay) {
+      RandomFill dirt = fill;
+      dirt.seed = 200 + replay;
+      CUDA_CHECK(cuda::launch_fill_random(DType::F32, z.p, n, n, dirt, stream_));  // nonzero again
+      CUDA_CHECK(cudaMemsetAsync(c.p, 0xff, n * 2, stream_));
+      CUDA_CHECK(cudaMemsetAsync(d.p, 0xff, n * 2, stream_));
+      CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      std::vector<uint16_t> got_c(n), got_d(zn);
+      std::vector<float> got_z(n);
+      CUDA_CHECK(cudaMemcpy(got_c.data(), c.p, n * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(got_d.data(), d.p, zn * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(got_z.data(), z.p, n * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(got_c, want_c) << "replay " << replay;
+      EXPECT_EQ(got_d, std::vector<uint16_t>(zn, 0)) << "replay " << replay;
+      // Only the memset's 256 bytes were zeroed.
+      size_t zeros_after = 0;
+      for (int64_t i = zn; i < n; ++i) zeros_after += got_z[static_cast<size_t>(i)] == 0.0f;
+      EXPECT_LT(zeros_after, 16u) << "replay " << replay;
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+}
+
 // A recorded cuBLASLt product whose algorithm needs a small workspace (the Llama-3-8B lm_head's shape at
 // 512 rows: every heuristic candidate of it has a 4-byte tile counter on Hopper, 2026-12-06) runs on its
-// dedicated workspace, its memset moves beside the kernel before it, and replays give the eager product's
-// result each time (a counter left dirty by the previous replay would skip tiles).
-TEST_F(CudaGemmTuningTest, DedicatedWorkspaceProductReplaysWithItsMemsetMoved) {
+// dedicated workspace, its memset moves beside the kernel before it (rewrite 1) or becomes a zeroing kernel
+// (rewrite 2), and replays give the eager product's result each time (a counter left dirty by the previous
+// replay would skip tiles).
+void dedicated_workspace_product_replays(cudaStream_t stream_, int rewrite) {
   const int64_t t = 512, k = 4096, n = 128256;
   DeviceMem x(t * k * 2), w(n * k * 2), before(t * k * 2), out(t * n * 4), eager(t * n * 4);
   RandomFill fill;
@@ -418,10 +515,14 @@ TEST_F(CudaGemmTuningTest, DedicatedWorkspaceProductReplaysWithItsMemsetMoved) {
   cudaMemsetParams mp{};
   CUDA_CHECK(cudaGraphMemsetNodeGetParams(memsets[0], &mp));
   EXPECT_TRUE(gemm.lt().in_dedicated_workspace(mp.dst)) << "the recorded product is on the shared workspace";
-  EXPECT_EQ(cuda::hoist_workspace_memsets(graph,
-                                          [&](const void* p) { return gemm.lt().in_dedicated_workspace(p); }),
-            1);
-  EXPECT_TRUE(dependencies(memsets[0]).empty());  // its producer was the graph's first node
+  const auto dedicated = [&](const void* p) { return gemm.lt().in_dedicated_workspace(p); };
+  if (rewrite == 1) {
+    EXPECT_EQ(cuda::hoist_workspace_memsets(graph, dedicated), 1);
+    EXPECT_TRUE(dependencies(memsets[0]).empty());  // its producer was the graph's first node
+  } else {
+    EXPECT_EQ(cuda::replace_workspace_memsets(graph, dedicated, cuda::workspace_zero_kernel(), true), 1);
+    EXPECT_TRUE(nodes_of(graph, cudaGraphNodeTypeMemset).empty());
+  }
   cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   std::vector<float> want(static_cast<size_t>(t * n));
@@ -430,13 +531,23 @@ TEST_F(CudaGemmTuningTest, DedicatedWorkspaceProductReplaysWithItsMemsetMoved) {
   for (int replay = 0; replay < 3; ++replay) {
     CUDA_CHECK(cudaMemsetAsync(out.p, 0, t * n * 4, stream_));
     CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    std::vector<float> got = download(out, static_cast<size_t>(t * n));
+    std::vector<float> got(static_cast<size_t>(t * n));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 4, cudaMemcpyDeviceToHost));
     size_t differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
     EXPECT_EQ(differ, 0u) << "replay " << replay;
   }
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+TEST_F(CudaGemmTuningTest, DedicatedWorkspaceProductReplaysWithItsMemsetMoved) {
+  dedicated_workspace_product_replays(stream_, 1);
+}
+
+TEST_F(CudaGemmTuningTest, DedicatedWorkspaceProductReplaysWithItsMemsetReplaced) {
+  dedicated_workspace_product_replays(stream_, 2);
 }
 
 }  // namespace

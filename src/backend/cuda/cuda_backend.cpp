@@ -149,7 +149,7 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
   qgemm_ = std::make_unique<cuda::QuantizedGemm>(stream_);
   gemm_->lt().use_tuning_cache(options_.gemm_tuning_cache);
   qgemm_->lt().use_tuning_cache(options_.gemm_tuning_cache);
-  if (options_.hoist_gemm_memsets) {
+  if (options_.gemm_memset_rewrite != 0) {
     gemm_->lt().set_dedicated_workspaces(true);
     qgemm_->lt().set_dedicated_workspaces(true);
   }
@@ -172,8 +172,8 @@ CudaBackend::~CudaBackend() {
     };
     if (gemm_) print("16-bit", gemm_->tuning_stats());
     if (qgemm_) print("quantized", qgemm_->tuning_stats());
-    if (options_.hoist_gemm_memsets)
-      std::fprintf(stderr, "inferx cuda: workspace memsets moved earlier in recorded graphs: %llu\n",
+    if (options_.gemm_memset_rewrite != 0)
+      std::fprintf(stderr, "inferx cuda: workspace memsets moved or replaced in recorded graphs: %llu\n",
                    static_cast<unsigned long long>(hoisted_memsets_));
   }
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})

@@ -77,11 +77,13 @@ struct CudaBackendOptions {
   // rows (10.5 us). Against 64 rows (the first version's threshold), 1000 x 1000/1000 FP8 offline: 15,146
   // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 1024;
-  // cuBLASLt's workspace memsets run earlier in recorded steps (graph_rewrite.h: hoist_workspace_memsets),
-  // with every recorded product that needs a small workspace on one of its own
-  // (LtMatmul::set_dedicated_workspaces). Off until measured on a GPU: the 512-row FP8 gate/up GEMM loses
-  // ~6.6 us per layer to its memset (H100 timeline, 2026-12-06). INFERX_HOIST_GEMM_MEMSETS=1.
-  bool hoist_gemm_memsets = false;
+  // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
+  // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
+  // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 replaced by a
+  // zeroing kernel in the chain (replace_workspace_memsets). The 512-row FP8 gate/up GEMM loses ~6.6 us per
+  // layer to its memset (H100 timeline, 2026-12-06 13:45); hoisted, 4.9 (15:29).
+  // INFERX_HOIST_GEMM_MEMSETS=0|1|2.
+  int gemm_memset_rewrite = 0;
   // Backend::narrows_mixed_steps: the last layer on the logits rows only also in steps with decode rows.
   // On since 2026-12-05 14:40: 1000 x 1000/1000 FP8 offline 17,306 narrowed vs 17,198 output tok/s not
   // (H200, same call, with the startup warm-up; mixed steps 124.1 vs 125.3 ms, decode steps level). Before

@@ -13,6 +13,7 @@
 #include "backend/cuda/graph_rewrite.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_quant.h"
+#include "backend/cuda/pdl.h"
 #include "backend/cuda/quantized_gemm.h"
 #include "core/error.h"
 
@@ -61,7 +62,7 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
     o.decode_stack_profiles = std::max(0, std::atoi(pr));
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* hm = std::getenv("INFERX_HOIST_GEMM_MEMSETS"))
-    o.hoist_gemm_memsets = std::strcmp(hm, "0") != 0;
+    o.gemm_memset_rewrite = std::clamp(std::atoi(hm), 0, 2);
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
   // INFERX_GEMM_CACHE: the GEMM tuning cache's folder, or off (also 0 or empty).
@@ -232,10 +233,14 @@ void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
     if (keep) CUDA_CHECK(status);
     return;
   }
-  if (options_.hoist_gemm_memsets) {
-    const int moved = cuda::hoist_workspace_memsets(graph, [this](const void* p) {
+  if (options_.gemm_memset_rewrite != 0) {
+    const auto dedicated = [this](const void* p) {
       return gemm_->lt().in_dedicated_workspace(p) || qgemm_->lt().in_dedicated_workspace(p);
-    });
+    };
+    const int moved = options_.gemm_memset_rewrite == 1
+                          ? cuda::hoist_workspace_memsets(graph, dedicated)
+                          : cuda::replace_workspace_memsets(graph, dedicated, cuda::workspace_zero_kernel(),
+                                                            cuda::pdl_enabled());
     if (moved < 0) {
       (void)cudaGraphDestroy(graph);
       CUDA_CHECK(cudaGetLastError());

@@ -76,4 +76,49 @@ int hoist_workspace_memsets(cudaGraph_t graph, const std::function<bool(const vo
   return moved;
 }
 
+int replace_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated,
+                              const void* zero_kernel, bool programmatic) {
+  size_t count = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return -1;
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0 && cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return -1;
+  int replaced = 0;
+  const cudaGraphEdgeData plain{};
+  cudaGraphEdgeData early{};
+  early.type = cudaGraphDependencyTypeProgrammatic;
+  early.from_port = cudaGraphKernelNodePortProgrammatic;
+  for (cudaGraphNode_t m : nodes) {
+    if (!is_type(m, cudaGraphNodeTypeMemset)) continue;
+    cudaMemsetParams mp{};
+    if (cudaGraphMemsetNodeGetParams(m, &mp) != cudaSuccess) return -1;
+    const size_t bytes = static_cast<size_t>(mp.elementSize) * mp.width;
+    if (!dedicated(mp.dst) || mp.value != 0 || mp.height > 1 || bytes == 0 || bytes > 256) continue;
+    Edges in, out;
+    if (!edges_of(m, true, in) || !edges_of(m, false, out)) return -1;
+    if (in.nodes.size() != 1 || out.nodes.size() != 1 || !full_edge(in.data[0]) || !full_edge(out.data[0]))
+      continue;
+    cudaGraphNode_t p = in.nodes[0], k = out.nodes[0];
+    if (!is_type(p, cudaGraphNodeTypeKernel) || !is_type(k, cudaGraphNodeTypeKernel)) continue;
+    auto* dst = static_cast<unsigned char*>(mp.dst);
+    auto n = static_cast<unsigned>(bytes);
+    void* args[] = {&dst, &n};
+    cudaKernelNodeParams kp{};
+    kp.func = const_cast<void*>(zero_kernel);
+    kp.gridDim = dim3(1);
+    kp.blockDim = dim3(32);
+    kp.kernelParams = args;
+    cudaGraphNode_t z = nullptr;
+    if (cudaGraphAddKernelNode(&z, graph, nullptr, 0, &kp) != cudaSuccess) return -1;
+    // Z -> K before M goes, so K never loses its wait.
+    if (cudaGraphAddDependencies(graph, &z, &k, &plain, 1) != cudaSuccess) return -1;
+    if (!programmatic || cudaGraphAddDependencies(graph, &p, &z, &early, 1) != cudaSuccess) {
+      (void)cudaGetLastError();  // a driver without programmatic edges in graphs: a plain one
+      if (cudaGraphAddDependencies(graph, &p, &z, &plain, 1) != cudaSuccess) return -1;
+    }
+    if (cudaGraphDestroyNode(m) != cudaSuccess) return -1;
+    ++replaced;
+  }
+  return replaced;
+}
+
 }  // namespace inferx::cuda

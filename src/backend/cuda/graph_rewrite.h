@@ -19,4 +19,18 @@ namespace inferx::cuda {
 // caller checks the CUDA error).
 int hoist_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated);
 
+// Replaces each such memset with a kernel node in the chain. Hoisted (above), the memset ran beside P, but K
+// still started 4.9 us after P ended (H100 timeline, 2026-12-06 15:29: a node with two dependencies, one of
+// them a memset, waits ~as long as the chain P -> M -> K did: ~1.7 of the 6.6 us saved), while the
+// GEMMs whose only dependency is a kernel start as it ends. So for every memset node M of `dedicated` memory
+// that zeroes at most 256 bytes, with one dependency P and one dependent K (kernel nodes, full-completion
+// edges), the chain P -> M -> K becomes P -> Z -> K, where Z = `zero_kernel` (a kernel of the signature
+// (unsigned char* dst, unsigned bytes) that waits for its predecessor with griddepcontrol.wait and then
+// zeroes dst: launch_workspace_zero_node's kernel, kernels.h) on a programmatic edge from P when
+// `programmatic` (Z launches while P runs and completes right after it; K's full-completion edge from Z
+// then covers P too), else a plain one. Returns how many memsets were replaced, or -1 when a graph call
+// failed (the graph must not be used then).
+int replace_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated,
+                              const void* zero_kernel, bool programmatic);
+
 }  // namespace inferx::cuda

@@ -46,6 +46,10 @@ cudaError_t launch_silu_mul_stacked_bf16(const void* gate_up, int64_t t, int64_t
 // deterministic, and no host buffer.
 cudaError_t launch_fill_random(DType dtype, void* t, int64_t n, int64_t cols, const RandomFill& fill,
                                cudaStream_t stream);
+// The kernel replace_workspace_memsets (graph_rewrite.h) puts in a recorded graph instead of a small memset:
+// (unsigned char* dst, unsigned bytes), one block of 32 threads; it waits for its predecessor
+// (griddepcontrol.wait) and then zeroes dst[0, bytes).
+const void* workspace_zero_kernel();
 // out[i, :] = x[rows[i], :] with rows of row_bytes bytes (any dtype); out-of-range rows give zeros.
 cudaError_t launch_gather_rows(const void* x, int64_t num_rows, int64_t row_bytes, const int32_t* rows,
                                int64_t n, void* out, cudaStream_t stream);

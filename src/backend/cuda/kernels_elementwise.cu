@@ -153,7 +153,16 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int
     out[i] += bias[i % cols];
 }
 
+// After the wait: the caller's graph edge into this kernel may be programmatic (replace_workspace_memsets),
+// so the predecessor may still run, and it may be the previous product on the same workspace.
+__global__ void workspace_zero_kernel_impl(unsigned char* dst, unsigned bytes) {
+  pdl_wait();
+  for (unsigned i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = 0;
+}
+
 }  // namespace
+
+const void* workspace_zero_kernel() { return reinterpret_cast<const void*>(&workspace_zero_kernel_impl); }
 
 cudaError_t launch_embedding(DType table_dtype, const void* table, int64_t rows, int64_t dim,
                              const int32_t* ids, int64_t n, int64_t first_id, float* out,
