@@ -134,8 +134,14 @@ if step 13; then
   INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Replaced*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
   env "$Z" "$R" "$D" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
-  WORKLOADS=1000x1000/1000 VARIANTS="def: zero-rope-defer:$Z,$R,$D hoist-rope-defer:$H,$R,$D" \
-    bash "$(dirname "$0")/offline_ab.sh"
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then  # the 17.7k target's card
+    WORKLOADS=1000x1000/1000 VARIANTS="def: zero-rope-defer:$Z,$R,$D" bash "$(dirname "$0")/offline_ab.sh"
+    QUANT_ARGS="--quantize fp8:tensor --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 \
+      VARIANTS="zero-rope-defer:$Z,$R,$D" bash "$(dirname "$0")/offline_ab.sh"
+  else
+    WORKLOADS=1000x1000/1000 VARIANTS="def: zero-rope-defer:$Z,$R,$D hoist-rope-defer:$H,$R,$D" \
+      bash "$(dirname "$0")/offline_ab.sh"
+  fi
 fi
 step 12 && WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R hoist-ropevec-defer64:$H,$R,$D" \
   bash "$(dirname "$0")/offline_ab.sh"
