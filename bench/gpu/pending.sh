@@ -4,10 +4,10 @@
 # On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
 # the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
-# FIRST: step 10 (~4 min on an H100), then 12 (~5.5 min): the memset move (d15eb5b), the vector RoPE kernel
-# and its deferred-product path have never run on a GPU, their tests included; where the timeline and
-# 1000/1000 show a gain, make them default on (CudaBackendOptions::hoist_gemm_memsets, kernels_rope_kv.cu
-# rope_vector(), CudaBackendOptions::defer_split_rows); then step 11 (batch 1).
+# 16:10 on 12-06 (H100, steps 10 and 13): the memset replaced by a zeroing kernel (INFERX_HOIST_GEMM_MEMSETS=2),
+# the vector RoPE kernel and the q/k/v deferral from 64 rows are now the defaults (1000/1000 +1.4% / +1.6%
+# together, two calls; batch 1 level). NEXT on an H200: step 5 (1000 x 1000/1000 with the FP8 plans: is 17.7k
+# reached with the new defaults?), then 6 / 6b and 7.
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
 #    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight

@@ -714,7 +714,7 @@ TEST_F(QuantizedGemmTest, DeferredQkvProductMatchesTheLaunchedSplit) {
   const RopeParams rope{hd, 500000.0f, RopeLayout::NeoX, {}};
   for (int token_blocks : {0, 1, 2})
     for (bool per_channel : {true, false})
-      for (int64_t t : {300, 1100}) {  // decode-sized (launched) and prefill-sized (deferred) steps
+      for (int64_t t : {40, 300, 1100}) {  // below defer_split_rows (launched) and above it (deferred)
         SCOPED_TRACE(::testing::Message()
                      << "token blocks " << token_blocks << " per_channel " << per_channel << " t " << t);
         cuda::set_rope_token_blocks(token_blocks > 0 ? 1 : 0);

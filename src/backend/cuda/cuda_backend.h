@@ -72,18 +72,23 @@ struct CudaBackendOptions {
   int decode_splits = 0;
   int decode_min_tiles = 1;
   // Steps of at least this many rows leave an FP8 q/k/v projection's split epilogue to RoPE + KV write
-  // (quantized_gemm.h, deferred products); smaller ones launch it. At ~100 decode rows the RoPE kernel that
-  // reads the BF16 sums took 18 us per layer (H200 ncu, 2026-12-04), more than the F32 RoPE took at ~300
-  // rows (10.5 us). Against 64 rows (the first version's threshold), 1000 x 1000/1000 FP8 offline: 15,146
-  // vs 15,223 output tok/s (H200, same call, 2026-12-04 17:55): level. INFERX_DEFER_SPLIT_ROWS=N.
-  int64_t defer_split_rows = 1024;
+  // (quantized_gemm.h, deferred products); smaller ones launch it. 64 since 2026-12-06 16:10, with the vector
+  // RoPE kernel (which reads the deferred sums: kernels_rope_kv.cu) and gemm_memset_rewrite 2: the 512-row
+  // FP8 decode step's layer without its attention 225.0 -> 213.1 us (H100 CUPTI timeline: the split
+  // epilogue's 6.6 us gone, RoPE 11.2 -> 9.6, the gate/up GEMM's memset 6.6 -> 1.2); 1000 x 1000/1000 FP8 +
+  // FP8 KV offline, the three together against none, same call: 14,837 -> 15,051 and 14,867 -> 15,108 output
+  // tok/s (+1.4%, +1.6%; H100, two calls). (At ~100 rows the scalar RoPE kernel reading the sums took 18 us
+  // per layer, H200 ncu 12-04, which is why the threshold was 1024 before the vector kernel.)
+  // INFERX_DEFER_SPLIT_ROWS=N.
+  int64_t defer_split_rows = 64;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
-  // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 replaced by a
-  // zeroing kernel in the chain (replace_workspace_memsets). The 512-row FP8 gate/up GEMM loses ~6.6 us per
-  // layer to its memset (H100 timeline, 2026-12-06 13:45); hoisted, 4.9 (15:29).
-  // INFERX_HOIST_GEMM_MEMSETS=0|1|2.
-  int gemm_memset_rewrite = 0;
+  // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 (the default since
+  // 2026-12-06 16:10) replaced by a zeroing kernel in the chain (replace_workspace_memsets). The 512-row FP8
+  // gate/up GEMM lost ~6.6 us per layer to its memset (H100 timeline, 2026-12-06 13:45); hoisted 4.9 (the
+  // join), replaced 1.2. With the two switches above, 1000 x 1000/1000 +1.6% replaced against +1.25%
+  // hoisted (H100, same call). INFERX_HOIST_GEMM_MEMSETS=0|1|2.
+  int gemm_memset_rewrite = 2;
   // Backend::narrows_mixed_steps: the last layer on the logits rows only also in steps with decode rows.
   // On since 2026-12-05 14:40: 1000 x 1000/1000 FP8 offline 17,306 narrowed vs 17,198 output tok/s not
   // (H200, same call, with the startup warm-up; mixed steps 124.1 vs 125.3 ms, decode steps level). Before

@@ -99,7 +99,7 @@ cudaError_t launch_rope_write_kv(float* q, float* k, const float* v, int64_t hq,
 // -1: INFERX_ROPE_TOKEN_BLOCKS, else from 64 tokens; kernels_rope_kv.cu).
 void set_rope_token_blocks(int mode);
 // Tests and benchmarks: the token kernel with four pairs per thread (NeoX, F32 q / k / v; 1: where it
-// applies, 0: never, -1: INFERX_ROPE_VEC=1; kernels_rope_kv.cu).
+// applies, 0: never, -1: INFERX_ROPE_VEC, on unless 0; kernels_rope_kv.cu).
 void set_rope_vector(int mode);
 
 // kernels_attention.cu --------------------------------------------------------------------------------
