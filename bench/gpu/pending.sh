@@ -143,6 +143,17 @@ if step 13; then
       bash "$(dirname "$0")/offline_ab.sh"
   fi
 fi
+# 14. The new defaults (452b385) on the card at hand: their tests, then 1000 x 1000/1000 with the FP8 plan and the
+#    per-tensor one (~4.5 min on an H200).
+if step 14; then
+  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_qgemm" --gtest_filter='*Deferred*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -10
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 | grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  for q in fp8 fp8:tensor; do
+    QUANT_ARGS="--quantize $q --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 VARIANTS="${q//:/-}:" \
+      bash "$(dirname "$0")/offline_ab.sh"
+  done
+fi
 step 12 && WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R hoist-ropevec-defer64:$H,$R,$D" \
   bash "$(dirname "$0")/offline_ab.sh"
 step 11 && SKIP_ENGINE_TESTS=1 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R" QUANTS="bf16 fp8:lm_head" \
