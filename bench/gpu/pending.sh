@@ -5,9 +5,11 @@
 # batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
 # the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
 # 16:10 on 12-06 (H100, steps 10 and 13): the memset replaced by a zeroing kernel (INFERX_HOIST_GEMM_MEMSETS=2),
-# the vector RoPE kernel and the q/k/v deferral from 64 rows are now the defaults (1000/1000 +1.4% / +1.6%
-# together, two calls; batch 1 level). NEXT on an H200: step 5 (1000 x 1000/1000 with the FP8 plans: is 17.7k
-# reached with the new defaults?), then 6 / 6b and 7.
+# the vector RoPE kernel and the q/k/v deferral from 64 rows are now the defaults (452b385; 1000/1000 +1.4% /
+# +1.6% together, two calls; batch 1 level). FIRST next session: step 14 (its tests: test_cuda_engine has not
+# yet run with the zeroing-kernel rewrite as the default - only with the hoist via the environment - then
+# 1000 x 1000/1000 with both FP8 plans: on an H200, is 17.7k reached?), then step 1 (every GPU test), then on an
+# H200 6 / 6b and 7.
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
 #    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
