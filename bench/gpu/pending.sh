@@ -8,8 +8,8 @@
 # the vector RoPE kernel and the q/k/v deferral from 64 rows are now the defaults (452b385; 1000/1000 +1.4% /
 # +1.6% together, two calls; batch 1 level). FIRST next session: step 14 (its tests: test_cuda_engine has not
 # yet run with the zeroing-kernel rewrite as the default - only with the hoist via the environment - then
-# 1000 x 1000/1000 with both FP8 plans: on an H200, is 17.7k reached?), then step 1 (every GPU test), then on an
-# H200 6 / 6b and 7.
+# 1000 x 1000/1000 with both FP8 plans: on an H200, is 17.7k reached?), then step 15 (the lazy rescale, built
+# 17:00, never run), then step 1 (every GPU test), then on an H200 6 / 6b and 7.
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
 #    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
@@ -156,6 +156,22 @@ if step 14; then
     QUANT_ARGS="--quantize $q --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 VARIANTS="${q//:/-}:" \
       bash "$(dirname "$0")/offline_ab.sh"
   done
+fi
+# 15. (12-06 17:00) The lazy rescale of the attention kernels' running output (INFERX_ATTN_LAZY_RESCALE=1, off
+#    by default; bit-identical results): its test, the decode attention in the 1000/1000 run's shape and the
+#    prefill rows with it off / on, then 1000 x 1000/1000 off / on (~5 min on an H100). Predicted: decode
+#    attention level where it streams at copy bandwidth (H100), a few % where it is issue-bound; prefill
+#    attention a few % faster (64 of ~350 instructions per thread and tile skipped once the maxima settle).
+if step 15; then
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*LazyRescale*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  for lz in 0 1; do
+    INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=decode_context timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
+      grep -vE "^device" | head -8 | sed "s/^/lazy $lz: /"
+    INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=prefill timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
+      grep -iE "prefill" | head -8 | sed "s/^/lazy $lz: /"
+  done
+  WORKLOADS=1000x1000/1000 VARIANTS="def: lazy:INFERX_ATTN_LAZY_RESCALE=1" bash "$(dirname "$0")/offline_ab.sh"
 fi
 step 12 && WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R hoist-ropevec-defer64:$H,$R,$D" \
   bash "$(dirname "$0")/offline_ab.sh"

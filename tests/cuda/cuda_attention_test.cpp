@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -445,6 +446,62 @@ TEST_F(CudaAttentionTest, PrefillKernelOverBf16AndFp8CachesMatchesFloat64) {
                      {CudaAttentionKernel::Reference, 0}});
     }
   }
+}
+
+// The lazy rescale (cuda::attention_lazy_rescale: the running output's rescale skipped where every factor of
+// a warp is exactly 1) changes no bit: the decode kernel (every split count it takes here) and every prefill
+// variant, both caches, decode-only and prefill batches, against the same launches with the rescale always
+// done. The ties that make a factor exactly 1 come from the data (a row's maximum not moving in a tile), so
+// the cases include long contexts (many tiles after the maximum settles) and windows.
+TEST_F(CudaAttentionTest, LazyRescaleChangesNoBit) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  const std::vector<Case> grid = {
+      {32, 8, 128, 0, 16, {1500, 37, 900, 3}, {1, 1, 1, 1}},
+      {32, 8, 128, 0, 16, {0, 37, 1000, 500}, {300, 201, 1, 77}},
+      {16, 2, 64, 100, 32, {700, 2000}, {1, 190}},
+      {64, 8, 128, 0, 16, {2500, 41}, {1, 400}},
+  };
+  const char* variants[] = {"g3", "g2", "g3p"};
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const float ks = dt == DType::F8_E4M3 ? 0.5f : 1.0f, vs = dt == DType::F8_E4M3 ? 0.01f : 1.0f;
+    CudaBackend& gpu = backend(dt, ks, vs);
+    for (const Case& c : grid) {
+      SCOPED_TRACE(describe(c, dt));
+      const Layout d = make_layout(c, rng_);
+      const Cache cache = random_cache(*this, c, d, dt, ks, vs, rng_);
+      const int64_t T = static_cast<int64_t>(d.positions.size());
+      const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -4.0f, 4.0f);
+      const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+      const BatchView b = view(d);
+      const Tensor q = f32(qv, T, c.hq * c.hd);
+      const auto run = [&](int lazy) {
+        cuda::set_attention_lazy_rescale(lazy);
+        Tensor out = f32(std::vector<float>(qv.size(), std::nanf("")), T, c.hq * c.hd);
+        gpu.attention(q, cache.layer, b, p, out);
+        return download<float>(out.data, qv.size());
+      };
+      const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+        return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+      };
+      for (int splits : {0, 3}) {
+        SCOPED_TRACE(::testing::Message() << "decode, splits " << splits);
+        gpu.set_attention_kernel(CudaAttentionKernel::Decode, splits);
+        const std::vector<float> always = run(0), lazy = run(1);
+        EXPECT_TRUE(same_bits(always, lazy));
+        EXPECT_EQ(std::count_if(lazy.begin(), lazy.end(), [](float v) { return std::isnan(v); }), 0);
+      }
+      gpu.set_attention_kernel(CudaAttentionKernel::Prefill);
+      for (const char* v : variants) {
+        SCOPED_TRACE(::testing::Message() << "prefill variant " << v);
+        cuda::set_prefill_attention_variant(v);
+        const std::vector<float> always = run(0), lazy = run(1);
+        EXPECT_TRUE(same_bits(always, lazy));
+      }
+      cuda::set_prefill_attention_variant(nullptr);
+      gpu.set_attention_kernel(CudaAttentionKernel::Auto);
+    }
+  }
+  cuda::set_attention_lazy_rescale(-1);
 }
 
 // A mixed step as the engine builds it (decodes first, then prefill chunks, BatchView::num_decode_prefix

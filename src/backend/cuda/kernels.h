@@ -150,6 +150,14 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
 // samples, SM clock 1730 MHz mean), so the halved tensor-core work is worth +3.1% there (17,276 vs 16,751
 // output tok/s). BF16 caches always take two terms.
 int decode_attention_terms();
+// Whether the decode (v3) and prefill (wg) attention kernels skip the running output's rescale when no row's
+// maximum moved (every correction factor exactly 1: a warp-uniform test, so the results are bit-identical to
+// the unconditional rescale). INFERX_ATTN_LAZY_RESCALE=1 (read once; off by default until a GPU run measures
+// it; set_attention_lazy_rescale for tests: 1 on, 0 off, -1 the environment). Why: the rescale is 32 (decode)
+// / 64 (prefill) multiplies per lane and tile, ~10% of the decode kernel's per-tile instructions, and with
+// random (and most real) scores the maximum settles after the first tiles.
+bool attention_lazy_rescale();
+void set_attention_lazy_rescale(int mode);
 // Whether launch_decode_attention rounds Q and P to F16 once for a cache of `dtype` with `block_size`-key
 // blocks (and the engine's aligned buffers): the v3 kernel over an FP8 cache with one term; the other
 // kernels are F32-equivalent.

@@ -27,6 +27,7 @@
 // 372 -> 211 us, BF16 398 -> 334 us; batch 1 inside the graph 16.5 -> 8.5 us (docs/benchmarks.md).
 #include <math_constants.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -261,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                int hq, int hkv, float q_mult, float s_scale, float out_scale, int64_t window,
                                int min_split_tiles, float* __restrict__ part_acc, float* __restrict__ part_ml,
                                int* __restrict__ counters, float* __restrict__ out,
-                               __nv_bfloat16* __restrict__ out_bf16) {
+                               __nv_bfloat16* __restrict__ out_bf16, bool lazy_rescale) {
   static_assert(!kTma || sizeof(CacheT) == 1, "tensor copies: FP8 caches");
   static_assert(kTerms == 2 || (kTerms == 1 && sizeof(CacheT) == 1), "single terms: FP8 caches");
   using L = Layout<CacheT, HD, kTma>;
@@ -437,15 +438,24 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
       pb[0][nt][1] = attn::movmatrix_trans(hi23);
       pb[1][nt][1] = attn::movmatrix_trans(lo23);
     }
+    bool rescale = true;
+    if (lazy_rescale) {  // attention_lazy_rescale: skip when every factor of the warp is exactly 1
+      bool moved = false;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt) moved = moved || corr[nt][0] != 1.0f || corr[nt][1] != 1.0f;
+      rescale = __any_sync(0xffffffffu, moved);
+    }
+    if (rescale) {
 #pragma unroll
-      for (int mt = 0; mt < HD / 16; ++mt) {
-        o[nt][mt][0] *= corr[nt][0];
-        o[nt][mt][1] *= corr[nt][1];
-        o[nt][mt][2] *= corr[nt][0];
-        o[nt][mt][3] *= corr[nt][1];
-      }
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int mt = 0; mt < HD / 16; ++mt) {
+          o[nt][mt][0] *= corr[nt][0];
+          o[nt][mt][1] *= corr[nt][1];
+          o[nt][mt][2] *= corr[nt][0];
+          o[nt][mt][3] *= corr[nt][1];
+        }
+    }
 
     // O^T += V^T P^T, one k-step (the warp's 16 keys) per m-tile of 16 dims.
     if constexpr (kFp8) {
@@ -575,7 +585,7 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
                     stream, maps, q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
                     cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult,
                     qs.s_scale, out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
-                    static_cast<__nv_bfloat16*>(out_bf16));
+                    static_cast<__nv_bfloat16*>(out_bf16), attention_lazy_rescale());
 }
 
 template <class CacheT, int HD, int kTerms>
@@ -630,6 +640,18 @@ int decode_attention_terms() {
   static const int terms = env_int("INFERX_DECODE_ATTN_TERMS", 1, 2, 1);
   return terms;
 }
+
+namespace {
+std::atomic<int> g_lazy_rescale{-1};
+}  // namespace
+
+bool attention_lazy_rescale() {
+  static const bool env = env_int("INFERX_ATTN_LAZY_RESCALE", 0, 1, 0) == 1;
+  const int o = g_lazy_rescale.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : env;
+}
+
+void set_attention_lazy_rescale(int mode) { g_lazy_rescale.store(mode, std::memory_order_relaxed); }
 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, DecodeSplitPlan plan,

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kWG * 128, 1)
     prefill_attention_wg(const float* __restrict__ q, const CacheT* __restrict__ k_cache,
                          const CacheT* __restrict__ v_cache, int64_t num_blocks, int block_size,
                          const __grid_constant__ BatchArgs batch, int hq, int hkv, float scale_log2,
-                         float out_scale, int64_t window, float* __restrict__ out) {
+                         float out_scale, int64_t window, float* __restrict__ out, bool lazy_rescale) {
   constexpr bool kFp8 = sizeof(CacheT) == 1;
   using L = WgLayout<HD, kWG, kBN, kStages, kFp8>;
   constexpr int kT = kWG * 128, kRows = L::kRows, kAhead = kStages - 1;
@@ -332,12 +332,15 @@ __global__ void __launch_bounds__(kWG * 128, 1)
       }
       l0 = l0 * corr0 + sum0;  // per-lane partial sums; the 4 lanes of a row are summed at the end
       l1 = l1 * corr1 + sum1;
+      // attention_lazy_rescale: skip when every factor of the warp is exactly 1 (warp-uniform).
+      if (!lazy_rescale || __any_sync(0xffffffffu, corr0 != 1.0f || corr1 != 1.0f)) {
 #pragma unroll
-      for (int nt = 0; nt < HD / 8; ++nt) {
-        o[nt * 4 + 0] *= corr0;
-        o[nt * 4 + 1] *= corr0;
-        o[nt * 4 + 2] *= corr1;
-        o[nt * 4 + 3] *= corr1;
+        for (int nt = 0; nt < HD / 8; ++nt) {
+          o[nt * 4 + 0] *= corr0;
+          o[nt * 4 + 1] *= corr0;
+          o[nt * 4 + 2] *= corr1;
+          o[nt * 4 + 3] *= corr1;
+        }
       }
       // P as A fragments: the accumulator blocks 2kk and 2kk + 1 are the 16 keys of step kk.
       uint32_t pa[kBN / 16][4];
@@ -401,7 +404,7 @@ cudaError_t launch_wg(const float* q, const PagedKv& cache, const BatchArgs& bat
   kernel<<<grid, kWG * 128, kSmem, stream>>>(
       q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v), cache.num_blocks,
       static_cast<int>(cache.block_size), batch, hq, hkv, scale * kLog2e * (kFp8 ? cache.k_scale : 1.0f),
-      kFp8 ? cache.v_scale : 1.0f, window, out);
+      kFp8 ? cache.v_scale : 1.0f, window, out, attention_lazy_rescale());
   return cudaGetLastError();
 }
 
