@@ -150,6 +150,10 @@ fi
 if step 14; then
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_qgemm" --gtest_filter='*Deferred*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -10
+  # 17:00: the rewrite on a clone with the recorded graph as fallback (never run on a GPU yet), and the lazy
+  # rescale's bit test.
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Replaced*:*Rewrite*:*Dedicated*:*LazyRescale*' \
+    2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -10
   [[ -z "${SKIP_ENGINE_TESTS:-}" ]] && INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
   for q in fp8 fp8:tensor; do

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -479,6 +480,69 @@ TEST_F(CudaGemmTuningTest, ReplacedWorkspaceMemsetZeroesBetweenProducerAndKernel
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
   }
+}
+
+// instantiate_rewritten: the rewrite works on a clone, so a rewrite that fails (returns -1) or whose graph
+// does not instantiate (here: an edge that closes a cycle) leaves the recorded graph to be instantiated as it
+// is, and a replay of it still zeroes the buffer before K; a rewrite that works is instantiated and the
+// recorded graph keeps its memset.
+TEST_F(CudaGemmTuningTest, RewriteThatFailsKeepsTheRecordedGraph) {
+  const int64_t n = 1 << 12, zn = 64;
+  DeviceMem a(n * 4), z(n * 4), c(n * 2), d(n * 2);
+  RandomFill fill;
+  fill.amplitude = 1.0f;
+  fill.seed = 29;
+  CUDA_CHECK(cuda::launch_fill_random(DType::F32, a.p, n, n, fill, stream_));
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, c.p, stream_));   // P
+  CUDA_CHECK(cudaMemsetAsync(z.p, 0, zn * 4, stream_));                                                 // M
+  CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), zn, DType::BF16, d.p, stream_));  // K
+  cudaGraph_t recorded = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &recorded));
+  const auto in_z = [&](const void* p) { return p == z.p; };
+  const auto replace = [&](cudaGraph_t g) {
+    return cuda::replace_workspace_memsets(g, in_z, cuda::workspace_zero_kernel(), true);
+  };
+  const auto cyclic = [&](cudaGraph_t g) {
+    const int count = replace(g);
+    const std::vector<cudaGraphNode_t> kernels = nodes_of(g, cudaGraphNodeTypeKernel);
+    cudaGraphNode_t first = nullptr, last = nullptr;  // P (no dependencies) and K (no dependents)
+    for (cudaGraphNode_t node : kernels) {
+      size_t out = 0;
+      CUDA_CHECK(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &out));
+      if (dependencies(node).empty()) first = node;
+      if (out == 0) last = node;
+    }
+    const cudaGraphEdgeData plain{};
+    if (count < 0 || !first || !last ||
+        cudaGraphAddDependencies(g, &last, &first, &plain, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return count;
+  };
+  const std::function<int(cudaGraph_t)> rewrites[] = {[](cudaGraph_t) { return -1; }, cyclic, replace};
+  const int want_count[] = {-1, -1, 1};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(::testing::Message() << "rewrite " << i);
+    cudaGraphExec_t exec = nullptr;
+    int count = -2;
+    ASSERT_EQ(cuda::instantiate_rewritten(recorded, rewrites[i], &exec, &count), cudaSuccess);
+    ASSERT_TRUE(exec != nullptr);
+    EXPECT_EQ(count, want_count[i]);
+    EXPECT_EQ(nodes_of(recorded, cudaGraphNodeTypeMemset).size(), 1u);  // the clone was rewritten
+    RandomFill dirt = fill;
+    dirt.seed = 300 + i;
+    CUDA_CHECK(cuda::launch_fill_random(DType::F32, z.p, n, n, dirt, stream_));
+    CUDA_CHECK(cudaMemsetAsync(d.p, 0xff, n * 2, stream_));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<uint16_t> got_d(zn);
+    CUDA_CHECK(cudaMemcpy(got_d.data(), d.p, zn * 2, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got_d, std::vector<uint16_t>(zn, 0));
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+  }
+  CUDA_CHECK(cudaGraphDestroy(recorded));
 }
 
 // A recorded cuBLASLt product whose algorithm needs a small workspace (the Llama-3-8B lm_head's shape at

@@ -233,23 +233,33 @@ void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
     if (keep) CUDA_CHECK(status);
     return;
   }
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t inst = cudaSuccess;
   if (options_.gemm_memset_rewrite != 0) {
     const auto dedicated = [this](const void* p) {
       return gemm_->lt().in_dedicated_workspace(p) || qgemm_->lt().in_dedicated_workspace(p);
     };
-    const int moved = options_.gemm_memset_rewrite == 1
-                          ? cuda::hoist_workspace_memsets(graph, dedicated)
-                          : cuda::replace_workspace_memsets(graph, dedicated, cuda::workspace_zero_kernel(),
-                                                            cuda::pdl_enabled());
-    if (moved < 0) {
-      (void)cudaGraphDestroy(graph);
-      CUDA_CHECK(cudaGetLastError());
-      INFERX_CHECK(false, "cuda backend: rewriting a recorded step's graph failed");
+    const int mode = options_.gemm_memset_rewrite;
+    int moved = -1;
+    inst = cuda::instantiate_rewritten(
+        graph,
+        [&](cudaGraph_t g) {
+          return mode == 1 ? cuda::hoist_workspace_memsets(g, dedicated)
+                           : cuda::replace_workspace_memsets(g, dedicated, cuda::workspace_zero_kernel(),
+                                                             cuda::pdl_enabled());
+        },
+        &exec, &moved);
+    if (moved >= 0) {
+      hoisted_memsets_ += static_cast<uint64_t>(moved);
+    } else if (!rewrite_warned_) {
+      rewrite_warned_ = true;
+      std::fprintf(stderr,
+                   "inferx cuda: rewriting a recorded step's graph failed; recorded steps keep cuBLASLt's "
+                   "workspace memsets (INFERX_HOIST_GEMM_MEMSETS=0 silences this)\n");
     }
-    hoisted_memsets_ += static_cast<uint64_t>(moved);
+  } else {
+    inst = cudaGraphInstantiate(&exec, graph, 0);
   }
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   (void)cudaGraphDestroy(graph);
   CUDA_CHECK(inst);
   if (auto it = graphs_.find(key); it != graphs_.end()) {

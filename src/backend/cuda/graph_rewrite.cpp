@@ -76,6 +76,25 @@ int hoist_workspace_memsets(cudaGraph_t graph, const std::function<bool(const vo
   return moved;
 }
 
+cudaError_t instantiate_rewritten(cudaGraph_t recorded, const std::function<int(cudaGraph_t)>& rewrite,
+                                  cudaGraphExec_t* exec, int* rewritten) {
+  *exec = nullptr;
+  *rewritten = -1;
+  cudaGraph_t copy = nullptr;
+  if (cudaGraphClone(&copy, recorded) == cudaSuccess) {
+    const int count = rewrite(copy);
+    if (count >= 0 && cudaGraphInstantiate(exec, copy, 0) == cudaSuccess) {
+      *rewritten = count;
+    } else {
+      *exec = nullptr;
+    }
+    (void)cudaGraphDestroy(copy);
+  }
+  if (*rewritten >= 0) return cudaSuccess;
+  (void)cudaGetLastError();  // the failed call's error is not the recorded graph's
+  return cudaGraphInstantiate(exec, recorded, 0);
+}
+
 int replace_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated,
                               const void* zero_kernel, bool programmatic) {
   size_t count = 0;

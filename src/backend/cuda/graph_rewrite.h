@@ -33,4 +33,12 @@ int hoist_workspace_memsets(cudaGraph_t graph, const std::function<bool(const vo
 int replace_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated,
                               const void* zero_kernel, bool programmatic);
 
+// Instantiates `recorded` after `rewrite` (one of the above, applied to a clone of it), or `recorded` as it
+// is when the rewrite fails (returns < 0) or its graph does not instantiate: a recorded step must not fall
+// back to eager launches over a rewrite that only saves microseconds. *rewritten is the rewrite's count when
+// its graph was taken, -1 when the recorded one was. Returns the instantiation status of the graph taken;
+// `recorded` is left to the caller.
+cudaError_t instantiate_rewritten(cudaGraph_t recorded, const std::function<int(cudaGraph_t)>& rewrite,
+                                  cudaGraphExec_t* exec, int* rewritten);
+
 }  // namespace inferx::cuda
