@@ -174,7 +174,7 @@ CudaBackend::~CudaBackend() {
     if (qgemm_) print("quantized", qgemm_->tuning_stats());
     if (options_.gemm_memset_rewrite != 0)
       std::fprintf(stderr, "inferx cuda: workspace memsets moved or replaced in recorded graphs: %llu\n",
-                   static_cast<unsigned long long>(hoisted_memsets_));
+                   static_cast<unsigned long long>(rewritten_memsets_));
   }
   for (Scratch* s : {&decode_partials_, &decode_counters_, &shadow_, &sample_params_, &sample_ids_})
     release(*s);

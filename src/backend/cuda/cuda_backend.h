@@ -414,8 +414,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<std::atomic<uint64_t>> device_frees_ = std::make_shared<std::atomic<uint64_t>>(0);
   bool capturing_ = false;
   uint64_t capture_generation_ = 0;
-  uint64_t hoisted_memsets_ = 0;  // workspace memsets moved or replaced (gemm_memset_rewrite), every graph
-  bool rewrite_warned_ = false;   // a rewrite failed once (instantiate_rewritten took the recorded graph)
+  uint64_t rewritten_memsets_ = 0;  // workspace memsets moved or replaced (gemm_memset_rewrite), every graph
+  bool rewrite_warned_ = false;     // a rewrite failed once (instantiate_rewritten took the recorded graph)
   struct Graph {
     CUgraphExec_st* exec = nullptr;
     uint64_t generation = 0;

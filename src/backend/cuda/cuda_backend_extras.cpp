@@ -250,7 +250,7 @@ void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
         },
         &exec, &moved);
     if (moved >= 0) {
-      hoisted_memsets_ += static_cast<uint64_t>(moved);
+      rewritten_memsets_ += static_cast<uint64_t>(moved);
     } else if (!rewrite_warned_) {
       rewrite_warned_ = true;
       std::fprintf(stderr,
