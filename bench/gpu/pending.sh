@@ -171,7 +171,7 @@ if step 15; then
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
   for lz in 0 1; do
     INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=decode_context timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
-      grep -vE "^device" | head -8 | sed "s/^/lazy $lz: /"
+      grep -vE "^device" | head -16 | sed "s/^/lazy $lz: /"
     INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=prefill timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
       grep -iE "prefill" | head -8 | sed "s/^/lazy $lz: /"
   done
