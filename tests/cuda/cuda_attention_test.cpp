@@ -291,21 +291,39 @@ void log_errors(const char* what, DType dt, int kernel, float q_amp, const Error
                 e.max_abs);
 }
 
+// One case's random inputs, in the order every check draws them (layout, cache, then queries uniform in
+// [-q_amp, q_amp]), with the attention parameters and the batch and queries uploaded.
+struct Inputs {
+  Layout d;
+  Cache cache;
+  int64_t T;
+  std::vector<float> qv;
+  AttentionParams p;
+  BatchView b;
+  Tensor q;
+};
+Inputs make_inputs(CudaAttentionTest& f, const Case& c, DType dtype, float k_scale, float v_scale,
+                   std::mt19937& rng, float q_amp, bool nan_unused = false) {
+  Layout d = make_layout(c, rng);
+  Cache cache = random_cache(f, c, d, dtype, k_scale, v_scale, rng, nan_unused);
+  const int64_t T = static_cast<int64_t>(d.positions.size());
+  std::vector<float> qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng, -q_amp, q_amp);
+  const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+  const BatchView b = f.view(d);
+  const Tensor q = f.f32(qv, T, c.hq * c.hd);
+  return Inputs{std::move(d), std::move(cache), T, std::move(qv), p, b, q};
+}
+
 // q_amp: queries uniform in [-q_amp, q_amp] (decode_tolerance).
 void check_kernels(CudaAttentionTest& f, CudaBackend& gpu, DType dtype, float k_scale, float v_scale,
                    const Case& c, std::mt19937& rng, const std::vector<KernelChoice>& kernels,
                    float q_amp = 1.0f, bool nan_unused = false) {
-  const Layout d = make_layout(c, rng);
-  const Cache cache = random_cache(f, c, d, dtype, k_scale, v_scale, rng, nan_unused);
-  const int64_t T = static_cast<int64_t>(d.positions.size());
-  const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng, -q_amp, q_amp);
-  const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+  const Inputs in = make_inputs(f, c, dtype, k_scale, v_scale, rng, q_amp, nan_unused);
+  const auto& [d, cache, T, qv, p, b, q] = in;
   const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
   const bool single = cuda::decode_attention_rounds_once(dtype, c.bs);
   const std::vector<double> want_f16 =
       single ? reference(c, d, f16_queries(qv, p.scale, k_scale), cache.k, cache.v, p.scale) : want;
-  const BatchView b = f.view(d);
-  const Tensor q = f.f32(qv, T, c.hq * c.hd);
   for (const auto& [kernel, splits, min_tiles] : kernels) {
     SCOPED_TRACE(::testing::Message() << "kernel " << static_cast<int>(kernel) << " splits " << splits
                                       << " min tiles " << min_tiles);
@@ -467,13 +485,8 @@ TEST_F(CudaAttentionTest, LazyRescaleChangesNoBit) {
     CudaBackend& gpu = backend(dt, ks, vs);
     for (const Case& c : grid) {
       SCOPED_TRACE(describe(c, dt));
-      const Layout d = make_layout(c, rng_);
-      const Cache cache = random_cache(*this, c, d, dt, ks, vs, rng_);
-      const int64_t T = static_cast<int64_t>(d.positions.size());
-      const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -4.0f, 4.0f);
-      const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
-      const BatchView b = view(d);
-      const Tensor q = f32(qv, T, c.hq * c.hd);
+      const Inputs in = make_inputs(*this, c, dt, ks, vs, rng_, 4.0f);
+      const auto& [d, cache, T, qv, p, b, q] = in;
       const auto run = [&](int lazy) {
         cuda::set_attention_lazy_rescale(lazy);
         Tensor out = f32(std::vector<float>(qv.size(), std::nanf("")), T, c.hq * c.hd);
@@ -581,14 +594,9 @@ TEST_F(CudaAttentionTest, PrefillVariantsOverBf16AndFp8CachesMatchFloat64) {
     gpu.set_attention_kernel(CudaAttentionKernel::Prefill);
     for (const Case& c : grid) {
       SCOPED_TRACE(describe(c, dt));
-      const Layout d = make_layout(c, rng_);
-      const Cache cache = random_cache(*this, c, d, dt, ks, vs, rng_);
-      const int64_t T = static_cast<int64_t>(d.positions.size());
-      const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
-      const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+      const Inputs in = make_inputs(*this, c, dt, ks, vs, rng_, 1.0f);
+      const auto& [d, cache, T, qv, p, b, q] = in;
       const std::vector<double> want = reference(c, d, qv, cache.k, cache.v, p.scale);
-      const BatchView b = view(d);
-      const Tensor q = f32(qv, T, c.hq * c.hd);
       for (const char* v : variants) {
         SCOPED_TRACE(::testing::Message() << "variant " << v);
         cuda::set_prefill_attention_variant(v);

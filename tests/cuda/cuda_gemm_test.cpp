@@ -300,44 +300,98 @@ bool contains(const std::vector<cudaGraphNode_t>& v, cudaGraphNode_t x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
+// The chain the graph-rewrite tests record on `stream`: [Q: a -> e] -> P: a -> c -> M: memset of z's first
+// zero_floats -> K: z's first k_floats -> d (conversions to BF16; K reads what M zeroed).
+struct MemsetChain {
+  int64_t n;
+  cudaStream_t stream;
+  DeviceMem a, z, c, d, e;
+  RandomFill fill;
+  std::vector<uint16_t> want_c;  // P's output, run eagerly
+
+  MemsetChain(int64_t count, uint32_t seed, cudaStream_t s)
+      : n(count),
+        stream(s),
+        a(count * 4),
+        z(count * 4),
+        c(count * 2),
+        d(count * 2),
+        e(count * 2),
+        want_c(count) {
+    fill.amplitude = 1.0f;
+    fill.seed = seed;
+    CUDA_CHECK(cuda::launch_fill_random(DType::F32, a.p, n, n, fill, stream));
+    convert(a, n, c);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(cudaMemcpy(want_c.data(), c.p, n * 2, cudaMemcpyDeviceToHost));
+  }
+  void convert(const DeviceMem& from, int64_t count, const DeviceMem& to) const {
+    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(from.p), count, DType::BF16, to.p, stream));
+  }
+  cudaGraph_t record(bool with_q, int64_t zero_floats, int64_t k_floats) const {
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    if (with_q) convert(a, n, e);                                  // Q
+    convert(a, n, c);                                              // P
+    CUDA_CHECK(cudaMemsetAsync(z.p, 0, zero_floats * 4, stream));  // M
+    convert(z, k_floats, d);                                       // K
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    return graph;
+  }
+  bool in_z(const void* p) const { return p == z.p; }
+  // Replays `exec` `replays` times, z dirtied (fill seeds seed, seed + 1, ...) and c and d poisoned before
+  // each: c is P's output and d's first k_floats are zeros every time; with only_zeroed, fewer than 16 of z's
+  // values past k_floats are zero (M zeroed its bytes and no others).
+  void expect_replays(cudaGraphExec_t exec, int replays, uint32_t seed, int64_t k_floats,
+                      bool only_zeroed) const {
+    for (int replay = 0; replay < replays; ++replay) {
+      RandomFill dirt = fill;
+      dirt.seed = seed + static_cast<uint32_t>(replay);
+      CUDA_CHECK(cuda::launch_fill_random(DType::F32, z.p, n, n, dirt, stream));  // nonzero again
+      CUDA_CHECK(cudaMemsetAsync(c.p, 0xff, n * 2, stream));
+      CUDA_CHECK(cudaMemsetAsync(d.p, 0xff, n * 2, stream));
+      CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<uint16_t> got_c(n), got_d(k_floats);
+      std::vector<float> got_z(n);
+      CUDA_CHECK(cudaMemcpy(got_c.data(), c.p, n * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(got_d.data(), d.p, k_floats * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(got_z.data(), z.p, n * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(got_c, want_c) << "replay " << replay;
+      EXPECT_EQ(got_d, std::vector<uint16_t>(k_floats, 0)) << "replay " << replay;
+      if (only_zeroed) {
+        size_t zeros_after = 0;
+        for (int64_t i = k_floats; i < n; ++i) zeros_after += got_z[static_cast<size_t>(i)] == 0.0f;
+        EXPECT_LT(zeros_after, 16u) << "replay " << replay;
+      }
+    }
+  }
+};
+
 // The rewrite on a chain Q -> P -> M (memset of a dedicated buffer) -> K (reads that buffer): M then
 // depends on Q, K on P and M, and a replay still zeroes the buffer before K reads it (every replay: the
 // buffer is dirtied between them) while P's result is unchanged. A memset the predicate refuses stays, and
 // so does one whose producer is preceded by a memset of the same buffer (the same product twice in a row).
 TEST_F(CudaGemmTuningTest, HoistedWorkspaceMemsetStillZeroesBeforeItsKernel) {
   const int64_t n = 1 << 16;
-  DeviceMem a(n * 4), z(n * 4), b(n * 2), c(n * 2), d(n * 2), e(n * 2);
-  RandomFill fill;
-  fill.amplitude = 1.0f;
-  fill.seed = 17;
-  CUDA_CHECK(cuda::launch_fill_random(DType::F32, a.p, n, n, fill, stream_));
-  const auto record = [&](bool twice) {
-    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    if (twice) {
-      CUDA_CHECK(cudaMemsetAsync(z.p, 0, n * 4, stream_));
-      CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), n, DType::BF16, e.p, stream_));
-    } else {
-      CUDA_CHECK(
-          cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, b.p, stream_));  // Q
-      CUDA_CHECK(
-          cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, c.p, stream_));  // P
-    }
-    CUDA_CHECK(cudaMemsetAsync(z.p, 0, n * 4, stream_));                                                 // M
-    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), n, DType::BF16, d.p, stream_));  // K
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    return graph;
-  };
-  const auto in_z = [&](const void* p) { return p == z.p; };
+  const MemsetChain ch(n, 17, stream_);
+  const auto in_z = [&](const void* p) { return ch.in_z(p); };
 
-  cudaGraph_t refused = record(false);
+  cudaGraph_t refused = ch.record(true, n, n);
   EXPECT_EQ(cuda::hoist_workspace_memsets(refused, [](const void*) { return false; }), 0);
   CUDA_CHECK(cudaGraphDestroy(refused));
-  cudaGraph_t twice = record(true);
+  // The same product twice in a row: M' -> K' (z -> e) -> M -> K.
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  CUDA_CHECK(cudaMemsetAsync(ch.z.p, 0, n * 4, stream_));
+  ch.convert(ch.z, n, ch.e);
+  CUDA_CHECK(cudaMemsetAsync(ch.z.p, 0, n * 4, stream_));
+  ch.convert(ch.z, n, ch.d);
+  cudaGraph_t twice = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &twice));
   EXPECT_EQ(cuda::hoist_workspace_memsets(twice, in_z), 0);
   CUDA_CHECK(cudaGraphDestroy(twice));
 
-  cudaGraph_t graph = record(false);
+  cudaGraph_t graph = ch.record(true, n, n);
   const std::vector<cudaGraphNode_t> kernels = nodes_of(graph, cudaGraphNodeTypeKernel),
                                      memsets = nodes_of(graph, cudaGraphNodeTypeMemset);
   ASSERT_EQ(kernels.size(), 3u);
@@ -364,24 +418,7 @@ TEST_F(CudaGemmTuningTest, HoistedWorkspaceMemsetStillZeroesBeforeItsKernel) {
 
   cudaGraphExec_t exec = nullptr;
   CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  std::vector<uint16_t> want_c(n);
-  CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, e.p, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  CUDA_CHECK(cudaMemcpy(want_c.data(), e.p, n * 2, cudaMemcpyDeviceToHost));
-  for (int replay = 0; replay < 3; ++replay) {
-    RandomFill dirt = fill;
-    dirt.seed = 100 + replay;
-    CUDA_CHECK(cuda::launch_fill_random(DType::F32, z.p, n, n, dirt, stream_));  // nonzero again
-    CUDA_CHECK(cudaMemsetAsync(c.p, 0xff, n * 2, stream_));
-    CUDA_CHECK(cudaMemsetAsync(d.p, 0xff, n * 2, stream_));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::vector<uint16_t> got_c(n), got_d(n);
-    CUDA_CHECK(cudaMemcpy(got_c.data(), c.p, n * 2, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(got_d.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(got_c, want_c) << "replay " << replay;
-    EXPECT_EQ(got_d, std::vector<uint16_t>(n, 0)) << "replay " << replay;
-  }
+  ch.expect_replays(exec, 3, 100, n, /*only_zeroed=*/false);
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
 }
@@ -392,36 +429,22 @@ TEST_F(CudaGemmTuningTest, HoistedWorkspaceMemsetStillZeroesBeforeItsKernel) {
 // refuses, and larger ones, stay.
 TEST_F(CudaGemmTuningTest, ReplacedWorkspaceMemsetZeroesBetweenProducerAndKernel) {
   const int64_t n = 1 << 16, zn = 64;  // zn floats: 256 bytes
-  DeviceMem a(n * 4), z(n * 4), c(n * 2), d(n * 2), e(n * 2);
-  RandomFill fill;
-  fill.amplitude = 1.0f;
-  fill.seed = 23;
-  CUDA_CHECK(cuda::launch_fill_random(DType::F32, a.p, n, n, fill, stream_));
-  const auto record = [&](int64_t zero_floats) {
-    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, e.p, stream_));   // Q
-    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, c.p, stream_));   // P
-    CUDA_CHECK(cudaMemsetAsync(z.p, 0, zero_floats * 4, stream_));                                        // M
-    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), zn, DType::BF16, d.p, stream_));  // K
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    return graph;
-  };
-  const auto in_z = [&](const void* p) { return p == z.p; };
+  const MemsetChain ch(n, 23, stream_);
+  const auto in_z = [&](const void* p) { return ch.in_z(p); };
   const void* zk = cuda::workspace_zero_kernel();
 
-  cudaGraph_t refused = record(zn);
+  cudaGraph_t refused = ch.record(true, zn, zn);
   EXPECT_EQ(cuda::replace_workspace_memsets(
                 refused, [](const void*) { return false; }, zk, true),
             0);
   CUDA_CHECK(cudaGraphDestroy(refused));
-  cudaGraph_t large = record(zn + 1);
+  cudaGraph_t large = ch.record(true, zn + 1, zn);
   EXPECT_EQ(cuda::replace_workspace_memsets(large, in_z, zk, true), 0);
   EXPECT_EQ(nodes_of(large, cudaGraphNodeTypeMemset).size(), 1u);
   CUDA_CHECK(cudaGraphDestroy(large));
 
   for (bool programmatic : {true, false}) {
-    cudaGraph_t graph = record(zn);
+    cudaGraph_t graph = ch.record(true, zn, zn);
     std::vector<cudaGraphNode_t> kernels = nodes_of(graph, cudaGraphNodeTypeKernel);
     const cudaGraphNode_t m = nodes_of(graph, cudaGraphNodeTypeMemset).at(0);
     ASSERT_EQ(kernels.size(), 3u);
@@ -453,30 +476,7 @@ TEST_F(CudaGemmTuningTest, ReplacedWorkspaceMemsetZeroesBetweenProducerAndKernel
 
     cudaGraphExec_t exec = nullptr;
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    std::vector<uint16_t> want_c(n);
-    CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, e.p, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    CUDA_CHECK(cudaMemcpy(want_c.data(), e.p, n * 2, cudaMemcpyDeviceToHost));
-    for (int replay = 0; replay < 3; ++replay) {
-      RandomFill dirt = fill;
-      dirt.seed = 200 + replay;
-      CUDA_CHECK(cuda::launch_fill_random(DType::F32, z.p, n, n, dirt, stream_));  // nonzero again
-      CUDA_CHECK(cudaMemsetAsync(c.p, 0xff, n * 2, stream_));
-      CUDA_CHECK(cudaMemsetAsync(d.p, 0xff, n * 2, stream_));
-      CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-      CUDA_CHECK(cudaStreamSynchronize(stream_));
-      std::vector<uint16_t> got_c(n), got_d(zn);
-      std::vector<float> got_z(n);
-      CUDA_CHECK(cudaMemcpy(got_c.data(), c.p, n * 2, cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(got_d.data(), d.p, zn * 2, cudaMemcpyDeviceToHost));
-      CUDA_CHECK(cudaMemcpy(got_z.data(), z.p, n * 4, cudaMemcpyDeviceToHost));
-      EXPECT_EQ(got_c, want_c) << "replay " << replay;
-      EXPECT_EQ(got_d, std::vector<uint16_t>(zn, 0)) << "replay " << replay;
-      // Only the memset's 256 bytes were zeroed.
-      size_t zeros_after = 0;
-      for (int64_t i = zn; i < n; ++i) zeros_after += got_z[static_cast<size_t>(i)] == 0.0f;
-      EXPECT_LT(zeros_after, 16u) << "replay " << replay;
-    }
+    ch.expect_replays(exec, 3, 200, zn, /*only_zeroed=*/true);  // only the memset's 256 bytes zeroed
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
   }
@@ -488,18 +488,9 @@ TEST_F(CudaGemmTuningTest, ReplacedWorkspaceMemsetZeroesBetweenProducerAndKernel
 // recorded graph keeps its memset.
 TEST_F(CudaGemmTuningTest, RewriteThatFailsKeepsTheRecordedGraph) {
   const int64_t n = 1 << 12, zn = 64;
-  DeviceMem a(n * 4), z(n * 4), c(n * 2), d(n * 2);
-  RandomFill fill;
-  fill.amplitude = 1.0f;
-  fill.seed = 29;
-  CUDA_CHECK(cuda::launch_fill_random(DType::F32, a.p, n, n, fill, stream_));
-  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(a.p), n, DType::BF16, c.p, stream_));   // P
-  CUDA_CHECK(cudaMemsetAsync(z.p, 0, zn * 4, stream_));                                                 // M
-  CUDA_CHECK(cuda::launch_convert_f32(static_cast<const float*>(z.p), zn, DType::BF16, d.p, stream_));  // K
-  cudaGraph_t recorded = nullptr;
-  CUDA_CHECK(cudaStreamEndCapture(stream_, &recorded));
-  const auto in_z = [&](const void* p) { return p == z.p; };
+  const MemsetChain ch(n, 29, stream_);
+  cudaGraph_t recorded = ch.record(false, zn, zn);
+  const auto in_z = [&](const void* p) { return ch.in_z(p); };
   const auto replace = [&](cudaGraph_t g) {
     return cuda::replace_workspace_memsets(g, in_z, cuda::workspace_zero_kernel(), true);
   };
@@ -531,15 +522,7 @@ TEST_F(CudaGemmTuningTest, RewriteThatFailsKeepsTheRecordedGraph) {
     ASSERT_TRUE(exec != nullptr);
     EXPECT_EQ(count, want_count[i]);
     EXPECT_EQ(nodes_of(recorded, cudaGraphNodeTypeMemset).size(), 1u);  // the clone was rewritten
-    RandomFill dirt = fill;
-    dirt.seed = 300 + i;
-    CUDA_CHECK(cuda::launch_fill_random(DType::F32, z.p, n, n, dirt, stream_));
-    CUDA_CHECK(cudaMemsetAsync(d.p, 0xff, n * 2, stream_));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::vector<uint16_t> got_d(zn);
-    CUDA_CHECK(cudaMemcpy(got_d.data(), d.p, zn * 2, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(got_d, std::vector<uint16_t>(zn, 0));
+    ch.expect_replays(exec, 1, 300 + static_cast<uint32_t>(i), zn, /*only_zeroed=*/false);
     CUDA_CHECK(cudaGraphExecDestroy(exec));
   }
   CUDA_CHECK(cudaGraphDestroy(recorded));
@@ -565,9 +548,11 @@ void dedicated_workspace_product_replays(cudaStream_t stream_, int rewrite) {
   // Eager first: tuned on the shared workspace (the graph below takes the same algorithm).
   gemm.matmul(x.p, DType::BF16, t, k, DType::BF16, w.p, n, nullptr, static_cast<float*>(eager.p));
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  gemm.set_capturing(true);  // as CudaBackend::begin_graph_capture does: recorded products take slots
   // A kernel ahead of the product (its producer in a decode step: here a fill of another buffer).
   CUDA_CHECK(cuda::launch_fill_random(DType::BF16, before.p, t * k, k, fill, stream_));
   gemm.matmul(x.p, DType::BF16, t, k, DType::BF16, w.p, n, nullptr, static_cast<float*>(out.p));
+  gemm.set_capturing(false);
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
   const std::vector<cudaGraphNode_t> memsets = nodes_of(graph, cudaGraphNodeTypeMemset);

@@ -210,6 +210,7 @@ bool CudaBackend::begin_graph_capture() {
   CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   capturing_ = true;
   gemm_->set_capturing(true);
+  qgemm_->lt().set_capturing(true);
   capture_generation_ = generation();
   return true;
 }
@@ -225,6 +226,7 @@ void CudaBackend::end_graph_capture(uint64_t key, bool keep) {
   }
   capturing_ = false;
   gemm_->set_capturing(false);
+  qgemm_->lt().set_capturing(false);
   cudaGraph_t graph = nullptr;
   const cudaError_t status = cudaStreamEndCapture(stream_, &graph);
   if (!keep || status != cudaSuccess) {

@@ -586,8 +586,9 @@ void* LtMatmul::dedicated_workspace(Plan& plan) {
   if (!dedicated_) return nullptr;
   if (plan.slot_known && std::memcmp(&plan.slot_algo, &plan.algo, sizeof plan.algo) == 0) return plan.slot;
   // Eager launches stay on the shared workspace until a capture records the plan: only recorded products
-  // need a slot, and the arena is small.
-  if (may_time() && plan.slot == nullptr) return nullptr;
+  // need a slot, and the arena is small. The capture flag, not may_time(): that asks the driver, and eager
+  // launches (a serving step's mixed batches) would ask it once per product.
+  if (!capturing_ && plan.slot == nullptr) return nullptr;
   plan.slot_known = true;
   plan.slot_algo = plan.algo;
   const std::optional<size_t> need = checked_workspace(plan, plan.algo);

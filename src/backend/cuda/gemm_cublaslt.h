@@ -120,12 +120,12 @@ class LtMatmul {
   void use_tuning_cache(const std::string& dir);
   // While a CUDA graph is being captured nothing may synchronize: no algorithm timing.
   void set_capturing(bool capturing) { capturing_ = capturing; }
-  // Dedicated workspaces: a plan launched during a graph capture whose algorithm needs a small workspace
-  // (at most kSlotBytes: the tile counter of a persistent kernel, which cuBLASLt zeroes with a memset node
-  // ahead of every launch) gets a slot of its own in a small arena instead of the shared workspace, so no
-  // other product reads or writes it and a graph rewrite may run that memset earlier, beside the kernel
-  // before it (graph_rewrite.h). Call outside capture (the arena is allocated on the first call); plans keep
-  // their slots until they are evicted; a full arena leaves later plans on the shared workspace.
+  // Dedicated workspaces: a plan launched during a graph capture (set_capturing) whose algorithm needs a
+  // small workspace (at most kSlotBytes: the tile counter of a persistent kernel, which cuBLASLt zeroes with
+  // a memset node ahead of every launch) gets a slot of its own in a small arena instead of the shared
+  // workspace, so no other product reads or writes it and a graph rewrite may move or replace that memset
+  // (graph_rewrite.h). Call outside capture (the arena is allocated on the first call); plans keep their
+  // slots until they are evicted; a full arena leaves later plans on the shared workspace.
   void set_dedicated_workspaces(bool on);
   // Whether p lies in this instance's arena of dedicated workspaces.
   bool in_dedicated_workspace(const void* p) const;

@@ -40,35 +40,60 @@ bool full_edge(const cudaGraphEdgeData& d) {
   return d.from_port == 0 && d.to_port == 0 && d.type == cudaGraphDependencyTypeDefault;
 }
 
+// A memset node M of `dedicated` memory in a chain P -> M -> K: one dependency P and one dependent K, both
+// kernel nodes, on full-completion edges (how stream capture records cuBLASLt's workspace memset).
+struct ChainMemset {
+  cudaGraphNode_t m, p, k;
+  cudaMemsetParams params;
+  cudaGraphEdgeData p_edge;  // P -> M
+};
+
+// Every such memset of the graph (collected first: the rewrites change edges and nodes as they go); false
+// when a graph call fails.
+bool chain_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated,
+                   std::vector<ChainMemset>& found) {
+  size_t count = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return false;
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0 && cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return false;
+  for (cudaGraphNode_t m : nodes) {
+    if (!is_type(m, cudaGraphNodeTypeMemset)) continue;
+    cudaMemsetParams params{};
+    if (cudaGraphMemsetNodeGetParams(m, &params) != cudaSuccess) return false;
+    if (!dedicated(params.dst)) continue;
+    Edges in, out;
+    if (!edges_of(m, true, in) || !edges_of(m, false, out)) return false;
+    if (in.nodes.size() != 1 || out.nodes.size() != 1 || !full_edge(in.data[0]) || !full_edge(out.data[0]))
+      continue;
+    if (!is_type(in.nodes[0], cudaGraphNodeTypeKernel) || !is_type(out.nodes[0], cudaGraphNodeTypeKernel))
+      continue;
+    found.push_back({m, in.nodes[0], out.nodes[0], params, in.data[0]});
+  }
+  return true;
+}
+
 }  // namespace
 
 int hoist_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated) {
-  size_t count = 0;
-  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return -1;
-  std::vector<cudaGraphNode_t> nodes(count);
-  if (count > 0 && cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return -1;
+  std::vector<ChainMemset> found;
+  if (!chain_memsets(graph, dedicated, found)) return -1;
   int moved = 0;
   const cudaGraphEdgeData plain{};
-  for (cudaGraphNode_t m : nodes) {
-    const void* dst = nullptr;
-    if (!is_type(m, cudaGraphNodeTypeMemset) || !memset_destination(m, dst) || !dedicated(dst)) continue;
-    Edges in, out, p_in;
-    if (!edges_of(m, true, in) || !edges_of(m, false, out)) return -1;
-    if (in.nodes.size() != 1 || out.nodes.size() != 1 || !full_edge(in.data[0]) || !full_edge(out.data[0]))
-      continue;
-    cudaGraphNode_t p = in.nodes[0], k = out.nodes[0];
-    if (!is_type(p, cudaGraphNodeTypeKernel) || !is_type(k, cudaGraphNodeTypeKernel)) continue;
-    if (!edges_of(p, true, p_in)) return -1;
+  for (const auto& [m, p, k, params, p_edge] : found) {
+    // An earlier move may have given M a second dependent (M preceded the producer of a memset moved before).
+    Edges m_out, p_in;
+    if (!edges_of(m, false, m_out) || !edges_of(p, true, p_in)) return -1;
+    if (m_out.nodes.size() != 1) continue;
     bool same_product_before = false;
     for (cudaGraphNode_t q : p_in.nodes) {
       const void* qdst = nullptr;
-      if (is_type(q, cudaGraphNodeTypeMemset) && memset_destination(q, qdst) && qdst == dst)
+      if (is_type(q, cudaGraphNodeTypeMemset) && memset_destination(q, qdst) && qdst == params.dst)
         same_product_before = true;
     }
     if (same_product_before) continue;
     // P -> K first, so K never loses its wait on P; then M leaves P for P's own dependencies.
     if (cudaGraphAddDependencies(graph, &p, &k, &plain, 1) != cudaSuccess) return -1;
-    if (cudaGraphRemoveDependencies(graph, &p, &m, &in.data[0], 1) != cudaSuccess) return -1;
+    if (cudaGraphRemoveDependencies(graph, &p, &m, &p_edge, 1) != cudaSuccess) return -1;
     for (cudaGraphNode_t q : p_in.nodes)
       if (cudaGraphAddDependencies(graph, &q, &m, &plain, 1) != cudaSuccess) return -1;
     ++moved;
@@ -97,27 +122,16 @@ cudaError_t instantiate_rewritten(cudaGraph_t recorded, const std::function<int(
 
 int replace_workspace_memsets(cudaGraph_t graph, const std::function<bool(const void*)>& dedicated,
                               const void* zero_kernel, bool programmatic) {
-  size_t count = 0;
-  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return -1;
-  std::vector<cudaGraphNode_t> nodes(count);
-  if (count > 0 && cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return -1;
+  std::vector<ChainMemset> found;
+  if (!chain_memsets(graph, dedicated, found)) return -1;
   int replaced = 0;
   const cudaGraphEdgeData plain{};
   cudaGraphEdgeData early{};
   early.type = cudaGraphDependencyTypeProgrammatic;
   early.from_port = cudaGraphKernelNodePortProgrammatic;
-  for (cudaGraphNode_t m : nodes) {
-    if (!is_type(m, cudaGraphNodeTypeMemset)) continue;
-    cudaMemsetParams mp{};
-    if (cudaGraphMemsetNodeGetParams(m, &mp) != cudaSuccess) return -1;
+  for (auto [m, p, k, mp, p_edge] : found) {
     const size_t bytes = static_cast<size_t>(mp.elementSize) * mp.width;
-    if (!dedicated(mp.dst) || mp.value != 0 || mp.height > 1 || bytes == 0 || bytes > 256) continue;
-    Edges in, out;
-    if (!edges_of(m, true, in) || !edges_of(m, false, out)) return -1;
-    if (in.nodes.size() != 1 || out.nodes.size() != 1 || !full_edge(in.data[0]) || !full_edge(out.data[0]))
-      continue;
-    cudaGraphNode_t p = in.nodes[0], k = out.nodes[0];
-    if (!is_type(p, cudaGraphNodeTypeKernel) || !is_type(k, cudaGraphNodeTypeKernel)) continue;
+    if (mp.value != 0 || mp.height > 1 || bytes == 0 || bytes > 256) continue;
     auto* dst = static_cast<unsigned char*>(mp.dst);
     auto n = static_cast<unsigned>(bytes);
     void* args[] = {&dst, &n};

@@ -26,7 +26,7 @@ int hoist_workspace_memsets(cudaGraph_t graph, const std::function<bool(const vo
 // that zeroes at most 256 bytes, with one dependency P and one dependent K (kernel nodes, full-completion
 // edges), the chain P -> M -> K becomes P -> Z -> K, where Z = `zero_kernel` (a kernel of the signature
 // (unsigned char* dst, unsigned bytes) that waits for its predecessor with griddepcontrol.wait and then
-// zeroes dst: launch_workspace_zero_node's kernel, kernels.h) on a programmatic edge from P when
+// zeroes dst: cuda::workspace_zero_kernel(), kernels.h) on a programmatic edge from P when
 // `programmatic` (Z launches while P runs and completes right after it; K's full-completion edge from Z
 // then covers P too), else a plain one. Returns how many memsets were replaced, or -1 when a graph call
 // failed (the graph must not be used then).

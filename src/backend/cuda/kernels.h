@@ -154,8 +154,9 @@ int decode_attention_terms();
 // maximum moved (every correction factor exactly 1: a warp-uniform test, so the results are bit-identical to
 // the unconditional rescale). INFERX_ATTN_LAZY_RESCALE=1 (read once; off by default until a GPU run measures
 // it; set_attention_lazy_rescale for tests: 1 on, 0 off, -1 the environment). Why: the rescale is 32 (decode)
-// / 64 (prefill) multiplies per lane and tile, ~10% of the decode kernel's per-tile instructions, and with
-// random (and most real) scores the maximum settles after the first tiles.
+// / 64 (prefill) multiplies per lane and tile - about a tenth of the decode kernel's ~285 per-tile SASS
+// instructions (cuobjdump count, not a timing) - and a row's running maximum is expected to move in ever
+// fewer tiles as its keys accumulate (not measured: how often warps skip is not counted).
 bool attention_lazy_rescale();
 void set_attention_lazy_rescale(int mode);
 // Whether launch_decode_attention rounds Q and P to F16 once for a cache of `dtype` with `block_size`-key

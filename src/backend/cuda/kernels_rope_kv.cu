@@ -69,18 +69,15 @@ struct RopeKvArgs {
   __device__ float4 load4(int t, int h, int e) const {
     if (const Fp8Epilogue& d = product; d.acc) {
       const int64_t c = static_cast<int64_t>(h) * hd + e;
-      const uint2 raw =
-          *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(d.acc) + t * d.n + c);
+      float a[4];
+      load_v<4>(static_cast<const __nv_bfloat16*>(d.acc) + t * d.n + c, a);  // one 8-byte load
       const float xs = d.x_scale[t];
       const float4 ws = d.per_channel ? *reinterpret_cast<const float4*>(d.w_scale + c)
                                       : make_float4(d.w_scale[0], d.w_scale[0], d.w_scale[0], d.w_scale[0]);
       const float4 bs =
           d.bias ? *reinterpret_cast<const float4*>(d.bias + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-      // BF16 j of a 32-bit word pair: the low half first (the lower address).
-      return make_float4(w8a8_value(__uint_as_float(raw.x << 16), xs, ws.x, bs.x),
-                         w8a8_value(__uint_as_float(raw.x & 0xffff0000u), xs, ws.y, bs.y),
-                         w8a8_value(__uint_as_float(raw.y << 16), xs, ws.z, bs.z),
-                         w8a8_value(__uint_as_float(raw.y & 0xffff0000u), xs, ws.w, bs.w));
+      return make_float4(w8a8_value(a[0], xs, ws.x, bs.x), w8a8_value(a[1], xs, ws.y, bs.y),
+                         w8a8_value(a[2], xs, ws.z, bs.z), w8a8_value(a[3], xs, ws.w, bs.w));
     }
     const float* src =
         h >= hq + hkv ? v + t * kv_row() + static_cast<int64_t>(h - hq - hkv) * hd : head(t, h);
