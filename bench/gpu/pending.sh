@@ -151,7 +151,10 @@ if step 14; then
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_qgemm" --gtest_filter='*Deferred*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -10
   # 17:00: the rewrite on a clone with the recorded graph as fallback (never run on a GPU yet), and the lazy
-  # rescale's bit test.
+  # rescale's bit test. 17:25 review (9f5c975, also never run): one chain matcher for both rewrites, the
+  # dedicated slots keyed on the capture flag (set on the quantized GEMM's LtMatmul too) - the timeline
+  # (step 13's "per layer" lines under the defaults: STEPS=8) should still show workspace_zero_kernel_impl
+  # before the gate/up GEMM.
   INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Replaced*:*Rewrite*:*Dedicated*:*LazyRescale*' \
     2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -10
   [[ -z "${SKIP_ENGINE_TESTS:-}" ]] && INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
