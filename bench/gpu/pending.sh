@@ -159,7 +159,7 @@ if step 14; then
     2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -10
   [[ -z "${SKIP_ENGINE_TESTS:-}" ]] && INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  for q in fp8 fp8:tensor; do
+  [[ -z "${SKIP_OFFLINE:-}" ]] && for q in fp8 fp8:tensor; do
     QUANT_ARGS="--quantize $q --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 VARIANTS="${q//:/-}:" \
       bash "$(dirname "$0")/offline_ab.sh"
   done
@@ -179,6 +179,21 @@ if step 15; then
       grep -iE "prefill" | head -8 | sed "s/^/lazy $lz: /"
   done
   WORKLOADS=1000x1000/1000 VARIANTS="def: lazy:INFERX_ATTN_LAZY_RESCALE=1" bash "$(dirname "$0")/offline_ab.sh"
+fi
+# 16. (12-06 18:15) Steps 14 and 15 in one call, for sessions where a device is hard to get: 14's tests, the
+#    lazy rescale's test and kernel rows off / on, then 1000 x 1000/1000 with the FP8 plan (default, lazy) and
+#    the per-tensor plan (~6 min on an H100, less on an H200).
+if step 16; then
+  STEPS=14 SKIP_OFFLINE=1 bash "$0"  # its backend tests include the lazy rescale's
+  for lz in 0 1; do
+    INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=decode_context timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
+      grep -vE "^device" | head -16 | sed "s/^/lazy $lz: /"
+    INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=prefill timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
+      grep -iE "prefill" | head -8 | sed "s/^/lazy $lz: /"
+  done
+  WORKLOADS=1000x1000/1000 VARIANTS="fp8: fp8-lazy:INFERX_ATTN_LAZY_RESCALE=1" bash "$(dirname "$0")/offline_ab.sh"
+  QUANT_ARGS="--quantize fp8:tensor --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 VARIANTS="fp8-tensor:" \
+    bash "$(dirname "$0")/offline_ab.sh"
 fi
 step 12 && WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R hoist-ropevec-defer64:$H,$R,$D" \
   bash "$(dirname "$0")/offline_ab.sh"
