@@ -156,7 +156,8 @@ int decode_attention_terms();
 // it; set_attention_lazy_rescale for tests: 1 on, 0 off, -1 the environment). Why: the rescale is 32 (decode)
 // / 64 (prefill) multiplies per lane and tile - about a tenth of the decode kernel's ~285 per-tile SASS
 // instructions (cuobjdump count, not a timing) - and a row's running maximum is expected to move in ever
-// fewer tiles as its keys accumulate (not measured: how often warps skip is not counted).
+// fewer tiles as its keys accumulate. Measured (H100, 2026-12-06 18:20): decode attention level (it streams
+// at 95-96% of copy there), prefill T8192 -1 to -2%, 1000-token prompts level, 1000/1000 level (-0.5%): off.
 bool attention_lazy_rescale();
 void set_attention_lazy_rescale(int mode);
 // Whether launch_decode_attention rounds Q and P to F16 once for a cache of `dtype` with `block_size`-key
