@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 14:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/pending.sh
-# On 12-06 one H200 was lent for four calls (docs/benchmarks.md, "H100 then H200, 09:50-10:15"): the persistent
-# batch-1 kernel lost to per-op there at every setting, so it is off by default; the per-op kernels reach 78% of
-# the roofline at 1k (the target is 90%), FP8 1.52x and INT4 1.97x bf16, 70B FP8 79.7%.
-# 16:10 on 12-06 (H100, steps 10 and 13): the memset replaced by a zeroing kernel (INFERX_HOIST_GEMM_MEMSETS=2),
-# the vector RoPE kernel and the q/k/v deferral from 64 rows are now the defaults (452b385; 1000/1000 +1.4% /
-# +1.6% together, two calls; batch 1 level). FIRST next session: step 14 (its tests: test_cuda_engine has not
-# yet run with the zeroing-kernel rewrite as the default - only with the hoist via the environment - then
-# 1000 x 1000/1000 with both FP8 plans: on an H200, is 17.7k reached?), then step 15 (the lazy rescale, built
-# 17:00, never run), then step 1 (every GPU test), then on an H200 6 / 6b and 7.
+# What is still owed to a GPU run (state of 2026-12-06 18:45), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS=17 bash bench/gpu/pending.sh
+# FIRST next session, on an H200: step 17 (1000 x 1000/1000 with the defaults of 452b385 - the zeroing-kernel
+# graph rewrite, vector RoPE, q/k/v deferral from 64 rows; on H100s +1.4-1.6% - with `fp8` and `fp8:lm_head`,
+# then batch 1 for the three formats; the last H200 figures are of 12-06 10:10: 17,369 = 98.1% of 17.7k, bf16
+# batch 1 78.0-78.8%, FP8 1.52x, INT4 1.97x), then step 15 (the lazy rescale: level on an H100 at 18:20, so
+# delete it unless the H200 gains), then 6 / 6b (batch-1 timelines, never taken on an H200) and 7 (70B served).
+# 18:20 on 12-06 (H100, steps 16 and 1's test binaries, build 9f5c975): every GPU test passes (backend 72/72,
+# qgemm 20/20, engine 54/54 with the new defaults, tensor parallel 5/5); 1000/1000 fp8 15,053, lazy 14,980,
+# fp8:tensor 15,018. Steps 9-13 (the SiLU trims, the memset hoist / zeroing kernel, vector RoPE, deferral) are
+# measured and decided (docs/benchmarks.md, 12-06); their commands are in git history.
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
 #    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
@@ -33,7 +33,7 @@
 # The 512-row FP8 decode step (step 8, H100 12-06): decode attention 68% (~95% of copy), FP8 GEMMs 22%, passes
 # ~10%; per layer above their bytes: SiLU 17.0 us for 12.1 (register pass, trimmed 12-06 13:45), RoPE 11.2 for
 # 7.3, the norms ~3 each, and the gate/up GEMM's cuBLASLt memset node (+1.5, 0.9 us, then the GEMM +4.2 us: its
-# every heuristic candidate needs the 4-byte workspace; step 10 moves it). All-loads-at-once RoPE lost (29.3 us).
+# every heuristic candidate needs the 4-byte workspace; now a zeroing kernel). All-loads-at-once RoPE lost (29.3 us).
 # Next kernel work the 12-06 runs point at: on the H200 the per-op batch-1 step spends ~31 us per layer (bf16)
 # to ~38 (FP8) beyond its bytes; the stack cannot keep 4.2 TB/s with one stage in flight per SM, and more in
 # flight slows its barriers.
@@ -99,52 +99,6 @@ if step 8; then
   echo "dec512 traced: rc=$? $(grep -h kernel_timeline "$OUT/tl_dec512.err" | tail -1)"
   python3 "$(dirname "$0")/timeline_summary.py" "$OUT/timeline_dec512_fp8.csv" --skip 4 2>&1
 fi
-# 9. The SiLU pass's trimmed instructions (paired E4M3 conversions, .ftz SiLU, guard-free full rows): its
-#    kernel bench, then 1000 x 1000/1000 FP8 against the build before it staged as inferx_base
-#    (EXTRA_BINS=inferx_base=PATH bash bench/gpu/stage.sh).
-if step 9; then
-  INFERX_BENCH_ONLY=silu timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -iE "silu|copy|rror" | head -20
-  [[ -x "$C/inferx_base" ]] && WORKLOADS=1000x1000/1000 VARIANTS="base:BIN=inferx_base new:" \
-    bash "$(dirname "$0")/offline_ab.sh"
-fi
-# 10. cuBLASLt's workspace memsets moved earlier in recorded graphs (INFERX_HOIST_GEMM_MEMSETS=1), the RoPE
-#    token kernel with four pairs per thread (INFERX_ROPE_VEC=1), which also reads a deferred q/k/v product
-#    (so with INFERX_DEFER_SPLIT_ROWS=64 the split epilogue leaves decode steps), all off by default until
-#    this runs: their tests, the RoPE bench, the engine tests with all three, and the 512-row FP8 decode
-#    step's timeline with all three (predicted per layer: the gate/up memset's ~6 us gone, the split
-#    epilogue's 6.6 us gone, RoPE 11.2 -> ~7-8 us: ~15 us of ~740, ~2% of the step). ~4 min on an H100.
-# 12. 1000 x 1000/1000 FP8 without / with each, cumulatively (~5.5 min). 11: batch 1 with them.
-H=INFERX_HOIST_GEMM_MEMSETS=1
-R=INFERX_ROPE_VEC=1
-D=INFERX_DEFER_SPLIT_ROWS=64
-if step 10; then
-  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Tun*:*Rope*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
-  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_qgemm" --gtest_filter='*Deferred*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
-  INFERX_BENCH_ONLY=rope timeout 60 "$C/bench_cuda_kernels" --quick 2>&1 | grep -E "^rope|^ceiling|rror"
-  env "$H" "$R" "$D" INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure" | head -20
-  env "$H" "$R" "$D" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
-fi
-# 13. (12-06 15:40) The memset replaced by a zeroing kernel in the chain (INFERX_HOIST_GEMM_MEMSETS=2; hoisted,
-#    step 10 on an H100 saved only ~1.7 of the 6.6 us: the GEMM, now with two dependencies, still started
-#    4.9 us after the norm): its tests, the 512-row timeline with it, then 1000 x 1000/1000 default against
-#    all three switches with either rewrite (~6 min on an H100).
-Z=INFERX_HOIST_GEMM_MEMSETS=2
-if step 13; then
-  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Hoist*:*Dedicated*:*Replaced*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -20
-  env "$Z" "$R" "$D" STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
-  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then  # the 17.7k target's card
-    WORKLOADS=1000x1000/1000 VARIANTS="def: zero-rope-defer:$Z,$R,$D" bash "$(dirname "$0")/offline_ab.sh"
-    QUANT_ARGS="--quantize fp8:tensor --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 \
-      VARIANTS="zero-rope-defer:$Z,$R,$D" bash "$(dirname "$0")/offline_ab.sh"
-  else
-    WORKLOADS=1000x1000/1000 VARIANTS="def: zero-rope-defer:$Z,$R,$D hoist-rope-defer:$H,$R,$D" \
-      bash "$(dirname "$0")/offline_ab.sh"
-  fi
-fi
 # 14. The new defaults (452b385) on the card at hand: their tests, then 1000 x 1000/1000 with the FP8 plan and the
 #    per-tensor one (~4.5 min on an H200).
 if step 14; then
@@ -153,7 +107,7 @@ if step 14; then
   # 17:00: the rewrite on a clone with the recorded graph as fallback (never run on a GPU yet), and the lazy
   # rescale's bit test. 17:25 review (9f5c975, also never run): one chain matcher for both rewrites, the
   # dedicated slots keyed on the capture flag (set on the quantized GEMM's LtMatmul too) - the timeline
-  # (step 13's "per layer" lines under the defaults: STEPS=8) should still show workspace_zero_kernel_impl
+  # (the "per layer" lines of STEPS=8 under the defaults) should still show workspace_zero_kernel_impl
   # before the gate/up GEMM.
   INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Replaced*:*Rewrite*:*Dedicated*:*LazyRescale*' \
     2>&1 | grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rror" | head -10
@@ -209,8 +163,4 @@ if step 17; then
     STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
   fi
 fi
-step 12 && WORKLOADS=1000x1000/1000 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R hoist-ropevec-defer64:$H,$R,$D" \
-  bash "$(dirname "$0")/offline_ab.sh"
-step 11 && SKIP_ENGINE_TESTS=1 VARIANTS="def: hoist:$H hoist-ropevec:$H,$R" QUANTS="bf16 fp8:lm_head" \
-  bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 rm -f "$OUT"/*.json "$OUT"/*.err
