@@ -12,7 +12,8 @@
 # measured and decided (docs/benchmarks.md, 12-06); their commands are in git history.
 # 19:30 (H100): batch-1 timelines on this build - per layer 170.8 us bf16, 102.8 fp8:lm_head - and a 33 us gap
 # between decode steps (argmax 10.4 us, then copy-engine hand-overs; docs/architecture.md, overlapped steps):
-# the next batch-1 work that a GPU can check in one call (timeline.sh's "gap between replays").
+# the next batch-1 work that a GPU can check in one call (timeline.sh's "gap between replays"). Step 18 measures
+# the first third of it (the ids' copy on a side stream, built 19:50, off until then).
 # 1. Every GPU test binary on this build, then batch 1 at 1k context for the three formats (per-op: the
 #    default). (Last run on 67aae9b, H100 12-06 13:45: all pass.)
 # 2. The grid barrier probes on the card at hand (H100 12-06: 1.0 us alone, 2.9 us under 32 KB in flight
@@ -167,5 +168,19 @@ if step 17; then
   else
     STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
   fi
+fi
+# 18. (12-06 19:50) The sampled ids' copy to the host on a side stream (INFERX_SAMPLE_COPY_STREAM=1, off; never
+#    run on a GPU): its engine test, the whole engine suite with it on, then the batch-1 timelines' gap between
+#    replays off / on (33 us on an H100 at 19:30; predicted ~20 us with it: the copy and its two copy-engine
+#    hand-overs leave the main stream, the argmax and the metadata upload's hop stay) and batch 1 TPOT (~2 min).
+if step 18; then
+  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_engine" --gtest_filter='*SideStream*:*Overlapped*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  INFERX_SAMPLE_COPY_STREAM=1 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" --gtest_color=no \
+    --gtest_filter='-*SideStream*' 2>&1 | grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  for sc in 0 1; do
+    INFERX_SAMPLE_COPY_STREAM=$sc QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/timeline.sh" 2>&1 |
+      grep -E "traced=0|gap between replays" | sed "s/^/copy stream $sc: /"
+  done
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -442,6 +442,30 @@ TEST_F(CudaEngine, OverlappedDecodeStepsGiveTheInOrderTextExactly) {
               static_cast<long long>(on.decode_graph_steps));
 }
 
+// The sampled ids' copy to the host on its own stream (CudaBackendOptions::sample_copy_stream): the main
+// stream goes on to the next step without it, and the host still reads each step's ids only after their copy.
+// Two backends with the environment's options, the copy on the main stream and on its own: the same
+// overlapped text exactly (greedy and seeded, with admissions), over enough steps that both slots are reused
+// many times.
+TEST_F(CudaEngine, SampledIdsCopiedOnASideStreamGiveTheSameText) {
+  std::vector<GenerationParams> ps;
+  for (int i = 0; i < 22; ++i) ps.push_back(greedy(6 + 5 * (i % 7)));
+  ps[4].temperature = 0.8f;
+  ps[4].seed = 11;
+  std::vector<std::vector<int32_t>> text[2];
+  EngineStats stats[2];
+  for (const bool side : {false, true}) {
+    CudaBackendOptions opts = cuda_options_from_environment();
+    opts.sample_copy_stream = side;
+    auto backend = make_cuda_backend(0, opts);
+    auto model = Model::load("dummy:tiny", *backend);
+    text[side] = testing::run_to_end(*model, ps, &stats[side]);
+  }
+  EXPECT_EQ(text[1], text[0]);
+  EXPECT_GT(stats[1].overlapped_steps, 20);
+  EXPECT_EQ(stats[1].decode_graph_steps, stats[0].decode_graph_steps);
+}
+
 TEST_F(CudaEngine, KvCacheIsSizedFromGpuMemoryUtilization) {
   size_t free_bytes = 0, total_bytes = 0;
   ASSERT_TRUE(backend_->memory_info(free_bytes, total_bytes));

@@ -186,7 +186,14 @@ CudaBackend::~CudaBackend() {
   release_upload_staging();
   for (Scratch* s : {&pinned_params_, &pinned_ids_, &pinned_edits_}) release_pinned(*s);
   release(edits_dev_);
+  if (copy_stream_) {  // its copies write the slots' pinned ids: finish them before those are freed
+    if (cudaStreamSynchronize(copy_stream_) != cudaSuccess || cudaStreamDestroy(copy_stream_) != cudaSuccess)
+      std::fprintf(stderr, "inferx cuda: releasing the sampling copy stream failed\n");
+    copy_stream_ = nullptr;
+  }
   for (AsyncSlot& a : async_) {
+    if (a.sampled && cudaEventDestroy(a.sampled) != cudaSuccess)
+      std::fprintf(stderr, "inferx cuda: releasing a sampling event failed\n");
     release(a.ids_dev);
     release(a.params_dev);
     release_pinned(a.ids_host);

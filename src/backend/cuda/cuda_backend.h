@@ -81,6 +81,12 @@ struct CudaBackendOptions {
   // per layer, H200 ncu 12-04, which is why the threshold was 1024 before the vector kernel.)
   // INFERX_DEFER_SPLIT_ROWS=N.
   int64_t defer_split_rows = 64;
+  // sample_tokens_async copies the sampled ids to the host on a second stream that waits for the sampling
+  // kernel, so the main stream goes on to the next step's upload and replay without the copy engine's
+  // hand-overs in between (a batch-1 decode step leaves 33 us between replays, 10 of them the argmax and ~15
+  // two copy-engine hops: H100 CUPTI timeline, 2026-12-06 19:30). Off until a GPU run measures it
+  // (INFERX_SAMPLE_COPY_STREAM=1). The in-order sampler (run_sampler) keeps its copy on the main stream.
+  bool sample_copy_stream = false;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
   // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 (the default since
@@ -335,8 +341,10 @@ class CudaBackend final : public Backend {
   struct SamplerBuffers {
     Scratch &ids_dev, &ids_host, &params_dev, &params_host;
   };
-  // Queues the selection of one id per row and the ids' copy to b.ids_host; returns the row count.
-  int64_t queue_sampler(const Tensor& logits, const cuda::SampleParams* host_params, const SamplerBuffers& b);
+  // Queues the selection of one id per row and (copy_to_host) the ids' copy to b.ids_host on the main stream;
+  // returns the row count. b.ids_host is sized either way.
+  int64_t queue_sampler(const Tensor& logits, const cuda::SampleParams* host_params, const SamplerBuffers& b,
+                        bool copy_to_host = true);
   // The GEMV path (cuda_backend_gemv.cpp): whether it takes this product (BF16 with one row, or a format
   // cuBLASLt cannot take), x as BF16 (the current copy, or converted / permuted into gemv_x_), and the
   // launch of a product split over `outs`.
@@ -397,11 +405,15 @@ class CudaBackend final : public Backend {
   Scratch decode_partials_, decode_counters_, shadow_, sample_params_, sample_ids_, pinned_params_,
       pinned_ids_;
   // sample_tokens_async's two slots; `done` is recorded after the ids' copy to the host.
+  // With options_.sample_copy_stream, `sampled` is recorded on the main stream after the sampling kernel and
+  // the copy runs on copy_stream_ after it (`done` then recorded there).
   struct AsyncSlot {
     Scratch ids_dev, ids_host, params_dev, params_host;
     int64_t rows = 0;
     CUevent_st* done = nullptr;
+    CUevent_st* sampled = nullptr;
   };
+  CUstream_st* copy_stream_ = nullptr;  // sample_tokens_async's copies to the host (sample_copy_stream)
   AsyncSlot async_[2];
   // edit_logits' staging (pinned; reused by the next step only after its sampling waited) and device copy.
   Scratch pinned_edits_, edits_dev_;

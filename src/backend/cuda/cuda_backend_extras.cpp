@@ -63,6 +63,8 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
   if (const char* lk = std::getenv("INFERX_GEMV_LONG_K")) o.gemv_long_rows = std::strcmp(lk, "gemv") == 0;
   if (const char* hm = std::getenv("INFERX_HOIST_GEMM_MEMSETS"))
     o.gemm_memset_rewrite = std::clamp(std::atoi(hm), 0, 2);
+  if (const char* sc = std::getenv("INFERX_SAMPLE_COPY_STREAM"))
+    o.sample_copy_stream = std::strcmp(sc, "0") != 0;
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
   // INFERX_GEMM_CACHE: the GEMM tuning cache's folder, or off (also 0 or empty).
@@ -365,7 +367,7 @@ void CudaBackend::run_sampler(const Tensor& logits, const cuda::SampleParams* ho
 }
 
 int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParams* host_params,
-                                   const SamplerBuffers& b) {
+                                   const SamplerBuffers& b, bool copy_to_host) {
   finish_deferred();  // a deferred product is read only by the call it was deferred for
   INFERX_CHECK(logits.device == Device::CUDA && logits.dtype == DType::F32 && logits.ndim == 2,
                "cuda backend: sampling needs F32 [rows, vocab] logits on the GPU, got {} {}",
@@ -390,7 +392,7 @@ int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParam
   } else {
     CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_));
   }
-  CUDA_CHECK(cudaMemcpyAsync(ids_host, ids_dev, id_bytes, cudaMemcpyDeviceToHost, stream_));
+  if (copy_to_host) CUDA_CHECK(cudaMemcpyAsync(ids_host, ids_dev, id_bytes, cudaMemcpyDeviceToHost, stream_));
   return rows;
 }
 
@@ -400,13 +402,33 @@ void CudaBackend::sample_tokens_async(const Tensor& logits, const TokenSamplePar
   INFERX_CHECK(slot == 0 || slot == 1, "cuda backend: sampling slot {} (0 or 1)", slot);
   AsyncSlot& a = async_[slot];
   const SamplerBuffers b{a.ids_dev, a.ids_host, a.params_dev, a.params_host};
-  a.rows = queue_sampler(logits, params, b);
-  if (!a.done) {
-    cudaEvent_t e = nullptr;
-    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    a.done = e;
+  const bool side = options_.sample_copy_stream;
+  a.rows = queue_sampler(logits, params, b, /*copy_to_host=*/!side);
+  const auto event = [](CUevent_st*& e) {
+    if (e) return;
+    cudaEvent_t created = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&created, cudaEventDisableTiming));
+    e = created;
+  };
+  event(a.done);
+  if (!side || a.rows == 0) {
+    CUDA_CHECK(cudaEventRecord(a.done, stream_));
+    return;
   }
-  CUDA_CHECK(cudaEventRecord(a.done, stream_));
+  // The copy waits for the sampling kernel on its own stream; the main stream does not wait for the copy.
+  // The slot's buffers are rewritten only by the step after next, which is queued after this slot was
+  // collected (wait_sampled_tokens synchronised on `done`), so the copy never races a later write.
+  event(a.sampled);
+  if (!copy_stream_) {
+    cudaStream_t created = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    copy_stream_ = created;
+  }
+  CUDA_CHECK(cudaEventRecord(a.sampled, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, a.sampled, 0));
+  CUDA_CHECK(cudaMemcpyAsync(a.ids_host.data, a.ids_dev.data, static_cast<size_t>(a.rows) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, copy_stream_));
+  CUDA_CHECK(cudaEventRecord(a.done, copy_stream_));
 }
 
 void CudaBackend::wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) {
