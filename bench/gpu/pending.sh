@@ -142,14 +142,8 @@ fi
 #    lazy rescale's test and kernel rows off / on, then 1000 x 1000/1000 with the FP8 plan (default, lazy) and
 #    the per-tensor plan (~6 min on an H100, less on an H200).
 if step 16; then
-  STEPS=14 SKIP_OFFLINE=1 bash "$0"  # its backend tests include the lazy rescale's
-  for lz in 0 1; do
-    INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=decode_context timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
-      grep -vE "^device" | head -16 | sed "s/^/lazy $lz: /"
-    INFERX_ATTN_LAZY_RESCALE=$lz INFERX_BENCH_ONLY=prefill timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 |
-      grep -iE "prefill" | head -8 | sed "s/^/lazy $lz: /"
-  done
-  WORKLOADS=1000x1000/1000 VARIANTS="fp8: fp8-lazy:INFERX_ATTN_LAZY_RESCALE=1" bash "$(dirname "$0")/offline_ab.sh"
+  STEPS=14 SKIP_OFFLINE=1 bash "$0"
+  STEPS=15 bash "$0"
   QUANT_ARGS="--quantize fp8:tensor --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 VARIANTS="fp8-tensor:" \
     bash "$(dirname "$0")/offline_ab.sh"
 fi

@@ -454,13 +454,17 @@ TEST_F(CudaEngine, SampledIdsCopiedOnASideStreamGiveTheSameText) {
   ps[4].seed = 11;
   std::vector<std::vector<int32_t>> text[2];
   EngineStats stats[2];
+  int64_t side_copies[2] = {0, 0};
   for (const bool side : {false, true}) {
     CudaBackendOptions opts = cuda_options_from_environment();
     opts.sample_copy_stream = side;
     auto backend = make_cuda_backend(0, opts);
     auto model = Model::load("dummy:tiny", *backend);
     text[side] = testing::run_to_end(*model, ps, &stats[side]);
+    side_copies[side] = static_cast<CudaBackend&>(*backend).sample_side_copies();
   }
+  EXPECT_EQ(side_copies[0], 0);
+  EXPECT_GE(side_copies[1], stats[1].overlapped_steps);  // every overlapped step's ids took the side stream
   EXPECT_EQ(text[1], text[0]);
   EXPECT_GT(stats[1].overlapped_steps, 20);
   EXPECT_EQ(stats[1].decode_graph_steps, stats[0].decode_graph_steps);

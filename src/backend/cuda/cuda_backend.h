@@ -83,9 +83,10 @@ struct CudaBackendOptions {
   int64_t defer_split_rows = 64;
   // sample_tokens_async copies the sampled ids to the host on a second stream that waits for the sampling
   // kernel, so the main stream goes on to the next step's upload and replay without the copy engine's
-  // hand-overs in between (a batch-1 decode step leaves 33 us between replays, 10 of them the argmax and ~15
-  // two copy-engine hops: H100 CUPTI timeline, 2026-12-06 19:30). Off until a GPU run measures it
-  // (INFERX_SAMPLE_COPY_STREAM=1). The in-order sampler (run_sampler) keeps its copy on the main stream.
+  // hand-overs in between (a batch-1 decode step leaves 33 us between replays: the argmax 10.4, then 5.0
+  // to the copy and 9.0 from it to the next upload: H100 CUPTI timeline, 2026-12-06 19:30). Off until a GPU
+  // run measures it (INFERX_SAMPLE_COPY_STREAM=1). The in-order sampler (run_sampler) keeps its copy on the
+  // main stream.
   bool sample_copy_stream = false;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
@@ -259,6 +260,8 @@ class CudaBackend final : public Backend {
   void set_decode_stack_mlp_split(bool on) { options_.decode_stack_mlp_split = on; }
   void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
   void set_decode_stack_kv_tiles(bool on) { options_.decode_stack_kv_tiles = on; }
+  // Sampled-id copies sample_tokens_async queued on its side stream (sample_copy_stream; tests).
+  int64_t sample_side_copies() const { return side_copies_; }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }              // eager and captured
   int64_t decode_stack_split_launches() const { return decode_stack_split_launches_; }  // with mlp_split
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.
@@ -341,10 +344,11 @@ class CudaBackend final : public Backend {
   struct SamplerBuffers {
     Scratch &ids_dev, &ids_host, &params_dev, &params_host;
   };
-  // Queues the selection of one id per row and (copy_to_host) the ids' copy to b.ids_host on the main stream;
-  // returns the row count. b.ids_host is sized either way.
+  // Queues the selection of one id per row and the ids' copy to b.ids_host; returns the row count. The copy
+  // runs on the main stream, or with `fork` (an event) on copy_stream_ after `fork` is recorded behind the
+  // selection (sample_copy_stream), so the main stream does not wait for it.
   int64_t queue_sampler(const Tensor& logits, const cuda::SampleParams* host_params, const SamplerBuffers& b,
-                        bool copy_to_host = true);
+                        CUevent_st* fork = nullptr);
   // The GEMV path (cuda_backend_gemv.cpp): whether it takes this product (BF16 with one row, or a format
   // cuBLASLt cannot take), x as BF16 (the current copy, or converted / permuted into gemv_x_), and the
   // launch of a product split over `outs`.
@@ -414,6 +418,7 @@ class CudaBackend final : public Backend {
     CUevent_st* sampled = nullptr;
   };
   CUstream_st* copy_stream_ = nullptr;  // sample_tokens_async's copies to the host (sample_copy_stream)
+  int64_t side_copies_ = 0;             // copies queued on copy_stream_ (sample_side_copies)
   AsyncSlot async_[2];
   // edit_logits' staging (pinned; reused by the next step only after its sampling waited) and device copy.
   Scratch pinned_edits_, edits_dev_;

@@ -367,7 +367,7 @@ void CudaBackend::run_sampler(const Tensor& logits, const cuda::SampleParams* ho
 }
 
 int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParams* host_params,
-                                   const SamplerBuffers& b, bool copy_to_host) {
+                                   const SamplerBuffers& b, CUevent_st* fork) {
   finish_deferred();  // a deferred product is read only by the call it was deferred for
   INFERX_CHECK(logits.device == Device::CUDA && logits.dtype == DType::F32 && logits.ndim == 2,
                "cuda backend: sampling needs F32 [rows, vocab] logits on the GPU, got {} {}",
@@ -392,7 +392,14 @@ int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParam
   } else {
     CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_));
   }
-  if (copy_to_host) CUDA_CHECK(cudaMemcpyAsync(ids_host, ids_dev, id_bytes, cudaMemcpyDeviceToHost, stream_));
+  cudaStream_t copy = stream_;
+  if (fork) {
+    CUDA_CHECK(cudaEventRecord(fork, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, fork, 0));
+    copy = copy_stream_;
+    ++side_copies_;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(ids_host, ids_dev, id_bytes, cudaMemcpyDeviceToHost, copy));
   return rows;
 }
 
@@ -403,32 +410,27 @@ void CudaBackend::sample_tokens_async(const Tensor& logits, const TokenSamplePar
   AsyncSlot& a = async_[slot];
   const SamplerBuffers b{a.ids_dev, a.ids_host, a.params_dev, a.params_host};
   const bool side = options_.sample_copy_stream;
-  a.rows = queue_sampler(logits, params, b, /*copy_to_host=*/!side);
-  const auto event = [](CUevent_st*& e) {
+  const auto event = [this](CUevent_st*& e) {  // made once, on this backend's device
     if (e) return;
+    use_device();
     cudaEvent_t created = nullptr;
     CUDA_CHECK(cudaEventCreateWithFlags(&created, cudaEventDisableTiming));
     e = created;
   };
   event(a.done);
-  if (!side || a.rows == 0) {
-    CUDA_CHECK(cudaEventRecord(a.done, stream_));
-    return;
+  if (side) {
+    // The slot's buffers are rewritten only by the step after next, which is queued after this slot was
+    // collected (wait_sampled_tokens synchronised on `done`), so the side copy never races a later write.
+    event(a.sampled);
+    if (!copy_stream_) {
+      use_device();
+      cudaStream_t created = nullptr;
+      CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+      copy_stream_ = created;
+    }
   }
-  // The copy waits for the sampling kernel on its own stream; the main stream does not wait for the copy.
-  // The slot's buffers are rewritten only by the step after next, which is queued after this slot was
-  // collected (wait_sampled_tokens synchronised on `done`), so the copy never races a later write.
-  event(a.sampled);
-  if (!copy_stream_) {
-    cudaStream_t created = nullptr;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
-    copy_stream_ = created;
-  }
-  CUDA_CHECK(cudaEventRecord(a.sampled, stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, a.sampled, 0));
-  CUDA_CHECK(cudaMemcpyAsync(a.ids_host.data, a.ids_dev.data, static_cast<size_t>(a.rows) * sizeof(int32_t),
-                             cudaMemcpyDeviceToHost, copy_stream_));
-  CUDA_CHECK(cudaEventRecord(a.done, copy_stream_));
+  a.rows = queue_sampler(logits, params, b, side ? a.sampled : nullptr);
+  CUDA_CHECK(cudaEventRecord(a.done, side && a.rows > 0 ? copy_stream_ : stream_));
 }
 
 void CudaBackend::wait_sampled_tokens(int slot, int32_t* host_ids, int64_t rows) {
