@@ -351,33 +351,58 @@ TEST_F(CudaKernelsTest, NormAndSiluBf16CopiesFeedTheNextMatmulAndGoStaleOnWrites
 
 // Sampling -------------------------------------------------------------------------------------------------
 
+// Both kernels: one CTA per row (cluster rows 0, and 9 rows past a limit of 8) and a cluster of eight CTAs
+// per row over slices of the vocabulary (7 rows under a limit of 8), whose maxima meet in distributed shared
+// memory. Ties inside one float4, across threads, across the cluster's slices and at a slice's edge.
 TEST_F(CudaKernelsTest, ArgmaxPicksTheLowestIndexOfTheMaximum) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  // 128256: Llama 3's vocabulary (the float4 path); 1001: scalar loads (rows not 16-byte aligned).
-  for (int64_t vocab : {int64_t{128256}, int64_t{1001}}) {
-    const int64_t rows = 7;
-    auto logits = uniform(rows * vocab, rng, -10, 10);
-    logits[1 * vocab + 9] = 70;
-    logits[1 * vocab + 8] = 70;  // tie inside one float4: 8 wins
-    logits[2 * vocab + 500] = 50;
-    logits[2 * vocab + vocab - 7] = 50;      // tie across threads: 500 wins
-    logits[3 * vocab + 17] = std::nanf("");  // NaN never wins
-    logits[3 * vocab + 18] = 40;
-    std::fill_n(logits.begin() + 4 * vocab, vocab, -3.0f);  // all equal: index 0
-    logits[5 * vocab + vocab - 1] = 60;
-    Tensor t = f32(logits, {rows, vocab});
-    std::vector<int32_t> ids(rows, -1);
-    gpu_->argmax(t, ids.data());
-    const int32_t want[rows] = {-1, 8, 500, 18, 0, static_cast<int32_t>(vocab - 1), -1};
-    for (int64_t r = 0; r < rows; ++r) {
-      const auto row = logits.begin() + r * vocab;
-      const int32_t expected =
-          want[r] >= 0 ? want[r] : static_cast<int32_t>(std::max_element(row, row + vocab) - row);
-      EXPECT_EQ(ids[r], expected) << "vocab " << vocab << " row " << r;
+  int64_t cluster_calls = 0;
+  for (const auto& [cluster_rows, rows] : {std::pair<int64_t, int64_t>{0, 7}, {8, 7}, {8, 9}}) {
+    gpu_->set_argmax_cluster_rows(cluster_rows);
+    // 128256: Llama 3's vocabulary (the float4 path; slices of 16032); 1001: scalar loads (rows not
+    // 16-byte aligned); 13: slices of 4, the last three empty.
+    for (int64_t vocab : {int64_t{128256}, int64_t{1001}, int64_t{13}}) {
+      SCOPED_TRACE(::testing::Message() << "cluster rows " << cluster_rows << ", " << rows << " rows, vocab "
+                                        << vocab);
+      auto logits = uniform(rows * vocab, rng, -10, 10);
+      const int64_t slice = ((vocab + 7) / 8 + 3) / 4 * 4;  // argmax_cluster_kernel's
+      std::vector<int32_t> want(rows, -1);
+      const auto set = [&](int64_t r, int64_t i, float v) { logits[r * vocab + std::min(i, vocab - 1)] = v; };
+      set(1, 9, 70);
+      set(1, 8, 70);  // tie inside one float4: 8 wins
+      want[1] = 8;
+      set(2, vocab - 7, 50);
+      set(2, 5, 50);  // tie across threads and slices: 5 wins
+      want[2] = 5;
+      logits[3 * vocab + 2] = std::nanf("");  // NaN never wins
+      set(3, 3, 40);
+      want[3] = 3;
+      std::fill_n(logits.begin() + 4 * vocab, vocab, -3.0f);  // all equal: index 0
+      want[4] = 0;
+      set(5, vocab - 1, 60);
+      want[5] = static_cast<int32_t>(vocab - 1);
+      if (slice < vocab) {
+        set(6, slice, 80);  // a tie across the edge of slices 0 and 1: the last entry of slice 0 wins
+        set(6, slice - 1, 80);
+        want[6] = static_cast<int32_t>(slice - 1);
+      }
+      Tensor t = f32(logits, {rows, vocab});
+      std::vector<int32_t> ids(rows, -1);
+      const int64_t before = gpu_->argmax_cluster_launches();
+      gpu_->argmax(t, ids.data());
+      cluster_calls += gpu_->argmax_cluster_launches() - before;
+      EXPECT_EQ(gpu_->argmax_cluster_launches() - before, rows <= cluster_rows ? 1 : 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto row = logits.begin() + r * vocab;
+        const int32_t expected =
+            want[r] >= 0 ? want[r] : static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+        EXPECT_EQ(ids[r], expected) << "row " << r;
+      }
     }
   }
+  EXPECT_EQ(cluster_calls, 3);
 }
 
 // The definition in kernels_sampling.cu, in double precision.

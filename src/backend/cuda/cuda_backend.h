@@ -88,6 +88,10 @@ struct CudaBackendOptions {
   // run measures it (INFERX_SAMPLE_COPY_STREAM=1). The in-order sampler (run_sampler) keeps its copy on the
   // main stream.
   bool sample_copy_stream = false;
+  // Greedy selection over at most this many rows runs a cluster of eight CTAs per row
+  // (kernels_sampling.cu), more rows one CTA each. A batch-1 step's argmax took 10.4 us on one SM (H100
+  // CUPTI timeline, 2026-12-06 19:30). 0 (off) until a GPU run measures it: INFERX_ARGMAX_CLUSTER_ROWS=N.
+  int64_t argmax_cluster_rows = 0;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
   // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 (the default since
@@ -260,6 +264,9 @@ class CudaBackend final : public Backend {
   void set_decode_stack_mlp_split(bool on) { options_.decode_stack_mlp_split = on; }
   void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
   void set_decode_stack_kv_tiles(bool on) { options_.decode_stack_kv_tiles = on; }
+  void set_argmax_cluster_rows(int64_t rows) { options_.argmax_cluster_rows = rows; }
+  // Greedy selections that ran the cluster kernel (argmax_cluster_rows; tests).
+  int64_t argmax_cluster_launches() const { return argmax_cluster_launches_; }
   // Sampled-id copies sample_tokens_async queued on its side stream (sample_copy_stream; tests).
   int64_t sample_side_copies() const { return side_copies_; }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }              // eager and captured
@@ -419,6 +426,7 @@ class CudaBackend final : public Backend {
   };
   CUstream_st* copy_stream_ = nullptr;  // sample_tokens_async's copies to the host (sample_copy_stream)
   int64_t side_copies_ = 0;             // copies queued on copy_stream_ (sample_side_copies)
+  int64_t argmax_cluster_launches_ = 0;  // greedy selections on the cluster kernel (argmax_cluster_rows)
   AsyncSlot async_[2];
   // edit_logits' staging (pinned; reused by the next step only after its sampling waited) and device copy.
   Scratch pinned_edits_, edits_dev_;

@@ -65,6 +65,8 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
     o.gemm_memset_rewrite = std::clamp(std::atoi(hm), 0, 2);
   if (const char* sc = std::getenv("INFERX_SAMPLE_COPY_STREAM"))
     o.sample_copy_stream = std::strcmp(sc, "0") != 0;
+  if (const char* ac = std::getenv("INFERX_ARGMAX_CLUSTER_ROWS"))
+    o.argmax_cluster_rows = std::max<int64_t>(0, std::atoll(ac));
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
   // INFERX_GEMM_CACHE: the GEMM tuning cache's folder, or off (also 0 or empty).
@@ -390,7 +392,9 @@ int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParam
     CUDA_CHECK(cudaMemcpyAsync(params_dev, staged, param_bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cuda::launch_sample(logits.ptr<float>(), rows, vocab, params_dev, ids_dev, stream_));
   } else {
-    CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_));
+    CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_,
+                                   options_.argmax_cluster_rows));
+    if (rows <= options_.argmax_cluster_rows) ++argmax_cluster_launches_;
   }
   cudaStream_t copy = stream_;
   if (fork) {

@@ -1,5 +1,5 @@
 // Token selection on the GPU, so a decode step copies only one int per sequence back to the host.
-// One CTA of 1024 threads per row of logits.
+// One CTA of 1024 threads per row of logits (argmax over few rows: a cluster of eight per row).
 //   argmax: the lowest index among equal maxima (as std::max_element).
 //   sample: z = logits / temperature; keep z >= theta where theta is raised by, in this order,
 //     top-k:  the k-th largest z (ties at the threshold are all kept),
@@ -10,6 +10,7 @@
 //   uniform * total. Thresholds are found by a 4-pass radix select over the order-preserving integer
 //   image of z, with 256-bin histograms of counts (top-k) or softmax mass (top-p) in shared memory:
 //   no sort, and the row is read from L2 a few times.
+#include <cooperative_groups.h>
 #include <math_constants.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -17,6 +18,8 @@
 
 namespace inferx::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
 
@@ -63,43 +66,53 @@ __device__ void block_argmax(float& v, int& idx) {
   __syncthreads();
 }
 
-__device__ int row_argmax(const float* row, int64_t vocab) {
-  float best = -CUDART_INF_F;
-  int idx = INT_MAX;
+// (value, index) of the maximum of row[begin, end) (the lowest index on ties; NaN never wins), reduced over
+// the block: every thread gets it. idx stays INT_MAX for an empty slice.
+__device__ void slice_argmax(const float* row, int64_t begin, int64_t end, float& best, int& idx) {
+  best = -CUDART_INF_F;
+  idx = INT_MAX;
   const auto take = [&](float v, int64_t i) {
     if (v > best || (v == best && i < idx)) {  // NaN never wins
       best = v;
       idx = static_cast<int>(i);
     }
   };
-  if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0) {
+  const float* p = row + begin;
+  const int64_t n = end - begin;
+  if (n % 4 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0) {
     // float4s, kUnroll of them loaded before any is compared: one scalar load at a time kept a 128k-entry
     // row's CTA on its load latency (H200: 76 us for 256 rows of Llama 3's vocabulary with the copy back,
     // 50.6 us now; docs/benchmarks.md 2026-12-04).
     constexpr int kUnroll = 4;
-    const auto* row4 = reinterpret_cast<const float4*>(row);
-    const int64_t n4 = vocab / 4;
+    const auto* p4 = reinterpret_cast<const float4*>(p);
+    const int64_t n4 = n / 4;
     for (int64_t base = threadIdx.x; base < n4; base += static_cast<int64_t>(blockDim.x) * kUnroll) {
       float4 v[kUnroll];
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
         const int64_t i = base + static_cast<int64_t>(j) * blockDim.x;
-        if (i < n4) v[j] = row4[i];
+        if (i < n4) v[j] = p4[i];
       }
 #pragma unroll
       for (int j = 0; j < kUnroll; ++j) {
         const int64_t i = base + static_cast<int64_t>(j) * blockDim.x;
         if (i >= n4) continue;
-        take(v[j].x, 4 * i);
-        take(v[j].y, 4 * i + 1);
-        take(v[j].z, 4 * i + 2);
-        take(v[j].w, 4 * i + 3);
+        take(v[j].x, begin + 4 * i);
+        take(v[j].y, begin + 4 * i + 1);
+        take(v[j].z, begin + 4 * i + 2);
+        take(v[j].w, begin + 4 * i + 3);
       }
     }
   } else {
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) take(row[i], i);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) take(p[i], begin + i);
   }
   block_argmax(best, idx);
+}
+
+__device__ int row_argmax(const float* row, int64_t vocab) {
+  float best;
+  int idx;
+  slice_argmax(row, 0, vocab, best, idx);
   return idx == INT_MAX ? 0 : idx;
 }
 
@@ -108,6 +121,50 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, i
   pdl_launch_dependents();
   const int id = row_argmax(logits + blockIdx.x * vocab, vocab);
   if (threadIdx.x == 0) ids[blockIdx.x] = id;
+}
+
+// Few rows: a cluster of kClusterSplit CTAs per row, each over one slice, the slices' maxima combined
+// through distributed shared memory. One CTA per row leaves a batch-1 step's argmax on a single SM that
+// loads Llama 3's 513 KB row in eight rounds of latency (10.4 us, H100 CUPTI timeline 2026-12-06 19:30);
+// eight SMs load it in one.
+constexpr int kClusterSplit = 8;  // the portable cluster size
+
+__global__ void __launch_bounds__(kThreads) argmax_cluster_kernel(const float* logits, int64_t vocab,
+                                                                  int32_t* ids) {
+  __shared__ float s_best;
+  __shared__ int s_idx;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank();
+  const int64_t row = blockIdx.x / kClusterSplit;
+  // Slices of a multiple of 4 entries, so each starts 16-byte aligned where the row does.
+  const int64_t slice = ((vocab + kClusterSplit - 1) / kClusterSplit + 3) / 4 * 4;
+  const int64_t begin = std::min<int64_t>(vocab, rank * slice), end = std::min<int64_t>(vocab, begin + slice);
+  pdl_wait();  // the logits come from the kernel before (cuda_common.cuh)
+  pdl_launch_dependents();
+  float best;
+  int idx;
+  slice_argmax(logits + row * vocab, begin, end, best, idx);
+  if (threadIdx.x == 0) {
+    s_best = best;
+    s_idx = idx;
+  }
+  cluster.sync();  // every slice's maximum is in its CTA's shared memory
+  if (rank == 0 && threadIdx.x < kWarp) {
+    const bool mine = threadIdx.x < kClusterSplit;
+    float v = mine ? *cluster.map_shared_rank(&s_best, threadIdx.x) : -CUDART_INF_F;
+    int i = mine ? *cluster.map_shared_rank(&s_idx, threadIdx.x) : INT_MAX;
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+      const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+      if (ov > v || (ov == v && oi < i)) {
+        v = ov;
+        i = oi;
+      }
+    }
+    if (threadIdx.x == 0) ids[row] = i == INT_MAX ? 0 : i;
+  }
+  cluster.sync();  // no CTA exits while rank 0 may still read its shared memory
 }
 
 // The largest key K such that the weight of eligible elements with key >= K reaches `target`.
@@ -284,11 +341,26 @@ cudaError_t launch_logit_edits(float* logits, int64_t vocab, const LogitEdit* ed
   return launch_pdl(logit_edits_kernel, dim3(blocks), dim3(kThreads), 0, stream, logits, vocab, edits, n);
 }
 
-cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
-                          cudaStream_t stream) {
+cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t stream,
+                          int64_t cluster_rows_max) {
   if (rows == 0) return cudaSuccess;
-  return launch_pdl(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
-                    vocab, ids);
+  if (rows > cluster_rows_max)
+    return launch_pdl(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
+                      vocab, ids);
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = kClusterSplit;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows * kClusterSplit));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = pdl_enabled() ? 2 : 1;
+  return cudaLaunchKernelEx(&config, argmax_cluster_kernel, logits, vocab, ids);
 }
 
 cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
