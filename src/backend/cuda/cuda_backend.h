@@ -424,8 +424,8 @@ class CudaBackend final : public Backend {
     CUevent_st* done = nullptr;
     CUevent_st* sampled = nullptr;
   };
-  CUstream_st* copy_stream_ = nullptr;  // sample_tokens_async's copies to the host (sample_copy_stream)
-  int64_t side_copies_ = 0;             // copies queued on copy_stream_ (sample_side_copies)
+  CUstream_st* copy_stream_ = nullptr;   // sample_tokens_async's copies to the host (sample_copy_stream)
+  int64_t side_copies_ = 0;              // copies queued on copy_stream_ (sample_side_copies)
   int64_t argmax_cluster_launches_ = 0;  // greedy selections on the cluster kernel (argmax_cluster_rows)
   AsyncSlot async_[2];
   // edit_logits' staging (pinned; reused by the next step only after its sampling waited) and device copy.

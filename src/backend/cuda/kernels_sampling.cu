@@ -129,8 +129,8 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* logits, i
 // eight SMs load it in one.
 constexpr int kClusterSplit = 8;  // the portable cluster size
 
-__global__ void __launch_bounds__(kThreads) argmax_cluster_kernel(const float* logits, int64_t vocab,
-                                                                  int32_t* ids) {
+__global__ void __launch_bounds__(kThreads)
+    argmax_cluster_kernel(const float* logits, int64_t vocab, int32_t* ids) {
   __shared__ float s_best;
   __shared__ int s_idx;
   cg::cluster_group cluster = cg::this_cluster();
