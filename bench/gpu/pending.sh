@@ -163,23 +163,27 @@ if step 17; then
     STEPS=8 bash "$0" 2>&1 | grep -E -A16 "^per layer"
   fi
 fi
-# 18. (12-06 19:50 / 20:40) The 33 us between batch-1 decode steps (H100 12-06 19:30): the sampled ids' copy
-#    to the host on a side stream (INFERX_SAMPLE_COPY_STREAM=1) and the argmax over a cluster of eight CTAs
-#    per row (INFERX_ARGMAX_CLUSTER_ROWS=16; one CTA took 10.4 us), both off and never run on a GPU: their
-#    tests, the engine suite with both on, then the batch-1 timelines' gap between replays for none / copy /
-#    both (CSVs timeline_llama-3-8b_<quant>_<tag>.csv) (~2-3 min). Predicted: gap 33 -> ~20 us with the copy,
-#    -> ~13 with both, so TPOT -20 us: -0.3% of bf16's ~5.8 ms, -0.6% of fp8:lm_head's ~3.5 ms (H100).
+# 18. (12-06 19:50 / 21:00) The 33 us between batch-1 decode steps (H100 12-06 19:30), three switches, all off
+#    and never run on a GPU: the sampled ids' copy to the host on a side stream (INFERX_SAMPLE_COPY_STREAM=1),
+#    the next step's metadata upload on a side stream after the previous forward (INFERX_UPLOAD_SIDE_STREAM=1)
+#    and the argmax over a cluster of eight CTAs per row (INFERX_ARGMAX_CLUSTER_ROWS=16; one CTA took 10.4 us).
+#    Their tests, the engine suite with all three on, then the batch-1 timelines' gap between replays and TPOT
+#    for none / copy / copy+upload / all (CSVs timeline_llama-3-8b_<quant>_<tag>.csv) (~3 min). Predicted gap:
+#    33 -> ~24 (copy) -> ~14 (upload beside the argmax) -> ~7 us (all), so TPOT -26 us: -0.45% of bf16's
+#    5.8 ms, -0.75% of fp8:lm_head's 3.5 ms (H100).
 if step 18; then
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure|rror" | head
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_engine" --gtest_filter='*SideStream*:*Overlapped*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  INFERX_ARGMAX_CLUSTER_ROWS=16 INFERX_SAMPLE_COPY_STREAM=1 INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_engine" \
-    --gtest_color=no --gtest_filter='-*SideStream*' 2>&1 | grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  for v in none:0:0 copy:1:0 both:1:16; do
-    IFS=: read -r tag sc ac <<<"$v"
-    TAG=$tag INFERX_SAMPLE_COPY_STREAM=$sc INFERX_ARGMAX_CLUSTER_ROWS=$ac QUANTS="bf16 fp8:lm_head" \
-      bash "$(dirname "$0")/timeline.sh" 2>&1 | grep -E "traced=0|gap between replays" | sed "s/^/$tag: /"
+  INFERX_ARGMAX_CLUSTER_ROWS=16 INFERX_SAMPLE_COPY_STREAM=1 INFERX_UPLOAD_SIDE_STREAM=1 INFERX_REQUIRE_GPU=1 \
+    timeout 200 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='-*SideStream*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  for v in none:0:0:0 copy:1:0:0 upload:1:1:0 all:1:1:16; do
+    IFS=: read -r tag sc us ac <<<"$v"
+    TAG=$tag INFERX_SAMPLE_COPY_STREAM=$sc INFERX_UPLOAD_SIDE_STREAM=$us INFERX_ARGMAX_CLUSTER_ROWS=$ac \
+      QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/timeline.sh" 2>&1 | grep -E "traced=0|gap between replays" |
+      sed "s/^/$tag: /"
   done
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -89,6 +89,15 @@ class Backend {
   virtual void upload_async(void* dst, const void* host_src, size_t bytes) {
     copy_to_device(dst, host_src, bytes);
   }
+  // An upload that needs only the work queued up to the last mark_upload_point() done: the caller promises
+  // that nothing queued since the mark reads or writes dst. Work queued after it sees the copy, as after
+  // upload_async. CUDA may run it on a side stream beside the work queued since the mark (a decode step's
+  // sampling), so the next step's metadata is on the device when that work ends. Without a mark since the
+  // last such upload it is upload_async; the defaults keep stream order.
+  virtual void mark_upload_point() {}
+  virtual void upload_async_after_mark(void* dst, const void* host_src, size_t bytes) {
+    upload_async(dst, host_src, bytes);
+  }
 
   // Ops (shapes: T = batch.num_tokens, D = hidden size) ----------------------------------------------
   // out[t, :] = table[ids[t], :] converted to F32. table may be any weight dtype. Ids outside the table:

@@ -32,6 +32,10 @@ class ForwardingBackend : public Backend {
   void upload_async(void* dst, const void* src, size_t bytes) override {
     inner_.upload_async(dst, src, bytes);
   }
+  void mark_upload_point() override { inner_.mark_upload_point(); }
+  void upload_async_after_mark(void* dst, const void* src, size_t bytes) override {
+    inner_.upload_async_after_mark(dst, src, bytes);
+  }
   void embedding(const Tensor& table, const int32_t* ids, int64_t n, Tensor& out) override {
     inner_.embedding(table, ids, n, out);
   }

@@ -130,7 +130,9 @@ BatchView DecodeGraphs::build_for(const SchedulerOutput& out, int32_t bucket,
   }
   // Queued: the sampling at the end of the step waits for the device, long before this copy is reused.
   Backend& be = model_.backend();
-  be.upload_async(device_->data(), h, upload * sizeof(int32_t));
+  // After the mark run_bucket left behind the previous step's forward, the last reader of device_: a backend
+  // may copy beside that step's sampling.
+  be.upload_async_after_mark(device_->data(), h, upload * sizeof(int32_t));
   auto* dev = static_cast<int32_t*>(device_->data());
   if (tokens) be.gather_sampled_tokens(tokens->slot, dev + total, S, dev);  // the token ids lead the layout
   BatchView v = layout.view(static_cast<const int32_t*>(device_->data()));
@@ -167,6 +169,7 @@ Tensor DecodeGraphs::run_bucket(const SchedulerOutput& out, int32_t B, const Sam
   if (state_[bi] == 1) {
     if (be.replay_graph(key(bi))) {
       ++replays_;
+      be.mark_upload_point();  // nothing queued after this reads device_ before the next build_for
       return graph_logits_[bi];
     }
     state_[bi] = 0;  // the backend dropped it (a buffer moved): record again below
@@ -184,6 +187,7 @@ Tensor DecodeGraphs::run_bucket(const SchedulerOutput& out, int32_t B, const Sam
       state_[bi] = -1;  // e.g. an op that cannot be recorded: this bucket stays eager
     }
   }
+  be.mark_upload_point();
   return logits;
 }
 

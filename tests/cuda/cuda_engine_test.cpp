@@ -447,27 +447,52 @@ TEST_F(CudaEngine, OverlappedDecodeStepsGiveTheInOrderTextExactly) {
 // Two backends with the environment's options, the copy on the main stream and on its own: the same
 // overlapped text exactly (greedy and seeded, with admissions), over enough steps that both slots are reused
 // many times.
-TEST_F(CudaEngine, SampledIdsCopiedOnASideStreamGiveTheSameText) {
+// The switches that shorten the gap between batch-1 decode steps, each against none: the sampled ids' copy to
+// the host on a side stream, then also the next step's metadata upload on a side stream after the previous
+// forward, then also the argmax on a cluster of CTAs per row (up to 16 rows: the steps as the batch drains).
+// The text must not change, and the counters show each path really ran.
+TEST_F(CudaEngine, SideStreamCopiesAndClusterArgmaxGiveTheSameText) {
   std::vector<GenerationParams> ps;
   for (int i = 0; i < 22; ++i) ps.push_back(greedy(6 + 5 * (i % 7)));
   ps[4].temperature = 0.8f;
   ps[4].seed = 11;
-  std::vector<std::vector<int32_t>> text[2];
-  EngineStats stats[2];
-  int64_t side_copies[2] = {0, 0};
-  for (const bool side : {false, true}) {
+  constexpr int kVariants = 4;
+  std::vector<std::vector<int32_t>> text[kVariants];
+  EngineStats stats[kVariants];
+  int64_t side_copies[kVariants] = {}, side_uploads[kVariants] = {}, cluster_argmax[kVariants] = {};
+  for (int v = 0; v < kVariants; ++v) {
     CudaBackendOptions opts = cuda_options_from_environment();
-    opts.sample_copy_stream = side;
+    opts.sample_copy_stream = v >= 1;
+    opts.upload_side_stream = v >= 2;
+    opts.argmax_cluster_rows = v >= 3 ? 16 : 0;
     auto backend = make_cuda_backend(0, opts);
     auto model = Model::load("dummy:tiny", *backend);
-    text[side] = testing::run_to_end(*model, ps, &stats[side]);
-    side_copies[side] = static_cast<CudaBackend&>(*backend).sample_side_copies();
+    text[v] = testing::run_to_end(*model, ps, &stats[v]);
+    const auto& cuda = static_cast<CudaBackend&>(*backend);
+    side_copies[v] = cuda.sample_side_copies();
+    side_uploads[v] = cuda.side_uploads();
+    cluster_argmax[v] = cuda.argmax_cluster_launches();
   }
-  EXPECT_EQ(side_copies[0], 0);
-  EXPECT_GE(side_copies[1], stats[1].overlapped_steps);  // every overlapped step's ids took the side stream
-  EXPECT_EQ(text[1], text[0]);
-  EXPECT_GT(stats[1].overlapped_steps, 20);
-  EXPECT_EQ(stats[1].decode_graph_steps, stats[0].decode_graph_steps);
+  EXPECT_GT(stats[0].overlapped_steps, 20);
+  for (int v = 0; v < kVariants; ++v) {
+    SCOPED_TRACE(::testing::Message() << "variant " << v);
+    EXPECT_EQ(text[v], text[0]);
+    EXPECT_EQ(stats[v].decode_graph_steps, stats[0].decode_graph_steps);
+    // Every overlapped step's ids took the side stream.
+    if (v >= 1)
+      EXPECT_GE(side_copies[v], stats[v].overlapped_steps);
+    else
+      EXPECT_EQ(side_copies[v], 0);
+    // Every decode-graph step after the first found a mark (the first has no forward before it).
+    if (v >= 2)
+      EXPECT_GE(side_uploads[v], stats[v].decode_graph_steps - 1);
+    else
+      EXPECT_EQ(side_uploads[v], 0);
+    if (v >= 3)
+      EXPECT_GT(cluster_argmax[v], 0);
+    else
+      EXPECT_EQ(cluster_argmax[v], 0);
+  }
 }
 
 TEST_F(CudaEngine, KvCacheIsSizedFromGpuMemoryUtilization) {

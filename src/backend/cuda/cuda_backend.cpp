@@ -186,6 +186,15 @@ CudaBackend::~CudaBackend() {
   release_upload_staging();
   for (Scratch* s : {&pinned_params_, &pinned_ids_, &pinned_edits_}) release_pinned(*s);
   release(edits_dev_);
+  if (upload_stream_) {  // its copies read pinned host buffers the caller frees after the backend
+    if (cudaStreamSynchronize(upload_stream_) != cudaSuccess ||
+        cudaStreamDestroy(upload_stream_) != cudaSuccess)
+      std::fprintf(stderr, "inferx cuda: releasing the upload stream failed\n");
+    upload_stream_ = nullptr;
+  }
+  for (CUevent_st* e : {upload_mark_, upload_done_})
+    if (e && cudaEventDestroy(e) != cudaSuccess)
+      std::fprintf(stderr, "inferx cuda: releasing an upload event failed\n");
   if (copy_stream_) {  // its copies write the slots' pinned ids: finish them before those are freed
     if (cudaStreamSynchronize(copy_stream_) != cudaSuccess || cudaStreamDestroy(copy_stream_) != cudaSuccess)
       std::fprintf(stderr, "inferx cuda: releasing the sampling copy stream failed\n");
@@ -253,6 +262,40 @@ void CudaBackend::upload_async(void* dst, const void* host_src, size_t bytes) {
   drop_bf16_copy();  // the destination may be the tensor the BF16 copy mirrors
   use_device();
   CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::mark_upload_point() {
+  if (!options_.upload_side_stream || capturing_) return;
+  finish_deferred();  // a held-back epilogue belongs before the mark: it may read the metadata
+  use_device();
+  if (!upload_stream_) {  // made once, on this backend's device
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    upload_stream_ = stream;
+    for (CUevent_st** e : {&upload_mark_, &upload_done_}) {
+      cudaEvent_t created = nullptr;
+      CUDA_CHECK(cudaEventCreateWithFlags(&created, cudaEventDisableTiming));
+      *e = created;
+    }
+  }
+  CUDA_CHECK(cudaEventRecord(upload_mark_, stream_));
+  upload_marked_ = true;
+}
+
+void CudaBackend::upload_async_after_mark(void* dst, const void* host_src, size_t bytes) {
+  if (!upload_marked_ || capturing_) {
+    upload_async(dst, host_src, bytes);
+    return;
+  }
+  upload_marked_ = false;
+  if (bytes == 0) return;
+  drop_bf16_copy();  // the destination may be the tensor the BF16 copy mirrors
+  use_device();
+  CUDA_CHECK(cudaStreamWaitEvent(upload_stream_, upload_mark_, 0));
+  CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, upload_stream_));
+  CUDA_CHECK(cudaEventRecord(upload_done_, upload_stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, upload_done_, 0));
+  ++side_uploads_;
 }
 
 // Copies wait for completion: the host source may be pageable and reused by the caller at once.

@@ -92,6 +92,11 @@ struct CudaBackendOptions {
   // (kernels_sampling.cu), more rows one CTA each. A batch-1 step's argmax took 10.4 us on one SM (H100
   // CUPTI timeline, 2026-12-06 19:30). 0 (off) until a GPU run measures it: INFERX_ARGMAX_CLUSTER_ROWS=N.
   int64_t argmax_cluster_rows = 0;
+  // upload_async_after_mark on a side stream that waits for the mark (the decode graphs' metadata upload
+  // after the previous replay), so it runs beside that step's sampling instead of behind it: in the 33 us
+  // between batch-1 steps it started 9.0 us after the ids' copy to the host ended (H100 CUPTI timeline,
+  // 2026-12-06 19:30). Off until a GPU run measures it: INFERX_UPLOAD_SIDE_STREAM=1.
+  bool upload_side_stream = false;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
   // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 (the default since
@@ -212,6 +217,8 @@ class CudaBackend final : public Backend {
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override;
   std::unique_ptr<DeviceBuffer> allocate_upload(size_t bytes) override;
   void upload_async(void* dst, const void* host_src, size_t bytes) override;
+  void mark_upload_point() override;
+  void upload_async_after_mark(void* dst, const void* host_src, size_t bytes) override;
   void synchronize() override;
   void flush() override;
 
@@ -269,6 +276,8 @@ class CudaBackend final : public Backend {
   int64_t argmax_cluster_launches() const { return argmax_cluster_launches_; }
   // Sampled-id copies sample_tokens_async queued on its side stream (sample_copy_stream; tests).
   int64_t sample_side_copies() const { return side_copies_; }
+  // Uploads upload_async_after_mark queued on its side stream (upload_side_stream; tests).
+  int64_t side_uploads() const { return side_uploads_; }
   int64_t decode_stack_launches() const { return decode_stack_launches_; }              // eager and captured
   int64_t decode_stack_split_launches() const { return decode_stack_split_launches_; }  // with mlp_split
   // The kernel instance the last launch ran (cuda::decode_stack_instance_name); "" before any.
@@ -427,6 +436,13 @@ class CudaBackend final : public Backend {
   CUstream_st* copy_stream_ = nullptr;   // sample_tokens_async's copies to the host (sample_copy_stream)
   int64_t side_copies_ = 0;              // copies queued on copy_stream_ (sample_side_copies)
   int64_t argmax_cluster_launches_ = 0;  // greedy selections on the cluster kernel (argmax_cluster_rows)
+  // upload_async_after_mark's side stream (upload_side_stream), the mark recorded on the main stream and the
+  // copy's end recorded on the side stream (the main stream waits for it).
+  CUstream_st* upload_stream_ = nullptr;
+  CUevent_st* upload_mark_ = nullptr;
+  CUevent_st* upload_done_ = nullptr;
+  bool upload_marked_ = false;  // a mark not yet used by an upload
+  int64_t side_uploads_ = 0;
   AsyncSlot async_[2];
   // edit_logits' staging (pinned; reused by the next step only after its sampling waited) and device copy.
   Scratch pinned_edits_, edits_dev_;

@@ -65,6 +65,8 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
     o.gemm_memset_rewrite = std::clamp(std::atoi(hm), 0, 2);
   if (const char* sc = std::getenv("INFERX_SAMPLE_COPY_STREAM"))
     o.sample_copy_stream = std::strcmp(sc, "0") != 0;
+  if (const char* us = std::getenv("INFERX_UPLOAD_SIDE_STREAM"))
+    o.upload_side_stream = std::strcmp(us, "0") != 0;
   if (const char* ac = std::getenv("INFERX_ARGMAX_CLUSTER_ROWS"))
     o.argmax_cluster_rows = std::max<int64_t>(0, std::atoll(ac));
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
