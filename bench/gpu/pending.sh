@@ -169,13 +169,17 @@ fi
 #    Their tests, the engine suite with all three on, then the batch-1 timelines' gap between replays and TPOT
 #    for none / copy / copy+upload / all (CSVs timeline_llama-3-8b_<quant>_<tag>.csv) (~3 min). Predicted gap:
 #    33 -> ~24 (copy) -> ~14 (upload beside the argmax) -> ~7 us (all), so TPOT -26 us: -0.45% of bf16's
-#    5.8 ms, -0.75% of fp8:lm_head's 3.5 ms (H100).
+#    5.8 ms, -0.75% of fp8:lm_head's 3.5 ms (H100). (21:40) Also the sampler's v2 kernel (INFERX_SAMPLE_V2=1,
+#    coalesced passes): its test, and the sampling kernel rows (v1 took 472 us for one row with top-k/p/min-p on
+#    an H200; predicted v2: ~10x less for plain temperature, 2-4x with top-p/top-k, whose radix passes keep
+#    their shared-memory atomics).
 if step 18; then
-  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*' 2>&1 |
+  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*:*Sampling*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure|rror" | head
+  INFERX_BENCH_ONLY=sampling timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -vE "^device"
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_engine" --gtest_filter='*SideStream*:*Overlapped*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  INFERX_ARGMAX_CLUSTER_ROWS=16 INFERX_SAMPLE_COPY_STREAM=1 INFERX_UPLOAD_SIDE_STREAM=1 INFERX_REQUIRE_GPU=1 \
+  INFERX_SAMPLE_V2=1 INFERX_ARGMAX_CLUSTER_ROWS=16 INFERX_SAMPLE_COPY_STREAM=1 INFERX_UPLOAD_SIDE_STREAM=1 INFERX_REQUIRE_GPU=1 \
     timeout 200 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='-*SideStream*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
   for v in none:0:0:0 copy:1:0:0 upload:1:1:0 all:1:1:16; do

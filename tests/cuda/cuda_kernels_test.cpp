@@ -73,6 +73,9 @@ class CudaKernelsTest : public ::testing::Test {
     return t;
   }
 
+  // SamplingFollowsTemperatureTopKTopPMinP's check of one vocabulary size on the current sampler kernel.
+  void check_sampling(int64_t vocab, std::mt19937& rng);
+
   std::unique_ptr<Backend> backend_;
   CudaBackend* gpu_ = nullptr;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
@@ -364,8 +367,8 @@ TEST_F(CudaKernelsTest, ArgmaxPicksTheLowestIndexOfTheMaximum) {
     // 128256: Llama 3's vocabulary (the float4 path; slices of 16032); 1001: scalar loads (rows not
     // 16-byte aligned); 13: slices of 4, the last three empty.
     for (int64_t vocab : {int64_t{128256}, int64_t{1001}, int64_t{13}}) {
-      SCOPED_TRACE(::testing::Message() << "cluster rows " << cluster_rows << ", " << rows << " rows, vocab "
-                                        << vocab);
+      SCOPED_TRACE(::testing::Message()
+                   << "cluster rows " << cluster_rows << ", " << rows << " rows, vocab " << vocab);
       auto logits = uniform(rows * vocab, rng, -10, 10);
       const int64_t slice = ((vocab + 7) / 8 + 3) / 4 * 4;  // argmax_cluster_kernel's
       std::vector<int32_t> want(rows, -1);
@@ -451,11 +454,21 @@ SampleRef sample_reference(const float* logits, int64_t vocab, const cuda::Sampl
   return r;
 }
 
+// Both sampler kernels (v1, and v2's coalesced passes: CudaBackendOptions::sample_v2), on rows of 16-byte
+// aligned float4s (vocab 32000) and on rows that are not (32003: v2's scalar loads).
 TEST_F(CudaKernelsTest, SamplingFollowsTemperatureTopKTopPMinP) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  const int64_t vocab = 32000;
+  for (const bool v2 : {false, true})
+    for (const int64_t vocab : {int64_t{32000}, int64_t{32003}}) {
+      SCOPED_TRACE(::testing::Message() << (v2 ? "v2" : "v1") << " vocab " << vocab);
+      gpu_->set_sample_v2(v2);
+      check_sampling(vocab, rng);
+    }
+}
+
+void CudaKernelsTest::check_sampling(int64_t vocab, std::mt19937& rng) {
   std::vector<cuda::SampleParams> params;
   const cuda::SampleParams kinds[] = {{1.0f, 0, 1.0f, 0.0f, 0},    {0.7f, 40, 1.0f, 0.0f, 0},
                                       {1.0f, 0, 0.9f, 0.0f, 0},    {1.3f, 0, 1.0f, 0.05f, 0},

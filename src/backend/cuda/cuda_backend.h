@@ -97,6 +97,10 @@ struct CudaBackendOptions {
   // between batch-1 steps it started 9.0 us after the ids' copy to the host ended (H100 CUPTI timeline,
   // 2026-12-06 19:30). Off until a GPU run measures it: INFERX_UPLOAD_SIDE_STREAM=1.
   bool upload_side_stream = false;
+  // The sampler's v2 kernel (kernels_sampling.cu): the same selection rule, every pass over the row coalesced
+  // with several 16-byte loads in flight (v1: 472 us for one row of 128k logits with top-k/p/min-p, H200
+  // 2026-12-02). Off until a GPU run measures it: INFERX_SAMPLE_V2=1.
+  bool sample_v2 = false;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
   // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 (the default since
@@ -272,6 +276,7 @@ class CudaBackend final : public Backend {
   void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
   void set_decode_stack_kv_tiles(bool on) { options_.decode_stack_kv_tiles = on; }
   void set_argmax_cluster_rows(int64_t rows) { options_.argmax_cluster_rows = rows; }
+  void set_sample_v2(bool on) { options_.sample_v2 = on; }
   // Greedy selections that ran the cluster kernel (argmax_cluster_rows; tests).
   int64_t argmax_cluster_launches() const { return argmax_cluster_launches_; }
   // Sampled-id copies sample_tokens_async queued on its side stream (sample_copy_stream; tests).
