@@ -185,7 +185,7 @@ if step 18; then
   for v in none:0:0:0 copy:1:0:0 upload:1:1:0 all:1:1:16; do
     IFS=: read -r tag sc us ac <<<"$v"
     TAG=$tag INFERX_SAMPLE_COPY_STREAM=$sc INFERX_UPLOAD_SIDE_STREAM=$us INFERX_ARGMAX_CLUSTER_ROWS=$ac \
-      QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/timeline.sh" 2>&1 | grep -E "traced=0|gap between replays" |
+      QUANTS=fp8:lm_head bash "$(dirname "$0")/timeline.sh" 2>&1 | grep -E "traced=0|gap between replays" |
       sed "s/^/$tag: /"
   done
 fi
