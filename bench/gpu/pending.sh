@@ -171,8 +171,8 @@ fi
 #    33 -> ~24 (copy) -> ~14 (upload beside the argmax) -> ~7 us (all), so TPOT -26 us: -0.45% of bf16's
 #    5.8 ms, -0.75% of fp8:lm_head's 3.5 ms (H100). (21:40) Also the sampler's v2 kernel (INFERX_SAMPLE_V2=1,
 #    coalesced passes): its test, and the sampling kernel rows (v1 took 472 us for one row with top-k/p/min-p on
-#    an H200; predicted v2: ~10x less for plain temperature, 2-4x with top-p/top-k, whose radix passes keep
-#    their shared-memory atomics).
+#    an H200; predicted v2: ~10x less for plain temperature; with top-p / top-k more if the radix passes'
+#    shared float atomics were the cost: v2 adds one per distinct bin and warp instead of one per lane).
 if step 18; then
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*:*Sampling*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure|rror" | head

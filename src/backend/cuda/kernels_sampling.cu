@@ -348,7 +348,23 @@ __device__ __forceinline__ float kept_weight(float z, float theta, float zmax) {
   return z >= theta ? exp2f((z - zmax) * 1.4426950408889634f) : 0.0f;
 }
 
-// radix_threshold with v2's loads: the same passes and bins.
+// hist[bin] += v over the warp's eligible lanes with one atomic per distinct bin (every lane calls it): the
+// lanes of a warp mostly fall into the same two or three bins (logits share a few exponents), and 32 lanes
+// adding to one shared float serialise (v1 adds lane by lane).
+__device__ __forceinline__ void warp_hist_add(float* hist, uint32_t bin, bool eligible, float v) {
+  const int lane = threadIdx.x % kWarp;
+  unsigned todo = __ballot_sync(0xffffffffu, eligible);
+  while (todo != 0) {
+    const int src = __ffs(todo) - 1;
+    const uint32_t b = __shfl_sync(0xffffffffu, bin, src);
+    const bool mine = eligible && bin == b;
+    const float sum = warp_sum(mine ? v : 0.0f);
+    if (lane == src) atomicAdd(&hist[b], sum);
+    todo &= ~__ballot_sync(0xffffffffu, mine);
+  }
+}
+
+// radix_threshold with v2's loads and warp_hist_add: the same passes and bins.
 template <bool kMass>
 __device__ float radix_threshold_v2(const float* row, int64_t vocab, bool vec, float inv_t, float zmax,
                                     float floor_z, float target) {
@@ -373,14 +389,14 @@ __device__ float radix_threshold_v2(const float* row, int64_t vocab, bool vec, f
       }
 #pragma unroll
       for (int j = 0; j < kUnits; ++j) {
-        if (base + static_cast<int64_t>(j) * blockDim.x >= n4) continue;
+        const bool in_row = base + static_cast<int64_t>(j) * blockDim.x < n4;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float zz = z[j][e];
-          if (!(zz >= floor_z)) continue;
+          const float zz = in_row ? z[j][e] : CUDART_NAN_F;
           const uint32_t key = order_key(zz);
-          if ((key & mask) != prefix) continue;
-          atomicAdd(&my_hist[(key >> shift) & 255u], kMass ? exp2f((zz - zmax) * 1.4426950408889634f) : 1.0f);
+          const bool eligible = zz >= floor_z && (key & mask) == prefix;
+          warp_hist_add(my_hist, (key >> shift) & 255u, eligible,
+                        kMass ? exp2f((zz - zmax) * 1.4426950408889634f) : 1.0f);
         }
       }
     }
