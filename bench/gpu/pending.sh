@@ -182,7 +182,7 @@ if step 18; then
   INFERX_SAMPLE_V2=1 INFERX_ARGMAX_CLUSTER_ROWS=16 INFERX_SAMPLE_COPY_STREAM=1 INFERX_UPLOAD_SIDE_STREAM=1 INFERX_REQUIRE_GPU=1 \
     timeout 200 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='-*SideStream*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  for v in none:0:0:0 copy:1:0:0 upload:1:1:0 all:1:1:16; do
+  for v in ${GAP_VARIANTS:-none:0:0:0 copy:1:0:0 upload:1:1:0 all:1:1:16}; do
     IFS=: read -r tag sc us ac <<<"$v"
     TAG=$tag INFERX_SAMPLE_COPY_STREAM=$sc INFERX_UPLOAD_SIDE_STREAM=$us INFERX_ARGMAX_CLUSTER_ROWS=$ac \
       QUANTS=fp8:lm_head bash "$(dirname "$0")/timeline.sh" 2>&1 | grep -E "traced=0|gap between replays" |
