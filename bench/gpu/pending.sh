@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 18:45), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS=17 bash bench/gpu/pending.sh
-# FIRST next session, on an H200: step 17 (1000 x 1000/1000 with the defaults of 452b385 - the zeroing-kernel
+# What is still owed to a GPU run (state of 2026-12-06 22:45), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 18" bash bench/gpu/pending.sh   (~8 min on an H200)
+# The 20:05-23:05 session got no machine (twelve starts failed), so everything below is still owed.
+# FIRST next session, on any card: step 18 (four switches built and never run: the side-stream copy and
+# upload, the cluster argmax and the sampler's v2 kernel - their tests, then the sampling rows and the gap
+# between batch-1 steps; make each default that passes and gains). On an H200: step 17 (1000 x 1000/1000 with the defaults of 452b385 - the zeroing-kernel
 # graph rewrite, vector RoPE, q/k/v deferral from 64 rows; on H100s +1.4-1.6% - with `fp8` and `fp8:lm_head`,
 # then batch 1 for the three formats; the last H200 figures are of 12-06 10:10: 17,369 = 98.1% of 17.7k, bf16
 # batch 1 78.0-78.8%, FP8 1.52x, INT4 1.97x), then step 15 (the lazy rescale: level on an H100 at 18:20, so
