@@ -167,11 +167,74 @@ __global__ void __launch_bounds__(kThreads)
   cluster.sync();  // no CTA exits while rank 0 may still read its shared memory
 }
 
+constexpr int kUnits = 4;  // 4-entry units per thread in flight
+
+// z = logits * inv_t of unit u (entries 4u .. 4u + 3); entries past the row are NaN (never kept, never a
+// max).
+__device__ __forceinline__ void load_unit(const float* row, int64_t u, int64_t vocab, bool vec, float inv_t,
+                                          float (&z)[4]) {
+  if (vec) {
+    const float4 v = reinterpret_cast<const float4*>(row)[u];
+    z[0] = v.x * inv_t;
+    z[1] = v.y * inv_t;
+    z[2] = v.z * inv_t;
+    z[3] = v.w * inv_t;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t i = 4 * u + j;
+    z[j] = i < vocab ? row[i] * inv_t : CUDART_NAN_F;
+  }
+}
+
+// f(z, in_row) for every 4-entry unit of the row, the block's threads striding over units with kUnits loads
+// in flight; every lane calls f the same number of times (in_row false past the row), so f may use warp
+// collectives.
+template <class F>
+__device__ __forceinline__ void for_each_unit(const float* row, int64_t vocab, bool vec, float inv_t, F&& f) {
+  const int64_t n4 = (vocab + 3) / 4;
+  for (int64_t base = threadIdx.x - threadIdx.x % kWarp; base < n4;
+       base += static_cast<int64_t>(blockDim.x) * kUnits) {
+    float z[kUnits][4];
+    const int64_t own = base + threadIdx.x % kWarp;
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      const int64_t u = own + static_cast<int64_t>(j) * blockDim.x;
+      if (u < n4) load_unit(row, u, vocab, vec, inv_t, z[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) f(z[j], own + static_cast<int64_t>(j) * blockDim.x < n4);
+  }
+}
+
+__device__ __forceinline__ float kept_weight(float z, float theta, float zmax) {
+  return z >= theta ? exp2f((z - zmax) * 1.4426950408889634f) : 0.0f;
+}
+
+// hist[bin] += v over the warp's eligible lanes with one atomic per distinct bin (every lane calls it): the
+// lanes of a warp mostly fall into the same two or three bins (logits share a few exponents), and 32 lanes
+// adding to one shared float serialise (v1 adds lane by lane).
+__device__ __forceinline__ void warp_hist_add(float* hist, uint32_t bin, bool eligible, float v) {
+  const int lane = threadIdx.x % kWarp;
+  unsigned todo = __ballot_sync(0xffffffffu, eligible);
+  while (todo != 0) {
+    const int src = __ffs(todo) - 1;
+    const uint32_t b = __shfl_sync(0xffffffffu, bin, src);
+    const bool mine = eligible && bin == b;
+    const float sum = warp_sum(mine ? v : 0.0f);
+    if (lane == src) atomicAdd(&hist[b], sum);
+    todo &= ~__ballot_sync(0xffffffffu, mine);
+  }
+}
+
 // The largest key K such that the weight of eligible elements with key >= K reaches `target`.
 // kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z.
-template <bool kMass>
-__device__ float radix_threshold(const float* row, int64_t vocab, float inv_t, float zmax, float floor_z,
-                                 float target) {
+// kV2: the sampler v2's fill (coalesced float4 units, warp_hist_add), else v1's (scalar loads, an atomic per
+// lane); `vec` (v2): the row is read as float4s.
+template <bool kMass, bool kV2>
+__device__ float radix_threshold(const float* row, int64_t vocab, bool vec, float inv_t, float zmax,
+                                 float floor_z, float target) {
   // One private histogram per warp: logits of one row share a few exponents, so the first pass puts most
   // of the 128k entries into two or three bins, and one shared histogram serialised every warp of the
   // block on them (1.2 ms per row measured on the H200). Private copies leave only intra-warp conflicts.
@@ -186,12 +249,25 @@ __device__ float radix_threshold(const float* row, int64_t vocab, float inv_t, f
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < kWarps * 256; b += blockDim.x) (&warp_hist[0][0])[b] = 0.0f;
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float z = row[i] * inv_t;
-      if (!(z >= floor_z)) continue;
-      const uint32_t key = order_key(z);
-      if ((key & mask) != prefix) continue;
-      atomicAdd(&my_hist[(key >> shift) & 255u], kMass ? exp2f((z - zmax) * 1.4426950408889634f) : 1.0f);
+    if constexpr (kV2) {
+      for_each_unit(row, vocab, vec, inv_t, [&](const float(&z)[4], bool in_row) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float zz = in_row ? z[e] : CUDART_NAN_F;
+          const uint32_t key = order_key(zz);
+          const bool eligible = zz >= floor_z && (key & mask) == prefix;
+          warp_hist_add(my_hist, (key >> shift) & 255u, eligible,
+                        kMass ? exp2f((zz - zmax) * 1.4426950408889634f) : 1.0f);
+        }
+      });
+    } else {
+      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float z = row[i] * inv_t;
+        if (!(z >= floor_z)) continue;
+        const uint32_t key = order_key(z);
+        if ((key & mask) != prefix) continue;
+        atomicAdd(&my_hist[(key >> shift) & 255u], kMass ? exp2f((z - zmax) * 1.4426950408889634f) : 1.0f);
+      }
     }
     __syncthreads();
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
@@ -248,7 +324,7 @@ __global__ void __launch_bounds__(kThreads)
 
   float theta = -CUDART_INF_F;
   if (p.top_k > 0 && p.top_k < vocab)
-    theta = radix_threshold<false>(row, vocab, inv_t, zmax, theta, static_cast<float>(p.top_k));
+    theta = radix_threshold<false, false>(row, vocab, false, inv_t, zmax, theta, static_cast<float>(p.top_k));
   if (p.top_p < 1.0f) {
     float mass = 0.0f;
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
@@ -256,7 +332,8 @@ __global__ void __launch_bounds__(kThreads)
       if (z >= theta) mass += exp2f((z - zmax) * 1.4426950408889634f);
     }
     mass = block_sum(mass, s_scan);
-    theta = fmaxf(theta, radix_threshold<true>(row, vocab, inv_t, zmax, theta, fmaxf(p.top_p, 0.0f) * mass));
+    theta = fmaxf(theta, radix_threshold<true, false>(row, vocab, false, inv_t, zmax, theta,
+                                                      fmaxf(p.top_p, 0.0f) * mass));
   }
   if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
 
@@ -323,117 +400,6 @@ __global__ void __launch_bounds__(kThreads)
 // lines per instruction): 472 us for one row of Llama 3's vocabulary with top-k, top-p and min-p, 850 us for
 // 256 rows (H200, 2026-12-02).
 
-constexpr int kUnits = 4;  // 4-entry units per thread in flight
-
-// z = logits * inv_t of unit u (entries 4u .. 4u + 3); entries past the row are NaN (never kept, never a
-// max).
-__device__ __forceinline__ void load_unit(const float* row, int64_t u, int64_t vocab, bool vec, float inv_t,
-                                          float (&z)[4]) {
-  if (vec) {
-    const float4 v = reinterpret_cast<const float4*>(row)[u];
-    z[0] = v.x * inv_t;
-    z[1] = v.y * inv_t;
-    z[2] = v.z * inv_t;
-    z[3] = v.w * inv_t;
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t i = 4 * u + j;
-    z[j] = i < vocab ? row[i] * inv_t : CUDART_NAN_F;
-  }
-}
-
-__device__ __forceinline__ float kept_weight(float z, float theta, float zmax) {
-  return z >= theta ? exp2f((z - zmax) * 1.4426950408889634f) : 0.0f;
-}
-
-// hist[bin] += v over the warp's eligible lanes with one atomic per distinct bin (every lane calls it): the
-// lanes of a warp mostly fall into the same two or three bins (logits share a few exponents), and 32 lanes
-// adding to one shared float serialise (v1 adds lane by lane).
-__device__ __forceinline__ void warp_hist_add(float* hist, uint32_t bin, bool eligible, float v) {
-  const int lane = threadIdx.x % kWarp;
-  unsigned todo = __ballot_sync(0xffffffffu, eligible);
-  while (todo != 0) {
-    const int src = __ffs(todo) - 1;
-    const uint32_t b = __shfl_sync(0xffffffffu, bin, src);
-    const bool mine = eligible && bin == b;
-    const float sum = warp_sum(mine ? v : 0.0f);
-    if (lane == src) atomicAdd(&hist[b], sum);
-    todo &= ~__ballot_sync(0xffffffffu, mine);
-  }
-}
-
-// radix_threshold with v2's loads and warp_hist_add: the same passes and bins.
-template <bool kMass>
-__device__ float radix_threshold_v2(const float* row, int64_t vocab, bool vec, float inv_t, float zmax,
-                                    float floor_z, float target) {
-  constexpr int kWarps = kThreads / kWarp;
-  __shared__ float warp_hist[kWarps][256];
-  __shared__ float hist[256];
-  __shared__ uint32_t s_bin;
-  __shared__ float s_remaining;
-  float* my_hist = warp_hist[threadIdx.x / kWarp];
-  const int64_t n4 = (vocab + 3) / 4;
-  uint32_t prefix = 0, mask = 0;
-  float remaining = target;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < kWarps * 256; b += blockDim.x) (&warp_hist[0][0])[b] = 0.0f;
-    __syncthreads();
-    for (int64_t base = threadIdx.x; base < n4; base += static_cast<int64_t>(blockDim.x) * kUnits) {
-      float z[kUnits][4];
-#pragma unroll
-      for (int j = 0; j < kUnits; ++j) {
-        const int64_t u = base + static_cast<int64_t>(j) * blockDim.x;
-        if (u < n4) load_unit(row, u, vocab, vec, inv_t, z[j]);
-      }
-#pragma unroll
-      for (int j = 0; j < kUnits; ++j) {
-        const bool in_row = base + static_cast<int64_t>(j) * blockDim.x < n4;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float zz = in_row ? z[j][e] : CUDART_NAN_F;
-          const uint32_t key = order_key(zz);
-          const bool eligible = zz >= floor_z && (key & mask) == prefix;
-          warp_hist_add(my_hist, (key >> shift) & 255u, eligible,
-                        kMass ? exp2f((zz - zmax) * 1.4426950408889634f) : 1.0f);
-        }
-      }
-    }
-    __syncthreads();
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
-      float sum = 0.0f;
-      for (int w = 0; w < kWarps; ++w) sum += warp_hist[w][b];
-      hist[b] = sum;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float cum = 0.0f;
-      int bin = -1, lowest_nonempty = 0;
-      for (int b = 255; b >= 0; --b) {
-        if (hist[b] > 0.0f) lowest_nonempty = b;
-        if (hist[b] > 0.0f && cum + hist[b] >= remaining) {
-          bin = b;
-          break;
-        }
-        cum += hist[b];
-      }
-      if (bin < 0) {  // rounding left the target just out of reach: take everything that is left
-        bin = lowest_nonempty;
-        cum -= hist[bin];
-      }
-      s_bin = static_cast<uint32_t>(bin);
-      s_remaining = remaining - cum;
-    }
-    __syncthreads();
-    prefix |= s_bin << shift;
-    mask |= 255u << shift;
-    remaining = s_remaining;
-    __syncthreads();
-  }
-  return key_value(prefix);
-}
-
 // One warp-sized step of a warp's walk over its segment: the lanes' kept weight of unit base + lane, their
 // inclusive scan, and the step's total (the scan's last lane; every lane gets it).
 struct WalkStep {
@@ -480,25 +446,17 @@ __global__ void __launch_bounds__(kThreads)
 
   float theta = -CUDART_INF_F;
   if (p.top_k > 0 && p.top_k < vocab)
-    theta = radix_threshold_v2<false>(row, vocab, vec, inv_t, zmax, theta, static_cast<float>(p.top_k));
+    theta = radix_threshold<false, true>(row, vocab, vec, inv_t, zmax, theta, static_cast<float>(p.top_k));
   if (p.top_p < 1.0f) {
     float mass = 0.0f;
-    for (int64_t base = threadIdx.x; base < n4; base += static_cast<int64_t>(blockDim.x) * kUnits) {
-      float z[kUnits][4];
+    for_each_unit(row, vocab, vec, inv_t, [&](const float(&z)[4], bool in_row) {
+      if (in_row)
 #pragma unroll
-      for (int j = 0; j < kUnits; ++j) {
-        const int64_t u = base + static_cast<int64_t>(j) * blockDim.x;
-        if (u < n4) load_unit(row, u, vocab, vec, inv_t, z[j]);
-      }
-#pragma unroll
-      for (int j = 0; j < kUnits; ++j)
-        if (base + static_cast<int64_t>(j) * blockDim.x < n4)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) mass += kept_weight(z[j][e], theta, zmax);
-    }
+        for (int e = 0; e < 4; ++e) mass += kept_weight(z[e], theta, zmax);
+    });
     mass = block_sum(mass, s_scan);
-    theta = fmaxf(theta,
-                  radix_threshold_v2<true>(row, vocab, vec, inv_t, zmax, theta, fmaxf(p.top_p, 0.0f) * mass));
+    theta = fmaxf(
+        theta, radix_threshold<true, true>(row, vocab, vec, inv_t, zmax, theta, fmaxf(p.top_p, 0.0f) * mass));
   }
   if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
 
