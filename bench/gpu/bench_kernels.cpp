@@ -1604,42 +1604,40 @@ int run(bool quick, bool gemm_only) {
   return 0;
 }
 
-// Sampling over the Llama 3 vocabulary: bytes = the logits read once (argmax) per row. The argmax on one CTA
-// per row and on a cluster per row (argmax_cluster_rows; few rows), the sampler's kernels v1 / v2
-// (sample_v2) for plain temperature (OpenAI's default request), top-p, top-k and all three with min-p.
+// Sampling over the Llama 3 vocabulary: bytes = the logits read once (argmax) per row. The argmax and the
+// sampler on one CTA per row and on a cluster per row (select_cluster_rows; few rows), the sampler for plain
+// temperature (OpenAI's default request), top-p, top-k and all three with min-p.
 void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps) {
-  for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{256}, int64_t{512}}) {
+  struct Kind {
+    const char* name;
+    cuda::SampleParams p;
+  };
+  const Kind kinds[] = {{"temperature", {1.0f, 0, 1.0f, 0.0f, 0.5f}},
+                        {"top-p 0.9", {1.0f, 0, 0.9f, 0.0f, 0.5f}},
+                        {"top-k 50", {0.8f, 50, 1.0f, 0.0f, 0.5f}},
+                        {"k/p/min-p", {0.8f, 50, 0.95f, 0.05f, 0.5f}}};
+  for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{16}, int64_t{256}, int64_t{512}}) {
     const int64_t vocab = 128256;
     Tensor logits = b.f32(rows, vocab, 23);
     std::vector<int32_t> ids(rows);
     for (const int64_t cluster : {int64_t{0}, int64_t{16}}) {
       if (cluster > 0 && rows > cluster) continue;
-      gpu.set_argmax_cluster_rows(cluster);
+      gpu.set_select_cluster_rows(cluster);
+      const char* how = cluster > 0 ? " cluster" : "";
       const double s = b.time([&] { gpu.argmax(logits, ids.data()); }, reps);
-      row(cluster > 0 ? "argmax (+D2H) cluster" : "argmax (+D2H)", fmt_shape("%lldx128256", rows), s,
-          double(rows) * vocab * 4, false, copy_gbs);
-    }
-    gpu.set_argmax_cluster_rows(0);
-    struct Kind {
-      const char* name;
-      cuda::SampleParams p;
-    };
-    const Kind kinds[] = {{"temperature", {1.0f, 0, 1.0f, 0.0f, 0.5f}},
-                          {"top-p 0.9", {1.0f, 0, 0.9f, 0.0f, 0.5f}},
-                          {"top-k 50", {0.8f, 50, 1.0f, 0.0f, 0.5f}},
-                          {"k/p/min-p", {0.8f, 50, 0.95f, 0.05f, 0.5f}}};
-    for (const Kind& k : kinds)
-      for (const bool v2 : {false, true}) {
+      char name[64];
+      std::snprintf(name, sizeof name, "argmax (+D2H)%s", how);
+      row(name, fmt_shape("%lldx128256", rows), s, double(rows) * vocab * 4, false, copy_gbs);
+      for (const Kind& k : kinds) {
         if (rows > 256 && std::strcmp(k.name, "k/p/min-p") != 0) continue;
-        gpu.set_sample_v2(v2);
         std::vector<cuda::SampleParams> params(rows, k.p);
-        const double s = b.time([&] { gpu.sample(logits, params.data(), ids.data()); }, reps);
-        char name[64];
-        std::snprintf(name, sizeof name, "sample %s v%d", k.name, v2 ? 2 : 1);
-        row(name, fmt_shape("%lldx128256", rows), s, double(rows) * vocab * 4, false, copy_gbs);
+        const double t = b.time([&] { gpu.sample(logits, params.data(), ids.data()); }, reps);
+        std::snprintf(name, sizeof name, "sample %s%s", k.name, how);
+        row(name, fmt_shape("%lldx128256", rows), t, double(rows) * vocab * 4, false, copy_gbs);
       }
-    gpu.set_sample_v2(false);
+    }
   }
+  gpu.set_select_cluster_rows(CudaBackendOptions{}.select_cluster_rows);
 }
 
 }  // namespace

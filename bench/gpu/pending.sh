@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-06 22:45), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 18" bash bench/gpu/pending.sh   (~8 min on an H200)
-# The 20:05-23:05 session got no machine (twelve starts failed), so everything below is still owed.
-# FIRST next session, on any card: step 18 (four switches built and never run: the side-stream copy and
-# upload, the cluster argmax and the sampler's v2 kernel - their tests, then the sampling rows and the gap
-# between batch-1 steps; make each default that passes and gains). On an H200: step 17 (1000 x 1000/1000 with the defaults of 452b385 - the zeroing-kernel
-# graph rewrite, vector RoPE, q/k/v deferral from 64 rows; on H100s +1.4-1.6% - with `fp8` and `fp8:lm_head`,
-# then batch 1 for the three formats; the last H200 figures are of 12-06 10:10: 17,369 = 98.1% of 17.7k, bf16
-# batch 1 78.0-78.8%, FP8 1.52x, INT4 1.97x), then step 15 (the lazy rescale: level on an H100 at 18:20, so
-# delete it unless the H200 gains), then 6 / 6b (batch-1 timelines, never taken on an H200) and 7 (70B served).
+# What is still owed to a GPU run (state of 2026-12-07 00:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="19 17" bash bench/gpu/pending.sh   (~7 min on an H200)
+# Step 18's switches were measured at 00:00 on 12-07 (H100) and are the defaults now. Step 19 (any card):
+# the sampler on a cluster of CTAs for few rows, its tests, and every engine test with the new defaults.
+# On an H200: step 17 (1000 x 1000/1000 FP8 with the defaults since 452b385 - the zeroing-kernel graph
+# rewrite, vector RoPE, q/k/v deferral from 64 rows: +1.4-1.6% on H100s - and the gap switches; then batch 1
+# for the three formats; the last H200 figures are of 12-06 10:10: 17,369 = 98.1% of 17.7k, bf16 batch 1
+# 78.0-78.8%, FP8 1.52x, INT4 1.97x), then step 15 (the lazy rescale: level on an H100 at 18:20, so delete
+# it unless the H200 gains), then 6 / 6b (batch-1 timelines, never taken on an H200) and 7 (70B served).
 # 18:20 on 12-06 (H100, steps 16 and 1's test binaries, build 9f5c975): every GPU test passes (backend 72/72,
 # qgemm 20/20, engine 54/54 with the new defaults, tensor parallel 5/5); 1000/1000 fp8 15,053, lazy 14,980,
 # fp8:tensor 15,018. Steps 9-13 (the SiLU trims, the memset hoist / zeroing kernel, vector RoPE, deferral) are
@@ -165,31 +164,24 @@ if step 17; then
     echo "step 17: not an H200, nothing to record"
   fi
 fi
-# 18. (12-06 19:50 / 21:00) The 33 us between batch-1 decode steps (H100 12-06 19:30), three switches, all off
-#    and never run on a GPU: the sampled ids' copy to the host on a side stream (INFERX_SAMPLE_COPY_STREAM=1),
-#    the next step's metadata upload on a side stream after the previous forward (INFERX_UPLOAD_SIDE_STREAM=1)
-#    and the argmax over a cluster of eight CTAs per row (INFERX_ARGMAX_CLUSTER_ROWS=16; one CTA took 10.4 us).
-#    Their tests, the engine suite with all three on, then the batch-1 timelines' gap between replays and TPOT
-#    for none / copy / copy+upload / all (CSVs timeline_llama-3-8b_<quant>_<tag>.csv) (~3 min). Predicted gap:
-#    33 -> ~24 (copy) -> ~14 (upload beside the argmax) -> ~7 us (all), so TPOT -26 us: -0.45% of bf16's
-#    5.8 ms, -0.75% of fp8:lm_head's 3.5 ms (H100). (21:40) Also the sampler's v2 kernel (INFERX_SAMPLE_V2=1,
-#    coalesced passes): its test, and the sampling kernel rows (v1 took 472 us for one row with top-k/p/min-p on
-#    an H200; predicted v2: ~10x less for plain temperature; with top-p / top-k more if the radix passes'
-#    shared float atomics were the cost: v2 adds one per distinct bin and warp instead of one per lane).
+# 18. (measured H100 12-07 00:00, now the defaults) The gap between batch-1 decode steps: none / copy /
+#    copy+upload / all = 33.4 / 19.5 / 17.5 / 13.7 us; GAP_VARIANTS picks timelines (tag:copy:upload:rows).
 if step 18; then
-  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*:*Sampling*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure|rror" | head
-  INFERX_BENCH_ONLY=sampling timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -vE "^device"
-  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_engine" --gtest_filter='*SideStream*:*Overlapped*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  INFERX_SAMPLE_V2=1 INFERX_ARGMAX_CLUSTER_ROWS=16 INFERX_SAMPLE_COPY_STREAM=1 INFERX_UPLOAD_SIDE_STREAM=1 INFERX_REQUIRE_GPU=1 \
-    timeout 200 "$C/test_cuda_engine" --gtest_color=no --gtest_filter='-*SideStream*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  for v in ${GAP_VARIANTS:-none:0:0:0 copy:1:0:0 upload:1:1:0 all:1:1:16}; do
+  for v in ${GAP_VARIANTS:-none:0:0:0 all:1:1:16}; do
     IFS=: read -r tag sc us ac <<<"$v"
-    TAG=$tag INFERX_SAMPLE_COPY_STREAM=$sc INFERX_UPLOAD_SIDE_STREAM=$us INFERX_ARGMAX_CLUSTER_ROWS=$ac \
+    TAG=$tag INFERX_SAMPLE_COPY_STREAM=$sc INFERX_UPLOAD_SIDE_STREAM=$us INFERX_SELECT_CLUSTER_ROWS=$ac \
       QUANTS=fp8:lm_head bash "$(dirname "$0")/timeline.sh" 2>&1 | grep -E "traced=0|gap between replays" |
       sed "s/^/$tag: /"
   done
+fi
+# 19. (12-07 00:30) The sampler on a cluster of eight CTAs per row for up to 16 rows (one CTA: 308 us for one
+#    row with top-p 0.9, 419 with k/p/min-p, H100 12-07; predicted ~5x less on the cluster), the selection
+#    tests, the sampling rows one CTA against the cluster, and every engine test with the new defaults.
+if step 19; then
+  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*:*Sampling*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure|rror|seed" | head -20
+  INFERX_BENCH_ONLY=sampling timeout 120 "$C/bench_cuda_kernels" --quick 2>&1 | grep -vE "^device"
+  INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -449,9 +449,10 @@ TEST_F(CudaEngine, OverlappedDecodeStepsGiveTheInOrderTextExactly) {
 // many times.
 // The switches that shorten the gap between batch-1 decode steps, each against none: the sampled ids' copy to
 // the host on a side stream, then also the next step's metadata upload on a side stream after the previous
-// forward, then also the argmax on a cluster of CTAs per row (up to 16 rows: the steps as the batch drains).
-// The text must not change, and the counters show each path really ran.
-TEST_F(CudaEngine, SideStreamCopiesAndClusterArgmaxGiveTheSameText) {
+// forward, then also the selection (argmax, and the sampler for the one seeded request) on a cluster of CTAs
+// per row (up to 16 rows: the steps as the batch drains). All three are the defaults; variant 0 turns them
+// off. The text must not change, and the counters show each path really ran.
+TEST_F(CudaEngine, SideStreamCopiesAndClusterSelectionGiveTheSameText) {
   std::vector<GenerationParams> ps;
   for (int i = 0; i < 22; ++i) ps.push_back(greedy(6 + 5 * (i % 7)));
   ps[4].temperature = 0.8f;
@@ -459,19 +460,19 @@ TEST_F(CudaEngine, SideStreamCopiesAndClusterArgmaxGiveTheSameText) {
   constexpr int kVariants = 4;
   std::vector<std::vector<int32_t>> text[kVariants];
   EngineStats stats[kVariants];
-  int64_t side_copies[kVariants] = {}, side_uploads[kVariants] = {}, cluster_argmax[kVariants] = {};
+  int64_t side_copies[kVariants] = {}, side_uploads[kVariants] = {}, cluster_select[kVariants] = {};
   for (int v = 0; v < kVariants; ++v) {
     CudaBackendOptions opts = cuda_options_from_environment();
     opts.sample_copy_stream = v >= 1;
     opts.upload_side_stream = v >= 2;
-    opts.argmax_cluster_rows = v >= 3 ? 16 : 0;
+    opts.select_cluster_rows = v >= 3 ? 16 : 0;
     auto backend = make_cuda_backend(0, opts);
     auto model = Model::load("dummy:tiny", *backend);
     text[v] = testing::run_to_end(*model, ps, &stats[v]);
     const auto& cuda = static_cast<CudaBackend&>(*backend);
     side_copies[v] = cuda.sample_side_copies();
     side_uploads[v] = cuda.side_uploads();
-    cluster_argmax[v] = cuda.argmax_cluster_launches();
+    cluster_select[v] = cuda.cluster_select_launches();
   }
   EXPECT_GT(stats[0].overlapped_steps, 20);
   for (int v = 0; v < kVariants; ++v) {
@@ -489,9 +490,9 @@ TEST_F(CudaEngine, SideStreamCopiesAndClusterArgmaxGiveTheSameText) {
     else
       EXPECT_EQ(side_uploads[v], 0);
     if (v >= 3)
-      EXPECT_GT(cluster_argmax[v], 0);
+      EXPECT_GT(cluster_select[v], 0);
     else
-      EXPECT_EQ(cluster_argmax[v], 0);
+      EXPECT_EQ(cluster_select[v], 0);
   }
 }
 

@@ -363,7 +363,7 @@ TEST_F(CudaKernelsTest, ArgmaxPicksTheLowestIndexOfTheMaximum) {
   std::mt19937 rng(seed);
   int64_t cluster_calls = 0;
   for (const auto& [cluster_rows, rows] : {std::pair<int64_t, int64_t>{0, 7}, {8, 7}, {8, 9}}) {
-    gpu_->set_argmax_cluster_rows(cluster_rows);
+    gpu_->set_select_cluster_rows(cluster_rows);
     // 128256: Llama 3's vocabulary (the float4 path; slices of 16032); 1001: scalar loads (rows not
     // 16-byte aligned); 13: slices of 4, the last three empty.
     for (int64_t vocab : {int64_t{128256}, int64_t{1001}, int64_t{13}}) {
@@ -393,10 +393,10 @@ TEST_F(CudaKernelsTest, ArgmaxPicksTheLowestIndexOfTheMaximum) {
       }
       Tensor t = f32(logits, {rows, vocab});
       std::vector<int32_t> ids(rows, -1);
-      const int64_t before = gpu_->argmax_cluster_launches();
+      const int64_t before = gpu_->cluster_select_launches();
       gpu_->argmax(t, ids.data());
-      cluster_calls += gpu_->argmax_cluster_launches() - before;
-      EXPECT_EQ(gpu_->argmax_cluster_launches() - before, rows <= cluster_rows ? 1 : 0);
+      cluster_calls += gpu_->cluster_select_launches() - before;
+      EXPECT_EQ(gpu_->cluster_select_launches() - before, rows <= cluster_rows ? 1 : 0);
       for (int64_t r = 0; r < rows; ++r) {
         const auto row = logits.begin() + r * vocab;
         const int32_t expected =
@@ -454,17 +454,20 @@ SampleRef sample_reference(const float* logits, int64_t vocab, const cuda::Sampl
   return r;
 }
 
-// Both sampler kernels (v1, and v2's coalesced passes: CudaBackendOptions::sample_v2), on rows of 16-byte
-// aligned float4s (vocab 32000) and on rows that are not (32003: v2's scalar loads).
+// The sampler on one CTA per row and on a cluster per row (CudaBackendOptions::select_cluster_rows), on rows
+// of 16-byte aligned float4s (vocab 32000), rows that are not (32003: scalar loads) and rows shorter than a
+// cluster has CTAs' worth of 4-entry units (13: empty slices).
 TEST_F(CudaKernelsTest, SamplingFollowsTemperatureTopKTopPMinP) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  for (const bool v2 : {false, true})
-    for (const int64_t vocab : {int64_t{32000}, int64_t{32003}}) {
-      SCOPED_TRACE(::testing::Message() << (v2 ? "v2" : "v1") << " vocab " << vocab);
-      gpu_->set_sample_v2(v2);
+  for (const int64_t cluster_rows : {int64_t{0}, int64_t{1} << 20})
+    for (const int64_t vocab : {int64_t{32000}, int64_t{32003}, int64_t{13}}) {
+      SCOPED_TRACE(::testing::Message() << "cluster rows " << cluster_rows << " vocab " << vocab);
+      gpu_->set_select_cluster_rows(cluster_rows);
+      const int64_t before = gpu_->cluster_select_launches();
       check_sampling(vocab, rng);
+      EXPECT_EQ(gpu_->cluster_select_launches() - before, cluster_rows > 0 ? 1 : 0);
     }
 }
 

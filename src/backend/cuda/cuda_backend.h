@@ -83,24 +83,23 @@ struct CudaBackendOptions {
   int64_t defer_split_rows = 64;
   // sample_tokens_async copies the sampled ids to the host on a second stream that waits for the sampling
   // kernel, so the main stream goes on to the next step's upload and replay without the copy engine's
-  // hand-overs in between (a batch-1 decode step leaves 33 us between replays: the argmax 10.4, then 5.0
-  // to the copy and 9.0 from it to the next upload: H100 CUPTI timeline, 2026-12-06 19:30). Off until a GPU
-  // run measures it (INFERX_SAMPLE_COPY_STREAM=1). The in-order sampler (run_sampler) keeps its copy on the
-  // main stream.
-  bool sample_copy_stream = false;
-  // Greedy selection over at most this many rows runs a cluster of eight CTAs per row
+  // hand-overs in between. A batch-1 decode step left 33 us between replays (the argmax 10.4, then 5.0 to
+  // the copy and 9.0 from it to the next upload: H100 CUPTI timeline, 2026-12-06 19:30); with this switch
+  // 19.5 us, with upload_side_stream too 17.5, with select_cluster_rows too 13.7 (H100, 2026-12-07, one
+  // call: bench/gpu/pending.sh step 18). On since then; INFERX_SAMPLE_COPY_STREAM=0 for A/B. The in-order
+  // sampler (run_sampler) keeps its copy on the main stream.
+  bool sample_copy_stream = true;
+  // Selection (greedy or sampled) over at most this many rows runs a cluster of eight CTAs per row
   // (kernels_sampling.cu), more rows one CTA each. A batch-1 step's argmax took 10.4 us on one SM (H100
-  // CUPTI timeline, 2026-12-06 19:30). 0 (off) until a GPU run measures it: INFERX_ARGMAX_CLUSTER_ROWS=N.
-  int64_t argmax_cluster_rows = 0;
+  // CUPTI timeline, 2026-12-06 19:30); 27.2 -> 21.1 us with the copy back on the cluster (H100, 2026-12-07,
+  // one row of 128k). INFERX_SELECT_CLUSTER_ROWS=N (0: never).
+  int64_t select_cluster_rows = 16;
   // upload_async_after_mark on a side stream that waits for the mark (the decode graphs' metadata upload
   // after the previous replay), so it runs beside that step's sampling instead of behind it: in the 33 us
   // between batch-1 steps it started 9.0 us after the ids' copy to the host ended (H100 CUPTI timeline,
-  // 2026-12-06 19:30). Off until a GPU run measures it: INFERX_UPLOAD_SIDE_STREAM=1.
-  bool upload_side_stream = false;
-  // The sampler's v2 kernel (kernels_sampling.cu): the same selection rule, every pass over the row coalesced
-  // with several 16-byte loads in flight (v1: 472 us for one row of 128k logits with top-k/p/min-p, H200
-  // 2026-12-02). Off until a GPU run measures it: INFERX_SAMPLE_V2=1.
-  bool sample_v2 = false;
+  // 2026-12-06 19:30); 19.5 -> 17.5 us (see sample_copy_stream). On since 2026-12-07;
+  // INFERX_UPLOAD_SIDE_STREAM=0 for A/B.
+  bool upload_side_stream = true;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
   // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 (the default since
@@ -275,10 +274,9 @@ class CudaBackend final : public Backend {
   void set_decode_stack_mlp_split(bool on) { options_.decode_stack_mlp_split = on; }
   void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
   void set_decode_stack_kv_tiles(bool on) { options_.decode_stack_kv_tiles = on; }
-  void set_argmax_cluster_rows(int64_t rows) { options_.argmax_cluster_rows = rows; }
-  void set_sample_v2(bool on) { options_.sample_v2 = on; }
-  // Greedy selections that ran the cluster kernel (argmax_cluster_rows; tests).
-  int64_t argmax_cluster_launches() const { return argmax_cluster_launches_; }
+  void set_select_cluster_rows(int64_t rows) { options_.select_cluster_rows = rows; }
+  // Selections (greedy or sampled) that ran a cluster kernel (select_cluster_rows; tests).
+  int64_t cluster_select_launches() const { return cluster_select_launches_; }
   // Sampled-id copies sample_tokens_async queued on its side stream (sample_copy_stream; tests).
   int64_t sample_side_copies() const { return side_copies_; }
   // Uploads upload_async_after_mark queued on its side stream (upload_side_stream; tests).
@@ -440,7 +438,7 @@ class CudaBackend final : public Backend {
   };
   CUstream_st* copy_stream_ = nullptr;   // sample_tokens_async's copies to the host (sample_copy_stream)
   int64_t side_copies_ = 0;              // copies queued on copy_stream_ (sample_side_copies)
-  int64_t argmax_cluster_launches_ = 0;  // greedy selections on the cluster kernel (argmax_cluster_rows)
+  int64_t cluster_select_launches_ = 0;  // greedy selections on the cluster kernel (select_cluster_rows)
   // upload_async_after_mark's side stream (upload_side_stream), the mark recorded on the main stream and the
   // copy's end recorded on the side stream (the main stream waits for it).
   CUstream_st* upload_stream_ = nullptr;

@@ -67,9 +67,8 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
     o.sample_copy_stream = std::strcmp(sc, "0") != 0;
   if (const char* us = std::getenv("INFERX_UPLOAD_SIDE_STREAM"))
     o.upload_side_stream = std::strcmp(us, "0") != 0;
-  if (const char* sv = std::getenv("INFERX_SAMPLE_V2")) o.sample_v2 = std::strcmp(sv, "0") != 0;
-  if (const char* ac = std::getenv("INFERX_ARGMAX_CLUSTER_ROWS"))
-    o.argmax_cluster_rows = std::max<int64_t>(0, std::atoll(ac));
+  if (const char* ac = std::getenv("INFERX_SELECT_CLUSTER_ROWS"))
+    o.select_cluster_rows = std::max<int64_t>(0, std::atoll(ac));
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
     o.defer_split_rows = std::max<int64_t>(1, std::atoll(ds));
   // INFERX_GEMM_CACHE: the GEMM tuning cache's folder, or off (also 0 or empty).
@@ -394,12 +393,12 @@ int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParam
     auto* params_dev = static_cast<cuda::SampleParams*>(eager_scratch(b.params_dev, param_bytes));
     CUDA_CHECK(cudaMemcpyAsync(params_dev, staged, param_bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cuda::launch_sample(logits.ptr<float>(), rows, vocab, params_dev, ids_dev, stream_,
-                                   options_.sample_v2 ? 2 : 1));
+                                   options_.select_cluster_rows));
   } else {
     CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_,
-                                   options_.argmax_cluster_rows));
-    if (rows <= options_.argmax_cluster_rows) ++argmax_cluster_launches_;
+                                   options_.select_cluster_rows));
   }
+  if (rows <= options_.select_cluster_rows) ++cluster_select_launches_;
   cudaStream_t copy = stream_;
   if (fork) {
     CUDA_CHECK(cudaEventRecord(fork, stream_));

@@ -1,5 +1,5 @@
 // Token selection on the GPU, so a decode step copies only one int per sequence back to the host.
-// One CTA of 1024 threads per row of logits (argmax over few rows: a cluster of eight per row).
+// One CTA of 1024 threads per row of logits (few rows: a cluster of eight per row).
 //   argmax: the lowest index among equal maxima (as std::max_element).
 //   sample: z = logits / temperature; keep z >= theta where theta is raised by, in this order,
 //     top-k:  the k-th largest z (ties at the threshold are all kept),
@@ -188,23 +188,21 @@ __device__ __forceinline__ void load_unit(const float* row, int64_t u, int64_t v
   }
 }
 
-// f(z, in_row) for every 4-entry unit of the row, the block's threads striding over units with kUnits loads
-// in flight; every lane calls f the same number of times (in_row false past the row), so f may use warp
-// collectives.
+// f(z) for every 4-entry unit in [ubegin, uend), the block's threads striding over units with kUnits loads
+// in flight (coalesced 16-byte loads where the row allows).
 template <class F>
-__device__ __forceinline__ void for_each_unit(const float* row, int64_t vocab, bool vec, float inv_t, F&& f) {
-  const int64_t n4 = (vocab + 3) / 4;
-  for (int64_t base = threadIdx.x - threadIdx.x % kWarp; base < n4;
-       base += static_cast<int64_t>(blockDim.x) * kUnits) {
+__device__ __forceinline__ void for_each_unit(const float* row, int64_t ubegin, int64_t uend, int64_t vocab,
+                                              bool vec, float inv_t, F&& f) {
+  for (int64_t base = ubegin + threadIdx.x; base < uend; base += static_cast<int64_t>(blockDim.x) * kUnits) {
     float z[kUnits][4];
-    const int64_t own = base + threadIdx.x % kWarp;
 #pragma unroll
     for (int j = 0; j < kUnits; ++j) {
-      const int64_t u = own + static_cast<int64_t>(j) * blockDim.x;
-      if (u < n4) load_unit(row, u, vocab, vec, inv_t, z[j]);
+      const int64_t u = base + static_cast<int64_t>(j) * blockDim.x;
+      if (u < uend) load_unit(row, u, vocab, vec, inv_t, z[j]);
     }
 #pragma unroll
-    for (int j = 0; j < kUnits; ++j) f(z[j], own + static_cast<int64_t>(j) * blockDim.x < n4);
+    for (int j = 0; j < kUnits; ++j)
+      if (base + static_cast<int64_t>(j) * blockDim.x < uend) f(z[j]);
   }
 }
 
@@ -212,193 +210,115 @@ __device__ __forceinline__ float kept_weight(float z, float theta, float zmax) {
   return z >= theta ? exp2f((z - zmax) * 1.4426950408889634f) : 0.0f;
 }
 
-// hist[bin] += v over the warp's eligible lanes with one atomic per distinct bin (every lane calls it): the
-// lanes of a warp mostly fall into the same two or three bins (logits share a few exponents), and 32 lanes
-// adding to one shared float serialise (v1 adds lane by lane).
-__device__ __forceinline__ void warp_hist_add(float* hist, uint32_t bin, bool eligible, float v) {
-  const int lane = threadIdx.x % kWarp;
-  unsigned todo = __ballot_sync(0xffffffffu, eligible);
-  while (todo != 0) {
-    const int src = __ffs(todo) - 1;
-    const uint32_t b = __shfl_sync(0xffffffffu, bin, src);
-    const bool mine = eligible && bin == b;
-    const float sum = warp_sum(mine ? v : 0.0f);
-    if (lane == src) atomicAdd(&hist[b], sum);
-    todo &= ~__ballot_sync(0xffffffffu, mine);
-  }
+// The sampler runs on kCtas CTAs per row: one, or (few rows) a cluster of kClusterSplit, each over its
+// slice of the row, meeting through distributed shared memory wherever the rule needs the whole row (the
+// maximum, each radix pass's histogram, the kept mass, the slices' totals). Every CTA of a cluster combines
+// the slices' values in rank order with the same float operations, so all take the same decisions.
+template <int kCtas>
+__device__ __forceinline__ void cluster_sync() {
+  if constexpr (kCtas > 1)
+    cg::this_cluster().sync();  // also a barrier of each CTA's threads, with release / acquire order
+  else
+    __syncthreads();
+}
+// `slot` (shared memory) as CTA r of this cluster holds it.
+template <int kCtas, class T>
+__device__ __forceinline__ const T& in_cta(T* slot, unsigned r) {
+  if constexpr (kCtas > 1)
+    return *cg::this_cluster().map_shared_rank(slot, r);
+  else
+    return *slot;
 }
 
-// The largest key K such that the weight of eligible elements with key >= K reaches `target`.
-// kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z.
-// kV2: the sampler v2's fill (coalesced float4 units, warp_hist_add), else v1's (scalar loads, an atomic per
-// lane); `vec` (v2): the row is read as float4s.
-template <bool kMass, bool kV2>
-__device__ float radix_threshold(const float* row, int64_t vocab, bool vec, float inv_t, float zmax,
-                                 float floor_z, float target) {
+struct RadixScratch {
   // One private histogram per warp: logits of one row share a few exponents, so the first pass puts most
   // of the 128k entries into two or three bins, and one shared histogram serialised every warp of the
   // block on them (1.2 ms per row measured on the H200). Private copies leave only intra-warp conflicts.
+  // (Aggregating a warp's lanes per bin with ballots and shuffles before one atomic was twice as slow:
+  // 591 against 308 us for one 128k row with top-p, H100 2026-12-06.)
+  float warp_hist[kThreads / kWarp][256];
+  float cta_hist[2][256];  // this CTA's pass histogram; two, so a pass's fill never meets a slower CTA's read
+  float hist[256];         // the cluster's
+  uint32_t bin;
+  float remaining;
+};
+
+// The largest key K such that the weight of eligible elements of the row with key >= K reaches `target`.
+// kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z. This CTA fills units [ubegin, uend).
+template <bool kMass, int kCtas>
+__device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubegin, int64_t uend, int64_t vocab,
+                                 bool vec, float inv_t, float zmax, float floor_z, float target) {
   constexpr int kWarps = kThreads / kWarp;
-  __shared__ float warp_hist[kWarps][256];
-  __shared__ float hist[256];
-  __shared__ uint32_t s_bin;
-  __shared__ float s_remaining;
-  float* my_hist = warp_hist[threadIdx.x / kWarp];
+  float* my_hist = s.warp_hist[threadIdx.x / kWarp];
   uint32_t prefix = 0, mask = 0;
   float remaining = target;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < kWarps * 256; b += blockDim.x) (&warp_hist[0][0])[b] = 0.0f;
+  int parity = 0;
+  for (int shift = 24; shift >= 0; shift -= 8, parity ^= 1) {
+    for (int b = threadIdx.x; b < kWarps * 256; b += blockDim.x) (&s.warp_hist[0][0])[b] = 0.0f;
     __syncthreads();
-    if constexpr (kV2) {
-      for_each_unit(row, vocab, vec, inv_t, [&](const float(&z)[4], bool in_row) {
+    for_each_unit(row, ubegin, uend, vocab, vec, inv_t, [&](const float(&z)[4]) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float zz = in_row ? z[e] : CUDART_NAN_F;
-          const uint32_t key = order_key(zz);
-          const bool eligible = zz >= floor_z && (key & mask) == prefix;
-          warp_hist_add(my_hist, (key >> shift) & 255u, eligible,
-                        kMass ? exp2f((zz - zmax) * 1.4426950408889634f) : 1.0f);
-        }
-      });
-    } else {
-      for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float z = row[i] * inv_t;
-        if (!(z >= floor_z)) continue;
-        const uint32_t key = order_key(z);
+      for (int e = 0; e < 4; ++e) {
+        if (!(z[e] >= floor_z)) continue;
+        const uint32_t key = order_key(z[e]);
         if ((key & mask) != prefix) continue;
-        atomicAdd(&my_hist[(key >> shift) & 255u], kMass ? exp2f((z - zmax) * 1.4426950408889634f) : 1.0f);
+        atomicAdd(&my_hist[(key >> shift) & 255u], kMass ? exp2f((z[e] - zmax) * 1.4426950408889634f) : 1.0f);
       }
-    }
+    });
     __syncthreads();
     for (int b = threadIdx.x; b < 256; b += blockDim.x) {
       float sum = 0.0f;
-      for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) sum += warp_hist[w][b];
-      hist[b] = sum;
+      for (int w = 0; w < kWarps; ++w) sum += s.warp_hist[w][b];
+      s.cta_hist[parity][b] = sum;
+    }
+    // Every slice's histogram is complete. A CTA writes cta_hist[parity] again two passes on, after the next
+    // pass's cluster barrier, which no CTA reaches before it has read this pass's.
+    cluster_sync<kCtas>();
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      float sum = 0.0f;
+      for (unsigned r = 0; r < kCtas; ++r) sum += in_cta<kCtas>(&s.cta_hist[parity][b], r);
+      s.hist[b] = sum;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
       float cum = 0.0f;
       int bin = -1, lowest_nonempty = 0;
       for (int b = 255; b >= 0; --b) {
-        if (hist[b] > 0.0f) lowest_nonempty = b;
-        if (hist[b] > 0.0f && cum + hist[b] >= remaining) {
+        if (s.hist[b] > 0.0f) lowest_nonempty = b;
+        if (s.hist[b] > 0.0f && cum + s.hist[b] >= remaining) {
           bin = b;
           break;
         }
-        cum += hist[b];
+        cum += s.hist[b];
       }
       if (bin < 0) {  // rounding left the target just out of reach: take everything that is left
         bin = lowest_nonempty;
-        cum -= hist[bin];
+        cum -= s.hist[bin];
       }
-      s_bin = static_cast<uint32_t>(bin);
-      s_remaining = remaining - cum;
+      s.bin = static_cast<uint32_t>(bin);
+      s.remaining = remaining - cum;
     }
     __syncthreads();
-    prefix |= s_bin << shift;
+    prefix |= s.bin << shift;
     mask |= 255u << shift;
-    remaining = s_remaining;
+    remaining = s.remaining;
     __syncthreads();
   }
   return key_value(prefix);
 }
 
-__global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float* logits, int64_t vocab, const SampleParams* params, int32_t* ids) {
-  __shared__ float s_scan[kWarp];
-  __shared__ int s_pick, s_last;
-  pdl_wait();
-  pdl_launch_dependents();
-  const float* row = logits + blockIdx.x * vocab;
-  const SampleParams p = params[blockIdx.x];
-  if (!(p.temperature > 0.0f)) {
-    const int id = row_argmax(row, vocab);
-    if (threadIdx.x == 0) ids[blockIdx.x] = id;
-    return;
-  }
-  const float inv_t = 1.0f / p.temperature;
-  float zmax = -CUDART_INF_F;
-  int unused = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) zmax = fmaxf(zmax, row[i] * inv_t);
-  block_argmax(zmax, unused);
-
-  float theta = -CUDART_INF_F;
-  if (p.top_k > 0 && p.top_k < vocab)
-    theta = radix_threshold<false, false>(row, vocab, false, inv_t, zmax, theta, static_cast<float>(p.top_k));
-  if (p.top_p < 1.0f) {
-    float mass = 0.0f;
-    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-      const float z = row[i] * inv_t;
-      if (z >= theta) mass += exp2f((z - zmax) * 1.4426950408889634f);
-    }
-    mass = block_sum(mass, s_scan);
-    theta = fmaxf(theta, radix_threshold<true, false>(row, vocab, false, inv_t, zmax, theta,
-                                                      fmaxf(p.top_p, 0.0f) * mass));
-  }
-  if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
-
-  // Contiguous ranges per thread, so "first index in vocabulary order" is a block scan of range sums.
-  const int64_t per = (vocab + blockDim.x - 1) / blockDim.x;
-  const int64_t begin = min(vocab, threadIdx.x * per), end = min(vocab, begin + per);
-  float local = 0.0f;
-  int last_kept = -1;
-  for (int64_t i = begin; i < end; ++i) {
-    const float z = row[i] * inv_t;
-    if (z >= theta) {
-      local += exp2f((z - zmax) * 1.4426950408889634f);
-      last_kept = static_cast<int>(i);
-    }
-  }
-  // Inclusive scan across the block: warp scan, then the warp totals.
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  float incl = local;
-#pragma unroll
-  for (int off = 1; off < kWarp; off *= 2) {
-    const float o = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += o;
-  }
-  if (threadIdx.x == 0) {
-    s_pick = INT_MAX;
-    s_last = -1;
-  }
-  if (lane == kWarp - 1) s_scan[warp] = incl;
-  __syncthreads();
-  float warp_offset = 0.0f, total = 0.0f;
-  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) {
-    if (w < warp) warp_offset += s_scan[w];
-    total += s_scan[w];
-  }
-  // The ranges [lo, hi) tile [0, total) exactly: a thread's hi is computed by the same float operations
-  // as the next thread's lo.
-  float prev = __shfl_up_sync(0xffffffffu, incl, 1);
-  if (lane == 0) prev = 0.0f;
-  const float lo = warp_offset + prev, hi = warp_offset + incl;
-  const float target = p.uniform * total;
-  if (last_kept >= 0) atomicMax(&s_last, last_kept);
-  if (local > 0.0f && lo <= target && target < hi) {
-    float cum = lo;
-    int pick = last_kept;
-    for (int64_t i = begin; i < end; ++i) {
-      const float z = row[i] * inv_t;
-      if (z >= theta) {
-        cum += exp2f((z - zmax) * 1.4426950408889634f);
-        if (cum > target) {
-          pick = static_cast<int>(i);
-          break;
-        }
-      }
-    }
-    atomicMin(&s_pick, pick);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) ids[blockIdx.x] = s_pick != INT_MAX ? s_pick : (s_last >= 0 ? s_last : 0);
+// Sum of v over the block, then over the cluster's CTAs in rank order (every thread of every CTA gets the
+// same value). `slot`: a shared float of the caller's, written once.
+template <int kCtas>
+__device__ float cluster_sum(float v, float* scratch, float* slot) {
+  v = block_sum(v, scratch);
+  if constexpr (kCtas == 1) return v;
+  if (threadIdx.x == 0) *slot = v;
+  cluster_sync<kCtas>();
+  float sum = 0.0f;
+  for (unsigned r = 0; r < kCtas; ++r) sum += in_cta<kCtas>(slot, r);
+  return sum;
 }
-
-// ---- v2 of the sampler (CudaBackendOptions::sample_v2): the same selection rule with every pass over the
-// row coalesced and several 16-byte loads in flight per thread. v1 reads the row with one scalar load per
-// thread and iteration, and its last pass gives each thread a contiguous range (a warp's 32 loads touch 32
-// lines per instruction): 472 us for one row of Llama 3's vocabulary with top-k, top-p and min-p, 850 us for
-// 256 rows (H200, 2026-12-02).
 
 // One warp-sized step of a warp's walk over its segment: the lanes' kept weight of unit base + lane, their
 // inclusive scan, and the step's total (the scan's last lane; every lane gets it).
@@ -421,51 +341,104 @@ __device__ __forceinline__ void walk_sums(WalkStep& w, float theta, float zmax, 
   w.total = __shfl_sync(0xffffffffu, w.incl, kWarp - 1);
 }
 
+// Which of n consecutive ranges of sizes t[0..n) holds `target` in [0, sum t): the ranges [lo, lo + t)
+// tile [0, sum) in order (each lo + t is the next lo, by the same float operations). -1 if none is nonempty;
+// the last nonempty one when rounding left target == the sum. lo: where the chosen range starts.
+template <class At>
+__device__ int pick_range(int n, At t, float target, float& lo_out) {
+  int chosen = -1, last_nonempty = -1;
+  float lo = 0.0f, last_lo = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float ti = t(i);
+    if (ti > 0.0f) {
+      last_nonempty = i;
+      last_lo = lo;
+      if (chosen < 0 && lo <= target && target < lo + ti) {
+        chosen = i;
+        lo_out = lo;
+      }
+    }
+    lo += ti;
+  }
+  if (chosen < 0 && last_nonempty >= 0) {
+    chosen = last_nonempty;
+    lo_out = last_lo;
+  }
+  return chosen;
+}
+
+// Grid: rows x kCtas CTAs of kThreads (kCtas > 1: clusters of kCtas, one per row).
+template <int kCtas>
 __global__ void __launch_bounds__(kThreads)
-    sample_v2_kernel(const float* logits, int64_t vocab, const SampleParams* params, int32_t* ids) {
+    sample_kernel(const float* logits, int64_t vocab, const SampleParams* params, int32_t* ids) {
   constexpr int kWarps = kThreads / kWarp;
+  __shared__ RadixScratch radix;
   __shared__ float s_scan[kWarp];
   __shared__ float s_warp_total[kWarps];
-  __shared__ int s_pick;
+  __shared__ float s_best, s_mass, s_total;
+  __shared__ int s_idx, s_pick;
+  const unsigned rank = kCtas > 1 ? cg::this_cluster().block_rank() : 0;
+  const int64_t r = blockIdx.x / kCtas;
   pdl_wait();
   pdl_launch_dependents();
-  const float* row = logits + blockIdx.x * vocab;
-  const SampleParams p = params[blockIdx.x];
+  const float* row = logits + r * vocab;
+  const SampleParams p = params[r];
+  // This CTA's slice of 4-entry units (16-byte aligned where the row is).
+  const int64_t n4 = (vocab + 3) / 4, per_cta = (n4 + kCtas - 1) / kCtas;
+  const int64_t ubegin = std::min<int64_t>(n4, rank * per_cta), uend = std::min<int64_t>(n4, ubegin + per_cta);
+
+  // The row's maximum (lowest index on ties): the slices', then the cluster's in rank order.
   float best;
   int best_idx;
-  slice_argmax(row, 0, vocab, best, best_idx);  // float4 loads, several in flight
+  slice_argmax(row, std::min<int64_t>(vocab, 4 * ubegin), std::min<int64_t>(vocab, 4 * uend), best, best_idx);
+  if constexpr (kCtas > 1) {
+    if (threadIdx.x == 0) {
+      s_best = best;
+      s_idx = best_idx;
+    }
+    cluster_sync<kCtas>();
+    for (unsigned c = 0; c < kCtas; ++c) {
+      const float v = in_cta<kCtas>(&s_best, c);
+      const int i = in_cta<kCtas>(&s_idx, c);
+      if (v > best || (v == best && i < best_idx)) {
+        best = v;
+        best_idx = i;
+      }
+    }
+  }
   const float inv_t = 1.0f / p.temperature;
   const float zmax = best * inv_t;  // rounding is monotonic: the largest z is the largest logit's
   // Greedy, or no finite logit to weigh against (every entry -inf or NaN): the argmax.
   if (!(p.temperature > 0.0f) || !(zmax > -CUDART_INF_F)) {
-    if (threadIdx.x == 0) ids[blockIdx.x] = best_idx == INT_MAX ? 0 : best_idx;
+    if (rank == 0 && threadIdx.x == 0) ids[r] = best_idx == INT_MAX ? 0 : best_idx;
+    cluster_sync<kCtas>();  // no CTA exits while another may still read its shared memory
     return;
   }
   const bool vec = vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row) % 16 == 0;
-  const int64_t n4 = (vocab + 3) / 4;
 
   float theta = -CUDART_INF_F;
   if (p.top_k > 0 && p.top_k < vocab)
-    theta = radix_threshold<false, true>(row, vocab, vec, inv_t, zmax, theta, static_cast<float>(p.top_k));
+    theta = radix_threshold<false, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax, theta,
+                                          static_cast<float>(p.top_k));
   if (p.top_p < 1.0f) {
     float mass = 0.0f;
-    for_each_unit(row, vocab, vec, inv_t, [&](const float(&z)[4], bool in_row) {
-      if (in_row)
+    for_each_unit(row, ubegin, uend, vocab, vec, inv_t, [&](const float(&z)[4]) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) mass += kept_weight(z[e], theta, zmax);
+      for (int e = 0; e < 4; ++e) mass += kept_weight(z[e], theta, zmax);
     });
-    mass = block_sum(mass, s_scan);
-    theta = fmaxf(
-        theta, radix_threshold<true, true>(row, vocab, vec, inv_t, zmax, theta, fmaxf(p.top_p, 0.0f) * mass));
+    mass = cluster_sum<kCtas>(mass, s_scan, &s_mass);
+    theta = fmaxf(theta, radix_threshold<true, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax, theta,
+                                                      fmaxf(p.top_p, 0.0f) * mass));
   }
   if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
 
   // "The first index in vocabulary order whose running sum of kept weights exceeds uniform * total": each
-  // warp owns a contiguous segment of units and sums it in warp-sized steps (coalesced), in order; the
-  // segment holding the target is then walked again by its warp with the same sums.
+  // warp owns a contiguous segment of the slice's units and sums it in warp-sized steps (coalesced), in
+  // order; the cluster picks the slice, the slice's CTA the segment, whose warp walks it again with the
+  // same sums.
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t seg = (n4 + kWarps - 1) / kWarps;
-  const int64_t wbegin = std::min<int64_t>(n4, warp * seg), wend = std::min<int64_t>(n4, wbegin + seg);
+  const int64_t seg = (uend - ubegin + kWarps - 1) / kWarps;
+  const int64_t wbegin = std::min<int64_t>(uend, ubegin + warp * seg), wend = std::min<int64_t>(uend, wbegin + seg);
   float wtotal = 0.0f;
   for (int64_t base = wbegin; base < wend; base += static_cast<int64_t>(kWarp) * kUnits) {
     WalkStep st[kUnits];
@@ -483,29 +456,32 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) s_warp_total[warp] = wtotal;
   if (threadIdx.x == 0) s_pick = -1;
   __syncthreads();
-  // Every thread finds the same segment: the ranges [lo, lo + total) tile [0, sum) in warp order.
-  float total = 0.0f;
-  for (int w = 0; w < kWarps; ++w) total += s_warp_total[w];
-  const float target = p.uniform * total;
-  int chosen = -1, last_nonempty = -1;
-  float lo = 0.0f, chosen_lo = 0.0f;
-  for (int w = 0; w < kWarps; ++w) {
-    const float t = s_warp_total[w];
-    if (t > 0.0f) {
-      last_nonempty = w;
-      if (chosen < 0 && lo <= target && target < lo + t) {
-        chosen = w;
-        chosen_lo = lo;
-      }
-    }
-    lo += t;
+  float slice_total = 0.0f;
+  for (int w = 0; w < kWarps; ++w) slice_total += s_warp_total[w];
+  float target = 0.0f, slice_lo = 0.0f;
+  int chosen_cta = 0;
+  if constexpr (kCtas > 1) {
+    if (threadIdx.x == 0) s_total = slice_total;
+    cluster_sync<kCtas>();
+    float total = 0.0f;
+    for (unsigned c = 0; c < kCtas; ++c) total += in_cta<kCtas>(&s_total, c);
+    target = p.uniform * total;
+    chosen_cta = pick_range(kCtas, [&](int c) { return in_cta<kCtas>(&s_total, c); }, target, slice_lo);
+    cluster_sync<kCtas>();  // every CTA has read the slices' totals: from here on none reads another's memory
+  } else {
+    target = p.uniform * slice_total;
   }
-  if (chosen < 0 && last_nonempty >= 0) {  // target == total by rounding: the last kept weight
-    chosen = last_nonempty;
-    chosen_lo = total - s_warp_total[last_nonempty];
+  if (chosen_cta != static_cast<int>(rank)) {
+    // Nothing kept anywhere (min-p above 1): the argmax, from the first CTA.
+    if (chosen_cta < 0 && rank == 0 && threadIdx.x == 0) ids[r] = best_idx == INT_MAX ? 0 : best_idx;
+    return;
   }
+  // Within the slice (target - slice_lo rounds into [0, slice_total] or just past it: pick_range's fallback).
+  float seg_lo = 0.0f;
+  const float in_slice = target - slice_lo;
+  const int chosen = pick_range(kWarps, [&](int w) { return s_warp_total[w]; }, in_slice, seg_lo);
   if (warp == chosen) {
-    const float rem = target - chosen_lo;  // within the segment; the walk repeats the first pass's sums
+    const float rem = in_slice - seg_lo;  // within the segment; the walk repeats the first pass's sums
     float cum = 0.0f;
     int last_kept = -1;  // the segment's last entry with a positive weight so far (the rounding fallback)
     int pick = -1;
@@ -546,7 +522,7 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) s_pick = pick >= 0 ? pick : last_kept;
   }
   __syncthreads();
-  if (threadIdx.x == 0) ids[blockIdx.x] = s_pick >= 0 ? s_pick : (best_idx == INT_MAX ? 0 : best_idx);
+  if (threadIdx.x == 0) ids[r] = s_pick >= 0 ? s_pick : (best_idx == INT_MAX ? 0 : best_idx);
 }
 
 // One thread per edit; the rounding pinned (no contraction): the host applies the same operations in this
@@ -573,12 +549,10 @@ cudaError_t launch_logit_edits(float* logits, int64_t vocab, const LogitEdit* ed
   return launch_pdl(logit_edits_kernel, dim3(blocks), dim3(kThreads), 0, stream, logits, vocab, edits, n);
 }
 
-cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t stream,
-                          int64_t cluster_rows_max) {
-  if (rows == 0) return cudaSuccess;
-  if (rows > cluster_rows_max)
-    return launch_pdl(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
-                      vocab, ids);
+namespace {
+// rows x kClusterSplit CTAs in clusters of kClusterSplit, with PDL as launch_pdl gives it.
+template <class... Params, class... Args>
+cudaError_t launch_clusters(void (*kernel)(Params...), int64_t rows, cudaStream_t stream, Args... args) {
   cudaLaunchAttribute attributes[2] = {};
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = kClusterSplit;
@@ -592,14 +566,26 @@ cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int3
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = pdl_enabled() ? 2 : 1;
-  return cudaLaunchKernelEx(&config, argmax_cluster_kernel, logits, vocab, ids);
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+}  // namespace
+
+cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int32_t* ids, cudaStream_t stream,
+                          int64_t cluster_rows_max) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > cluster_rows_max)
+    return launch_pdl(argmax_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
+                      vocab, ids);
+  return launch_clusters(argmax_cluster_kernel, rows, stream, logits, vocab, ids);
 }
 
 cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
-                          int32_t* ids, cudaStream_t stream, int version) {
+                          int32_t* ids, cudaStream_t stream, int64_t cluster_rows_max) {
   if (rows == 0) return cudaSuccess;
-  return launch_pdl(version >= 2 ? sample_v2_kernel : sample_kernel, dim3(static_cast<unsigned>(rows)),
-                    dim3(kThreads), 0, stream, logits, vocab, params, ids);
+  if (rows > cluster_rows_max)
+    return launch_pdl(sample_kernel<1>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
+                      vocab, params, ids);
+  return launch_clusters(sample_kernel<kClusterSplit>, rows, stream, logits, vocab, params, ids);
 }
 
 }  // namespace inferx::cuda
