@@ -246,8 +246,9 @@ struct RadixScratch {
 // The largest key K such that the weight of eligible elements of the row with key >= K reaches `target`.
 // kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z. This CTA fills units [ubegin, uend).
 template <bool kMass, int kCtas>
-__device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubegin, int64_t uend, int64_t vocab,
-                                 bool vec, float inv_t, float zmax, float floor_z, float target) {
+__device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubegin, int64_t uend,
+                                 int64_t vocab, bool vec, float inv_t, float zmax, float floor_z,
+                                 float target) {
   constexpr int kWarps = kThreads / kWarp;
   float* my_hist = s.warp_hist[threadIdx.x / kWarp];
   uint32_t prefix = 0, mask = 0;
@@ -385,7 +386,8 @@ __global__ void __launch_bounds__(kThreads)
   const SampleParams p = params[r];
   // This CTA's slice of 4-entry units (16-byte aligned where the row is).
   const int64_t n4 = (vocab + 3) / 4, per_cta = (n4 + kCtas - 1) / kCtas;
-  const int64_t ubegin = std::min<int64_t>(n4, rank * per_cta), uend = std::min<int64_t>(n4, ubegin + per_cta);
+  const int64_t ubegin = std::min<int64_t>(n4, rank * per_cta),
+                uend = std::min<int64_t>(n4, ubegin + per_cta);
 
   // The row's maximum (lowest index on ties): the slices', then the cluster's in rank order.
   float best;
@@ -427,8 +429,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) mass += kept_weight(z[e], theta, zmax);
     });
     mass = cluster_sum<kCtas>(mass, s_scan, &s_mass);
-    theta = fmaxf(theta, radix_threshold<true, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax, theta,
-                                                      fmaxf(p.top_p, 0.0f) * mass));
+    theta = fmaxf(theta, radix_threshold<true, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax,
+                                                      theta, fmaxf(p.top_p, 0.0f) * mass));
   }
   if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
 
@@ -438,7 +440,8 @@ __global__ void __launch_bounds__(kThreads)
   // same sums.
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t seg = (uend - ubegin + kWarps - 1) / kWarps;
-  const int64_t wbegin = std::min<int64_t>(uend, ubegin + warp * seg), wend = std::min<int64_t>(uend, wbegin + seg);
+  const int64_t wbegin = std::min<int64_t>(uend, ubegin + warp * seg),
+                wend = std::min<int64_t>(uend, wbegin + seg);
   float wtotal = 0.0f;
   for (int64_t base = wbegin; base < wend; base += static_cast<int64_t>(kWarp) * kUnits) {
     WalkStep st[kUnits];
@@ -466,7 +469,8 @@ __global__ void __launch_bounds__(kThreads)
     float total = 0.0f;
     for (unsigned c = 0; c < kCtas; ++c) total += in_cta<kCtas>(&s_total, c);
     target = p.uniform * total;
-    chosen_cta = pick_range(kCtas, [&](int c) { return in_cta<kCtas>(&s_total, c); }, target, slice_lo);
+    chosen_cta = pick_range(
+        kCtas, [&](int c) { return in_cta<kCtas>(&s_total, c); }, target, slice_lo);
     cluster_sync<kCtas>();  // every CTA has read the slices' totals: from here on none reads another's memory
   } else {
     target = p.uniform * slice_total;
@@ -479,7 +483,8 @@ __global__ void __launch_bounds__(kThreads)
   // Within the slice (target - slice_lo rounds into [0, slice_total] or just past it: pick_range's fallback).
   float seg_lo = 0.0f;
   const float in_slice = target - slice_lo;
-  const int chosen = pick_range(kWarps, [&](int w) { return s_warp_total[w]; }, in_slice, seg_lo);
+  const int chosen = pick_range(
+      kWarps, [&](int w) { return s_warp_total[w]; }, in_slice, seg_lo);
   if (warp == chosen) {
     const float rem = in_slice - seg_lo;  // within the segment; the walk repeats the first pass's sums
     float cum = 0.0f;
