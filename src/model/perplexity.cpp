@@ -178,9 +178,14 @@ void KlAccumulator::add(const float* lp, int64_t vocab) {
     p_in += p;
     q_in += std::exp(static_cast<double>(lp[ids[i]]));
   }
-  // The rest of the vocabulary as one bucket (a lower bound of its share; exact when top_k = vocab).
-  const double p_out = std::max(0.0, 1.0 - p_in), q_out = std::max(1e-30, 1.0 - q_in);
-  if (p_out > 1e-12) kl += p_out * (std::log(p_out) - std::log(q_out));
+  // The rest of the vocabulary as one bucket (a lower bound of its share). None when the base holds the whole
+  // vocabulary: 1 - p_in is then rounding alone (float log-probabilities, ~1e-7), and with q_in rounded to 1
+  // or past it the bucket's term was ~1e-7 * ln(1e-7 / 1e-30) = 5e-6 of nothing (an AVX2 machine, 12-07).
+  // Below that rounding level a bucket means nothing either way: a share under kRounding is dropped and a
+  // model's share is taken as at least kRounding (so the term stays a lower bound).
+  constexpr double kRounding = 1e-6;
+  const double p_out = 1.0 - p_in, q_out = std::max(kRounding, 1.0 - q_in);
+  if (base_.top_k < vocab && p_out > kRounding) kl += p_out * (std::log(p_out) - std::log(q_out));
   kl = std::max(0.0, kl);
   sum_ += kl;
   max_ = std::max(max_, kl);

@@ -134,6 +134,35 @@ TEST(Perplexity, DecodeStepsScoreWhatThePrefillScores) {
 // A damaged or hostile KL base file is refused with a message naming it, before anything is allocated from
 // its header: a body shorter or longer than the header announces (a huge position count included), a token
 // id outside the vocabulary, a NaN or positive log-probability, another file's magic.
+// The KL's "rest of the vocabulary" bucket: none when the base holds every token (its shares then differ from
+// 1 by float rounding alone, and a bucket of 2e-7 against a model share rounded past 1 once read 1e-5 of KL
+// where there is none), and the exact term when the base keeps the top k.
+TEST(Perplexity, KlTailBucketIsExactAndIgnoresRounding) {
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const auto logs = [](std::vector<double> p) {
+    std::vector<float> lp;
+    for (double x : p) lp.push_back(static_cast<float>(std::log(x)));
+    return lp;
+  };
+  {
+    KlBase whole = KlBase::for_text(3, tokens, 3);
+    const auto p = logs({0.7, 0.2, 0.1 - 2e-7}), q = logs({0.7, 0.2, 0.1 + 2e-7});
+    whole.add(p.data(), 3);
+    KlAccumulator acc(whole);
+    acc.add(q.data(), 3);
+    EXPECT_LT(acc.stats().max_kl, 1e-9);
+  }
+  {
+    KlBase top2 = KlBase::for_text(4, tokens, 3, 2);
+    const auto p = logs({0.6, 0.3, 0.05, 0.05}), q = logs({0.5, 0.3, 0.1, 0.1});
+    top2.add(p.data(), 4);
+    KlAccumulator acc(top2);
+    acc.add(q.data(), 4);
+    const double want = 0.6 * std::log(0.6 / 0.5) + 0.1 * std::log(0.1 / 0.2);
+    EXPECT_NEAR(acc.stats().max_kl, want, 1e-6);
+  }
+}
+
 TEST(Perplexity, KlBaseFileErrors) {
   KlBase good;
   good.vocab = 8;
