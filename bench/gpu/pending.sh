@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What is still owed to a GPU run (state of 2026-12-07 00:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="19 17" bash bench/gpu/pending.sh   (~7 min on an H200)
-# Step 18's switches were measured at 00:00 on 12-07 (H100) and are the defaults now. Step 19 (any card):
-# the sampler on a cluster of CTAs for few rows, its tests, and every engine test with the new defaults.
+# Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (any card):
+# the sampler's bin pick on a warp and kept step totals (00:45, not yet run), its tests, every engine test.
 # On an H200: step 17 (1000 x 1000/1000 FP8 with the defaults since 452b385 - the zeroing-kernel graph
 # rewrite, vector RoPE, q/k/v deferral from 64 rows: +1.4-1.6% on H100s - and the gap switches; then batch 1
 # for the three formats; the last H200 figures are of 12-06 10:10: 17,369 = 98.1% of 17.7k, bf16 batch 1
@@ -164,7 +164,7 @@ if step 17; then
     echo "step 17: not an H200, nothing to record"
   fi
 fi
-# 18. (measured H100 12-07 00:00, now the defaults) The gap between batch-1 decode steps: none / copy /
+# 18. (measured H100 12-06 23:40, now the defaults) The gap between batch-1 decode steps: none / copy /
 #    copy+upload / all = 33.4 / 19.5 / 17.5 / 13.7 us; GAP_VARIANTS picks timelines (tag:copy:upload:rows).
 if step 18; then
   for v in ${GAP_VARIANTS:-none:0:0:0 all:1:1:16}; do
@@ -174,9 +174,12 @@ if step 18; then
       sed "s/^/$tag: /"
   done
 fi
-# 19. (12-07 00:30) The sampler on a cluster of eight CTAs per row for up to 16 rows (one CTA: 308 us for one
-#    row with top-p 0.9, 419 with k/p/min-p, H100 12-07; predicted ~5x less on the cluster), the selection
-#    tests, the sampling rows one CTA against the cluster, and every engine test with the new defaults.
+# 19. The sampler on a cluster of eight CTAs per row for up to 16 rows: measured H100 12-07 00:36 (1 row
+#    k/p/min-p 419 (v1) -> 258 one CTA -> 82 us cluster; docs/benchmarks.md). (00:45, not yet run) The radix
+#    pass's bin picked by one warp (thread 0 walked 256 bins: ~4 us a pass, eight passes with top-k + top-p)
+#    and the final walk's step totals kept in shared memory (the chosen warp loads one step again instead of
+#    a chain of ~32): predicted one CTA temperature 59.5 -> ~45 us, k/p/min-p 258 -> ~210; cluster k/p/min-p
+#    82 -> ~50. The selection tests, the sampling rows, and every engine test.
 if step 19; then
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*:*Sampling*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure|rror|seed" | head -20

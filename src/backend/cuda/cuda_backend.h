@@ -85,13 +85,13 @@ struct CudaBackendOptions {
   // kernel, so the main stream goes on to the next step's upload and replay without the copy engine's
   // hand-overs in between. A batch-1 decode step left 33 us between replays (the argmax 10.4, then 5.0 to
   // the copy and 9.0 from it to the next upload: H100 CUPTI timeline, 2026-12-06 19:30); with this switch
-  // 19.5 us, with upload_side_stream too 17.5, with select_cluster_rows too 13.7 (H100, 2026-12-07, one
+  // 19.5 us, with upload_side_stream too 17.5, with select_cluster_rows too 13.7 (H100, 2026-12-06 23:40, one
   // call: bench/gpu/pending.sh step 18). On since then; INFERX_SAMPLE_COPY_STREAM=0 for A/B. The in-order
   // sampler (run_sampler) keeps its copy on the main stream.
   bool sample_copy_stream = true;
   // Selection (greedy or sampled) over at most this many rows runs a cluster of eight CTAs per row
   // (kernels_sampling.cu), more rows one CTA each. A batch-1 step's argmax took 10.4 us on one SM (H100
-  // CUPTI timeline, 2026-12-06 19:30); 27.2 -> 21.1 us with the copy back on the cluster (H100, 2026-12-07,
+  // CUPTI timeline, 2026-12-06 19:30); 27.2 -> 21.1 us with the copy back on the cluster (H100, 2026-12-06 23:40,
   // one row of 128k). INFERX_SELECT_CLUSTER_ROWS=N (0: never).
   int64_t select_cluster_rows = 16;
   // upload_async_after_mark on a side stream that waits for the mark (the decode graphs' metadata upload

@@ -243,6 +243,61 @@ struct RadixScratch {
   float remaining;
 };
 
+// From the top bin down, the first nonempty bin whose weight takes the running sum to `remaining`; s.bin and
+// s.remaining (what is left to reach within it). One warp (every lane calls it): lane l owns bins 255 - 8l
+// down to 248 - 8l, summed in that order, then a scan over the lanes. (Thread 0 alone walked the 256 bins:
+// ~4 us of dependent adds per pass, eight passes for top-k with top-p.) Rounding that leaves the target just
+// out of reach takes the lowest nonempty bin with everything above it.
+__device__ __forceinline__ void pick_bin(RadixScratch& s, float remaining) {
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x % kWarp;
+  float h[8], own = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    h[j] = s.hist[255 - 8 * lane - j];
+    own += h[j];
+  }
+  float incl = own;
+#pragma unroll
+  for (int off = 1; off < kWarp; off *= 2) {
+    const float o = __shfl_up_sync(all, incl, off);
+    if (lane >= off) incl += o;
+  }
+  const float total = __shfl_sync(all, incl, kWarp - 1);
+  float cum = __shfl_up_sync(all, incl, 1);
+  if (lane == 0) cum = 0.0f;
+  int found = -1, lowest = -1;
+  float found_cum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int b = 255 - 8 * lane - j;
+    if (h[j] > 0.0f) {
+      lowest = b;
+      if (found < 0 && cum + h[j] >= remaining) {
+        found = b;
+        found_cum = cum;
+      }
+    }
+    cum += h[j];
+  }
+  const unsigned with_found = __ballot_sync(all, found >= 0);
+  int bin;
+  float before;
+  if (with_found != 0) {
+    const int src = __ffs(with_found) - 1;  // the lowest lane holds the highest bins
+    bin = __shfl_sync(all, found, src);
+    before = __shfl_sync(all, found_cum, src);
+  } else {
+    const unsigned nonempty = __ballot_sync(all, lowest >= 0);
+    bin = nonempty != 0 ? __shfl_sync(all, lowest, 31 - __clz(nonempty)) : 0;
+    before = total - s.hist[bin];
+  }
+  if (lane == 0) {
+    s.bin = static_cast<uint32_t>(bin);
+    s.remaining = remaining - before;
+  }
+}
+
 // The largest key K such that the weight of eligible elements of the row with key >= K reaches `target`.
 // kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z. This CTA fills units [ubegin, uend).
 template <bool kMass, int kCtas>
@@ -281,24 +336,7 @@ __device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubeg
       s.hist[b] = sum;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      float cum = 0.0f;
-      int bin = -1, lowest_nonempty = 0;
-      for (int b = 255; b >= 0; --b) {
-        if (s.hist[b] > 0.0f) lowest_nonempty = b;
-        if (s.hist[b] > 0.0f && cum + s.hist[b] >= remaining) {
-          bin = b;
-          break;
-        }
-        cum += s.hist[b];
-      }
-      if (bin < 0) {  // rounding left the target just out of reach: take everything that is left
-        bin = lowest_nonempty;
-        cum -= s.hist[bin];
-      }
-      s.bin = static_cast<uint32_t>(bin);
-      s.remaining = remaining - cum;
-    }
+    if (threadIdx.x < kWarp) pick_bin(s, remaining);
     __syncthreads();
     prefix |= s.bin << shift;
     mask |= 255u << shift;
@@ -368,6 +406,8 @@ __device__ int pick_range(int n, At t, float target, float& lo_out) {
   return chosen;
 }
 
+constexpr int kMaxSteps = 64;  // warp-sized steps per segment whose totals shared memory keeps
+
 // Grid: rows x kCtas CTAs of kThreads (kCtas > 1: clusters of kCtas, one per row).
 template <int kCtas>
 __global__ void __launch_bounds__(kThreads)
@@ -376,6 +416,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ RadixScratch radix;
   __shared__ float s_scan[kWarp];
   __shared__ float s_warp_total[kWarps];
+  __shared__ float s_step_total[kWarps][kMaxSteps];  // each warp's step totals in its segment's first pass
   __shared__ float s_best, s_mass, s_total;
   __shared__ int s_idx, s_pick;
   const unsigned rank = kCtas > 1 ? cg::this_cluster().block_rank() : 0;
@@ -454,6 +495,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kUnits; ++j) {
       walk_sums(st[j], theta, zmax, base + j * kWarp + lane < wend);
       wtotal += st[j].total;
+      const int64_t t = (base - wbegin) / kWarp + j;
+      if (lane == 0 && t < kMaxSteps) s_step_total[warp][t] = st[j].total;
     }
   }
   if (lane == 0) s_warp_total[warp] = wtotal;
@@ -486,13 +529,44 @@ __global__ void __launch_bounds__(kThreads)
   const int chosen = pick_range(
       kWarps, [&](int w) { return s_warp_total[w]; }, in_slice, seg_lo);
   if (warp == chosen) {
-    const float rem = in_slice - seg_lo;  // within the segment; the walk repeats the first pass's sums
-    float cum = 0.0f;
-    int last_kept = -1;  // the segment's last entry with a positive weight so far (the rounding fallback)
+    const float rem = in_slice - seg_lo;  // within the segment
+    // The step that holds it, from the first pass's step totals (the same sums in the same order); then that
+    // step alone is loaded again. (Walking the segment again was a chain of dependent loads, one per step:
+    // ~32 L2 round trips for a 128k row on one CTA.) Rounding that leaves rem at the segment's total takes
+    // the last kept entry of the last nonempty step.
+    const int steps = static_cast<int>((wend - wbegin + kWarp - 1) / kWarp);
+    float cum = 0.0f, last_cum = 0.0f;
+    int step = -1, last_nonempty = -1;
+    for (int t = 0; t < steps; ++t) {
+      float tt;
+      if (t < kMaxSteps) {
+        tt = s_step_total[warp][t];
+      } else {  // past what shared memory holds (a vocabulary over 256k on one CTA): the sums again
+        WalkStep st;
+        const int64_t u = wbegin + static_cast<int64_t>(t) * kWarp + lane;
+        if (u < wend) load_unit(row, u, vocab, vec, inv_t, st.z);
+        walk_sums(st, theta, zmax, u < wend);
+        tt = st.total;
+      }
+      if (tt > 0.0f) {
+        if (cum + tt > rem) {
+          step = t;
+          break;
+        }
+        last_nonempty = t;
+        last_cum = cum;
+      }
+      cum += tt;
+    }
+    const bool crossed = step >= 0;
+    if (!crossed) {
+      step = last_nonempty;
+      cum = last_cum;
+    }
     int pick = -1;
-    for (int64_t base = wbegin; base < wend && pick < 0; base += kWarp) {
+    if (step >= 0) {
       WalkStep st;
-      const int64_t u = base + lane;
+      const int64_t u = wbegin + static_cast<int64_t>(step) * kWarp + lane;
       const bool valid = u < wend;
       if (valid) load_unit(row, u, vocab, vec, inv_t, st.z);
       walk_sums(st, theta, zmax, valid);
@@ -501,8 +575,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           if (kept_weight(st.z[e], theta, zmax) > 0.0f) mine = static_cast<int>(4 * u + e);
-      const unsigned with_kept = __ballot_sync(0xffffffffu, mine >= 0);
-      const unsigned over = __ballot_sync(0xffffffffu, st.own > 0.0f && cum + st.incl > rem);
+      // cum + total > rem puts the crossing in a lane with weight (a lane without adds 0 exactly).
+      const unsigned over = __ballot_sync(0xffffffffu, crossed && st.own > 0.0f && cum + st.incl > rem);
       if (over != 0) {
         const int l = __ffs(over) - 1;
         if (lane == l) {
@@ -519,12 +593,12 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
         pick = __shfl_sync(0xffffffffu, pick, l);
-      } else if (with_kept != 0) {
-        last_kept = __shfl_sync(0xffffffffu, mine, 31 - __clz(with_kept));
+      } else {
+        const unsigned with_kept = __ballot_sync(0xffffffffu, mine >= 0);
+        if (with_kept != 0) pick = __shfl_sync(0xffffffffu, mine, 31 - __clz(with_kept));
       }
-      cum += st.total;
     }
-    if (lane == 0) s_pick = pick >= 0 ? pick : last_kept;
+    if (lane == 0) s_pick = pick;
   }
   __syncthreads();
   if (threadIdx.x == 0) ids[r] = s_pick >= 0 ? s_pick : (best_idx == INT_MAX ? 0 : best_idx);
