@@ -2,7 +2,8 @@
 # What is still owed to a GPU run (state of 2026-12-07 00:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="19 17" bash bench/gpu/pending.sh   (~7 min on an H200)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (any card):
-# the sampler's bin pick on a warp and kept step totals (00:45, not yet run), its tests, every engine test.
+# the sampler's bin pick on a warp and kept step totals (sample_warp_pick, 00:45, off and not yet run), its
+# tests, the sampling rows with and without it, every engine test.
 # On an H200: step 17 (1000 x 1000/1000 FP8 with the defaults since 452b385 - the zeroing-kernel graph
 # rewrite, vector RoPE, q/k/v deferral from 64 rows: +1.4-1.6% on H100s - and the gap switches; then batch 1
 # for the three formats; the last H200 figures are of 12-06 10:10: 17,369 = 98.1% of 17.7k, bf16 batch 1
@@ -175,11 +176,13 @@ if step 18; then
   done
 fi
 # 19. The sampler on a cluster of eight CTAs per row for up to 16 rows: measured H100 12-07 00:36 (1 row
-#    k/p/min-p 419 (v1) -> 258 one CTA -> 82 us cluster; docs/benchmarks.md). (00:45, not yet run) The radix
-#    pass's bin picked by one warp (thread 0 walked 256 bins: ~4 us a pass, eight passes with top-k + top-p)
-#    and the final walk's step totals kept in shared memory (the chosen warp loads one step again instead of
-#    a chain of ~32): predicted one CTA temperature 59.5 -> ~45 us, k/p/min-p 258 -> ~210; cluster k/p/min-p
-#    82 -> ~50. The selection tests, the sampling rows, and every engine test.
+#    k/p/min-p 419 (v1) -> 258 one CTA -> 82 us cluster; docs/benchmarks.md). (00:45, not yet run, off:
+#    sample_warp_pick, INFERX_SAMPLE_WARP_PICK=1; the bench's "wp" rows) The radix pass's bin picked by one
+#    warp (thread 0 walked 256 bins: ~4 us a pass, eight passes with top-k + top-p) and the final walk's step
+#    totals kept in shared memory (the chosen warp loads one step again instead of a chain of ~32): predicted
+#    one CTA temperature 59.5 -> ~45 us, k/p/min-p 258 -> ~210; cluster k/p/min-p 82 -> ~50. The selection
+#    tests (both settings), the sampling rows, and every engine test. Make it the default (and delete
+#    pick_bin_serial and the chained walk) if the test passes and the rows gain.
 if step 19; then
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*:*Sampling*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure|rror|seed" | head -20

@@ -298,9 +298,30 @@ __device__ __forceinline__ void pick_bin(RadixScratch& s, float remaining) {
   }
 }
 
+// pick_bin's rule on thread 0 alone, bin by bin (measured on a GPU; pick_bin replaces it once it is).
+__device__ __forceinline__ void pick_bin_serial(RadixScratch& s, float remaining) {
+  float cum = 0.0f;
+  int bin = -1, lowest_nonempty = 0;
+  for (int b = 255; b >= 0; --b) {
+    if (s.hist[b] > 0.0f) lowest_nonempty = b;
+    if (s.hist[b] > 0.0f && cum + s.hist[b] >= remaining) {
+      bin = b;
+      break;
+    }
+    cum += s.hist[b];
+  }
+  if (bin < 0) {  // rounding left the target just out of reach: take everything that is left
+    bin = lowest_nonempty;
+    cum -= s.hist[bin];
+  }
+  s.bin = static_cast<uint32_t>(bin);
+  s.remaining = remaining - cum;
+}
+
 // The largest key K such that the weight of eligible elements of the row with key >= K reaches `target`.
 // kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z. This CTA fills units [ubegin, uend).
-template <bool kMass, int kCtas>
+// kWarpPick: pick_bin, else pick_bin_serial (CudaBackendOptions::sample_warp_pick).
+template <bool kMass, int kCtas, bool kWarpPick>
 __device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubegin, int64_t uend,
                                  int64_t vocab, bool vec, float inv_t, float zmax, float floor_z,
                                  float target) {
@@ -336,7 +357,11 @@ __device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubeg
       s.hist[b] = sum;
     }
     __syncthreads();
-    if (threadIdx.x < kWarp) pick_bin(s, remaining);
+    if constexpr (kWarpPick) {
+      if (threadIdx.x < kWarp) pick_bin(s, remaining);
+    } else if (threadIdx.x == 0) {
+      pick_bin_serial(s, remaining);
+    }
     __syncthreads();
     prefix |= s.bin << shift;
     mask |= 255u << shift;
@@ -406,10 +431,26 @@ __device__ int pick_range(int n, At t, float target, float& lo_out) {
   return chosen;
 }
 
+// The lane whose unit crosses rem: its first kept entry that takes cum (the step's sum before the lane)
+// past rem; `mine` (its last kept entry) where rounding leaves none.
+__device__ __forceinline__ int pick_in_unit(const WalkStep& st, int mine, int64_t first, float cum, float rem,
+                                            float theta, float zmax) {
+  float c = cum + st.incl - st.own;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float w = kept_weight(st.z[e], theta, zmax);
+    c += w;
+    if (w > 0.0f && c > rem) return static_cast<int>(first + e);
+  }
+  return mine;
+}
+
 constexpr int kMaxSteps = 64;  // warp-sized steps per segment whose totals shared memory keeps
 
-// Grid: rows x kCtas CTAs of kThreads (kCtas > 1: clusters of kCtas, one per row).
-template <int kCtas>
+// Grid: rows x kCtas CTAs of kThreads (kCtas > 1: clusters of kCtas, one per row). kQuick
+// (CudaBackendOptions::sample_warp_pick): the radix passes' bin picked by a warp and the final walk from kept
+// step totals; else thread 0 picks and the chosen warp walks its segment again.
+template <int kCtas, bool kQuick>
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int64_t vocab, const SampleParams* params, int32_t* ids) {
   constexpr int kWarps = kThreads / kWarp;
@@ -461,8 +502,8 @@ __global__ void __launch_bounds__(kThreads)
 
   float theta = -CUDART_INF_F;
   if (p.top_k > 0 && p.top_k < vocab)
-    theta = radix_threshold<false, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax, theta,
-                                          static_cast<float>(p.top_k));
+    theta = radix_threshold<false, kCtas, kQuick>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax, theta,
+                                                  static_cast<float>(p.top_k));
   if (p.top_p < 1.0f) {
     float mass = 0.0f;
     for_each_unit(row, ubegin, uend, vocab, vec, inv_t, [&](const float(&z)[4]) {
@@ -470,8 +511,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) mass += kept_weight(z[e], theta, zmax);
     });
     mass = cluster_sum<kCtas>(mass, s_scan, &s_mass);
-    theta = fmaxf(theta, radix_threshold<true, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax,
-                                                      theta, fmaxf(p.top_p, 0.0f) * mass));
+    theta = fmaxf(theta, radix_threshold<true, kCtas, kQuick>(radix, row, ubegin, uend, vocab, vec, inv_t,
+                                                              zmax, theta, fmaxf(p.top_p, 0.0f) * mass));
   }
   if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
 
@@ -496,7 +537,7 @@ __global__ void __launch_bounds__(kThreads)
       walk_sums(st[j], theta, zmax, base + j * kWarp + lane < wend);
       wtotal += st[j].total;
       const int64_t t = (base - wbegin) / kWarp + j;
-      if (lane == 0 && t < kMaxSteps) s_step_total[warp][t] = st[j].total;
+      if (kQuick && lane == 0 && t < kMaxSteps) s_step_total[warp][t] = st[j].total;
     }
   }
   if (lane == 0) s_warp_total[warp] = wtotal;
@@ -528,7 +569,36 @@ __global__ void __launch_bounds__(kThreads)
   const float in_slice = target - slice_lo;
   const int chosen = pick_range(
       kWarps, [&](int w) { return s_warp_total[w]; }, in_slice, seg_lo);
-  if (warp == chosen) {
+  if (!kQuick && warp == chosen) {
+    const float rem = in_slice - seg_lo;  // within the segment; the walk repeats the first pass's sums
+    float cum = 0.0f;
+    int last_kept = -1;  // the segment's last entry with a positive weight so far (the rounding fallback)
+    int pick = -1;
+    for (int64_t base = wbegin; base < wend && pick < 0; base += kWarp) {
+      WalkStep st;
+      const int64_t u = base + lane;
+      const bool valid = u < wend;
+      if (valid) load_unit(row, u, vocab, vec, inv_t, st.z);
+      walk_sums(st, theta, zmax, valid);
+      int mine = -1;  // this lane's last kept entry
+      if (valid)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (kept_weight(st.z[e], theta, zmax) > 0.0f) mine = static_cast<int>(4 * u + e);
+      const unsigned with_kept = __ballot_sync(0xffffffffu, mine >= 0);
+      const unsigned over = __ballot_sync(0xffffffffu, st.own > 0.0f && cum + st.incl > rem);
+      if (over != 0) {
+        const int l = __ffs(over) - 1;
+        if (lane == l) pick = pick_in_unit(st, mine, 4 * u, cum, rem, theta, zmax);
+        pick = __shfl_sync(0xffffffffu, pick, l);
+      } else if (with_kept != 0) {
+        last_kept = __shfl_sync(0xffffffffu, mine, 31 - __clz(with_kept));
+      }
+      cum += st.total;
+    }
+    if (lane == 0) s_pick = pick >= 0 ? pick : last_kept;
+  }
+  if (kQuick && warp == chosen) {
     const float rem = in_slice - seg_lo;  // within the segment
     // The step that holds it, from the first pass's step totals (the same sums in the same order); then that
     // step alone is loaded again. (Walking the segment again was a chain of dependent loads, one per step:
@@ -579,19 +649,7 @@ __global__ void __launch_bounds__(kThreads)
       const unsigned over = __ballot_sync(0xffffffffu, crossed && st.own > 0.0f && cum + st.incl > rem);
       if (over != 0) {
         const int l = __ffs(over) - 1;
-        if (lane == l) {
-          float c = cum + st.incl - st.own;
-          pick = mine;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float w = kept_weight(st.z[e], theta, zmax);
-            c += w;
-            if (w > 0.0f && c > rem) {
-              pick = static_cast<int>(4 * u + e);
-              break;
-            }
-          }
-        }
+        if (lane == l) pick = pick_in_unit(st, mine, 4 * u, cum, rem, theta, zmax);
         pick = __shfl_sync(0xffffffffu, pick, l);
       } else {
         const unsigned with_kept = __ballot_sync(0xffffffffu, mine >= 0);
@@ -659,12 +717,14 @@ cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int3
 }
 
 cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
-                          int32_t* ids, cudaStream_t stream, int64_t cluster_rows_max) {
+                          int32_t* ids, cudaStream_t stream, int64_t cluster_rows_max, bool quick) {
   if (rows == 0) return cudaSuccess;
   if (rows > cluster_rows_max)
-    return launch_pdl(sample_kernel<1>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
-                      vocab, params, ids);
-  return launch_clusters(sample_kernel<kClusterSplit>, rows, stream, logits, vocab, params, ids);
+    return launch_pdl(quick ? sample_kernel<1, true> : sample_kernel<1, false>,
+                      dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits, vocab, params,
+                      ids);
+  return launch_clusters(quick ? sample_kernel<kClusterSplit, true> : sample_kernel<kClusterSplit, false>,
+                         rows, stream, logits, vocab, params, ids);
 }
 
 }  // namespace inferx::cuda
