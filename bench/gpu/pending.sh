@@ -178,7 +178,7 @@ fi
 # 19. The sampler on a cluster of eight CTAs per row for up to 16 rows: measured H100 12-07 00:36 (1 row
 #    k/p/min-p 419 (v1) -> 258 one CTA -> 82 us cluster; docs/benchmarks.md). (00:45, not yet run, off:
 #    sample_warp_pick, INFERX_SAMPLE_WARP_PICK=1; the bench's "wp" rows) The radix pass's bin picked by one
-#    warp (thread 0 walked 256 bins: ~4 us a pass, eight passes with top-k + top-p) and the final walk's step
+#    warp (thread 0 walked 256 bins: ~4 us a pass (estimated), eight passes with top-k + top-p) and the final walk's step
 #    totals kept in shared memory (the chosen warp loads one step again instead of a chain of ~32): predicted
 #    one CTA temperature 59.5 -> ~45 us, k/p/min-p 258 -> ~210; cluster k/p/min-p 82 -> ~50. The selection
 #    tests (both settings), the sampling rows, and every engine test. Make it the default (and delete

@@ -101,11 +101,11 @@ struct CudaBackendOptions {
   // INFERX_UPLOAD_SIDE_STREAM=0 for A/B.
   bool upload_side_stream = true;
   // The sampler's radix passes pick their bin with one warp instead of thread 0 walking 256 bins (~4 us a
-  // pass, eight with top-k and top-p), and its final walk finds the step that holds the target from step
-  // totals kept in shared memory, then loads that step alone (instead of a chain of ~32 dependent loads on
-  // one CTA over 128k). Predicted: one CTA, temperature 60 -> ~45 us, k/p/min-p 258 -> ~210; the cluster's
-  // k/p/min-p 82 -> ~50 (one row of 128k, H100). Built 2026-12-07 00:45, off until a GPU run measures it:
-  // INFERX_SAMPLE_WARP_PICK=1.
+  // pass by estimate, eight with top-k and top-p), and its final walk finds the step that holds the target
+  // from step totals kept in shared memory, then loads that step alone (instead of a chain of ~32 dependent
+  // loads on one CTA over 128k). Predicted: one CTA, temperature 60 -> ~45 us, k/p/min-p 258 -> ~210; the
+  // cluster's k/p/min-p 82 -> ~50 (one row of 128k, H100). Built 2026-12-07 00:45, off until a GPU run
+  // measures it: INFERX_SAMPLE_WARP_PICK=1.
   bool sample_warp_pick = false;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
@@ -446,7 +446,7 @@ class CudaBackend final : public Backend {
   };
   CUstream_st* copy_stream_ = nullptr;   // sample_tokens_async's copies to the host (sample_copy_stream)
   int64_t side_copies_ = 0;              // copies queued on copy_stream_ (sample_side_copies)
-  int64_t cluster_select_launches_ = 0;  // greedy selections on the cluster kernel (select_cluster_rows)
+  int64_t cluster_select_launches_ = 0;  // selections on a cluster kernel (select_cluster_rows)
   // upload_async_after_mark's side stream (upload_side_stream), the mark recorded on the main stream and the
   // copy's end recorded on the side stream (the main stream waits for it).
   CUstream_st* upload_stream_ = nullptr;

@@ -246,8 +246,8 @@ struct RadixScratch {
 // From the top bin down, the first nonempty bin whose weight takes the running sum to `remaining`; s.bin and
 // s.remaining (what is left to reach within it). One warp (every lane calls it): lane l owns bins 255 - 8l
 // down to 248 - 8l, summed in that order, then a scan over the lanes. (Thread 0 alone walked the 256 bins:
-// ~4 us of dependent adds per pass, eight passes for top-k with top-p.) Rounding that leaves the target just
-// out of reach takes the lowest nonempty bin with everything above it.
+// ~4 us of dependent adds per pass, an estimate not yet measured, eight passes for top-k with top-p.)
+// Rounding that leaves the target just out of reach takes the lowest nonempty bin with everything above it.
 __device__ __forceinline__ void pick_bin(RadixScratch& s, float remaining) {
   const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x % kWarp;
@@ -445,6 +445,39 @@ __device__ __forceinline__ int pick_in_unit(const WalkStep& st, int mine, int64_
   return mine;
 }
 
+// One warp-sized step of a segment walk: lane's unit u (valid below wend) loaded into st with its kept sums
+// (walk_sums); returns the lane's last kept entry, -1 if none.
+__device__ __forceinline__ int load_walk_step(WalkStep& st, const float* row, int64_t u, int64_t wend,
+                                              int64_t vocab, bool vec, float inv_t, float theta, float zmax) {
+  const bool valid = u < wend;
+  if (valid) load_unit(row, u, vocab, vec, inv_t, st.z);
+  walk_sums(st, theta, zmax, valid);
+  int mine = -1;
+  if (valid)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (kept_weight(st.z[e], theta, zmax) > 0.0f) mine = static_cast<int>(4 * u + e);
+  return mine;
+}
+
+// The warp's pick in a step whose running sum starts at cum: pick_in_unit in the first lane with weight whose
+// running sum passes rem (none unless may_cross), else -1. Every lane gets it.
+__device__ __forceinline__ int step_crossing(const WalkStep& st, int mine, int64_t u, float cum, float rem,
+                                             float theta, float zmax, bool may_cross) {
+  const unsigned over = __ballot_sync(0xffffffffu, may_cross && st.own > 0.0f && cum + st.incl > rem);
+  if (over == 0) return -1;
+  const int l = __ffs(over) - 1;
+  int pick = -1;
+  if (static_cast<int>(threadIdx.x % kWarp) == l) pick = pick_in_unit(st, mine, 4 * u, cum, rem, theta, zmax);
+  return __shfl_sync(0xffffffffu, pick, l);
+}
+
+// The step's last kept entry (the highest lane's `mine`), -1 if none. Every lane gets it.
+__device__ __forceinline__ int step_last_kept(int mine) {
+  const unsigned with_kept = __ballot_sync(0xffffffffu, mine >= 0);
+  return with_kept != 0 ? __shfl_sync(0xffffffffu, mine, 31 - __clz(with_kept)) : -1;
+}
+
 constexpr int kMaxSteps = 64;  // warp-sized steps per segment whose totals shared memory keeps
 
 // Grid: rows x kCtas CTAs of kThreads (kCtas > 1: clusters of kCtas, one per row). kQuick
@@ -577,22 +610,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t base = wbegin; base < wend && pick < 0; base += kWarp) {
       WalkStep st;
       const int64_t u = base + lane;
-      const bool valid = u < wend;
-      if (valid) load_unit(row, u, vocab, vec, inv_t, st.z);
-      walk_sums(st, theta, zmax, valid);
-      int mine = -1;  // this lane's last kept entry
-      if (valid)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (kept_weight(st.z[e], theta, zmax) > 0.0f) mine = static_cast<int>(4 * u + e);
-      const unsigned with_kept = __ballot_sync(0xffffffffu, mine >= 0);
-      const unsigned over = __ballot_sync(0xffffffffu, st.own > 0.0f && cum + st.incl > rem);
-      if (over != 0) {
-        const int l = __ffs(over) - 1;
-        if (lane == l) pick = pick_in_unit(st, mine, 4 * u, cum, rem, theta, zmax);
-        pick = __shfl_sync(0xffffffffu, pick, l);
-      } else if (with_kept != 0) {
-        last_kept = __shfl_sync(0xffffffffu, mine, 31 - __clz(with_kept));
+      const int mine = load_walk_step(st, row, u, wend, vocab, vec, inv_t, theta, zmax);
+      pick = step_crossing(st, mine, u, cum, rem, theta, zmax, true);
+      if (pick < 0) {
+        const int kept = step_last_kept(mine);
+        if (kept >= 0) last_kept = kept;
       }
       cum += st.total;
     }
@@ -613,9 +635,8 @@ __global__ void __launch_bounds__(kThreads)
         tt = s_step_total[warp][t];
       } else {  // past what shared memory holds (a vocabulary over 256k on one CTA): the sums again
         WalkStep st;
-        const int64_t u = wbegin + static_cast<int64_t>(t) * kWarp + lane;
-        if (u < wend) load_unit(row, u, vocab, vec, inv_t, st.z);
-        walk_sums(st, theta, zmax, u < wend);
+        load_walk_step(st, row, wbegin + static_cast<int64_t>(t) * kWarp + lane, wend, vocab, vec, inv_t,
+                       theta, zmax);
         tt = st.total;
       }
       if (tt > 0.0f) {
@@ -637,24 +658,10 @@ __global__ void __launch_bounds__(kThreads)
     if (step >= 0) {
       WalkStep st;
       const int64_t u = wbegin + static_cast<int64_t>(step) * kWarp + lane;
-      const bool valid = u < wend;
-      if (valid) load_unit(row, u, vocab, vec, inv_t, st.z);
-      walk_sums(st, theta, zmax, valid);
-      int mine = -1;  // this lane's last kept entry
-      if (valid)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (kept_weight(st.z[e], theta, zmax) > 0.0f) mine = static_cast<int>(4 * u + e);
+      const int mine = load_walk_step(st, row, u, wend, vocab, vec, inv_t, theta, zmax);
       // cum + total > rem puts the crossing in a lane with weight (a lane without adds 0 exactly).
-      const unsigned over = __ballot_sync(0xffffffffu, crossed && st.own > 0.0f && cum + st.incl > rem);
-      if (over != 0) {
-        const int l = __ffs(over) - 1;
-        if (lane == l) pick = pick_in_unit(st, mine, 4 * u, cum, rem, theta, zmax);
-        pick = __shfl_sync(0xffffffffu, pick, l);
-      } else {
-        const unsigned with_kept = __ballot_sync(0xffffffffu, mine >= 0);
-        if (with_kept != 0) pick = __shfl_sync(0xffffffffu, mine, 31 - __clz(with_kept));
-      }
+      pick = step_crossing(st, mine, u, cum, rem, theta, zmax, crossed);
+      if (pick < 0) pick = step_last_kept(mine);
     }
     if (lane == 0) s_pick = pick;
   }

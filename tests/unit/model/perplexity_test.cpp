@@ -131,9 +131,6 @@ TEST(Perplexity, DecodeStepsScoreWhatThePrefillScores) {
   }
 }
 
-// A damaged or hostile KL base file is refused with a message naming it, before anything is allocated from
-// its header: a body shorter or longer than the header announces (a huge position count included), a token
-// id outside the vocabulary, a NaN or positive log-probability, another file's magic.
 // The KL's "rest of the vocabulary" bucket: none when the base holds every token (its shares then differ from
 // 1 by float rounding alone, and a bucket of 2e-7 against a model share rounded past 1 once read 1e-5 of KL
 // where there is none), and the exact term when the base keeps the top k.
@@ -163,6 +160,9 @@ TEST(Perplexity, KlTailBucketIsExactAndIgnoresRounding) {
   }
 }
 
+// A damaged or hostile KL base file is refused with a message naming it, before anything is allocated from
+// its header: a body shorter or longer than the header announces (a huge position count included), a token
+// id outside the vocabulary, a NaN or positive log-probability, another file's magic.
 TEST(Perplexity, KlBaseFileErrors) {
   KlBase good;
   good.vocab = 8;
