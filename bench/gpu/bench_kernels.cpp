@@ -183,10 +183,11 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
     const char* name;
     DType dtype;
     int64_t n, k, m;
-    bool silu;          // matmul_silu_mul of a stacked [gate; up] weight of n rows
-    bool cublas;        // also time the same product through cuBLASLt (BF16 only)
-    bool warps4;        // also time v3 with at most 4 warps per CTA
-    bool zero = false;  // INT4: with zero points (asymmetric)
+    bool silu;            // matmul_silu_mul of a stacked [gate; up] weight of n rows
+    bool cublas;          // also time the same product through cuBLASLt (BF16 only)
+    bool warps4;          // also time v3 with at most 4 warps per CTA
+    bool zero = false;    // INT4: with zero points (asymmetric)
+    int64_t group = 128;  // INT4: group size
   };
   const Case cases[] = {
       {"gemv bf16", DType::BF16, 4096, 4096, 1, false, true, false},
@@ -218,6 +219,12 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
       {"gemv int4 g128", DType::INT4, 4096, 14336, 1, false, false, true},
       {"gemv int4 g128 asym", DType::INT4, 14336, 4096, 1, false, false, false, true},
       {"gemv int4 g128 asym", DType::INT4, 4096, 14336, 1, false, false, false, true},
+      // The 8B int4 plans' group (g64: two subsets per set on v3), each projection of a layer.
+      {"gemv int4 g64", DType::INT4, 4096, 4096, 1, false, false, false, false, 64},
+      {"gemv int4 g64", DType::INT4, 6144, 4096, 1, false, false, false, false, 64},
+      {"gemv int4 g64 silu", DType::INT4, 28672, 4096, 1, true, false, false, false, 64},
+      {"gemv int4 g64", DType::INT4, 4096, 14336, 1, false, false, false, false, 64},
+      {"gemv int4 g64", DType::INT4, 128256, 4096, 1, false, false, false, false, 64},
       {"gemv int4 g128", DType::INT4, 4096, 4096, 4, false, false, false},
       {"gemv int4 g128", DType::INT4, 4096, 4096, 16, false, false, false},
       {"gemv q8_0", DType::Q8_0, 14336, 4096, 1, false, false, false},
@@ -240,8 +247,8 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
     const size_t wbytes = static_cast<size_t>(c.n * rb);
     size_t sbytes = 0;
     if (c.dtype == DType::F8_E4M3) sbytes = static_cast<size_t>(c.n) * 4;
-    if (c.dtype == DType::INT4) sbytes = static_cast<size_t>(c.n * (c.k / 128)) * 2;
-    const size_t zbytes = c.zero ? static_cast<size_t>(c.n * (c.k / 128)) : 0;  // INT4 zero points
+    if (c.dtype == DType::INT4) sbytes = static_cast<size_t>(c.n * (c.k / c.group)) * 2;
+    const size_t zbytes = c.zero ? static_cast<size_t>(c.n * (c.k / c.group)) : 0;  // INT4 zero points
     sbytes += zbytes;
     const size_t per_launch = wbytes + sbytes;
     const int copies = static_cast<int>(std::max<size_t>(1, (size_t{400} << 20) / per_launch + 1));
@@ -253,9 +260,9 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
         l.scale = Tensor(DType::F32, {c.n}, l.scale.data, Device::CUDA);
       }
       if (c.dtype == DType::INT4) {
-        l.scale = Tensor(DType::F16, {c.n, c.k / 128}, b.random(sbytes - zbytes, ++seed), Device::CUDA);
-        if (c.zero) l.zero = Tensor(DType::U8, {c.n, c.k / 128}, b.random(zbytes, ++seed), Device::CUDA);
-        l.group_size = 128;
+        l.scale = Tensor(DType::F16, {c.n, c.k / c.group}, b.random(sbytes - zbytes, ++seed), Device::CUDA);
+        if (c.zero) l.zero = Tensor(DType::U8, {c.n, c.k / c.group}, b.random(zbytes, ++seed), Device::CUDA);
+        l.group_size = c.group;
       }
     }
     Tensor src = b.f32(c.m, c.k, ++seed), x = b.f32(c.m, c.k, ++seed);
@@ -323,26 +330,33 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
       // 2 ("k2": every format, where the batches divide; the others unsplit); INT4 on v4 also with x in
       // shared memory as BF16 ("xb") and as F32 wherever it fits ("xf"; the other rows: F32 where that
       // costs no CTAs per SM). The rows without "l8" take 4 loads, not the launcher's choice by row length.
+      // INT4 on v3 at one row also with its weights staged in shared memory by cp.async: 8 sets per
+      // batch in one stage ("a1"), 4 sets in two ("a2"); set_gemv_v3_async.
       struct Alt {
         const char* suffix;
-        int v3_warps, v4_loads, v4_smem_kb, v4_ksplit, v4_x_f32;
+        int v3_warps, v4_loads, v4_smem_kb, v4_ksplit, v4_x_f32, v3_async = 0;
       };
-      const Alt alts[] = {{"", 0, 4, 0, 1, -1},        {" w4", 4, 4, 0, 1, -1},
-                          {" l8", 0, 8, 0, 1, -1},     {" s96", 0, 4, 96, 1, -1},
-                          {" s160", 0, 4, 160, 1, -1}, {" s200", 0, 4, 200, 1, -1},
-                          {" k2", 0, 4, 0, 2, -1},     {" s96 k2", 0, 4, 96, 2, -1},
-                          {" xb", 0, 4, 0, 1, 0},      {" xf", 0, 4, 0, 1, 2}};
+      const Alt alts[] = {
+          {"", 0, 4, 0, 1, -1},      {" w4", 4, 4, 0, 1, -1},      {" l8", 0, 8, 0, 1, -1},
+          {" s96", 0, 4, 96, 1, -1}, {" s160", 0, 4, 160, 1, -1},  {" s200", 0, 4, 200, 1, -1},
+          {" k2", 0, 4, 0, 2, -1},   {" s96 k2", 0, 4, 96, 2, -1}, {" xb", 0, 4, 0, 1, 0},
+          {" xf", 0, 4, 0, 1, 2},    {" a1", 0, 4, 0, 1, -1, 1},   {" a2", 0, 4, 0, 1, -1, 2}};
       for (const Alt& a : alts) {
+        const bool v3_async = k == GemvKernel::V3 && c.dtype == DType::INT4 && c.m == 1;
         const bool takes =
-            a.suffix[0] == 0 || (k == GemvKernel::V3 && c.warps4 && a.v3_warps > 0) ||
-            (k == GemvKernel::V4 && a.v3_warps == 0 && (a.v4_x_f32 < 0 || c.dtype == DType::INT4));
+            a.v3_async > 0
+                ? v3_async
+                : a.suffix[0] == 0 || (k == GemvKernel::V3 && c.warps4 && a.v3_warps > 0) ||
+                      (k == GemvKernel::V4 && a.v3_warps == 0 && (a.v4_x_f32 < 0 || c.dtype == DType::INT4));
         if (!takes) continue;
+        cuda::set_gemv_v3_async(a.v3_async);
         cuda::set_gemv_v3_max_warps(a.v3_warps);
         cuda::set_gemv_v4_shape(a.v4_loads, -1, -1, a.v4_smem_kb, a.v4_ksplit, a.v4_x_f32);
         const std::string name =
             std::string(c.name) + (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") + a.suffix;
         row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
       }
+      cuda::set_gemv_v3_async(-1);
       cuda::set_gemv_v3_max_warps(0);
       cuda::set_gemv_v4_shape(0, -1);
     }

@@ -190,4 +190,19 @@ if step 19; then
   INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
 fi
+# 20. (12-07 03:10, not yet run, off) GEMV v3's INT4 weights staged in shared memory by cp.async at one
+#    activation row (INFERX_GEMV_V3_ASYNC=1: 8 sets per batch, one stage; 2: 4 sets, two stages). The register
+#    path holds 32 words of chunks per lane (113 registers: two 8-warp CTAs per SM, 64 KB in flight per SM,
+#    each K = 4096 CTA one load round); staged, mode 1 keeps ~128 KB in flight per SM. Predicted (estimate,
+#    H100 timeline of 12-05: q/k/v 7.78 us, gate/up 26.76, down 15.63 per layer at 57-78% of copy): the one-round
+#    products to ~85-90% of copy, INT4 batch 1 ~5-8% faster. Its bit-equality test, the g64 rows with "a1" /
+#    "a2", then batch 1 int4:lm_head with each mode (~4 min).
+if step 20; then
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='CudaGemvTest.*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head -20
+  INFERX_BENCH_ONLY=gemv INFERX_BENCH_GEMV_CASES="int4 g64" timeout 150 "$C/bench_cuda_kernels" --quick 2>&1 |
+    grep -vE "^device"
+  SKIP_ENGINE_TESTS=1 VARIANTS="regs: a1:INFERX_GEMV_V3_ASYNC=1 a2:INFERX_GEMV_V3_ASYNC=2 a1b:INFERX_GEMV_V3_ASYNC=1" \
+    QUANTS="int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -457,6 +457,51 @@ TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
     }
 }
 
+// v3 with INT4 weights staged in shared memory by cp.async at one activation row (set_gemv_v3_async 1: 8
+// sets per batch in one stage; 2: 4 sets in two stages, the next batch in flight): the same operations in
+// the same order as the register path, so the same bits, and within the float64 bound (plain and SiLU
+// products). Rows of 3 sets (one partial batch), 32 (the 8B model's K = 4096 at every group: 4 warps of one
+// batch on mode 1), 66 (8 warps of 9 sets: batches 8 + 1 and 4 + 4 + 1, the last warp 3) and 112 (K = 14336:
+// the down projection's 14 sets per warp); every group size, with and without zero points.
+TEST_F(CudaGemvTest, StagedInt4WeightsGiveTheRegisterPathsBits) {
+  struct AsyncScope {
+    explicit AsyncScope(int mode) { cuda::set_gemv_v3_async(mode); }
+    ~AsyncScope() { cuda::set_gemv_v3_async(-1); }
+    AsyncScope(const AsyncScope&) = delete;
+    AsyncScope& operator=(const AsyncScope&) = delete;
+  };
+  const KernelScope v3(DType::INT4, GemvKernel::V3);
+  uint32_t seed = 1900;
+  for (const Variant& v : kStreamInt4Variants)
+    for (int64_t k : {int64_t{384}, int64_t{4096}, int64_t{8448}, int64_t{14336}})
+      for (int64_t n : {int64_t{37}, int64_t{133}}) {
+        const HostWeight h = make_weight(v, n, k, ++seed),
+                         hs = make_weight(v, 2 * (n == 37 ? 64 : 37), k, ++seed);
+        const Linear w = linear(h, {}), ws = linear(hs, {});
+        std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
+        for (float& e : x) e = bf16_round(e);
+        const std::vector<float> bias = randoms(size_t(n), ++seed);
+        const OneRowRefs refs = one_row_refs(h, hs, x, bias);
+        const std::string what = v.name + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+        std::vector<float> registers;
+        {
+          const AsyncScope off(0);
+          registers = expect_one_row_products(h, w, hs, ws, x, bias, what + " registers", &refs);
+        }
+        for (int mode : {1, 2}) {
+          const AsyncScope staged(mode);
+          const std::string m = what + " staged " + std::to_string(mode);
+          const std::vector<float> got = expect_one_row_products(h, w, hs, ws, x, bias, m, &refs);
+          ASSERT_EQ(got.size(), registers.size());
+          for (size_t i = 0; i < got.size(); ++i)
+            if (std::memcmp(&got[i], &registers[i], sizeof(float)) != 0) {
+              ADD_FAILURE() << m << ": element " << i << " " << got[i] << " vs registers " << registers[i];
+              break;
+            }
+        }
+      }
+}
+
 // v4's warps stream several rows each, the next batch of loads in flight across a row's end: long rows
 // (two batches, the second partial) over few warps (one CTA per SM: 4 warps per SM for 3001 rows), both
 // batch sizes, plain products with one or two rows per warp, and SiLU products; with the shared-memory
