@@ -1620,8 +1620,7 @@ int run(bool quick, bool gemm_only) {
 
 // Sampling over the Llama 3 vocabulary: bytes = the logits read once (argmax) per row. The argmax and the
 // sampler on one CTA per row and on a cluster per row (select_cluster_rows; few rows), the sampler for plain
-// temperature (OpenAI's default request), top-p, top-k and all three with min-p, each without and with
-// sample_warp_pick ("wp").
+// temperature (OpenAI's default request), top-p, top-k and all three with min-p.
 void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps) {
   struct Kind {
     const char* name;
@@ -1643,19 +1642,16 @@ void bench_sampling(Bench& b, CudaBackend& gpu, double copy_gbs, int reps) {
       char name[64];
       std::snprintf(name, sizeof name, "argmax (+D2H)%s", how);
       row(name, fmt_shape("%lldx128256", rows), s, double(rows) * vocab * 4, false, copy_gbs);
-      for (const Kind& k : kinds)
-        for (const bool quick : {false, true}) {
-          if (rows > 256 && std::strcmp(k.name, "k/p/min-p") != 0) continue;
-          gpu.set_sample_warp_pick(quick);
-          std::vector<cuda::SampleParams> params(rows, k.p);
-          const double t = b.time([&] { gpu.sample(logits, params.data(), ids.data()); }, reps);
-          std::snprintf(name, sizeof name, "sample %s%s%s", k.name, how, quick ? " wp" : "");
-          row(name, fmt_shape("%lldx128256", rows), t, double(rows) * vocab * 4, false, copy_gbs);
-        }
+      for (const Kind& k : kinds) {
+        if (rows > 256 && std::strcmp(k.name, "k/p/min-p") != 0) continue;
+        std::vector<cuda::SampleParams> params(rows, k.p);
+        const double t = b.time([&] { gpu.sample(logits, params.data(), ids.data()); }, reps);
+        std::snprintf(name, sizeof name, "sample %s%s", k.name, how);
+        row(name, fmt_shape("%lldx128256", rows), t, double(rows) * vocab * 4, false, copy_gbs);
+      }
     }
   }
   gpu.set_select_cluster_rows(CudaBackendOptions{}.select_cluster_rows);
-  gpu.set_sample_warp_pick(CudaBackendOptions{}.sample_warp_pick);
 }
 
 }  // namespace

@@ -457,24 +457,19 @@ SampleRef sample_reference(const float* logits, int64_t vocab, const cuda::Sampl
 // The sampler on one CTA per row and on a cluster per row (CudaBackendOptions::select_cluster_rows), on rows
 // of 16-byte aligned float4s (vocab 32000), rows that are not (32003: scalar loads), rows shorter than a
 // cluster has CTAs' worth of 4-entry units (13: empty slices) and rows whose warp segments on one CTA have
-// more steps than shared memory keeps totals of (270001: the final walk sums those steps again); with the
-// radix bins picked by thread 0 and the final walk over the whole segment, and with both quick (a warp's
-// pick, kept step totals: CudaBackendOptions::sample_warp_pick).
+// more steps than shared memory keeps totals of (270001: the final walk sums those steps again).
 TEST_F(CudaKernelsTest, SamplingFollowsTemperatureTopKTopPMinP) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937 rng(seed);
-  for (const bool warp_pick : {false, true})
-    for (const int64_t cluster_rows : {int64_t{0}, int64_t{1} << 20})
-      for (const int64_t vocab : {int64_t{32000}, int64_t{32003}, int64_t{13}, int64_t{270001}}) {
-        SCOPED_TRACE(::testing::Message()
-                     << "warp pick " << warp_pick << " cluster rows " << cluster_rows << " vocab " << vocab);
-        gpu_->set_sample_warp_pick(warp_pick);
-        gpu_->set_select_cluster_rows(cluster_rows);
-        const int64_t before = gpu_->cluster_select_launches();
-        check_sampling(vocab, rng);
-        EXPECT_EQ(gpu_->cluster_select_launches() - before, cluster_rows > 0 ? 1 : 0);
-      }
+  for (const int64_t cluster_rows : {int64_t{0}, int64_t{1} << 20})
+    for (const int64_t vocab : {int64_t{32000}, int64_t{32003}, int64_t{13}, int64_t{270001}}) {
+      SCOPED_TRACE(::testing::Message() << "cluster rows " << cluster_rows << " vocab " << vocab);
+      gpu_->set_select_cluster_rows(cluster_rows);
+      const int64_t before = gpu_->cluster_select_launches();
+      check_sampling(vocab, rng);
+      EXPECT_EQ(gpu_->cluster_select_launches() - before, cluster_rows > 0 ? 1 : 0);
+    }
 }
 
 void CudaKernelsTest::check_sampling(int64_t vocab, std::mt19937& rng) {

@@ -100,13 +100,6 @@ struct CudaBackendOptions {
   // 2026-12-06 19:30); 19.5 -> 17.5 us (see sample_copy_stream). On since 2026-12-07;
   // INFERX_UPLOAD_SIDE_STREAM=0 for A/B.
   bool upload_side_stream = true;
-  // The sampler's radix passes pick their bin with one warp instead of thread 0 walking 256 bins (~4 us a
-  // pass by estimate, eight with top-k and top-p), and its final walk finds the step that holds the target
-  // from step totals kept in shared memory, then loads that step alone (instead of a chain of ~32 dependent
-  // loads on one CTA over 128k). Predicted: one CTA, temperature 60 -> ~45 us, k/p/min-p 258 -> ~210; the
-  // cluster's k/p/min-p 82 -> ~50 (one row of 128k, H100). Built 2026-12-07 00:45, off until a GPU run
-  // measures it: INFERX_SAMPLE_WARP_PICK=1.
-  bool sample_warp_pick = false;
   // cuBLASLt's workspace memsets in recorded steps (graph_rewrite.h), with every recorded product that needs
   // a small workspace on one of its own (LtMatmul::set_dedicated_workspaces): 0 left as cuBLASLt records
   // them, 1 run earlier beside the kernel before their GEMM (hoist_workspace_memsets), 2 (the default since
@@ -282,7 +275,6 @@ class CudaBackend final : public Backend {
   void set_decode_stack_max_context(int tokens) { options_.decode_stack_max_context = tokens; }
   void set_decode_stack_kv_tiles(bool on) { options_.decode_stack_kv_tiles = on; }
   void set_select_cluster_rows(int64_t rows) { options_.select_cluster_rows = rows; }
-  void set_sample_warp_pick(bool on) { options_.sample_warp_pick = on; }
   // Selections (greedy or sampled) that ran a cluster kernel (select_cluster_rows; tests).
   int64_t cluster_select_launches() const { return cluster_select_launches_; }
   // Sampled-id copies sample_tokens_async queued on its side stream (sample_copy_stream; tests).

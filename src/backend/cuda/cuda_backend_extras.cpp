@@ -67,7 +67,6 @@ CudaBackendOptions cuda_options_from_environment(const std::string& gemm_cache_d
     o.sample_copy_stream = std::strcmp(sc, "0") != 0;
   if (const char* us = std::getenv("INFERX_UPLOAD_SIDE_STREAM"))
     o.upload_side_stream = std::strcmp(us, "0") != 0;
-  if (const char* wp = std::getenv("INFERX_SAMPLE_WARP_PICK")) o.sample_warp_pick = std::strcmp(wp, "0") != 0;
   if (const char* ac = std::getenv("INFERX_SELECT_CLUSTER_ROWS"))
     o.select_cluster_rows = std::max<int64_t>(0, std::atoll(ac));
   if (const char* ds = std::getenv("INFERX_DEFER_SPLIT_ROWS"))
@@ -394,7 +393,7 @@ int64_t CudaBackend::queue_sampler(const Tensor& logits, const cuda::SampleParam
     auto* params_dev = static_cast<cuda::SampleParams*>(eager_scratch(b.params_dev, param_bytes));
     CUDA_CHECK(cudaMemcpyAsync(params_dev, staged, param_bytes, cudaMemcpyHostToDevice, stream_));
     CUDA_CHECK(cuda::launch_sample(logits.ptr<float>(), rows, vocab, params_dev, ids_dev, stream_,
-                                   options_.select_cluster_rows, options_.sample_warp_pick));
+                                   options_.select_cluster_rows));
   } else {
     CUDA_CHECK(cuda::launch_argmax(logits.ptr<float>(), rows, vocab, ids_dev, stream_,
                                    options_.select_cluster_rows));

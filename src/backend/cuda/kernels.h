@@ -228,11 +228,9 @@ cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int3
 // ids[r] = a token drawn from softmax(logits[r] / temperature) after top-k, then top-p over the
 // renormalised top-k set, then min-p (relative to the most likely token): the first index, in vocabulary
 // order, where the running sum of the kept weights exceeds uniform * their total.
-// Up to cluster_rows_max rows take a cluster of CTAs per row, as launch_argmax. quick:
-// CudaBackendOptions::sample_warp_pick.
+// Up to cluster_rows_max rows take a cluster of CTAs per row, as launch_argmax.
 cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
-                          int32_t* ids, cudaStream_t stream, int64_t cluster_rows_max = 0,
-                          bool quick = false);
+                          int32_t* ids, cudaStream_t stream, int64_t cluster_rows_max = 0);
 // Applies n LogitEdits (device memory; distinct (row, token) pairs within [rows, vocab]) to logits in place
 // with the host processors' rounding: one IEEE operation at a time (token_sampling.h).
 cudaError_t launch_logit_edits(float* logits, int64_t vocab, const LogitEdit* edits, int64_t n,

@@ -284,12 +284,25 @@ int v3_max_warps() {
 }
 
 // Staged INT4 weights at one activation row (kStages >= 1 in gemv_tc_kernel): 0 off (registers), 1 U = 8
-// sets per batch in one stage, 2 U = 4 in two stages; set_gemv_v3_async, else INFERX_GEMV_V3_ASYNC.
+// sets per batch in one stage, 2 U = 4 in two stages, 3 mode 1 where it measured faster - rows of at most
+// 32 sets (K <= 4096 at 128 columns a set: one batch per warp) over at least two CTAs per SM - else
+// registers. set_gemv_v3_async, else INFERX_GEMV_V3_ASYNC.
+// Measured (H100 2026-12-07, g64, % of copy, registers / mode 1 / mode 2): 4096x4096 47.2 / 39.1 / 45.5,
+// 6144x4096 43.3 / 45.9 / 40.1, gate/up + SiLU 28672x4096 61.5 / 62.5 / 58.8, 4096x14336 69.1 / 60.2 / 60.0,
+// lm_head 128256x4096 77.4 / 89.4 / 74.3. The copies' extra hop (global -> shared -> registers) costs a
+// one-round product latency; they pay where several CTAs per SM take turns (the lm_head's 8016 CTAs).
+// 8B int4:lm_head at batch 1: registers 2.414 ms, mode 1 everywhere 2.540, mode 2 2.504.
 std::atomic<int> g_v3_async{-1};
 int v3_async() {
-  static const int env = env_int("INFERX_GEMV_V3_ASYNC", 0, 2, 0);
+  static const int env = env_int("INFERX_GEMV_V3_ASYNC", 0, 3, 0);
   const int o = g_v3_async.load(std::memory_order_relaxed);
-  return o >= 0 && o <= 2 ? o : env;
+  return o >= 0 && o <= 3 ? o : env;
+}
+bool v3_staged_pays(const GemvParams& p, int64_t per_cta) {
+  int sms = 0;
+  if (device_sms(sms) != cudaSuccess) return false;
+  const int64_t sets = (p.row_bytes / 16 + 3) / 4, ctas = (p.rows + per_cta - 1) / per_cta;
+  return sets <= 32 && ctas >= 2 * static_cast<int64_t>(sms);
 }
 
 // Warps for `sets` sets per row at U sets per batch: enough that each has one batch, at most v3_max_warps.
@@ -319,14 +332,10 @@ template <class Dec, int R, int S>
 cudaError_t launch_tc(const GemvParams& p, cudaStream_t stream) {
   const int64_t per_cta = R == 2 ? tc::kRows / 2 : tc::kRows;
   if constexpr (Dec::kGroups) {
-    if (p.m == 1) switch (v3_async()) {
-        case 1:
-          return launch_tc_kernel<Dec, 1, S, R == 2, 8, 1>(p, per_cta, stream);
-        case 2:
-          return launch_tc_kernel<Dec, 1, S, R == 2, 4, 2>(p, per_cta, stream);
-        default:
-          break;
-      }
+    const int mode = p.m == 1 ? v3_async() : 0;
+    if (mode == 1 || (mode == 3 && v3_staged_pays(p, per_cta)))
+      return launch_tc_kernel<Dec, 1, S, R == 2, 8, 1>(p, per_cta, stream);
+    if (mode == 2) return launch_tc_kernel<Dec, 1, S, R == 2, 4, 2>(p, per_cta, stream);
   }
   auto go = [&](auto mr) {
     constexpr int MR = decltype(mr)::value;

@@ -245,8 +245,9 @@ struct RadixScratch {
 
 // From the top bin down, the first nonempty bin whose weight takes the running sum to `remaining`; s.bin and
 // s.remaining (what is left to reach within it). One warp (every lane calls it): lane l owns bins 255 - 8l
-// down to 248 - 8l, summed in that order, then a scan over the lanes. (Thread 0 alone walked the 256 bins:
-// ~4 us of dependent adds per pass, an estimate not yet measured, eight passes for top-k with top-p.)
+// down to 248 - 8l, summed in that order, then a scan over the lanes. (Thread 0 alone walking the 256 bins,
+// with the chained final walk below, was slower: one 128k row with temperature 63.6 -> 45.5 us, with
+// top-k + top-p + min-p 253.5 -> 229.8 us on one CTA and 86.6 -> 70.6 on a cluster; H100 2026-12-07.)
 // Rounding that leaves the target just out of reach takes the lowest nonempty bin with everything above it.
 __device__ __forceinline__ void pick_bin(RadixScratch& s, float remaining) {
   const unsigned all = 0xffffffffu;
@@ -298,30 +299,9 @@ __device__ __forceinline__ void pick_bin(RadixScratch& s, float remaining) {
   }
 }
 
-// pick_bin's rule on thread 0 alone, bin by bin (measured on a GPU; pick_bin replaces it once it is).
-__device__ __forceinline__ void pick_bin_serial(RadixScratch& s, float remaining) {
-  float cum = 0.0f;
-  int bin = -1, lowest_nonempty = 0;
-  for (int b = 255; b >= 0; --b) {
-    if (s.hist[b] > 0.0f) lowest_nonempty = b;
-    if (s.hist[b] > 0.0f && cum + s.hist[b] >= remaining) {
-      bin = b;
-      break;
-    }
-    cum += s.hist[b];
-  }
-  if (bin < 0) {  // rounding left the target just out of reach: take everything that is left
-    bin = lowest_nonempty;
-    cum -= s.hist[bin];
-  }
-  s.bin = static_cast<uint32_t>(bin);
-  s.remaining = remaining - cum;
-}
-
 // The largest key K such that the weight of eligible elements of the row with key >= K reaches `target`.
 // kMass: weight = exp(z - zmax), else 1. Eligible: z >= floor_z. This CTA fills units [ubegin, uend).
-// kWarpPick: pick_bin, else pick_bin_serial (CudaBackendOptions::sample_warp_pick).
-template <bool kMass, int kCtas, bool kWarpPick>
+template <bool kMass, int kCtas>
 __device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubegin, int64_t uend,
                                  int64_t vocab, bool vec, float inv_t, float zmax, float floor_z,
                                  float target) {
@@ -357,11 +337,7 @@ __device__ float radix_threshold(RadixScratch& s, const float* row, int64_t ubeg
       s.hist[b] = sum;
     }
     __syncthreads();
-    if constexpr (kWarpPick) {
-      if (threadIdx.x < kWarp) pick_bin(s, remaining);
-    } else if (threadIdx.x == 0) {
-      pick_bin_serial(s, remaining);
-    }
+    if (threadIdx.x < kWarp) pick_bin(s, remaining);
     __syncthreads();
     prefix |= s.bin << shift;
     mask |= 255u << shift;
@@ -480,10 +456,8 @@ __device__ __forceinline__ int step_last_kept(int mine) {
 
 constexpr int kMaxSteps = 64;  // warp-sized steps per segment whose totals shared memory keeps
 
-// Grid: rows x kCtas CTAs of kThreads (kCtas > 1: clusters of kCtas, one per row). kQuick
-// (CudaBackendOptions::sample_warp_pick): the radix passes' bin picked by a warp and the final walk from kept
-// step totals; else thread 0 picks and the chosen warp walks its segment again.
-template <int kCtas, bool kQuick>
+// Grid: rows x kCtas CTAs of kThreads (kCtas > 1: clusters of kCtas, one per row).
+template <int kCtas>
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* logits, int64_t vocab, const SampleParams* params, int32_t* ids) {
   constexpr int kWarps = kThreads / kWarp;
@@ -535,8 +509,8 @@ __global__ void __launch_bounds__(kThreads)
 
   float theta = -CUDART_INF_F;
   if (p.top_k > 0 && p.top_k < vocab)
-    theta = radix_threshold<false, kCtas, kQuick>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax, theta,
-                                                  static_cast<float>(p.top_k));
+    theta = radix_threshold<false, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax, theta,
+                                          static_cast<float>(p.top_k));
   if (p.top_p < 1.0f) {
     float mass = 0.0f;
     for_each_unit(row, ubegin, uend, vocab, vec, inv_t, [&](const float(&z)[4]) {
@@ -544,15 +518,15 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) mass += kept_weight(z[e], theta, zmax);
     });
     mass = cluster_sum<kCtas>(mass, s_scan, &s_mass);
-    theta = fmaxf(theta, radix_threshold<true, kCtas, kQuick>(radix, row, ubegin, uend, vocab, vec, inv_t,
-                                                              zmax, theta, fmaxf(p.top_p, 0.0f) * mass));
+    theta = fmaxf(theta, radix_threshold<true, kCtas>(radix, row, ubegin, uend, vocab, vec, inv_t, zmax,
+                                                      theta, fmaxf(p.top_p, 0.0f) * mass));
   }
   if (p.min_p > 0.0f) theta = fmaxf(theta, zmax + logf(p.min_p));
 
   // "The first index in vocabulary order whose running sum of kept weights exceeds uniform * total": each
   // warp owns a contiguous segment of the slice's units and sums it in warp-sized steps (coalesced), in
-  // order; the cluster picks the slice, the slice's CTA the segment, whose warp walks it again with the
-  // same sums.
+  // order, keeping the step totals; the cluster picks the slice, the slice's CTA the segment, whose warp
+  // finds the step from the kept totals and loads that step again.
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t seg = (uend - ubegin + kWarps - 1) / kWarps;
   const int64_t wbegin = std::min<int64_t>(uend, ubegin + warp * seg),
@@ -570,7 +544,7 @@ __global__ void __launch_bounds__(kThreads)
       walk_sums(st[j], theta, zmax, base + j * kWarp + lane < wend);
       wtotal += st[j].total;
       const int64_t t = (base - wbegin) / kWarp + j;
-      if (kQuick && lane == 0 && t < kMaxSteps) s_step_total[warp][t] = st[j].total;
+      if (lane == 0 && t < kMaxSteps) s_step_total[warp][t] = st[j].total;
     }
   }
   if (lane == 0) s_warp_total[warp] = wtotal;
@@ -602,25 +576,7 @@ __global__ void __launch_bounds__(kThreads)
   const float in_slice = target - slice_lo;
   const int chosen = pick_range(
       kWarps, [&](int w) { return s_warp_total[w]; }, in_slice, seg_lo);
-  if (!kQuick && warp == chosen) {
-    const float rem = in_slice - seg_lo;  // within the segment; the walk repeats the first pass's sums
-    float cum = 0.0f;
-    int last_kept = -1;  // the segment's last entry with a positive weight so far (the rounding fallback)
-    int pick = -1;
-    for (int64_t base = wbegin; base < wend && pick < 0; base += kWarp) {
-      WalkStep st;
-      const int64_t u = base + lane;
-      const int mine = load_walk_step(st, row, u, wend, vocab, vec, inv_t, theta, zmax);
-      pick = step_crossing(st, mine, u, cum, rem, theta, zmax, true);
-      if (pick < 0) {
-        const int kept = step_last_kept(mine);
-        if (kept >= 0) last_kept = kept;
-      }
-      cum += st.total;
-    }
-    if (lane == 0) s_pick = pick >= 0 ? pick : last_kept;
-  }
-  if (kQuick && warp == chosen) {
+  if (warp == chosen) {
     const float rem = in_slice - seg_lo;  // within the segment
     // The step that holds it, from the first pass's step totals (the same sums in the same order); then that
     // step alone is loaded again. (Walking the segment again was a chain of dependent loads, one per step:
@@ -724,14 +680,12 @@ cudaError_t launch_argmax(const float* logits, int64_t rows, int64_t vocab, int3
 }
 
 cudaError_t launch_sample(const float* logits, int64_t rows, int64_t vocab, const SampleParams* params,
-                          int32_t* ids, cudaStream_t stream, int64_t cluster_rows_max, bool quick) {
+                          int32_t* ids, cudaStream_t stream, int64_t cluster_rows_max) {
   if (rows == 0) return cudaSuccess;
   if (rows > cluster_rows_max)
-    return launch_pdl(quick ? sample_kernel<1, true> : sample_kernel<1, false>,
-                      dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits, vocab, params,
-                      ids);
-  return launch_clusters(quick ? sample_kernel<kClusterSplit, true> : sample_kernel<kClusterSplit, false>,
-                         rows, stream, logits, vocab, params, ids);
+    return launch_pdl(sample_kernel<1>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, logits,
+                      vocab, params, ids);
+  return launch_clusters(sample_kernel<kClusterSplit>, rows, stream, logits, vocab, params, ids);
 }
 
 }  // namespace inferx::cuda
