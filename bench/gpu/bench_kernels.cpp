@@ -330,33 +330,26 @@ void bench_gemv(Bench& b, double copy_gbs, bool quick) {  // quick: fewer replay
       // 2 ("k2": every format, where the batches divide; the others unsplit); INT4 on v4 also with x in
       // shared memory as BF16 ("xb") and as F32 wherever it fits ("xf"; the other rows: F32 where that
       // costs no CTAs per SM). The rows without "l8" take 4 loads, not the launcher's choice by row length.
-      // INT4 on v3 at one row also with its weights staged in shared memory by cp.async: 8 sets per
-      // batch in one stage ("a1"), 4 sets in two ("a2"); set_gemv_v3_async.
       struct Alt {
         const char* suffix;
-        int v3_warps, v4_loads, v4_smem_kb, v4_ksplit, v4_x_f32, v3_async = 0;
+        int v3_warps, v4_loads, v4_smem_kb, v4_ksplit, v4_x_f32;
       };
-      const Alt alts[] = {
-          {"", 0, 4, 0, 1, -1},      {" w4", 4, 4, 0, 1, -1},      {" l8", 0, 8, 0, 1, -1},
-          {" s96", 0, 4, 96, 1, -1}, {" s160", 0, 4, 160, 1, -1},  {" s200", 0, 4, 200, 1, -1},
-          {" k2", 0, 4, 0, 2, -1},   {" s96 k2", 0, 4, 96, 2, -1}, {" xb", 0, 4, 0, 1, 0},
-          {" xf", 0, 4, 0, 1, 2},    {" a1", 0, 4, 0, 1, -1, 1},   {" a2", 0, 4, 0, 1, -1, 2}};
+      const Alt alts[] = {{"", 0, 4, 0, 1, -1},        {" w4", 4, 4, 0, 1, -1},
+                          {" l8", 0, 8, 0, 1, -1},     {" s96", 0, 4, 96, 1, -1},
+                          {" s160", 0, 4, 160, 1, -1}, {" s200", 0, 4, 200, 1, -1},
+                          {" k2", 0, 4, 0, 2, -1},     {" s96 k2", 0, 4, 96, 2, -1},
+                          {" xb", 0, 4, 0, 1, 0},      {" xf", 0, 4, 0, 1, 2}};
       for (const Alt& a : alts) {
-        const bool v3_async = k == GemvKernel::V3 && c.dtype == DType::INT4 && c.m == 1;
         const bool takes =
-            a.v3_async > 0
-                ? v3_async
-                : a.suffix[0] == 0 || (k == GemvKernel::V3 && c.warps4 && a.v3_warps > 0) ||
-                      (k == GemvKernel::V4 && a.v3_warps == 0 && (a.v4_x_f32 < 0 || c.dtype == DType::INT4));
+            a.suffix[0] == 0 || (k == GemvKernel::V3 && c.warps4 && a.v3_warps > 0) ||
+            (k == GemvKernel::V4 && a.v3_warps == 0 && (a.v4_x_f32 < 0 || c.dtype == DType::INT4));
         if (!takes) continue;
-        cuda::set_gemv_v3_async(a.v3_async);
         cuda::set_gemv_v3_max_warps(a.v3_warps);
         cuda::set_gemv_v4_shape(a.v4_loads, -1, -1, a.v4_smem_kb, a.v4_ksplit, a.v4_x_f32);
         const std::string name =
             std::string(c.name) + (gemv ? std::string(" ") + cuda::gemv_kernel_name(k) : "") + a.suffix;
         row(name.c_str(), shape, measure(gpu, true), double(per_launch), false, copy_gbs);
       }
-      cuda::set_gemv_v3_async(-1);
       cuda::set_gemv_v3_max_warps(0);
       cuda::set_gemv_v4_shape(0, -1);
     }

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 00:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="19 17" bash bench/gpu/pending.sh   (~7 min on an H200)
-# Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (any card):
-# the sampler's bin pick on a warp and kept step totals (sample_warp_pick, 00:45, off and not yet run), its
-# tests, the sampling rows with and without it, every engine test.
+# What is still owed to a GPU run (state of 2026-12-07 04:00), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
+# Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
+# warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
 # On an H200: step 17 (1000 x 1000/1000 FP8 with the defaults since 452b385 - the zeroing-kernel graph
 # rewrite, vector RoPE, q/k/v deferral from 64 rows: +1.4-1.6% on H100s - and the gap switches; then batch 1
 # for the three formats; the last H200 figures are of 12-06 10:10: 17,369 = 98.1% of 17.7k, bf16 batch 1
@@ -175,14 +174,8 @@ if step 18; then
       sed "s/^/$tag: /"
   done
 fi
-# 19. The sampler on a cluster of eight CTAs per row for up to 16 rows: measured H100 12-07 00:36 (1 row
-#    k/p/min-p 419 (v1) -> 258 one CTA -> 82 us cluster; docs/benchmarks.md). (00:45, not yet run, off:
-#    sample_warp_pick, INFERX_SAMPLE_WARP_PICK=1; the bench's "wp" rows) The radix pass's bin picked by one
-#    warp (thread 0 walked 256 bins: ~4 us a pass (estimated), eight passes with top-k + top-p) and the final walk's step
-#    totals kept in shared memory (the chosen warp loads one step again instead of a chain of ~32): predicted
-#    one CTA temperature 59.5 -> ~45 us, k/p/min-p 258 -> ~210; cluster k/p/min-p 82 -> ~50. The selection
-#    tests (both settings), the sampling rows, and every engine test. Make it the default (and delete
-#    pick_bin_serial and the chained walk) if the test passes and the rows gain.
+# 19. (measured H100 12-07 03:30: the warp pick gained everywhere, now the only path; docs/benchmarks.md)
+#    Its tests, the sampling rows and every engine test (re-run after any sampler change).
 if step 19; then
   INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*Argmax*:*Sampling*' 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure|rror|seed" | head -20
@@ -190,18 +183,8 @@ if step 19; then
   INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
 fi
-# 20. (measured H100 12-07 03:30) GEMV v3's INT4 weights staged in shared memory by cp.async at one activation
-#    row (INFERX_GEMV_V3_ASYNC=1: 8 sets per batch, one stage; 2: 4 sets, two stages). Kernel rows (% of copy,
-#    registers / 1 / 2): lm_head 77.4 / 89.4 / 74.3, q/k/v 43.3 / 45.9 / 40.1, gate/up 61.5 / 62.5 / 58.8, o
-#    47.2 / 39.1 / 45.5, down 69.1 / 60.2 / 60.0; 8B int4:lm_head batch 1 registers 2.414 ms, 1 2.540, 2 2.504.
-#    Mode 3 (03:45, not yet run): mode 1 only for K <= 4096 over >= 2 CTAs per SM (q/k/v, gate/up, lm_head),
-#    predicted (estimate from the rows) -1..-2% at batch 1. Its tests (bits against the register path), the
-#    sampler's tests with the warp pick as the only path, then batch 1 regs / mode 3 twice each (~3 min).
-if step 20; then
-  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='CudaGemvTest.*:*Argmax*:*Sampling*' \
-    --gtest_color=no >"$OUT/step20_tests.log" 2>&1
-  grep -E "^\[  (PASSED|FAILED)|Failure" -A2 "$OUT/step20_tests.log" | head -30
-  SKIP_ENGINE_TESTS=1 VARIANTS="regs: a3:INFERX_GEMV_V3_ASYNC=3 regs2: a3b:INFERX_GEMV_V3_ASYNC=3" \
-    QUANTS="int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-fi
+# 20. (measured H100 12-07 03:30 / 03:50, removed) GEMV v3's INT4 weights staged in shared memory by cp.async:
+#    faster rows (lm_head 77.4 -> 89.4% of copy) but slower in the model at batch 1 (2.414 -> 2.540 ms;
+#    staged only where the rows gained: 2.645-2.675). The record: kernels_gemv.cu's INT4 notes. Commands in
+#    git history (cdd93db, 792809e).
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -457,57 +457,6 @@ TEST_F(CudaGemvTest, TallWeightsMatchFloat64Reference) {
     }
 }
 
-// v3 with INT4 weights staged in shared memory by cp.async at one activation row (set_gemv_v3_async 1: 8
-// sets per batch in one stage; 2: 4 sets in two stages, the next batch in flight; 3: mode 1 for products of
-// K <= 4096 over at least two CTAs per SM, else registers), plain and SiLU products within the float64
-// bound. The staged kernels run the register path's operations in the same order, so where they split K
-// over as many warps they give its bits: mode 2 always, mode 1 except at 32 sets (4 warps of one batch
-// against 8 of half a batch). Rows of 3 sets (one partial batch), 32 (K = 4096 at every group), 66 (8 warps
-// of 9 sets: batches 8 + 1 and 4 + 4 + 1, the last warp 3) and 112 (K = 14336, the down projection: 14 sets
-// per warp); every group size, with and without zero points. Mode 3 keeps these few rows on registers (their
-// bits) and stages the 8B model's 6144 x 4096 q/k/v product (mode 1's bits).
-TEST_F(CudaGemvTest, StagedInt4WeightsMatchTheRegisterPath) {
-  struct AsyncScope {
-    explicit AsyncScope(int mode) { cuda::set_gemv_v3_async(mode); }
-    ~AsyncScope() { cuda::set_gemv_v3_async(-1); }
-    AsyncScope(const AsyncScope&) = delete;
-    AsyncScope& operator=(const AsyncScope&) = delete;
-  };
-  auto same_bits = [](const std::vector<float>& got, const std::vector<float>& want,
-                      const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (size_t i = 0; i < got.size(); ++i)
-      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
-        ADD_FAILURE() << what << ": element " << i << " " << got[i] << " vs " << want[i];
-        return;
-      }
-  };
-  const KernelScope v3(DType::INT4, GemvKernel::V3);
-  uint32_t seed = 1900;
-  for (const Variant& v : kStreamInt4Variants)
-    for (int64_t k : {int64_t{384}, int64_t{4096}, int64_t{8448}, int64_t{14336}})
-      for (int64_t n : {int64_t{37}, int64_t{133}, int64_t{6144}}) {
-        if (n == 6144 && (k != 4096 || v.group != 64)) continue;  // the tall product: the 8B q/k/v at g64
-        const HostWeight h = make_weight(v, n, k, ++seed),
-                         hs = make_weight(v, 2 * (n == 37 ? 64 : 37), k, ++seed);
-        const Linear w = linear(h, {}), ws = linear(hs, {});
-        std::vector<float> x = randoms(static_cast<size_t>(k), ++seed);
-        for (float& e : x) e = bf16_round(e);
-        const std::vector<float> bias = randoms(size_t(n), ++seed);
-        const OneRowRefs refs = one_row_refs(h, hs, x, bias);
-        const std::string what = v.name + " n=" + std::to_string(n) + " k=" + std::to_string(k);
-        std::vector<float> out[4];
-        for (int mode = 0; mode < 4; ++mode) {
-          const AsyncScope scope(mode);
-          out[mode] =
-              expect_one_row_products(h, w, hs, ws, x, bias, what + " mode " + std::to_string(mode), &refs);
-        }
-        same_bits(out[2], out[0], what + ": mode 2 against registers");
-        if (k != 4096) same_bits(out[1], out[0], what + ": mode 1 against registers");
-        same_bits(out[3], out[n == 6144 ? 1 : 0], what + ": mode 3 against mode " + (n == 6144 ? "1" : "0"));
-      }
-}
-
 // v4's warps stream several rows each, the next batch of loads in flight across a row's end: long rows
 // (two batches, the second partial) over few warps (one CTA per SM: 4 warps per SM for 3001 rows), both
 // batch sizes, plain products with one or two rows per warp, and SiLU products; with the shared-memory

@@ -85,11 +85,6 @@ const char* gemv_kernel_name(GemvKernel kernel);
 void set_gemv_kernel(DType dtype, GemvKernel kernel);
 // v3's largest CTA, in warps splitting K (1..8; 0: INFERX_GEMV_V3_WARPS, default 8).
 void set_gemv_v3_max_warps(int warps);
-// v3's INT4 weights at one activation row staged in shared memory by cp.async instead of loaded into
-// registers (kernels_gemv_tc.cu): 0 off, 1 eight sets per batch in one stage, 2 four sets in two stages
-// (the next batch in flight while one is decoded), 3 mode 1 for products of K <= 4096 over at least two
-// CTAs per SM, else registers; -1: INFERX_GEMV_V3_ASYNC, default 0.
-void set_gemv_v3_async(int mode);
 // v4's weight loads per lane and batch (4 or 8; 0: by the product's shape, kernels_gemv.cu v4_loads_for;
 // else INFERX_GEMV_V4_LOADS, default 0), CTAs per SM
 // (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 0) and whether a

@@ -1,6 +1,5 @@
 // GEMV v3: the dot products on tensor cores (the overview and the choice between the kernels:
 // kernels_gemv.cu).
-#include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels_gemv_impl.cuh"
 
 namespace inferx::cuda::gemv_impl {
@@ -20,29 +19,7 @@ namespace tc {
 constexpr int kRows = 16;     // weight rows per CTA (the m of m16n8k16)
 constexpr int kMaxWarps = 8;  // warps splitting K
 constexpr int kUnroll = 4;    // sets per lane and batch: 8 chunk loads (two rows) in flight, 4 KB per warp
-// Staged weights (kStages >= 1, INT4 at one activation row: v3_async): a lane's 16-byte chunks go to shared
-// memory by cp.async instead of to registers, at ((stage * U + u) * 2 + row) * 512 + lane * 16 of its warp's
-// region (lane-private: the lane reads back only what it copied, so no barrier, and a warp's 32 reads of one
-// (stage, u, row) are 512 contiguous bytes: no bank conflicts). The registers held 32 words of chunks per
-// lane (113 registers at S = 2: two CTAs of 8 warps per SM, 64 KB in flight per SM); staged, they do not
-// limit the bytes in flight.
-template <int U, int kStages>
-constexpr size_t stage_bytes_per_warp() {
-  return static_cast<size_t>(kStages) * U * 2 * kWarp * 16;
-}
 }  // namespace tc
-
-__device__ __forceinline__ uint4 load_shared16(const uint8_t* p) {
-  uint4 v;
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  // volatile with a memory clobber: stays after the cp.async wait (whose asm has no clobber) and before
-  // the next copies into the same slot.
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(a)
-               : "memory");
-  return v;
-}
 
 // Per format: the chunk decoder (kernels_gemv_decode.h) and the per-row scale; INT4 also reads a zero
 // point per chunk and group scales per set (kGroups).
@@ -108,27 +85,21 @@ __device__ __forceinline__ void tc_finish(const GemvParams& p,
 
 // MR: activation rows (p.m <= MR, MR * S <= 16: NT = 1 or 2 products of 8 columns; tc_finish reads
 // columns below MR * S only). A row is whole sets (row_bytes a multiple of 64: launch_format). Warp w
-// takes a contiguous range of sets (4 chunks: chunk 4c + t for lane t); each batch issues U sets of
-// loads per lane (two rows, plus INT4 zero points and group scales) before decoding any. kStages 0: the
-// chunks land in registers; 1: in shared memory (tc::stage_bytes_per_warp), one batch at a time; 2: the
-// next batch's copies go out before the current batch is decoded (double buffer).
-template <class Dec, int MR, int S, bool kSilu, int U = tc::kUnroll, int kStages = 0>
+// takes a contiguous range of sets (4 chunks: chunk 4c + t for lane t); each batch issues kUnroll sets of
+// loads per lane (two rows, plus INT4 zero points and group scales) before decoding any. Offsets within
+// a batch are immediates: the lane's pointers advance once per batch.
+template <class Dec, int MR, int S, bool kSilu>
 __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const GemvParams p) {
   static_assert(MR * S <= 16, "B columns: activation rows x subsets, two products at most");
-  static_assert(kStages >= 0 && kStages <= 2, "registers, one staged batch or two");
-  constexpr int NT = MR * S > 8 ? 2 : 1, kX = Dec::kCols / 8;  // kX: x loads per chunk
+  constexpr int U = tc::kUnroll, NT = MR * S > 8 ? 2 : 1, kX = Dec::kCols / 8;  // kX: x loads per chunk
   constexpr int kCS = S == 1 ? 1 : 2;  // distinct subsets among the C fragment's columns 2t, 2t + 1
   __shared__ float red[tc::kMaxWarps][tc::kRows][16];
-  extern __shared__ __align__(16) uint8_t tc_stage[];  // kStages >= 1: nwarps regions
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = tc_row<kSilu>(p, g), row1 = tc_row<kSilu>(p, g + 8);
   const int chunks = static_cast<int>(p.row_bytes / 16), sets = (chunks + 3) / 4;
   const int per_warp = (sets + nwarps - 1) / nwarps;
   const int first = warp * per_warp, last = min(sets, first + per_warp);
-  // The lane's staging slots: slot(stage, u, r) = mine + ((stage * U + u) * 2 + r) * 512.
-  uint8_t* const mine = tc_stage + warp * tc::stage_bytes_per_warp<U, kStages>() + lane * 16;
-  auto slot = [&](int stage, int u, int r) { return mine + ((stage * U + u) * 2 + r) * (kWarp * 16); };
   // Lane pointers at set `first`: weights (rows g, g + 8), x (B columns g and 8 + g), zero points of
   // the lane's chunks, group scales of the C fragment's columns.
   const uint4* w0 = reinterpret_cast<const uint4*>(p.w + row0 * p.row_bytes) + 4 * first + t;
@@ -160,54 +131,44 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
       sc[1][h] = scale + row1 * p.groups_per_row + grp + (2 * t + h) % S;
     }
   }
-  // A batch's INT4 zero points and group scales (registers in every mode: two bytes each).
-  struct Meta {
+  float acc[NT][4] = {};
+  bool waited = false;  // the first batch of weight loads goes out before waiting for x (cuda_common.cuh)
+  for (int base = first; base < last; base += U) {
+    const int nsets = last - base;  // sets left from `base`
+    uint4 raw[U][2];
     uint32_t zz[U][2], gs[U][2][kCS];
-  };
-  uint4 raw[U][2];  // kStages 0: the batch's chunks
-  // Issue batch `base` (sets base .. base + U - 1 that exist; `at`: sets from the lane pointers' set).
-  auto issue = [&](int base, int stage, Meta& m) {
-    const int nsets = last - base, at = base - first;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (u >= nsets) break;  // warp-uniform; the compute loop stops at the same set
-      if constexpr (kStages == 0) {
-        raw[u][0] = load_stream(w0 + 4 * (at + u));
-        raw[u][1] = load_stream(w1 + 4 * (at + u));
-      } else {
-        cp_async16(slot(stage, u, 0), w0 + 4 * (at + u), 16);
-        cp_async16(slot(stage, u, 1), w1 + 4 * (at + u), 16);
-      }
-      m.zz[u][0] = m.zz[u][1] = 0;
+      raw[u][0] = load_stream(w0 + 4 * u);
+      raw[u][1] = load_stream(w1 + 4 * u);
+      zz[u][0] = zz[u][1] = 0;
       if constexpr (Dec::kGroups) {
-        const int gi = (at + u) * S;
-        m.zz[u][0] = gemv::int4_zero_pair(z0 ? __ldg(z0 + gi) : 8u);
-        m.zz[u][1] = gemv::int4_zero_pair(z1 ? __ldg(z1 + gi) : 8u);
+        zz[u][0] = gemv::int4_zero_pair(z0 ? __ldg(z0 + u * S) : 8u);
+        zz[u][1] = gemv::int4_zero_pair(z1 ? __ldg(z1 + u * S) : 8u);
 #pragma unroll
         for (int h = 0; h < kCS; ++h) {
-          m.gs[u][0][h] = __ldg(sc[0][h] + gi);
-          m.gs[u][1][h] = __ldg(sc[1][h] + gi);
+          gs[u][0][h] = __ldg(sc[0][h] + u * S);
+          gs[u][1][h] = __ldg(sc[1][h] + u * S);
         }
       }
     }
-  };
-  float acc[NT][4] = {};
-  auto compute = [&](int base, int stage, const Meta& m) {
-    const int nsets = last - base, at = base - first;
+    if (!waited) {
+      pdl_wait();
+      waited = true;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (u >= nsets) break;
-      const uint4 r0 = kStages == 0 ? raw[u][0] : load_shared16(slot(stage, u, 0));
-      const uint4 r1 = kStages == 0 ? raw[u][1] : load_shared16(slot(stage, u, 1));
       uint32_t f0[Dec::kMmas][2], f1[Dec::kMmas][2];
-      Dec::decode({r0.x, r0.y, r0.z, r0.w}, m.zz[u][0], f0);
-      Dec::decode({r1.x, r1.y, r1.z, r1.w}, m.zz[u][1], f1);
+      Dec::decode({raw[u][0].x, raw[u][0].y, raw[u][0].z, raw[u][0].w}, zz[u][0], f0);
+      Dec::decode({raw[u][1].x, raw[u][1].y, raw[u][1].z, raw[u][1].w}, zz[u][1], f1);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         uint4 xv[kX];
 #pragma unroll
         for (int i = 0; i < kX; ++i)
-          xv[i] = xon[nt] ? __ldg(xp[nt] + 4 * (at + u) * kX + i) : make_uint4(0, 0, 0, 0);
+          xv[i] = xon[nt] ? __ldg(xp[nt] + 4 * u * kX + i) : make_uint4(0, 0, 0, 0);
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int j = 0; j < Dec::kMmas; ++j) {
@@ -219,7 +180,7 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
           // c: rows g, g + 8 x columns 2t, 2t + 1 (subsets (2t) % S, (2t + 1) % S)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const uint32_t bits = m.gs[u][i / 2][kCS == 1 ? 0 : i % 2];
+            const uint32_t bits = gs[u][i / 2][kCS == 1 ? 0 : i % 2];
             acc[nt][i] = fmaf(c[i], gemv::half_float(static_cast<uint16_t>(bits)), acc[nt][i]);
           }
         } else {
@@ -228,40 +189,23 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
         }
       }
     }
-  };
-  // The first batch of weight loads goes out before waiting for x (cuda_common.cuh).
-  bool waited = false;
-  auto wait_once = [&] {
-    if (!waited) pdl_wait();
-    waited = true;
-  };
-  Meta m0{};
-  if constexpr (kStages < 2) {
-    for (int base = first; base < last; base += U) {
-      issue(base, 0, m0);
-      if constexpr (kStages == 1) {
-        cp_async_commit();
-        cp_async_wait<0>();
+    w0 += 4 * U;
+    w1 += 4 * U;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xp[nt] += 4 * U * kX;
+    if constexpr (Dec::kGroups) {
+      if (z0) {
+        z0 += U * S;
+        z1 += U * S;
       }
-      wait_once();
-      compute(base, 0, m0);
-    }
-  } else {
-    Meta m1{};
-    if (first < last) issue(first, 0, m0);
-    cp_async_commit();
-    int stage = 0;
-    for (int base = first; base < last; base += U) {
-      if (base + U < last) issue(base + U, stage ^ 1, m1);  // into the slots the last batch was read from
-      cp_async_commit();  // (empty at the end: the wait below counts groups)
-      cp_async_wait<1>();
-      wait_once();
-      compute(base, stage, m0);
-      m0 = m1;
-      stage ^= 1;
+#pragma unroll
+      for (int h = 0; h < kCS; ++h) {
+        sc[0][h] += U * S;
+        sc[1][h] += U * S;
+      }
     }
   }
-  wait_once();              // a warp without sets still stores (after the CTA's barrier)
+  if (!waited) pdl_wait();  // a warp without sets still stores (after the CTA's barrier)
   pdl_launch_dependents();  // after the weight stream (see the file comment)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -283,66 +227,20 @@ int v3_max_warps() {
   return o >= 1 && o <= tc::kMaxWarps ? o : env;
 }
 
-// Staged INT4 weights at one activation row (kStages >= 1 in gemv_tc_kernel): 0 off (registers), 1 U = 8
-// sets per batch in one stage, 2 U = 4 in two stages, 3 mode 1 where it measured faster - rows of at most
-// 32 sets (K <= 4096 at 128 columns a set: one batch per warp) over at least two CTAs per SM - else
-// registers. set_gemv_v3_async, else INFERX_GEMV_V3_ASYNC.
-// Measured (H100 2026-12-07, g64, % of copy, registers / mode 1 / mode 2): 4096x4096 47.2 / 39.1 / 45.5,
-// 6144x4096 43.3 / 45.9 / 40.1, gate/up + SiLU 28672x4096 61.5 / 62.5 / 58.8, 4096x14336 69.1 / 60.2 / 60.0,
-// lm_head 128256x4096 77.4 / 89.4 / 74.3. The copies' extra hop (global -> shared -> registers) costs a
-// one-round product latency; they pay where several CTAs per SM take turns (the lm_head's 8016 CTAs).
-// 8B int4:lm_head at batch 1: registers 2.414 ms, mode 1 everywhere 2.540, mode 2 2.504.
-std::atomic<int> g_v3_async{-1};
-int v3_async() {
-  static const int env = env_int("INFERX_GEMV_V3_ASYNC", 0, 3, 0);
-  const int o = g_v3_async.load(std::memory_order_relaxed);
-  return o >= 0 && o <= 3 ? o : env;
-}
-bool v3_staged_pays(const GemvParams& p, int64_t per_cta) {
-  int sms = 0;
-  if (device_sms(sms) != cudaSuccess) return false;
-  const int64_t sets = (p.row_bytes / 16 + 3) / 4, ctas = (p.rows + per_cta - 1) / per_cta;
-  return sets <= 32 && ctas >= 2 * static_cast<int64_t>(sms);
-}
-
-// Warps for `sets` sets per row at U sets per batch: enough that each has one batch, at most v3_max_warps.
-int tc_warps(int sets, int unroll) {
-  return std::max(1, std::min(v3_max_warps(), (sets + unroll - 1) / unroll));
-}
-
-template <class Dec, int MR, int S, bool kSilu, int U, int kStages>
-cudaError_t launch_tc_kernel(const GemvParams& p, int64_t per_cta, cudaStream_t stream) {
-  const int sets = static_cast<int>((p.row_bytes / 16 + 3) / 4);
-  const int warps = tc_warps(sets, U);
-  const dim3 grid(static_cast<unsigned>((p.rows + per_cta - 1) / per_cta)), block(warps * kWarp);
-  const size_t smem = static_cast<size_t>(warps) * tc::stage_bytes_per_warp<U, kStages>();
-  if constexpr (kStages > 0) {
-    // Above 48 KB of dynamic shared memory a kernel must opt in (once per instantiation: the largest CTA).
-    static const cudaError_t opt_in = cudaFuncSetAttribute(
-        gemv_tc_kernel<Dec, MR, S, kSilu, U, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(tc::kMaxWarps * tc::stage_bytes_per_warp<U, kStages>()));
-    if (opt_in != cudaSuccess) return opt_in;
-  }
-  return launch_pdl(gemv_tc_kernel<Dec, MR, S, kSilu, U, kStages>, grid, block, smem, stream, p);
-}
-
 // R = 2: the SiLU product. S: subsets (INT4: 128 / group). Returns cudaErrorNotSupported (nothing
 // launched) when p.m * S needs more than the 16 A rows.
 template <class Dec, int R, int S>
 cudaError_t launch_tc(const GemvParams& p, cudaStream_t stream) {
+  const int sets = static_cast<int>((p.row_bytes / 16 + 3) / 4);
+  const int warps = std::max(1, std::min(v3_max_warps(), (sets + tc::kUnroll - 1) / tc::kUnroll));
   const int64_t per_cta = R == 2 ? tc::kRows / 2 : tc::kRows;
-  if constexpr (Dec::kGroups) {
-    const int mode = p.m == 1 ? v3_async() : 0;
-    if (mode == 1 || (mode == 3 && v3_staged_pays(p, per_cta)))
-      return launch_tc_kernel<Dec, 1, S, R == 2, 8, 1>(p, per_cta, stream);
-    if (mode == 2) return launch_tc_kernel<Dec, 1, S, R == 2, 4, 2>(p, per_cta, stream);
-  }
+  const dim3 grid(static_cast<unsigned>((p.rows + per_cta - 1) / per_cta)), block(warps * kWarp);
   auto go = [&](auto mr) {
     constexpr int MR = decltype(mr)::value;
     if constexpr (MR * S > 16)
       return cudaErrorNotSupported;
     else
-      return launch_tc_kernel<Dec, MR, S, R == 2, tc::kUnroll, 0>(p, per_cta, stream);
+      return launch_pdl(gemv_tc_kernel<Dec, MR, S, R == 2>, grid, block, 0, stream, p);
   };
   return with_rows_bucket(p.m, go);
 }
@@ -370,6 +268,5 @@ template cudaError_t launch_v3<2>(DType, const GemvParams&, cudaStream_t);
 namespace inferx::cuda {
 
 void set_gemv_v3_max_warps(int warps) { gemv_impl::g_v3_max_warps.store(warps, std::memory_order_relaxed); }
-void set_gemv_v3_async(int mode) { gemv_impl::g_v3_async.store(mode, std::memory_order_relaxed); }
 
 }  // namespace inferx::cuda
