@@ -187,4 +187,13 @@ fi
 #    faster rows (lm_head 77.4 -> 89.4% of copy) but slower in the model at batch 1 (2.414 -> 2.540 ms;
 #    staged only where the rows gained: 2.645-2.675). The record: kernels_gemv.cu's INT4 notes. Commands in
 #    git history (cdd93db, 792809e).
+# 21. (12-07 03:50, not yet run, off) One shared-memory carve-out for every kernel launch_with launches
+#    (INFERX_SMEM_CARVEOUT=0..100, pdl.h): a test of the guess that kernels of different carve-outs cannot
+#    share an SM until it drains, losing the PDL overlap of a decode step's kernels (GEMV v3 staging's loss,
+#    step 20). Predicted: if the guess holds, batch 1 several % faster at 100 (estimate: ~1 us of ~4 per
+#    kernel boundary, ~7 boundaries a layer); else level. Batch 1, three formats, default / 100 / 50 (~4 min).
+if step 21; then
+  SKIP_ENGINE_TESTS=1 VARIANTS="default: c100:INFERX_SMEM_CARVEOUT=100 c50:INFERX_SMEM_CARVEOUT=50" \
+    QUANTS="${QUANTS21:-int4:lm_head fp8:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err
