@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 04:00), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-07 04:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="21" bash bench/gpu/pending.sh   (~4 min, any card: first)
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
@@ -187,11 +188,17 @@ fi
 #    faster rows (lm_head 77.4 -> 89.4% of copy) but slower in the model at batch 1 (2.414 -> 2.540 ms;
 #    staged only where the rows gained: 2.645-2.675). The record: kernels_gemv.cu's INT4 notes. Commands in
 #    git history (cdd93db, 792809e).
-# 21. (12-07 03:50, not yet run, off) One shared-memory carve-out for every kernel launch_with launches
-#    (INFERX_SMEM_CARVEOUT=0..100, pdl.h): a test of the guess that kernels of different carve-outs cannot
-#    share an SM until it drains, losing the PDL overlap of a decode step's kernels (GEMV v3 staging's loss,
-#    step 20). Predicted: if the guess holds, batch 1 several % faster at 100 (estimate: ~1 us of ~4 per
-#    kernel boundary, ~7 boundaries a layer); else level. Batch 1, three formats, default / 100 / 50 (~4 min).
+# 21. (12-07 03:50, not yet run, off) One shared-memory carve-out for every kernel launch_with and the
+#    selection's cluster launcher launch (INFERX_SMEM_CARVEOUT=0..100, pdl.h): a test of the guess that
+#    kernels of different carve-outs cannot share an SM until it drains, losing the PDL overlap of a decode
+#    step's kernels. For it: GEMV v3 staging (step 20) lost more where it made the step alternate more often
+#    between small- and large-shared-memory kernels (staged everywhere: q/k/v, attention, o, gate/up, down
+#    large, norms and RoPE small, ~4 changes a layer: +0.13 ms; staged only q/k/v, gate/up, lm_head, ~5-6
+#    changes a layer although o and down kept their faster register kernels: +0.23 ms). The FP8 / BF16 batch-1
+#    steps alternate too (v4's 96 KB-per-SM prefetch and the attention large; norms, RoPE small; ~4 changes a
+#    layer); INT4 (v3, 8 KB) only around the attention (~2). Predicted (estimate): if the guess holds, 100 is
+#    faster for every format, most for FP8 / BF16 (a few us per change, ~4 a layer: up to 10%); else level
+#    (L1 shrinks to ~28 KB at 100: x of every GEMV still fits). Batch 1, three formats, default / 100 / 50.
 if step 21; then
   SKIP_ENGINE_TESTS=1 VARIANTS="default: c100:INFERX_SMEM_CARVEOUT=100 c50:INFERX_SMEM_CARVEOUT=50" \
     QUANTS="${QUANTS21:-int4:lm_head fp8:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"

@@ -42,10 +42,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 template <class... Params, class... Args>
 cudaError_t launch_with(cudaLaunchAttribute attribute, bool use, void (*kernel)(Params...), dim3 grid,
                         dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  if (const int carveout = smem_carveout(); carveout >= 0) {
-    const cudaError_t st = apply_smem_carveout(reinterpret_cast<const void*>(kernel), carveout);
-    if (st != cudaSuccess) return st;
-  }
+  if (const cudaError_t st = apply_launch_carveout(reinterpret_cast<const void*>(kernel)); st != cudaSuccess)
+    return st;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
