@@ -189,7 +189,7 @@ fi
 #    staged only where the rows gained: 2.645-2.675). The record: kernels_gemv.cu's INT4 notes. Commands in
 #    git history (cdd93db, 792809e).
 # 21. (12-07 03:50, not yet run, off) One shared-memory carve-out for every kernel launch_with and the
-#    selection's cluster launcher launch (INFERX_SMEM_CARVEOUT=0..100, pdl.h): a test of the guess that
+#    selection's cluster launcher launch (INFERX_SMEM_CARVEOUT=0..100, cuda_common.cuh): a test of the guess that
 #    kernels of different carve-outs cannot share an SM until it drains, losing the PDL overlap of a decode
 #    step's kernels. For it: GEMV v3 staging (step 20) lost more where it made the step alternate more often
 #    between small- and large-shared-memory kernels (staged everywhere: q/k/v, attention, o, gate/up, down

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <utility>
 
 #include "backend/cuda/pdl.h"
@@ -35,6 +37,37 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// A tuning switch from the environment (host): the integer value of `name` when it is set and within
+// [lo, hi], else `fallback`. Callers read it once (a function-local static).
+inline int env_int(const char* name, int lo, int hi, int fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == 0) return fallback;
+  const int v = std::atoi(e);
+  return v >= lo && v <= hi ? v : fallback;
+}
+
+// An experiment (INFERX_SMEM_CARVEOUT=0..100, read once; unset: -1, each kernel left to the driver): one
+// preferred shared-memory carve-out (percent of the unified L1 / shared memory) for every kernel that
+// launch_with and the selection kernels' cluster launcher launch. The guess it tests: consecutive kernels
+// whose carve-outs differ cannot share an SM until it drains and is reconfigured, costing the PDL overlap
+// between a decode step's kernels (from GEMV v3's staged INT4 weights, kernels_gemv.cu). The attribute is
+// set once per kernel and device (a lookup under a lock per launch while the switch is set; nothing
+// otherwise; a replayed graph launches nothing).
+inline cudaError_t apply_launch_carveout(const void* kernel) {
+  static const int percent = env_int("INFERX_SMEM_CARVEOUT", 0, 100, -1);
+  if (percent < 0) return cudaSuccess;
+  int device = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st != cudaSuccess) return st;
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (done.count({kernel, device}) != 0) return cudaSuccess;
+  st = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
+  if (st == cudaSuccess) done.insert({kernel, device});
+  return st;
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with `attribute` (cudaLaunchKernelEx), or none
@@ -79,6 +112,18 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Inclusive prefix sum over the warp's lanes in lane order (Hillis-Steele: the same additions in the same
+// order on every call, so two scans of the same values agree bit for bit).
+__device__ __forceinline__ float warp_inclusive_sum(float v) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int off = 1; off < kWarp; off *= 2) {
+    const float o = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v += o;
+  }
   return v;
 }
 
@@ -176,15 +221,6 @@ cudaError_t allow_dynamic_smem(Kernel kernel, int bytes, unsigned& done_mask) {
 
 // Whether p is a multiple of `bytes` (launchers choose vectorised kernels with it; null counts as aligned).
 inline bool is_aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// A tuning switch from the environment (host): the integer value of `name` when it is set and within
-// [lo, hi], else `fallback`. Callers read it once (a function-local static).
-inline int env_int(const char* name, int lo, int hi, int fallback) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == 0) return fallback;
-  const int v = std::atoi(e);
-  return v >= lo && v <= hi ? v : fallback;
-}
 
 // Launch-size helper: enough blocks of `threads` for n items, capped (kernels use grid-stride loops).
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 65535) {

@@ -258,12 +258,7 @@ __device__ __forceinline__ void pick_bin(RadixScratch& s, float remaining) {
     h[j] = s.hist[255 - 8 * lane - j];
     own += h[j];
   }
-  float incl = own;
-#pragma unroll
-  for (int off = 1; off < kWarp; off *= 2) {
-    const float o = __shfl_up_sync(all, incl, off);
-    if (lane >= off) incl += o;
-  }
+  const float incl = warp_inclusive_sum(own);
   const float total = __shfl_sync(all, incl, kWarp - 1);
   float cum = __shfl_up_sync(all, incl, 1);
   if (lane == 0) cum = 0.0f;
@@ -367,17 +362,11 @@ struct WalkStep {
   float own, incl, total;
 };
 __device__ __forceinline__ void walk_sums(WalkStep& w, float theta, float zmax, bool valid) {
-  const int lane = threadIdx.x % kWarp;
   w.own = 0.0f;
   if (valid)
 #pragma unroll
     for (int e = 0; e < 4; ++e) w.own += kept_weight(w.z[e], theta, zmax);
-  w.incl = w.own;
-#pragma unroll
-  for (int off = 1; off < kWarp; off *= 2) {
-    const float o = __shfl_up_sync(0xffffffffu, w.incl, off);
-    if (lane >= off) w.incl += o;
-  }
+  w.incl = warp_inclusive_sum(w.own);
   w.total = __shfl_sync(0xffffffffu, w.incl, kWarp - 1);
 }
 
@@ -437,10 +426,10 @@ __device__ __forceinline__ int load_walk_step(WalkStep& st, const float* row, in
 }
 
 // The warp's pick in a step whose running sum starts at cum: pick_in_unit in the first lane with weight whose
-// running sum passes rem (none unless may_cross), else -1. Every lane gets it.
+// running sum passes rem, else -1. Every lane gets it.
 __device__ __forceinline__ int step_crossing(const WalkStep& st, int mine, int64_t u, float cum, float rem,
-                                             float theta, float zmax, bool may_cross) {
-  const unsigned over = __ballot_sync(0xffffffffu, may_cross && st.own > 0.0f && cum + st.incl > rem);
+                                             float theta, float zmax) {
+  const unsigned over = __ballot_sync(0xffffffffu, st.own > 0.0f && cum + st.incl > rem);
   if (over == 0) return -1;
   const int l = __ffs(over) - 1;
   int pick = -1;
@@ -615,8 +604,9 @@ __global__ void __launch_bounds__(kThreads)
       WalkStep st;
       const int64_t u = wbegin + static_cast<int64_t>(step) * kWarp + lane;
       const int mine = load_walk_step(st, row, u, wend, vocab, vec, inv_t, theta, zmax);
-      // cum + total > rem puts the crossing in a lane with weight (a lane without adds 0 exactly).
-      pick = step_crossing(st, mine, u, cum, rem, theta, zmax, crossed);
+      // cum + total > rem puts the crossing in a lane with weight (a lane without adds 0 exactly); without a
+      // crossing (rounding), the step's last kept entry.
+      if (crossed) pick = step_crossing(st, mine, u, cum, rem, theta, zmax);
       if (pick < 0) pick = step_last_kept(mine);
     }
     if (lane == 0) s_pick = pick;
