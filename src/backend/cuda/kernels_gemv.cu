@@ -78,7 +78,7 @@ namespace {
 //     model at batch 1 (int4:lm_head, TPOT p50, two runs each) v3 2.452 / 2.455 ms, v4 2.762 / 2.766: v3
 //     stays INT4's default at every M. (Not profiled: each run is one 32-FFMA dependency chain per row.)
 //   v3 with its INT4 chunks staged in shared memory by cp.async instead of registers (113 registers at g64:
-//     two 8-warp CTAs and 64 KB in flight per SM; staged, ~128 KB; commit cdd93db, removed after the run).
+//     two 8-warp CTAs, 64 KB in flight per SM; staged ~128 KB; both counted, not measured; cdd93db, removed).
 //     H100 2026-12-07, g64, % of copy, registers / 8 sets a batch in one stage / 4 sets in two: lm_head
 //     128256x4096 77.4 / 89.4 / 74.3, q/k/v 43.3 / 45.9 / 40.1, gate/up + SiLU 61.5 / 62.5 / 58.8, o 47.2 /
 //     39.1 / 45.5, down 69.1 / 60.2 / 60.0; yet in the 8B int4:lm_head model at batch 1 every staged use
