@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What is still owed to a GPU run (state of 2026-12-07 04:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="21" bash bench/gpu/pending.sh   (~4 min, any card: first)
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="22" bash bench/gpu/pending.sh   (~4-5 min, any card: first)
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
@@ -202,5 +202,19 @@ fi
 if step 21; then
   SKIP_ENGINE_TESTS=1 VARIANTS="default: c100:INFERX_SMEM_CARVEOUT=100 c50:INFERX_SMEM_CARVEOUT=50" \
     QUANTS="${QUANTS21:-int4:lm_head fp8:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+fi
+# 22. (12-07 05:20, not yet run) The one-row RMSNorm's residual add issued every load before its first store
+#    (norm_rows.cuh): the PTX had each of the kVec addend loads after the previous float4's store to the row
+#    (which may alias it), so 1 + kVec dependent L2 rounds per norm, now 1. Predicted (estimate, ~0.4 us per
+#    round, 2 norms a layer): -3 us per layer at 8B, bf16 -1.5..-2%, fp8:lm_head -2..-3%, int4:lm_head -3..-4%.
+#    Its tests (the add-norm test now over every kernel width), then batch 1 against the build before
+#    (inferx_base, staged with EXTRA_BINS=inferx_base=/tmp/inferx_base), and the carve-out at 100 (step 21).
+if step 22; then
+  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*RmsNorm*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS22:-base:BIN=inferx_base new: c100:INFERX_SMEM_CARVEOUT=100}" \
+    QUANTS="${QUANTS22:-fp8:lm_head int4:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

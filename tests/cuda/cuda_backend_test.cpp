@@ -227,18 +227,23 @@ TEST_F(CudaBackendTest, RmsNormMatchesReference) {
 }
 
 TEST_F(CudaBackendTest, AddRmsNormUpdatesResidualAndNormalises) {
-  const int64_t rows = 3, cols = 4096;
-  const auto res = random_floats(rows * cols, 4), x = random_floats(rows * cols, 5),
-             w = random_floats(cols, 6);
-  Both tr = both_f32({rows, cols}, res), tx = both_f32({rows, cols}, x), tw = both_f32({cols}, w);
-  Both out = both_f32({rows, cols}, std::vector<float>(rows * cols));
-  gpu_->add_rmsnorm(tr.gpu, tx.gpu, tw.gpu, 1e-5f, out.gpu);
-  cpu_->add_rmsnorm(tr.cpu, tx.cpu, tw.cpu, 1e-5f, out.cpu);
-  std::vector<float> sum(res.size());
-  for (size_t i = 0; i < sum.size(); ++i) sum[i] = res[i] + x[i];
-  expect_close(read(*gpu_, tr.gpu), sum, 0, 0, "residual");
-  expect_close(read(*gpu_, out.gpu), rmsnorm_ref(sum, w, cols, 1e-5f), 1e-6, 1e-5, "out");
-  expect_close(read(*gpu_, out.gpu), read(*cpu_, out.cpu), 1e-6, 1e-5, "gpu vs cpu");
+  // Each kernel's residual add: register rows of 2 / 4 / 8 float4s per thread (1000, 4096, 8192; every load of
+  // the row and of the addend is issued before the first store), the loop kernel (1001, 12288).
+  for (int64_t cols : {1000, 1001, 4096, 8192, 12288}) {
+    SCOPED_TRACE(cols);
+    const int64_t rows = 3;
+    const auto res = random_floats(rows * cols, 4), x = random_floats(rows * cols, 5),
+               w = random_floats(cols, 6);
+    Both tr = both_f32({rows, cols}, res), tx = both_f32({rows, cols}, x), tw = both_f32({cols}, w);
+    Both out = both_f32({rows, cols}, std::vector<float>(rows * cols));
+    gpu_->add_rmsnorm(tr.gpu, tx.gpu, tw.gpu, 1e-5f, out.gpu);
+    cpu_->add_rmsnorm(tr.cpu, tx.cpu, tw.cpu, 1e-5f, out.cpu);
+    std::vector<float> sum(res.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = res[i] + x[i];
+    expect_close(read(*gpu_, tr.gpu), sum, 0, 0, "residual");
+    expect_close(read(*gpu_, out.gpu), rmsnorm_ref(sum, w, cols, 1e-5f), 1e-6, 1e-5, "out");
+    expect_close(read(*gpu_, out.gpu), read(*cpu_, out.cpu), 1e-6, 1e-5, "gpu vs cpu");
+  }
 }
 
 TEST_F(CudaBackendTest, HeadRmsNormNormalisesEachHead) {

@@ -28,17 +28,22 @@ __device__ __forceinline__ float sum_squares(const float4 (&v)[kVec], int64_t n4
 }
 
 // v = row (+ add_row, written back to row when add_row is not null); returns this thread's sum of squares.
+// Every load (row and add_row) is issued before the first store: a store to row may alias add_row as far as
+// the compiler knows, so interleaving them (load a, store, load the next a, ...) made each of the kVec adds
+// wait for a memory round trip of its own (the PTX showed 1 + kVec dependent rounds for a decode step's
+// one-row norm, which is all latency).
 template <int kVec, int kThreads>
 __device__ __forceinline__ float add_and_sum_squares(float* row, const float* add_row, int64_t n4,
                                                      float4 (&v)[kVec]) {
   load<kVec, kThreads>(row, n4, v);
   if (add_row) {
+    float4 a[kVec];
+    load<kVec, kThreads>(add_row, n4, a);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
       if (i < n4) {
-        const float4 a = reinterpret_cast<const float4*>(add_row)[i];
-        v[j] = make_float4(v[j].x + a.x, v[j].y + a.y, v[j].z + a.z, v[j].w + a.w);
+        v[j] = make_float4(v[j].x + a[j].x, v[j].y + a[j].y, v[j].z + a[j].z, v[j].w + a[j].w);
         reinterpret_cast<float4*>(row)[i] = v[j];
       }
     }
