@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What is still owed to a GPU run (state of 2026-12-07 04:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="22" bash bench/gpu/pending.sh   (~4-5 min, any card: first)
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="23" bash bench/gpu/pending.sh   (~2 min, any card: first)
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
@@ -216,5 +216,20 @@ if step 22; then
     grep -E "^\[  (PASSED|FAILED)|Failure" | head
   SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS22:-base:BIN=inferx_base new: c100:INFERX_SMEM_CARVEOUT=100}" \
     QUANTS="${QUANTS22:-fp8:lm_head int4:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+fi
+# 23. (12-07 05:30, not yet run) The decode attention's merge ticket taken by one thread with an acq_rel atomic
+#    between two CTA barriers, instead of every thread fencing before the atomic and again after it
+#    (decode_attention_epilogue.cuh). At batch 1 the ticket and the merge end the attention's critical path.
+#    Predicted (estimate): -0.2..-0.5 us per layer, 0.1-0.5% at batch 1. Attention tests (float64 references,
+#    every decode kernel), engine tests (graph replays = eager), then batch 1: 6199b5d (inferx_base), the
+#    norm's load order alone (inferx_norm, f48ecd7), and both. Stage with
+#    EXTRA_BINS="inferx_base=/tmp/inferx_base inferx_norm=/tmp/inferx_norm".
+if step 23; then
+  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Attention*:*Decode*:*RmsNorm*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|Failure" | head
+  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS23:-base:BIN=inferx_base norm:BIN=inferx_norm new: new2:}" \
+    QUANTS="${QUANTS23:-fp8:lm_head int4:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

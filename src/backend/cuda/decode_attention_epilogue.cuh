@@ -2,8 +2,8 @@
 // The end every split-KV decode attention kernel shares (v1 and v2: kernels_decode_attention.cu, v3:
 // kernels_decode_attention_v3.cu): the CTA's warps each hold an online-softmax state over their own keys;
 // those are merged through shared memory into the output rows (one split) or the split's partial
-// (max, denominator, numerator), and the last CTA of a (token, group chunk) to finish - an atomic ticket,
-// the threadFenceReduction pattern of the CUDA samples, tickets returned to zero - combines the partials.
+// (max, denominator, numerator), and the last CTA of a (token, group chunk) to finish - an atomic ticket
+// taken with acquire-release semantics, tickets returned to zero - combines the partials.
 // The combine is spread over the CTA (a warp per row weighs the splits, then every thread sums dims over
 // all splits): at batch 1 it ends the kernel's critical path (v3: 16.5 -> 8.5 us per layer, H200).
 #include <math_constants.h>
@@ -69,15 +69,20 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
   }
   if (splits == 1) return;
 
-  __threadfence();
+  // One thread takes the ticket with an acq_rel atomic at GPU scope, after the barrier, instead of every
+  // thread fencing before it and again after it: the release is cumulative over the CTA's partial stores
+  // that the barrier ordered before it, and the last CTA's acquire, followed by its barrier, orders its
+  // threads' reads of the partials after every split's release (cooperative groups' grid sync has this
+  // shape: one thread fences and counts between two CTA barriers).
   __syncthreads();
   if (threadIdx.x == 0) {
-    s_last = atomicAdd(res.ticket, 1) == splits - 1;
+    int before;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(res.ticket) : "memory");
+    s_last = before == splits - 1;
     if (s_last) *res.ticket = 0;  // ready for the next launch (stream order separates launches)
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
   // A warp per row: lane i weighs splits i and i + 32 and the warp sums the denominator.
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   for (int r = warp; r < res.nh; r += kWarps) {
