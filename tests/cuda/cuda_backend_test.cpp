@@ -227,8 +227,8 @@ TEST_F(CudaBackendTest, RmsNormMatchesReference) {
 }
 
 TEST_F(CudaBackendTest, AddRmsNormUpdatesResidualAndNormalises) {
-  // Each kernel's residual add: register rows of 2 / 4 / 8 float4s per thread (1000, 4096, 8192; every load of
-  // the row and of the addend is issued before the first store), the loop kernel (1001, 12288).
+  // Each kernel's residual add: register rows of 2 / 4 / 8 float4s per thread (1000, 4096, 8192; every load
+  // of the row and of the addend is issued before the first store), the loop kernel (1001, 12288).
   for (int64_t cols : {1000, 1001, 4096, 8192, 12288}) {
     SCOPED_TRACE(cols);
     const int64_t rows = 3;
