@@ -2,7 +2,8 @@
 # Nsight Compute's detailed sections (speed of light, warp stall reasons, scheduler, occupancy, memory) for
 # ONE launch of the kernels whose name matches a regex, in a slice of an inferx run:
 #   bench/gpu/ncu_detail.sh NAME KERNEL_REGEX SKIP inferx-args...
-# (SKIP: launches of the matching kernel to skip first, past warm-up.) Eager launches (INFERX_GRAPHS=0).
+# (SKIP: launches of the matching kernel to skip first, past warm-up; LAUNCH_COUNT, default 1: how many
+# consecutive launches to profile from there.) Eager launches (INFERX_GRAPHS=0).
 # Writes $OUT/ncu_detail_NAME.txt and prints its stall-reason and throughput lines.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
@@ -10,7 +11,7 @@ name=$1 regex=$2 skip=$3
 shift 3
 find_ncu || exit 0
 INFERX_GRAPHS=0 timeout "${PROFILE_TIMEOUT:-200}" "$NCU" --clock-control none -k "regex:$regex" \
-  --launch-skip "$skip" --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+  --launch-skip "$skip" --launch-count "${LAUNCH_COUNT:-1}" --section SpeedOfLight --section WarpStateStats \
   --section SchedulerStats \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
   --print-units base "$C/inferx" "$@" >"$OUT/ncu_detail_$name.txt" 2>"$OUT/ncu_detail_$name.err"

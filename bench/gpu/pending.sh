@@ -232,4 +232,29 @@ if step 23; then
   SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS23:-base:BIN=inferx_base norm:BIN=inferx_norm new: new2:}" \
     QUANTS="${QUANTS23:-fp8:lm_head int4:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
+# 24. (12-07 05:50, not yet run) GEMV v5 (FP8 as W8A8 on tensor cores) against v4 at batch 1 on this card: 2.4%
+#    faster on one H200 node (12-05 22:45), 1.5% slower on an H100 (12-06 00:42), opt-in since. If an H200
+#    confirms the gain, v5 becomes the FP8 default where the card's DRAM bandwidth per SM is H200-like (the
+#    v4 kernel's instruction and L1 work per weight byte is what grows with bandwidth; an estimate, not
+#    profiled). Two runs of each, alternating.
+if step 24; then
+  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS24:-v4: v5:INFERX_GEMV_KERNEL=fp8=v5 v4b: v5b:INFERX_GEMV_KERNEL=fp8=v5}" \
+    QUANTS="${QUANTS24:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+fi
+# 25. (12-07 05:50, not yet run) Why 8B FP8 products stream at 72-88% of copy inside the batch-1 graph where
+#    BF16 ones reach 96% (timelines, 05:39): ncu's stall reasons, issue and L1 / DRAM throughput of three
+#    consecutive v4 launches (q/k/v, o, gate/up of a decode step; eager) for fp8:lm_head, then bf16. The v4
+#    FP8 granule costs 2 x-loads from L1 and ~98 instructions per 32 weight bytes (R = 2) against BF16's 1 and
+#    ~50 - an estimate from the source; the measurement says whether issue, L1 or latency binds.
+if step 25; then
+  for q in ${QUANTS25:-fp8:lm_head bf16}; do
+    qa=()
+    [[ "$q" != bf16 ]] && qa=(--quantize "$q")
+    # 129 (fp8) / 97 (bf16) gemv_stream_kernel launches a decode step, +1 for the prefill's logits row.
+    skip=$([[ "$q" == bf16 ]] && echo 195 || echo 259)
+    LAUNCH_COUNT=3 PROFILE_TIMEOUT=300 bash "$(dirname "$0")/ncu_detail.sh" "gemv_${q//:/_}" gemv_stream_kernel "$skip" \
+      bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda --max-batch-size 1 --num-prompts 1 \
+      --input-len 1000 --output-len 8 --max-model-len 2048 --no-progress --warmup 0
+  done
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err
