@@ -217,7 +217,7 @@ if step 22; then
   SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS22:-base:BIN=inferx_base new: c100:INFERX_SMEM_CARVEOUT=100}" \
     QUANTS="${QUANTS22:-fp8:lm_head int4:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
-# 23. (12-07 05:30, measured H100 05:37: -0.3..-0.5 us per layer, kept) The decode attention's merge ticket taken by one thread with an acq_rel atomic
+# 23. (12-07 05:30, measured H100 05:33: -0.3..-0.5 us per layer, kept) The decode attention's merge ticket taken by one thread with an acq_rel atomic
 #    between two CTA barriers, instead of every thread fencing before the atomic and again after it
 #    (decode_attention_epilogue.cuh). At batch 1 the ticket and the merge end the attention's critical path.
 #    Predicted (estimate): -0.2..-0.5 us per layer, 0.1-0.5% at batch 1. Attention tests (float64 references,
@@ -242,7 +242,7 @@ if step 24; then
     QUANTS="${QUANTS24:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
 # 25. (12-07 05:50, not yet run) Why 8B FP8 products stream at 72-88% of copy inside the batch-1 graph where
-#    BF16 ones reach 96% (timelines, 05:39): ncu's stall reasons, issue and L1 / DRAM throughput of three
+#    BF16 ones reach 96% (timelines, 05:34): ncu's stall reasons, issue and L1 / DRAM throughput of three
 #    consecutive v4 launches (q/k/v, o, gate/up of a decode step; eager) for fp8:lm_head, then bf16. The v4
 #    FP8 granule costs 2 x-loads from L1 and ~98 instructions per 32 weight bytes (R = 2) against BF16's 1 and
 #    ~50 - an estimate from the source; the measurement says whether issue, L1 or latency binds.
