@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What is still owed to a GPU run (state of 2026-12-07 04:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="23" bash bench/gpu/pending.sh   (~2 min, any card: first)
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="26" bash bench/gpu/pending.sh   (~3 min, any card: first)
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
@@ -256,5 +256,25 @@ if step 25; then
       bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda --max-batch-size 1 --num-prompts 1 \
       --input-len 1000 --output-len 8 --max-model-len 2048 --no-progress --warmup 0
   done
+fi
+# 26. (12-07 06:00, not yet run) GEMV v4's K-split barrier named by an immediate (cuda_common.cuh
+#    named_barrier_sync<kIds>): a barrier id in a register made ptxas reserve all 16 hardware barriers, which
+#    held every v4 kernel to 4 CTAs per SM (ncu step 25: "Block Limit Barriers 4"); the FP8 kernels with 4 loads
+#    per lane are now held to 80 registers (6 CTAs per SM: 24 warps where 16 were: the 8B gate/up ran at 73% of
+#    DRAM with 0.6 eligible warps per scheduler, stalled on its loads). Only products with more row groups than
+#    4 CTAs per SM hold grow their grid (8B FP8 q/k/v 528 -> 768, gate/up 528 -> 792, lm_head; o and down
+#    stay at 512 unless split). Predicted (estimate): fp8:lm_head -3..-6% at batch 1; bf16 and int4 level
+#    (their kernels are held to 4 CTAs by registers or are v3). Tests, then batch 1 against 86203be
+#    (inferx_ticket, EXTRA_BINS=inferx_ticket=/tmp/inferx_ticket), and the K split forced for FP8.
+if step 26; then
+  for t in "test_cuda_backend --gtest_filter=*Gemv*:*Gemm*" "test_cuda_qgemm" "test_cuda_engine"; do
+    read -r -a cmd <<<"$t"
+    INFERX_REQUIRE_GPU=1 timeout 240 "$C/${cmd[0]}" "${cmd[@]:1}" --gtest_color=no 2>&1 |
+      grep -E "^\[  (PASSED|FAILED)|Failure" | head -5 | sed "s/^/${cmd[0]}: /"
+  done
+  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS26:-old:BIN=inferx_ticket new: old2:BIN=inferx_ticket new2: ks2:INFERX_GEMV_V4_KSPLIT=2}" \
+    QUANTS="${QUANTS26:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  SKIP_ENGINE_TESTS=1 VARIANTS="old:BIN=inferx_ticket new:" QUANTS="bf16 int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" |
+    grep "^decode"
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -127,10 +127,19 @@ __device__ __forceinline__ float warp_inclusive_sum(float v) {
   return v;
 }
 
-// A barrier among `threads` threads (whole warps) of the block that use the same id (1..15; 0 is
-// __syncthreads'), with the memory ordering of __syncthreads among them.
+// A barrier among `threads` threads (whole warps) of the block that use the same id (1..kIds; 0 is
+// __syncthreads'), with the memory ordering of __syncthreads among them. The id reaches bar.sync as an
+// immediate (one branch per possible id): a kernel that names its barrier in a register makes ptxas reserve
+// all 16 hardware barriers, and on Hopper that alone caps it at 4 CTAs per SM (ncu's "Block Limit
+// Barriers"; GEMV v4's FP8 kernels, whose 80 registers allow 6, ran at 4 because of it until 2026-12-07).
+template <int kIds, int kId = 1>
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+  static_assert(kIds >= 1 && kIds <= 15, "ids 1..15");
+  if (id == kId) {
+    asm volatile("bar.sync %0, %1;" ::"n"(kId), "r"(threads) : "memory");
+    return;
+  }
+  if constexpr (kId < kIds) named_barrier_sync<kIds, kId + 1>(id, threads);
 }
 
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.

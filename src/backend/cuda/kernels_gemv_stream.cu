@@ -160,8 +160,17 @@ constexpr bool kStreamInt4 = false;
 template <bool kF32>
 constexpr bool kStreamInt4<StreamInt4<kF32>> = true;
 
+// CTAs per SM a v4 instance's registers are held to: FP8 with 4 loads per lane (R * U = 4, the 8B products)
+// to 6 (80 registers), where the latency-bound stream wants every warp it can get (ncu, H100 2026-12-07: the
+// 8B FP8 gate/up at 73% of DRAM bandwidth, 0.6 eligible warps per scheduler, stalled on its loads); the rest
+// as ptxas likes.
+template <class Dec, int R, int U>
+constexpr int v4_min_ctas() {
+  return std::is_same_v<Dec, DecodeFp8> && R * U <= 4 ? 6 : 1;
+}
+
 template <class Dec, int R, int U, bool kSilu>
-__global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kGemvThreads, v4_min_ctas<Dec, R, U>()) gemv_stream_kernel(const GemvParams p) {
   using Raw = typename Dec::Raw;
   constexpr bool kInt4 = kStreamInt4<Dec>;  // x from shared memory, filled by the whole CTA
   extern __shared__ __align__(128) uint8_t v4_smem[];
@@ -297,7 +306,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_stream_kernel(const GemvPar
 #pragma unroll
           for (int r = 0; r < R; ++r) split_sums[parity][wib][r] = acc[r][0];
         }
-        named_barrier_sync(1 + wib / ks, ks * kWarp);
+        named_barrier_sync<kGemvWarps>(1 + wib / ks, ks * kWarp);
         if (seg == 0) {
 #pragma unroll
           for (int r = 0; r < R; ++r) {

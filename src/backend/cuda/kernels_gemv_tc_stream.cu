@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kV5Threads, 2) gemv_tc_stream_kernel(const Gem
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) own[(nt * 4 + i) * kWarp + lane] = acc[nt][i];
-      named_barrier_sync(1 + group, ks * kWarp);
+      named_barrier_sync<kV5Warps>(1 + group, ks * kWarp);
       if (seg == 0) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
