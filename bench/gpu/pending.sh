@@ -267,7 +267,8 @@ fi
 #    q/k/v 528 -> 768, gate/up 528 -> 792, lm_head; o and down stay at 512 unless split: ks2). Predicted
 #    (estimate): fp8:lm_head -3..-6% with "fit"; "new" level with "old" (the same 4 CTAs; 76-80 registers
 #    against 80). If "fit" wins: default 0, then bf16 / int4 level checks. Stage with
-#    EXTRA_BINS=inferx_ticket=/tmp/inferx_ticket (86203be).
+#    EXTRA_BINS="inferx_ticket=/tmp/inferx_ticket inferx_bf16x5=/tmp/inferx_bf16x5" (86203be's inferx; this
+#    commit's with 5 CTAs for BF16, below).
 if step 26; then
   for t in "test_cuda_backend --gtest_filter=*Gemv*:*Gemm*" "test_cuda_qgemm" "test_cuda_engine"; do
     read -r -a cmd <<<"$t"  # with as many CTAs as fit (the tests' own shapes set theirs where they sweep)
@@ -278,5 +279,10 @@ if step 26; then
     QUANTS="${QUANTS26:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   SKIP_ENGINE_TESTS=1 VARIANTS="old:BIN=inferx_ticket new: fit:INFERX_GEMV_V4_CTAS_PER_SM=0" QUANTS="bf16 int4:lm_head" \
     bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  # BF16's v4 kernels held to 96 registers (5 CTAs per SM; 4-116 bytes of spills): a build of this commit with
+  # v4_min_ctas giving 5 for DecodeBf16, staged as inferx_bf16x5 (EXTRA_BINS=inferx_bf16x5=PATH).
+  [[ -x "$C/inferx_bf16x5" ]] && SKIP_ENGINE_TESTS=1 \
+    VARIANTS="x5:BIN=inferx_bf16x5,INFERX_GEMV_V4_CTAS_PER_SM=0 new: x5b:BIN=inferx_bf16x5,INFERX_GEMV_V4_CTAS_PER_SM=0" \
+    QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err
