@@ -264,7 +264,8 @@ fi
 #    at 73% of DRAM with 0.6 eligible warps per scheduler, stalled on its loads). Off by default until this
 #    runs: INFERX_GEMV_V4_CTAS_PER_SM defaults to 4 (what every earlier measurement saw); "fit" (=0) lets as
 #    many as fit run. Only products with more row groups than 4 CTAs per SM hold grow their grid (8B FP8
-#    q/k/v 528 -> 768, gate/up 528 -> 792, lm_head; o and down stay at 512 unless split: ks2). Predicted
+#    q/k/v 528 -> 768, gate/up 528 -> 792, lm_head; o and down stay at 512 unless split: ks2, or one row per
+#    warp: rows1). Predicted
 #    (estimate): fp8:lm_head -3..-6% with "fit"; "new" level with "old" (the same 4 CTAs; 76-80 registers
 #    against 80). If "fit" wins: default 0, then bf16 / int4 level checks. Stage with
 #    EXTRA_BINS="inferx_ticket=/tmp/inferx_ticket inferx_bf16x5=/tmp/inferx_bf16x5" (86203be's inferx; this
@@ -275,7 +276,7 @@ if step 26; then
     INFERX_GEMV_V4_CTAS_PER_SM=0 INFERX_REQUIRE_GPU=1 timeout 240 "$C/${cmd[0]}" "${cmd[@]:1}" --gtest_color=no 2>&1 |
       grep -E "^\[  (PASSED|FAILED)|Failure" | head -5 | sed "s/^/${cmd[0]}: /"
   done
-  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS26:-old:BIN=inferx_ticket new: fit:INFERX_GEMV_V4_CTAS_PER_SM=0 old2:BIN=inferx_ticket fit2:INFERX_GEMV_V4_CTAS_PER_SM=0 ks2:INFERX_GEMV_V4_CTAS_PER_SM=0,INFERX_GEMV_V4_KSPLIT=2}" \
+  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS26:-old:BIN=inferx_ticket new: fit:INFERX_GEMV_V4_CTAS_PER_SM=0 old2:BIN=inferx_ticket fit2:INFERX_GEMV_V4_CTAS_PER_SM=0 ks2:INFERX_GEMV_V4_CTAS_PER_SM=0,INFERX_GEMV_V4_KSPLIT=2 rows1:INFERX_GEMV_V4_CTAS_PER_SM=0,INFERX_GEMV_V4_PAIRS=0}" \
     QUANTS="${QUANTS26:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   SKIP_ENGINE_TESTS=1 VARIANTS="old:BIN=inferx_ticket new: fit:INFERX_GEMV_V4_CTAS_PER_SM=0" QUANTS="bf16 int4:lm_head" \
     bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
