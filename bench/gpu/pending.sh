@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 04:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="26" bash bench/gpu/pending.sh   (~3 min, any card: first)
+# What is still owed to a GPU run (state of 2026-12-07 06:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="26" bash bench/gpu/pending.sh   (~3 min, any card: first; its
+#   tests are the first GPU run of the immediate barrier ids, and it needs the EXTRA_BINS its comment names)
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
