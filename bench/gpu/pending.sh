@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 06:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-07 06:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="26" bash bench/gpu/pending.sh   (~3 min, any card: first; its
 #   tests are the first GPU run of the immediate barrier ids, and it needs the EXTRA_BINS its comment names)
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
