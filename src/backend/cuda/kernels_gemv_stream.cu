@@ -170,7 +170,8 @@ constexpr int v4_min_ctas() {
 }
 
 template <class Dec, int R, int U, bool kSilu>
-__global__ void __launch_bounds__(kGemvThreads, v4_min_ctas<Dec, R, U>()) gemv_stream_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kGemvThreads, v4_min_ctas<Dec, R, U>())
+    gemv_stream_kernel(const GemvParams p) {
   using Raw = typename Dec::Raw;
   constexpr bool kInt4 = kStreamInt4<Dec>;  // x from shared memory, filled by the whole CTA
   extern __shared__ __align__(128) uint8_t v4_smem[];
