@@ -269,8 +269,8 @@ fi
 #    warp: rows1). Predicted
 #    (estimate): fp8:lm_head -3..-6% with "fit"; "new" level with "old" (the same 4 CTAs; 76-80 registers
 #    against 80). If "fit" wins: default 0, then bf16 / int4 level checks. Stage with
-#    EXTRA_BINS="inferx_ticket=/tmp/inferx_ticket inferx_bf16x5=/tmp/inferx_bf16x5" (86203be's inferx; this
-#    commit's with 5 CTAs for BF16, below).
+#    EXTRA_BINS="inferx_ticket=/tmp/inferx_ticket inferx_x5=/tmp/inferx_x5" (86203be's inferx; this commit's
+#    with 5 CTAs per SM for the 8-load kernels, below). ~5 min with the 70B pair.
 if step 26; then
   for t in "test_cuda_backend --gtest_filter=*Gemv*:*Gemm*" "test_cuda_qgemm" "test_cuda_engine"; do
     read -r -a cmd <<<"$t"  # with as many CTAs as fit (the tests' own shapes set theirs where they sweep)
@@ -281,10 +281,22 @@ if step 26; then
     QUANTS="${QUANTS26:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   SKIP_ENGINE_TESTS=1 VARIANTS="old:BIN=inferx_ticket new: fit:INFERX_GEMV_V4_CTAS_PER_SM=0" QUANTS="bf16 int4:lm_head" \
     bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-  # BF16's v4 kernels held to 96 registers (5 CTAs per SM; 4-116 bytes of spills): a build of this commit with
-  # v4_min_ctas giving 5 for DecodeBf16, staged as inferx_bf16x5 (EXTRA_BINS=inferx_bf16x5=PATH).
-  [[ -x "$C/inferx_bf16x5" ]] && SKIP_ENGINE_TESTS=1 \
-    VARIANTS="x5:BIN=inferx_bf16x5,INFERX_GEMV_V4_CTAS_PER_SM=0 new: x5b:BIN=inferx_bf16x5,INFERX_GEMV_V4_CTAS_PER_SM=0" \
-    QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  # The 8-load v4 kernels (BF16; 70B FP8) held to 96 registers (5 CTAs per SM; 4-116 bytes of spills): a build
+  # of this commit with v4_min_ctas giving 5 for them, staged as inferx_x5 (EXTRA_BINS=inferx_x5=PATH).
+  if [[ -x "$C/inferx_x5" ]]; then
+    SKIP_ENGINE_TESTS=1 VARIANTS="x5:BIN=inferx_x5,INFERX_GEMV_V4_CTAS_PER_SM=0 new: x5b:BIN=inferx_x5,INFERX_GEMV_V4_CTAS_PER_SM=0" \
+      QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+    for v in new:BIN=inferx x5:BIN=inferx_x5,INFERX_GEMV_V4_CTAS_PER_SM=0; do  # 70B FP8 (an 80 GB H100 fits it)
+      IFS=, read -r -a kv <<<"${v#*:}"
+      bin=${kv[0]#BIN=}
+      env "${kv[@]:1}" timeout 200 "$C/$bin" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \
+        --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 96 --max-model-len 2048 \
+        --kv-cache-memory 1GiB --gpu-memory-utilization 0.99 --no-progress --roofline --json \
+        >"$OUT/b1_70b_${v%%:*}.json" 2>"$OUT/b1_70b_${v%%:*}.err"
+      echo "decode b1 1k 70b fp8:lm_head ${v%%:*}: rc=$? $(python3 -c "
+import json; j=json.load(open('$OUT/b1_70b_${v%%:*}.json')); t=j['tpot_ms']; r=j.get('roofline', {})
+print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}%\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
+    done
+  fi
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err
