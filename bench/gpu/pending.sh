@@ -189,7 +189,7 @@ fi
 #    faster rows (lm_head 77.4 -> 89.4% of copy) but slower in the model at batch 1 (2.414 -> 2.540 ms;
 #    staged only where the rows gained: 2.645-2.675). The record: kernels_gemv.cu's INT4 notes. Commands in
 #    git history (cdd93db, 792809e).
-# 21. (12-07 03:50, not yet run, off) One shared-memory carve-out for every kernel launch_with and the
+# 21. (12-07 03:50; measured H100 05:03 in step 22: 100 slower for every format, +3..+24%; stays off) One shared-memory carve-out for every kernel launch_with and the
 #    selection's cluster launcher launch (INFERX_SMEM_CARVEOUT=0..100, cuda_common.cuh): a test of the guess that
 #    kernels of different carve-outs cannot share an SM until it drains, losing the PDL overlap of a decode
 #    step's kernels. For it: GEMV v3 staging (step 20) lost more where it made the step alternate more often
