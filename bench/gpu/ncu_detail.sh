@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute's detailed sections (speed of light, warp stall reasons, scheduler, occupancy, memory) for
-# ONE launch of the kernels whose name matches a regex, in a slice of an inferx run:
+# launches of the kernels whose name matches a regex (one unless LAUNCH_COUNT says more), in an inferx run:
 #   bench/gpu/ncu_detail.sh NAME KERNEL_REGEX SKIP inferx-args...
 # (SKIP: launches of the matching kernel to skip first, past warm-up; LAUNCH_COUNT, default 1: how many
 # consecutive launches to profile from there.) Eager launches (INFERX_GRAPHS=0).

@@ -189,51 +189,12 @@ fi
 #    faster rows (lm_head 77.4 -> 89.4% of copy) but slower in the model at batch 1 (2.414 -> 2.540 ms;
 #    staged only where the rows gained: 2.645-2.675). The record: kernels_gemv.cu's INT4 notes. Commands in
 #    git history (cdd93db, 792809e).
-# 21. (12-07 03:50; measured H100 05:03 in step 22: 100 slower for every format, +3..+24%; stays off) One shared-memory carve-out for every kernel launch_with and the
-#    selection's cluster launcher launch (INFERX_SMEM_CARVEOUT=0..100, cuda_common.cuh): a test of the guess that
-#    kernels of different carve-outs cannot share an SM until it drains, losing the PDL overlap of a decode
-#    step's kernels. For it: GEMV v3 staging (step 20) lost more where it made the step alternate more often
-#    between small- and large-shared-memory kernels (staged everywhere: q/k/v, attention, o, gate/up, down
-#    large, norms and RoPE small, ~4 changes a layer: +0.13 ms; staged only q/k/v, gate/up, lm_head, ~5-6
-#    changes a layer although o and down kept their faster register kernels: +0.23 ms). The FP8 / BF16 batch-1
-#    steps alternate too (v4's 96 KB-per-SM prefetch and the attention large; norms, RoPE small; ~4 changes a
-#    layer); INT4 (v3, 8 KB) only around the attention (~2). Predicted (estimate): if the guess holds, 100 is
-#    faster for every format, most for FP8 / BF16 (a few us per change, ~4 a layer: up to 10%); else level
-#    (L1 shrinks to ~28 KB at 100: x of every GEMV still fits). Batch 1, three formats, default / 100 / 50.
-if step 21; then
-  SKIP_ENGINE_TESTS=1 VARIANTS="default: c100:INFERX_SMEM_CARVEOUT=100 c50:INFERX_SMEM_CARVEOUT=50" \
-    QUANTS="${QUANTS21:-int4:lm_head fp8:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-fi
-# 22. (12-07 05:00, measured H100 05:03: FP8 -0.5%, INT4 -1.1%, bf16 level; the carve-out at 100 slower) The one-row RMSNorm's residual add issued every load before its first store
-#    (norm_rows.cuh): the PTX had each of the kVec addend loads after the previous float4's store to the row
-#    (which may alias it), so 1 + kVec dependent L2 rounds per norm, now 1. Predicted (estimate, ~0.4 us per
-#    round, 2 norms a layer): -3 us per layer at 8B, bf16 -1.5..-2%, fp8:lm_head -2..-3%, int4:lm_head -3..-4%.
-#    Its tests (the add-norm test now over every kernel width), then batch 1 against the build before
-#    (inferx_base, staged with EXTRA_BINS=inferx_base=/tmp/inferx_base), and the carve-out at 100 (step 21).
-if step 22; then
-  INFERX_REQUIRE_GPU=1 timeout 120 "$C/test_cuda_backend" --gtest_filter='*RmsNorm*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS22:-base:BIN=inferx_base new: c100:INFERX_SMEM_CARVEOUT=100}" \
-    QUANTS="${QUANTS22:-fp8:lm_head int4:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-fi
-# 23. (12-07 05:30, measured H100 05:33: -0.3..-0.5 us per layer, kept) The decode attention's merge ticket taken by one thread with an acq_rel atomic
-#    between two CTA barriers, instead of every thread fencing before the atomic and again after it
-#    (decode_attention_epilogue.cuh). At batch 1 the ticket and the merge end the attention's critical path.
-#    Predicted (estimate): -0.2..-0.5 us per layer, 0.1-0.5% at batch 1. Attention tests (float64 references,
-#    every decode kernel), engine tests (graph replays = eager), then batch 1: 6199b5d (inferx_base), the
-#    norm's load order alone (inferx_norm, f48ecd7), and both. Stage with
-#    EXTRA_BINS="inferx_base=/tmp/inferx_base inferx_norm=/tmp/inferx_norm".
-if step 23; then
-  INFERX_REQUIRE_GPU=1 timeout 200 "$C/test_cuda_backend" --gtest_filter='*Attention*:*Decode*:*RmsNorm*' 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  INFERX_REQUIRE_GPU=1 timeout 240 "$C/test_cuda_engine" --gtest_color=no 2>&1 |
-    grep -E "^\[  (PASSED|FAILED)|Failure" | head
-  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS23:-base:BIN=inferx_base norm:BIN=inferx_norm new: new2:}" \
-    QUANTS="${QUANTS23:-fp8:lm_head int4:lm_head bf16}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-fi
-# 24. (12-07 05:50, not yet run) GEMV v5 (FP8 as W8A8 on tensor cores) against v4 at batch 1 on this card: 2.4%
+# 21-23. (measured H100 12-07 05:03-05:33; commands in git history, 1182187..86203be) 21: one shared-memory
+#    carve-out for every kernel (INFERX_SMEM_CARVEOUT): 100 slower for every format (+3..+24%), the switch
+#    removed. 22: the one-row RMSNorm's loads before its stores: FP8 -0.5%, INT4 -1.1%, bf16 level. 23: the
+#    decode attention's merge ticket as one acq_rel atomic: -0.3..-0.5 us per layer. Both kept
+#    (docs/benchmarks.md, "H100, 2026-12-07 05:00-05:50").
+# 24. (12-07 05:50; measured H100 05:47: v5 0.9% slower, as on 12-06; owed on an H200) GEMV v5 (FP8 as W8A8 on tensor cores) against v4 at batch 1 on this card: 2.4%
 #    faster on one H200 node (12-05 22:45), 1.5% slower on an H100 (12-06 00:42), opt-in since. If an H200
 #    confirms the gain, v5 becomes the FP8 default where the card's DRAM bandwidth per SM is H200-like (the
 #    v4 kernel's instruction and L1 work per weight byte is what grows with bandwidth; an estimate, not
@@ -242,7 +203,7 @@ if step 24; then
   SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS24:-v4: v5:INFERX_GEMV_KERNEL=fp8=v5 v4b: v5b:INFERX_GEMV_KERNEL=fp8=v5}" \
     QUANTS="${QUANTS24:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
-# 25. (12-07 05:50, not yet run) Why 8B FP8 products stream at 72-88% of copy inside the batch-1 graph where
+# 25. (12-07 05:50; measured H100 05:47: the v4 kernels held to 4 CTAs per SM by barriers - step 26; again after it) Why 8B FP8 products stream at 72-88% of copy inside the batch-1 graph where
 #    BF16 ones reach 96% (timelines, 05:34): ncu's stall reasons, issue and L1 / DRAM throughput of three
 #    consecutive v4 launches (q/k/v, o, gate/up of a decode step; eager) for fp8:lm_head, then bf16. The v4
 #    FP8 granule costs 2 x-loads from L1 and ~98 instructions per 32 weight bytes (R = 2) against BF16's 1 and

@@ -7,8 +7,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
-#include <set>
 #include <utility>
 
 #include "backend/cuda/pdl.h"
@@ -48,35 +46,11 @@ inline int env_int(const char* name, int lo, int hi, int fallback) {
   return v >= lo && v <= hi ? v : fallback;
 }
 
-// An experiment (INFERX_SMEM_CARVEOUT=0..100, read once; unset: -1, each kernel left to the driver): one
-// preferred shared-memory carve-out (percent of the unified L1 / shared memory) for every kernel that
-// launch_with and the selection kernels' cluster launcher launch. The guess it tests: consecutive kernels
-// whose carve-outs differ cannot share an SM until it drains and is reconfigured, costing the PDL overlap
-// between a decode step's kernels (from GEMV v3's staged INT4 weights, kernels_gemv.cu). The attribute is
-// set once per kernel and device (a lookup under a lock per launch while the switch is set; nothing
-// otherwise; a replayed graph launches nothing).
-inline cudaError_t apply_launch_carveout(const void* kernel) {
-  static const int percent = env_int("INFERX_SMEM_CARVEOUT", 0, 100, -1);
-  if (percent < 0) return cudaSuccess;
-  int device = 0;
-  cudaError_t st = cudaGetDevice(&device);
-  if (st != cudaSuccess) return st;
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (done.count({kernel, device}) != 0) return cudaSuccess;
-  st = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
-  if (st == cudaSuccess) done.insert({kernel, device});
-  return st;
-}
-
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with `attribute` (cudaLaunchKernelEx), or none
 // when `use` is false.
 template <class... Params, class... Args>
 cudaError_t launch_with(cudaLaunchAttribute attribute, bool use, void (*kernel)(Params...), dim3 grid,
                         dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  if (const cudaError_t st = apply_launch_carveout(reinterpret_cast<const void*>(kernel)); st != cudaSuccess)
-    return st;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -131,7 +105,7 @@ __device__ __forceinline__ float warp_inclusive_sum(float v) {
 // __syncthreads'), with the memory ordering of __syncthreads among them. The id reaches bar.sync as an
 // immediate (one branch per possible id): a kernel that names its barrier in a register makes ptxas reserve
 // all 16 hardware barriers, and on Hopper that alone caps it at 4 CTAs per SM (ncu's "Block Limit
-// Barriers"; GEMV v4's FP8 kernels, whose 80 registers allow 6, ran at 4 because of it until 2026-12-07).
+// Barriers", H100 2026-12-07: GEMV v4's FP8 kernels, whose 80 registers allow 6).
 template <int kIds, int kId = 1>
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   static_assert(kIds >= 1 && kIds <= 15, "ids 1..15");

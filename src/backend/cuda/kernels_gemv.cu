@@ -83,8 +83,9 @@ namespace {
 //     128256x4096 77.4 / 89.4 / 74.3, q/k/v 43.3 / 45.9 / 40.1, gate/up + SiLU 61.5 / 62.5 / 58.8, o 47.2 /
 //     39.1 / 45.5, down 69.1 / 60.2 / 60.0; yet in the 8B int4:lm_head model at batch 1 every staged use
 //     lost: registers 2.414-2.440 ms, one stage everywhere 2.540, two stages 2.504, one stage on the q/k/v,
-//     gate/up and lm_head products only 2.645-2.675. Not profiled; a guess: PDL hand-overs between kernels of
-//     different shared-memory carve-outs (the next kernel's CTAs wait for the SM to drain and reconfigure).
+//     gate/up and lm_head products only 2.645-2.675. Not profiled. (The guess that kernels of different
+//     shared-memory carve-outs cannot share an SM did not hold up: one carve-out of 100 for every kernel made
+//     every format slower, +3..+24%, H100 2026-12-07.)
 
 int format_index(DType dtype) {
   switch (dtype) {

@@ -161,9 +161,9 @@ template <bool kF32>
 constexpr bool kStreamInt4<StreamInt4<kF32>> = true;
 
 // CTAs per SM a v4 instance's registers are held to: FP8 with 4 loads per lane (R * U = 4, the 8B products)
-// to 6 (80 registers), where the latency-bound stream wants every warp it can get (ncu, H100 2026-12-07: the
-// 8B FP8 gate/up at 73% of DRAM bandwidth, 0.6 eligible warps per scheduler, stalled on its loads); the rest
-// as ptxas likes.
+// to 6 (80 registers), so that more warps can keep loads in flight (ncu, H100 2026-12-07: the 8B FP8 gate/up
+// at 73% of DRAM bandwidth, 0.6 eligible warps per scheduler, stalled on its loads; whether 6 CTAs gain is
+// not measured yet, and v4_ctas_per_sm holds every launch to 4 until it is); the rest as ptxas likes.
 template <class Dec, int R, int U>
 constexpr int v4_min_ctas() {
   return std::is_same_v<Dec, DecodeFp8> && R * U <= 4 ? 6 : 1;

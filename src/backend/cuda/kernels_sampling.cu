@@ -643,8 +643,6 @@ namespace {
 // rows x kClusterSplit CTAs in clusters of kClusterSplit, with PDL as launch_pdl gives it.
 template <class... Params, class... Args>
 cudaError_t launch_clusters(void (*kernel)(Params...), int64_t rows, cudaStream_t stream, Args... args) {
-  if (const cudaError_t st = apply_launch_carveout(reinterpret_cast<const void*>(kernel)); st != cudaSuccess)
-    return st;
   cudaLaunchAttribute attributes[2] = {};
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = kClusterSplit;
