@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 06:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="26" bash bench/gpu/pending.sh   (~3 min, any card: first; its
-#   tests are the first GPU run of the immediate barrier ids, and it needs the EXTRA_BINS its comment names)
+# What is still owed to a GPU run (state of 2026-12-07 07:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
@@ -219,7 +217,7 @@ if step 25; then
       --input-len 1000 --output-len 8 --max-model-len 2048 --no-progress --warmup 0
   done
 fi
-# 26. (12-07 06:00, not yet run) GEMV v4's K-split barrier named by an immediate (cuda_common.cuh
+# 26. (12-07 06:00; measured H100 07:18: fit -1.4% for fp8:lm_head, now the default; x5 slower) GEMV v4's K-split barrier named by an immediate (cuda_common.cuh
 #    named_barrier_sync<kIds>): a barrier id in a register made ptxas reserve all 16 hardware barriers, which
 #    held every v4 kernel to 4 CTAs per SM (ncu step 25: "Block Limit Barriers 4"); the FP8 kernels with 4 loads
 #    per lane are now held to 80 registers, so 6 CTAs per SM fit (24 warps where 16 were: the 8B gate/up ran

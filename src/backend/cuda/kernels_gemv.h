@@ -87,7 +87,7 @@ void set_gemv_kernel(DType dtype, GemvKernel kernel);
 void set_gemv_v3_max_warps(int warps);
 // v4's weight loads per lane and batch (4 or 8; 0: by the product's shape, kernels_gemv.cu v4_loads_for;
 // else INFERX_GEMV_V4_LOADS, default 0), CTAs per SM
-// (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 4) and whether a
+// (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 0) and whether a
 // warp takes two rows of a plain product (1 / 0; -1: INFERX_GEMV_V4_PAIRS, default 1), and its shared-memory
 // prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu), its K
 // split (0: gemv_v4_ksplit's choice for BF16, FP8 and INT4 unsplit; 1: off; 2, 4: forced; -1:

@@ -162,8 +162,8 @@ constexpr bool kStreamInt4<StreamInt4<kF32>> = true;
 
 // CTAs per SM a v4 instance's registers are held to: FP8 with 4 loads per lane (R * U = 4, the 8B products)
 // to 6 (80 registers), so that more warps can keep loads in flight (ncu, H100 2026-12-07: the 8B FP8 gate/up
-// at 73% of DRAM bandwidth, 0.6 eligible warps per scheduler, stalled on its loads; whether 6 CTAs gain is
-// not measured yet, and v4_ctas_per_sm holds every launch to 4 until it is); the rest as ptxas likes.
+// at 73% of DRAM bandwidth, 0.6 eligible warps per scheduler, stalled on its loads; with 6 CTAs the 8B
+// fp8:lm_head step is 1.4% shorter, v4_ctas_per_sm); the rest as ptxas likes (5 for the 8-load kernels lost).
 template <class Dec, int R, int U>
 constexpr int v4_min_ctas() {
   return std::is_same_v<Dec, DecodeFp8> && R * U <= 4 ? 6 : 1;
@@ -392,10 +392,13 @@ __global__ void __launch_bounds__(kGemvThreads, v4_min_ctas<Dec, R, U>())
 
 // v4's weight loads per lane and batch, split over the R rows (4 or 8; 0: by the row's length, v4_loads_for),
 // and its CTAs per SM (0: as many as fit): set_gemv_v4_shape, else INFERX_GEMV_V4_LOADS (4, 8, default 0) /
-// INFERX_GEMV_V4_CTAS_PER_SM (default 4; 0: as many as fit). Read once. Default 4: until 2026-12-07 every v4
-// kernel ran at most 4 CTAs per SM (all 16 hardware barriers reserved, see named_barrier_sync), so 4 is what
-// every measurement of it saw; more (the FP8 4-load kernels now fit 6) is built and not yet measured
-// (bench/gpu/pending.sh step 26).
+// INFERX_GEMV_V4_CTAS_PER_SM (default 0: as many as fit). Read once. Until 2026-12-07 every v4 kernel ran at
+// most 4 CTAs per SM (all 16 hardware barriers reserved, see named_barrier_sync). Measured once the barrier
+// ids became immediates (H100, 2026-12-07 07:18, 8B batch 1, 1k context, TPOT p50, one call,
+// bench/gpu/pending.sh step 26): fp8:lm_head 3.508 / 3.498 ms before the change, 3.613 with it at 4 CTAs,
+// 3.451 / 3.454 with as many as fit (6 for the FP8 4-load kernels: -1.4%); bf16 and int4:lm_head level
+// (their kernels still fit 4). Holding the 8-load kernels to 96 registers for 5 CTAs lost (bf16 +3.5%, 70B
+// fp8:lm_head +7.4%).
 std::atomic<int> g_v4_loads{0}, g_v4_ctas{-1}, g_v4_smem_kb{-1};
 int v4_loads() {
   static const int env = env_int("INFERX_GEMV_V4_LOADS", 0, 8, 0);
@@ -420,7 +423,7 @@ int v4_loads_for(int64_t rows, int64_t row_bytes) {
   return row_bytes >= 8192 && (std::is_same_v<Dec, DecodeBf16> || rows >= 8192) ? 8 : 4;
 }
 int v4_ctas_per_sm() {
-  static const int env = env_int("INFERX_GEMV_V4_CTAS_PER_SM", 0, 64, 4);
+  static const int env = env_int("INFERX_GEMV_V4_CTAS_PER_SM", 0, 64, 0);
   const int o = g_v4_ctas.load(std::memory_order_relaxed);
   return o >= 0 ? o : env;
 }
