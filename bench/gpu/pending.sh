@@ -92,7 +92,7 @@ if step 5; then
       bash "$(dirname "$0")/offline_ab.sh"
   done
 fi
-step 6 && QUANTS="bf16 fp8:lm_head" bash "$(dirname "$0")/timeline.sh"
+step 6 && QUANTS="${QUANTS6:-bf16 fp8:lm_head}" bash "$(dirname "$0")/timeline.sh"
 step 6b && MODEL=dummy:llama-3-70b QUANTS=fp8:lm_head OUTPUT_LEN=48 \
   EXTRA="--kv-cache-memory 1GiB --gpu-memory-utilization 0.99" bash "$(dirname "$0")/timeline.sh"
 step 7 && MODEL=dummy:llama-3-70b SERVE_ARGS="--quantize fp8 --kv-cache-dtype fp8" CASES=1024:256 N_REQ=64 \
@@ -259,3 +259,14 @@ print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1
   fi
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err
+# 27. (12-07 07:30) INT4 through GEMV v4 with more CTAs per SM: v4's INT4 kernels (StreamInt4, 4 loads per
+#    lane) take 103-114 registers, so 4 CTAs per SM; held to 80 (6 CTAs, 20-48 bytes of spills: inferx_i6)
+#    or 96 (5 CTAs, no spills: inferx_i5) - staged builds of d8459bd, EXTRA_BINS="inferx_i6=/tmp/inferx_i6
+#    inferx_i5=/tmp/inferx_i5". v4 read INT4 13% slower than v3 at 4 CTAs (12-05, before the barrier fix);
+#    FP8 gained 1.4% from 4 -> 6. Predicted (estimate): i6 / i5 v4 5-10% faster than v4 at 4, still short of v3.
+#    Then the batch-1 timelines of fp8:lm_head (6 CTAs now) and int4:lm_head (never taken per kernel).
+if step 27; then
+  SKIP_ENGINE_TESTS=1 VARIANTS="v3: v4:INFERX_GEMV_KERNEL=int4=v4 i6:BIN=inferx_i6,INFERX_GEMV_KERNEL=int4=v4 i5:BIN=inferx_i5,INFERX_GEMV_KERNEL=int4=v4 v3b:" \
+    QUANTS="int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  QUANTS="fp8:lm_head int4:lm_head" bash "$(dirname "$0")/timeline.sh"
+fi
