@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What is still owed to a GPU run (state of 2026-12-07 07:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17" bash bench/gpu/pending.sh   (~4-5 min, H200 only)
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 28" bash bench/gpu/pending.sh   (~6 min; 17 on an H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
 # On an H200: step 17 (1000 x 1000/1000 FP8 with the defaults since 452b385 - the zeroing-kernel graph
@@ -259,7 +259,7 @@ print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1
   fi
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err
-# 27. (12-07 07:30) INT4 through GEMV v4 with more CTAs per SM: v4's INT4 kernels (StreamInt4, 4 loads per
+# 27. (12-07 07:30; measured H100 07:52: every variant slower than v3)  INT4 through GEMV v4 with more CTAs per SM: v4's INT4 kernels (StreamInt4, 4 loads per
 #    lane) take 103-114 registers, so 4 CTAs per SM; held to 80 (6 CTAs, 20-48 bytes of spills: inferx_i6)
 #    or 96 (5 CTAs, no spills: inferx_i5) - staged builds of d8459bd, EXTRA_BINS="inferx_i6=/tmp/inferx_i6
 #    inferx_i5=/tmp/inferx_i5". v4 read INT4 13% slower than v3 at 4 CTAs (12-05, before the barrier fix);
@@ -270,4 +270,13 @@ if step 27; then
   SKIP_ENGINE_TESTS=1 VARIANTS="v3: v4:INFERX_GEMV_KERNEL=int4=v4 i6:BIN=inferx_i6,INFERX_GEMV_KERNEL=int4=v4 i5:BIN=inferx_i5,INFERX_GEMV_KERNEL=int4=v4 w4:INFERX_GEMV_V3_WARPS=4 w2:INFERX_GEMV_V3_WARPS=2 v3b:" \
     QUANTS="int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   QUANTS="fp8:lm_head int4:lm_head" bash "$(dirname "$0")/timeline.sh"
+fi
+# 28. (12-07 08:00) v4's shared-memory prefetch budget per SM with 6 FP8 CTAs per SM (its share per CTA fell
+#    from 24 to 16 KB at the default 96), and the H200's view of "as many as fit" against 4: fp8:lm_head at
+#    batch 1, with bf16 once for the ratio. Predicted (estimate): 128 KB within +-1% of 96; fit -1..-2% on
+#    the H200 as on the H100.
+if step 28; then
+  SKIP_ENGINE_TESTS=1 VARIANTS="fit: c4:INFERX_GEMV_V4_CTAS_PER_SM=4 s64:INFERX_GEMV_V4_SMEM_KB=64 s128:INFERX_GEMV_V4_SMEM_KB=128 s160:INFERX_GEMV_V4_SMEM_KB=160 fit2:" \
+    QUANTS="fp8:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  SKIP_ENGINE_TESTS=1 VARIANTS="default:" QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
