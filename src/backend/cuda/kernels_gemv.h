@@ -89,7 +89,8 @@ void set_gemv_v3_max_warps(int warps);
 // else INFERX_GEMV_V4_LOADS, default 0), CTAs per SM
 // (>= 1: at most that many; 0: as many as fit; -1: INFERX_GEMV_V4_CTAS_PER_SM, default 0) and whether a
 // warp takes two rows of a plain product (1 / 0; -1: INFERX_GEMV_V4_PAIRS, default 1), and its shared-memory
-// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, default 96; kernels_gemv.cu), its K
+// prefetch budget per SM in KB (0: off; -1: INFERX_GEMV_V4_SMEM_KB, else 96 on an H200 and off elsewhere;
+// kernels_gemv_stream.cu v4_smem_kb), its K
 // split (0: gemv_v4_ksplit's choice for BF16, FP8 and INT4 unsplit; 1: off; 2, 4: forced; -1:
 // INFERX_GEMV_V4_KSPLIT, default 0), and the layout of x in shared memory for INT4 (0: BF16; 1: F32 where
 // that costs no CTAs per SM; 2: F32 wherever it fits; -1: INFERX_GEMV_V4_X_F32, default 1).

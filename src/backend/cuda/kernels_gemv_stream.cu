@@ -4,6 +4,8 @@
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels_gemv_impl.cuh"
 
+#include <string_view>
+
 namespace inferx::cuda::gemv_impl {
 namespace {
 
@@ -21,8 +23,8 @@ namespace {
 // Shared-memory prefetch (p.pf_batches > 0, dynamic shared memory = gemv_v4_smem_bytes): before it waits for
 // the previous kernel a warp asks the copy engine (cp.async.bulk) for the first pf_batches batches of its
 // first row(s) into shared memory, so the stream does not stop across the kernel boundary: the registers hold
-// one batch, shared memory as many as the budget gives (gemv_v4_staged_batches; at the default 96 KB half of
-// an FP8 4096-column row pair for the o projection's 4 CTAs per SM), and the copy needs no registers while
+// one batch, shared memory as many as the budget gives (gemv_v4_staged_batches; at 96 KB, the H200's default,
+// half of an FP8 4096-column row pair for the o projection's 4 CTAs per SM), and the copy needs no registers while
 // the previous kernel (RMSNorm, attention) runs. Those batches are then read from shared memory.
 // Bytes of one row per batch of U 16-byte granules per lane (v4's formats: BF16, FP8, INT4).
 __host__ __device__ constexpr int64_t v4_batch_row_bytes(int u) { return int64_t{kWarp} * u * 16; }
@@ -429,17 +431,34 @@ int v4_ctas_per_sm() {
 }
 
 // v4's shared-memory prefetch budget per SM in KB (0: off): set_gemv_v4_shape, else
-// INFERX_GEMV_V4_SMEM_KB (0..200, default 96). Read once. Measured on the H200 (2026-12-03 21:10-21:20, 8B,
-// batch 1, 1k context, TPOT p50, two runs each in one call): fp8:lm_head 2.817 / 2.803 ms off, 2.804 at 64,
-// 2.748 / 2.759 at 96, 2.845 at 128, 2.899 at 160, 2.981 at 200; BF16 through v4 with 96: 4.407 / 4.417
-// against v1's 4.543 / 4.546; 70B fp8:lm_head unchanged (19.15 vs 19.18 ms). Larger budgets lose (likely,
-// not measured: the next kernel's CTAs no longer fit beside this one's, so its prefetch starts later). Alone
-// in a chain of the same product (bench_cuda_kernels) 96 KB gains 2-3% on 6144- and 28672-row FP8 products
-// and 3% on BF16 14336x4096, nothing on 4096x4096.
+// INFERX_GEMV_V4_SMEM_KB (0..200), else tuned per card: 96 on an H200, off elsewhere. Read once.
+// - H200 (2026-12-03 21:10-21:20, an older build, 4 CTAs per SM; 8B, batch 1, 1k context, TPOT p50, two runs
+//   each in one call): fp8:lm_head 2.817 / 2.803 ms off, 2.804 at 64, 2.748 / 2.759 at 96, 2.845 at 128,
+//   2.899 at 160, 2.981 at 200; BF16 through v4 with 96: 4.407 / 4.417 against v1's 4.543 / 4.546; 70B
+//   fp8:lm_head unchanged (19.15 vs 19.18 ms). Alone in a chain of the same product (bench_cuda_kernels) 96 KB
+//   gains 2-3% on 6144- and 28672-row FP8 products and 3% on BF16 14336x4096, nothing on 4096x4096.
+// - H100 (2026-12-07 08:10, this build, as many CTAs per SM as fit; same workload, one node): fp8:lm_head
+//   3.324-3.329 ms off, 3.324-3.332 at 32 (which stages nothing at 4-6 CTAs per SM), 3.364 at 64, 3.393-3.400
+//   at 96 (+2.2%), 3.473 at 128; held to 4 CTAs 3.457 off against 3.550 at 96; bf16 5.755 / 5.759 off
+//   against 5.786 / 5.787; 70B fp8:lm_head 25.288 ms off against 25.570 (91.2% / 90.0% of its roofline).
+// Whether the H200 still gains with this build is queued (bench/gpu/pending.sh step 28); until then each
+// card keeps what was measured on it.
+int v4_smem_kb_for_card() {
+  static const int kb = [] {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; the launch that follows reports a real failure
+      return 0;
+    }
+    return std::string_view(prop.name).find("H200") != std::string_view::npos ? 96 : 0;
+  }();
+  return kb;
+}
 int v4_smem_kb() {
-  static const int env = env_int("INFERX_GEMV_V4_SMEM_KB", 0, 200, 96);
+  static const int env = env_int("INFERX_GEMV_V4_SMEM_KB", -1, 200, -1);
   const int o = g_v4_smem_kb.load(std::memory_order_relaxed);
-  return o >= 0 ? o : env;
+  return o >= 0 ? o : env >= 0 ? env : v4_smem_kb_for_card();
 }
 
 // v4's K split (kernels_gemv.h gemv_v4_ksplit): set_gemv_v4_shape's ksplit, else INFERX_GEMV_V4_KSPLIT
