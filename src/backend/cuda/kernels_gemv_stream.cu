@@ -1,10 +1,10 @@
 // GEMV v4: persistent warps streaming weight rows with the next batch of loads in flight, one activation
 // row, BF16 / FP8 (v1's decoders) and INT4 (StreamInt4); its measured per-shape policies (loads per lane,
 // K split, shared-memory staging). The overview and the choice between the kernels: kernels_gemv.cu.
+#include <string_view>
+
 #include "backend/cuda/bulk_copy.cuh"
 #include "backend/cuda/kernels_gemv_impl.cuh"
-
-#include <string_view>
 
 namespace inferx::cuda::gemv_impl {
 namespace {
@@ -23,9 +23,11 @@ namespace {
 // Shared-memory prefetch (p.pf_batches > 0, dynamic shared memory = gemv_v4_smem_bytes): before it waits for
 // the previous kernel a warp asks the copy engine (cp.async.bulk) for the first pf_batches batches of its
 // first row(s) into shared memory, so the stream does not stop across the kernel boundary: the registers hold
-// one batch, shared memory as many as the budget gives (gemv_v4_staged_batches; at 96 KB, the H200's default,
-// half of an FP8 4096-column row pair for the o projection's 4 CTAs per SM), and the copy needs no registers while
-// the previous kernel (RMSNorm, attention) runs. Those batches are then read from shared memory.
+// one batch, shared memory as many as the budget gives (gemv_v4_staged_batches; at 96 KB, the H200's
+// default, half of an FP8 4096-column row pair for the o projection's 4 CTAs per SM), and the copy needs no
+// registers while the previous kernel (RMSNorm, attention) runs. Those batches are then read from shared
+// memory.
+//
 // Bytes of one row per batch of U 16-byte granules per lane (v4's formats: BF16, FP8, INT4).
 __host__ __device__ constexpr int64_t v4_batch_row_bytes(int u) { return int64_t{kWarp} * u * 16; }
 constexpr int kV4BarBytes = 128;  // the CTA's mbarriers (one per warp), then the warps' stages
@@ -435,8 +437,8 @@ int v4_ctas_per_sm() {
 // - H200 (2026-12-03 21:10-21:20, an older build, 4 CTAs per SM; 8B, batch 1, 1k context, TPOT p50, two runs
 //   each in one call): fp8:lm_head 2.817 / 2.803 ms off, 2.804 at 64, 2.748 / 2.759 at 96, 2.845 at 128,
 //   2.899 at 160, 2.981 at 200; BF16 through v4 with 96: 4.407 / 4.417 against v1's 4.543 / 4.546; 70B
-//   fp8:lm_head unchanged (19.15 vs 19.18 ms). Alone in a chain of the same product (bench_cuda_kernels) 96 KB
-//   gains 2-3% on 6144- and 28672-row FP8 products and 3% on BF16 14336x4096, nothing on 4096x4096.
+//   fp8:lm_head unchanged (19.15 vs 19.18 ms). Alone in a chain of the same product (bench_cuda_kernels) 96
+//   KB gains 2-3% on 6144- and 28672-row FP8 products and 3% on BF16 14336x4096, nothing on 4096x4096.
 // - H100 (2026-12-07 08:10, this build, as many CTAs per SM as fit; same workload, one node): fp8:lm_head
 //   3.324-3.329 ms off, 3.324-3.332 at 32 (which stages nothing at 4-6 CTAs per SM), 3.364 at 64, 3.393-3.400
 //   at 96 (+2.2%), 3.473 at 128; held to 4 CTAs 3.457 off against 3.550 at 96; bf16 5.755 / 5.759 off
