@@ -444,8 +444,8 @@ int v4_ctas_per_sm() {
 //   at 96 (+2.2%), 3.473 at 128; held to 4 CTAs 3.457 off against 3.550 at 96; bf16 5.755 / 5.759 off
 //   against 5.786 / 5.787; 70B fp8:lm_head 25.288 ms off against 25.570 (91.2% / 90.0% of its roofline).
 // Whether the H200 still gains with this build is queued (bench/gpu/pending.sh step 28); until then each
-// card keeps what was measured on it. By name ("H200", so GH200 too, HBM3e like it), of the device current at
-// the first launch: a process drives one kind of card.
+// card keeps what was measured on it. By name ("H200": a GH200 matches too, unmeasured), of the device
+// current at the first launch: a process drives one kind of card.
 int v4_smem_kb_for_card() {
   static const int kb = [] {
     int dev = 0;
