@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 07:30), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+# What is still owed to a GPU run (state of 2026-12-07 08:55), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 28" bash bench/gpu/pending.sh   (~6 min; 17 on an H200 only)
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
