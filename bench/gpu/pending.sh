@@ -50,6 +50,25 @@ source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 STEPS=" ${STEPS:-1 2 3 4} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
+# 70B fp8:lm_head at batch 1, 1k context, 96 tokens (an 80 GB H100 fits it with 1 GiB of KV), once per variant
+# in decode_ab.sh's form: "name:ENV=VAL,ENV=VAL" (BIN=NAME runs $C/NAME instead of inferx).
+b1_70b() {
+  local v name bin e
+  for v in "$@"; do
+    name=${v%%:*}
+    IFS=, read -r -a kv <<<"${v#*:}"
+    bin=inferx
+    local envs=()
+    for e in "${kv[@]}"; do [[ "$e" == BIN=* ]] && bin=${e#BIN=} || envs+=("$e"); done
+    env "${envs[@]}" timeout 200 "$C/$bin" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \
+      --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 96 --max-model-len 2048 \
+      --kv-cache-memory 1GiB --gpu-memory-utilization 0.99 --no-progress --roofline --json \
+      >"$OUT/b1_70b_$name.json" 2>"$OUT/b1_70b_$name.err"
+    echo "decode b1 1k 70b fp8:lm_head $name: rc=$? $(python3 -c "
+import json; j=json.load(open('$OUT/b1_70b_$name.json')); t=j['tpot_ms']; r=j.get('roofline', {})
+print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}%\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
+  done
+}
 step 1 && for t in test_cuda_backend test_cuda_qgemm test_cuda_engine test_cuda_tensor_parallel; do
   INFERX_REQUIRE_GPU=1 timeout 280 "$C/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
   echo "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$t.log" | tr '\n' ' ')"
@@ -73,16 +92,7 @@ if step 4; then
     grep -E " m1 " | grep -E " (v3|v4|v5)( |$)| v4 l8 | v5 |rror"
   SKIP_ENGINE_TESTS=1 QUANTS="fp8:lm_head" VARIANTS="v4: v5:INFERX_GEMV_KERNEL=fp8=v5
     v5s0:INFERX_GEMV_KERNEL=fp8=v5,INFERX_GEMV_V5_SMEM_KB=0 v4again:" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-  for v in v4: v5:INFERX_GEMV_KERNEL=fp8=v5; do  # 70B FP8 (fits an 80 GB H100 with 1 GiB of KV)
-    IFS=, read -r -a kv <<<"${v#*:}"
-    env "${kv[@]}" timeout 200 "$C/inferx" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \
-      --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 96 --max-model-len 2048 \
-      --kv-cache-memory 1GiB --gpu-memory-utilization 0.99 --no-progress --roofline --json \
-      >"$OUT/b1_70b_${v%%:*}.json" 2>"$OUT/b1_70b_${v%%:*}.err"
-    echo "decode b1 1k 70b fp8:lm_head ${v%%:*}: rc=$? $(python3 -c "
-import json; j=json.load(open('$OUT/b1_70b_${v%%:*}.json')); t=j['tpot_ms']; r=j.get('roofline', {})
-print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}%\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
-  done
+  b1_70b v4: v5:INFERX_GEMV_KERNEL=fp8=v5
 fi
 if step 5; then
   i=0
@@ -217,60 +227,10 @@ if step 25; then
       --input-len 1000 --output-len 8 --max-model-len 2048 --no-progress --warmup 0
   done
 fi
-# 26. (12-07 06:00; measured H100 07:18: fit -1.4% for fp8:lm_head, now the default; x5 slower) GEMV v4's K-split barrier named by an immediate (cuda_common.cuh
-#    named_barrier_sync<kIds>): a barrier id in a register made ptxas reserve all 16 hardware barriers, which
-#    held every v4 kernel to 4 CTAs per SM (ncu step 25: "Block Limit Barriers 4"); the FP8 kernels with 4 loads
-#    per lane are now held to 80 registers, so 6 CTAs per SM fit (24 warps where 16 were: the 8B gate/up ran
-#    at 73% of DRAM with 0.6 eligible warps per scheduler, stalled on its loads). Off by default until this
-#    runs: INFERX_GEMV_V4_CTAS_PER_SM defaults to 4 (what every earlier measurement saw); "fit" (=0) lets as
-#    many as fit run. Only products with more row groups than 4 CTAs per SM hold grow their grid (8B FP8
-#    q/k/v 528 -> 768, gate/up 528 -> 792, lm_head; o and down stay at 512 unless split: ks2, or one row per
-#    warp: rows1). Predicted
-#    (estimate): fp8:lm_head -3..-6% with "fit"; "new" level with "old" (the same 4 CTAs; 76-80 registers
-#    against 80). If "fit" wins: default 0, then bf16 / int4 level checks. Stage with
-#    EXTRA_BINS="inferx_ticket=/tmp/inferx_ticket inferx_x5=/tmp/inferx_x5" (86203be's inferx; this commit's
-#    with 5 CTAs per SM for the 8-load kernels, below). ~5 min with the 70B pair.
-if step 26; then
-  for t in "test_cuda_backend --gtest_filter=*Gemv*:*Gemm*" "test_cuda_qgemm" "test_cuda_engine"; do
-    read -r -a cmd <<<"$t"  # with as many CTAs as fit (the tests' own shapes set theirs where they sweep)
-    INFERX_GEMV_V4_CTAS_PER_SM=0 INFERX_REQUIRE_GPU=1 timeout 240 "$C/${cmd[0]}" "${cmd[@]:1}" --gtest_color=no 2>&1 |
-      grep -E "^\[  (PASSED|FAILED)|Failure" | head -5 | sed "s/^/${cmd[0]}: /"
-  done
-  SKIP_ENGINE_TESTS=1 VARIANTS="${VARIANTS26:-old:BIN=inferx_ticket new: fit:INFERX_GEMV_V4_CTAS_PER_SM=0 old2:BIN=inferx_ticket fit2:INFERX_GEMV_V4_CTAS_PER_SM=0 ks2:INFERX_GEMV_V4_CTAS_PER_SM=0,INFERX_GEMV_V4_KSPLIT=2 rows1:INFERX_GEMV_V4_CTAS_PER_SM=0,INFERX_GEMV_V4_PAIRS=0}" \
-    QUANTS="${QUANTS26:-fp8:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-  SKIP_ENGINE_TESTS=1 VARIANTS="old:BIN=inferx_ticket new: fit:INFERX_GEMV_V4_CTAS_PER_SM=0" QUANTS="bf16 int4:lm_head" \
-    bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-  # The 8-load v4 kernels (BF16; 70B FP8) held to 96 registers (5 CTAs per SM; 4-116 bytes of spills): a build
-  # of this commit with v4_min_ctas giving 5 for them, staged as inferx_x5 (EXTRA_BINS=inferx_x5=PATH).
-  if [[ -x "$C/inferx_x5" ]]; then
-    SKIP_ENGINE_TESTS=1 VARIANTS="x5:BIN=inferx_x5,INFERX_GEMV_V4_CTAS_PER_SM=0 new: x5b:BIN=inferx_x5,INFERX_GEMV_V4_CTAS_PER_SM=0" \
-      QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-    for v in new:BIN=inferx x5:BIN=inferx_x5,INFERX_GEMV_V4_CTAS_PER_SM=0; do  # 70B FP8 (an 80 GB H100 fits it)
-      IFS=, read -r -a kv <<<"${v#*:}"
-      bin=${kv[0]#BIN=}
-      env "${kv[@]:1}" timeout 200 "$C/$bin" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \
-        --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 96 --max-model-len 2048 \
-        --kv-cache-memory 1GiB --gpu-memory-utilization 0.99 --no-progress --roofline --json \
-        >"$OUT/b1_70b_${v%%:*}.json" 2>"$OUT/b1_70b_${v%%:*}.err"
-      echo "decode b1 1k 70b fp8:lm_head ${v%%:*}: rc=$? $(python3 -c "
-import json; j=json.load(open('$OUT/b1_70b_${v%%:*}.json')); t=j['tpot_ms']; r=j.get('roofline', {})
-print(f\"TPOT p50 {t['p50']:.3f} ms\", f\"= {100*r['tpot_p50_roofline_ratio']:.1f}%\" if 'tpot_p50_roofline_ratio' in r else '')" 2>&1 | tail -1)"
-    done
-  fi
-fi
-rm -f "$OUT"/*.json "$OUT"/*.err
-# 27. (12-07 07:30; measured H100 07:52: every variant slower than v3)  INT4 through GEMV v4 with more CTAs per SM: v4's INT4 kernels (StreamInt4, 4 loads per
-#    lane) take 103-114 registers, so 4 CTAs per SM; held to 80 (6 CTAs, 20-48 bytes of spills: inferx_i6)
-#    or 96 (5 CTAs, no spills: inferx_i5) - staged builds of d8459bd, EXTRA_BINS="inferx_i6=/tmp/inferx_i6
-#    inferx_i5=/tmp/inferx_i5". v4 read INT4 13% slower than v3 at 4 CTAs (12-05, before the barrier fix);
-#    FP8 gained 1.4% from 4 -> 6. Predicted (estimate): i6 / i5 v4 5-10% faster than v4 at 4, still short of v3.
-#    w4 / w2: v3 with 4 / 2 warps per CTA (one wave for q/k/v: 384 CTAs of 8 warps fit 264 slots at 113
-#    registers). Then the batch-1 timelines of fp8:lm_head (6 CTAs now) and int4:lm_head (last taken 12-05: 73.4 us per layer).
-if step 27; then
-  SKIP_ENGINE_TESTS=1 VARIANTS="v3: v4:INFERX_GEMV_KERNEL=int4=v4 i6:BIN=inferx_i6,INFERX_GEMV_KERNEL=int4=v4 i5:BIN=inferx_i5,INFERX_GEMV_KERNEL=int4=v4 w4:INFERX_GEMV_V3_WARPS=4 w2:INFERX_GEMV_V3_WARPS=2 v3b:" \
-    QUANTS="int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-  QUANTS="fp8:lm_head int4:lm_head" bash "$(dirname "$0")/timeline.sh"
-fi
+# 26-27. (measured H100 12-07 07:18 / 07:52; commands in git history, b1c5b0c..cf6ea87; docs/benchmarks.md) 26:
+#    GEMV v4 with as many CTAs per SM as fit once its barrier ids became immediates: fp8:lm_head -1.4%, now the
+#    default; the 8-load kernels held to 5 CTAs lost. 27: INT4 through v4 at 5 / 6 CTAs and v3 with 4 / 2 warps
+#    per CTA: all slower than v3. Both needed staged builds that were never commits.
 # 28. (12-07 08:00; the H100 half measured 08:05-08:12: staging off -2.2% for FP8, so off by default except on
 #    the H200, whose 96 KB was measured on 12-03 with an older build at 4 CTAs per SM) On an H200: "as many
 #    CTAs as fit" against 4, and the prefetch budget (96, the H200's default, against off / 64), fp8:lm_head
@@ -279,10 +239,6 @@ if step 28; then
   SKIP_ENGINE_TESTS=1 VARIANTS="def: c4:INFERX_GEMV_V4_CTAS_PER_SM=4 s0:INFERX_GEMV_V4_SMEM_KB=0 s64:INFERX_GEMV_V4_SMEM_KB=64 def2: s0b:INFERX_GEMV_V4_SMEM_KB=0" \
     QUANTS="fp8:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   SKIP_ENGINE_TESTS=1 VARIANTS="def: s0:INFERX_GEMV_V4_SMEM_KB=0" QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
-  for kb in 0 96; do
-    INFERX_GEMV_V4_SMEM_KB=$kb timeout 200 "$C/inferx" bench offline -m dummy:llama-3-70b --dtype bf16 --quantize fp8:lm_head \
-      --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 96 --max-model-len 2048 \
-      --kv-cache-memory 1GiB --gpu-memory-utilization 0.99 --no-progress --roofline --json >"$OUT/b70_s$kb.json" 2>/dev/null
-    python3 -c "import json; j=json.load(open('$OUT/b70_s$kb.json')); print('70b fp8:lm_head smem $kb: TPOT p50', j['tpot_ms']['p50'], j['roofline']['tpot_p50_roofline_ratio'])"
-  done
+  b1_70b s0:INFERX_GEMV_V4_SMEM_KB=0 s96:INFERX_GEMV_V4_SMEM_KB=96
 fi
+rm -f "$OUT"/*.json "$OUT"/*.err
