@@ -13,7 +13,9 @@ if [[ "${SKIP_ENGINE_TESTS:-0}" != 1 ]]; then  # callers that ran the engine tes
   echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)|graph steps checked' "$OUT/engine_tests.log" | tr '\n' ' ')"
 fi
 VARIANTS="${VARIANTS:-pdl: nopdl:INFERX_PDL=0 down-gemv:INFERX_GEMV_LONG_K=gemv}"
-# INPUT_LEN (default 1000) / MAX_LEN (2048): the context the decode steps run at.
+# INPUT_LEN (default 1000) / MAX_LEN (2048): the context the decode steps run at. EXTRA: more bench flags
+# for every variant (e.g. EXTRA="--kv-cache-dtype fp8").
+read -r -a extra <<<"${EXTRA:-}"
 QUANTS="${QUANTS:-bf16 fp8 int4}"
 for q in $QUANTS; do
   qa=()
@@ -27,7 +29,7 @@ for q in $QUANTS; do
     for e in "${kv[@]}"; do [[ "$e" == BIN=* ]] && bin=${e#BIN=}; done
     env "${kv[@]}" timeout 120 "$C/$bin" bench offline -m dummy:llama-3-8b --dtype bf16 "${qa[@]}" --device cuda \
       --max-batch-size 1 --num-prompts 1 --input-len "${INPUT_LEN:-1000}" --output-len 256 \
-      --max-model-len "${MAX_LEN:-2048}" --no-progress \
+      --max-model-len "${MAX_LEN:-2048}" --no-progress "${extra[@]}" \
       --roofline --json >"$OUT/ab_${tag}_$name.json" 2>"$OUT/ab_${tag}_$name.err"
     rc=$?
     echo "decode b1 ctx${INPUT_LEN:-1000} $q $name: rc=$rc $(python3 -c "
