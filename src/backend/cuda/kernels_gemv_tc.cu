@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(tc::kMaxWarps* kWarp) gemv_tc_kernel(const Gem
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (u >= nsets) break;  // warp-uniform; the compute loop stops at the same set
-      raw[u][0] = load_stream(w0 + 4 * u);
-      raw[u][1] = load_stream(w1 + 4 * u);
+      raw[u][0] = load_stream_evict_first(w0 + 4 * u);
+      raw[u][1] = load_stream_evict_first(w1 + 4 * u);
       zz[u][0] = zz[u][1] = 0;
       if constexpr (Dec::kGroups) {
         zz[u][0] = gemv::int4_zero_pair(z0 ? __ldg(z0 + u * S) : 8u);
