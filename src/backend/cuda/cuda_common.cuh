@@ -84,7 +84,7 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
 }
 
 // load_stream with the L2 told to evict these lines first (createpolicy evict_first, fraction 1): GEMV v3's
-// weights. Measured (H100, 2026-12-07 09:20, one call, two rounds each): int4:lm_head batch 1 at 1k context
+// weights. Measured (H100, 2026-12-07 09:08, one call, two rounds each): int4:lm_head batch 1 at 1k context
 // 2.371 / 2.367 -> 2.349 / 2.341 ms (-1.0%) with every weight load so marked; FP8 (GEMV v4) 3.329 / 3.329
 // -> 3.340 / 3.337 (+0.3%) and bf16 level, so v4 keeps the plain load. The small kernels' times did not move
 // (timeline), so the gain is v3's own (its register allocation changed too: 4-8 bytes of spills gone).
