@@ -380,14 +380,40 @@ TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
 
 // Split plans that cut a token's keys into fewer, longer splits than the launch has (min_tiles > 1: a graph
 // planned for a longer capacity than the contexts): the unused splits return at once and the merge takes
-// the used ones; a token needing one split writes its output directly.
+// the used ones; a token needing one split writes its output directly. With the cluster form off, so that
+// the global merge (partials, ticket, the last CTA's merge) is checked on the small launches too; the
+// cluster form's own test follows.
 TEST_F(CudaAttentionTest, DecodeKernelWithMinimumTilesPerSplitMatchesFloat64) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  cuda::set_decode_attention_cluster(0);
   check_decode_cases(*this, rng_,
-                     {{CudaAttentionKernel::Decode, 8, 3},
+                     {{CudaAttentionKernel::Decode, 0},
+                      {CudaAttentionKernel::Decode, 5},
+                      {CudaAttentionKernel::Decode, 8, 3},
                       {CudaAttentionKernel::Decode, 64, 5},
                       {CudaAttentionKernel::Decode, 3, 16},
                       {CudaAttentionKernel::Decode, 2, 100}});
+  cuda::set_decode_attention_cluster(-1);
+}
+
+// The cluster form of the v3 decode kernel (cuda::decode_attention_cluster: the splits of a group as one
+// thread-block cluster merging through rank 0's shared memory), over every decode case it takes (launches
+// that run in one wave with one n-tile; the rest take the global merge in the same calls): forced split
+// counts up to the launch's (64 runs as 16), and plans with fewer, longer splits than the cluster has.
+TEST_F(CudaAttentionTest, DecodeKernelClusterFormMatchesFloat64) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  cuda::set_decode_attention_cluster(1);
+  const uint64_t before = cuda::decode_attention_cluster_launches();
+  check_decode_cases(*this, rng_,
+                     {{CudaAttentionKernel::Decode, 0},
+                      {CudaAttentionKernel::Decode, 2},
+                      {CudaAttentionKernel::Decode, 5},
+                      {CudaAttentionKernel::Decode, 16},
+                      {CudaAttentionKernel::Decode, 64},
+                      {CudaAttentionKernel::Decode, 8, 3},
+                      {CudaAttentionKernel::Decode, 16, 100}});
+  cuda::set_decode_attention_cluster(-1);
+  EXPECT_GT(cuda::decode_attention_cluster_launches(), before) << "no launch took the cluster form";
 }
 
 // The split plan (host arithmetic, no GPU needed) on the H200's 132 SMs, Llama-3-8B heads: what the

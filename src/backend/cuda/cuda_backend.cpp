@@ -153,10 +153,12 @@ CudaBackend::CudaBackend(int device, const CudaBackendOptions& options) : device
     gemm_->lt().set_dedicated_workspaces(true);
     qgemm_->lt().set_dedicated_workspaces(true);
   }
+  cuda::setup_decode_attention_stamps();
 }
 
 CudaBackend::~CudaBackend() {
   clear_graphs();
+  cuda::report_decode_attention_stamps();
   // INFERX_GEMM_STATS=1: how many cuBLASLt plans, heuristic queries and bucket tunings a run took, and their
   // host time - a workload of many row counts (serving steps) shows here.
   if (const char* v = std::getenv("INFERX_GEMM_STATS"); v && std::strcmp(v, "1") == 0) {

@@ -127,4 +127,90 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
   }
 }
 
+// The cluster form of finish_decode (v3 at batch 1: kernels_decode_attention_v3.cu,
+// decode_attention_cluster): the splits of a (token, group chunk) are the CTAs of one thread-block cluster,
+// rank = split, and instead of global partials, a ticket and a merge that reads them back from L2, each CTA
+// stores its split's state into shared memory of rank 0 (distributed shared memory), arrives at the cluster
+// barrier (release) and exits; rank 0 waits (acquire) and merges from its own shared memory. `area` (every
+// CTA's, only rank 0's used): [stride][rows][HD] numerators, then [stride][rows] (max, denominator) pairs,
+// rows = res.nh. The kernel arrived at the barrier's first phase (relaxed) as it started; waiting on it here,
+// before the first remote store, makes sure rank 0 has started (distributed shared memory of a CTA that has
+// not started must not be touched) and costs nothing by now. A CTA past the token's splits exits before
+// either phase; the barrier does not wait for exited threads. Why: at batch 1 the per-CTA stamps
+// (INFERX_DECODE_ATTN_STAMPS, H100 2026-12-07) put 1.6 us in a split's partial and ticket and 3.3 us in the
+// merging CTA's, of the kernel's 7.3 us after its PDL wait.
+template <int kWarps, int kRows, int HD, int kThreads>
+__device__ __forceinline__ void finish_decode_cluster(const float* s_o, const float* s_m, const float* s_l,
+                                                      const DecodeResult& res, float* area) {
+  const int splits = res.splits, stride = res.stride, nh = res.nh;
+  float* const o_area = area;
+  float2* const ml_area = reinterpret_cast<float2*>(area + static_cast<int64_t>(stride) * nh * HD);
+  if (splits > 1) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // the first phase
+  // Rank 0's address of a location in this CTA's area.
+  auto leader = [](const void* local) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;"
+                 : "=r"(remote)
+                 : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))));
+    return remote;
+  };
+  for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
+    const int r = idx / HD, d = idx % HD;
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + r]);
+    float den = 0.0f, num = 0.0f;
+    if (mx != -CUDART_INF_F) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mw = s_m[w * kRows + r];
+        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
+        den += s_l[w * kRows + r] * f;
+        num += s_o[(w * kRows + r) * HD + d] * f;
+      }
+    }
+    const int64_t row = res.row0 + r;
+    if (splits == 1) {  // the token's only split: no one to merge with
+      const float v = den > 0.0f ? num / den * res.out_scale : 0.0f;
+      res.out[row * HD + d] = v;
+      if (res.out_bf16) res.out_bf16[row * HD + d] = __float2bfloat16_rn(v);
+      continue;
+    }
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(
+                     leader(o_area + (static_cast<int64_t>(res.split) * nh + r) * HD + d)),
+                 "f"(num)
+                 : "memory");
+    if (d == 0)
+      asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(leader(ml_area + res.split * nh + r)),
+                   "f"(mx), "f"(den)
+                   : "memory");
+  }
+  if (splits == 1) return;
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  if (res.split != 0) return;
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  for (int idx = threadIdx.x; idx < nh * (HD / 4); idx += kThreads) {
+    const int r = idx / (HD / 4), d = idx % (HD / 4) * 4;
+    float mx = -CUDART_INF_F;
+    for (int i = 0; i < splits; ++i) mx = fmaxf(mx, ml_area[i * nh + r].x);
+    float den = 0.0f;
+    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (mx != -CUDART_INF_F) {
+      for (int i = 0; i < splits; ++i) {
+        const float2 ml = ml_area[i * nh + r];
+        const float w = ml.x == -CUDART_INF_F ? 0.0f : exp2f(ml.x - mx);
+        den += w * ml.y;
+        const float4 v =
+            *reinterpret_cast<const float4*>(o_area + (static_cast<int64_t>(i) * nh + r) * HD + d);
+        num.x += w * v.x, num.y += w * v.y, num.z += w * v.z, num.w += w * v.w;
+      }
+    }
+    const int64_t row = res.row0 + r;
+    const float f = den > 0.0f ? res.out_scale / den : 0.0f;
+    const float4 v = make_float4(num.x * f, num.y * f, num.z * f, num.w * f);
+    *reinterpret_cast<float4*>(res.out + row * HD + d) = v;
+    if (res.out_bf16) store_bf16x4(res.out_bf16 + row * HD + d, v.x, v.y, v.z, v.w);
+  }
+}
+
 }  // namespace inferx::cuda::attn

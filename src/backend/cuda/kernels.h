@@ -160,6 +160,21 @@ int decode_attention_terms();
 // at 95-96% of copy there), prefill T8192 -1 to -2%, 1000-token prompts level, 1000/1000 level (-0.5%): off.
 bool attention_lazy_rescale();
 void set_attention_lazy_rescale(int mode);
+// The v3 decode kernel's cluster form (finish_decode_cluster, decode_attention_epilogue.cuh): where a launch
+// of one n-tile with splits runs in one wave (batch 1 and the like), the splits of a group become one
+// thread-block cluster of up to 16 CTAs that merge through rank 0's shared memory instead of global partials
+// and a ticket. INFERX_DECODE_CLUSTER=0|1 (read once; default 1); set_... for tests (1 on, 0 off, -1 the
+// environment); the count of launches that took it, for tests. Measured (H100, 2026-12-07, 8B batch 1 at 1k
+// context, two rounds in one call): fp8:lm_head 3.344 / 3.341 -> 3.313 / 3.314 ms (-0.9%), bf16 5.763 /
+// 5.763 -> 5.742 / 5.743 (-0.35%).
+bool decode_attention_cluster();
+void set_decode_attention_cluster(int mode);
+uint64_t decode_attention_cluster_launches();
+// INFERX_DECODE_ATTN_STAMPS=1 (a diagnosis switch, read by setup): the v3 decode kernel records per-CTA phase
+// time stamps on the current device (setup: once, before any capture), and report prints their medians per
+// launch to stderr (kernels_decode_attention_v3.cu, StampRecord). Both do nothing when the switch is off.
+void setup_decode_attention_stamps();
+void report_decode_attention_stamps();
 // Whether launch_decode_attention rounds Q and P to F16 once for a cache of `dtype` with `block_size`-key
 // blocks (and the engine's aligned buffers): the v3 kernel over an FP8 cache with one term; the other
 // kernels are F32-equivalent.

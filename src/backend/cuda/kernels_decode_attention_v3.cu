@@ -27,10 +27,13 @@
 // 372 -> 211 us, BF16 398 -> 334 us; batch 1 inside the graph 16.5 -> 8.5 us (docs/benchmarks.md).
 #include <math_constants.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/attention_tiles.cuh"
 #include "backend/cuda/bulk_copy.cuh"
@@ -46,6 +49,37 @@ constexpr int kWarps = kThreads / kWarp;
 constexpr int kTile = kWarps * 16;  // keys per tile: 16 per warp (the MMA's M)
 constexpr int kGroupChunk = 16;     // query heads per CTA at most (two n8 tiles)
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxClusterSplits = 16;  // the cluster form's largest cluster (non-portable above 8)
+std::atomic<int> g_cluster_mode{-1};
+std::atomic<uint64_t> g_cluster_launches{0};
+
+// Phase time stamps of every CTA (INFERX_DECODE_ATTN_STAMPS=1: a diagnosis switch, set up by the backend at
+// start and reported at its end, report_decode_attention_stamps): where the batch-1 attention's ~8.5 us per
+// layer go. Each CTA with keys appends one record: the global timer (ns, comparable across SMs) and the
+// SM's cycle counter at its start, after the PDL wait and the early tiles, after its tiles, after the warps'
+// merge, and after the split's partial and ticket (or, for the CTA that merges, the merge).
+struct StampRecord {
+  uint32_t block_x, block_y;
+  uint64_t ns[5], cycles[5];
+};
+struct StampSink {
+  StampRecord* records;  // null: off
+  unsigned* count;
+  unsigned capacity;
+};
+__constant__ StampSink c_stamps;
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Stamp i into the CTA's record (null: not stamping), stored at once so that no stamp stays in registers.
+__device__ __forceinline__ void stamp(StampRecord* r, int i) {
+  if (r == nullptr) return;
+  r->ns[i] = global_ns();
+  r->cycles[i] = clock64();
+}
 
 // kTma: FP8 tiles copied by the tensor-memory accelerator with its 128-byte swizzle (TmaLoader), which puts
 // 16-byte chunk c of row r at c ^ (r & 7) for K and V alike (128-byte rows from a 1024-byte aligned base).
@@ -262,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                int hq, int hkv, float q_mult, float s_scale, float out_scale, int64_t window,
                                int min_split_tiles, float* __restrict__ part_acc, float* __restrict__ part_ml,
                                int* __restrict__ counters, float* __restrict__ out,
-                               __nv_bfloat16* __restrict__ out_bf16, bool lazy_rescale) {
+                               __nv_bfloat16* __restrict__ out_bf16, bool lazy_rescale, bool cluster) {
   static_assert(!kTma || sizeof(CacheT) == 1, "tensor copies: FP8 caches");
   static_assert(kTerms == 2 || (kTerms == 1 && sizeof(CacheT) == 1), "single terms: FP8 caches");
   using L = Layout<CacheT, HD, kTma>;
@@ -283,12 +317,28 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int g = lane / 4, tq = lane % 4;
 
+  const bool stamping = c_stamps.records != nullptr && threadIdx.x == 0;
+  const uint64_t start_ns = stamping ? global_ns() : 0, start_cycles = stamping ? clock64() : 0;
   const int s = find_sequence(batch.query_start, batch.num_seqs, t);
   const attn::SplitKeys keys =
       attn::split_keys<kTile>(batch.positions[t], batch.seq_lens[s], window, split, splits, min_split_tiles);
   // A split past the token's keys: nothing to read, no partial to write (the merge takes keys.used). Whole
   // CTA (split and used are uniform), before any barrier; its exit counts as its PDL trigger.
   if (split >= keys.used) return;
+  // Cluster launches (decode_attention_cluster): the barrier's first phase, waited on before the first
+  // store into rank 0's shared memory (finish_decode_cluster).
+  if (cluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  StampRecord* rec = nullptr;  // thread 0's stamps (c_stamps)
+  if (stamping) {
+    const unsigned at = atomicAdd(c_stamps.count, 1u);
+    if (at < c_stamps.capacity) {
+      rec = c_stamps.records + at;
+      rec->block_x = blockIdx.x;
+      rec->block_y = blockIdx.y;
+      rec->ns[0] = start_ns;
+      rec->cycles[0] = start_cycles;
+    }
+  }
   const int last = keys.last, k_begin = keys.k_begin, k_end = keys.k_end, n_tiles = keys.n_tiles;
   const int w0 = k_begin + warp * 16;  // this warp's first key of tile 0
 
@@ -321,6 +371,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   loader.bs_shift = __ffs(block_size) - 1;
   if constexpr (!kTma) loader.kv_row = hkv * HD;
   attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, w0, last, k_end);
+  stamp(rec, 1);
 
   // Q^T's B fragments, q * q_mult (the scores in the log2 domain are s_scale times the products), two
   // terms: for k-step 2c + kk, b0 holds dims
@@ -503,6 +554,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     }
     __syncwarp();  // the warp's next copies overwrite its rows of this stage
   }
+  stamp(rec, 2);
   __syncthreads();  // every warp is done with the tiles: the merge below reuses them
 
   // Merge the 4 warps' states through shared memory.
@@ -530,12 +582,25 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     }
   }
   __syncthreads();
+  stamp(rec, 3);
   const int64_t row0 = static_cast<int64_t>(t) * hq + h0;
-  attn::finish_decode<kWarps, kH, HD, kThreads, true>(
-      s_o, s_m, s_l,
-      {out, out_bf16, part_acc, part_ml,
-       counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr, row0, nh, keys.used, split,
-       splits, out_scale});
+  const attn::DecodeResult res{out,
+                               out_bf16,
+                               part_acc,
+                               part_ml,
+                               counters ? counters + static_cast<int64_t>(t) * heads_x + head_x : nullptr,
+                               row0,
+                               nh,
+                               keys.used,
+                               split,
+                               splits,
+                               out_scale};
+  if (cluster)
+    attn::finish_decode_cluster<kWarps, kH, HD, kThreads>(
+        s_o, s_m, s_l, res, reinterpret_cast<float*>(smem_raw + smem_bytes<CacheT, HD, NT>()));
+  else
+    attn::finish_decode<kWarps, kH, HD, kThreads, true>(s_o, s_m, s_l, res);
+  stamp(rec, 4);
 }
 
 // INFERX_DECODE_ATTN_TMA=0|1 (read once; default 1): TmaLoader where it applies. Measured (H200, 2026-12-04,
@@ -564,28 +629,113 @@ bool tma_applies(const PagedKv& cache, int hd, int64_t window) {
          cache.num_blocks * cache.block_size < (1ll << 31);
 }
 
+// Bytes of rank 0's merge area in a cluster launch of `splits` CTAs over groups of `rows` query heads
+// (finish_decode_cluster). Llama-3's groups of 4 at 16 splits: 33 KB, so that two CTAs of the BF16 kernel
+// (66.5 KB of tiles) fit an SM.
+template <int HD>
+constexpr int cluster_area_bytes(int splits, int rows) {
+  return splits * rows * (HD + 2) * static_cast<int>(sizeof(float));
+}
+
+// Whether a launch of `clusters` clusters of `splits` CTAs runs as one wave (every cluster resident at
+// once), from the occupancy calculator, asked once per kernel instance and split count.
+template <class Kernel>
+bool clusters_fit(Kernel kernel, int splits, int rows, int smem, unsigned clusters,
+                  std::atomic<int> (&fit)[kMaxClusterSplits + 1][9]) {
+  std::atomic<int>& cached = fit[splits][rows];
+  int n = cached.load(std::memory_order_relaxed) - 1;  // stored + 1: 0 is "not asked yet"
+  if (n < 0) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(1, static_cast<unsigned>(splits));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem);
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = static_cast<unsigned>(splits);
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+      (void)cudaGetLastError();  // not fatal: the launch takes the global merge
+      n = 0;
+    }
+    cached.store(n + 1, std::memory_order_relaxed);
+    if (n < static_cast<int>(clusters))
+      std::fprintf(
+          stderr,
+          "inferx cuda: decode attention: %u clusters of %d CTAs (%d bytes of shared memory each) do "
+          "not run at once (at most %d): the global merge instead\n",
+          clusters, splits, smem, n);
+  }
+  return n > 0 && clusters <= static_cast<unsigned>(n);
+}
+
 template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
                          float* out, void* out_bf16, cudaStream_t stream, const TmaMaps& maps) {
+  auto* const kernel = decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>;
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
-  const cudaError_t st =
-      allow_dynamic_smem(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>, kSmem, smem_set);
+  constexpr int kClusterSmem = kSmem + cluster_area_bytes<HD>(kMaxClusterSplits, 8);
+  // The attribute is the largest any launch of this instance takes (the cluster form's, for one n-tile).
+  const cudaError_t st = allow_dynamic_smem(kernel, NT == 1 ? kClusterSmem : kSmem, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
-  const int splits = plan.splits;
-  const dim3 grid(static_cast<unsigned>(batch.num_tokens * hkv * chunks), static_cast<unsigned>(splits));
+  int splits = plan.splits, smem = kSmem;
+  const auto groups = static_cast<unsigned>(batch.num_tokens * hkv * chunks);
+  bool cluster = false;
+  if constexpr (NT == 1) {
+    // The cluster form (finish_decode_cluster) where it runs in one wave: batch 1 and the like.
+    static std::atomic<int> fit[kMaxClusterSplits + 1][9] = {};
+    if (decode_attention_cluster() && splits > 1) {
+      static unsigned portable_set = 0;
+      if (!(__atomic_load_n(&portable_set, __ATOMIC_ACQUIRE) & 1u)) {
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+          (void)cudaGetLastError();  // then clusters of at most 8 fit
+        __atomic_fetch_or(&portable_set, 1u, __ATOMIC_RELEASE);
+      }
+      const int cs = std::min(splits, kMaxClusterSplits), rows = std::min(hq / hkv, 8);
+      const int cs_smem = kSmem + cluster_area_bytes<HD>(cs, rows);
+      if (clusters_fit(kernel, cs, rows, cs_smem, groups, fit)) {
+        cluster = true;
+        splits = cs;
+        smem = cs_smem;
+        g_cluster_launches.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
+  const dim3 grid(groups, static_cast<unsigned>(splits));
   float* part_acc = static_cast<float*>(scratch);
   float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
   const bool fp8 = cache.dtype == DType::F8_E4M3;
   const DecodeQueryScaling qs = decode_query_scaling(scale, cache.dtype, cache.k_scale);
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
-  return launch_pdl(decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>, grid, dim3(kThreads), kSmem,
-                    stream, maps, q, static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
-                    cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult,
-                    qs.s_scale, out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
-                    static_cast<__nv_bfloat16*>(out_bf16), attention_lazy_rescale());
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned n_attributes = 0;
+  if (pdl_enabled()) {
+    attributes[n_attributes].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n_attributes++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster) {
+    attributes[n_attributes].id = cudaLaunchAttributeClusterDimension;
+    attributes[n_attributes].val.clusterDim.x = 1;
+    attributes[n_attributes].val.clusterDim.y = static_cast<unsigned>(splits);
+    attributes[n_attributes++].val.clusterDim.z = 1;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = n_attributes;
+  return cudaLaunchKernelEx(&config, kernel, maps, q, static_cast<const CacheT*>(cache.k),
+                            static_cast<const CacheT*>(cache.v), cache.num_blocks,
+                            static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult, qs.s_scale,
+                            out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
+                            static_cast<__nv_bfloat16*>(out_bf16), attention_lazy_rescale(), cluster);
 }
 
 template <class CacheT, int HD, int kTerms>
@@ -653,6 +803,14 @@ bool attention_lazy_rescale() {
 
 void set_attention_lazy_rescale(int mode) { g_lazy_rescale.store(mode, std::memory_order_relaxed); }
 
+bool decode_attention_cluster() {
+  static const bool env = env_int("INFERX_DECODE_CLUSTER", 0, 1, 1) == 1;
+  const int o = g_cluster_mode.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : env;
+}
+void set_decode_attention_cluster(int mode) { g_cluster_mode.store(mode, std::memory_order_relaxed); }
+uint64_t decode_attention_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }
+
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, DecodeSplitPlan plan,
                                        void* scratch, int* counters, float* out, void* out_bf16,
@@ -669,6 +827,109 @@ cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, con
                                            out, out_bf16, stream);
   return launch_heads<__nv_bfloat16, 128>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
                                           out, out_bf16, stream);
+}
+
+namespace {
+StampSink g_stamp_sink{};  // the device's sink as set up (host copy)
+
+uint64_t median(std::vector<uint64_t> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+void setup_decode_attention_stamps() {
+  if (env_int("INFERX_DECODE_ATTN_STAMPS", 0, 1, 0) != 1 || g_stamp_sink.records != nullptr) return;
+  StampSink sink{nullptr, nullptr, 1u << 19};
+  if (cudaMalloc(&sink.records, sizeof(StampRecord) * sink.capacity) != cudaSuccess ||
+      cudaMalloc(&sink.count, sizeof(unsigned)) != cudaSuccess ||
+      cudaMemset(sink.count, 0, sizeof(unsigned)) != cudaSuccess ||
+      cudaMemset(sink.records, 0, sizeof(StampRecord) * sink.capacity) != cudaSuccess ||
+      cudaMemcpyToSymbol(c_stamps, &sink, sizeof(sink)) != cudaSuccess) {
+    std::fprintf(stderr, "inferx cuda: INFERX_DECODE_ATTN_STAMPS: setup failed (%s); no stamps\n",
+                 cudaGetErrorString(cudaGetLastError()));
+    return;
+  }
+  g_stamp_sink = sink;
+}
+
+// Launches are told apart by their CTAs' start times (a gap of more than 20 us between sorted starts). Per
+// launch, relative to the first CTA's release from the PDL wait (w): how early the CTAs started, how far the
+// releases spread, when the last CTA finished its tiles / its warps' merge / its partial and ticket or the
+// merge (the launch's end); per CTA, from its cycle counter: tiles after the wait, the warps' merge, and the
+// finish (the merging CTA's separately). Medians over the launches after the first tenth (warm-up).
+void report_decode_attention_stamps() {
+  StampSink sink = g_stamp_sink;
+  if (sink.records == nullptr) return;
+  g_stamp_sink = StampSink{};
+  unsigned count = 0;
+  std::vector<StampRecord> rec;
+  if (cudaMemcpy(&count, sink.count, sizeof(count), cudaMemcpyDeviceToHost) == cudaSuccess) {
+    rec.resize(std::min(count, sink.capacity));
+    if (cudaMemcpy(rec.data(), sink.records, sizeof(StampRecord) * rec.size(), cudaMemcpyDeviceToHost) !=
+        cudaSuccess)
+      rec.clear();
+  }
+  const StampSink off{};
+  (void)cudaMemcpyToSymbol(c_stamps, &off, sizeof(off));
+  (void)cudaFree(sink.records);
+  (void)cudaFree(sink.count);
+  // A record missing its last stamp (a launch cut short) is left out.
+  rec.erase(std::remove_if(rec.begin(), rec.end(), [](const StampRecord& r) { return r.ns[4] == 0; }),
+            rec.end());
+  std::sort(rec.begin(), rec.end(),
+            [](const StampRecord& a, const StampRecord& b) { return a.ns[0] < b.ns[0]; });
+  std::vector<std::pair<size_t, size_t>> launches;  // [begin, end) into rec
+  for (size_t i = 0; i < rec.size(); ++i) {
+    if (i == 0 || rec[i].ns[0] - rec[i - 1].ns[0] > 20000) launches.emplace_back(i, i);
+    launches.back().second = i + 1;
+  }
+  std::vector<uint64_t> lead, spread, tiles, merged, end, c_tiles, c_merge, c_finish, c_last, per_cta;
+  std::vector<double> ns_per_cycle;
+  for (size_t l = launches.size() / 10; l < launches.size(); ++l) {
+    const auto [b, e] = launches[l];
+    if (e - b < 2) continue;
+    uint64_t w = UINT64_MAX, t0 = UINT64_MAX, t1 = 0, t2 = 0, t3 = 0, t4 = 0;
+    size_t last = b;
+    for (size_t i = b; i < e; ++i) {
+      const StampRecord& r = rec[i];
+      w = std::min(w, r.ns[1]), t0 = std::min(t0, r.ns[0]), t1 = std::max(t1, r.ns[1]);
+      t2 = std::max(t2, r.ns[2]), t3 = std::max(t3, r.ns[3]);
+      if (r.ns[4] > t4) t4 = r.ns[4], last = i;
+      c_tiles.push_back(r.cycles[2] - r.cycles[1]);
+      c_merge.push_back(r.cycles[3] - r.cycles[2]);
+      c_finish.push_back(r.cycles[4] - r.cycles[3]);
+      if (r.cycles[4] > r.cycles[0])
+        ns_per_cycle.push_back(static_cast<double>(r.ns[4] - r.ns[0]) /
+                               static_cast<double>(r.cycles[4] - r.cycles[0]));
+    }
+    lead.push_back(w - t0), spread.push_back(t1 - w), tiles.push_back(t2 - w), merged.push_back(t3 - w);
+    end.push_back(t4 - w), per_cta.push_back(e - b);
+    c_last.push_back(rec[last].cycles[4] - rec[last].cycles[3]);
+  }
+  if (end.empty()) {
+    std::fprintf(stderr, "inferx cuda: decode attention stamps: no launches recorded\n");
+    return;
+  }
+  std::sort(ns_per_cycle.begin(), ns_per_cycle.end());
+  const double npc = ns_per_cycle[ns_per_cycle.size() / 2];
+  const auto us = [](uint64_t ns) { return static_cast<double>(ns) / 1000.0; };
+  const auto cyc = [&](const std::vector<uint64_t>& v) {
+    return static_cast<double>(median(v)) * npc / 1000.0;
+  };
+  std::fprintf(
+      stderr,
+      "inferx cuda: decode attention stamps: %zu launches (%u records%s; cluster form %llu), median CTAs "
+      "with keys %llu; "
+      "us after the first release from the PDL wait: first start %.2f before it, last release +%.2f, "
+      "last tiles done +%.2f, last warp merge +%.2f, end +%.2f; per CTA (cycles at %.3f ns): tiles "
+      "%.2f, warp merge %.2f, finish %.2f, the last-ending CTA's finish %.2f\n",
+      end.size(), count, count > sink.capacity ? ", sink full" : "",
+      static_cast<unsigned long long>(g_cluster_launches.load()),
+      static_cast<unsigned long long>(median(per_cta)), us(median(lead)), us(median(spread)),
+      us(median(tiles)), us(median(merged)), us(median(end)), npc, cyc(c_tiles), cyc(c_merge), cyc(c_finish),
+      cyc(c_last));
 }
 
 }  // namespace inferx::cuda
