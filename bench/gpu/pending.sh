@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 08:55), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 28" bash bench/gpu/pending.sh   (~6 min; 17 on an H200 only)
+# What is still owed to a GPU run (state of 2026-12-07 09:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 28 29" bash bench/gpu/pending.sh   (~7 min; 17 on an H200 only)
+# Step 28 was run again on an H100 at 08:50 on 12-07 (the decisions hold there); step 29 (the cluster merge
+# against the global one) was measured on H100s at 09:30: both still owed on an H200.
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
 # On an H200: step 17 (1000 x 1000/1000 FP8 with the defaults since 452b385 - the zeroing-kernel graph
@@ -240,5 +242,16 @@ if step 28; then
     QUANTS="fp8:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   SKIP_ENGINE_TESTS=1 VARIANTS="def: s0:INFERX_GEMV_V4_SMEM_KB=0" QUANTS="bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   b1_70b s0:INFERX_GEMV_V4_SMEM_KB=0 s96:INFERX_GEMV_V4_SMEM_KB=96
+fi
+# Step 29 (any card; on an H200 first): the decode attention's cluster merge (default since 23f4a97; H100
+# 12-07: FP8 -0.8%, bf16 -0.35%, INT4 level) against the global merge, twice each, and the per-CTA stamps of
+# the batch-1 attention with it (INFERX_DECODE_ATTN_STAMPS, stderr).
+if step 29; then
+  SKIP_ENGINE_TESTS=1 VARIANTS="on: off:INFERX_DECODE_CLUSTER=0 on2: off2:INFERX_DECODE_CLUSTER=0" \
+    QUANTS="fp8:lm_head bf16 int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  INFERX_DECODE_ATTN_STAMPS=1 timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b --dtype bf16 \
+    --quantize fp8:lm_head --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 --output-len 128 \
+    --max-model-len 2048 --no-progress --json >"$OUT/stamps.json" 2>"$OUT/stamps.err"
+  grep -h "stamps" "$OUT/stamps.err"
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err
