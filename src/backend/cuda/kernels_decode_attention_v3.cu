@@ -707,21 +707,27 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const auto groups = static_cast<unsigned>(batch.num_tokens * hkv * chunks);
   int cluster = 0;
   if constexpr (NT == 1) {
-    // The cluster form (finish_decode_cluster) where it runs in one wave: batch 1 and the like.
-    static std::atomic<int> fit[3][kMaxClusterSplits + 1][9] = {};
+    // The cluster form (finish_decode_cluster) where it runs in one wave: batch 1 and the like. Function
+    // attributes and occupancy are per device: both are kept per device, for the first kMaxClusterDevices
+    // (devices past them take the global merge).
+    constexpr int kMaxClusterDevices = 8;
+    static std::atomic<int> fit[kMaxClusterDevices][3][kMaxClusterSplits + 1][9] = {};
+    static unsigned portable_set = 0;  // a bit per device
     const int mode = decode_attention_cluster();
-    if (mode != 0 && splits > 1) {
-      static unsigned portable_set = 0;
-      if (!(__atomic_load_n(&portable_set, __ATOMIC_ACQUIRE) & 1u)) {
+    int device = -1;
+    if (mode != 0 && splits > 1 && cudaGetDevice(&device) == cudaSuccess && device >= 0 &&
+        device < kMaxClusterDevices) {
+      const unsigned bit = 1u << device;
+      if (!(__atomic_load_n(&portable_set, __ATOMIC_ACQUIRE) & bit)) {
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
           (void)cudaGetLastError();  // then clusters of at most 8 fit
-        __atomic_fetch_or(&portable_set, 1u, __ATOMIC_RELEASE);
+        __atomic_fetch_or(&portable_set, bit, __ATOMIC_RELEASE);
       }
       const int cs = std::min(splits, kMaxClusterSplits), rows = std::min(hq / hkv, 8);
       // Form 1: rank 0's area after the tiles; form 2: in them, after the warps' merge scratch.
       const int area = cluster_area_bytes<HD>(cs, rows);
       const int total = mode == 1 ? kSmem + area : std::max(kSmem, merge_scratch_bytes<HD, NT>() + area);
-      if (clusters_fit(kernel, cs, rows, total, groups, fit[mode])) {
+      if (clusters_fit(kernel, cs, rows, total, groups, fit[device][mode])) {
         cluster = mode;
         splits = cs;
         smem = total;
