@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What is still owed to a GPU run (state of 2026-12-07 09:40), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 28 29" bash bench/gpu/pending.sh   (~7 min; 17 on an H200 only)
+# What is still owed to a GPU run (state of 2026-12-07 10:05), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="29 30" bash bench/gpu/pending.sh   (~3 min, any card: two untried
+#   switches, tests first), then on an H200 STEPS="17 28 29" (~7 min; 17 on an H200 only)
 # Step 28 was run again on an H100 at 08:50 on 12-07 (the decisions hold there); step 29's form 1 against
 # the global merge was measured on H100s at 09:30; its form 2 has never run (any GPU: run STEPS=29 first).
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
@@ -263,5 +264,20 @@ if step 29; then
       --output-len 128 --max-model-len 2048 --no-progress --json >"$OUT/stamps.json" 2>"$OUT/stamps.err"
     echo "form $form: $(grep -h "stamps" "$OUT/stamps.err")"
   done
+fi
+# Step 30 (any card): the one-token decode step's L2 prefetch of its cached keys and values from the RoPE
+# kernel (INFERX_ROPE_KV_PREFETCH=1, built 12-07 10:00, never run): the engine tests with it (graph replays =
+# eager, greedy tokens), then batch 1 against it off, twice each, and the attention stamps with it (the
+# tiles phase should shrink: predicted attention ~1 us per layer shorter, FP8 ~-1%).
+if step 30; then
+  INFERX_ROPE_KV_PREFETCH=1 INFERX_REQUIRE_GPU=1 timeout 250 "$C/test_cuda_engine" --gtest_color=no \
+    >"$OUT/engine_pf.log" 2>&1
+  echo "test_cuda_engine, KV prefetch: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_pf.log" | tr '\n' ' ')"
+  SKIP_ENGINE_TESTS=1 VARIANTS="off: pf:INFERX_ROPE_KV_PREFETCH=1 off2: pf2:INFERX_ROPE_KV_PREFETCH=1" \
+    QUANTS="fp8:lm_head bf16 int4:lm_head" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  INFERX_ROPE_KV_PREFETCH=1 INFERX_DECODE_ATTN_STAMPS=1 timeout 120 "$C/inferx" bench offline -m dummy:llama-3-8b \
+    --dtype bf16 --quantize fp8:lm_head --device cuda --max-batch-size 1 --num-prompts 1 --input-len 1000 \
+    --output-len 128 --max-model-len 2048 --no-progress --json >"$OUT/stamps.json" 2>"$OUT/stamps.err"
+  echo "KV prefetch: $(grep -h "stamps" "$OUT/stamps.err")"
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err
