@@ -46,19 +46,28 @@ inline int env_int(const char* name, int lo, int hi, int fallback) {
   return v >= lo && v <= hi ? v : fallback;
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...) with `attribute` (cudaLaunchKernelEx), or none
-// when `use` is false.
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with the first n of `attributes`
+// (cudaLaunchKernelEx).
 template <class... Params, class... Args>
-cudaError_t launch_with(cudaLaunchAttribute attribute, bool use, void (*kernel)(Params...), dim3 grid,
-                        dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+cudaError_t launch_with_attributes(const cudaLaunchAttribute* attributes, unsigned n,
+                                   void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                   cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = use ? 1 : 0;
+  config.attrs = const_cast<cudaLaunchAttribute*>(attributes);
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The same with `attribute`, or none when `use` is false.
+template <class... Params, class... Args>
+cudaError_t launch_with(cudaLaunchAttribute attribute, bool use, void (*kernel)(Params...), dim3 grid,
+                        dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  return launch_with_attributes(&attribute, use ? 1u : 0u, kernel, grid, block, smem, stream,
+                                std::forward<Args>(args)...);
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) allowing programmatic dependent launch. Only for
@@ -72,6 +81,35 @@ cudaError_t launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   return launch_with(attribute, pdl_enabled(), kernel, grid, block, smem, stream,
                      std::forward<Args>(args)...);
 }
+
+// launch_pdl for a grid of thread-block clusters of `cluster` CTAs (a 1x1x1 cluster: a plain launch_pdl).
+// The kernel must not be compiled with __cluster_dims__; clusters above 8 CTAs need the non-portable
+// attribute set on it first (cluster_launch_fits).
+template <class... Params, class... Args>
+cudaError_t launch_pdl_clusters(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
+                                cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attributes[n].id = cudaLaunchAttributeClusterDimension;
+    attributes[n].val.clusterDim.x = cluster.x;
+    attributes[n].val.clusterDim.y = cluster.y;
+    attributes[n++].val.clusterDim.z = cluster.z;
+  }
+  if (pdl_enabled()) {
+    attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  return launch_with_attributes(attributes, n, kernel, grid, block, smem, stream,
+                                std::forward<Args>(args)...);
+}
+
+// Whether `clusters` clusters of `cluster` CTAs of `kernel` (blocks of `threads`, `smem` bytes of dynamic
+// shared memory) are all resident at once on the current device (cudaOccupancyMaxActiveClusters), for
+// launchers that take a cluster form only where it runs in one wave. Sets the non-portable cluster size
+// attribute on the kernel first. Per device, kernel and shape, asked once (a lookup under a lock after
+// that); a refusal of the driver counts as "does not fit". Defined in cluster_launch.cu.
+bool cluster_launch_fits(const void* kernel, dim3 cluster, int threads, int smem, unsigned clusters);
 
 // 16 bytes read once and not kept in L1 (ld.global.nc.L1::no_allocate): the weights the GEMVs stream (so
 // that x, which every warp re-reads, stays in L1) and the read-only ceiling's buffer.

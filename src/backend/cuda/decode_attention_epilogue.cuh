@@ -28,6 +28,38 @@ struct DecodeResult {
   float out_scale;          // FP8 caches: v_scale
 };
 
+// A split's online-softmax state for one output dim: running max (log2 domain), denominator, numerator.
+struct SplitState {
+  float mx, den, num;
+};
+
+// Row r, dim d of the CTA's split: the warps' states in s_o / s_m / s_l (finish_decode's layout) combined.
+template <int kWarps, int kRows, int HD>
+__device__ __forceinline__ SplitState combine_warps(const float* s_o, const float* s_m, const float* s_l,
+                                                    int r, int d) {
+  SplitState st{-CUDART_INF_F, 0.0f, 0.0f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) st.mx = fmaxf(st.mx, s_m[w * kRows + r]);
+  if (st.mx == -CUDART_INF_F) return st;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float mw = s_m[w * kRows + r];
+    const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - st.mx);
+    st.den += s_l[w * kRows + r] * f;
+    st.num += s_o[(w * kRows + r) * HD + d] * f;
+  }
+  return st;
+}
+
+// A token's only split writes its output directly (no merge).
+template <int HD>
+__device__ __forceinline__ void store_single_split(const DecodeResult& res, int64_t row, int d,
+                                                   const SplitState& st) {
+  const float v = st.den > 0.0f ? st.num / st.den * res.out_scale : 0.0f;
+  res.out[row * HD + d] = v;
+  if (res.out_bf16) res.out_bf16[row * HD + d] = __float2bfloat16_rn(v);
+}
+
 // s_o [warp][row][HD], s_m / s_l [warp][row] (kRows rows per warp) hold every warp's numerator, running
 // max (log2 domain) and denominator, written by the caller before a __syncthreads(). kVec4: the combine
 // reads and writes 4 dims at a time (out 16-byte and out_bf16 8-byte aligned). Every thread calls it.
@@ -41,29 +73,15 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
   const int splits = res.splits, stride = res.stride;
   for (int idx = threadIdx.x; idx < res.nh * HD; idx += kThreads) {
     const int r = idx / HD, d = idx % HD;
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + r]);
-    float den = 0.0f, num = 0.0f;
-    if (mx != -CUDART_INF_F) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = s_m[w * kRows + r];
-        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
-        den += s_l[w * kRows + r] * f;
-        num += s_o[(w * kRows + r) * HD + d] * f;
-      }
-    }
+    const SplitState st = combine_warps<kWarps, kRows, HD>(s_o, s_m, s_l, r, d);
     const int64_t row = res.row0 + r;
     if (splits == 1) {
-      const float v = den > 0.0f ? num / den * res.out_scale : 0.0f;
-      res.out[row * HD + d] = v;
-      if (res.out_bf16) res.out_bf16[row * HD + d] = __float2bfloat16_rn(v);
+      store_single_split<HD>(res, row, d, st);
     } else {
-      res.part_acc[(row * stride + res.split) * HD + d] = num;
+      res.part_acc[(row * stride + res.split) * HD + d] = st.num;
       if (d == 0) {
-        res.part_ml[(row * stride + res.split) * 2] = mx;
-        res.part_ml[(row * stride + res.split) * 2 + 1] = den;
+        res.part_ml[(row * stride + res.split) * 2] = st.mx;
+        res.part_ml[(row * stride + res.split) * 2 + 1] = st.den;
       }
     }
   }
@@ -157,33 +175,19 @@ __device__ __forceinline__ void finish_decode_cluster(const float* s_o, const fl
   };
   for (int idx = threadIdx.x; idx < nh * HD; idx += kThreads) {
     const int r = idx / HD, d = idx % HD;
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + r]);
-    float den = 0.0f, num = 0.0f;
-    if (mx != -CUDART_INF_F) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mw = s_m[w * kRows + r];
-        const float f = mw == -CUDART_INF_F ? 0.0f : exp2f(mw - mx);
-        den += s_l[w * kRows + r] * f;
-        num += s_o[(w * kRows + r) * HD + d] * f;
-      }
-    }
+    const SplitState st = combine_warps<kWarps, kRows, HD>(s_o, s_m, s_l, r, d);
     const int64_t row = res.row0 + r;
     if (splits == 1) {  // the token's only split: no one to merge with
-      const float v = den > 0.0f ? num / den * res.out_scale : 0.0f;
-      res.out[row * HD + d] = v;
-      if (res.out_bf16) res.out_bf16[row * HD + d] = __float2bfloat16_rn(v);
+      store_single_split<HD>(res, row, d, st);
       continue;
     }
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(
                      leader(o_area + (static_cast<int64_t>(res.split) * nh + r) * HD + d)),
-                 "f"(num)
+                 "f"(st.num)
                  : "memory");
     if (d == 0)
       asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(leader(ml_area + res.split * nh + r)),
-                   "f"(mx), "f"(den)
+                   "f"(st.mx), "f"(st.den)
                    : "memory");
   }
   if (splits == 1) return;

@@ -657,40 +657,6 @@ constexpr int cluster_area_bytes(int splits, int rows) {
   return splits * rows * (HD + 2) * static_cast<int>(sizeof(float));
 }
 
-// Whether a launch of `clusters` clusters of `splits` CTAs runs as one wave (every cluster resident at
-// once), from the occupancy calculator, asked once per kernel instance and split count.
-template <class Kernel>
-bool clusters_fit(Kernel kernel, int splits, int rows, int smem, unsigned clusters,
-                  std::atomic<int> (&fit)[kMaxClusterSplits + 1][9]) {
-  std::atomic<int>& cached = fit[splits][rows];
-  int n = cached.load(std::memory_order_relaxed) - 1;  // stored + 1: 0 is "not asked yet"
-  if (n < 0) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(1, static_cast<unsigned>(splits));
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = static_cast<size_t>(smem);
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = 1;
-    attribute.val.clusterDim.y = static_cast<unsigned>(splits);
-    attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
-      (void)cudaGetLastError();  // not fatal: the launch takes the global merge
-      n = 0;
-    }
-    cached.store(n + 1, std::memory_order_relaxed);
-    if (n < static_cast<int>(clusters))
-      std::fprintf(
-          stderr,
-          "inferx cuda: decode attention: %u clusters of %d CTAs (%d bytes of shared memory each) do "
-          "not run at once (at most %d): the global merge instead\n",
-          clusters, splits, smem, n);
-  }
-  return n > 0 && clusters <= static_cast<unsigned>(n);
-}
-
 template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
@@ -705,29 +671,17 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   int splits = plan.splits, smem = kSmem;
   const auto groups = static_cast<unsigned>(batch.num_tokens * hkv * chunks);
-  int cluster = 0;
+  int cluster = 0;  // the cluster form of the launch (0: none), decode_attention_cluster
   if constexpr (NT == 1) {
-    // The cluster form (finish_decode_cluster) where it runs in one wave: batch 1 and the like. Function
-    // attributes and occupancy are per device: both are kept per device, for the first kMaxClusterDevices
-    // (devices past them take the global merge).
-    constexpr int kMaxClusterDevices = 8;
-    static std::atomic<int> fit[kMaxClusterDevices][3][kMaxClusterSplits + 1][9] = {};
-    static unsigned portable_set = 0;  // a bit per device
+    // Where it runs in one wave: batch 1 and the like. Form 1: rank 0's merge area after the tiles; form 2:
+    // in them, after the warps' merge scratch.
     const int mode = decode_attention_cluster();
-    int device = -1;
-    if (mode != 0 && splits > 1 && cudaGetDevice(&device) == cudaSuccess && device >= 0 &&
-        device < kMaxClusterDevices) {
-      const unsigned bit = 1u << device;
-      if (!(__atomic_load_n(&portable_set, __ATOMIC_ACQUIRE) & bit)) {
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-          (void)cudaGetLastError();  // then clusters of at most 8 fit
-        __atomic_fetch_or(&portable_set, bit, __ATOMIC_RELEASE);
-      }
-      const int cs = std::min(splits, kMaxClusterSplits), rows = std::min(hq / hkv, 8);
-      // Form 1: rank 0's area after the tiles; form 2: in them, after the warps' merge scratch.
-      const int area = cluster_area_bytes<HD>(cs, rows);
+    if (mode != 0 && splits > 1) {
+      const int cs = std::min(splits, kMaxClusterSplits);
+      const int area = cluster_area_bytes<HD>(cs, std::min(hq / hkv, 8));
       const int total = mode == 1 ? kSmem + area : std::max(kSmem, merge_scratch_bytes<HD, NT>() + area);
-      if (clusters_fit(kernel, cs, rows, total, groups, fit[device][mode])) {
+      if (cluster_launch_fits(reinterpret_cast<const void*>(kernel), dim3(1, static_cast<unsigned>(cs)),
+                              kThreads, total, groups)) {
         cluster = mode;
         splits = cs;
         smem = total;
@@ -735,36 +689,18 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
       }
     }
   }
-  const dim3 grid(groups, static_cast<unsigned>(splits));
   float* part_acc = static_cast<float*>(scratch);
   float* part_ml = part_acc ? part_acc + static_cast<int64_t>(batch.num_tokens) * hq * splits * HD : nullptr;
   const bool fp8 = cache.dtype == DType::F8_E4M3;
   const DecodeQueryScaling qs = decode_query_scaling(scale, cache.dtype, cache.k_scale);
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
-  cudaLaunchAttribute attributes[2] = {};
-  unsigned n_attributes = 0;
-  if (pdl_enabled()) {
-    attributes[n_attributes].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[n_attributes++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster != 0) {
-    attributes[n_attributes].id = cudaLaunchAttributeClusterDimension;
-    attributes[n_attributes].val.clusterDim.x = 1;
-    attributes[n_attributes].val.clusterDim.y = static_cast<unsigned>(splits);
-    attributes[n_attributes++].val.clusterDim.z = 1;
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = n_attributes;
-  return cudaLaunchKernelEx(&config, kernel, maps, q, static_cast<const CacheT*>(cache.k),
-                            static_cast<const CacheT*>(cache.v), cache.num_blocks,
-                            static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult, qs.s_scale,
-                            out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
-                            static_cast<__nv_bfloat16*>(out_bf16), attention_lazy_rescale(), cluster);
+  return launch_pdl_clusters(kernel, dim3(groups, static_cast<unsigned>(splits)),
+                             dim3(1, cluster != 0 ? static_cast<unsigned>(splits) : 1u), dim3(kThreads),
+                             static_cast<size_t>(smem), stream, maps, q, static_cast<const CacheT*>(cache.k),
+                             static_cast<const CacheT*>(cache.v), cache.num_blocks,
+                             static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult, qs.s_scale,
+                             out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
+                             static_cast<__nv_bfloat16*>(out_bf16), attention_lazy_rescale(), cluster);
 }
 
 template <class CacheT, int HD, int kTerms>

@@ -123,12 +123,6 @@ __device__ __forceinline__ void rotate(float x0, float x1, float cs, float sn, f
   y1 = x1 * cs + x0 * sn;
 }
 
-// Grid (token, group of heads); block (hd / 2, heads per block): q heads first, then k heads; one thread per
-// rotated pair, each forming its own angle. A k head's threads also write the rotated key and its v head
-// into the token's cache slot (each thread the two elements of its pair). One block per token (the first
-// version) ran one long dependent loop over all heads: 15.6 us per decode layer at batch 1 on the H200
-// (ncu, 2026-12-03); one 64-thread block per (token, head) took 4.3 us there but 102 us for a 2048-token
-// chunk (82k tiny blocks: block launch rate), hence several heads per block.
 // The L2 prefetch of a one-token decode step's cached keys and values (p.prefetch_kv): every block of
 // sequence 0 up to the one holding the new position, K and V, one cp.async.bulk.prefetch.L2 per block
 // spread over the grid's threads, before the wait (the block table is step metadata). Why: at batch 1 the
@@ -157,6 +151,12 @@ __device__ __forceinline__ void prefetch_kv_blocks(const RopeKvArgs<CacheT>& p) 
   }
 }
 
+// Grid (token, group of heads); block (hd / 2, heads per block): q heads first, then k heads; one thread per
+// rotated pair, each forming its own angle. A k head's threads also write the rotated key and its v head
+// into the token's cache slot (each thread the two elements of its pair). One block per token (the first
+// version) ran one long dependent loop over all heads: 15.6 us per decode layer at batch 1 on the H200
+// (ncu, 2026-12-03); one 64-thread block per (token, head) took 4.3 us there but 102 us for a 2048-token
+// chunk (82k tiny blocks: block launch rate), hence several heads per block.
 template <class CacheT>
 __global__ void __launch_bounds__(kRopeBlockThreads)
     rope_write_kv_kernel(const __grid_constant__ RopeKvArgs<CacheT> p) {

@@ -643,20 +643,8 @@ namespace {
 // rows x kClusterSplit CTAs in clusters of kClusterSplit, with PDL as launch_pdl gives it.
 template <class... Params, class... Args>
 cudaError_t launch_clusters(void (*kernel)(Params...), int64_t rows, cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attributes[2] = {};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = kClusterSplit;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows * kClusterSplit));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = pdl_enabled() ? 2 : 1;
-  return cudaLaunchKernelEx(&config, kernel, args...);
+  return launch_pdl_clusters(kernel, dim3(static_cast<unsigned>(rows * kClusterSplit)), dim3(kClusterSplit),
+                             dim3(kThreads), 0, stream, args...);
 }
 }  // namespace
 
