@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What is still owed to a GPU run (state of 2026-12-07 10:05), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="29 30" bash bench/gpu/pending.sh   (~3 min, any card: two untried
-#   switches, tests first), then on an H200 STEPS="17 28 29" (~7 min; 17 on an H200 only)
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS="1 29 30" bash bench/gpu/pending.sh   (~5 min, any card: every GPU
+#   test first - the review commit dab80cc, one cluster launcher for the attention and the sampler, was only
+#   compiled - then two untried switches), then on an H200 STEPS="17 28 29" (~7 min; 17 on an H200 only)
 # Step 28 was run again on an H100 at 08:50 on 12-07 (the decisions hold there); step 29's form 1 against
 # the global merge was measured on H100s at 09:30; its form 2 has never run (any GPU: run STEPS=29 first).
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
