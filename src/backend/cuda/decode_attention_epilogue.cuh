@@ -153,11 +153,10 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
 // CTA's, only rank 0's used): [stride][rows][HD] numerators, then [stride][rows] (max, denominator) pairs,
 // rows = res.nh. The kernel arrived at the barrier's first phase (relaxed) as it started; waiting on it here,
 // before the first remote store, makes sure rank 0 has started (distributed shared memory of a CTA that has
-// not started must not be touched) and costs nothing by now. (Where the area is in rank 0's tiles, rank 0
-// arrives at that phase only when its warps are done with them, so the wait also keeps the stores off them.)
-// A CTA past the token's splits exits before either phase; the barrier does not wait for exited threads. Why:
-// at batch 1 the per-CTA stamps (INFERX_DECODE_ATTN_STAMPS, H100 2026-12-07) put 1.6 us in a split's partial
-// and ticket and 3.3 us in the merging CTA's, of the kernel's 7.3 us after its PDL wait.
+// not started must not be touched) and costs nothing by now. A CTA past the token's splits exits before
+// either phase; the barrier does not wait for exited threads. Why: at batch 1 the per-CTA stamps
+// (INFERX_DECODE_ATTN_STAMPS, H100 2026-12-07) put 1.6 us in a split's partial and ticket and 3.3 us in the
+// merging CTA's, of the kernel's 7.3 us after its PDL wait.
 template <int kWarps, int kRows, int HD, int kThreads>
 __device__ __forceinline__ void finish_decode_cluster(const float* s_o, const float* s_m, const float* s_l,
                                                       const DecodeResult& res, float* area) {

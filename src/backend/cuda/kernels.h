@@ -163,14 +163,13 @@ void set_attention_lazy_rescale(int mode);
 // The v3 decode kernel's cluster form (finish_decode_cluster, decode_attention_epilogue.cuh): where a launch
 // of one n-tile with splits runs in one wave (batch 1 and the like), the splits of a group become one
 // thread-block cluster of up to 16 CTAs that merge through rank 0's shared memory instead of global partials
-// and a ticket. INFERX_DECODE_CLUSTER=0|1|2 (read once; default 1): 1 gives rank 0's merge area its own
-// shared memory after the tiles (33 KB more per CTA for Llama-3's groups at 16 splits), 2 puts it in rank
-// 0's tiles once its warps are done with them (no more shared memory; the others' stores wait for that;
-// not yet measured on a GPU); set_... for tests (0-2, -1 the environment); the count of launches that took
-// it, for tests. Measured (H100, 2026-12-07, 8B batch 1 at 1k
+// and a ticket. INFERX_DECODE_CLUSTER=0|1 (read once; default 1); set_... for tests (1 on, 0 off, -1 the
+// environment); the count of launches that took it, for tests. Measured (H100, 2026-12-07, 8B batch 1 at 1k
 // context, two rounds in one call): fp8:lm_head 3.344 / 3.341 -> 3.313 / 3.314 ms (-0.9%), bf16 5.763 /
-// 5.763 -> 5.742 / 5.743 (-0.35%).
-int decode_attention_cluster();
+// 5.763 -> 5.742 / 5.743 (-0.35%). Rank 0's merge area in its own tiles instead (no extra shared memory, one
+// CTA per SM again) measured 3.321 / 3.326 against 3.313 / 3.317 (H100, 12-07 11:00): its tiles phase did not
+// shorten (3.56 us against 3.60 per CTA), so it was removed.
+bool decode_attention_cluster();
 void set_decode_attention_cluster(int mode);
 uint64_t decode_attention_cluster_launches();
 // INFERX_DECODE_ATTN_STAMPS=1 (a diagnosis switch, read by setup): the v3 decode kernel records per-CTA phase

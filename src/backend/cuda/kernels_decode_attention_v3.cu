@@ -110,16 +110,10 @@ struct Smem {
   uint64_t bar[kWarps][L::kStages];  // TmaLoader: a warp's K and V rows of a stage
 };
 
-// Bytes of the warps' merge scratch (s_o, s_m, s_l), which reuses the tiles' shared memory after the loop.
-template <int HD, int NT>
-constexpr int merge_scratch_bytes() {
-  return ((kWarps * 8 * NT * HD + 2 * kWarps * 8 * NT) * 4 + 15) / 16 * 16;
-}
-
 template <class CacheT, int HD, int NT>
 constexpr int smem_bytes() {
   constexpr int tiles = static_cast<int>(sizeof(Smem<CacheT, HD>));
-  constexpr int merge = merge_scratch_bytes<HD, NT>();
+  constexpr int merge = (kWarps * 8 * NT * HD + 2 * kWarps * 8 * NT) * 4;
   return ((tiles > merge ? tiles : merge) + 15) / 16 * 16;
 }
 
@@ -302,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                int hq, int hkv, float q_mult, float s_scale, float out_scale, int64_t window,
                                int min_split_tiles, float* __restrict__ part_acc, float* __restrict__ part_ml,
                                int* __restrict__ counters, float* __restrict__ out,
-                               __nv_bfloat16* __restrict__ out_bf16, bool lazy_rescale, int cluster) {
+                               __nv_bfloat16* __restrict__ out_bf16, bool lazy_rescale, bool cluster) {
   static_assert(!kTma || sizeof(CacheT) == 1, "tensor copies: FP8 caches");
   static_assert(kTerms == 2 || (kTerms == 1 && sizeof(CacheT) == 1), "single terms: FP8 caches");
   using L = Layout<CacheT, HD, kTma>;
@@ -332,10 +326,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   // CTA (split and used are uniform), before any barrier; its exit counts as its PDL trigger.
   if (split >= keys.used) return;
   // Cluster launches (decode_attention_cluster): the barrier's first phase, waited on before the first
-  // store into rank 0's shared memory (finish_decode_cluster). Form 2 puts rank 0's merge area in its own
-  // tiles' shared memory: rank 0 arrives only when its warps are done with the tiles (below).
-  if (cluster == 1 || (cluster == 2 && split != 0))
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  // store into rank 0's shared memory (finish_decode_cluster).
+  if (cluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   StampRecord* rec = nullptr;  // thread 0's stamps (c_stamps)
   if (stamping) {
     const unsigned at = atomicAdd(c_stamps.count, 1u);
@@ -563,17 +555,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     __syncwarp();  // the warp's next copies overwrite its rows of this stage
   }
   stamp(rec, 2);
-  if constexpr (kTma) {
-    // Cluster form 2 stores into rank 0's tile memory, which holds the loader's mbarriers: they are
-    // invalidated before the memory is repurposed (each warp's lane 0 initialised its own).
-    if (cluster == 2 && split == 0 && lane == 0) {
-#pragma unroll
-      for (int st = 0; st < kStages; ++st)
-        asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_addr(&sm.bar[warp][st])) : "memory");
-    }
-  }
   __syncthreads();  // every warp is done with the tiles: the merge below reuses them
-  if (cluster == 2 && split == 0) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 
   // Merge the 4 warps' states through shared memory.
   float* s_o = reinterpret_cast<float*>(smem_raw);  // [warp][head][HD]
@@ -613,11 +595,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
                                split,
                                splits,
                                out_scale};
-  if (cluster != 0)
+  if (cluster)
     attn::finish_decode_cluster<kWarps, kH, HD, kThreads>(
-        s_o, s_m, s_l, res,
-        reinterpret_cast<float*>(
-            smem_raw + (cluster == 1 ? smem_bytes<CacheT, HD, NT>() : merge_scratch_bytes<HD, NT>())));
+        s_o, s_m, s_l, res, reinterpret_cast<float*>(smem_raw + smem_bytes<CacheT, HD, NT>()));
   else
     attn::finish_decode<kWarps, kH, HD, kThreads, true>(s_o, s_m, s_l, res);
   stamp(rec, 4);
@@ -671,18 +651,15 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
   int splits = plan.splits, smem = kSmem;
   const auto groups = static_cast<unsigned>(batch.num_tokens * hkv * chunks);
-  int cluster = 0;  // the cluster form of the launch (0: none), decode_attention_cluster
+  bool cluster = false;  // whether the launch takes the cluster form, decode_attention_cluster
   if constexpr (NT == 1) {
-    // Where it runs in one wave: batch 1 and the like. Form 1: rank 0's merge area after the tiles; form 2:
-    // in them, after the warps' merge scratch.
-    const int mode = decode_attention_cluster();
-    if (mode != 0 && splits > 1) {
+    // Where it runs in one wave: batch 1 and the like. Rank 0's merge area follows its tiles.
+    if (decode_attention_cluster() && splits > 1) {
       const int cs = std::min(splits, kMaxClusterSplits);
-      const int area = cluster_area_bytes<HD>(cs, std::min(hq / hkv, 8));
-      const int total = mode == 1 ? kSmem + area : std::max(kSmem, merge_scratch_bytes<HD, NT>() + area);
+      const int total = kSmem + cluster_area_bytes<HD>(cs, std::min(hq / hkv, 8));
       if (cluster_launch_fits(reinterpret_cast<const void*>(kernel), dim3(1, static_cast<unsigned>(cs)),
                               kThreads, total, groups)) {
-        cluster = mode;
+        cluster = true;
         splits = cs;
         smem = total;
         g_cluster_launches.fetch_add(1, std::memory_order_relaxed);
@@ -695,7 +672,7 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const DecodeQueryScaling qs = decode_query_scaling(scale, cache.dtype, cache.k_scale);
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
   return launch_pdl_clusters(kernel, dim3(groups, static_cast<unsigned>(splits)),
-                             dim3(1, cluster != 0 ? static_cast<unsigned>(splits) : 1u), dim3(kThreads),
+                             dim3(1, cluster ? static_cast<unsigned>(splits) : 1u), dim3(kThreads),
                              static_cast<size_t>(smem), stream, maps, q, static_cast<const CacheT*>(cache.k),
                              static_cast<const CacheT*>(cache.v), cache.num_blocks,
                              static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult, qs.s_scale,
@@ -768,10 +745,10 @@ bool attention_lazy_rescale() {
 
 void set_attention_lazy_rescale(int mode) { g_lazy_rescale.store(mode, std::memory_order_relaxed); }
 
-int decode_attention_cluster() {
-  static const int env = env_int("INFERX_DECODE_CLUSTER", 0, 2, 1);
+bool decode_attention_cluster() {
+  static const bool env = env_int("INFERX_DECODE_CLUSTER", 0, 1, 1) == 1;
   const int o = g_cluster_mode.load(std::memory_order_relaxed);
-  return o >= 0 && o <= 2 ? o : env;
+  return o >= 0 ? o == 1 : env;
 }
 void set_decode_attention_cluster(int mode) { g_cluster_mode.store(mode, std::memory_order_relaxed); }
 uint64_t decode_attention_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }

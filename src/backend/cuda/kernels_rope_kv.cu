@@ -47,9 +47,6 @@ struct RopeKvArgs {
   // The deferred q/k/v product (launch_rope_write_kv's product; acc null: none): its BF16 sums [T, n] with
   // their W8A8 scales and bias, read instead of q / k / v (q heads, then k heads, then v heads).
   Fp8Epilogue product;
-  // One decode token: prefetch its sequence's cached keys and values into L2 before the wait
-  // (prefetch_kv_blocks; rope_kv_prefetch).
-  bool prefetch_kv = false;
 
   __device__ int64_t kv_row() const { return static_cast<int64_t>(hkv) * hd; }
   // Element e of head h of token t (q heads, then k heads, then v heads: h up to hq + 2 hkv) as the product
@@ -123,34 +120,6 @@ __device__ __forceinline__ void rotate(float x0, float x1, float cs, float sn, f
   y1 = x1 * cs + x0 * sn;
 }
 
-// The L2 prefetch of a one-token decode step's cached keys and values (p.prefetch_kv): every block of
-// sequence 0 up to the one holding the new position, K and V, one cp.async.bulk.prefetch.L2 per block
-// spread over the grid's threads, before the wait (the block table is step metadata). Why: at batch 1 the
-// decode attention's CTAs cannot start until the q/k/v GEMV's CTAs leave the SMs, so their tile loads go
-// out ~1.3 us before the wait releases them and their tiles phase takes ~2.8 us per CTA (per-CTA stamps,
-// H100 2026-12-07); this kernel starts earlier, and its own work is ~24 KB of L2 reads. A hint only: it
-// changes no result.
-template <class CacheT>
-__device__ __forceinline__ void prefetch_kv_blocks(const RopeKvArgs<CacheT>& p) {
-  const int64_t bytes = p.block_size * p.kv_row() * static_cast<int64_t>(sizeof(CacheT));
-  if (bytes % 16 != 0 || bytes >= (int64_t{1} << 31)) return;
-  const int64_t blocks = min(static_cast<int64_t>(p.batch.positions[0]) / p.block_size + 1,
-                             static_cast<int64_t>(p.batch.max_blocks_per_seq));
-  const int threads = blockDim.x * blockDim.y * gridDim.y;
-  for (int64_t j = (blockIdx.y * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x; j < blocks;
-       j += threads) {
-    const int32_t b = p.batch.block_tables[j];
-    if (b < 0 || b >= p.num_blocks) continue;
-    const int64_t at = static_cast<int64_t>(b) * p.block_size * p.kv_row();
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.k_cache + at),
-                 "r"(static_cast<uint32_t>(bytes))
-                 : "memory");
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.v_cache + at),
-                 "r"(static_cast<uint32_t>(bytes))
-                 : "memory");
-  }
-}
-
 // Grid (token, group of heads); block (hd / 2, heads per block): q heads first, then k heads; one thread per
 // rotated pair, each forming its own angle. A k head's threads also write the rotated key and its v head
 // into the token's cache slot (each thread the two elements of its pair). One block per token (the first
@@ -161,7 +130,6 @@ template <class CacheT>
 __global__ void __launch_bounds__(kRopeBlockThreads)
     rope_write_kv_kernel(const __grid_constant__ RopeKvArgs<CacheT> p) {
   const int t = blockIdx.x, h = blockIdx.y * blockDim.y + threadIdx.y, i = threadIdx.x;
-  if (p.prefetch_kv) prefetch_kv_blocks(p);
   if (h >= p.hq + p.hkv) {  // past the last head: nothing to rotate, but the PDL calls stay uniform
     pdl_wait();
     pdl_launch_dependents();
@@ -319,13 +287,6 @@ __global__ void __launch_bounds__(kTokenThreads, 4)
   }
 }
 
-// INFERX_ROPE_KV_PREFETCH=1 (read once; default off, not yet measured on a GPU): one-token decode steps
-// prefetch their cached keys and values into L2 from the RoPE kernel (prefetch_kv_blocks).
-bool rope_kv_prefetch() {
-  static const bool on = env_int("INFERX_ROPE_KV_PREFETCH", 0, 1, 0) == 1;
-  return on;
-}
-
 // Whether a token-block launch takes the vector kernel: set_rope_vector (tests), else INFERX_ROPE_VEC (on
 // unless 0). On since 2026-12-06 16:10 (H100): 512 rows x 32/8 heads, FP8 cache, 8.5 us against the scalar
 // token kernel's 11.4 (94.7% of copy); in the 512-row decode step's graph 9.6 us per layer reading the
@@ -360,24 +321,23 @@ cudaError_t launch_typed(float* q, float* k, const float* v, int64_t hq, int64_t
                          const PagedKv& cache, const Fp8Epilogue* product, cudaStream_t stream) {
   if (hd % 2 != 0 || hd / 2 > kMaxRopePairs) return cudaErrorInvalidValue;  // the caller checks
   if (product && !rope_takes_product(*product, hq, hkv, hd, batch.num_tokens)) return cudaErrorInvalidValue;
-  RopeKvArgs<CacheT> args{q,
-                          k,
-                          v,
-                          static_cast<int>(hq),
-                          static_cast<int>(hkv),
-                          static_cast<int>(hd),
-                          interleaved,
-                          freqs,
-                          batch,
-                          static_cast<CacheT*>(cache.k),
-                          static_cast<CacheT*>(cache.v),
-                          cache.num_blocks,
-                          cache.block_size,
-                          1.0f / cache.k_scale,
-                          1.0f / cache.v_scale,
-                          product ? *product : Fp8Epilogue{}};
+  const RopeKvArgs<CacheT> args{q,
+                                k,
+                                v,
+                                static_cast<int>(hq),
+                                static_cast<int>(hkv),
+                                static_cast<int>(hd),
+                                interleaved,
+                                freqs,
+                                batch,
+                                static_cast<CacheT*>(cache.k),
+                                static_cast<CacheT*>(cache.v),
+                                cache.num_blocks,
+                                cache.block_size,
+                                1.0f / cache.k_scale,
+                                1.0f / cache.v_scale,
+                                product ? *product : Fp8Epilogue{}};
   const bool token = hd / 2 <= kTokenThreads && token_blocks(batch.num_tokens);
-  args.prefetch_kv = !token && batch.num_tokens == 1 && rope_kv_prefetch();  // the per-head kernel's
   // The vector kernel: NeoX pairs, whole heads of 4-pair threads per pass, q (and k / v, or the product's
   // sums, scales and bias: RopeKvArgs::load4) aligned for its vector accesses.
   const bool product_vec = !product || (product->n % 4 == 0 && is_aligned(product->acc, 8) &&
