@@ -1,8 +1,9 @@
 // libFuzzer target: parse and render arbitrary template text against a fixed conversation (system, user,
 // assistant with a tool call, tool result; tools; bos/eos). Any input must either render or throw
 // inferx::Error: no crash, no other exception, and no hang or memory blow-up (the engine's step, output,
-// recursion and nesting limits bound every template). Seeds: fuzz/seeds/jinja/ (small templates of our
-// own); the real model templates in $INFERX_TESTDATA_DIR/chat_templates make good extra seeds:
+// string-size, bytes-built, time, recursion and nesting limits bound every template: jinja::Limits). Seeds:
+// fuzz/seeds/jinja/ (small templates of our own); the real model templates in
+// $INFERX_TESTDATA_DIR/chat_templates make good extra seeds:
 //   build/jinja-fuzz/fuzz/fuzz_jinja -max_total_time=60 fuzz/seeds/jinja ../shared/testdata/chat_templates
 #include <cstdint>
 #include <cstdio>

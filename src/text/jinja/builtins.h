@@ -43,7 +43,7 @@ std::string py_lower(const std::string& s);
 std::string py_capitalize(const std::string& s);
 std::vector<std::string> py_splitlines(const std::string& s);
 std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_t maxsplit);
-std::string py_replace(const std::string& s, const std::string& old, const std::string& repl, int64_t count,
-                       size_t max_size);
+// Python's str.replace; the result is bounded by the render's StringBudget.
+std::string py_replace(const std::string& s, const std::string& old, const std::string& repl, int64_t count);
 
 }  // namespace inferx::jinja

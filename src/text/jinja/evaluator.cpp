@@ -29,9 +29,14 @@ Evaluator::Evaluator(const Node& root, std::string name, RenderOptions options)
     : root_(root), name_(std::move(name)), options_(options) {}
 
 void Evaluator::step(uint64_t n) {
+  const uint64_t before = steps_;
   steps_ += n;
   if (steps_ > options_.limits.max_steps)
     fail("template exceeded {} evaluation steps (an endless or huge loop?)", options_.limits.max_steps);
+  if ((before >> 10) != (steps_ >> 10) &&
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() >
+          options_.limits.max_seconds)
+    fail("template rendering exceeded {} seconds", options_.limits.max_seconds);
 }
 
 void Evaluator::check_size(size_t bytes) const {
@@ -50,6 +55,8 @@ void Evaluator::located_fail(const Node& n, const std::string& msg) const {
 
 std::string Evaluator::render(const std::vector<std::pair<std::string, Value>>& variables) {
   RenderArena arena;  // frees what templates tie into cycles (after the root scope below is gone)
+  StringBudget budget(options_.limits.max_output, options_.limits.max_string_built);
+  started_ = std::chrono::steady_clock::now();
   Scope root;
   for (auto& g : global_functions(*this)) root.set(g.first, g.second);
   for (const auto& [k, v] : variables) root.set(k, v);
@@ -383,7 +390,11 @@ Value Evaluator::eval_inner(const Node& n, Scope& scope) {
     case NodeKind::Concat: {
       std::string s;
       for (const auto& a : n.args) {
-        s += eval(*a, scope).to_string();
+        const Value v = eval(*a, scope);
+        if (v.is_string())
+          s += v.str();  // no copy through to_string()
+        else
+          s += v.to_string();
         check_size(s.size());
       }
       return Value(std::move(s));

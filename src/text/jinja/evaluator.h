@@ -3,6 +3,7 @@
 // iteration of a {% for %} gets a fresh scope over the enclosing one (so `set` inside a loop never leaks
 // out, use namespace() for that), macros run in their own scope over the template's top level, looked
 // up at call time.
+#include <chrono>
 #include <cstdint>
 #include <ctime>
 #include <string>
@@ -21,6 +22,12 @@ struct Limits {
   uint64_t max_steps = 5'000'000;        // statements + expressions + loop iterations
   int max_call_depth = 256;              // nested macro calls
   size_t max_items = size_t{1} << 22;    // elements of one list built by the template
+  // Bytes of string values built in one render (StringBudget): bounds what loops of big-string operations
+  // can allocate within max_steps.
+  uint64_t max_string_built = uint64_t{1} << 30;
+  // Wall-clock bound of one render, checked every 1024 steps: a step may scan a 64 MB string (length,
+  // `in`, comparisons), so the step count alone does not bound the time. Real templates take milliseconds.
+  double max_seconds = 10.0;
 };
 
 struct RenderOptions {
@@ -73,6 +80,7 @@ class Evaluator {
   std::string* out_ = nullptr;
   Scope* globals_ = nullptr;
   uint64_t steps_ = 0;
+  std::chrono::steady_clock::time_point started_;
   int call_depth_ = 0;
 };
 

@@ -139,6 +139,7 @@ Value f_join(Evaluator&, const Value& v, CallArgs& a) {
     if (!first) out += sep;
     first = false;
     out += (attr != nullptr ? get_path(item, *attr) : item).to_string();
+    StringBudget::check_size(out.size(), "join");
   }
   return Value(std::move(out));
 }
@@ -449,8 +450,7 @@ const std::unordered_map<std::string, FilterFn>& table() {
          INFERX_CHECK(a.args.size() >= 2, "replace expects old and new");
          const Value* c = arg(a, 2, "count");
          return Value(py_replace(v.to_string(), a.args[0].to_string(), a.args[1].to_string(),
-                                 c != nullptr && !c->is_none() ? c->as_int() : -1,
-                                 ev.options().limits.max_output));
+                                 c != nullptr && !c->is_none() ? c->as_int() : -1));
        }},
       {"abs",
        [](Evaluator&, const Value& v, CallArgs&) {

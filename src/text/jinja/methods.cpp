@@ -135,8 +135,7 @@ Value str_method(const Value& self, const std::string& name) {
       INFERX_CHECK(a.args.size() >= 2, "replace() takes at least 2 arguments");
       const Value* c = a.get(2, "count");
       return Value(py_replace(s.str(), want_str(a.args[0], "replace() argument 1"),
-                              want_str(a.args[1], "replace() argument 2"), c != nullptr ? c->as_int() : -1,
-                              size_t{64} << 20));
+                              want_str(a.args[1], "replace() argument 2"), c != nullptr ? c->as_int() : -1));
     });
   if (name == "find" || name == "rfind" || name == "count" || name == "index")
     return bind([name](const Value& s, CallArgs& a) {
@@ -165,6 +164,7 @@ Value str_method(const Value& self, const std::string& name) {
         if (!first) out += s.str();
         first = false;
         out += want_str(v, "sequence item");
+        StringBudget::check_size(out.size(), "join()");
       }
       return Value(out);
     });
@@ -355,8 +355,7 @@ std::vector<std::string> py_split(const std::string& s, const Value* sep, int64_
   return out;
 }
 
-std::string py_replace(const std::string& s, const std::string& old, const std::string& repl, int64_t count,
-                       size_t max_size) {
+std::string py_replace(const std::string& s, const std::string& old, const std::string& repl, int64_t count) {
   std::string out;
   if (old.empty()) {  // Python inserts `repl` between every character and at both ends
     auto cps = utf8_decode(s);
@@ -367,7 +366,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
         ++n;
       }
       if (i < cps.size()) utf8_append(out, cps[i]);
-      INFERX_CHECK(out.size() <= max_size, "replace() result too large");
+      StringBudget::check_size(out.size(), "replace()");
     }
     return out;
   }
@@ -378,7 +377,7 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
     if (p == std::string::npos) break;
     out.append(s, start, p - start);
     out += repl;
-    INFERX_CHECK(out.size() <= max_size, "replace() result too large");
+    StringBudget::check_size(out.size(), "replace()");
     start = p + old.size();
     ++n;
   }

@@ -1,8 +1,11 @@
 // Python arithmetic, slicing and printf-style formatting for the values of templates (Python Language
 // Reference 6.6-6.7: `/` always gives a float, `//` and `%` floor toward negative infinity and take the
 // divisor's sign, str/list repetition by int; Library Reference "printf-style String Formatting").
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 
 #include "core/error.h"
 #include "text/jinja/builtins.h"
@@ -20,8 +23,13 @@ Value repeat(const Value& seq, int64_t n, size_t max_size) {
   if (seq.is_string()) {
     INFERX_CHECK(seq.str().empty() || static_cast<uint64_t>(n) <= max_size / seq.str().size(),
                  "string repetition result too large");
+    // By doubling: 'x' * 60000000 in ~26 appends, not 60 million.
+    const size_t total = seq.str().size() * static_cast<size_t>(n);
     std::string out;
-    for (int64_t i = 0; i < n; ++i) out += seq.str();
+    out.reserve(total);
+    if (n > 0) out = seq.str();
+    while (out.size() > 0 && out.size() * 2 <= total) out += out;
+    out.append(out.data(), total - out.size());
     return Value(std::move(out));
   }
   INFERX_CHECK(seq.items().empty() || static_cast<uint64_t>(n) <= (max_size / 16) / seq.items().size(),
@@ -176,6 +184,82 @@ Value python_slice(const Value& v, const Value* start, const Value* stop, const 
   return v.kind() == Kind::Tuple ? Value::tuple(std::move(out)) : Value::list(std::move(out));
 }
 
+namespace {
+
+// One conversion's flags, width and precision (-1: none) of printf-style formatting.
+struct PercentSpec {
+  bool left = false, plus = false, space = false, alt = false, zero = false;
+  int64_t width = 0, precision = -1;
+};
+
+// Widths and precisions past this are refused: the C library would build (and glibc allocate) them whole.
+constexpr int64_t kMaxPercentField = int64_t{1} << 20;
+
+int64_t field_number(const std::string& fmt, size_t& j) {
+  int64_t n = 0;
+  for (; j < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[j])); ++j) {
+    n = n * 10 + (fmt[j] - '0');
+    INFERX_CHECK(n <= kMaxPercentField, "format width or precision too large (at most {})", kMaxPercentField);
+  }
+  return n;
+}
+
+// Python pads to the width in characters: spaces before (or after, with '-'), or zeros between the sign /
+// base prefix and the digits with '0' (numbers only).
+std::string pad_field(const std::string& prefix, const std::string& body, const PercentSpec& sp,
+                      bool number) {
+  const size_t n = utf8_length(prefix) + utf8_length(body);
+  if (sp.width <= static_cast<int64_t>(n)) return prefix + body;
+  const size_t fill = static_cast<size_t>(sp.width) - n;
+  if (sp.left) return prefix + body + std::string(fill, ' ');
+  if (sp.zero && number) return prefix + std::string(fill, '0') + body;
+  return std::string(fill, ' ') + prefix + body;
+}
+
+std::string format_int(long long x, char conv, const PercentSpec& sp) {
+  const unsigned long long mag =
+      x < 0 ? 0ULL - static_cast<unsigned long long>(x) : static_cast<unsigned long long>(x);
+  char buf[32];
+  std::snprintf(buf, sizeof buf,
+                conv == 'x'   ? "%llx"
+                : conv == 'X' ? "%llX"
+                : conv == 'o' ? "%llo"
+                              : "%llu",
+                mag);
+  std::string digits = buf;
+  if (sp.precision > static_cast<int64_t>(digits.size()))
+    digits.insert(0, static_cast<size_t>(sp.precision) - digits.size(), '0');
+  std::string prefix = x < 0 ? "-" : sp.plus ? "+" : sp.space ? " " : "";
+  if (sp.alt) prefix += conv == 'x' ? "0x" : conv == 'X' ? "0X" : conv == 'o' ? "0o" : "";
+  return pad_field(prefix, digits, sp, true);
+}
+
+std::string format_float(double x, char conv, const PercentSpec& sp) {
+  std::string spec = "%";
+  if (sp.left) spec += '-';
+  if (sp.plus) spec += '+';
+  if (sp.space) spec += ' ';
+  if (sp.alt) spec += '#';
+  if (sp.zero) spec += '0';
+  if (sp.width > 0) spec += std::to_string(sp.width);
+  spec += '.' + std::to_string(sp.precision >= 0 ? sp.precision : 6);
+  spec += conv;
+  const int n = std::snprintf(nullptr, 0, spec.c_str(), x);
+  INFERX_CHECK(n >= 0, "cannot format {} with %{}", x, conv);
+  std::string out(static_cast<size_t>(n), '\0');
+  std::snprintf(out.data(), out.size() + 1, spec.c_str(), x);
+  return out;
+}
+
+std::string format_str(const std::string& s, const PercentSpec& sp) {
+  if (sp.precision < 0) return pad_field("", s, sp, false);
+  auto cps = utf8_decode(s);
+  return pad_field("", utf8_encode(cps, 0, std::min(cps.size(), static_cast<size_t>(sp.precision))), sp,
+                   false);
+}
+
+}  // namespace
+
 std::string python_percent_format(const std::string& fmt, const Value& args) {
   std::vector<Value> values = args.kind() == Kind::Tuple ? args.items() : std::vector<Value>{args};
   size_t next = 0;
@@ -187,13 +271,18 @@ std::string python_percent_format(const std::string& fmt, const Value& args) {
     }
     INFERX_CHECK(i + 1 < fmt.size(), "incomplete format");
     size_t j = i + 1;
-    std::string spec = "%";
-    while (j < fmt.size() && std::string_view("-+ #0").find(fmt[j]) != std::string_view::npos)
-      spec += fmt[j++];
-    while (j < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[j]))) spec += fmt[j++];
+    PercentSpec sp;
+    for (; j < fmt.size() && std::string_view("-+ #0").find(fmt[j]) != std::string_view::npos; ++j) {
+      sp.left |= fmt[j] == '-';
+      sp.plus |= fmt[j] == '+';
+      sp.space |= fmt[j] == ' ';
+      sp.alt |= fmt[j] == '#';
+      sp.zero |= fmt[j] == '0';
+    }
+    sp.width = field_number(fmt, j);
     if (j < fmt.size() && fmt[j] == '.') {
-      spec += fmt[j++];
-      while (j < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[j]))) spec += fmt[j++];
+      ++j;
+      sp.precision = field_number(fmt, j);
     }
     INFERX_CHECK(j < fmt.size(), "incomplete format");
     char conv = fmt[j];
@@ -202,31 +291,25 @@ std::string python_percent_format(const std::string& fmt, const Value& args) {
       out.push_back('%');
       continue;
     }
-    INFERX_CHECK(spec.size() < 24, "format specifier too long");
     INFERX_CHECK(next < values.size(), "not enough arguments for format string");
     const Value& v = values[next++];
-    char buf[512];
     switch (conv) {
       case 's':
-      case 'r': {
-        std::string s = conv == 's' ? v.to_string() : v.repr();
-        if (spec == "%") {
-          out += s;
-        } else {
-          std::snprintf(buf, sizeof buf, (spec + "s").c_str(), s.c_str());
-          out += buf;
-        }
+      case 'r':
+        out += format_str(conv == 's' ? v.to_string() : v.repr(), sp);
         break;
-      }
       case 'd':
       case 'i':
+      case 'u':
       case 'x':
       case 'X':
       case 'o': {
         INFERX_CHECK(v.is_number(), "%{} format: a real number is required, not {}", conv, v.type_name());
-        long long x = v.kind() == Kind::Float ? static_cast<long long>(v.as_float()) : v.as_int();
-        std::snprintf(buf, sizeof buf, (spec + "ll" + (conv == 'i' ? 'd' : conv)).c_str(), x);
-        out += buf;
+        const double f = v.number();
+        INFERX_CHECK(v.kind() != Kind::Float || (std::isfinite(f) && std::fabs(f) < 9.2e18),
+                     "cannot convert float {} to integer", f);
+        const long long x = v.kind() == Kind::Float ? static_cast<long long>(f) : v.as_int();
+        out += format_int(x, conv == 'i' || conv == 'u' ? 'd' : conv, sp);
         break;
       }
       case 'f':
@@ -234,15 +317,14 @@ std::string python_percent_format(const std::string& fmt, const Value& args) {
       case 'e':
       case 'E':
       case 'g':
-      case 'G': {
+      case 'G':
         INFERX_CHECK(v.is_number(), "must be real number, not {}", v.type_name());
-        std::snprintf(buf, sizeof buf, (spec + conv).c_str(), v.number());
-        out += buf;
+        out += format_float(v.number(), conv, sp);
         break;
-      }
       default:
         fail("unsupported format character '{}'", conv);
     }
+    StringBudget::check_size(out.size(), "% formatting");
   }
   INFERX_CHECK(next >= values.size() || args.kind() != Kind::Tuple,
                "not all arguments converted during string formatting");

@@ -10,9 +10,40 @@
 
 namespace inferx::jinja {
 
+namespace {
+thread_local StringBudget* t_budget = nullptr;
+constexpr size_t kMaxStringOutsideRender = size_t{64} << 20;
+}  // namespace
+
+StringBudget::StringBudget(size_t max_string, uint64_t max_built)
+    : max_string_(max_string), max_built_(max_built), previous_(t_budget) {
+  t_budget = this;
+}
+
+StringBudget::~StringBudget() { t_budget = previous_; }
+
+void StringBudget::check_size(size_t bytes, std::string_view what) {
+  const size_t max = t_budget ? t_budget->max_string_ : kMaxStringOutsideRender;
+  if (bytes > max) fail("{}: result exceeds {} bytes", what, max);
+}
+
+void StringBudget::charge(size_t bytes) {
+  if (t_budget == nullptr) return;
+  check_size(bytes, "string");
+  t_budget->built_ += bytes;
+  if (t_budget->built_ > t_budget->max_built_)
+    fail("template built more than {} bytes of strings (a loop building huge strings?)",
+         t_budget->max_built_);
+}
+
+const std::string& Value::empty_string() {
+  static const std::string empty;
+  return empty;
+}
+
 Value Value::undefined(std::string hint) {
   Value v;
-  v.s_ = std::move(hint);
+  if (!hint.empty()) v.s_ = std::make_shared<const std::string>(std::move(hint));
   return v;
 }
 
@@ -25,7 +56,10 @@ Value Value::none() {
 Value::Value(bool b) : kind_(Kind::Bool), b_(b), i_(b ? 1 : 0) {}
 Value::Value(int64_t v) : kind_(Kind::Int), i_(v) {}
 Value::Value(double v) : kind_(Kind::Float), f_(v) {}
-Value::Value(std::string s) : kind_(Kind::String), s_(std::move(s)) {}
+Value::Value(std::string s) : kind_(Kind::String) {
+  StringBudget::charge(s.size());
+  s_ = std::make_shared<const std::string>(std::move(s));
+}
 
 struct RenderArena::Tracked {
   std::vector<std::weak_ptr<std::vector<Value>>> lists;
@@ -93,7 +127,7 @@ Value Value::namespace_() {
 Value Value::callable(std::string name, Function fn) {
   Value v;
   v.kind_ = Kind::Callable;
-  v.s_ = std::move(name);
+  v.s_ = std::make_shared<const std::string>(std::move(name));
   v.fn_ = std::make_shared<Function>(std::move(fn));
   if (t_arena) t_arena->functions.push_back(v.fn_);
   return v;
@@ -146,7 +180,7 @@ bool Value::truthy() const {
     case Kind::Float:
       return f_ != 0.0;
     case Kind::String:
-      return !s_.empty();
+      return !str().empty();
     case Kind::List:
     case Kind::Tuple:
       return !list_->empty();
@@ -197,7 +231,7 @@ size_t Value::length() const {
     case Kind::Undefined:
       return 0;  // jinja2's Undefined.__len__
     case Kind::String:
-      return utf8_length(s_);
+      return utf8_length(str());
     case Kind::List:
     case Kind::Tuple:
       return list_->size();
@@ -230,8 +264,8 @@ std::vector<Value> Value::iterate() const {
       const auto too_long = [](size_t n) {
         fail("cannot iterate over a string of {} characters or more (at most {})", n, kMaxIteratedChars);
       };
-      if (s_.size() > 4 * kMaxIteratedChars) too_long(s_.size() / 4);
-      auto cps = utf8_decode(s_);
+      if (str().size() > 4 * kMaxIteratedChars) too_long(str().size() / 4);
+      auto cps = utf8_decode(str());
       if (cps.size() > kMaxIteratedChars) too_long(cps.size());
       std::vector<Value> chars;
       chars.reserve(cps.size());
@@ -244,7 +278,7 @@ std::vector<Value> Value::iterate() const {
 }
 
 Value Value::getattr(const std::string& name) const {
-  if (kind_ == Kind::Undefined) fail("{}", s_.empty() ? std::string("value is undefined") : s_);
+  if (kind_ == Kind::Undefined) fail("{}", str().empty() ? std::string("value is undefined") : str());
   if (kind_ == Kind::Namespace) {
     if (const Value* v = dict_->find(std::string_view(name))) return *v;
     return undefined(fmt::format("'Namespace' object has no attribute '{}'", name));
@@ -259,7 +293,7 @@ Value Value::getattr(const std::string& name) const {
 }
 
 Value Value::getitem(const Value& key) const {
-  if (kind_ == Kind::Undefined) fail("{}", s_.empty() ? std::string("value is undefined") : s_);
+  if (kind_ == Kind::Undefined) fail("{}", str().empty() ? std::string("value is undefined") : str());
   if (kind_ == Kind::Dict || kind_ == Kind::Namespace) {
     if (const Value* v = dict_->find(key)) return *v;
     if (kind_ == Kind::Dict && key.is_string()) {
@@ -269,14 +303,14 @@ Value Value::getitem(const Value& key) const {
     return undefined(fmt::format("'dict object' has no attribute '{}'", key.to_string()));
   }
   if ((is_sequence() || kind_ == Kind::String) && (key.kind() == Kind::Int || key.kind() == Kind::Bool)) {
-    int64_t n =
-        kind_ == Kind::String ? static_cast<int64_t>(utf8_length(s_)) : static_cast<int64_t>(list_->size());
+    int64_t n = kind_ == Kind::String ? static_cast<int64_t>(utf8_length(str()))
+                                      : static_cast<int64_t>(list_->size());
     int64_t i = key.as_int();
     if (i < 0) i += n;
     if (i < 0 || i >= n)
       return undefined(fmt::format("{} object has no element {}", type_name(), key.as_int()));
     if (kind_ == Kind::String) {
-      auto cps = utf8_decode(s_);
+      auto cps = utf8_decode(str());
       return Value(utf8_encode(cps, static_cast<size_t>(i), static_cast<size_t>(i) + 1));
     }
     return (*list_)[static_cast<size_t>(i)];
@@ -291,7 +325,7 @@ bool Value::contains(const Value& item) const {
       return false;
     case Kind::String:
       if (!item.is_string()) fail("'in <string>' requires string as left operand, not {}", item.type_name());
-      return s_.find(item.str()) != std::string::npos;
+      return str().find(item.str()) != std::string::npos;
     case Kind::List:
     case Kind::Tuple:
       for (const auto& e : *list_)
@@ -316,7 +350,7 @@ nlohmann::json Value::to_json() const {
     case Kind::Float:
       return f_;
     case Kind::String:
-      return s_;
+      return str();
     case Kind::List:
     case Kind::Tuple: {
       auto a = nlohmann::json::array();

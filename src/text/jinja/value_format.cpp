@@ -215,6 +215,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
         if (i > 0) out += o.item_sep;
         if (o.has_indent) newline(level + 1);
         json_value(out, v.items()[i], o, level + 1);
+        StringBudget::check_size(out.size(), "tojson");
       }
       if (o.has_indent) newline(level);
       out.push_back(']');
@@ -239,6 +240,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
         json_string(out, items[i].first, o.ensure_ascii);
         out += o.key_sep;
         json_value(out, *items[i].second, o, level + 1);
+        StringBudget::check_size(out.size(), "tojson");
       }
       if (o.has_indent) newline(level);
       out.push_back('}');
@@ -287,6 +289,7 @@ void container_repr(std::string& out, const Value& v, int depth) {
       for (size_t i = 0; i < v.items().size(); ++i) {
         if (i > 0) out += ", ";
         repr_into(out, v.items()[i], depth + 1);
+        StringBudget::check_size(out.size(), "str()");
       }
       if (tuple && v.items().size() == 1) out.push_back(',');
       out.push_back(tuple ? ')' : ']');
@@ -303,6 +306,7 @@ void container_repr(std::string& out, const Value& v, int depth) {
         repr_into(out, k, depth + 1);
         out += ": ";
         repr_into(out, val, depth + 1);
+        StringBudget::check_size(out.size(), "str()");
       }
       out.push_back('}');
       if (v.kind() == Kind::Namespace) out.push_back('>');
@@ -354,7 +358,7 @@ std::string json_dumps(const Value& v, const JsonOptions& opt) {
 }
 
 std::string Value::to_string() const {
-  if (kind_ == Kind::String) return s_;
+  if (kind_ == Kind::String) return str();
   std::string out;
   container_repr(out, *this, 0);
   return out;

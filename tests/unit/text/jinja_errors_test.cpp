@@ -8,6 +8,8 @@
 
 #include "core/error.h"
 #include "jinja_test_util.h"
+#include "text/jinja/evaluator.h"
+#include "text/jinja/parser.h"
 
 namespace inferx {
 namespace {
@@ -81,6 +83,65 @@ TEST(JinjaErrors, HostileTemplatesStop) {
   EXPECT_NE(error_of("{{ ('x' * 30000000) | list | length }}").find("cannot iterate"), std::string::npos);
   EXPECT_NE(error_of("{% for c in 'é' * 1048577 %}{% endfor %}").find("cannot iterate"), std::string::npos);
   EXPECT_EQ(jinja_test::render("{{ ('x' * 1048576) | list | length }}"), "1048576");
+}
+
+// What fuzz_jinja found in longer runs (2026-12-07): strings copied on every lookup, joins, str() of lists
+// and printf fields without a bound. Each must stop with an error (or finish) within seconds.
+TEST(JinjaErrors, HugeStringsAreBoundedAndShared) {
+  // A 20 MB string tested 100k times: lookups share it (a 60 MB one took minutes when each copied it).
+  EXPECT_EQ(jinja_test::render("{% set x = 'ab' * 10000000 %}{% for i in range(100000) %}{% if x %}{% endif "
+                               "%}{% endfor %}{{ x | length }}|{{ x[-3:] }}|{{ ('abc' * 3) ~ ('' * 5) }}"),
+            "20000000|bab|abcabcabc");
+  EXPECT_NE(error_of("{{ ('ab' * 1000).join('x' * 1000000) | length }}").find("join(): result exceeds"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 1000000) | join('ab' * 1000) | length }}").find("join: result exceeds"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set l = ['a' * 1000000] * 1000 %}{{ l | join | length }}").find("result exceeds"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set l = ['a' * 1000000] * 1000 %}{{ l | string | length }}").find("str(): result"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set l = ['a' * 1000000] * 1000 %}{{ l | tojson | length }}").find("tojson: result"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ '%.999999999f' % 5.0 }}").find("precision too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ '%999999999d' % 5 }}").find("width or precision too large"), std::string::npos);
+  EXPECT_EQ(jinja_test::render("{{ ('%1048576s%1048576s' % ('a', 'b')) | length }}"), "2097152");
+}
+
+std::string error_with(const jinja::Limits& limits, const std::string& tmpl) {
+  const auto root = jinja::parse_template(tmpl, "t");
+  jinja::RenderOptions options;
+  options.limits = limits;
+  jinja::Evaluator ev(*root, "t", options);
+  try {
+    ev.render({});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(JinjaErrors, BytesOfStringsBuiltAreBounded) {
+  jinja::Limits limits;
+  limits.max_string_built = uint64_t{64} << 20;
+  // Building a 10 MB string over and over: within the step limit, past the bytes a render may build (a 1 GiB
+  // default; 64 MiB here). Copies do not count: the second template looks the string up 1000 times.
+  const std::string build =
+      "{% set x = 'a' * 10000000 %}{% for i in range(100) %}{% set y = x ~ 'b' %}{% endfor %}";
+  EXPECT_NE(error_with(limits, build).find("built more than 67108864 bytes of strings"), std::string::npos);
+  EXPECT_EQ(
+      error_with(limits, "{% set x = 'a' * 10000000 %}{% for i in range(1000) %}{% set y = x %}{% endfor %}"),
+      "(no error)");
+}
+
+TEST(JinjaErrors, RenderTimeIsBounded) {
+  // Scanning a 30 MB string for a missing substring, 1000 times: seconds of work, a handful of steps each.
+  jinja::Limits limits;
+  limits.max_seconds = 0.05;
+  EXPECT_NE(error_with(limits,
+                       "{% set x = 'a' * 30000000 %}{% for i in range(1000) %}{% if 'b' in x %}{% endif "
+                       "%}{% endfor %}")
+                .find("exceeded 0.05 seconds"),
+            std::string::npos);
 }
 
 TEST(JinjaErrors, TransformersExtensions) {

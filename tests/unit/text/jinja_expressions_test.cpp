@@ -77,6 +77,17 @@ const jinja_test::Case kCases[] = {
      "1|None|5|['b', 'a', 'c']|3|b=1;a=[1, 2];c={'x': None};"},
     {"{{ 'x: %s, %d, %.2f, %5s|%-4d|%r' % ('a', 3, 2.345, 'b', 7, 'q') }}|{{ '%s' % 5 }}|{{ '100%%' % () }}",
      "x: a, 3, 2.35,     b|7   |'q'|5|100%"},
+    // Python's own printf rules, not C's: negative hex / octal with a sign, '#o' as 0o, zero padding after
+    // the sign even with a precision, widths and precisions of strings in characters, no 511-byte cut.
+    {"{{ '%-6x|%6x|%06x|%#x|%#o|%+d|% d|%05.3d|%.0d|%x' % (-255, -255, -255, 255, 8, 5, 5, 7, 0, "
+     "-9223372036854775807 - 1) }}",
+     "-ff   |   -ff|-000ff|0xff|0o10|+5| 5|00007|0|-8000000000000000"},
+    {"{{ '%-6s|%6s|%.2s|%8.3s|%3s' % ('\u00e9\u65e5', '\u00e9\u65e5', '\u00e9\u65e5\u672c', 'abcdef', "
+     "'\u00e9') }}|{{ ('%600s' % 'a') | length }}|{{ ('%-600s|' % 'a')[590:] }}",
+     "\u00e9\u65e5    |    \u00e9\u65e5|\u00e9\u65e5|     abc|  \u00e9|600|          |"},
+    {"{{ '%e|%10.3f|%-10.2e|%+.1f|%g' % (12345.678, 3.14159, 0.000123, 2.25, 1e-5) }}|{{ '%d' % 3.99 }}|{{ "
+     "'%i' % -2.5 }}",
+     "1.234568e+04|     3.142|1.23e-04  |+2.2|1e-05|3|-2"},
     {"{{ range(3) | list }}|{{ range(1, 7, 2) | list }}|{{ range(5, 0, -2) | list }}|{{ dict(a=1, b='x') "
      "}}|{% set ns = namespace(a=1) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}",
      "[0, 1, 2]|[1, 3, 5]|[5, 3, 1]|{'a': 1, 'b': 'x'}|2"},
