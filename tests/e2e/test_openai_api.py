@@ -159,11 +159,17 @@ def test_errors_through_openai_client(client, stories_server):
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
     assert e.value.body["code"] == "model_not_found"
-    # Not JSON, and numbers past double's range (nlohmann's out_of_range: a 500 until fuzz_openai_request).
-    for bad in ("{not json", '{"model": "%s", "prompt": "x", "max_tokens": 1e999}' % MODEL):
-        r = requests.post(stories_server.url + "/v1/completions", data=bad, timeout=10)
+    # Not JSON, numbers past double's range (nlohmann's out_of_range: a 500 until fuzz_openai_request), and
+    # nesting 100k deep (it overflowed the stack in the chat template's conversion and killed the server).
+    deep = "[" * 100000 + "]" * 100000
+    for path, bad in (("completions", "{not json"),
+                      ("completions", '{"model": "%s", "prompt": "x", "max_tokens": 1e999}' % MODEL),
+                      ("chat/completions",
+                       '{"model": "%s", "messages": [{"role": "user", "content": "x"}], "tools": [%s]}' % (MODEL, deep))):
+        r = requests.post(f"{stories_server.url}/v1/{path}", data=bad, timeout=10)
         assert r.status_code == 400 and "JSON" in r.json()["error"]["message"], r.text
         assert r.json()["error"]["code"] == "invalid_json"
+    assert requests.get(stories_server.url + "/health", timeout=10).status_code == 200
 
 
 def test_64_concurrent_streams_match_sequential(client):

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "server/openai/api_error.h"
+#include "server/openai/json_body.h"
 
 namespace inferx::server {
 
@@ -245,9 +246,12 @@ std::string message_content(const json& content, size_t i) {
 
 json parse_request_body(const std::string& text) {
   try {
-    return json::parse(text);
+    return parse_json_body(text, kMaxJsonDepth);
   } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for overflowing numbers
     throw ApiError(400, fmt::format("the request body is not valid JSON: {}", e.what()), "", "invalid_json");
+  } catch (const JsonTooDeep& e) {
+    throw ApiError(400, fmt::format("the request body's JSON nests deeper than {} levels", e.max_depth), "",
+                   "invalid_json");
   }
 }
 

@@ -36,9 +36,12 @@ struct ParsedRequest {
 inline constexpr int32_t kMaxN = 128;
 inline constexpr int32_t kMaxLogprobs = 20;
 inline constexpr size_t kMaxStopStrings = 16;
+// JSON nesting of a body (tool schemas nest a few levels; the chat template's conversion recurses per level).
+inline constexpr int kMaxJsonDepth = 128;
 
-// The body's JSON (key order kept). Anything nlohmann refuses - bad syntax or UTF-8, a number past double's
-// range ("1e999": out_of_range, not parse_error) - throws ApiError 400 invalid_json.
+// The body's JSON (key order kept; json_body.h). Anything nlohmann refuses - bad syntax or UTF-8, a number
+// past double's range ("1e999": out_of_range, not parse_error) - and nesting past kMaxJsonDepth throw
+// ApiError 400 invalid_json.
 nlohmann::ordered_json parse_request_body(const std::string& text);
 
 ParsedRequest parse_completion_request(const nlohmann::ordered_json& body);

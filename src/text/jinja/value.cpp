@@ -159,8 +159,12 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
       return list(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
+      // JSON object keys are unique (nlohmann's parsers keep the last of repeated ones), so the entries are
+      // appended without DictData::set's linear search: a 200k-key object would cost minutes.
       Value d = dict();
-      for (auto it = j.begin(); it != j.end(); ++it) d.dict_->set(Value(it.key()), from_json(it.value()));
+      d.dict_->entries.reserve(j.size());
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.dict_->entries.emplace_back(Value(it.key()), from_json(it.value()));
       return d;
     }
     default:

@@ -2,6 +2,7 @@
 // become inferx::Error with the template location, the sandbox's refusals (mutating methods, huge
 // ranges) hold, and hostile templates (endless recursion, loops, output) stop with an error instead of
 // hanging or exhausting memory.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -118,6 +119,17 @@ std::string error_with(const jinja::Limits& limits, const std::string& tmpl) {
     return e.what();
   }
   return "(no error)";
+}
+
+// A request's tool schema with 300k properties reaches the template as one dict: converted in linear time
+// (DictData::set's search per key made it minutes).
+TEST(JinjaErrors, LargeJsonInputsConvertInLinearTime) {
+  nlohmann::ordered_json big = nlohmann::ordered_json::object();
+  auto& entries = static_cast<nlohmann::ordered_json::object_t::Container&>(
+      big.get_ref<nlohmann::ordered_json::object_t&>());
+  for (int i = 0; i < 300000; ++i) entries.emplace_back(fmt::format("p{}", i), i);
+  EXPECT_EQ(jinja_test::render("{{ big | length }}|{{ big.p299999 }}|{{ (big | list)[7] }}", {{"big", big}}),
+            "300000|299999|p7");
 }
 
 TEST(JinjaErrors, BytesOfStringsBuiltAreBounded) {
