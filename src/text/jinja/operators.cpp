@@ -305,6 +305,9 @@ std::string python_percent_format(const std::string& fmt, const Value& args) {
       case 'X':
       case 'o': {
         INFERX_CHECK(v.is_number(), "%{} format: a real number is required, not {}", conv, v.type_name());
+        // Python: %x / %X / %o take integers only (bool included); %d / %i / %u truncate floats.
+        INFERX_CHECK(v.kind() != Kind::Float || conv == 'd' || conv == 'i' || conv == 'u',
+                     "%{} format: an integer is required, not float", conv);
         const double f = v.number();
         INFERX_CHECK(v.kind() != Kind::Float || (std::isfinite(f) && std::fabs(f) < 9.2e18),
                      "cannot convert float {} to integer", f);
