@@ -383,9 +383,18 @@ TEST_F(CudaAttentionTest, DecodeKernelOverBf16AndFp8CachesMatchesFloat64) {
 // the used ones; a token needing one split writes its output directly. With the cluster form off, so that
 // the global merge (partials, ticket, the last CTA's merge) is checked on the small launches too; the
 // cluster form's own test follows.
+// The v3 decode kernel's cluster form for a test's scope, back to the environment's choice at its end (also
+// when an assertion returns early), as cuda_gemv_test.cpp's KernelScope does for the GEMV kernels.
+struct ClusterFormScope {
+  explicit ClusterFormScope(int mode) { cuda::set_decode_attention_cluster(mode); }
+  ~ClusterFormScope() { cuda::set_decode_attention_cluster(-1); }
+  ClusterFormScope(const ClusterFormScope&) = delete;
+  ClusterFormScope& operator=(const ClusterFormScope&) = delete;
+};
+
 TEST_F(CudaAttentionTest, DecodeKernelWithMinimumTilesPerSplitMatchesFloat64) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
-  cuda::set_decode_attention_cluster(0);
+  const ClusterFormScope global_merge(0);
   check_decode_cases(*this, rng_,
                      {{CudaAttentionKernel::Decode, 0},
                       {CudaAttentionKernel::Decode, 5},
@@ -393,7 +402,6 @@ TEST_F(CudaAttentionTest, DecodeKernelWithMinimumTilesPerSplitMatchesFloat64) {
                       {CudaAttentionKernel::Decode, 64, 5},
                       {CudaAttentionKernel::Decode, 3, 16},
                       {CudaAttentionKernel::Decode, 2, 100}});
-  cuda::set_decode_attention_cluster(-1);
 }
 
 // The cluster form of the v3 decode kernel (cuda::decode_attention_cluster: the splits of a group as one
@@ -402,7 +410,7 @@ TEST_F(CudaAttentionTest, DecodeKernelWithMinimumTilesPerSplitMatchesFloat64) {
 // counts up to the launch's (64 runs as 16), and plans with fewer, longer splits than the cluster has.
 TEST_F(CudaAttentionTest, DecodeKernelClusterFormMatchesFloat64) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
-  cuda::set_decode_attention_cluster(1);
+  const ClusterFormScope cluster_form(1);
   const uint64_t before = cuda::decode_attention_cluster_launches();
   check_decode_cases(*this, rng_,
                      {{CudaAttentionKernel::Decode, 0},
@@ -413,7 +421,6 @@ TEST_F(CudaAttentionTest, DecodeKernelClusterFormMatchesFloat64) {
                       {CudaAttentionKernel::Decode, 8, 3},
                       {CudaAttentionKernel::Decode, 16, 100}});
   EXPECT_GT(cuda::decode_attention_cluster_launches(), before) << "no launch took the cluster form";
-  cuda::set_decode_attention_cluster(-1);
 }
 
 // The split plan (host arithmetic, no GPU needed) on the H200's 132 SMs, Llama-3-8B heads: what the

@@ -60,6 +60,15 @@ __device__ __forceinline__ void store_single_split(const DecodeResult& res, int6
   if (res.out_bf16) res.out_bf16[row * HD + d] = __float2bfloat16_rn(v);
 }
 
+// Four dims of a merged output row: the splits' weighted numerators times f (out_scale / denominator).
+template <int HD>
+__device__ __forceinline__ void store_merged4(const DecodeResult& res, int64_t row, int d, float4 num,
+                                              float f) {
+  const float4 v = make_float4(num.x * f, num.y * f, num.z * f, num.w * f);
+  *reinterpret_cast<float4*>(res.out + row * HD + d) = v;
+  if (res.out_bf16) store_bf16x4(res.out_bf16 + row * HD + d, v.x, v.y, v.z, v.w);
+}
+
 // s_o [warp][row][HD], s_m / s_l [warp][row] (kRows rows per warp) hold every warp's numerator, running
 // max (log2 domain) and denominator, written by the caller before a __syncthreads(). kVec4: the combine
 // reads and writes 4 dims at a time (out 16-byte and out_bf16 8-byte aligned). Every thread calls it.
@@ -132,9 +141,7 @@ __device__ __forceinline__ void finish_decode(const float* s_o, const float* s_m
         const float4 v = __ldcg(reinterpret_cast<const float4*>(acc + static_cast<int64_t>(i) * HD));
         num.x += w * v.x, num.y += w * v.y, num.z += w * v.z, num.w += w * v.w;
       }
-      const float4 v = make_float4(num.x * f, num.y * f, num.z * f, num.w * f);
-      *reinterpret_cast<float4*>(res.out + row * HD + d) = v;
-      if (res.out_bf16) store_bf16x4(res.out_bf16 + row * HD + d, v.x, v.y, v.z, v.w);
+      store_merged4<HD>(res, row, d, num, f);
     } else {
       float num = 0.0f;
 #pragma unroll 8
@@ -211,9 +218,7 @@ __device__ __forceinline__ void finish_decode_cluster(const float* s_o, const fl
     }
     const int64_t row = res.row0 + r;
     const float f = den > 0.0f ? res.out_scale / den : 0.0f;
-    const float4 v = make_float4(num.x * f, num.y * f, num.z * f, num.w * f);
-    *reinterpret_cast<float4*>(res.out + row * HD + d) = v;
-    if (res.out_bf16) store_bf16x4(res.out_bf16 + row * HD + d, v.x, v.y, v.z, v.w);
+    store_merged4<HD>(res, row, d, num, f);
   }
 }
 

@@ -174,7 +174,7 @@ void set_decode_attention_cluster(int mode);
 uint64_t decode_attention_cluster_launches();
 // INFERX_DECODE_ATTN_STAMPS=1 (a diagnosis switch, read by setup): the v3 decode kernel records per-CTA phase
 // time stamps on the current device (setup: once, before any capture), and report prints their medians per
-// launch to stderr (kernels_decode_attention_v3.cu, StampRecord). Both do nothing when the switch is off.
+// launch to stderr (decode_attention_stamps.h / .cpp). Both do nothing when the switch is off.
 void setup_decode_attention_stamps();
 void report_decode_attention_stamps();
 // Whether launch_decode_attention rounds Q and P to F16 once for a cache of `dtype` with `block_size`-key

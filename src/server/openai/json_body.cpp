@@ -68,7 +68,7 @@ class DomBuilder {
   }
 
   bool open(json empty) {
-    if (static_cast<int>(stack_.size()) >= max_depth_) throw JsonTooDeep{max_depth_};
+    if (static_cast<int>(stack_.size()) >= max_depth_) throw JsonTooDeep(max_depth_);
     json* t = target();
     *t = std::move(empty);
     // Safe to keep: a container's own elements only grow while it is the innermost open one.

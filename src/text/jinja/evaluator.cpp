@@ -395,7 +395,7 @@ Value Evaluator::eval_inner(const Node& n, Scope& scope) {
           s += v.str();  // no copy through to_string()
         else
           s += v.to_string();
-        check_size(s.size());
+        StringBudget::check_size(s.size(), "~");
       }
       return Value(std::move(s));
     }

@@ -25,10 +25,9 @@ Value repeat(const Value& seq, int64_t n, size_t max_size) {
                  "string repetition result too large");
     // By doubling: 'x' * 60000000 in ~26 appends, not 60 million.
     const size_t total = seq.str().size() * static_cast<size_t>(n);
-    std::string out;
+    std::string out = n > 0 ? seq.str() : std::string();
     out.reserve(total);
-    if (n > 0) out = seq.str();
-    while (out.size() > 0 && out.size() * 2 <= total) out += out;
+    while (!out.empty() && out.size() * 2 <= total) out += out;
     out.append(out.data(), total - out.size());
     return Value(std::move(out));
   }

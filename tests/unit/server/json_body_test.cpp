@@ -1,6 +1,6 @@
 // The request-body JSON parser (server/openai/json_body.h): the same documents as nlohmann's ordered_json
 // parser, in the same key order and with the same errors, but linear in the number of keys and bounded in
-// depth (a 200k-key object took minutes; a body nested 100k levels crashed the server).
+// depth (a 200k-key object outlasted a 30 s client timeout; a body nested 100k levels crashed the server).
 #include "server/openai/json_body.h"
 
 #include <gtest/gtest.h>
@@ -104,8 +104,8 @@ TEST(JsonBody, DepthIsBounded) {
   EXPECT_NO_THROW(parse_request_body(R"({"model": "m", "x": )" + nested(kMaxJsonDepth - 1) + "}"));
 }
 
-// 300k keys in one object: linear (nlohmann's ordered_json parser searches the keys for every insert,
-// minutes at this size), and every key kept in order.
+// 300k keys in one object: linear (nlohmann's ordered_json parser searches the keys for every insert: 16k
+// keys took 0.23 s in the server on the dev CPU, growing with the square), and every key kept in order.
 TEST(JsonBody, ManyKeysParseInLinearTime) {
   std::string text = "{";
   for (int i = 0; i < 300000; ++i) text += (i ? ",\"" : "\"") + std::to_string(i) + "\":" + std::to_string(i);
