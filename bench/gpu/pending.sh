@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What is still owed to a GPU run (state of 2026-12-07 11:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
-#   any card first: STEPS=1 (every GPU test: the review commit after f168d60 moved the attention stamps' host
+#   any card first: STEPS=1 (every GPU test: the review commit e72c911 moved the attention stamps' host
 #   side to decode_attention_stamps.cpp and shared the merges' output store, compiled only); then on an H200
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 28 29" bash bench/gpu/pending.sh (~7 min; 17 on an H200
 #   only), then STEPS="6" (timelines, never taken on an H200). At 11:00 on 12-07 (H100) step 1 passed
