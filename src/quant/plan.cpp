@@ -208,10 +208,12 @@ std::string QuantPlan::summary() const {
   // Notes grouped by text (one line per distinct note, with how many layers share it).
   std::vector<std::pair<std::string, std::vector<std::string>>> notes;
   for (const auto& [name, q] : layers) {
-    if (q.note.empty()) continue;
-    auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == q.note; });
+    // A named copy: clang before 16 cannot capture a structured binding in a lambda.
+    const std::string& note = q.note;
+    if (note.empty()) continue;
+    auto it = std::find_if(notes.begin(), notes.end(), [&](const auto& n) { return n.first == note; });
     if (it == notes.end())
-      notes.push_back({q.note, {name}});
+      notes.push_back({note, {name}});
     else
       it->second.push_back(name);
   }

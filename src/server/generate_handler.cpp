@@ -197,7 +197,7 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
       live_ -= 1;
     }
     auto shared = std::make_shared<RequestOutput>(std::move(out));
-    live->sink->post([this, live, shared] {
+    live->sink->post([live, shared] {
       const RequestOutput& o = *shared;
       if (live->stream) {
         if (!o.error.empty()) {

@@ -29,7 +29,7 @@ std::atomic<bool> g_bf16_accumulator{[] {
   return v != nullptr && std::strcmp(v, "bf16") == 0;
 }()};
 
-#if defined(INFERX_X86_SIMD)
+#if defined(INFERX_X86_SIMD) && !defined(INFERX_X86_AVX512)  // the AVX-512 path converts 16 at once
 // 8 codes -> 8 f16 bit patterns (value / 256).
 inline __m128i fp8x8_to_f16_bits(const uint8_t* w) {
   const __m128i u = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));

@@ -17,8 +17,9 @@ namespace inferx::cpu {
 namespace {
 
 // The 8 six-bit scales (low 4 bytes of *sc) and mins, unpacked four at a time with 32-bit masks
-// (same bit layout as unpack_q4_k_scales in gguf_block_layouts.h).
-inline void unpack_scales_mins(const uint8_t* packed, uint32_t sc[2], uint32_t m[2]) {
+// (same bit layout as unpack_q4_k_scales in gguf_block_layouts.h). Unused where the build takes a
+// vector path (AVX2 or AVX-512 VNNI), hence maybe_unused.
+[[maybe_unused]] inline void unpack_scales_mins(const uint8_t* packed, uint32_t sc[2], uint32_t m[2]) {
   uint32_t a, b, c;
   std::memcpy(&a, packed, 4);
   std::memcpy(&b, packed + 4, 4);
@@ -114,7 +115,7 @@ void rows_avx512(const BlockQ4_K* w, const ActQ8_KView* a, int64_t nsb, float* o
 
 #if defined(INFERX_X86_SIMD)
 // Byte-shuffle mask broadcasting int16 lane j of a 128-bit lane to all eight int16 lanes.
-inline __m256i broadcast_word_mask(int j) {
+[[maybe_unused]] inline __m256i broadcast_word_mask(int j) {
   return _mm256_set1_epi16(static_cast<int16_t>((2 * j) | ((2 * j + 1) << 8)));
 }
 
