@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "formats/json_text.h"
 #include "text/chat_template.h"
 #include "text/tokenizer_loader.h"
 
@@ -37,12 +38,8 @@ std::string read_text(const std::string& path, const char* what) {
 }
 
 nlohmann::ordered_json read_json(const std::string& path, const char* what) {
-  std::string text = read_text(path, what);
-  try {
-    return nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::ordered_json::exception& e) {
-    fail("{}: {} is not valid JSON: {}", what, path, e.what());
-  }
+  // The server's request bound: the template's JSON conversion recurses per level.
+  return parse_ordered_json_text(read_text(path, what), fmt::format("{}: {}", what, path), 128);
 }
 
 // "YYYY-MM-DD" -> seconds since the epoch at 00:00 UTC (days_from_civil, H. Hinnant's algorithm).

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "formats/json_text.h"
 
 namespace inferx {
 
@@ -20,7 +21,7 @@ namespace {
 using json = nlohmann::json;
 
 // config.json is at most a few levels deep; the cap keeps hostile input from building huge nests.
-constexpr int kMaxJsonDepth = 32;
+constexpr int kMaxConfigDepth = 32;
 
 struct ArchName {
   const char* hf_class;
@@ -42,16 +43,7 @@ std::string supported_list() {
 }
 
 json parse_json(const std::string& text, const std::string& source) {
-  auto depth_cap = [&](int depth, json::parse_event_t event, json&) {
-    if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start)
-      INFERX_CHECK(depth < kMaxJsonDepth, "{}: JSON nested deeper than {} levels", source, kMaxJsonDepth);
-    return true;
-  };
-  try {
-    return json::parse(text, depth_cap);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", source, e.what());
-  }
+  return parse_json_text(text, source, kMaxConfigDepth);
 }
 
 std::string type_of(const json& v) {

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "formats/json_text.h"
 #include "quant/awq_gptq.h"
 #include "quant/fp8.h"
 #include "quant/gguf_blocks.h"
@@ -122,14 +123,10 @@ HfQuantConfig read_quant_config(const json& q, const std::string& where);
 HfQuantConfig read_hf_quant_config(const std::string& folder) {
   HfQuantConfig c;
   const std::string path = folder + "/config.json";
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   if (!f) return c;  // read_hf_config reports a missing config.json
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  const json j = parse_json_text(text, path);
   if (!j.is_object() || !j.contains("quantization_config")) return c;
   const std::string where = path + ": quantization_config";
   try {

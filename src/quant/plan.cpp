@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/json_text.h"
 #include "quant/int4.h"
 
 namespace inferx {
@@ -163,7 +164,7 @@ std::string QuantPlan::to_json() const {
 QuantPlan QuantPlan::from_json(const std::string& text, const std::string& source) {
   QuantPlan p;
   try {
-    const auto j = nlohmann::ordered_json::parse(text);  // keeps the layers in model order
+    const auto j = parse_ordered_json_text(text, source);  // ordered: keeps the layers in model order
     INFERX_CHECK(j.value("version", 0) == 1, "{}: quantization plan version {} is not 1", source,
                  j.value("version", 0));
     p.kind = j.at("kind").get<std::string>();

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "formats/json_text.h"
 
 namespace inferx {
 namespace {
@@ -24,13 +25,7 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
-json read_json(const std::string& path) {
-  try {
-    return json::parse(read_text(path));
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
-}
+json read_json(const std::string& path) { return parse_json_text(read_text(path), path); }
 
 // A transformers special-token value: "<s>" or {"content": "<s>", ...}.
 std::string token_content(const json& v) {

@@ -150,6 +150,43 @@ TEST_F(TempFolder, SpecialTokensMapFillsIn) {
   EXPECT_EQ(tok->eos_id(), 2);
 }
 
+// Every JSON file of a tokenizer folder is read with formats/json_text.h's nesting bound: a tokenizer.json
+// whose normalizer was a Sequence nested 100k levels deep crashed the loader (the copy of a value and the
+// Sequence readers recurse per level); now each is a load error naming the file.
+TEST_F(TempFolder, DeeplyNestedFilesAreRefused) {
+  const auto nested_sequences = [](int levels) {
+    std::string s = R"({"type": "Lowercase"})";
+    for (int i = 0; i < levels; ++i) s = R"({"type": "Sequence", "normalizers": [)" + s + "]}";
+    return s;
+  };
+  json doc = tinyllama_with_pair_merges();
+  doc["normalizer"] = json::parse(nested_sequences(3));  // nested Sequences still load
+  write("tokenizer.json", doc.dump());
+  EXPECT_EQ(load_hf_folder_text(dir_.string()).tokenizer->encode("Hi", false),
+            load_hf_folder_text(dir_.string()).tokenizer->encode("hi", false));
+
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string deep_normalizer =
+      R"({"model": {}, "normalizer": )" + std::string(50000, '[') + std::string(50000, ']') + "}";
+  for (const auto& [file, text] : std::vector<std::pair<std::string, std::string>>{
+           {"tokenizer.json", deep_normalizer},
+           {"tokenizer_config.json", R"({"chat_template": )" + deep + "}"},
+           {"special_tokens_map.json", deep},
+           {"generation_config.json", R"({"eos_token_id": )" + deep + "}"}}) {
+    TearDown();  // a fresh folder with only a valid tokenizer.json
+    SetUp();
+    write(file, text);
+    std::string msg = "no error";
+    try {
+      (void)load_hf_folder_text(dir_.string());
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(file + ": JSON nested deeper than 64 levels"), std::string::npos)
+        << file << ": " << msg;
+  }
+}
+
 TEST(HfTokenizerJson, Gpt2FolderWithVocabAndMerges) {
   const ModelText mt = load_model_text(kData + "/hf-tokenizers/gpt2", nullptr);
   ASSERT_NE(mt.tokenizer, nullptr);

@@ -1,0 +1,21 @@
+// JSON model files (config.json, tokenizer.json, tokenizer_config.json, a checkpoint's quantization
+// metadata) parsed with a bound on nesting. nlohmann's parser does not recurse, but copying a value and our
+// readers' walks do: a tokenizer.json whose normalizer was a Sequence nested 100k levels deep crashed the
+// loader (stack overflow). Real files nest under ten levels.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace inferx {
+
+inline constexpr int kMaxModelJsonDepth = 64;
+
+// Throws inferx::Error "SOURCE: not valid JSON: ..." or "SOURCE: JSON nested deeper than N levels".
+nlohmann::json parse_json_text(std::string_view text, const std::string& source,
+                               int max_depth = kMaxModelJsonDepth);
+nlohmann::ordered_json parse_ordered_json_text(std::string_view text, const std::string& source,
+                                               int max_depth = kMaxModelJsonDepth);
+
+}  // namespace inferx
