@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "formats/json_text.h"
 #include "text/hf_tokenizer_json.h"
 #include "text/tokenizer.h"
 
