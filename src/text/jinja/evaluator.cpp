@@ -54,10 +54,14 @@ void Evaluator::located_fail(const Node& n, const std::string& msg) const {
 }
 
 std::string Evaluator::render(const std::vector<std::pair<std::string, Value>>& variables) {
-  RenderArena arena;  // frees what templates tie into cycles (after the root scope below is gone)
+  Scope root;
+  // Declared after the root scope, so destroyed before it: the arena empties every list, dict and callable
+  // the render made while the scope still holds them, which frees what templates tie into cycles and makes
+  // the scope's own destruction flat. The other order destroyed a list nested a million levels deep (a loop
+  // of `set ns.x = [ns.x]`) recursively, from the scope, and overflowed the stack.
+  RenderArena arena;
   StringBudget budget(options_.limits.max_output, options_.limits.max_string_built);
   started_ = std::chrono::steady_clock::now();
-  Scope root;
   for (auto& g : global_functions(*this)) root.set(g.first, g.second);
   for (const auto& [k, v] : variables) root.set(k, v);
   globals_ = &root;

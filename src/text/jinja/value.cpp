@@ -344,34 +344,6 @@ bool Value::contains(const Value& item) const {
   }
 }
 
-nlohmann::json Value::to_json() const {
-  switch (kind_) {
-    case Kind::None:
-      return nullptr;
-    case Kind::Bool:
-      return b_;
-    case Kind::Int:
-      return i_;
-    case Kind::Float:
-      return f_;
-    case Kind::String:
-      return str();
-    case Kind::List:
-    case Kind::Tuple: {
-      auto a = nlohmann::json::array();
-      for (const auto& e : *list_) a.push_back(e.to_json());
-      return a;
-    }
-    case Kind::Dict: {
-      auto o = nlohmann::json::object();
-      for (const auto& [k, v] : dict_->entries) o[k.to_string()] = v.to_json();
-      return o;
-    }
-    default:
-      fail("Object of type {} is not JSON serializable", type_name());
-  }
-}
-
 const Value* DictData::find(const Value& key) const {
   for (const auto& e : entries)
     if (values_equal(e.first, key)) return &e.second;
@@ -411,6 +383,25 @@ void CallArgs::check(std::string_view func, size_t max_pos,
   }
 }
 
+namespace {
+// How deep == and < may walk nested lists and dicts (Python stops at its recursion limit, ~1000): a template
+// can build a list nested 900k levels deep within its step limit, and comparing two of them recursed until
+// the stack overflowed.
+constexpr int kMaxCompareDepth = 512;
+thread_local int t_compare_depth = 0;
+
+struct CompareDepth {
+  CompareDepth() {
+    INFERX_CHECK(t_compare_depth < kMaxCompareDepth,
+                 "value nested too deeply to compare (more than {} levels)", kMaxCompareDepth);
+    ++t_compare_depth;
+  }
+  ~CompareDepth() { --t_compare_depth; }
+  CompareDepth(const CompareDepth&) = delete;
+  CompareDepth& operator=(const CompareDepth&) = delete;
+};
+}  // namespace
+
 bool values_equal(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
     if (a.kind() == Kind::Float || b.kind() == Kind::Float) return a.number() == b.number();
@@ -418,6 +409,7 @@ bool values_equal(const Value& a, const Value& b) {
   }
   if (a.is_sequence() && b.is_sequence()) {
     if (a.kind() != b.kind() || a.items().size() != b.items().size()) return false;
+    const CompareDepth depth;
     for (size_t i = 0; i < a.items().size(); ++i)
       if (!values_equal(a.items()[i], b.items()[i])) return false;
     return true;
@@ -433,6 +425,7 @@ bool values_equal(const Value& a, const Value& b) {
       const auto& ea = a.dict_data().entries;
       const auto& eb = b.dict_data().entries;
       if (ea.size() != eb.size()) return false;
+      const CompareDepth depth;
       for (const auto& [k, v] : ea) {
         const Value* o = b.dict_data().find(k);
         if (o == nullptr || !values_equal(v, *o)) return false;
@@ -463,6 +456,7 @@ int compare_values(const Value& a, const Value& b) {
   if (a.is_sequence() && b.is_sequence() && a.kind() == b.kind()) {
     const auto& x = a.items();
     const auto& y = b.items();
+    const CompareDepth depth;
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
       if (values_equal(x[i], y[i])) continue;
       return compare_values(x[i], y[i]);

@@ -84,8 +84,6 @@ class Value {
   Value getitem(const Value& key) const;
   bool contains(const Value& item) const;  // Python `item in self`
 
-  nlohmann::json to_json() const;  // throws for values JSON cannot hold
-
  private:
   Kind kind_ = Kind::Undefined;
   bool b_ = false;

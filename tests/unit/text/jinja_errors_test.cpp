@@ -161,6 +161,33 @@ TEST(JinjaErrors, RenderTimeIsBounded) {
             std::string::npos);
 }
 
+TEST(JinjaErrors, DeeplyNestedValuesAreBounded) {
+  jinja::Limits limits;
+  limits.max_steps = 20'000'000;
+  // A list nested 800k levels deep: its destruction (by the render's scope) recursed per level and
+  // overflowed the stack. The render's arena now empties every container before the scope is destroyed.
+  const std::string nest =
+      "{% set ns = namespace(x=[], y=[]) %}{% for j in range(8) %}{% for i in range(100000) "
+      "%}{% set ns.x = [ns.x] %}{% endfor %}{% endfor %}";
+  EXPECT_EQ(error_with(limits, nest + "{{ ns.x | length }}"), "(no error)");
+  EXPECT_NE(error_with(limits, nest + "{{ ns.x }}").find("nested too deeply to print"), std::string::npos);
+  // == and < walk nested lists and dicts as Python does, up to 512 levels (a 400k-deep == crashed).
+  const auto pair = [](int rounds, int levels) {  // rounds x levels deep (ranges stop at 100k)
+    return "{% set ns = namespace(x=[], y=[]) %}{% for j in range(" + std::to_string(rounds) +
+           ") %}{% for i in range(" + std::to_string(levels) +
+           ") %}{% set ns.x = [ns.x] %}{% set ns.y = [{'k': ns.y}] %}{% endfor %}{% endfor %}";
+  };
+  EXPECT_EQ(jinja_test::render(pair(1, 200) + "{{ ns.x == ns.x }}{{ ns.x == ns.y }}{{ ns.x < ns.x + [1] }}"),
+            "TrueFalseTrue");
+  EXPECT_NE(error_with(limits, pair(4, 100000) + "{{ ns.y == ns.y }}").find("nested too deeply to compare"),
+            std::string::npos);
+  for (const std::string expr :
+       {"ns.y == ns.y", "ns.y < ns.y + [1]", "ns.y in [ns.y]", "[ns.y, ns.y] | unique"}) {
+    const std::string msg = error_with(limits, pair(1, 1000) + "{{ " + expr + " }}");
+    EXPECT_NE(msg.find("nested too deeply to compare"), std::string::npos) << expr << ": " << msg;
+  }
+}
+
 TEST(JinjaErrors, TransformersExtensions) {
   // transformers' AssistantTracker adds {% generation %}; rendering outputs its body unchanged.
   EXPECT_EQ(jinja_test::render("a{% generation %}b {{ n }}{% endgeneration %}c"), "ab 7c");
