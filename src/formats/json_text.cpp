@@ -21,7 +21,37 @@ Json parse_bounded(std::string_view text, const std::string& source, int max_dep
   }
 }
 
+template <typename Json>
+int64_t integer_in(const Json& v, std::string_view what, const std::string& source, int64_t lo, int64_t hi) {
+  bool ok = false;
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {  // past INT64_MAX only when unsigned storage was needed
+    const uint64_t u = v.template get<uint64_t>();
+    ok = hi >= 0 && u <= static_cast<uint64_t>(hi);
+    x = ok ? static_cast<int64_t>(u) : 0;
+  } else if (v.is_number_integer()) {
+    x = v.template get<int64_t>();
+    ok = true;
+  }
+  if (!ok || x < lo || x > hi) {
+    std::string shown = v.dump();
+    if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+    fail("{}: {} must be an integer in [{}, {}], got {}", source, what, lo, hi, shown);
+  }
+  return x;
+}
+
 }  // namespace
+
+int64_t json_integer(const nlohmann::json& v, std::string_view what, const std::string& source, int64_t lo,
+                     int64_t hi) {
+  return integer_in(v, what, source, lo, hi);
+}
+
+int64_t json_integer(const nlohmann::ordered_json& v, std::string_view what, const std::string& source,
+                     int64_t lo, int64_t hi) {
+  return integer_in(v, what, source, lo, hi);
+}
 
 nlohmann::json parse_json_text(std::string_view text, const std::string& source, int max_depth) {
   return parse_bounded<nlohmann::json>(text, source, max_depth);

@@ -178,7 +178,9 @@ HfQuantConfig read_quant_config(const json& q, const std::string& where) {
       for (const auto& [name, g] : q["config_groups"].items()) {
         if (!g.contains("weights") || !g["weights"].is_object()) continue;
         const json& w = g["weights"];
-        INFERX_CHECK(w.value("type", std::string("float")) == "float" && w.value("num_bits", 8) == 8,
+        const int64_t bits =
+            w.contains("num_bits") ? json_integer(w["num_bits"], "num_bits", where, 1, 64) : 8;
+        INFERX_CHECK(w.value("type", std::string("float")) == "float" && bits == 8,
                      "{}.config_groups.{}.weights: only 8-bit float weights are supported", where, name);
         const std::string strategy = w.value("strategy", std::string("tensor"));
         INFERX_CHECK(

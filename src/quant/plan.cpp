@@ -165,8 +165,9 @@ QuantPlan QuantPlan::from_json(const std::string& text, const std::string& sourc
   QuantPlan p;
   try {
     const auto j = parse_ordered_json_text(text, source);  // ordered: keeps the layers in model order
-    INFERX_CHECK(j.value("version", 0) == 1, "{}: quantization plan version {} is not 1", source,
-                 j.value("version", 0));
+    const int64_t version =
+        j.contains("version") ? json_integer(j["version"], "plan version", source, 0, 1000) : 0;
+    INFERX_CHECK(version == 1, "{}: quantization plan version {} is not 1", source, version);
     p.kind = j.at("kind").get<std::string>();
     for (const auto& [name, e] : j.at("layers").items()) {
       LayerQuant q;
@@ -181,7 +182,8 @@ QuantPlan QuantPlan::from_json(const std::string& text, const std::string& sourc
         q.fp8 = s == "tensor" ? Fp8Granularity::PerTensor : Fp8Granularity::PerChannel;
       } else if (f == "int4") {
         q.format = WeightFormat::Int4;
-        q.group = e.at("group_size").get<int64_t>();
+        q.group = json_integer(e.at("group_size"), fmt::format("layer '{}': group_size", name), source, 1,
+                               INT32_MAX);
         q.symmetric = e.at("symmetric").get<bool>();
       } else {
         fail("{}: layer '{}': unknown format '{}'", source, name, f);

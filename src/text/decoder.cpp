@@ -2,6 +2,7 @@
 #include "text/decoder.h"
 
 #include "core/error.h"
+#include "formats/json_text.h"
 #include "text/pre_tokenizer.h"
 #include "text/unicode.h"
 
@@ -80,8 +81,13 @@ Decoder Decoder::from_json(const nlohmann::json& j, const std::string& source) {
     } else if (type == "Strip") {
       s.kind = Step::Kind::Strip;
       s.content = first_char(node.value("content", std::string(" ")));
-      s.start = node.value("start", size_t{0});
-      s.stop = node.value("stop", size_t{0});
+      const auto count = [&](const char* key) -> size_t {
+        return node.contains(key) ? static_cast<size_t>(json_integer(
+                                        node[key], std::string("decoder Strip ") + key, source, 0, INT32_MAX))
+                                  : 0;
+      };
+      s.start = count("start");
+      s.stop = count("stop");
     } else if (type == "Metaspace") {
       s.kind = Step::Kind::Metaspace;
       s.pattern = first_char(node.value("replacement", std::string("\xE2\x96\x81")));

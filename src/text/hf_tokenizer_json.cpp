@@ -27,6 +27,11 @@ std::string read_text(const std::string& path) {
 
 json read_json(const std::string& path) { return parse_json_text(read_text(path), path); }
 
+// A token id field: an integer in [0, INT32_MAX) (the tokenizer checks it against the vocabulary later).
+int32_t token_id(const json& v, std::string_view what, const std::string& source) {
+  return static_cast<int32_t>(json_integer(v, what, source, 0, INT32_MAX - 1));
+}
+
 // A transformers special-token value: "<s>" or {"content": "<s>", ...}.
 std::string token_content(const json& v) {
   if (v.is_string()) return v.get<std::string>();
@@ -72,13 +77,14 @@ void parse_post_processor(const json& pp, BpeSpec& spec, const std::string& sour
                    "special_tokens does not define",
                    source, name);
       for (const json& id : special[name].value("ids", json::array()))
-        (after ? spec.suffix_ids : spec.prefix_ids).push_back(id.get<int32_t>());
+        (after ? spec.suffix_ids : spec.prefix_ids)
+            .push_back(token_id(id, "post_processor special token id", source));
     }
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
     // cls A sep, with [token, id] pairs.
     INFERX_CHECK(pp.contains("cls") && pp.contains("sep"), "{}: {} needs cls and sep", source, type);
-    spec.prefix_ids.push_back(pp["cls"][1].get<int32_t>());
-    spec.suffix_ids.push_back(pp["sep"][1].get<int32_t>());
+    spec.prefix_ids.push_back(token_id(pp["cls"][1], "post_processor cls id", source));
+    spec.suffix_ids.push_back(token_id(pp["sep"][1], "post_processor sep id", source));
   } else {
     fail(
         "{}: post_processor type '{}' is not supported (supported: TemplateProcessing, ByteLevel, "
@@ -103,8 +109,10 @@ void apply_config(const json& config, BpeSpec& spec) {
   if (config.contains("bos_token")) spec.bos_id = find_token_id(spec, token_content(config["bos_token"]));
   if (config.contains("eos_token")) spec.eos_id = find_token_id(spec, token_content(config["eos_token"]));
   // Ids from generation_config.json, for what the token names did not give.
-  if (spec.bos_id < 0 && config.contains("bos_token_id")) spec.bos_id = config["bos_token_id"].get<int32_t>();
-  if (spec.eos_id < 0 && config.contains("eos_token_id")) spec.eos_id = config["eos_token_id"].get<int32_t>();
+  if (spec.bos_id < 0 && config.contains("bos_token_id"))
+    spec.bos_id = token_id(config["bos_token_id"], "bos_token_id (generation_config.json)", spec.source);
+  if (spec.eos_id < 0 && config.contains("eos_token_id"))
+    spec.eos_id = token_id(config["eos_token_id"], "eos_token_id (generation_config.json)", spec.source);
   const std::string cls = config.value("tokenizer_class", std::string());
   const bool rebuilds =
       cls.rfind("Llama", 0) == 0 || cls.rfind("CodeLlama", 0) == 0 || cls.rfind("Gemma", 0) == 0;
@@ -125,7 +133,7 @@ std::vector<AddedToken> parse_added_tokens(const json& list, const std::string& 
   for (const json& t : list) {
     AddedToken a;
     INFERX_CHECK(t.contains("id") && t.contains("content"), "{}: added token without id or content", source);
-    a.id = t["id"].get<int32_t>();
+    a.id = token_id(t["id"], "added token id", source);
     a.content = t["content"].get<std::string>();
     a.special = t.value("special", false);
     a.lstrip = t.value("lstrip", false);
@@ -196,7 +204,7 @@ std::unique_ptr<BpeTokenizer> parse_unchecked(const json& doc, const std::string
                source);
   const size_t entries = model["vocab"].size();
   for (const auto& [tok, id_json] : model["vocab"].items()) {
-    const auto id = id_json.get<int64_t>();
+    const int64_t id = json_integer(id_json, fmt::format("model.vocab['{}']", tok), source, 0, INT32_MAX - 1);
     INFERX_CHECK(id >= 0 && id < INT32_MAX && static_cast<size_t>(id) < max_token_ids(entries),
                  "{}: model.vocab['{}'] has id {}, out of range for {} entries", source, tok, id, entries);
     if (static_cast<size_t>(id) >= spec.vocab.size()) spec.vocab.resize(static_cast<size_t>(id) + 1);

@@ -47,5 +47,32 @@ TEST(JsonText, ValuesAndKeyOrderAreKept) {
   EXPECT_EQ(o.dump(), R"({"z":1,"a":2,"m":3})");
 }
 
+TEST(JsonText, IntegerFieldsAreCheckedNotCast) {
+  using nlohmann::json;
+  const auto error = [](const json& v, int64_t lo, int64_t hi) -> std::string {
+    try {
+      return std::to_string(json_integer(v, "f", "c.json", lo, hi));
+    } catch (const Error& e) {
+      return e.what();
+    }
+  };
+  EXPECT_EQ(error(json(7), 0, 10), "7");
+  EXPECT_EQ(error(json(-7), -10, 10), "-7");
+  EXPECT_EQ(error(json(uint64_t{9223372036854775807u}), 0, INT64_MAX), "9223372036854775807");
+  EXPECT_EQ(error(json(11), 0, 10), "c.json: f must be an integer in [0, 10], got 11");
+  EXPECT_EQ(error(json(-1), 0, 10), "c.json: f must be an integer in [0, 10], got -1");
+  EXPECT_EQ(error(json(uint64_t{18446744073709551615u}), 0, INT64_MAX),
+            "c.json: f must be an integer in [0, 9223372036854775807], got 18446744073709551615");
+  EXPECT_EQ(error(json(uint64_t{5}), -10, -1), "c.json: f must be an integer in [-10, -1], got 5");
+  EXPECT_EQ(error(json(9.6e115), 0, 10), "c.json: f must be an integer in [0, 10], got 9.6e+115");
+  EXPECT_EQ(error(json(2.0), 0, 10), "c.json: f must be an integer in [0, 10], got 2.0");
+  EXPECT_EQ(error(json("3"), 0, 10), "c.json: f must be an integer in [0, 10], got \"3\"");
+  EXPECT_EQ(error(json(std::string(100, 'x')), 0, 10),
+            "c.json: f must be an integer in [0, 10], got \"" + std::string(36, 'x') + "...");
+  EXPECT_EQ(error(json(nullptr), 0, 10), "c.json: f must be an integer in [0, 10], got null");
+  const nlohmann::ordered_json o = 3;
+  EXPECT_EQ(json_integer(o, "f", "c.json", 0, 10), 3);
+}
+
 }  // namespace
 }  // namespace inferx

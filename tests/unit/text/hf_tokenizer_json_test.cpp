@@ -243,12 +243,28 @@ TEST(HfTokenizerJson, UnsupportedComponentsAreNamed) {
            {json::json_pointer("/added_tokens"), {{{"id", "1"}, {"content", "x"}}}},
            // and a model id far past the vocabulary (every per-token table would be sized by it; added
            // tokens' ids are assigned, not read, as in tokenizers)
-           {json::json_pointer("/model/vocab/a"), 22222250}}) {
+           {json::json_pointer("/model/vocab/a"), 22222250},
+           // Floats where integers belong: nlohmann's get<int>() would cast them, undefined past the type's
+           // range (found by fuzz_hf_tokenizer_json as a Strip decoder's start of 9.6e115).
+           {json::json_pointer("/model/vocab/a"), 0.5},
+           {json::json_pointer("/model/vocab/a"), 1e300},
+           {json::json_pointer("/decoder"), {{"type", "Strip"}, {"content", " "}, {"start", 9.6e115}}},
+           {json::json_pointer("/decoder"), {{"type", "Strip"}, {"content", " "}, {"stop", -1}}},
+           {json::json_pointer("/added_tokens"), {{{"id", 1e300}, {"content", "x"}}}},
+           {json::json_pointer("/post_processor"),
+            {{"type", "RobertaProcessing"}, {"cls", {"a", -3e200}}, {"sep", {"b", 1}}}},
+           {json::json_pointer("/post_processor"),
+            {{"type", "TemplateProcessing"},
+             {"single", {{{"SpecialToken", {{"id", "a"}}}}}},
+             {"special_tokens", {{"a", {{"ids", {4294967296.0}}}}}}}}}) {
     doc = base;
     doc[path] = value;
     const std::string msg = error_of(doc);
     EXPECT_NE(msg.find("t.json"), std::string::npos) << path.to_string() << ": " << msg;
   }
+  doc = base;
+  doc["decoder"] = {{"type", "Strip"}, {"content", " "}, {"start", 9.6e115}};
+  EXPECT_EQ(error_of(doc), "t.json: decoder Strip start must be an integer in [0, 2147483647], got 9.6e+115");
 }
 
 }  // namespace
