@@ -7,6 +7,7 @@
 #include "model/perplexity.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -29,6 +30,8 @@ struct PerplexityArgs {
 };
 
 void run_perplexity(const PerplexityArgs& a) {
+  std::error_code ec;
+  INFERX_CHECK(!std::filesystem::is_directory(a.file, ec), "{}: is a directory, not a text file", a.file);
   std::ifstream f(a.file, std::ios::binary);
   INFERX_CHECK(f.good(), "{}: cannot open the text file", a.file);
   std::stringstream ss;
