@@ -2,12 +2,11 @@
 // the prompt text exactly as transformers' apply_chat_template(..., tokenize=False) would.
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "formats/gguf.h"
 #include "formats/json_text.h"
 #include "text/chat_template.h"
@@ -30,11 +29,7 @@ struct ChatTemplateArgs {
 };
 
 std::string read_text(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  INFERX_CHECK(in.good(), "{}: cannot open {}", what, path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_text_file(path, fmt::format("the {} file", what));
 }
 
 nlohmann::ordered_json read_json(const std::string& path, const char* what) {

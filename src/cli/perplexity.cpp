@@ -7,15 +7,13 @@
 #include "model/perplexity.h"
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "cli/backend_choice.h"
 #include "cli/commands.h"
 #include "cli/quantize_options.h"
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace inferx::cli {
 
@@ -30,12 +28,7 @@ struct PerplexityArgs {
 };
 
 void run_perplexity(const PerplexityArgs& a) {
-  std::error_code ec;
-  INFERX_CHECK(!std::filesystem::is_directory(a.file, ec), "{}: is a directory, not a text file", a.file);
-  std::ifstream f(a.file, std::ios::binary);
-  INFERX_CHECK(f.good(), "{}: cannot open the text file", a.file);
-  std::stringstream ss;
-  ss << f.rdbuf();
+  const std::string text = read_text_file(a.file, "the text file");
   auto backend = make_backend(a.device, a.threads, a.kv_cache_dtype);
   const PerplexityMode mode = a.decode_steps ? PerplexityMode::DecodeSteps : PerplexityMode::Prefill;
   LoadOptions lo;
@@ -43,7 +36,7 @@ void run_perplexity(const PerplexityArgs& a) {
   auto model = Model::load(a.model, *backend, lo);
   std::fprintf(stderr, "model: %s\n", model->description().c_str());
   print_quant_plan(*model);
-  const std::vector<int32_t> tokens = tokenize_for_model(a.model, model->source(), ss.str());
+  const std::vector<int32_t> tokens = tokenize_for_model(a.model, model->source(), text);
   const int64_t vocab = model->config().vocab_size;
   const uint64_t hash = hash_tokens(tokens, a.ctx);
 

@@ -1,11 +1,10 @@
 #include "cli/quantize_options.h"
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "formats/gguf.h"
 #include "model/calibration.h"
 #include "text/tokenizer_loader.h"
@@ -30,13 +29,7 @@ constexpr const char* kDefaultCalibration =
     "her a shiny shell. From that day on, the town called her the little lighthouse. The next summer, "
     "the children built a real lighthouse on the hill, and Mia helped them paint it red and white.";
 
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  INFERX_CHECK(f.good(), "{}: cannot open the text file", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::string& path) { return read_text_file(path, "the calibration text"); }
 
 }  // namespace
 

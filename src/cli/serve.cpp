@@ -9,9 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include "backend/backend.h"
@@ -19,6 +17,7 @@
 #include "cli/commands.h"
 #include "cli/engine_options.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "inferx/engine.h"
 #include "model/model.h"
 #include "server/api_server.h"
@@ -42,13 +41,7 @@ struct ServeArgs {
   int io_threads = 2;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  INFERX_CHECK(f, "--chat-template: cannot open '{}'", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_file(const std::string& path) { return read_text_file(path, "the --chat-template file"); }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "formats/gguf.h"
 #include "text/bpe_tokenizer.h"
 #include "text/tokenizer_loader.h"
@@ -52,11 +53,7 @@ std::string read_all(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream in(path, std::ios::binary);
-  INFERX_CHECK(in.good(), "{}: cannot open the file", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_text_file(path, "the file");
 }
 
 void print_ids(const std::vector<int32_t>& ids) {

@@ -5,13 +5,12 @@
 #include "formats/hf_config.h"
 
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <utility>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "formats/json_text.h"
 
 namespace inferx {
@@ -243,14 +242,7 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  INFERX_CHECK(in.good(), "{}: cannot open", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  INFERX_CHECK(!in.bad(), "{}: read failed", path);
-  return ss.str();
-}
+std::string read_text(const std::string& path) { return read_text_file(path, "the file"); }
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "formats/json_text.h"
 
 namespace inferx {
@@ -17,13 +18,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  INFERX_CHECK(in.good(), "{}: cannot open the file", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::string& path) { return read_text_file(path, "the file"); }
 
 json read_json(const std::string& path) { return parse_json_text(read_text(path), path); }
 

@@ -4,10 +4,10 @@
 // export() stores pieces with "▁" replaced by a plain space and BOS/EOS as "\n<s>\n" / "\n</s>\n"; this
 // loader turns them back into SentencePiece pieces so that both sources give the same vocabulary.
 #include <cstring>
-#include <fstream>
 #include <iterator>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "text/spm_tokenizer.h"
 #include "text/tokenizer.h"
 
@@ -58,10 +58,7 @@ std::string trim_newlines(const std::string& s) {
 
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int32_t vocab_size) {
   INFERX_CHECK(vocab_size > 0, "{}: vocab_size must be positive, got {}", path, vocab_size);
-  std::ifstream in(path, std::ios::binary);
-  INFERX_CHECK(in.good(), "{}: cannot open the llama2.c tokenizer file", path);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  INFERX_CHECK(!in.bad(), "{}: read error", path);
+  const std::string bytes = read_text_file(path, "the llama2.c tokenizer file");
 
   Reader reader(bytes, path);
   const auto max_token_length = reader.read<int32_t>("header (max_token_length)", -1);

@@ -57,4 +57,4 @@ def test_errors_name_the_problem(tmp_path):
     assert r.returncode != 0 and "missing.txt" in r.stderr
     r = subprocess.run([str(inferx_bin()), "perplexity", "-m", str(STORIES), "-f", str(tmp_path)],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and f"{tmp_path}: is a directory, not a text file" in r.stderr, r.stderr
+    assert r.returncode != 0 and f"{tmp_path}: the text file is a directory" in r.stderr, r.stderr

@@ -298,3 +298,28 @@ def test_template_renders_most_cases(template):
         except Exception:
             pass
     assert ok >= 4, f"{template.name}: jinja2 renders only {ok} of {len(CASES)} conversations"
+
+
+def test_bad_files_are_named(tmp_path):
+    """A directory or a missing file as --template / --messages is an error naming it (a directory read as an
+    empty template before, and rendered nothing without a word)."""
+    messages = tmp_path / "messages.json"
+    messages.write_text(json.dumps([{"role": "user", "content": "hi"}]), encoding="utf-8")
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}", encoding="utf-8")
+
+    def render(*args):
+        return subprocess.run([INFERX_BIN, "chat-template", *args], capture_output=True, text=True, timeout=60)
+
+    r = render("--template", str(template), "--messages", str(messages))
+    assert r.returncode == 0 and r.stdout.startswith("hi"), r.stderr
+    r = render("--template", str(tmp_path), "--messages", str(messages))
+    assert r.returncode != 0 and f"{tmp_path}: the --template file is a directory" in r.stderr, r.stderr
+    r = render("--template", str(template), "--messages", str(tmp_path))
+    assert r.returncode != 0 and f"{tmp_path}: the --messages file is a directory" in r.stderr, r.stderr
+    r = render("--template", str(tmp_path / "missing.jinja"), "--messages", str(messages))
+    assert r.returncode != 0 and "missing.jinja: cannot open the --template file" in r.stderr, r.stderr
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000, encoding="utf-8")
+    r = render("--template", str(template), "--messages", str(deep))
+    assert r.returncode != 0 and "JSON nested deeper than 128 levels" in r.stderr, r.stderr
