@@ -34,7 +34,22 @@ void write_quantized_checkpoint(const std::string& source_dir, const Model& mode
   std::error_code ec;
   INFERX_CHECK(!fs::exists(out_dir) || !fs::equivalent(out_dir, source_dir, ec),
                "quantize: --out {} is the source folder", out_dir);
-  fs::create_directories(out_dir);
+  if (fs::exists(out_dir, ec)) {
+    INFERX_CHECK(fs::is_directory(out_dir, ec), "quantize: --out {} exists and is not a folder", out_dir);
+    // The loader prefers an index over model.safetensors: a folder that holds another checkpoint's shards
+    // would load them instead of (or mixed with) the one written here. Our own earlier output is replaced.
+    for (const auto& entry : fs::directory_iterator(out_dir, ec)) {
+      const std::string fname = entry.path().filename().string();
+      INFERX_CHECK(
+          fname != "model.safetensors.index.json" &&
+              (entry.path().extension() != ".safetensors" || fname == "model.safetensors"),
+          "quantize: --out {} already holds another checkpoint ({}), which would be loaded instead of "
+          "the one written; give an empty or new folder",
+          out_dir, fname);
+    }
+  }
+  fs::create_directories(out_dir, ec);
+  INFERX_CHECK(!ec, "quantize: cannot create --out {}: {}", out_dir, ec.message());
 
   const TensorSource& src = *model.source();
   const std::vector<LinearDesc> descs = linear_layers(model.config());

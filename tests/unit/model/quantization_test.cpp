@@ -209,6 +209,27 @@ TEST(QuantizeCheckpoint, ReloadGivesTheSameWeightsAndLogits) {
   SafetensorsFile st((out / "model.safetensors").string());
   EXPECT_EQ(QuantPlan::from_json(st.metadata().at("inferx.quantization_plan"), "test").kind, "fp8-int4:asym");
   EXPECT_THROW(write_quantized_checkpoint(kLlamaTiny, *quantized, kLlamaTiny), Error);
+  // Writing again over our own output replaces it; a folder holding another checkpoint's index or shards
+  // (which the loader would read instead) and a path that is not a folder are refused by name.
+  EXPECT_NO_THROW(write_quantized_checkpoint(kLlamaTiny, *quantized, out.string()));
+  const auto error_of = [&](const fs::path& dir) -> std::string {
+    try {
+      write_quantized_checkpoint(kLlamaTiny, *quantized, dir.string());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  for (const char* stale : {"model.safetensors.index.json", "model-00001-of-00002.safetensors"}) {
+    std::ofstream(out / stale) << "{}";
+    EXPECT_NE(error_of(out).find(fmt::format("already holds another checkpoint ({})", stale)),
+              std::string::npos)
+        << error_of(out);
+    fs::remove(out / stale);
+  }
+  EXPECT_NE(error_of(out / "config.json").find("exists and is not a folder"), std::string::npos);
+  EXPECT_NE(error_of(out / "config.json" / "sub").find("cannot create --out"), std::string::npos)
+      << error_of(out / "config.json" / "sub");
   fs::remove_all(out);
 }
 
