@@ -118,7 +118,8 @@ void write_quantized_checkpoint(const std::string& source_dir, const Model& mode
     if (!entry.is_regular_file() || fname == "config.json" || entry.path().extension() == ".safetensors" ||
         fname == "model.safetensors.index.json")
       continue;
-    fs::copy_file(entry.path(), fs::path(out_dir) / fname, fs::copy_options::overwrite_existing);
+    fs::copy_file(entry.path(), fs::path(out_dir) / fname, fs::copy_options::overwrite_existing, ec);
+    INFERX_CHECK(!ec, "quantize: cannot copy {} to {}: {}", entry.path().string(), out_dir, ec.message());
   }
 }
 
