@@ -78,8 +78,8 @@ void parse_post_processor(const json& pp, BpeSpec& spec, const std::string& sour
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
     // cls A sep, with [token, id] pairs.
     INFERX_CHECK(pp.contains("cls") && pp.contains("sep"), "{}: {} needs cls and sep", source, type);
-    spec.prefix_ids.push_back(token_id(pp["cls"][1], "post_processor cls id", source));
-    spec.suffix_ids.push_back(token_id(pp["sep"][1], "post_processor sep id", source));
+    spec.prefix_ids.push_back(token_id(pp["cls"].at(1), "post_processor cls id", source));
+    spec.suffix_ids.push_back(token_id(pp["sep"].at(1), "post_processor sep id", source));
   } else {
     fail(
         "{}: post_processor type '{}' is not supported (supported: TemplateProcessing, ByteLevel, "

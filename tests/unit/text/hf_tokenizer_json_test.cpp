@@ -253,6 +253,11 @@ TEST(HfTokenizerJson, UnsupportedComponentsAreNamed) {
            {json::json_pointer("/added_tokens"), {{{"id", 1e300}, {"content", "x"}}}},
            {json::json_pointer("/post_processor"),
             {{"type", "RobertaProcessing"}, {"cls", {"a", -3e200}}, {"sep", {"b", 1}}}},
+           // a [token, id] pair without its id: read past the array's end before (ASan: heap overflow)
+           {json::json_pointer("/post_processor"),
+            {{"type", "RobertaProcessing"}, {"cls", {"a"}}, {"sep", {"b", 1}}}},
+           {json::json_pointer("/post_processor"),
+            {{"type", "BertProcessing"}, {"cls", {"a", 0}}, {"sep", "b"}}},
            {json::json_pointer("/post_processor"),
             {{"type", "TemplateProcessing"},
              {"single", {{{"SpecialToken", {{"id", "a"}}}}}},
