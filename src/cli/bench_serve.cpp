@@ -22,6 +22,17 @@ using nlohmann::json;
 
 namespace {
 
+// A non-negative integer field of the server's JSON, or `def` when absent or not a JSON integer (the server
+// under test may be any OpenAI-compatible one: nlohmann's get<int64_t>() of a float would cast it, undefined
+// past int64's range).
+int64_t count_or(const json& obj, const char* key, int64_t def) {
+  if (!obj.is_object()) return def;
+  const auto it = obj.find(key);
+  if (it == obj.end() || !it->is_number_integer()) return def;
+  return it->is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), INT64_MAX))
+                                  : std::max<int64_t>(it->get<int64_t>(), 0);
+}
+
 struct Prompt {
   json prompt;  // string or token-id array
   int64_t input_len = 0;
@@ -91,12 +102,17 @@ void run_bench_serve(const BenchServeArgs& a) {
   auto models = client.get("/v1/models");
   INFERX_CHECK(models.status == 200, "GET {}/v1/models: HTTP {} {}", a.url, models.status, models.body);
   json mj = json::parse(models.body, nullptr, false);
-  INFERX_CHECK(mj.is_object() && mj.contains("data") && !mj["data"].empty(),
+  INFERX_CHECK(mj.is_object() && mj.contains("data") && mj["data"].is_array() && !mj["data"].empty() &&
+                   mj["data"][0].is_object(),
                "GET /v1/models: no model listed");
   const json& m0 = mj["data"][0];
-  const std::string model = a.model.empty() ? m0.value("id", std::string()) : a.model;
-  const int64_t vocab = m0.value("vocab_size", int64_t{256});
-  const int64_t max_len = m0.value("max_model_len", int64_t{0});
+  const auto id = m0.find("id");
+  const std::string model = !a.model.empty()                    ? a.model
+                            : id != m0.end() && id->is_string() ? id->get<std::string>()
+                                                                : "";
+  const int64_t vocab =
+      std::max<int64_t>(count_or(m0, "vocab_size", 256), 1);  // random ids in [min(4, V-1), V)
+  const int64_t max_len = count_or(m0, "max_model_len", 0);
 
   std::mt19937_64 rng(a.seed);
   std::vector<Prompt> prompts = make_prompts(a, vocab, max_len, rng);
@@ -148,10 +164,12 @@ void run_bench_serve(const BenchServeArgs& a) {
           json c = json::parse(data, nullptr, false);
           if (!c.is_object()) return;
           if (c.contains("usage") && c["usage"].is_object()) {
-            rec->prompt_tokens = c["usage"].value("prompt_tokens", int64_t{0});
-            rec->output_tokens = c["usage"].value("completion_tokens", int64_t{0});
+            rec->prompt_tokens = count_or(c["usage"], "prompt_tokens", 0);
+            rec->output_tokens = count_or(c["usage"], "completion_tokens", 0);
           }
-          if (!c.contains("choices") || c["choices"].empty()) return;
+          if (!c.contains("choices") || !c["choices"].is_array() || c["choices"].empty() ||
+              !c["choices"][0].is_object())
+            return;
           const json& ch = c["choices"][0];
           // Only chunks that carry text count as token arrivals (not the finish chunk).
           if (!ch.contains("text") || !ch["text"].is_string() ||

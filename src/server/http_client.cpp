@@ -107,6 +107,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     parser_->body_limit(1ull << 32);
     // Beast keeps a reference to the callback: it must outlive the parser (a member).
     chunk_cb_ = [this](uint64_t, beast::string_view data, beast::error_code&) -> size_t {
+      fed_chunks_ = true;
       feed(std::string_view(data.data(), data.size()));
       return data.size();
     };
@@ -129,10 +130,13 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
                           });
   }
 
-  // SSE framing: events end with a blank line; each "data: " line is a payload.
+  // SSE framing (WHATWG server-sent events): events end with a blank line; each "data:" line (one optional
+  // space after the colon) is a payload. Lines may end in CR LF (sse-starlette's default): CRs are dropped,
+  // which cannot touch a JSON payload (JSON escapes them inside strings).
   void feed(std::string_view data) {
     const double t = steady_seconds();
-    pending_.append(data);
+    for (char c : data)
+      if (c != '\r') pending_.push_back(c);
     size_t end;
     while ((end = pending_.find("\n\n")) != std::string::npos) {
       std::string_view event(pending_.data(), end);
@@ -141,7 +145,11 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
         size_t nl = event.find('\n', pos);
         if (nl == std::string_view::npos) nl = event.size();
         std::string_view line = event.substr(pos, nl - pos);
-        if (line.rfind("data: ", 0) == 0 && on_event_) on_event_(std::string(line.substr(6)), t);
+        if (line.rfind("data:", 0) == 0 && on_event_) {
+          line.remove_prefix(5);
+          if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+          on_event_(std::string(line), t);
+        }
         pos = nl + 1;
       }
       pending_.erase(0, end + 2);
@@ -149,6 +157,10 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   }
 
   void done_reading() {
+    // An event stream sent with a Content-Length instead of chunks (legal HTTP) arrives as one body: its
+    // events are delivered here, all at its end.
+    if (!fed_chunks_ && parser_->get()[http::field::content_type].starts_with("text/event-stream"))
+      feed(parser_->get().body());
     res_.body = std::move(parser_->get().body());
     keep_ = parser_->get().keep_alive();
     finish({});
@@ -166,6 +178,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   HttpClient::Impl& impl_;
   http::request<http::string_body> req_;
   std::function<void(const std::string&, double)> on_event_;
+  bool fed_chunks_ = false;
   std::function<void(ClientResponse&&)> done_;
   std::unique_ptr<beast::tcp_stream> stream_;
   beast::flat_buffer buffer_;

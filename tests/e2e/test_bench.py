@@ -89,3 +89,51 @@ def test_serve_benchmark_against_a_running_server(tmp_path):
         m = s.metrics()
         assert m['inferx_requests_total{finish_reason="length"}'] == 4, m
         assert m["inferx_prompt_tokens_total"] == 32 and m["inferx_generation_tokens_total"] == 16, m
+
+
+def test_serve_benchmark_survives_odd_server_json():
+    """The server under test may be any OpenAI-compatible one: JSON fields of unexpected types (a float
+    vocab_size of 1e300, a float usage count, choices as an object) must not crash the client (nlohmann's
+    integer get of such a float was undefined behaviour), and an event stream sent with a Content-Length
+    (not chunked) and CR LF line ends is still read as events (it counted as failed requests before)."""
+    import http.server
+    import threading
+
+    class Odd(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def reply(self, body, ctype="application/json"):
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self.reply(json.dumps({"data": [{"id": "odd", "vocab_size": 1e300, "max_model_len": -5.5}]}))
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            events = [{"choices": {"0": {"text": "x"}}}, {"choices": [{"text": "a"}]},
+                      {"choices": [{"text": "b"}], "usage": {"prompt_tokens": 9e300, "completion_tokens": 2}}]
+            # Sent with a Content-Length, not chunked; CR LF line ends and "data:" without its space, as
+            # some servers write them.
+            self.reply("".join(f"data:{json.dumps(e)}\r\n\r\n" for e in events) + "data: [DONE]\r\n\r\n",
+                       "text/event-stream")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Odd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = bench("serve", "--url", f"http://127.0.0.1:{server.server_address[1]}", "--num-prompts", "3",
+                  "--input-len", "8", "--output-len", "4", "--concurrency", "1", "--no-progress", "--json",
+                  timeout=60)
+    finally:
+        server.shutdown()
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert (j["completed"], j["failed"]) == (3, 0), j
+    assert j["total_output_tokens"] == 6, j  # the integer usage count; the float one is ignored
