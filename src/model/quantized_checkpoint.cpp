@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "formats/json_text.h"
 #include "formats/safetensors.h"
 #include "model/quantized_linear.h"
@@ -105,9 +106,8 @@ void write_quantized_checkpoint(const std::string& source_dir, const Model& mode
 
   // config.json with our quantization_config; other files copied (tokenizer, generation config...).
   const fs::path cfg_path = fs::path(source_dir) / "config.json";
-  std::ifstream cf(cfg_path, std::ios::binary);
   nlohmann::ordered_json cfg = parse_ordered_json_text(
-      std::string(std::istreambuf_iterator<char>(cf), std::istreambuf_iterator<char>()), cfg_path.string());
+      read_text_file(cfg_path.string(), "the model's config.json"), cfg_path.string());
   cfg["quantization_config"] = {{"quant_method", "inferx"},
                                 {"plan", nlohmann::ordered_json::parse(plan_json)}};
   std::ofstream out(fs::path(out_dir) / "config.json");
