@@ -2,7 +2,8 @@
 # Builds everything and runs every test on a fresh Debian 12 machine (this is what CI runs):
 #  1. the CUDA backend and the NCCL collectives compile (when nvcc is installed; nothing runs them here),
 #  2. each parser of outside input is fuzzed briefly with libFuzzer (GGUF with its tokenizer, safetensors,
-#     config.json, tokenizer.json, byte-level and SentencePiece encoding, chat templates, OpenAI requests),
+#     config.json, tokenizer.json, byte-level and SentencePiece encoding, chat templates, OpenAI requests, a
+#     checkpoint's quantization plan; UBSan findings are fatal there too),
 #  3. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #  4. the full Release test suite (ctest),
 #  5. Python tests (pytest, pinned tools in tests/requirements.txt): end-to-end tests of the real server
