@@ -5,6 +5,11 @@
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 28 29" bash bench/gpu/pending.sh (~7 min; 17 on an H200
 #   only), then STEPS="6" (timelines, never taken on an H200). At 11:00 on 12-07 (H100) step 1 passed
 #   on the review build dab80cc (backend 73/73, qgemm 20/20, engine 55/55, TP 5/5); steps 29 / 30 were measured.
+# 13:25-15:30 on 12-07: no device machine came (every H200 and H100 start failed or was refused), so all of
+# the above is still owed; the carry is restaged from 33df052 (same GPU code as e72c911). If the budget is
+# short on an H200, this is the smallest useful first call: the attention tests of e72c911, then step 17:
+#   tar -xzf gpu-carry-z/carry.tgz && source bench/gpu/common.sh && INFERX_REQUIRE_GPU=1 \
+#     $C/test_cuda_backend --gtest_filter='CudaAttentionTest.*:DecodeSplitPlan.*'; STEPS=17 bash bench/gpu/pending.sh
 # Step 28 was run again on an H100 at 08:50 on 12-07 (the decisions hold there).
 # Step 18's switches were measured at 23:40 on 12-06 (H100) and are the defaults now. Step 19 (the sampler's
 # warp bin pick and kept step totals) was measured on an H100 at 03:30 on 12-07 and is the only path now.
