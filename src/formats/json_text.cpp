@@ -7,21 +7,6 @@ namespace inferx {
 namespace {
 
 template <typename Json>
-Json parse_bounded(std::string_view text, const std::string& source, int max_depth) {
-  // The callback sees each object / array start at the depth of its parent (the root's at 0).
-  auto depth_cap = [&](int depth, typename Json::parse_event_t event, Json&) {
-    if (event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start)
-      INFERX_CHECK(depth < max_depth, "{}: JSON nested deeper than {} levels", source, max_depth);
-    return true;
-  };
-  try {
-    return Json::parse(text.begin(), text.end(), depth_cap);
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON: {}", source, e.what());
-  }
-}
-
-template <typename Json>
 int64_t integer_in(const Json& v, std::string_view what, const std::string& source, int64_t lo, int64_t hi) {
   bool ok = false;
   int64_t x = 0;
@@ -54,12 +39,30 @@ int64_t json_integer(const nlohmann::ordered_json& v, std::string_view what, con
 }
 
 nlohmann::json parse_json_text(std::string_view text, const std::string& source, int max_depth) {
-  return parse_bounded<nlohmann::json>(text, source, max_depth);
+  // nlohmann::json's objects are maps (no linear key search), so its own parser serves, bounded by a callback
+  // that sees each object / array start at the depth of its parent (the root's at 0).
+  using json = nlohmann::json;
+  auto depth_cap = [&](int depth, json::parse_event_t event, json&) {
+    if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start)
+      INFERX_CHECK(depth < max_depth, "{}: JSON nested deeper than {} levels", source, max_depth);
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), depth_cap);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", source, e.what());
+  }
 }
 
 nlohmann::ordered_json parse_ordered_json_text(std::string_view text, const std::string& source,
                                                int max_depth) {
-  return parse_bounded<nlohmann::ordered_json>(text, source, max_depth);
+  try {
+    return parse_ordered_json_dom(text, max_depth);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", source, e.what());
+  } catch (const JsonTooDeep& e) {
+    fail("{}: {}", source, e.what());
+  }
 }
 
 }  // namespace inferx

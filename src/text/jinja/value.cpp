@@ -384,16 +384,13 @@ void CallArgs::check(std::string_view func, size_t max_pos,
 }
 
 namespace {
-// How deep == and < may walk nested lists and dicts (Python stops at its recursion limit, ~1000): a template
-// can build a list nested 900k levels deep within its step limit, and comparing two of them recursed until
-// the stack overflowed.
-constexpr int kMaxCompareDepth = 512;
+// The depth of the comparison in progress on this thread (values_equal and compare_values call each other).
 thread_local int t_compare_depth = 0;
 
 struct CompareDepth {
   CompareDepth() {
-    INFERX_CHECK(t_compare_depth < kMaxCompareDepth,
-                 "value nested too deeply to compare (more than {} levels)", kMaxCompareDepth);
+    INFERX_CHECK(t_compare_depth < kMaxValueDepth, "value nested too deeply to compare (more than {} levels)",
+                 kMaxValueDepth);
     ++t_compare_depth;
   }
   ~CompareDepth() { --t_compare_depth; }

@@ -154,6 +154,11 @@ struct CallArgs {
   void check(std::string_view func, size_t max_pos, std::initializer_list<std::string_view> names) const;
 };
 
+// How deep printing, tojson, == and < walk nested lists and dicts (Python stops at its recursion limit,
+// ~1000): a template can build a list nested 900k levels deep within its step limit, and walking it
+// recursively overflowed the stack.
+inline constexpr int kMaxValueDepth = 512;
+
 bool values_equal(const Value& a, const Value& b);   // Python ==
 int compare_values(const Value& a, const Value& b);  // Python <, ==, > ; throws for unorderable types
 

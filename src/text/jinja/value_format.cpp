@@ -209,7 +209,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
         out += "[]";
         return;
       }
-      INFERX_CHECK(level < 512, "tojson: nesting too deep");
+      INFERX_CHECK(level < kMaxValueDepth, "tojson: nesting too deep");
       out.push_back('[');
       for (size_t i = 0; i < v.items().size(); ++i) {
         if (i > 0) out += o.item_sep;
@@ -227,7 +227,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
         out += "{}";
         return;
       }
-      INFERX_CHECK(level < 512, "tojson: nesting too deep");
+      INFERX_CHECK(level < kMaxValueDepth, "tojson: nesting too deep");
       std::vector<std::pair<std::string, const Value*>> items;
       for (const auto& [k, val] : entries) items.emplace_back(json_key(k), &val);
       if (o.sort_keys)
@@ -263,7 +263,7 @@ void repr_into(std::string& out, const Value& v, int depth) {
 }
 
 void container_repr(std::string& out, const Value& v, int depth) {
-  INFERX_CHECK(depth < 256, "value nested too deeply to print");
+  INFERX_CHECK(depth < kMaxValueDepth, "value nested too deeply to print");
   switch (v.kind()) {
     case Kind::Undefined:
       return;

@@ -1,18 +1,19 @@
-#include "server/openai/json_body.h"
-
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-namespace inferx::server {
+#include "formats/json_text.h"
+
+namespace inferx {
 
 namespace {
 
 using json = nlohmann::ordered_json;
 
-// nlohmann's SAX interface building the DOM: a stack of open containers, each object with an index of its
-// keys, and the slot the next value goes to (an array's new element or the value of the last key).
+// nlohmann's SAX interface building an ordered_json DOM (json_text.h says why not nlohmann's own parser): a
+// stack of open containers, each object with an index of its keys, and the slot the next value goes to (an
+// array's new element or the value of the last key).
 class DomBuilder {
  public:
   explicit DomBuilder(int max_depth) : max_depth_(max_depth) {}
@@ -89,10 +90,10 @@ class DomBuilder {
 
 }  // namespace
 
-json parse_json_body(std::string_view text, int max_depth) {
+json parse_ordered_json_dom(std::string_view text, int max_depth) {
   DomBuilder builder(max_depth);
   json::sax_parse(text.begin(), text.end(), &builder);
   return builder.take();
 }
 
-}  // namespace inferx::server
+}  // namespace inferx
