@@ -264,4 +264,20 @@ if step 29; then
 fi
 # 30. (measured H100 12-07 11:00, removed) The RoPE kernel's L2 prefetch of a one-token step's cached K / V:
 #    FP8 +15%, bf16 +7.8%, INT4 +22% (docs/architecture.md). Commands in git history (4be6a39).
+# 31. (12-07 16:30, built, not yet run) RoPE + the KV write inside the decode attention kernel (DecodeRope,
+#    INFERX_DECODE_ROPE, default on): one kernel boundary fewer per layer in one-token steps whose q/k/v are
+#    F32 tensors. Predicted (estimate): batch 1 -1.0..-1.8% on an H100 (the RoPE kernel adds 1.6-2.0 us per
+#    layer there; the attention's last split then waits ~0.5 us for its key), -2..-3% on an H200 (~3.75 us per
+#    boundary). Its test, the attention and engine tests with it on, then on/off twice for the three formats.
+if step 31; then
+  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_backend" --gtest_color=no \
+    --gtest_filter='CudaAttentionTest.*:DecodeSplitPlan.*' >"$OUT/attention_tests.log" 2>&1
+  echo "attention tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_tests.log" | tr '\n' ' ')"
+  grep -E "Failure|seed|Which is|first_difference|output " "$OUT/attention_tests.log" | head -20
+  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_engine" --gtest_color=no >"$OUT/engine_tests.log" 2>&1
+  echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED" "$OUT/engine_tests.log" | head
+  SKIP_ENGINE_TESTS=1 VARIANTS="on: off:INFERX_DECODE_ROPE=0 on2: off2:INFERX_DECODE_ROPE=0" \
+    QUANTS="${QUANTS31:-fp8:lm_head bf16 int4:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err

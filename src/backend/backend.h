@@ -127,6 +127,16 @@ class Backend {
   // and <= the query's own position) -> out [T, Hq*hd]. GQA: query head h reads kv head h / (Hq/Hkv).
   virtual void attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
                          const AttentionParams& params, Tensor& out) = 0;
+  // rope_and_write_kv then attention, one layer's: what the model calls, so that a backend may do both in
+  // one kernel (CUDA: the decode attention kernel rotates the queries and writes the newest keys itself in
+  // decode steps). Afterwards q and k hold unspecified values (rotated or not); the cache and out are those
+  // of the two calls.
+  virtual void rope_attention(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
+                              const RopeParams& rope, KvCacheLayer& cache, const AttentionParams& params,
+                              Tensor& out) {
+    rope_and_write_kv(q, k, v, batch, rope, cache);
+    attention(q, cache, batch, params, out);
+  }
   // out = silu(gate) * up, element-wise; gate/up/out [T, F].
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // out[i, :] = x[rows[i], :]

@@ -61,6 +61,9 @@ class ForwardingBackend : public Backend {
                  Tensor& out) override {
     inner_.attention(q, cache, batch, p, out);
   }
+  // rope_attention is deliberately not forwarded: Backend's default calls rope_and_write_kv and attention
+  // on this wrapper, so that a wrapper overriding either sees every call (the inner backend's fusion of
+  // the two is then not used under a wrapper).
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     inner_.silu_mul(gate, up, out);
   }

@@ -141,8 +141,7 @@ Tensor Model::forward(const BatchView& batch, KvCache& cache) {
       backend_.head_rmsnorm(k, c.head_dim, l.k_norm, c.rms_norm_eps);
     }
     KvCacheLayer& layer_cache = cache.layer(static_cast<int64_t>(i));
-    backend_.rope_and_write_kv(q, k, v, batch, rope, layer_cache);
-    backend_.attention(q, layer_cache, batch, ap, attn);
+    backend_.rope_attention(q, k, v, batch, rope, layer_cache, ap, attn);
     if (narrow_last && i + 1 == weights_.layers.size()) {
       // q is free once the attention has read it; `last` becomes the residual stream's rows.
       Tensor attn_rows = q.rows_view(0, n_logits), x_rows = w.last.rows_view(0, n_logits);

@@ -423,6 +423,101 @@ TEST_F(CudaAttentionTest, DecodeKernelClusterFormMatchesFloat64) {
   EXPECT_GT(cuda::decode_attention_cluster_launches(), before) << "no launch took the cluster form";
 }
 
+// The decode kernel's own RoPE + cache write (cuda::DecodeRope) for a test's scope, back to the
+// environment's choice at its end.
+struct DecodeRopeScope {
+  explicit DecodeRopeScope(int mode) { cuda::set_decode_rope_fused(mode); }
+  ~DecodeRopeScope() { cuda::set_decode_rope_fused(-1); }
+  DecodeRopeScope(const DecodeRopeScope&) = delete;
+  DecodeRopeScope& operator=(const DecodeRopeScope&) = delete;
+};
+
+// Index of the first element where a and b differ in their bytes (-1: none; sizes must match).
+template <class T>
+int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return static_cast<int64_t>(i);
+  return -1;
+}
+
+// Backend::rope_attention in one-token steps: the decode kernel rotating the queries and writing the newest
+// keys itself (cuda::DecodeRope) against the RoPE kernel then the decode kernel, from copies of the same
+// cache: the same cache bytes and the same outputs to the bit (one rotation, rope_math.cuh; the same
+// kernel and split plan otherwise). Every decode case of the grid (GQA 1..16, head_dim 64/128, windows,
+// block sizes 16/32, 1-4 sequences), BF16 and FP8 caches with scales, NeoX and interleaved pairs, automatic
+// and forced split counts, the cluster form on and off.
+TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  const uint64_t before = cuda::decode_rope_launches();
+  const auto device_copy = [&](const void* src, size_t bytes) {
+    std::unique_ptr<DeviceBuffer> b = backend_->allocate(bytes);
+    std::vector<uint8_t> host(bytes);
+    backend_->copy_to_host(host.data(), src, bytes);
+    backend_->copy_to_device(b->data(), host.data(), bytes);
+    return b;
+  };
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
+    CudaBackend& gpu = backend(dt, ks, vs);
+    for (const Case& c : cases(rng_, /*decode_only=*/true, false)) {
+      SCOPED_TRACE(describe(c, dt));
+      const Layout d = make_layout(c, rng_);
+      const Cache base = random_cache(*this, c, d, dt, ks, vs, rng_);
+      const size_t bytes = base.layer.k.nbytes();
+      const int64_t T = static_cast<int64_t>(d.positions.size());
+      const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
+      const auto kv = uniform(static_cast<size_t>(T * c.hkv * c.hd), rng_, -2.0f, 2.0f);
+      const auto vv = uniform(kv.size(), rng_, -1.0f, 1.0f);
+      const BatchView b = view(d);
+      const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
+      for (RopeLayout layout : {RopeLayout::NeoX, RopeLayout::Interleaved}) {
+        const RopeParams rope{c.hd, 500000.0f, layout, {}};
+        for (const auto& [splits, cluster] : {std::pair{0, 1}, {0, 0}, {1, 1}, {7, 1}, {7, 0}, {64, 1}}) {
+          SCOPED_TRACE(::testing::Message() << "interleaved " << (layout == RopeLayout::Interleaved)
+                                            << " splits " << splits << " cluster " << cluster);
+          const ClusterFormScope cluster_form(cluster);
+          gpu.set_attention_kernel(CudaAttentionKernel::Decode, splits);
+          std::vector<float> outs[2];
+          std::vector<uint8_t> k_bytes[2], v_bytes[2];
+          for (int fused : {0, 1}) {
+            const DecodeRopeScope scope(fused);
+            const auto kc = device_copy(base.layer.k.data, bytes), vc = device_copy(base.layer.v.data, bytes);
+            KvCacheLayer layer = base.layer;  // the same shapes over the copies
+            layer.k.data = kc->data();
+            layer.v.data = vc->data();
+            const auto qb = backend_->allocate(qv.size() * 4), kb = backend_->allocate(kv.size() * 4),
+                       vb = backend_->allocate(vv.size() * 4), ob = backend_->allocate(qv.size() * 4);
+            backend_->copy_to_device(qb->data(), qv.data(), qv.size() * 4);
+            backend_->copy_to_device(kb->data(), kv.data(), kv.size() * 4);
+            backend_->copy_to_device(vb->data(), vv.data(), vv.size() * 4);
+            const std::vector<float> nan(qv.size(), std::nanf(""));
+            backend_->copy_to_device(ob->data(), nan.data(), nan.size() * 4);
+            Tensor q(DType::F32, {T, c.hq * c.hd}, qb->data(), Device::CUDA);
+            Tensor k(DType::F32, {T, c.hkv * c.hd}, kb->data(), Device::CUDA);
+            Tensor v(DType::F32, {T, c.hkv * c.hd}, vb->data(), Device::CUDA);
+            Tensor out(DType::F32, {T, c.hq * c.hd}, ob->data(), Device::CUDA);
+            const uint64_t launches = cuda::decode_rope_launches();
+            gpu.rope_attention(q, k, v, b, rope, layer, p, out);
+            outs[fused] = download<float>(out.data, qv.size());
+            k_bytes[fused] = download<uint8_t>(kc->data(), bytes);
+            v_bytes[fused] = download<uint8_t>(vc->data(), bytes);
+            EXPECT_EQ(cuda::decode_rope_launches() - launches, fused ? 1u : 0u) << "fused " << fused;
+          }
+          EXPECT_EQ(first_difference(k_bytes[0], k_bytes[1]), -1) << "k cache byte";
+          EXPECT_EQ(first_difference(v_bytes[0], v_bytes[1]), -1) << "v cache byte";
+          const int64_t at = first_difference(outs[0], outs[1]);
+          EXPECT_EQ(at, -1) << "output " << (at >= 0 ? outs[0][at] : 0.0f) << " vs "
+                            << (at >= 0 ? outs[1][at] : 0.0f);
+          EXPECT_TRUE(std::all_of(outs[1].begin(), outs[1].end(), [](float x) { return std::isfinite(x); }));
+        }
+      }
+    }
+    gpu.set_attention_kernel(CudaAttentionKernel::Auto);
+  }
+  EXPECT_GT(cuda::decode_rope_launches(), before);
+}
+
 // The split plan (host arithmetic, no GPU needed) on the H200's 132 SMs, Llama-3-8B heads: what the
 // calibration measured (docs/benchmarks.md, 2026-12-04 evening: one split from 64 rows at 1-4k keys but
 // 96 rows x 4k, more splits for fewer rows), and contexts shorter than a graph's capacity cut as one split

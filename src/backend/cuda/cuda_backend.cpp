@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemm_cublaslt.h"
@@ -492,9 +493,54 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   if (product) qgemm_->drop_pending();  // taken (the launch copied it)
 }
 
-// The split-KV decode kernel over args' tokens (one query each); out_bf16 may be null.
+// One-token steps whose queries, keys and values are F32 tensors (no deferred q/k/v product: from 64 rows
+// the RoPE kernel reads that product's sums itself, cuda_backend_gemv.cpp) run RoPE and the cache write in
+// the decode attention kernel (cuda::DecodeRope: one kernel boundary fewer per layer); the rest as the two
+// calls.
+void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
+                                 const RopeParams& rope, KvCacheLayer& cache, const AttentionParams& p,
+                                 Tensor& out) {
+  const auto f32_here = [](const Tensor& t) { return t.device == Device::CUDA && t.dtype == DType::F32; };
+  const bool candidate =
+      batch.num_tokens > 0 && batch.max_query_len == 1 && qgemm_->pending() == nullptr &&
+      (attention_kernel_ == CudaAttentionKernel::Auto || attention_kernel_ == CudaAttentionKernel::Decode) &&
+      !(options_.timing_skip & (kTimingSkipRope | kTimingSkipAttention)) && rope.head_dim == p.head_dim &&
+      p.head_dim / 2 <= cuda::kDecodeRopeMaxPairs && f32_here(q) && f32_here(k) && f32_here(v) &&
+      f32_here(out) && p.num_kv_heads > 0 && q.cols() == p.num_heads * p.head_dim &&
+      k.cols() == p.num_kv_heads * p.head_dim && v.cols() == k.cols() && k.rows() == q.rows() &&
+      v.rows() == q.rows() && out.rows() == q.rows() && out.cols() == q.cols() && cache.k.ndim == 4;
+  if (!candidate ||
+      !cuda::decode_attention_takes_rope(paged(cache, options_), p.num_heads, p.num_kv_heads, p.head_dim,
+                                         q.ptr<float>(), out.ptr<float>(), nullptr)) {
+    rope_and_write_kv(q, k, v, batch, rope, cache);
+    attention(q, cache, batch, p, out);
+    return;
+  }
+  // The checks the two calls make (shapes are whole heads already).
+  check_cache(cache, p.num_kv_heads, p.head_dim);
+  check_batch(batch, q.rows());
+  INFERX_CHECK(p.num_heads % p.num_kv_heads == 0 && p.num_heads <= 65535,
+               "cuda backend: attention with {} query heads and {} kv heads", p.num_heads, p.num_kv_heads);
+  use_device();
+  drop_bf16_copy();
+  cuda::DecodeRope r;
+  r.k = k.ptr<float>();
+  r.v = v.ptr<float>();
+  r.interleaved = rope.layout == RopeLayout::Interleaved ? 1 : 0;
+  const std::vector<float>& inv = inverse_frequencies(rope);
+  INFERX_CHECK(inv.size() <= std::size(r.inv_freq), "cuda backend: {} rope frequencies for head_dim {}",
+               inv.size(), p.head_dim);
+  std::memcpy(r.inv_freq, inv.data(), inv.size() * sizeof(float));
+  // The kernel also writes out's BF16 copy, which the o projection's GEMV / GEMM then reads directly.
+  void* out_bf16 = bf16_copy_for(out);
+  run_decode_attention(q, paged(cache, options_), batch_args(batch), p, out, out_bf16, &r);
+}
+
+// The split-KV decode kernel over args' tokens (one query each); out_bf16 may be null; rope: the RoPE and
+// cache write it does itself (rope_attention).
 void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,
-                                       const AttentionParams& p, Tensor& out, void* out_bf16) {
+                                       const AttentionParams& p, Tensor& out, void* out_bf16,
+                                       const cuda::DecodeRope* rope) {
   // The split count depends on the batch's block-table capacity, not its current lengths, so that a
   // captured graph stays valid as the sequences grow (the kernel cuts the actual keys on the device).
   const int64_t capacity = static_cast<int64_t>(args.max_blocks_per_seq) * kv.block_size;
@@ -520,7 +566,7 @@ void CudaBackend::run_decode_attention(const Tensor& q, const cuda::PagedKv& kv,
   }
   CUDA_CHECK(cuda::launch_decode_attention(q.ptr<float>(), kv, args, p.num_heads, p.num_kv_heads, p.head_dim,
                                            p.scale, p.sliding_window, plan, partials, counters,
-                                           out.ptr<float>(), out_bf16, stream_));
+                                           out.ptr<float>(), out_bf16, stream_, rope));
 }
 
 void CudaBackend::attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,

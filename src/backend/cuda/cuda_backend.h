@@ -35,6 +35,7 @@ class CublasLtGemm;
 class QuantizedGemm;
 struct PagedKv;
 struct BatchArgs;
+struct DecodeRope;
 struct DecodeStackParams;
 }  // namespace cuda
 
@@ -236,6 +237,8 @@ class CudaBackend final : public Backend {
                          const RopeParams& rope, KvCacheLayer& cache) override;
   void attention(const Tensor& q, const KvCacheLayer& cache, const BatchView& batch,
                  const AttentionParams& params, Tensor& out) override;
+  void rope_attention(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch, const RopeParams& rope,
+                      KvCacheLayer& cache, const AttentionParams& params, Tensor& out) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void gather_rows(const Tensor& x, const int32_t* rows, int64_t n, Tensor& out) override;
   void interleave_row_blocks(const Tensor& x, int64_t blocks, Tensor& out) override;
@@ -515,7 +518,8 @@ class CudaBackend final : public Backend {
   // matmul_silu_mul for BF16 weights and more rows than the GEMV takes: one GEMM writing BF16.
   bool stacked_silu_mul(const Tensor& x, const Linear& w, Tensor& out);
   void run_decode_attention(const Tensor& q, const cuda::PagedKv& kv, const cuda::BatchArgs& args,
-                            const AttentionParams& p, Tensor& out, void* out_bf16);
+                            const AttentionParams& p, Tensor& out, void* out_bf16,
+                            const cuda::DecodeRope* rope = nullptr);
 };
 
 }  // namespace inferx

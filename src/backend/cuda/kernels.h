@@ -136,11 +136,37 @@ size_t decode_attention_scratch_bytes(int64_t tokens, int64_t hq, int64_t hd, in
 // zero again.
 int64_t decode_attention_counters(int64_t tokens, int64_t hq, int64_t hkv);
 bool decode_attention_supported(const PagedKv& cache, int64_t hd);
-// out [tokens, hq * hd] F32; out_bf16 (may be null) receives the same values rounded to BF16.
+// The RoPE + KV write of a decode step done by the v3 decode kernel itself (launch_decode_attention's
+// rope), so that a decode layer has one kernel boundary fewer (RoPE kernel -> attention). q then holds the
+// query before RoPE (it stays so: each CTA rotates its heads into shared memory), k and v the new token's
+// key and value before RoPE; the CTA whose split holds a token's newest key rotates it and writes it and
+// its value into the token's cache slot (the values launch_rope_write_kv writes: rope_math.cuh) before it
+// loads that tile. Only where decode_attention_takes_rope says so. Why: at batch 1 the RoPE kernel adds
+// 1.6-2.0 us per layer on an H100 (timelines, 2026-12-07) and each boundary ~3.75 us on an H200
+// (docs/architecture.md, batch-1 decode).
+constexpr int kDecodeRopeMaxPairs = 64;  // head_dim <= 128
+struct DecodeRope {
+  const float* k = nullptr;                  // [T, hkv * hd] F32
+  const float* v = nullptr;                  // [T, hkv * hd] F32
+  int interleaved = 0;                       // pairs (2i, 2i + 1); else NeoX (i, i + hd / 2)
+  float inv_freq[kDecodeRopeMaxPairs] = {};  // backend/rope.h values (the RoPE kernels' RopeFrequencies)
+};
+// Whether launch_decode_attention takes a DecodeRope for this launch: the v3 kernel (power-of-two blocks,
+// aligned buffers), groups of at most 16 query heads (one CTA per kv head and split writes its key), and the
+// switch (decode_rope_fused) on.
+bool decode_attention_takes_rope(const PagedKv& cache, int64_t hq, int64_t hkv, int64_t hd, const float* q,
+                                 const float* out, const void* out_bf16);
+// INFERX_DECODE_ROPE=0|1 (read once; default 1); set_decode_rope_fused for tests (1 on, 0 off, -1 the
+// environment); the count of launches that took a DecodeRope, for tests.
+bool decode_rope_fused();
+void set_decode_rope_fused(int mode);
+uint64_t decode_rope_launches();
+// out [tokens, hq * hd] F32; out_bf16 (may be null) receives the same values rounded to BF16. rope (may be
+// null): DecodeRope above (cudaErrorInvalidValue where decode_attention_takes_rope is false).
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window,
                                     DecodeSplitPlan plan, void* scratch, int* counters, float* out,
-                                    void* out_bf16, cudaStream_t stream);
+                                    void* out_bf16, cudaStream_t stream, const DecodeRope* rope = nullptr);
 // Terms of Q and P in the v3 kernel's products over an FP8 cache (INFERX_DECODE_ATTN_TERMS, read once):
 // 1 (default) multiplies the F16-rounded Q and P (11 significant bits; the cache's E4M3 values convert to F16
 // exactly), 2 adds each one's rounding error as a second F16 term (22 bits: F32-equivalent, twice the
@@ -194,7 +220,7 @@ DecodeQueryScaling decode_query_scaling(float scale, DType dtype, float k_scale)
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, DecodeSplitPlan plan,
                                        void* scratch, int* counters, float* out, void* out_bf16,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, const DecodeRope* rope);
 
 // kernels_read_stream.cu: the read-only bandwidth ceiling. Reads bytes (a multiple of 16, 16-byte aligned)
 // at p once with sms * 8 blocks; sink: a device word it almost never writes.

@@ -28,6 +28,7 @@
 // seq_len - 1)], block_tables[s][j / bs] slot j % bs; a token with no visible key gets a zero output.
 #include <math_constants.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -731,22 +732,43 @@ bool decode_attention_supported(const PagedKv& cache, int64_t hd) {
   return (cache.dtype == DType::BF16 || cache.dtype == DType::F8_E4M3) && (hd == 64 || hd == 128);
 }
 
+namespace {
+std::atomic<int> g_decode_rope{-1};
+// v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take v2/v1.
+bool v3_takes(const PagedKv& cache, const float* q, const float* out, const void* out_bf16) {
+  return decode_attention_version() == 3 && pow2_blocks(cache.block_size) && is_aligned(q, 16) &&
+         is_aligned(out, 16) && is_aligned(out_bf16, 8);
+}
+}  // namespace
+
+bool decode_rope_fused() {
+  static const bool env = env_int("INFERX_DECODE_ROPE", 0, 1, 1) == 1;
+  const int o = g_decode_rope.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : env;
+}
+void set_decode_rope_fused(int mode) { g_decode_rope.store(mode, std::memory_order_relaxed); }
+
+bool decode_attention_takes_rope(const PagedKv& cache, int64_t hq, int64_t hkv, int64_t hd, const float* q,
+                                 const float* out, const void* out_bf16) {
+  return decode_rope_fused() && decode_attention_supported(cache, hd) && hd / 2 <= kDecodeRopeMaxPairs &&
+         hkv > 0 && hq % hkv == 0 && hq / hkv <= 16 && v3_takes(cache, q, out, out_bf16);
+}
+
 cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const BatchArgs& batch, int64_t hq,
                                     int64_t hkv, int64_t hd, float scale, int64_t sliding_window,
                                     DecodeSplitPlan plan, void* scratch, int* counters, float* out,
-                                    void* out_bf16, cudaStream_t stream) {
+                                    void* out_bf16, cudaStream_t stream, const DecodeRope* rope) {
   if (batch.num_tokens == 0 || hq == 0) return cudaSuccess;
   const int splits = plan.splits;
   if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits ||
-      plan.min_tiles < 1 || (splits > 1 && (scratch == nullptr || counters == nullptr)))
+      plan.min_tiles < 1 || (splits > 1 && (scratch == nullptr || counters == nullptr)) ||
+      (rope && (rope->k == nullptr || rope->v == nullptr ||
+                !decode_attention_takes_rope(cache, hq, hkv, hd, q, out, out_bf16))))
     return cudaErrorInvalidValue;  // the caller checks these first
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
-  // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take
-  // v2/v1.
-  if (decode_attention_version() == 3 && pow2_blocks(cache.block_size) && is_aligned(q, 16) &&
-      is_aligned(out, 16) && is_aligned(out_bf16, 8))
+  if (v3_takes(cache, q, out, out_bf16))
     return launch_decode_attention_v3(q, cache, batch, iq, ikv, static_cast<int>(hd), scale, sliding_window,
-                                      plan, scratch, counters, out, out_bf16, stream);
+                                      plan, scratch, counters, out, out_bf16, stream, rope);
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_typed<uint8_t, 64>(q, cache, batch, iq, ikv, scale, sliding_window, splits, scratch,

@@ -38,6 +38,7 @@
 #include "backend/cuda/decode_attention_epilogue.cuh"
 #include "backend/cuda/decode_attention_stamps.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/rope_math.cuh"
 #include "backend/cuda/tensor_map.h"
 
 namespace inferx::cuda {
@@ -51,6 +52,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxClusterSplits = 16;  // the cluster form's largest cluster (non-portable above 8)
 std::atomic<int> g_cluster_mode{-1};
 std::atomic<uint64_t> g_cluster_launches{0};
+std::atomic<uint64_t> g_rope_launches{0};
 
 // Phase time stamps of every CTA (decode_attention_stamps.h; null records: off).
 __constant__ StampSink c_stamps;
@@ -226,6 +228,15 @@ struct TmaMaps {
   CUtensorMap k, v;
 };
 
+// A launch's DecodeRope (kernels.h; r.k null: q is rotated and the keys written already) with what the
+// launcher adds: the cache's inverse scales (FP8: the codes launch_rope_write_kv stores) and where the
+// rotated queries go in dynamic shared memory (after the tiles and the cluster form's merge area).
+struct RopeIn {
+  DecodeRope r;
+  float inv_k_scale, inv_v_scale;
+  int q_smem;  // byte offset of [kH heads][HD] floats
+};
+
 // (x0, x1) as the high term (rounded) and the low term (the rounding's remainder, rounded) of F16 (kF16) or
 // BF16 pairs, the first value at the lower address.
 template <bool kF16>
@@ -276,8 +287,8 @@ __device__ __forceinline__ int out_dim(int mt, int row) {
 // (2: F32-equivalent; 1: their rounded values alone, FP8 caches only - see decode_attention_terms).
 template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
-    decode_attention_kernel_v3(const __grid_constant__ TmaMaps maps, const float* __restrict__ q,
-                               const CacheT* __restrict__ k_cache, const CacheT* __restrict__ v_cache,
+    decode_attention_kernel_v3(const __grid_constant__ TmaMaps maps, const __grid_constant__ RopeIn rope,
+                               const float* __restrict__ q, const CacheT* k_cache, const CacheT* v_cache,
                                int64_t num_blocks, int block_size, const __grid_constant__ BatchArgs batch,
                                int hq, int hkv, float q_mult, float s_scale, float out_scale, int64_t window,
                                int min_split_tiles, float* __restrict__ part_acc, float* __restrict__ part_ml,
@@ -328,6 +339,45 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   const int last = keys.last, k_begin = keys.k_begin, k_end = keys.k_end, n_tiles = keys.n_tiles;
   const int w0 = k_begin + warp * 16;  // this warp's first key of tile 0
 
+  // RoPE in the kernel (RopeIn): this thread's angle, for pair threadIdx.x % (HD / 2) (the pairs it rotates
+  // below: kThreads is a multiple of HD / 2), and in the split holding the token's newest key that key's
+  // cache slot (launch_rope_write_kv's: -1 where the engine never writes). Step metadata: before the wait.
+  const bool roped = rope.r.k != nullptr;
+  const bool writes_key = roped && split == keys.used - 1;
+  float rope_sn = 0.0f, rope_cs = 1.0f;
+  int64_t key_slot = -1;
+  if (roped) {
+    const int32_t pos = batch.positions[t];
+    sincosf(static_cast<float>(pos) * rope.r.inv_freq[threadIdx.x % (HD / 2)], &rope_sn, &rope_cs);
+    const int b = pos >> (__ffs(block_size) - 1);
+    if (writes_key && pos >= 0 && b < batch.max_blocks_per_seq) {
+      const int32_t block = batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + b];
+      if (block >= 0 && block < num_blocks)
+        key_slot = (static_cast<int64_t>(block) * block_size + (pos & (block_size - 1))) * hkv * HD;
+    }
+  }
+  // After the wait (k and v are the q/k/v product's): the newest key rotated and written with its value
+  // before this CTA copies the tile holding it. The fence orders the stores before the tensor copies (async
+  // proxy); the barrier before any warp's copies.
+  const auto write_newest_key = [&] {
+    if (!writes_key) return;
+    if (threadIdx.x < HD / 2 && key_slot >= 0) {
+      const int i = threadIdx.x;
+      const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
+      const int64_t src = (static_cast<int64_t>(t) * hkv + kvh) * HD, dst = key_slot + kvh * HD;
+      float y0, y1;
+      rope_rotate(rope.r.k[src + a], rope.r.k[src + b], rope_cs, rope_sn, y0, y1);
+      CacheT* kc = const_cast<CacheT*>(k_cache) + dst;
+      CacheT* vc = const_cast<CacheT*>(v_cache) + dst;
+      store_kv(kc + a, y0, rope.inv_k_scale);
+      store_kv(kc + b, y1, rope.inv_k_scale);
+      store_kv(vc + a, rope.r.v[src + a], rope.inv_v_scale);
+      store_kv(vc + b, rope.r.v[src + b], rope.inv_v_scale);
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    __syncthreads();
+  };
+
   std::conditional_t<kTma, TmaLoader<HD>, Loader<CacheT, HD>> loader;
   if constexpr (kTma) {
     // The swizzle is a function of the shared address: the tiles must start on 1024 bytes.
@@ -356,8 +406,25 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   loader.block_size = block_size;
   loader.bs_shift = __ffs(block_size) - 1;
   if constexpr (!kTma) loader.kv_row = hkv * HD;
-  attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, w0, last, k_end);
+  attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, w0, last, k_end, write_newest_key);
   stamp(rec, 1);
+
+  // The CTA's query heads: q as the product wrote it, or rotated here into shared memory (RopeIn) while the
+  // first tiles are in flight.
+  const float* qh = q + (static_cast<int64_t>(t) * hq + h0) * HD;  // head r at qh + r * HD
+  if (roped) {
+    float* s_q = reinterpret_cast<float*>(smem_raw + rope.q_smem);
+    const int i = threadIdx.x % (HD / 2);
+    const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
+    for (int r = threadIdx.x / (HD / 2); r < nh; r += kThreads / (HD / 2)) {
+      float y0, y1;
+      rope_rotate(qh[r * HD + a], qh[r * HD + b], rope_cs, rope_sn, y0, y1);
+      s_q[r * HD + a] = y0;
+      s_q[r * HD + b] = y1;
+    }
+    __syncthreads();
+    qh = s_q;
+  }
 
   // Q^T's B fragments, q * q_mult (the scores in the log2 domain are s_scale times the products), two
   // terms: for k-step 2c + kk, b0 holds dims
@@ -370,9 +437,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     for (int c = 0; c < HD / 32; ++c) {
       float x[8] = {};
       if (r < nh) {
-        const float4* qp = reinterpret_cast<const float4*>(q + (static_cast<int64_t>(t) * hq + h0 + r) * HD +
-                                                           32 * c + 8 * tq);
-        const float4 a = __ldg(qp), b = __ldg(qp + 1);
+        const float4* qp = reinterpret_cast<const float4*>(qh + r * HD + 32 * c + 8 * tq);
+        const float4 a = roped ? qp[0] : __ldg(qp), b = roped ? qp[1] : __ldg(qp + 1);
         x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
       }
 #pragma unroll
@@ -626,15 +692,19 @@ constexpr int cluster_area_bytes(int splits, int rows) {
 template <class CacheT, int HD, int NT, bool kTma, int kTerms>
 cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
-                         float* out, void* out_bf16, cudaStream_t stream, const TmaMaps& maps) {
+                         float* out, void* out_bf16, cudaStream_t stream, const TmaMaps& maps,
+                         const DecodeRope* rope) {
   auto* const kernel = decode_attention_kernel_v3<CacheT, HD, NT, kTma, kTerms>;
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
   constexpr int kClusterSmem = kSmem + cluster_area_bytes<HD>(kMaxClusterSplits, 8);
-  // The attribute is the largest any launch of this instance takes (the cluster form's, for one n-tile).
-  const cudaError_t st = allow_dynamic_smem(kernel, NT == 1 ? kClusterSmem : kSmem, smem_set);
+  constexpr int kRopeQBytes = 8 * NT * HD * static_cast<int>(sizeof(float));  // RopeIn's rotated queries
+  // The attribute is the largest any launch of this instance takes (the cluster form's, for one n-tile,
+  // with the rotated queries).
+  const cudaError_t st = allow_dynamic_smem(kernel, (NT == 1 ? kClusterSmem : kSmem) + kRopeQBytes, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
+  const int q_bytes = rope ? kRopeQBytes : 0;
   int splits = plan.splits, smem = kSmem;
   const auto groups = static_cast<unsigned>(batch.num_tokens * hkv * chunks);
   bool cluster = false;  // whether the launch takes the cluster form, decode_attention_cluster
@@ -644,7 +714,7 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
       const int cs = std::min(splits, kMaxClusterSplits);
       const int total = kSmem + cluster_area_bytes<HD>(cs, std::min(hq / hkv, 8));
       if (cluster_launch_fits(reinterpret_cast<const void*>(kernel), dim3(1, static_cast<unsigned>(cs)),
-                              kThreads, total, groups)) {
+                              kThreads, total + q_bytes, groups)) {
         cluster = true;
         splits = cs;
         smem = total;
@@ -657,48 +727,58 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   const bool fp8 = cache.dtype == DType::F8_E4M3;
   const DecodeQueryScaling qs = decode_query_scaling(scale, cache.dtype, cache.k_scale);
   const float out_scale = fp8 ? cache.v_scale : 1.0f;
+  RopeIn rope_in{};
+  if (rope) {
+    g_rope_launches.fetch_add(1, std::memory_order_relaxed);
+    rope_in.r = *rope;
+    rope_in.inv_k_scale = fp8 ? 1.0f / cache.k_scale : 1.0f;
+    rope_in.inv_v_scale = fp8 ? 1.0f / cache.v_scale : 1.0f;
+    rope_in.q_smem = smem;  // a multiple of 16: smem_bytes and the merge area's floats
+    smem += q_bytes;
+  }
   return launch_pdl_clusters(kernel, dim3(groups, static_cast<unsigned>(splits)),
                              dim3(1, cluster ? static_cast<unsigned>(splits) : 1u), dim3(kThreads),
-                             static_cast<size_t>(smem), stream, maps, q, static_cast<const CacheT*>(cache.k),
-                             static_cast<const CacheT*>(cache.v), cache.num_blocks,
-                             static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult, qs.s_scale,
-                             out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
+                             static_cast<size_t>(smem), stream, maps, rope_in, q,
+                             static_cast<const CacheT*>(cache.k), static_cast<const CacheT*>(cache.v),
+                             cache.num_blocks, static_cast<int>(cache.block_size), batch, hq, hkv, qs.q_mult,
+                             qs.s_scale, out_scale, window, plan.min_tiles, part_acc, part_ml, counters, out,
                              static_cast<__nv_bfloat16*>(out_bf16), attention_lazy_rescale(), cluster);
 }
 
 template <class CacheT, int HD, int kTerms>
 cudaError_t launch_terms(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
-                         float* out, void* out_bf16, cudaStream_t stream) {
+                         float* out, void* out_bf16, cudaStream_t stream, const DecodeRope* rope) {
   TmaMaps maps{};
   if constexpr (sizeof(CacheT) == 1 && HD == 128) {
     if (tma_applies(cache, HD, window) && encode_kv_map(maps.k, cache.k, cache, hkv, HD) &&
         encode_kv_map(maps.v, cache.v, cache, hkv, HD)) {
       if (hq / hkv <= 8)
         return launch_typed<CacheT, HD, 1, true, kTerms>(q, cache, batch, hq, hkv, scale, window, plan,
-                                                         scratch, counters, out, out_bf16, stream, maps);
+                                                         scratch, counters, out, out_bf16, stream, maps,
+                                                         rope);
       return launch_typed<CacheT, HD, 2, true, kTerms>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
-                                                       counters, out, out_bf16, stream, maps);
+                                                       counters, out, out_bf16, stream, maps, rope);
     }
   }
   if (hq / hkv <= 8)
     return launch_typed<CacheT, HD, 1, false, kTerms>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
-                                                      counters, out, out_bf16, stream, maps);
+                                                      counters, out, out_bf16, stream, maps, rope);
   return launch_typed<CacheT, HD, 2, false, kTerms>(q, cache, batch, hq, hkv, scale, window, plan, scratch,
-                                                    counters, out, out_bf16, stream, maps);
+                                                    counters, out, out_bf16, stream, maps, rope);
 }
 
 template <class CacheT, int HD>
 cudaError_t launch_heads(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq, int hkv,
                          float scale, int64_t window, DecodeSplitPlan plan, void* scratch, int* counters,
-                         float* out, void* out_bf16, cudaStream_t stream) {
+                         float* out, void* out_bf16, cudaStream_t stream, const DecodeRope* rope) {
   if constexpr (sizeof(CacheT) == 1) {
     if (decode_attention_terms() == 1)
       return launch_terms<CacheT, HD, 1>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
-                                         out, out_bf16, stream);
+                                         out, out_bf16, stream, rope);
   }
   return launch_terms<CacheT, HD, 2>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters, out,
-                                     out_bf16, stream);
+                                     out_bf16, stream, rope);
 }
 
 }  // namespace
@@ -738,23 +818,24 @@ bool decode_attention_cluster() {
 }
 void set_decode_attention_cluster(int mode) { g_cluster_mode.store(mode, std::memory_order_relaxed); }
 uint64_t decode_attention_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }
+uint64_t decode_rope_launches() { return g_rope_launches.load(std::memory_order_relaxed); }
 
 cudaError_t launch_decode_attention_v3(const float* q, const PagedKv& cache, const BatchArgs& batch, int hq,
                                        int hkv, int hd, float scale, int64_t window, DecodeSplitPlan plan,
                                        void* scratch, int* counters, float* out, void* out_bf16,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, const DecodeRope* rope) {
   if (cache.dtype == DType::F8_E4M3) {
     if (hd == 64)
       return launch_heads<uint8_t, 64>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters, out,
-                                       out_bf16, stream);
+                                       out_bf16, stream, rope);
     return launch_heads<uint8_t, 128>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters, out,
-                                      out_bf16, stream);
+                                      out_bf16, stream, rope);
   }
   if (hd == 64)
     return launch_heads<__nv_bfloat16, 64>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
-                                           out, out_bf16, stream);
+                                           out, out_bf16, stream, rope);
   return launch_heads<__nv_bfloat16, 128>(q, cache, batch, hq, hkv, scale, window, plan, scratch, counters,
-                                          out, out_bf16, stream);
+                                          out, out_bf16, stream, rope);
 }
 
 cudaError_t set_decode_attention_stamp_sink(const StampSink& sink) {

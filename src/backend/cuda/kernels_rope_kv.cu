@@ -15,20 +15,12 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels_quant.h"
 #include "backend/cuda/quant_codes.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 namespace inferx::cuda {
 namespace {
 
 constexpr int64_t kRopeBlockThreads = 512;  // threads per block: several heads of hd / 2 pairs
-
-template <class CacheT>
-__device__ __forceinline__ void store_kv(CacheT* dst, float v, float /*inv_scale*/) {
-  *dst = from_float<CacheT>(v);
-}
-template <>
-__device__ __forceinline__ void store_kv<uint8_t>(uint8_t* dst, float v, float inv_scale) {
-  *dst = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3));
-}
 
 // What both kernels take (one __grid_constant__ block).
 template <class CacheT>
@@ -110,15 +102,10 @@ struct RopeKvArgs {
     store_kv(v_cache + off + a, v0, inv_v_scale);
     store_kv(v_cache + off + b, v1, inv_v_scale);
   }
-  // Pair i's elements: (2i, 2i + 1) interleaved, (i, i + hd / 2) NeoX.
-  __device__ int pair_a(int i) const { return interleaved ? 2 * i : i; }
-  __device__ int pair_b(int i) const { return interleaved ? 2 * i + 1 : i + hd / 2; }
+  // Pair i's elements (rope_math.cuh).
+  __device__ int pair_a(int i) const { return rope_pair_a(interleaved, i); }
+  __device__ int pair_b(int i) const { return rope_pair_b(interleaved, i, hd); }
 };
-
-__device__ __forceinline__ void rotate(float x0, float x1, float cs, float sn, float& y0, float& y1) {
-  y0 = x0 * cs - x1 * sn;
-  y1 = x1 * cs + x0 * sn;
-}
 
 // Grid (token, group of heads); block (hd / 2, heads per block): q heads first, then k heads; one thread per
 // rotated pair, each forming its own angle. A k head's threads also write the rotated key and its v head
@@ -148,7 +135,7 @@ __global__ void __launch_bounds__(kRopeBlockThreads)
 
   const int a = p.pair_a(i), b = p.pair_b(i);
   float y0, y1;
-  rotate(p.load(t, h, a), p.load(t, h, b), cs, sn, y0, y1);
+  rope_rotate(p.load(t, h, a), p.load(t, h, b), cs, sn, y0, y1);
   p.store(t, h, a, y0);
   p.store(t, h, b, y1);
   if (slot >= 0) p.store_pair(slot, h, a, b, y0, y1, p.load(t, h + p.hkv, a), p.load(t, h + p.hkv, b));
@@ -199,7 +186,7 @@ __global__ void __launch_bounds__(kTokenThreads)
       const int h = base + j * per_pass;
       if (h >= heads) continue;
       float y0, y1;
-      rotate(x0[j], x1[j], cs, sn, y0, y1);
+      rope_rotate(x0[j], x1[j], cs, sn, y0, y1);
       p.store(t, h, a, y0);
       p.store(t, h, b, y1);
       if (h >= p.hq && slot >= 0) p.store_pair(slot, h, a, b, y0, y1, v0[j], v1[j]);
@@ -270,10 +257,10 @@ __global__ void __launch_bounds__(kTokenThreads, 4)
       const int h = base + j * per_pass;
       if (h >= heads) continue;
       float4 ya, yb;
-      rotate(xa[j].x, xb[j].x, cs[0], sn[0], ya.x, yb.x);
-      rotate(xa[j].y, xb[j].y, cs[1], sn[1], ya.y, yb.y);
-      rotate(xa[j].z, xb[j].z, cs[2], sn[2], ya.z, yb.z);
-      rotate(xa[j].w, xb[j].w, cs[3], sn[3], ya.w, yb.w);
+      rope_rotate(xa[j].x, xb[j].x, cs[0], sn[0], ya.x, yb.x);
+      rope_rotate(xa[j].y, xb[j].y, cs[1], sn[1], ya.y, yb.y);
+      rope_rotate(xa[j].z, xb[j].z, cs[2], sn[2], ya.z, yb.z);
+      rope_rotate(xa[j].w, xb[j].w, cs[3], sn[3], ya.w, yb.w);
       p.store4(t, h, i0, ya);
       p.store4(t, h, i0 + half, yb);
       if (h >= p.hq && slot >= 0) {
