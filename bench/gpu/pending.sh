@@ -264,11 +264,14 @@ if step 29; then
 fi
 # 30. (measured H100 12-07 11:00, removed) The RoPE kernel's L2 prefetch of a one-token step's cached K / V:
 #    FP8 +15%, bf16 +7.8%, INT4 +22% (docs/architecture.md). Commands in git history (4be6a39).
-# 31. (12-07 16:30, built, not yet run) RoPE + the KV write inside the decode attention kernel (DecodeRope,
-#    INFERX_DECODE_ROPE, default on): one kernel boundary fewer per layer in one-token steps whose q/k/v are
-#    F32 tensors. Predicted (estimate): batch 1 -1.0..-1.8% on an H100 (the RoPE kernel adds 1.6-2.0 us per
-#    layer there; the attention's last split then waits ~0.5 us for its key), -2..-3% on an H200 (~3.75 us per
-#    boundary). Its test, the attention and engine tests with it on, then on/off twice for the three formats.
+# 31. (12-07 16:30) RoPE + the KV write inside the decode attention kernel (DecodeRope, INFERX_DECODE_ROPE,
+#    default on): one kernel boundary fewer per layer in one-token steps whose q/k/v are F32 tensors.
+#    Predicted (estimate): batch 1 -1.0..-1.8% on an H100 (the RoPE kernel adds 1.6-2.0 us per layer there),
+#    -2..-3% on an H200 (~3.75 us per boundary). First form (H100 16:35: the last split wrote the key to the
+#    cache, fenced and synced before copying its tile; queries rotated through shared memory): fp8:lm_head
+#    -0.2%, bf16 -0.3%, int4:lm_head -0.9%, and its test hit a misaligned shared address. Second form (now):
+#    angles tabled in shared memory before the wait, queries rotated in registers, the newest key written
+#    over the landed tile's row (no copy waits on it). Tests, then on/off twice for the three formats.
 if step 31; then
   INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_backend" --gtest_color=no \
     --gtest_filter='CudaAttentionTest.*:DecodeSplitPlan.*' >"$OUT/attention_tests.log" 2>&1

@@ -238,15 +238,10 @@ __device__ __forceinline__ SplitKeys split_keys(int pos, int seq_len, int64_t wi
 // the newest key); the rest after it, with q, the partials and the tickets (cuda_common.cuh,
 // programmatic dependent launch). The early tiles are a prefix, so the cp.async groups stay in tile order.
 // Then the block-table prefetch of tile kAhead. key0: the key of tile 0 that this thread's loader starts
-// at (k_begin, or k_begin plus the warp's offset). after_wait() runs between the wait and the later tiles'
-// copies (every thread of the CTA calls it): where the kernel writes the newest key itself (DecodeRope).
-struct NothingAfterWait {
-  __device__ __forceinline__ void operator()() const {}
-};
-template <int kAhead, int kTile, class Loader, class Smem, class AfterWait = NothingAfterWait>
+// at (k_begin, or k_begin plus the warp's offset).
+template <int kAhead, int kTile, class Loader, class Smem>
 __device__ __forceinline__ void start_decode_tiles(Loader& loader, Smem& sm, int n_tiles, int k_begin,
-                                                   int key0, int last, int k_end,
-                                                   const AfterWait& after_wait = AfterWait{}) {
+                                                   int key0, int last, int k_end) {
   int issued = 0;
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) {
@@ -258,7 +253,6 @@ __device__ __forceinline__ void start_decode_tiles(Loader& loader, Smem& sm, int
   }
   pdl_wait();
   pdl_launch_dependents();
-  after_wait();
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) {
     if (i >= issued && i < n_tiles) {

@@ -230,12 +230,20 @@ struct TmaMaps {
 
 // A launch's DecodeRope (kernels.h; r.k null: q is rotated and the keys written already) with what the
 // launcher adds: the cache's inverse scales (FP8: the codes launch_rope_write_kv stores) and where the
-// rotated queries go in dynamic shared memory (after the tiles and the cluster form's merge area).
+// angles' cosines and sines go in dynamic shared memory (after the tiles and the cluster form's merge area).
 struct RopeIn {
   DecodeRope r;
   float inv_k_scale, inv_v_scale;
-  int q_smem;  // byte offset of [kH heads][HD] floats
+  int table_smem;  // byte offset (a multiple of 16) of cos[HD / 2], then sin[HD / 2]
 };
+
+// Element e of key row `key` of a K (kV false) or V tile stage: where the loaders put it (Layout's chunks).
+template <class L, class CacheT>
+__device__ __forceinline__ CacheT* tile_element(uint8_t* stage, int key, int e, bool kV) {
+  const int byte = e * static_cast<int>(sizeof(CacheT));
+  const int chunk = kV ? L::v_chunk(key, byte / 16) : L::k_chunk(key, byte / 16);
+  return reinterpret_cast<CacheT*>(stage + key * L::kRowBytes + chunk * 16 + byte % 16);
+}
 
 // (x0, x1) as the high term (rounded) and the low term (the rounding's remainder, rounded) of F16 (kF16) or
 // BF16 pairs, the first value at the lower address.
@@ -339,44 +347,36 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   const int last = keys.last, k_begin = keys.k_begin, k_end = keys.k_end, n_tiles = keys.n_tiles;
   const int w0 = k_begin + warp * 16;  // this warp's first key of tile 0
 
-  // RoPE in the kernel (RopeIn): this thread's angle, for pair threadIdx.x % (HD / 2) (the pairs it rotates
-  // below: kThreads is a multiple of HD / 2), and in the split holding the token's newest key that key's
-  // cache slot (launch_rope_write_kv's: -1 where the engine never writes). Step metadata: before the wait.
+  // RoPE in the kernel (RopeIn). Before the wait (step metadata only): the token's angles as a table in
+  // shared memory, and in the split holding the newest key that key's cache slot (launch_rope_write_kv's:
+  // -1 where the engine never writes it) and its row in the last tile. After the wait every lane rotates its
+  // own query values in registers, and the warp whose rows hold the newest key rotates it, writes it and its
+  // value into the cache and into the landed tile in place of the stale row the copy brought (so that no
+  // copy waits on the write).
   const bool roped = rope.r.k != nullptr;
-  const bool writes_key = roped && split == keys.used - 1;
-  float rope_sn = 0.0f, rope_cs = 1.0f;
   int64_t key_slot = -1;
+  int key_row = -1;  // the newest key's row in the last tile, where this warp holds it (-1: not this warp)
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
   if (roped) {
+    float* table = reinterpret_cast<float*>(smem_raw + rope.table_smem);
     const int32_t pos = batch.positions[t];
-    sincosf(static_cast<float>(pos) * rope.r.inv_freq[threadIdx.x % (HD / 2)], &rope_sn, &rope_cs);
+    if (threadIdx.x < HD / 2)
+      sincosf(static_cast<float>(pos) * rope.r.inv_freq[threadIdx.x], &table[HD / 2 + threadIdx.x],
+              &table[threadIdx.x]);
+    rope_cos = table;
+    rope_sin = table + HD / 2;
     const int b = pos >> (__ffs(block_size) - 1);
-    if (writes_key && pos >= 0 && b < batch.max_blocks_per_seq) {
+    if (split == keys.used - 1 && pos >= 0 && b < batch.max_blocks_per_seq) {
       const int32_t block = batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + b];
-      if (block >= 0 && block < num_blocks)
+      const int row = pos - (k_begin + (n_tiles - 1) * kTile);
+      if (block >= 0 && block < num_blocks && row >= 0 && row < kTile) {
         key_slot = (static_cast<int64_t>(block) * block_size + (pos & (block_size - 1))) * hkv * HD;
+        if (row / 16 == warp) key_row = row;
+      }
     }
+    __syncthreads();  // the table
   }
-  // After the wait (k and v are the q/k/v product's): the newest key rotated and written with its value
-  // before this CTA copies the tile holding it. The fence orders the stores before the tensor copies (async
-  // proxy); the barrier before any warp's copies.
-  const auto write_newest_key = [&] {
-    if (!writes_key) return;
-    if (threadIdx.x < HD / 2 && key_slot >= 0) {
-      const int i = threadIdx.x;
-      const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
-      const int64_t src = (static_cast<int64_t>(t) * hkv + kvh) * HD, dst = key_slot + kvh * HD;
-      float y0, y1;
-      rope_rotate(rope.r.k[src + a], rope.r.k[src + b], rope_cs, rope_sn, y0, y1);
-      CacheT* kc = const_cast<CacheT*>(k_cache) + dst;
-      CacheT* vc = const_cast<CacheT*>(v_cache) + dst;
-      store_kv(kc + a, y0, rope.inv_k_scale);
-      store_kv(kc + b, y1, rope.inv_k_scale);
-      store_kv(vc + a, rope.r.v[src + a], rope.inv_v_scale);
-      store_kv(vc + b, rope.r.v[src + b], rope.inv_v_scale);
-    }
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    __syncthreads();
-  };
 
   std::conditional_t<kTma, TmaLoader<HD>, Loader<CacheT, HD>> loader;
   if constexpr (kTma) {
@@ -406,45 +406,82 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   loader.block_size = block_size;
   loader.bs_shift = __ffs(block_size) - 1;
   if constexpr (!kTma) loader.kv_row = hkv * HD;
-  attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, w0, last, k_end, write_newest_key);
+  attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, w0, last, k_end);
   stamp(rec, 1);
 
-  // The CTA's query heads: q as the product wrote it, or rotated here into shared memory (RopeIn) while the
-  // first tiles are in flight.
-  const float* qh = q + (static_cast<int64_t>(t) * hq + h0) * HD;  // head r at qh + r * HD
-  if (roped) {
-    float* s_q = reinterpret_cast<float*>(smem_raw + rope.q_smem);
-    const int i = threadIdx.x % (HD / 2);
-    const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
-    for (int r = threadIdx.x / (HD / 2); r < nh; r += kThreads / (HD / 2)) {
-      float y0, y1;
-      rope_rotate(qh[r * HD + a], qh[r * HD + b], rope_cs, rope_sn, y0, y1);
-      s_q[r * HD + a] = y0;
-      s_q[r * HD + b] = y1;
+  // The newest key's warp: its lanes' pairs i = lane + 32 m of the new key and value (the q/k/v product's,
+  // after the wait), loaded now so that they have landed when the last tile has.
+  constexpr int kKeyPairs = (HD / 2 + kWarp - 1) / kWarp;
+  float nk[kKeyPairs][2] = {}, nv[kKeyPairs][2] = {};
+  if (key_row >= 0) {
+    const int64_t src = (static_cast<int64_t>(t) * hkv + kvh) * HD;
+#pragma unroll
+    for (int m = 0; m < kKeyPairs; ++m) {
+      const int i = lane + kWarp * m;
+      if (i >= HD / 2) continue;
+      const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
+      nk[m][0] = rope.r.k[src + a], nk[m][1] = rope.r.k[src + b];
+      nv[m][0] = rope.r.v[src + a], nv[m][1] = rope.r.v[src + b];
     }
-    __syncthreads();
-    qh = s_q;
   }
 
   // Q^T's B fragments, q * q_mult (the scores in the log2 domain are s_scale times the products), two
   // terms: for k-step 2c + kk, b0 holds dims
   // 32c + 8tq + 4kk + {0, 1} and b1 dims + {2, 3} of head nt * 8 + g (zeros past the group).
+  // With RoPE in the kernel each lane rotates its own values: NeoX pairs (i, i + HD / 2) are chunks c and
+  // c + HD / 64 of the same lane, interleaved pairs neighbours within a chunk.
   uint32_t qb[2][NT][HD / 16][2];
+  const float* qh = q + (static_cast<int64_t>(t) * hq + h0) * HD;  // head r at qh + r * HD
+  const auto load_chunk = [&](int r, int c, float(&x)[8]) {
+    const float4* qp = reinterpret_cast<const float4*>(qh + r * HD + 32 * c + 8 * tq);
+    const float4 a = __ldg(qp), b = __ldg(qp + 1);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  };
+  const auto split_chunk = [&](int nt, int c, const float(&x)[8]) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+      split_pair<kFp8>(x[2 * p] * q_mult, x[2 * p + 1] * q_mult, qb[0][nt][2 * c + p / 2][p % 2],
+                       qb[1][nt][2 * c + p / 2][p % 2]);
+  };
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int r = nt * 8 + g;
+    if (roped && !rope.r.interleaved) {
 #pragma unroll
-    for (int c = 0; c < HD / 32; ++c) {
-      float x[8] = {};
-      if (r < nh) {
-        const float4* qp = reinterpret_cast<const float4*>(qh + r * HD + 32 * c + 8 * tq);
-        const float4 a = roped ? qp[0] : __ldg(qp), b = roped ? qp[1] : __ldg(qp + 1);
-        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+      for (int c = 0; c < HD / 64; ++c) {
+        float lo[8] = {}, hi[8] = {};
+        if (r < nh) {
+          load_chunk(r, c, lo);
+          load_chunk(r, c + HD / 64, hi);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int i = 32 * c + 8 * tq + j;
+            float y0, y1;
+            rope_rotate(lo[j], hi[j], rope_cos[i], rope_sin[i], y0, y1);
+            lo[j] = y0, hi[j] = y1;
+          }
+        }
+        split_chunk(nt, c, lo);
+        split_chunk(nt, c + HD / 64, hi);
       }
+    } else {
 #pragma unroll
-      for (int p = 0; p < 4; ++p)
-        split_pair<kFp8>(x[2 * p] * q_mult, x[2 * p + 1] * q_mult, qb[0][nt][2 * c + p / 2][p % 2],
-                         qb[1][nt][2 * c + p / 2][p % 2]);
+      for (int c = 0; c < HD / 32; ++c) {
+        float x[8] = {};
+        if (r < nh) {
+          load_chunk(r, c, x);
+          if (roped) {
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+              const int i = 16 * c + 4 * tq + p;
+              float y0, y1;
+              rope_rotate(x[2 * p], x[2 * p + 1], rope_cos[i], rope_sin[i], y0, y1);
+              x[2 * p] = y0, x[2 * p + 1] = y1;
+            }
+          }
+        }
+        split_chunk(nt, c, x);
+      }
     }
   }
 
@@ -475,6 +512,27 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
         attn::cp_async_wait<1>();
       else
         attn::cp_async_wait<0>();
+    }
+    if (key_row >= 0 && it == n_tiles - 1) {
+      // The newest key (RopeIn): rotated, into the cache and over the row the copy brought.
+      CacheT* kc = const_cast<CacheT*>(k_cache) + key_slot + kvh * HD;
+      CacheT* vc = const_cast<CacheT*>(v_cache) + key_slot + kvh * HD;
+#pragma unroll
+      for (int m = 0; m < kKeyPairs; ++m) {
+        const int i = lane + kWarp * m;
+        if (i >= HD / 2) continue;
+        const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
+        float y0, y1;
+        rope_rotate(nk[m][0], nk[m][1], rope_cos[i], rope_sin[i], y0, y1);
+        store_kv(kc + a, y0, rope.inv_k_scale);
+        store_kv(kc + b, y1, rope.inv_k_scale);
+        store_kv(vc + a, nv[m][0], rope.inv_v_scale);
+        store_kv(vc + b, nv[m][1], rope.inv_v_scale);
+        store_kv(tile_element<L, CacheT>(sm.k[st], key_row, a, false), y0, rope.inv_k_scale);
+        store_kv(tile_element<L, CacheT>(sm.k[st], key_row, b, false), y1, rope.inv_k_scale);
+        store_kv(tile_element<L, CacheT>(sm.v[st], key_row, a, true), nv[m][0], rope.inv_v_scale);
+        store_kv(tile_element<L, CacheT>(sm.v[st], key_row, b, true), nv[m][1], rope.inv_v_scale);
+      }
     }
     __syncwarp();  // the warp's 16 keys of tile it, copied by its own lanes (or its TMA copies)
     const uint8_t* ks = sm.k[st];
@@ -698,13 +756,15 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
   constexpr int kClusterSmem = kSmem + cluster_area_bytes<HD>(kMaxClusterSplits, 8);
-  constexpr int kRopeQBytes = 8 * NT * HD * static_cast<int>(sizeof(float));  // RopeIn's rotated queries
+  // RopeIn's table of cosines and sines, after the rest on 16 bytes.
+  constexpr int kRopeTableBytes = 16 + HD * static_cast<int>(sizeof(float));
   // The attribute is the largest any launch of this instance takes (the cluster form's, for one n-tile,
-  // with the rotated queries).
-  const cudaError_t st = allow_dynamic_smem(kernel, (NT == 1 ? kClusterSmem : kSmem) + kRopeQBytes, smem_set);
+  // with the table).
+  const cudaError_t st =
+      allow_dynamic_smem(kernel, (NT == 1 ? kClusterSmem : kSmem) + kRopeTableBytes, smem_set);
   if (st != cudaSuccess) return st;
   const int chunks = (hq / hkv + kGroupChunk - 1) / kGroupChunk;
-  const int q_bytes = rope ? kRopeQBytes : 0;
+  const int table_bytes = rope ? kRopeTableBytes : 0;
   int splits = plan.splits, smem = kSmem;
   const auto groups = static_cast<unsigned>(batch.num_tokens * hkv * chunks);
   bool cluster = false;  // whether the launch takes the cluster form, decode_attention_cluster
@@ -714,7 +774,7 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
       const int cs = std::min(splits, kMaxClusterSplits);
       const int total = kSmem + cluster_area_bytes<HD>(cs, std::min(hq / hkv, 8));
       if (cluster_launch_fits(reinterpret_cast<const void*>(kernel), dim3(1, static_cast<unsigned>(cs)),
-                              kThreads, total + q_bytes, groups)) {
+                              kThreads, total + table_bytes, groups)) {
         cluster = true;
         splits = cs;
         smem = total;
@@ -733,8 +793,8 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
     rope_in.r = *rope;
     rope_in.inv_k_scale = fp8 ? 1.0f / cache.k_scale : 1.0f;
     rope_in.inv_v_scale = fp8 ? 1.0f / cache.v_scale : 1.0f;
-    rope_in.q_smem = smem;  // a multiple of 16: smem_bytes and the merge area's floats
-    smem += q_bytes;
+    rope_in.table_smem = (smem + 15) / 16 * 16;  // the cluster form's merge area may end off 16 bytes
+    smem += table_bytes;
   }
   return launch_pdl_clusters(kernel, dim3(groups, static_cast<unsigned>(splits)),
                              dim3(1, cluster ? static_cast<unsigned>(splits) : 1u), dim3(kThreads),
