@@ -283,4 +283,17 @@ if step 31; then
   SKIP_ENGINE_TESTS=1 VARIANTS="on: off:INFERX_DECODE_ROPE=0 on2: off2:INFERX_DECODE_ROPE=0" \
     QUANTS="${QUANTS31:-fp8:lm_head bf16 int4:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
+# 32. (12-07 16:40) DecodeRope's second form where its time goes and beyond batch 1: the batch-1 timelines on
+#    and off (fp8:lm_head; the attention's duration against RoPE + attention), then offline 512 x 1000/200
+#    on and off in bf16 (pure decode steps of up to 512 rows take it) and FP8 + FP8 KV (its decode steps from
+#    64 rows read the deferred q/k/v product: the RoPE kernel stays; a check that nothing moved).
+if step 32; then
+  for v in on:1 off:0; do
+    TAG=rope_${v%%:*} INFERX_DECODE_ROPE=${v#*:} QUANTS=fp8:lm_head bash "$(dirname "$0")/timeline.sh" 2>&1 |
+      grep -vE "^NVIDIA|^name" | sed "s/^/${v%%:*}: /"
+  done
+  QUANT_ARGS=" " WORKLOADS=512x1000/200 VARIANTS="on: off:INFERX_DECODE_ROPE=0" \
+    bash "$(dirname "$0")/offline_ab.sh"
+  WORKLOADS=512x1000/200 VARIANTS="on: off:INFERX_DECODE_ROPE=0" bash "$(dirname "$0")/offline_ab.sh"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err
