@@ -234,7 +234,8 @@ struct TmaMaps {
 struct RopeIn {
   DecodeRope r;
   float inv_k_scale, inv_v_scale;
-  int table_smem;  // byte offset (a multiple of 16) of cos[HD / 2], then sin[HD / 2]
+  int table_smem;  // byte offset (a multiple of 16) of cos[HD / 2], sin[HD / 2], then the newest key[HD],
+                   // value[HD]
 };
 
 // Element e of key row `key` of a K (kV false) or V tile stage: where the loaders put it (Layout's chunks).
@@ -351,15 +352,19 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   // shared memory, and in the split holding the newest key that key's cache slot (launch_rope_write_kv's:
   // -1 where the engine never writes it) and its row in the last tile. After the wait every lane rotates its
   // own query values in registers, and the warp whose rows hold the newest key rotates it, writes it and its
-  // value into the cache and into the landed tile in place of the stale row the copy brought (so that no
-  // copy waits on the write).
+  // value into the cache and into shared memory, from where they go into the landed tile in place of the
+  // stale row the copy brought (so that no copy waits on the write, and no registers hold them through the
+  // tiles: with the values in registers the BF16-cache kernel took 165 registers instead of 155 and the
+  // next GEMV's early CTAs lost room beside it - H100 timeline, 12-07 16:45: o +0.9 us per layer).
   const bool roped = rope.r.k != nullptr;
   int64_t key_slot = -1;
   int key_row = -1;  // the newest key's row in the last tile, where this warp holds it (-1: not this warp)
   const float* rope_cos = nullptr;
   const float* rope_sin = nullptr;
+  float* new_kv = nullptr;  // the newest key (rotated) and value, [2][HD]
   if (roped) {
     float* table = reinterpret_cast<float*>(smem_raw + rope.table_smem);
+    new_kv = table + HD;
     const int32_t pos = batch.positions[t];
     if (threadIdx.x < HD / 2)
       sincosf(static_cast<float>(pos) * rope.r.inv_freq[threadIdx.x], &table[HD / 2 + threadIdx.x],
@@ -409,20 +414,24 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   attn::start_decode_tiles<kAhead, kTile>(loader, sm, n_tiles, k_begin, w0, last, k_end);
   stamp(rec, 1);
 
-  // The newest key's warp: its lanes' pairs i = lane + 32 m of the new key and value (the q/k/v product's,
-  // after the wait), loaded now so that they have landed when the last tile has.
-  constexpr int kKeyPairs = (HD / 2 + kWarp - 1) / kWarp;
-  float nk[kKeyPairs][2] = {}, nv[kKeyPairs][2] = {};
+  // The newest key's warp (the q/k/v product's key and value, after the wait; its tiles are in flight):
+  // pairs i = lane + 32 m rotated, into the cache and into new_kv.
   if (key_row >= 0) {
     const int64_t src = (static_cast<int64_t>(t) * hkv + kvh) * HD;
-#pragma unroll
-    for (int m = 0; m < kKeyPairs; ++m) {
-      const int i = lane + kWarp * m;
-      if (i >= HD / 2) continue;
+    CacheT* kc = const_cast<CacheT*>(k_cache) + key_slot + kvh * HD;
+    CacheT* vc = const_cast<CacheT*>(v_cache) + key_slot + kvh * HD;
+    for (int i = lane; i < HD / 2; i += kWarp) {
       const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
-      nk[m][0] = rope.r.k[src + a], nk[m][1] = rope.r.k[src + b];
-      nv[m][0] = rope.r.v[src + a], nv[m][1] = rope.r.v[src + b];
+      float y0, y1;
+      rope_rotate(rope.r.k[src + a], rope.r.k[src + b], rope_cos[i], rope_sin[i], y0, y1);
+      const float v0 = rope.r.v[src + a], v1 = rope.r.v[src + b];
+      store_kv(kc + a, y0, rope.inv_k_scale);
+      store_kv(kc + b, y1, rope.inv_k_scale);
+      store_kv(vc + a, v0, rope.inv_v_scale);
+      store_kv(vc + b, v1, rope.inv_v_scale);
+      new_kv[a] = y0, new_kv[b] = y1, new_kv[HD + a] = v0, new_kv[HD + b] = v1;
     }
+    __syncwarp();
   }
 
   // Q^T's B fragments, q * q_mult (the scores in the log2 domain are s_scale times the products), two
@@ -513,25 +522,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
       else
         attn::cp_async_wait<0>();
     }
-    if (key_row >= 0 && it == n_tiles - 1) {
-      // The newest key (RopeIn): rotated, into the cache and over the row the copy brought.
-      CacheT* kc = const_cast<CacheT*>(k_cache) + key_slot + kvh * HD;
-      CacheT* vc = const_cast<CacheT*>(v_cache) + key_slot + kvh * HD;
-#pragma unroll
-      for (int m = 0; m < kKeyPairs; ++m) {
-        const int i = lane + kWarp * m;
-        if (i >= HD / 2) continue;
-        const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
-        float y0, y1;
-        rope_rotate(nk[m][0], nk[m][1], rope_cos[i], rope_sin[i], y0, y1);
-        store_kv(kc + a, y0, rope.inv_k_scale);
-        store_kv(kc + b, y1, rope.inv_k_scale);
-        store_kv(vc + a, nv[m][0], rope.inv_v_scale);
-        store_kv(vc + b, nv[m][1], rope.inv_v_scale);
-        store_kv(tile_element<L, CacheT>(sm.k[st], key_row, a, false), y0, rope.inv_k_scale);
-        store_kv(tile_element<L, CacheT>(sm.k[st], key_row, b, false), y1, rope.inv_k_scale);
-        store_kv(tile_element<L, CacheT>(sm.v[st], key_row, a, true), nv[m][0], rope.inv_v_scale);
-        store_kv(tile_element<L, CacheT>(sm.v[st], key_row, b, true), nv[m][1], rope.inv_v_scale);
+    if (key_row >= 0 && it == n_tiles - 1) {  // the newest key (RopeIn) over the row the copy brought
+      for (int e = lane; e < HD; e += kWarp) {
+        store_kv(tile_element<L, CacheT>(sm.k[st], key_row, e, false), new_kv[e], rope.inv_k_scale);
+        store_kv(tile_element<L, CacheT>(sm.v[st], key_row, e, true), new_kv[HD + e], rope.inv_v_scale);
       }
     }
     __syncwarp();  // the warp's 16 keys of tile it, copied by its own lanes (or its TMA copies)
@@ -756,8 +750,8 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   static unsigned smem_set = 0;
   constexpr int kSmem = smem_bytes<CacheT, HD, NT>();
   constexpr int kClusterSmem = kSmem + cluster_area_bytes<HD>(kMaxClusterSplits, 8);
-  // RopeIn's table of cosines and sines, after the rest on 16 bytes.
-  constexpr int kRopeTableBytes = 16 + HD * static_cast<int>(sizeof(float));
+  // RopeIn's table of cosines and sines and the newest key and value, after the rest on 16 bytes.
+  constexpr int kRopeTableBytes = 16 + 3 * HD * static_cast<int>(sizeof(float));
   // The attribute is the largest any launch of this instance takes (the cluster form's, for one n-tile,
   // with the table).
   const cudaError_t st =
