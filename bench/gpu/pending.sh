@@ -301,4 +301,18 @@ if step 32; then
     bash "$(dirname "$0")/offline_ab.sh"
   WORKLOADS=512x1000/200 VARIANTS="on: off:INFERX_DECODE_ROPE=0" bash "$(dirname "$0")/offline_ab.sh"
 fi
+# 33. (12-07 17:20) DecodeRope reading the deferred q/k/v product (FP8 decode steps from 64 rows: the
+#    1000/1000 run's decode steps lose their RoPE kernel, ~9.6 us per layer of ~740 at 512 rows on an H100).
+#    Predicted (estimate): 1000 x 1000/1000 FP8 +0.3..+0.9% (decode steps ~72% of the run; the attention's
+#    CTAs each pay their table and the product's scales). Tests first, then the run on / off / on.
+if step 33; then
+  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_backend" --gtest_color=no \
+    --gtest_filter='CudaAttentionTest.*:DecodeSplitPlan.*' >"$OUT/attention_tests.log" 2>&1
+  echo "attention tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_tests.log" | tr '\n' ' ')"
+  grep -E "Failure|Which is|byte|seed " "$OUT/attention_tests.log" | head -20
+  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_engine" --gtest_color=no >"$OUT/engine_tests.log" 2>&1
+  echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED" "$OUT/engine_tests.log" | head
+  WORKLOADS=1000x1000/1000 VARIANTS="on: off:INFERX_DECODE_ROPE=0 on2:" bash "$(dirname "$0")/offline_ab.sh"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err

@@ -28,6 +28,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_quant.h"
 #include "backend/rope.h"
 #include "core/half.h"
 #include "cuda_test_util.h"
@@ -516,6 +517,124 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
     gpu.set_attention_kernel(CudaAttentionKernel::Auto);
   }
   EXPECT_GT(cuda::decode_rope_launches(), before);
+}
+
+// The same from a deferred q/k/v product (cuda::DecodeRope::product: the FP8 projection's BF16 sums with
+// per-row activation scales, per-channel or per-tensor weight scales and a bias, never written as F32), at
+// the kernels' level: the RoPE kernel reading the product then the decode kernel, against the decode kernel
+// alone - the same cache bytes and outputs to the bit. Decode batches of 3 and 70 tokens (the product is
+// deferred from 64 rows in the engine).
+TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  // Buffers of one comparison (freed with it; the fixture's upload keeps its buffers to the test's end).
+  std::vector<std::unique_ptr<DeviceBuffer>> local;
+  const auto dev = [&](const auto& host) {
+    const size_t n = host.size() * sizeof(host[0]);
+    local.push_back(backend_->allocate(std::max<size_t>(n, 4)));
+    backend_->copy_to_device(local.back()->data(), host.data(), n);
+    return local.back()->data();
+  };
+  const auto bytes_of = [&](const void* p, size_t n) {
+    std::vector<uint8_t> h(n);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    backend_->copy_to_host(h.data(), p, n);
+    return h;
+  };
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const float ks = dt == DType::F8_E4M3 ? 0.05f : 1.0f, vs = dt == DType::F8_E4M3 ? 0.5f : 1.0f;
+    backend(dt, ks, vs);
+    for (const Case& c0 : {Case{32, 8, 128, 0, 16, {}, {}}, Case{8, 8, 64, 100, 32, {}, {}},
+                           Case{16, 2, 128, 0, 32, {}, {}}}) {
+      for (int tokens : {3, 70}) {
+        Case c = c0;
+        std::uniform_int_distribution<int32_t> ctx(0, tokens > 8 ? 300 : 1100);
+        for (int i = 0; i < tokens; ++i) c.start.push_back(ctx(rng_)), c.count.push_back(1);
+        SCOPED_TRACE(describe(c, dt));
+        const Layout d = make_layout(c, rng_);
+        const Cache base = random_cache(*this, c, d, dt, ks, vs, rng_);
+        const size_t bytes = base.layer.k.nbytes();
+        const int64_t T = tokens, n = (c.hq + 2 * c.hkv) * c.hd;
+        std::vector<uint16_t> sums(static_cast<size_t>(T * n));
+        for (uint16_t& x : sums) x = f32_to_bf16(uniform(1, rng_, -60.0f, 60.0f)[0]);
+        const auto x_scale = uniform(static_cast<size_t>(T), rng_, 0.01f, 0.03f);
+        const auto w_scale = uniform(static_cast<size_t>(n), rng_, 0.5f, 1.5f);
+        const auto bias = uniform(static_cast<size_t>(n), rng_, -0.5f, 0.5f);
+        const BatchView b = view(d);
+        const cuda::BatchArgs args{b.num_tokens, b.num_seqs,     b.positions,         b.query_start,
+                                   b.seq_lens,   b.block_tables, b.max_blocks_per_seq};
+        for (bool per_channel : {true, false}) {
+          for (RopeLayout layout : {RopeLayout::NeoX, RopeLayout::Interleaved}) {
+            for (int splits : {1, 5}) {
+              SCOPED_TRACE(::testing::Message()
+                           << "per channel " << per_channel << " interleaved "
+                           << (layout == RopeLayout::Interleaved) << " splits " << splits);
+              const std::vector<float> inv = rope_inverse_frequencies(c.hd, 500000.0f, {});
+              local.clear();
+              cuda::Fp8Epilogue e;
+              e.acc = dev(sums);
+              e.acc_bf16 = true;
+              e.t = T;
+              e.n = n;
+              e.x_scale = static_cast<const float*>(dev(x_scale));
+              e.w_scale = static_cast<const float*>(dev(per_channel ? w_scale : std::vector<float>{0.7f}));
+              e.per_channel = per_channel;
+              e.bias = per_channel ? static_cast<const float*>(dev(bias)) : nullptr;
+              e.num_outs = 3;
+              std::vector<uint8_t> k_bytes[2], v_bytes[2], outs[2];
+              for (int fused : {0, 1}) {
+                void* kc = dev(bytes_of(base.layer.k.data, bytes));
+                void* vc = dev(bytes_of(base.layer.v.data, bytes));
+                auto* q = static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hq * c.hd))));
+                auto* k = static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hkv * c.hd))));
+                auto* v = static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hkv * c.hd))));
+                auto* out =
+                    static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hq * c.hd))));
+                e.out[0] = q, e.out[1] = k, e.out[2] = v;
+                const cuda::PagedKv kv{kc, vc, dt, d.num_blocks, c.bs, ks, vs};
+                const cuda::DecodeSplitPlan plan{splits, 1};
+                const size_t scratch = cuda::decode_attention_scratch_bytes(T, c.hq, c.hd, splits);
+                void* partials = scratch ? dev(std::vector<uint8_t>(scratch)) : nullptr;
+                auto* counters = static_cast<int*>(dev(
+                    std::vector<int>(static_cast<size_t>(cuda::decode_attention_counters(T, c.hq, c.hkv)))));
+                const float scale = 1.0f / std::sqrt(float(c.hd));
+                if (fused) {
+                  cuda::DecodeRope r;
+                  r.k = k;
+                  r.v = v;
+                  r.interleaved = layout == RopeLayout::Interleaved;
+                  std::copy(inv.begin(), inv.end(), r.inv_freq);
+                  r.product = &e;
+                  ASSERT_TRUE(cuda::decode_attention_takes_rope(kv, c.hq, c.hkv, c.hd, q, out, nullptr));
+                  ASSERT_EQ(cuda::launch_decode_attention(q, kv, args, c.hq, c.hkv, c.hd, scale, c.window,
+                                                          plan, partials, counters, out, nullptr, stream, &r),
+                            cudaSuccess);
+                } else {
+                  cuda::RopeFrequencies f{};
+                  std::copy(inv.begin(), inv.end(), f.inv_freq);
+                  ASSERT_EQ(
+                      cuda::launch_rope_write_kv(q, k, v, c.hq, c.hkv, c.hd,
+                                                 layout == RopeLayout::Interleaved, f, args, kv, stream, &e),
+                      cudaSuccess);
+                  ASSERT_EQ(cuda::launch_decode_attention(q, kv, args, c.hq, c.hkv, c.hd, scale, c.window,
+                                                          plan, partials, counters, out, nullptr, stream),
+                            cudaSuccess);
+                }
+                k_bytes[fused] = bytes_of(kc, bytes);
+                v_bytes[fused] = bytes_of(vc, bytes);
+                outs[fused] = bytes_of(out, static_cast<size_t>(T * c.hq * c.hd) * 4);
+              }
+              EXPECT_EQ(first_difference(k_bytes[0], k_bytes[1]), -1) << "k cache byte";
+              EXPECT_EQ(first_difference(v_bytes[0], v_bytes[1]), -1) << "v cache byte";
+              EXPECT_EQ(first_difference(outs[0], outs[1]), -1) << "output byte";
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // The split plan (host arithmetic, no GPU needed) on the H200's 132 SMs, Llama-3-8B heads: what the

@@ -493,16 +493,21 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   if (product) qgemm_->drop_pending();  // taken (the launch copied it)
 }
 
-// One-token steps whose queries, keys and values are F32 tensors (no deferred q/k/v product: from 64 rows
-// the RoPE kernel reads that product's sums itself, cuda_backend_gemv.cpp) run RoPE and the cache write in
-// the decode attention kernel (cuda::DecodeRope: one kernel boundary fewer per layer); the rest as the two
-// calls.
+// One-token steps run RoPE and the cache write in the decode attention kernel (cuda::DecodeRope: one kernel
+// boundary fewer per layer), reading q / k / v from their F32 tensors or from the deferred q/k/v product of
+// the projection just before (from 64 rows: its BF16 sums, cuda_backend_gemv.cpp, as rope_and_write_kv
+// does); the rest as the two calls.
 void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
                                  const RopeParams& rope, KvCacheLayer& cache, const AttentionParams& p,
                                  Tensor& out) {
   const auto f32_here = [](const Tensor& t) { return t.device == Device::CUDA && t.dtype == DType::F32; };
+  const cuda::Fp8Epilogue* product = qgemm_->pending();
+  const bool product_is_qkv =
+      product && product->num_outs == 3 && product->out[0] == q.data && product->out[1] == k.data &&
+      product->out[2] == v.data &&
+      cuda::rope_takes_product(*product, p.num_heads, p.num_kv_heads, p.head_dim, q.rows());
   const bool candidate =
-      batch.num_tokens > 0 && batch.max_query_len == 1 && qgemm_->pending() == nullptr &&
+      batch.num_tokens > 0 && batch.max_query_len == 1 && (product == nullptr || product_is_qkv) &&
       (attention_kernel_ == CudaAttentionKernel::Auto || attention_kernel_ == CudaAttentionKernel::Decode) &&
       !(options_.timing_skip & (kTimingSkipRope | kTimingSkipAttention)) && rope.head_dim == p.head_dim &&
       p.head_dim / 2 <= cuda::kDecodeRopeMaxPairs && f32_here(q) && f32_here(k) && f32_here(v) &&
@@ -531,9 +536,11 @@ void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Ba
   INFERX_CHECK(inv.size() <= std::size(r.inv_freq), "cuda backend: {} rope frequencies for head_dim {}",
                inv.size(), p.head_dim);
   std::memcpy(r.inv_freq, inv.data(), inv.size() * sizeof(float));
+  r.product = product;
   // The kernel also writes out's BF16 copy, which the o projection's GEMV / GEMM then reads directly.
   void* out_bf16 = bf16_copy_for(out);
   run_decode_attention(q, paged(cache, options_), batch_args(batch), p, out, out_bf16, &r);
+  if (product) qgemm_->drop_pending();  // taken (the launch copied it)
 }
 
 // The split-KV decode kernel over args' tokens (one query each); out_bf16 may be null; rope: the RoPE and

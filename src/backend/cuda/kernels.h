@@ -151,6 +151,9 @@ struct DecodeRope {
   const float* v = nullptr;                  // [T, hkv * hd] F32
   int interleaved = 0;                       // pairs (2i, 2i + 1); else NeoX (i, i + hd / 2)
   float inv_freq[kDecodeRopeMaxPairs] = {};  // backend/rope.h values (the RoPE kernels' RopeFrequencies)
+  // The deferred q/k/v product (launch_rope_write_kv's product, which rope_takes_product accepts; copied at
+  // the launch): its W8A8 values are read instead of q, k and v, which then were never written.
+  const Fp8Epilogue* product = nullptr;
 };
 // Whether launch_decode_attention takes a DecodeRope for this launch: the v3 kernel (power-of-two blocks,
 // aligned buffers), groups of at most 16 query heads (one CTA per kv head and split writes its key), and the

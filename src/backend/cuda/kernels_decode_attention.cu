@@ -763,7 +763,8 @@ cudaError_t launch_decode_attention(const float* q, const PagedKv& cache, const 
   if (!decode_attention_supported(cache, hd) || splits < 1 || splits > kDecodeMaxSplits ||
       plan.min_tiles < 1 || (splits > 1 && (scratch == nullptr || counters == nullptr)) ||
       (rope && (rope->k == nullptr || rope->v == nullptr ||
-                !decode_attention_takes_rope(cache, hq, hkv, hd, q, out, out_bf16))))
+                !decode_attention_takes_rope(cache, hq, hkv, hd, q, out, out_bf16) ||
+                (rope->product && !rope_takes_product(*rope->product, hq, hkv, hd, batch.num_tokens)))))
     return cudaErrorInvalidValue;  // the caller checks these first
   const int iq = static_cast<int>(hq), ikv = static_cast<int>(hkv);
   if (v3_takes(cache, q, out, out_bf16))

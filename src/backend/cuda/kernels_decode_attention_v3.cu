@@ -38,6 +38,8 @@
 #include "backend/cuda/decode_attention_epilogue.cuh"
 #include "backend/cuda/decode_attention_stamps.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels_quant.h"
+#include "backend/cuda/quant_codes.cuh"
 #include "backend/cuda/rope_math.cuh"
 #include "backend/cuda/tensor_map.h"
 
@@ -232,7 +234,8 @@ struct TmaMaps {
 // launcher adds: the cache's inverse scales (FP8: the codes launch_rope_write_kv stores) and where the
 // angles' cosines and sines go in dynamic shared memory (after the tiles and the cluster form's merge area).
 struct RopeIn {
-  DecodeRope r;
+  DecodeRope r;         // r.product: host pointer, not read on the device
+  Fp8Epilogue product;  // *r.product (acc null: none)
   float inv_k_scale, inv_v_scale;
   int table_smem;  // byte offset (a multiple of 16) of cos[HD / 2], sin[HD / 2], then the newest key[HD],
                    // value[HD]
@@ -357,6 +360,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   // tiles: with the values in registers the BF16-cache kernel took 165 registers instead of 155 and the
   // next GEMV's early CTAs lost room beside it - H100 timeline, 12-07 16:45: o +0.9 us per layer).
   const bool roped = rope.r.k != nullptr;
+  // Value c of the token's q/k/v row as the product's split epilogue would have written it (RopeIn::product).
+  const auto product_value = [&](int64_t c) {
+    const Fp8Epilogue& d = rope.product;
+    return w8a8_value(d, to_float(static_cast<const __nv_bfloat16*>(d.acc)[t * d.n + c]), d.x_scale[t], c);
+  };
+  const bool from_product = roped && rope.product.acc != nullptr;
   int64_t key_slot = -1;
   int key_row = -1;  // the newest key's row in the last tile, where this warp holds it (-1: not this warp)
   const float* rope_cos = nullptr;
@@ -420,11 +429,15 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
     const int64_t src = (static_cast<int64_t>(t) * hkv + kvh) * HD;
     CacheT* kc = const_cast<CacheT*>(k_cache) + key_slot + kvh * HD;
     CacheT* vc = const_cast<CacheT*>(v_cache) + key_slot + kvh * HD;
+    const int64_t kc0 = static_cast<int64_t>(hq + kvh) * HD, vc0 = static_cast<int64_t>(hq + hkv + kvh) * HD;
     for (int i = lane; i < HD / 2; i += kWarp) {
       const int a = rope_pair_a(rope.r.interleaved, i), b = rope_pair_b(rope.r.interleaved, i, HD);
       float y0, y1;
-      rope_rotate(rope.r.k[src + a], rope.r.k[src + b], rope_cos[i], rope_sin[i], y0, y1);
-      const float v0 = rope.r.v[src + a], v1 = rope.r.v[src + b];
+      const float k0 = from_product ? product_value(kc0 + a) : rope.r.k[src + a];
+      const float k1 = from_product ? product_value(kc0 + b) : rope.r.k[src + b];
+      rope_rotate(k0, k1, rope_cos[i], rope_sin[i], y0, y1);
+      const float v0 = from_product ? product_value(vc0 + a) : rope.r.v[src + a];
+      const float v1 = from_product ? product_value(vc0 + b) : rope.r.v[src + b];
       store_kv(kc + a, y0, rope.inv_k_scale);
       store_kv(kc + b, y1, rope.inv_k_scale);
       store_kv(vc + a, v0, rope.inv_v_scale);
@@ -442,6 +455,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   uint32_t qb[2][NT][HD / 16][2];
   const float* qh = q + (static_cast<int64_t>(t) * hq + h0) * HD;  // head r at qh + r * HD
   const auto load_chunk = [&](int r, int c, float(&x)[8]) {
+    if (from_product) {
+      const int64_t c0 = static_cast<int64_t>(h0 + r) * HD + 32 * c + 8 * tq;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = product_value(c0 + j);
+      return;
+    }
     const float4* qp = reinterpret_cast<const float4*>(qh + r * HD + 32 * c + 8 * tq);
     const float4 a = __ldg(qp), b = __ldg(qp + 1);
     x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
@@ -785,6 +804,7 @@ cudaError_t launch_typed(const float* q, const PagedKv& cache, const BatchArgs& 
   if (rope) {
     g_rope_launches.fetch_add(1, std::memory_order_relaxed);
     rope_in.r = *rope;
+    if (rope->product) rope_in.product = *rope->product;
     rope_in.inv_k_scale = fp8 ? 1.0f / cache.k_scale : 1.0f;
     rope_in.inv_v_scale = fp8 ? 1.0f / cache.v_scale : 1.0f;
     rope_in.table_smem = (smem + 15) / 16 * 16;  // the cluster form's merge area may end off 16 bytes
