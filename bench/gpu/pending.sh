@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# 16:10-16:50 on 12-07 (H100s): step 1 passed on the review build (the first item below is done); RoPE inside
+# 16:10-16:35 on 12-07 (H100s): step 1 passed on the review build (the first item below is done); RoPE inside
 # the decode attention (steps 31-32) measured and made the default. Still owed, on an H200 only:
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 31 28 29" bash bench/gpu/pending.sh, then STEPS=6.
 # What is still owed to a GPU run (state of 2026-12-07 11:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
@@ -275,7 +275,7 @@ fi
 #    -0.2%, bf16 -0.3%, int4:lm_head -0.9%, and its test hit a misaligned shared address. Second form (now):
 #    angles tabled in shared memory before the wait, queries rotated in registers, the newest key written
 #    over the landed tile's row (no copy waits on it); 2b (the default, a3c72bd): the new key staged in shared
-#    memory. Measured H100 16:50: fp8:lm_head -0.4%, bf16 -0.55%, int4:lm_head -1.1%; tests pass. Owed on an
+#    memory. Measured H100 16:33: fp8:lm_head -0.4%, bf16 -0.55%, int4:lm_head -1.1%; tests pass. Owed on an
 #    H200: this step (with QUANTS31 as wanted) after step 17.
 if step 31; then
   INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_backend" --gtest_color=no \
@@ -304,7 +304,8 @@ fi
 # 33. (12-07 17:20) DecodeRope reading the deferred q/k/v product (FP8 decode steps from 64 rows: the
 #    1000/1000 run's decode steps lose their RoPE kernel, ~9.6 us per layer of ~740 at 512 rows on an H100).
 #    Predicted (estimate): 1000 x 1000/1000 FP8 +0.3..+0.9% (decode steps ~72% of the run; the attention's
-#    CTAs each pay their table and the product's scales). Tests first, then the run on / off / on.
+#    CTAs each pay their table and the product's scales). Off by default (INFERX_DECODE_ROPE_PRODUCT=1 turns
+#    it on) until this step has run: tests first, the engine tests with it on, then the run on / off / on.
 if step 33; then
   INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_backend" --gtest_color=no \
     --gtest_filter='CudaAttentionTest.*:DecodeSplitPlan.*' >"$OUT/attention_tests.log" 2>&1
@@ -313,6 +314,10 @@ if step 33; then
   INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_engine" --gtest_color=no >"$OUT/engine_tests.log" 2>&1
   echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED" "$OUT/engine_tests.log" | head
-  WORKLOADS=1000x1000/1000 VARIANTS="on: off:INFERX_DECODE_ROPE=0 on2:" bash "$(dirname "$0")/offline_ab.sh"
+  INFERX_DECODE_ROPE_PRODUCT=1 INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_engine" --gtest_color=no \
+    >"$OUT/engine_tests_product.log" 2>&1
+  echo "test_cuda_engine with the product: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_tests_product.log" | tr '\n' ' ')"
+  WORKLOADS=1000x1000/1000 VARIANTS="on:INFERX_DECODE_ROPE_PRODUCT=1 off: on2:INFERX_DECODE_ROPE_PRODUCT=1" \
+    bash "$(dirname "$0")/offline_ab.sh"
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err

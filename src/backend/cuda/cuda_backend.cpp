@@ -496,15 +496,15 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
 // One-token steps run RoPE and the cache write in the decode attention kernel (cuda::DecodeRope: one kernel
 // boundary fewer per layer), reading q / k / v from their F32 tensors or from the deferred q/k/v product of
 // the projection just before (from 64 rows: its BF16 sums, cuda_backend_gemv.cpp, as rope_and_write_kv
-// does); the rest as the two calls.
+// does; where cuda::decode_rope_product says so); the rest as the two calls.
 void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
                                  const RopeParams& rope, KvCacheLayer& cache, const AttentionParams& p,
                                  Tensor& out) {
   const auto f32_here = [](const Tensor& t) { return t.device == Device::CUDA && t.dtype == DType::F32; };
   const cuda::Fp8Epilogue* product = qgemm_->pending();
   const bool product_is_qkv =
-      product && product->num_outs == 3 && product->out[0] == q.data && product->out[1] == k.data &&
-      product->out[2] == v.data &&
+      product && cuda::decode_rope_product() && product->num_outs == 3 && product->out[0] == q.data &&
+      product->out[1] == k.data && product->out[2] == v.data &&
       cuda::rope_takes_product(*product, p.num_heads, p.num_kv_heads, p.head_dim, q.rows());
   const bool candidate =
       batch.num_tokens > 0 && batch.max_query_len == 1 && (product == nullptr || product_is_qkv) &&

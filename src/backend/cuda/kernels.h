@@ -164,6 +164,12 @@ bool decode_attention_takes_rope(const PagedKv& cache, int64_t hq, int64_t hkv, 
 // environment); the count of launches that took a DecodeRope, for tests.
 bool decode_rope_fused();
 void set_decode_rope_fused(int mode);
+// Whether the backend hands the decode kernel a deferred q/k/v product (DecodeRope::product; FP8 decode
+// steps from 64 rows): INFERX_DECODE_ROPE_PRODUCT=0|1 (read once; default 0 until a GPU run has measured it:
+// built 2026-12-07 17:20, no device came), set_... for tests (1 on, 0 off, -1 the environment). Off: those
+// steps keep the RoPE kernel reading the product.
+bool decode_rope_product();
+void set_decode_rope_product(int mode);
 uint64_t decode_rope_launches();
 // out [tokens, hq * hd] F32; out_bf16 (may be null) receives the same values rounded to BF16. rope (may be
 // null): DecodeRope above (cudaErrorInvalidValue where decode_attention_takes_rope is false).

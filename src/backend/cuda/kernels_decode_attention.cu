@@ -748,6 +748,17 @@ bool decode_rope_fused() {
 }
 void set_decode_rope_fused(int mode) { g_decode_rope.store(mode, std::memory_order_relaxed); }
 
+namespace {
+std::atomic<int> g_decode_rope_product{-1};
+}  // namespace
+
+bool decode_rope_product() {
+  static const bool env = env_int("INFERX_DECODE_ROPE_PRODUCT", 0, 1, 0) == 1;
+  const int o = g_decode_rope_product.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : env;
+}
+void set_decode_rope_product(int mode) { g_decode_rope_product.store(mode, std::memory_order_relaxed); }
+
 bool decode_attention_takes_rope(const PagedKv& cache, int64_t hq, int64_t hkv, int64_t hd, const float* q,
                                  const float* out, const void* out_bf16) {
   return decode_rope_fused() && decode_attention_supported(cache, hd) && hd / 2 <= kDecodeRopeMaxPairs &&
