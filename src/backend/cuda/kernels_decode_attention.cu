@@ -753,7 +753,7 @@ std::atomic<int> g_decode_rope_product{-1};
 }  // namespace
 
 bool decode_rope_product() {
-  static const bool env = env_int("INFERX_DECODE_ROPE_PRODUCT", 0, 1, 0) == 1;
+  static const bool env = env_int("INFERX_DECODE_ROPE_PRODUCT", 0, 1, 1) == 1;
   const int o = g_decode_rope_product.load(std::memory_order_relaxed);
   return o >= 0 ? o == 1 : env;
 }
