@@ -356,9 +356,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
   // -1 where the engine never writes it) and its row in the last tile. After the wait every lane rotates its
   // own query values in registers, and the warp whose rows hold the newest key rotates it, writes it and its
   // value into the cache and into shared memory, from where they go into the landed tile in place of the
-  // stale row the copy brought (so that no copy waits on the write, and no registers hold them through the
-  // tiles: with the values in registers the BF16-cache kernel took 165 registers instead of 155 and the
-  // next GEMV's early CTAs lost room beside it - H100 timeline, 12-07 16:45: o +0.9 us per layer).
+  // stale row the copy brought (so that no copy waits on the write; shared memory rather than registers
+  // through the tiles: held in registers the new key took the BF16-cache kernel from 155 to 165 registers).
+  // Measured (H100, 2026-12-07): -0.95 us per decode layer at batch 1 (docs/architecture.md).
   const bool roped = rope.r.k != nullptr;
   // Value c of the token's q/k/v row as the product's split epilogue would have written it (RopeIn::product).
   const auto product_value = [&](int64_t c) {
