@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -53,20 +56,42 @@ int64_t parse_date(const std::string& s) {
   return days * 86400;
 }
 
+using JsonMembers = std::vector<nlohmann::ordered_json::object_t::value_type>;  // ordered_map's base
+
+// dst[key] = value for every member of src (a JSON object), in src's order after dst's own keys - as
+// ordered_json's operator[] would, without its linear search per key (a --extra file of 200k keys took
+// minutes that way).
+void merge_object(nlohmann::ordered_json& dst, const nlohmann::ordered_json& src) {
+  JsonMembers& members = dst.get_ref<nlohmann::ordered_json::object_t&>();
+  std::unordered_map<std::string, size_t> at;
+  at.reserve(members.size() + src.size());
+  for (size_t i = 0; i < members.size(); ++i) at.emplace(members[i].first, i);
+  for (auto it = src.begin(); it != src.end(); ++it) {
+    const auto [pos, added] = at.try_emplace(it.key(), members.size());
+    if (added)
+      members.emplace_back(it.key(), it.value());
+    else
+      members[pos->second].second = it.value();
+  }
+}
+
 void run_chat_template(const ChatTemplateArgs& a) {
   ChatTemplateInputs in;
   nlohmann::ordered_json msgs = read_json(a.messages, "--messages");
   if (msgs.is_object()) {  // {"messages": [...], "tools": [...], ...extra variables}
     INFERX_CHECK(msgs.contains("messages"), "--messages: {} is an object without a \"messages\" array",
                  a.messages);
+    nlohmann::ordered_json rest = nlohmann::ordered_json::object();
     for (auto it = msgs.begin(); it != msgs.end(); ++it) {
       if (it.key() == "messages")
         in.messages = it.value();
       else if (it.key() == "tools")
         in.tools = it.value();
       else
-        in.extra[it.key()] = it.value();
+        static_cast<JsonMembers&>(rest.get_ref<nlohmann::ordered_json::object_t&>())
+            .emplace_back(it.key(), it.value());  // the keys of one parsed object: unique
     }
+    merge_object(in.extra, rest);
   } else {
     in.messages = std::move(msgs);
   }
@@ -75,7 +100,7 @@ void run_chat_template(const ChatTemplateArgs& a) {
   if (!a.extra.empty()) {
     nlohmann::ordered_json extra = read_json(a.extra, "--extra");
     INFERX_CHECK(extra.is_object(), "--extra: {} must hold a JSON object", a.extra);
-    for (auto it = extra.begin(); it != extra.end(); ++it) in.extra[it.key()] = it.value();
+    merge_object(in.extra, extra);
   }
   in.add_generation_prompt = a.add_generation_prompt;
   if (!a.date.empty()) in.now_unix = parse_date(a.date);

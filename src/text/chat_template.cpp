@@ -60,16 +60,20 @@ std::string ChatTemplate::render(const ChatTemplateInputs& in) const {
   vars.emplace_back("add_generation_prompt", Value(in.add_generation_prompt));
   vars.emplace_back("bos_token", Value(in.bos_token));
   vars.emplace_back("eos_token", Value(in.eos_token));
+  // Extra variables replace the fixed ones above of the same name; their own keys are unique (one JSON
+  // object), so each is compared with the fixed names only (not with every extra before it: quadratic in a
+  // caller's thousands of variables).
+  const size_t fixed = vars.size();
   if (in.extra.is_object())
     for (auto it = in.extra.begin(); it != in.extra.end(); ++it) {
       Value v = Value::from_json(it.value());
       bool replaced = false;
-      for (auto& [k, old] : vars)
-        if (k == it.key()) {
-          old = v;
+      for (size_t i = 0; i < fixed; ++i)
+        if (vars[i].first == it.key()) {
+          vars[i].second = v;
           replaced = true;
         }
-      if (!replaced) vars.emplace_back(it.key(), v);
+      if (!replaced) vars.emplace_back(it.key(), std::move(v));
     }
   jinja::RenderOptions opt;
   opt.now_unix = in.now_unix;

@@ -10,19 +10,38 @@
 namespace inferx::jinja {
 
 const Value* Evaluator::Scope::find(const std::string& name) const {
-  for (const Scope* s = this; s != nullptr; s = s->parent)
+  for (const Scope* s = this; s != nullptr; s = s->parent) {
+    if (!s->index.empty()) {
+      const auto it = s->index.find(name);
+      if (it != s->index.end()) return &s->vars[it->second].second;
+      continue;
+    }
     for (const auto& [k, v] : s->vars)
       if (k == name) return &v;
+  }
   return nullptr;
 }
 
 void Evaluator::Scope::set(const std::string& name, Value v) {
+  if (!index.empty()) {
+    const auto [it, added] = index.try_emplace(name, vars.size());
+    if (!added) {
+      vars[it->second].second = std::move(v);
+      return;
+    }
+    vars.emplace_back(name, std::move(v));
+    return;
+  }
   for (auto& [k, old] : vars)
     if (k == name) {
       old = std::move(v);
       return;
     }
   vars.emplace_back(name, std::move(v));
+  if (vars.size() >= kIndexFrom) {
+    index.reserve(vars.size() * 2);
+    for (size_t i = 0; i < vars.size(); ++i) index.emplace(vars[i].first, i);
+  }
 }
 
 Evaluator::Evaluator(const Node& root, std::string name, RenderOptions options)

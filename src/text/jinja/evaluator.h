@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <ctime>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,9 +51,15 @@ class Evaluator {
   void check_size(size_t bytes) const;
 
  private:
+  // A frame's variables in the order they were set. Frames are small (a loop's `loop`, a macro's arguments),
+  // so names are searched linearly, until a frame holds kIndexFrom of them (a root scope given thousands of
+  // variables by a caller, e.g. `inferx chat-template --extra`): then through `index` as well, so that
+  // setting n variables is not quadratic. Add variables with set() only.
   struct Scope {
+    static constexpr size_t kIndexFrom = 32;
     std::vector<std::pair<std::string, Value>> vars;
     Scope* parent = nullptr;
+    std::unordered_map<std::string, size_t> index = {};  // name -> position in vars (empty below kIndexFrom)
     const Value* find(const std::string& name) const;
     void set(const std::string& name, Value v);
   };

@@ -4,6 +4,8 @@
 // Expected outputs: Python jinja2 3.1.6 (see jinja_test_util.h).
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "jinja_test_util.h"
 
 namespace inferx {
@@ -89,3 +91,22 @@ TEST(JinjaStatements, CyclesAreFreedAfterTheRender) {
 
 }  // namespace
 }  // namespace inferx
+
+// Thousands of caller variables (a root scope past Scope::kIndexFrom names, searched through its index):
+// every one readable, assignable at the root, shadowed and restored by a loop's scope, and a fixed variable
+// (bos_token) replaced by an extra one of the same name.
+TEST(JinjaStatements, ManyVariablesKeepJinjaScoping) {
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  for (int i = 0; i < 5000; ++i) {
+    std::string name = "k";  // (not "k" + to_string: GCC 12 -O3 warns spuriously on that operator+)
+    name += std::to_string(i);
+    vars[name] = i;
+  }
+  vars["bos_token"] = "<B>";
+  const std::string out = inferx::jinja_test::render(
+      "{{ k0 }},{{ k4999 }},{{ bos_token }}|{% set k7 = 'new' %}{{ k7 }}|"
+      "{% for i in range(2) %}{% set k1 = 'inner' %}{{ k1 }}{% endfor %}|{{ k1 }}|{{ k2 + k3 }}|"
+      "{% set fresh = 'f' %}{{ fresh }}{{ undefined_name is defined }}",
+      vars);
+  EXPECT_EQ(out, "0,4999,<B>|new|innerinner|1|5|fFalse");
+}
