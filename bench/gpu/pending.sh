@@ -3,6 +3,9 @@
 # the decode attention (steps 31-33, also from the deferred q/k/v product) measured and made the default.
 # Still owed, on an H200 only (the 1000/1000 FP8 record first):
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 31 28 29" bash bench/gpu/pending.sh, then STEPS=6.
+# On any card first (12-07 18:00 review commit, compiled and CPU-tested only, no device time left): STEPS="1 33"
+# - every GPU test, then the RoPE-in-attention tests (the cache slot now one helper, kv_cache_slot, for the
+# RoPE kernels and the attention; the 0/1 switches through EnvSwitch; the product test with NaN inputs).
 # What is still owed to a GPU run (state of 2026-12-07 11:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   any card first: STEPS=1 (every GPU test: the review commit e72c911 moved the attention stamps' host
 #   side to decode_attention_stamps.cpp and shared the merges' output store, compiled only); then on an H200
@@ -64,6 +67,16 @@ source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 STEPS=" ${STEPS:-1 2 3 4} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
+# One GPU test binary in $C (optionally filtered; under ENV=VAL settings): its summary line and first
+# failures, the whole log in $OUT/TAG.log. run_tests TAG BINARY [FILTER] [ENV=VAL ...]
+run_tests() {
+  local tag=$1 bin=$2 filter=${3:-*}
+  shift $(($# < 3 ? $# : 3))
+  env "$@" INFERX_REQUIRE_GPU=1 timeout 300 "$C/$bin" --gtest_color=no --gtest_filter="$filter" \
+    >"$OUT/$tag.log" 2>&1
+  echo "$tag: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/$tag.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED|Failure|Which is|seed ' "$OUT/$tag.log" | head -20
+}
 # 70B fp8:lm_head at batch 1, 1k context, 96 tokens (an 80 GB H100 fits it with 1 GiB of KV), once per variant
 # in decode_ab.sh's form: "name:ENV=VAL,ENV=VAL" (BIN=NAME runs $C/NAME instead of inferx).
 b1_70b() {
@@ -279,13 +292,8 @@ fi
 #    memory. Measured H100 16:33: fp8:lm_head -0.4%, bf16 -0.55%, int4:lm_head -1.1%; tests pass. Owed on an
 #    H200: this step (with QUANTS31 as wanted) after step 17.
 if step 31; then
-  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_backend" --gtest_color=no \
-    --gtest_filter='CudaAttentionTest.*:DecodeSplitPlan.*' >"$OUT/attention_tests.log" 2>&1
-  echo "attention tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_tests.log" | tr '\n' ' ')"
-  grep -E "Failure|seed|Which is|first_difference|output " "$OUT/attention_tests.log" | head -20
-  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_engine" --gtest_color=no >"$OUT/engine_tests.log" 2>&1
-  echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_tests.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED" "$OUT/engine_tests.log" | head
+  run_tests attention_tests test_cuda_backend 'CudaAttentionTest.*:DecodeSplitPlan.*'
+  run_tests engine_tests test_cuda_engine
   SKIP_ENGINE_TESTS=1 VARIANTS="on: off:INFERX_DECODE_ROPE=0 on2: off2:INFERX_DECODE_ROPE=0" \
     QUANTS="${QUANTS31:-fp8:lm_head bf16 int4:lm_head}" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
 fi
@@ -309,16 +317,9 @@ fi
 #    test_cuda_engine 55/55 off and on, 1000/1000 15,121 / 15,098 on vs 15,071 off (+0.2..+0.3%): on by
 #    default since (INFERX_DECODE_ROPE_PRODUCT=0 turns it off). Owed on an H200 with step 17.
 if step 33; then
-  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_backend" --gtest_color=no \
-    --gtest_filter='CudaAttentionTest.*:DecodeSplitPlan.*' >"$OUT/attention_tests.log" 2>&1
-  echo "attention tests: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_tests.log" | tr '\n' ' ')"
-  grep -E "Failure|Which is|byte|seed " "$OUT/attention_tests.log" | head -20
-  INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_engine" --gtest_color=no >"$OUT/engine_tests.log" 2>&1
-  echo "test_cuda_engine: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_tests.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED" "$OUT/engine_tests.log" | head
-  INFERX_DECODE_ROPE_PRODUCT=0 INFERX_REQUIRE_GPU=1 timeout 300 "$C/test_cuda_engine" --gtest_color=no \
-    >"$OUT/engine_tests_product.log" 2>&1
-  echo "test_cuda_engine without the product: rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_tests_product.log" | tr '\n' ' ')"
+  run_tests attention_tests test_cuda_backend 'CudaAttentionTest.*:DecodeSplitPlan.*'
+  run_tests engine_tests test_cuda_engine
+  run_tests engine_tests_without_product test_cuda_engine '*' INFERX_DECODE_ROPE_PRODUCT=0
   WORKLOADS=1000x1000/1000 VARIANTS="on: off:INFERX_DECODE_ROPE_PRODUCT=0 on2:" \
     bash "$(dirname "$0")/offline_ab.sh"
 fi

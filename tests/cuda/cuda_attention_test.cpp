@@ -146,6 +146,15 @@ class CudaAttentionTest : public ::testing::Test {
     backend_->copy_to_device(buffers_.back()->data(), v.data(), v.size() * sizeof(T));
     return buffers_.back()->data();
   }
+  // upload's form for buffers of one comparison: release_scoped() frees them (upload keeps its buffers to
+  // the test's end, too many for tests that compare hundreds of cache copies).
+  template <class T>
+  void* upload_scoped(const std::vector<T>& v) {
+    scoped_.push_back(backend_->allocate(std::max<size_t>(v.size() * sizeof(T), 4)));
+    backend_->copy_to_device(scoped_.back()->data(), v.data(), v.size() * sizeof(T));
+    return scoped_.back()->data();
+  }
+  void release_scoped() { scoped_.clear(); }
   template <class T>
   std::vector<T> download(const void* p, size_t n) {
     std::vector<T> v(n);
@@ -174,6 +183,7 @@ class CudaAttentionTest : public ::testing::Test {
   std::mt19937 rng_;
   std::unique_ptr<Backend> backend_;
   std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+  std::vector<std::unique_ptr<DeviceBuffer>> scoped_;
 };
 
 // A cache of random values held exactly (codes uploaded, the reference gets their values).
@@ -451,13 +461,6 @@ int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
 TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   const uint64_t before = cuda::decode_rope_launches();
-  const auto device_copy = [&](const void* src, size_t bytes) {
-    std::unique_ptr<DeviceBuffer> b = backend_->allocate(bytes);
-    std::vector<uint8_t> host(bytes);
-    backend_->copy_to_host(host.data(), src, bytes);
-    backend_->copy_to_device(b->data(), host.data(), bytes);
-    return b;
-  };
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
     CudaBackend& gpu = backend(dt, ks, vs);
@@ -466,6 +469,8 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
       const Layout d = make_layout(c, rng_);
       const Cache base = random_cache(*this, c, d, dt, ks, vs, rng_);
       const size_t bytes = base.layer.k.nbytes();
+      const auto k_codes = download<uint8_t>(base.layer.k.data, bytes);
+      const auto v_codes = download<uint8_t>(base.layer.v.data, bytes);
       const int64_t T = static_cast<int64_t>(d.positions.size());
       const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
       const auto kv = uniform(static_cast<size_t>(T * c.hkv * c.hd), rng_, -2.0f, 2.0f);
@@ -483,26 +488,20 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
           std::vector<uint8_t> k_bytes[2], v_bytes[2];
           for (int fused : {0, 1}) {
             const DecodeRopeScope scope(fused);
-            const auto kc = device_copy(base.layer.k.data, bytes), vc = device_copy(base.layer.v.data, bytes);
-            KvCacheLayer layer = base.layer;  // the same shapes over the copies
-            layer.k.data = kc->data();
-            layer.v.data = vc->data();
-            const auto qb = backend_->allocate(qv.size() * 4), kb = backend_->allocate(kv.size() * 4),
-                       vb = backend_->allocate(vv.size() * 4), ob = backend_->allocate(qv.size() * 4);
-            backend_->copy_to_device(qb->data(), qv.data(), qv.size() * 4);
-            backend_->copy_to_device(kb->data(), kv.data(), kv.size() * 4);
-            backend_->copy_to_device(vb->data(), vv.data(), vv.size() * 4);
-            const std::vector<float> nan(qv.size(), std::nanf(""));
-            backend_->copy_to_device(ob->data(), nan.data(), nan.size() * 4);
-            Tensor q(DType::F32, {T, c.hq * c.hd}, qb->data(), Device::CUDA);
-            Tensor k(DType::F32, {T, c.hkv * c.hd}, kb->data(), Device::CUDA);
-            Tensor v(DType::F32, {T, c.hkv * c.hd}, vb->data(), Device::CUDA);
-            Tensor out(DType::F32, {T, c.hq * c.hd}, ob->data(), Device::CUDA);
+            release_scoped();
+            KvCacheLayer layer = base.layer;  // the same shapes over copies of the same codes
+            layer.k.data = upload_scoped(k_codes);
+            layer.v.data = upload_scoped(v_codes);
+            Tensor q(DType::F32, {T, c.hq * c.hd}, upload_scoped(qv), Device::CUDA);
+            Tensor k(DType::F32, {T, c.hkv * c.hd}, upload_scoped(kv), Device::CUDA);
+            Tensor v(DType::F32, {T, c.hkv * c.hd}, upload_scoped(vv), Device::CUDA);
+            Tensor out(DType::F32, {T, c.hq * c.hd},
+                       upload_scoped(std::vector<float>(qv.size(), std::nanf(""))), Device::CUDA);
             const uint64_t launches = cuda::decode_rope_launches();
             gpu.rope_attention(q, k, v, b, rope, layer, p, out);
             outs[fused] = download<float>(out.data, qv.size());
-            k_bytes[fused] = download<uint8_t>(kc->data(), bytes);
-            v_bytes[fused] = download<uint8_t>(vc->data(), bytes);
+            k_bytes[fused] = download<uint8_t>(layer.k.data, bytes);
+            v_bytes[fused] = download<uint8_t>(layer.v.data, bytes);
             EXPECT_EQ(cuda::decode_rope_launches() - launches, fused ? 1u : 0u) << "fused " << fused;
           }
           EXPECT_EQ(first_difference(k_bytes[0], k_bytes[1]), -1) << "k cache byte";
@@ -526,22 +525,12 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
 // deferred from 64 rows in the engine).
 TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed_);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  // Buffers of one comparison (freed with it; the fixture's upload keeps its buffers to the test's end).
-  std::vector<std::unique_ptr<DeviceBuffer>> local;
-  const auto dev = [&](const auto& host) {
-    const size_t n = host.size() * sizeof(host[0]);
-    local.push_back(backend_->allocate(std::max<size_t>(n, 4)));
-    backend_->copy_to_device(local.back()->data(), host.data(), n);
-    return local.back()->data();
-  };
-  const auto bytes_of = [&](const void* p, size_t n) {
-    std::vector<uint8_t> h(n);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    backend_->copy_to_host(h.data(), p, n);
-    return h;
-  };
+  struct Stream {  // the kernels' stream, destroyed also when an assertion returns early
+    cudaStream_t s = nullptr;
+    ~Stream() { cudaStreamDestroy(s); }
+  } st;
+  ASSERT_EQ(cudaStreamCreate(&st.s), cudaSuccess);
+  const cudaStream_t stream = st.s;
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.05f : 1.0f, vs = dt == DType::F8_E4M3 ? 0.5f : 1.0f;
     backend(dt, ks, vs);
@@ -555,6 +544,8 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
         const Layout d = make_layout(c, rng_);
         const Cache base = random_cache(*this, c, d, dt, ks, vs, rng_);
         const size_t bytes = base.layer.k.nbytes();
+        const auto k_codes = download<uint8_t>(base.layer.k.data, bytes);
+        const auto v_codes = download<uint8_t>(base.layer.v.data, bytes);
         const int64_t T = tokens, n = (c.hq + 2 * c.hkv) * c.hd;
         std::vector<uint16_t> sums(static_cast<size_t>(T * n));
         for (uint16_t& x : sums) x = f32_to_bf16(uniform(1, rng_, -60.0f, 60.0f)[0]);
@@ -571,32 +562,36 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
                            << "per channel " << per_channel << " interleaved "
                            << (layout == RopeLayout::Interleaved) << " splits " << splits);
               const std::vector<float> inv = rope_inverse_frequencies(c.hd, 500000.0f, {});
-              local.clear();
+              release_scoped();
               cuda::Fp8Epilogue e;
-              e.acc = dev(sums);
+              e.acc = upload_scoped(sums);
               e.acc_bf16 = true;
               e.t = T;
               e.n = n;
-              e.x_scale = static_cast<const float*>(dev(x_scale));
-              e.w_scale = static_cast<const float*>(dev(per_channel ? w_scale : std::vector<float>{0.7f}));
+              e.x_scale = static_cast<const float*>(upload_scoped(x_scale));
+              e.w_scale =
+                  static_cast<const float*>(upload_scoped(per_channel ? w_scale : std::vector<float>{0.7f}));
               e.per_channel = per_channel;
-              e.bias = per_channel ? static_cast<const float*>(dev(bias)) : nullptr;
+              e.bias = per_channel ? static_cast<const float*>(upload_scoped(bias)) : nullptr;
               e.num_outs = 3;
-              std::vector<uint8_t> k_bytes[2], v_bytes[2], outs[2];
+              std::vector<uint8_t> k_bytes[2], v_bytes[2];
+              std::vector<float> outs[2];
+              const auto rows = [](int64_t t, int64_t heads, int64_t hd) {  // F32 rows, NaN until written
+                return std::vector<float>(static_cast<size_t>(t * heads * hd), std::nanf(""));
+              };
               for (int fused : {0, 1}) {
-                void* kc = dev(bytes_of(base.layer.k.data, bytes));
-                void* vc = dev(bytes_of(base.layer.v.data, bytes));
-                auto* q = static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hq * c.hd))));
-                auto* k = static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hkv * c.hd))));
-                auto* v = static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hkv * c.hd))));
-                auto* out =
-                    static_cast<float*>(dev(std::vector<float>(static_cast<size_t>(T * c.hq * c.hd))));
+                void* kc = upload_scoped(k_codes);
+                void* vc = upload_scoped(v_codes);
+                auto* q = static_cast<float*>(upload_scoped(rows(T, c.hq, c.hd)));
+                auto* k = static_cast<float*>(upload_scoped(rows(T, c.hkv, c.hd)));
+                auto* v = static_cast<float*>(upload_scoped(rows(T, c.hkv, c.hd)));
+                auto* out = static_cast<float*>(upload_scoped(rows(T, c.hq, c.hd)));
                 e.out[0] = q, e.out[1] = k, e.out[2] = v;
                 const cuda::PagedKv kv{kc, vc, dt, d.num_blocks, c.bs, ks, vs};
                 const cuda::DecodeSplitPlan plan{splits, 1};
                 const size_t scratch = cuda::decode_attention_scratch_bytes(T, c.hq, c.hd, splits);
-                void* partials = scratch ? dev(std::vector<uint8_t>(scratch)) : nullptr;
-                auto* counters = static_cast<int*>(dev(
+                void* partials = scratch ? upload_scoped(std::vector<uint8_t>(scratch)) : nullptr;
+                auto* counters = static_cast<int*>(upload_scoped(
                     std::vector<int>(static_cast<size_t>(cuda::decode_attention_counters(T, c.hq, c.hkv)))));
                 const float scale = 1.0f / std::sqrt(float(c.hd));
                 if (fused) {
@@ -621,20 +616,23 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
                                                           plan, partials, counters, out, nullptr, stream),
                             cudaSuccess);
                 }
-                k_bytes[fused] = bytes_of(kc, bytes);
-                v_bytes[fused] = bytes_of(vc, bytes);
-                outs[fused] = bytes_of(out, static_cast<size_t>(T * c.hq * c.hd) * 4);
+                ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+                k_bytes[fused] = download<uint8_t>(kc, bytes);
+                v_bytes[fused] = download<uint8_t>(vc, bytes);
+                outs[fused] = download<float>(out, static_cast<size_t>(T * c.hq * c.hd));
               }
               EXPECT_EQ(first_difference(k_bytes[0], k_bytes[1]), -1) << "k cache byte";
               EXPECT_EQ(first_difference(v_bytes[0], v_bytes[1]), -1) << "v cache byte";
-              EXPECT_EQ(first_difference(outs[0], outs[1]), -1) << "output byte";
+              EXPECT_EQ(first_difference(outs[0], outs[1]), -1) << "output";
+              EXPECT_TRUE(std::all_of(outs[1].begin(), outs[1].end(), [](float x) {
+                return std::isfinite(x);
+              })) << "unwritten outputs";
             }
           }
         }
       }
     }
   }
-  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // The split plan (host arithmetic, no GPU needed) on the H200's 132 SMs, Llama-3-8B heads: what the

@@ -444,13 +444,24 @@ void CudaBackend::matmul(const Tensor& x, const Linear& w, Tensor& out) {
   drop_bf16_copy_if_overlaps(out);
 }
 
-const std::vector<float>& CudaBackend::inverse_frequencies(const RopeParams& r) {
+void CudaBackend::copy_inverse_frequencies(const RopeParams& r, float* dst, size_t capacity) {
   const RopeParams& c = inv_freq_params_;
   if (inv_freq_.empty() || !(c == r)) {
     inv_freq_ = rope_inverse_frequencies(r.head_dim, r.theta, r.scaling);
     inv_freq_params_ = r;
   }
-  return inv_freq_;
+  INFERX_CHECK(inv_freq_.size() <= capacity, "cuda backend: {} rope frequencies for head_dim {} (at most {})",
+               inv_freq_.size(), r.head_dim, capacity);
+  std::memcpy(dst, inv_freq_.data(), inv_freq_.size() * sizeof(float));
+}
+
+const cuda::Fp8Epilogue* CudaBackend::pending_qkv_product(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                          int64_t hq, int64_t hkv, int64_t hd) const {
+  const cuda::Fp8Epilogue* product = qgemm_->pending();
+  return product && product->num_outs == 3 && product->out[0] == q.data && product->out[1] == k.data &&
+                 product->out[2] == v.data && cuda::rope_takes_product(*product, hq, hkv, hd, q.rows())
+             ? product
+             : nullptr;
 }
 
 void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const BatchView& batch,
@@ -471,18 +482,13 @@ void CudaBackend::rope_and_write_kv(Tensor& q, Tensor& k, const Tensor& v, const
   check_cache(cache, hkv, hd);
   check_batch(batch, q.rows());
   cuda::RopeFrequencies freqs{};
-  const std::vector<float>& inv = inverse_frequencies(rope);
-  std::memcpy(freqs.inv_freq, inv.data(), inv.size() * sizeof(float));
+  copy_inverse_frequencies(rope, freqs.inv_freq, std::size(freqs.inv_freq));
   use_device();
   drop_bf16_copy();
   // The q/k/v product deferred for this call (QuantizedGemm::norm_matmul_split's defer_split): read from its
   // BF16 sums here, so its split epilogue never runs (k and v then stay unwritten); else launched first.
-  const cuda::Fp8Epilogue* product = qgemm_->pending();
-  if (!(product && product->num_outs == 3 && product->out[0] == q.data && product->out[1] == k.data &&
-        product->out[2] == v.data && cuda::rope_takes_product(*product, hq, hkv, hd, q.rows()))) {
-    finish_deferred();
-    product = nullptr;
-  }
+  const cuda::Fp8Epilogue* product = pending_qkv_product(q, k, v, hq, hkv, hd);
+  if (!product) finish_deferred();
   if (options_.timing_skip & kTimingSkipRope) {
     finish_deferred();  // a matched product too: skipping RoPE must not skip q/k/v
     return;
@@ -501,13 +507,12 @@ void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Ba
                                  const RopeParams& rope, KvCacheLayer& cache, const AttentionParams& p,
                                  Tensor& out) {
   const auto f32_here = [](const Tensor& t) { return t.device == Device::CUDA && t.dtype == DType::F32; };
-  const cuda::Fp8Epilogue* product = qgemm_->pending();
-  const bool product_is_qkv =
-      product && cuda::decode_rope_product() && product->num_outs == 3 && product->out[0] == q.data &&
-      product->out[1] == k.data && product->out[2] == v.data &&
-      cuda::rope_takes_product(*product, p.num_heads, p.num_kv_heads, p.head_dim, q.rows());
+  // A deferred product is taken only when it is this layer's q/k/v (as rope_and_write_kv takes it).
+  const cuda::Fp8Epilogue* product =
+      cuda::decode_rope_product() ? pending_qkv_product(q, k, v, p.num_heads, p.num_kv_heads, p.head_dim)
+                                  : nullptr;
   const bool candidate =
-      batch.num_tokens > 0 && batch.max_query_len == 1 && (product == nullptr || product_is_qkv) &&
+      batch.num_tokens > 0 && batch.max_query_len == 1 && (qgemm_->pending() == nullptr || product) &&
       (attention_kernel_ == CudaAttentionKernel::Auto || attention_kernel_ == CudaAttentionKernel::Decode) &&
       !(options_.timing_skip & (kTimingSkipRope | kTimingSkipAttention)) && rope.head_dim == p.head_dim &&
       p.head_dim / 2 <= cuda::kDecodeRopeMaxPairs && f32_here(q) && f32_here(k) && f32_here(v) &&
@@ -532,10 +537,7 @@ void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Ba
   r.k = k.ptr<float>();
   r.v = v.ptr<float>();
   r.interleaved = rope.layout == RopeLayout::Interleaved ? 1 : 0;
-  const std::vector<float>& inv = inverse_frequencies(rope);
-  INFERX_CHECK(inv.size() <= std::size(r.inv_freq), "cuda backend: {} rope frequencies for head_dim {}",
-               inv.size(), p.head_dim);
-  std::memcpy(r.inv_freq, inv.data(), inv.size() * sizeof(float));
+  copy_inverse_frequencies(rope, r.inv_freq, std::size(r.inv_freq));
   r.product = product;
   // The kernel also writes out's BF16 copy, which the o projection's GEMV / GEMM then reads directly.
   void* out_bf16 = bf16_copy_for(out);

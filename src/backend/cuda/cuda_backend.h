@@ -36,6 +36,7 @@ class QuantizedGemm;
 struct PagedKv;
 struct BatchArgs;
 struct DecodeRope;
+struct Fp8Epilogue;
 struct DecodeStackParams;
 }  // namespace cuda
 
@@ -393,7 +394,13 @@ class CudaBackend final : public Backend {
   // Makes device_ current on the calling thread (the engine loop may run on another thread than the one
   // that created the backend; the current device is per thread).
   void use_device() const;
-  const std::vector<float>& inverse_frequencies(const RopeParams& rope);
+  // The RoPE inverse frequencies of `rope` (backend/rope.h, cached for the last parameters) into dst, which
+  // holds `capacity` floats.
+  void copy_inverse_frequencies(const RopeParams& rope, float* dst, size_t capacity);
+  // The deferred product (QuantizedGemm::pending) when it is the q/k/v projection whose outputs are q, k and
+  // v and the RoPE kernels can read it (cuda::rope_takes_product); else null.
+  const cuda::Fp8Epilogue* pending_qkv_product(const Tensor& q, const Tensor& k, const Tensor& v, int64_t hq,
+                                               int64_t hkv, int64_t hd) const;
 
   int device_ = 0;
   CudaBackendOptions options_;

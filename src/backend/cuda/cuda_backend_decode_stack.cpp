@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -304,8 +305,7 @@ bool CudaBackend::decode_stack(const DecodeStack& s, const BatchView& batch, con
   p.attn_scale = ap.scale;
   p.window = static_cast<int32_t>(std::min<int64_t>(ap.sliding_window, INT32_MAX));
   p.interleaved = rope.layout == RopeLayout::Interleaved ? 1 : 0;
-  const std::vector<float>& inv = inverse_frequencies(rope);
-  std::memcpy(p.inv_freq, inv.data(), inv.size() * sizeof(float));
+  copy_inverse_frequencies(rope, p.inv_freq, std::size(p.inv_freq));
   p.kv_fp8 = kv == DType::F8_E4M3 ? 1 : 0;
   p.k_scale = options_.kv_k_scale;
   p.v_scale = options_.kv_v_scale;

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <utility>
@@ -45,6 +46,31 @@ inline int env_int(const char* name, int lo, int hi, int fallback) {
   const int v = std::atoi(e);
   return v >= lo && v <= hi ? v : fallback;
 }
+
+// An on / off switch (host): the environment variable `name` (0 or 1, read once at the first use; else
+// `fallback`), unless a test set it (set: 1 on, 0 off, -1 back to the environment). Constant-initialized,
+// so a namespace-scope switch is usable from any static initializer.
+class EnvSwitch {
+ public:
+  constexpr EnvSwitch(const char* name, bool fallback) : name_(name), fallback_(fallback) {}
+  bool on() const {
+    const int o = override_.load(std::memory_order_relaxed);
+    if (o >= 0) return o == 1;
+    int e = env_.load(std::memory_order_relaxed);
+    if (e < 0) {  // racing first readers compute the same value
+      e = env_int(name_, 0, 1, fallback_ ? 1 : 0);
+      env_.store(e, std::memory_order_relaxed);
+    }
+    return e == 1;
+  }
+  void set(int mode) { override_.store(mode, std::memory_order_relaxed); }
+
+ private:
+  const char* name_;
+  bool fallback_;
+  mutable std::atomic<int> env_{-1};
+  std::atomic<int> override_{-1};
+};
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with the first n of `attributes`
 // (cudaLaunchKernelEx).

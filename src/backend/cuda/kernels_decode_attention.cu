@@ -28,7 +28,6 @@
 // seq_len - 1)], block_tables[s][j / bs] slot j % bs; a token with no visible key gets a zero output.
 #include <math_constants.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -733,7 +732,8 @@ bool decode_attention_supported(const PagedKv& cache, int64_t hd) {
 }
 
 namespace {
-std::atomic<int> g_decode_rope{-1};
+EnvSwitch g_decode_rope("INFERX_DECODE_ROPE", true);
+EnvSwitch g_decode_rope_product("INFERX_DECODE_ROPE_PRODUCT", true);
 // v3 reads Q and writes outputs with vector accesses; misaligned buffers (never from the engine) take v2/v1.
 bool v3_takes(const PagedKv& cache, const float* q, const float* out, const void* out_bf16) {
   return decode_attention_version() == 3 && pow2_blocks(cache.block_size) && is_aligned(q, 16) &&
@@ -741,23 +741,10 @@ bool v3_takes(const PagedKv& cache, const float* q, const float* out, const void
 }
 }  // namespace
 
-bool decode_rope_fused() {
-  static const bool env = env_int("INFERX_DECODE_ROPE", 0, 1, 1) == 1;
-  const int o = g_decode_rope.load(std::memory_order_relaxed);
-  return o >= 0 ? o == 1 : env;
-}
-void set_decode_rope_fused(int mode) { g_decode_rope.store(mode, std::memory_order_relaxed); }
-
-namespace {
-std::atomic<int> g_decode_rope_product{-1};
-}  // namespace
-
-bool decode_rope_product() {
-  static const bool env = env_int("INFERX_DECODE_ROPE_PRODUCT", 0, 1, 1) == 1;
-  const int o = g_decode_rope_product.load(std::memory_order_relaxed);
-  return o >= 0 ? o == 1 : env;
-}
-void set_decode_rope_product(int mode) { g_decode_rope_product.store(mode, std::memory_order_relaxed); }
+bool decode_rope_fused() { return g_decode_rope.on(); }
+void set_decode_rope_fused(int mode) { g_decode_rope.set(mode); }
+bool decode_rope_product() { return g_decode_rope_product.on(); }
+void set_decode_rope_product(int mode) { g_decode_rope_product.set(mode); }
 
 bool decode_attention_takes_rope(const PagedKv& cache, int64_t hq, int64_t hkv, int64_t hd, const float* q,
                                  const float* out, const void* out_bf16) {

@@ -52,7 +52,7 @@ constexpr int kTile = kWarps * 16;  // keys per tile: 16 per warp (the MMA's M)
 constexpr int kGroupChunk = 16;     // query heads per CTA at most (two n8 tiles)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxClusterSplits = 16;  // the cluster form's largest cluster (non-portable above 8)
-std::atomic<int> g_cluster_mode{-1};
+EnvSwitch g_cluster_mode("INFERX_DECODE_CLUSTER", true);
 std::atomic<uint64_t> g_cluster_launches{0};
 std::atomic<uint64_t> g_rope_launches{0};
 
@@ -380,14 +380,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
               &table[threadIdx.x]);
     rope_cos = table;
     rope_sin = table + HD / 2;
-    const int b = pos >> (__ffs(block_size) - 1);
-    if (split == keys.used - 1 && pos >= 0 && b < batch.max_blocks_per_seq) {
-      const int32_t block = batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + b];
-      const int row = pos - (k_begin + (n_tiles - 1) * kTile);
-      if (block >= 0 && block < num_blocks && row >= 0 && row < kTile) {
-        key_slot = (static_cast<int64_t>(block) * block_size + (pos & (block_size - 1))) * hkv * HD;
-        if (row / 16 == warp) key_row = row;
-      }
+    const int row = pos - (k_begin + (n_tiles - 1) * kTile);  // in the split's last tile
+    if (split == keys.used - 1 && row >= 0 && row < kTile) {
+      key_slot = kv_cache_slot(batch, s, pos, block_size, num_blocks, static_cast<int64_t>(hkv) * HD);
+      if (key_slot >= 0 && row / 16 == warp) key_row = row;
     }
     __syncthreads();  // the table
   }
@@ -874,23 +870,13 @@ int decode_attention_terms() {
 }
 
 namespace {
-std::atomic<int> g_lazy_rescale{-1};
+EnvSwitch g_lazy_rescale("INFERX_ATTN_LAZY_RESCALE", false);
 }  // namespace
 
-bool attention_lazy_rescale() {
-  static const bool env = env_int("INFERX_ATTN_LAZY_RESCALE", 0, 1, 0) == 1;
-  const int o = g_lazy_rescale.load(std::memory_order_relaxed);
-  return o >= 0 ? o == 1 : env;
-}
-
-void set_attention_lazy_rescale(int mode) { g_lazy_rescale.store(mode, std::memory_order_relaxed); }
-
-bool decode_attention_cluster() {
-  static const bool env = env_int("INFERX_DECODE_CLUSTER", 0, 1, 1) == 1;
-  const int o = g_cluster_mode.load(std::memory_order_relaxed);
-  return o >= 0 ? o == 1 : env;
-}
-void set_decode_attention_cluster(int mode) { g_cluster_mode.store(mode, std::memory_order_relaxed); }
+bool attention_lazy_rescale() { return g_lazy_rescale.on(); }
+void set_attention_lazy_rescale(int mode) { g_lazy_rescale.set(mode); }
+bool decode_attention_cluster() { return g_cluster_mode.on(); }
+void set_decode_attention_cluster(int mode) { g_cluster_mode.set(mode); }
 uint64_t decode_attention_cluster_launches() { return g_cluster_launches.load(std::memory_order_relaxed); }
 uint64_t decode_rope_launches() { return g_rope_launches.load(std::memory_order_relaxed); }
 

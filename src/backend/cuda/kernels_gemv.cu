@@ -304,14 +304,11 @@ const char* gemv_kernel_name(GemvKernel kernel) {
 }
 
 // The norm fusion's switch: set_gemv_norm_fusion, else INFERX_GEMV_NORM (0 / 1, default 0), read once.
-std::atomic<int> g_norm_fusion{-1};
-void set_gemv_norm_fusion(int on) { g_norm_fusion.store(on, std::memory_order_relaxed); }
+EnvSwitch g_norm_fusion("INFERX_GEMV_NORM", false);
+void set_gemv_norm_fusion(int on) { g_norm_fusion.set(on); }
 
 bool gemv_norm_fuses(DType dtype, int64_t k) {
-  static const int env = env_int("INFERX_GEMV_NORM", 0, 1, 0);
-  const int o = g_norm_fusion.load(std::memory_order_relaxed);
-  const bool enabled = (o == 0 || o == 1 ? o : env) == 1;
-  return enabled && (dtype == DType::BF16 || dtype == DType::F8_E4M3) &&
+  return g_norm_fusion.on() && (dtype == DType::BF16 || dtype == DType::F8_E4M3) &&
          kernel_for(dtype, 1) == GemvKernel::V4 && gemv_supports(dtype, k, 0);
 }
 

@@ -84,14 +84,10 @@ struct RopeKvArgs {
     return h >= hq ? k + t * kv_row() + static_cast<int64_t>(h - hq) * hd
                    : q + (static_cast<int64_t>(t) * hq + h) * hd;
   }
-  // Element offset of token t's cache slot: block_tables[seq][pos / bs], offset pos % bs. -1 for entries the
-  // engine never produces (the write is skipped rather than corrupt other blocks).
+  // Element offset of token t's cache slot (kv_cache_slot, rope_math.cuh).
   __device__ int64_t cache_slot(int t, int32_t pos) const {
-    if (pos < 0 || pos / block_size >= batch.max_blocks_per_seq) return -1;
-    const int s = find_sequence(batch.query_start, batch.num_seqs, t);
-    const int32_t block =
-        batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + pos / block_size];
-    return block >= 0 && block < num_blocks ? (block * block_size + pos % block_size) * kv_row() : -1;
+    return kv_cache_slot(batch, find_sequence(batch.query_start, batch.num_seqs, t), pos, block_size,
+                         num_blocks, kv_row());
   }
   // The rotated pair (a, b) of k head h - hq and the same elements of its v head into the slot.
   __device__ void store_pair(int64_t slot, int h, int a, int b, float y0, float y1, float v0,

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels.h"
 
 namespace inferx::cuda {
 
@@ -23,6 +24,18 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, float cs, float 
 __device__ __forceinline__ int rope_pair_a(bool interleaved, int i) { return interleaved ? 2 * i : i; }
 __device__ __forceinline__ int rope_pair_b(bool interleaved, int i, int hd) {
   return interleaved ? 2 * i + 1 : i + hd / 2;
+}
+
+// Element offset of the paged-cache slot that the key and value at position `pos` of sequence s go to:
+// block_tables[s][pos / block_size], offset pos % block_size, kv_row elements per slot. -1 for slots the
+// engine never produces (a position past the table, an invalid block): the write is skipped rather than
+// corrupt other blocks.
+__device__ __forceinline__ int64_t kv_cache_slot(const BatchArgs& batch, int s, int32_t pos,
+                                                 int64_t block_size, int64_t num_blocks, int64_t kv_row) {
+  if (pos < 0 || pos / block_size >= batch.max_blocks_per_seq) return -1;
+  const int32_t block =
+      batch.block_tables[static_cast<int64_t>(s) * batch.max_blocks_per_seq + pos / block_size];
+  return block >= 0 && block < num_blocks ? (block * block_size + pos % block_size) * kv_row : -1;
 }
 
 // One cache element: the value in the cache's type, or for FP8 (uint8_t) caches E4M3 of v * inv_scale,
