@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
-# 16:10-17:05 on 12-07 (H100s): step 1 passed on the review build (the first item below is done); RoPE inside
-# the decode attention (steps 31-33, also from the deferred q/k/v product) measured and made the default.
-# Still owed, on an H200 only (the 1000/1000 FP8 record first):
-#   tar -xzf gpu-carry-z/carry.tgz && STEPS="17 31 28 29" bash bench/gpu/pending.sh, then STEPS=6.
-# On any card first (12-07 18:00 review commit, compiled and CPU-tested only, no device time left): STEPS="1 33"
-# - every GPU test, then the RoPE-in-attention tests (the cache slot now one helper, kv_cache_slot, for the
-# RoPE kernels and the attention; the 0/1 switches through EnvSwitch; the product test with NaN inputs).
+# 18:40 on 12-07 (H100): step 1 passed on the review commit 6d697e9 (backend 75/75, qgemm 20/20, engine 55/55,
+# TP 5/5). Still owed, on an H200 only, carry ["gpu-carry-z"]:
+#   tar -xzf gpu-carry-z/carry.tgz && STEPS=40 bash bench/gpu/pending.sh (records + v4 staging, ~6.5 min),
+#   then STEPS=41 (RoPE fusion, cluster merge, 8 loads per lane), then STEPS=6 (timelines).
 # What is still owed to a GPU run (state of 2026-12-07 11:10), after bench/gpu/stage.sh, carry ["gpu-carry-z"]:
 #   any card first: STEPS=1 (every GPU test: the review commit e72c911 moved the attention stamps' host
 #   side to decode_attention_stamps.cpp and shared the merges' output store, compiled only); then on an H200
@@ -322,5 +319,30 @@ if step 33; then
   run_tests engine_tests_without_product test_cuda_engine '*' INFERX_DECODE_ROPE_PRODUCT=0
   WORKLOADS=1000x1000/1000 VARIANTS="on: off:INFERX_DECODE_ROPE_PRODUCT=0 on2:" \
     bash "$(dirname "$0")/offline_ab.sh"
+fi
+# 40. (12-07 18:45) The H200 call in one, most wanted first (a call cut short by its limit keeps what ran;
+#    ~6.5 min estimated): the 1000/1000 FP8 record (issue 6's 17.7k: 17,369 on 12-06, ~17.67k estimated since),
+#    the batch-1 records with v4's shared-memory staging at the H200 default (96 KB) and off (off won on H100s by
+#    2.2% for FP8: if it wins here too, v4_smem_kb_for_card goes), 70B FP8 the same, then the fp8:lm_head plan's
+#    1000/1000. Nothing on another card (step 1 is the test call there).
+if step 40; then
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+    WORKLOADS=1000x1000/1000 VARIANTS="fp8:" bash "$(dirname "$0")/offline_ab.sh"
+    SKIP_ENGINE_TESTS=1 VARIANTS="def: s0:INFERX_GEMV_V4_SMEM_KB=0" QUANTS="bf16 fp8:lm_head int4:lm_head" \
+      bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+    b1_70b def: s0:INFERX_GEMV_V4_SMEM_KB=0
+    QUANT_ARGS="--quantize fp8:lm_head --kv-cache-dtype fp8" WORKLOADS=1000x1000/1000 VARIANTS="fp8-lm_head:" \
+      bash "$(dirname "$0")/offline_ab.sh"
+  else
+    echo "step 40: not an H200, nothing to record"
+  fi
+fi
+# 41. (12-07 18:45) The H200's second call: RoPE inside the decode attention on / off (step 31's A/B), the
+#    cluster merge on / off, and FP8 with 8 loads per lane (more bytes in flight for the H200's larger
+#    bandwidth-latency product; lost on H100s for 8B FP8's 4 KB rows), then the attention tests.
+if step 41; then
+  SKIP_ENGINE_TESTS=1 VARIANTS="on: off:INFERX_DECODE_ROPE=0 l8:INFERX_GEMV_V4_LOADS=8 cl0:INFERX_DECODE_CLUSTER=0 on2:" \
+    QUANTS="fp8:lm_head bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
+  run_tests attention_tests test_cuda_backend 'CudaAttentionTest.*:DecodeSplitPlan.*'
 fi
 rm -f "$OUT"/*.json "$OUT"/*.err
