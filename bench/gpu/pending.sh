@@ -345,4 +345,11 @@ if step 41; then
     QUANTS="fp8:lm_head bf16" bash "$(dirname "$0")/decode_ab.sh" | grep "^decode"
   run_tests attention_tests test_cuda_backend 'CudaAttentionTest.*:DecodeSplitPlan.*'
 fi
+# 42. (12-07 19:00, any card) compute-sanitizer memcheck and racecheck on the RoPE-in-attention tests (the
+#    newest key staged in shared memory and written over the landed tile's row: never sanitized), on a quick
+#    subset of their loops (INFERX_ATTN_TEST_QUICK=1: three decode cases, two split settings).
+if step 42; then
+  INFERX_ATTN_TEST_QUICK=1 BACKEND_FILTER='CudaAttentionTest.RopeInTheDecodeKernel*' QGEMM_FILTER="" \
+    SAN_TIMEOUT=${SAN_TIMEOUT:-150} bash "$(dirname "$0")/sanitize.sh"
+fi
 rm -f "$OUT"/*.json "$OUT"/*.err

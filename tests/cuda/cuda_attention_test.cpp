@@ -302,6 +302,15 @@ void log_errors(const char* what, DType dt, int kernel, float q_amp, const Error
                 e.max_abs);
 }
 
+// INFERX_ATTN_TEST_QUICK=1 keeps a few iterations of the RoPE-in-attention tests' loops, for
+// compute-sanitizer runs (bench/gpu/sanitize.sh), where every launch is one to two orders of magnitude
+// slower: the first three decode cases of the grid (head_dim 64 and 128, with and without a window) and fewer
+// split settings.
+bool quick_subset() {
+  static const bool on = std::getenv("INFERX_ATTN_TEST_QUICK") != nullptr;
+  return on;
+}
+
 // One case's random inputs, in the order every check draws them (layout, cache, then queries uniform in
 // [-q_amp, q_amp]), with the attention parameters and the batch and queries uploaded.
 struct Inputs {
@@ -464,7 +473,11 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.02f : 1.0f, vs = dt == DType::F8_E4M3 ? 1.5f : 1.0f;
     CudaBackend& gpu = backend(dt, ks, vs);
-    for (const Case& c : cases(rng_, /*decode_only=*/true, false)) {
+    std::vector<Case> grid = cases(rng_, /*decode_only=*/true, false);
+    if (quick_subset()) grid.resize(3);
+    std::vector<std::pair<int, int>> split_forms{{0, 1}, {0, 0}, {1, 1}, {7, 1}, {7, 0}, {64, 1}};
+    if (quick_subset()) split_forms = {{0, 1}, {7, 0}};
+    for (const Case& c : grid) {
       SCOPED_TRACE(describe(c, dt));
       const Layout d = make_layout(c, rng_);
       const Cache base = random_cache(*this, c, d, dt, ks, vs, rng_);
@@ -479,7 +492,7 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
       const AttentionParams p{c.hq, c.hkv, c.hd, 1.0f / std::sqrt(float(c.hd)), c.window};
       for (RopeLayout layout : {RopeLayout::NeoX, RopeLayout::Interleaved}) {
         const RopeParams rope{c.hd, 500000.0f, layout, {}};
-        for (const auto& [splits, cluster] : {std::pair{0, 1}, {0, 0}, {1, 1}, {7, 1}, {7, 0}, {64, 1}}) {
+        for (const auto& [splits, cluster] : split_forms) {
           SCOPED_TRACE(::testing::Message() << "interleaved " << (layout == RopeLayout::Interleaved)
                                             << " splits " << splits << " cluster " << cluster);
           const ClusterFormScope cluster_form(cluster);
@@ -534,8 +547,10 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const float ks = dt == DType::F8_E4M3 ? 0.05f : 1.0f, vs = dt == DType::F8_E4M3 ? 0.5f : 1.0f;
     backend(dt, ks, vs);
-    for (const Case& c0 : {Case{32, 8, 128, 0, 16, {}, {}}, Case{8, 8, 64, 100, 32, {}, {}},
-                           Case{16, 2, 128, 0, 32, {}, {}}}) {
+    std::vector<Case> shapes{Case{32, 8, 128, 0, 16, {}, {}}, Case{8, 8, 64, 100, 32, {}, {}},
+                             Case{16, 2, 128, 0, 32, {}, {}}};
+    if (quick_subset()) shapes.resize(2);
+    for (const Case& c0 : shapes) {
       for (int tokens : {3, 70}) {
         Case c = c0;
         std::uniform_int_distribution<int32_t> ctx(0, tokens > 8 ? 300 : 1100);
