@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck + racecheck on the kernel tests of the kernels changed most recently, in one
 # device call (after bench/gpu/stage.sh): tar -xzf gpu-carry-z/carry.tgz && bash bench/gpu/sanitize.sh
-# BACKEND_FILTER / QGEMM_FILTER: gtest filters (QGEMM_FILTER="" skips that binary); SAN_TOOLS; SAN_TIMEOUT:
-# seconds per tool and binary.
+# BACKEND_FILTER / QGEMM_FILTER: gtest filters (QGEMM_FILTER="" skips that binary; unset: the default
+# below); SAN_TOOLS; SAN_TIMEOUT: seconds per tool and binary.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 SAN=/usr/local/cuda/bin/compute-sanitizer
 [[ -x "$SAN" ]] || { echo "compute-sanitizer: not found at $SAN"; exit 0; }
 BACKEND_FILTER="${BACKEND_FILTER:-CudaAttentionTest.DecodeKernel*:CudaAttentionTest.MixedStep*:CudaAttentionTest.RopeWrites*:CudaBackendTest.RmsNorm*:CudaBackendTest.AddRmsNorm*:CudaBackendTest.RopeAndKvWrite*}"
-QGEMM_FILTER="${QGEMM_FILTER:-QuantizedGemmTest.Fp8Fused*:QuantizedGemmTest.Fp8MatchesTheCpuW8A8OnOddShapes}"
+QGEMM_FILTER="${QGEMM_FILTER-QuantizedGemmTest.Fp8Fused*:QuantizedGemmTest.Fp8MatchesTheCpuW8A8OnOddShapes}"
 for tool in ${SAN_TOOLS:-memcheck racecheck}; do
   for pair in "test_cuda_backend|$BACKEND_FILTER" "test_cuda_qgemm|$QGEMM_FILTER"; do
     bin=${pair%%|*}

@@ -538,6 +538,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks<CacheT, NT>())
         attn::cp_async_wait<0>();
     }
     if (key_row >= 0 && it == n_tiles - 1) {  // the newest key (RopeIn) over the row the copy brought
+      // A lane's cp.async wait covers its own copies only, and other lanes copied parts of this row: the
+      // warp synchronises before overwriting it (racecheck, 12-07: write-after-write hazards between the
+      // row's LDGSTS and these stores without it). The TMA form's barrier wait covers the whole tile.
+      if constexpr (!kTma) __syncwarp();
       for (int e = lane; e < HD; e += kWarp) {
         store_kv(tile_element<L, CacheT>(sm.k[st], key_row, e, false), new_kv[e], rope.inv_k_scale);
         store_kv(tile_element<L, CacheT>(sm.v[st], key_row, e, true), new_kv[HD + e], rope.inv_v_scale);
