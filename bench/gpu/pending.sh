@@ -352,6 +352,7 @@ fi
 #    instance, all between the last tile's LDGSTS and the newest key's STS (a lane's cp.async wait covers its
 #    own copies only): fixed with a __syncwarp before the overwrite; run again to see 0 hazards.
 if step 42; then
+  run_tests attention_tests test_cuda_backend 'CudaAttentionTest.*:DecodeSplitPlan.*'
   INFERX_ATTN_TEST_QUICK=1 BACKEND_FILTER='CudaAttentionTest.RopeInTheDecodeKernel*' QGEMM_FILTER="" \
     SAN_TIMEOUT=${SAN_TIMEOUT:-150} bash "$(dirname "$0")/sanitize.sh"
 fi
