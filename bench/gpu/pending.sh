@@ -327,7 +327,12 @@ fi
 #    ~6.5 min estimated): the 1000/1000 FP8 record (issue 6's 17.7k: 17,369 on 12-06, ~17.67k estimated since),
 #    the batch-1 records with v4's shared-memory staging at the H200 default (96 KB) and off (off won on H100s by
 #    2.2% for FP8: if it wins here too, v4_smem_kb_for_card goes), 70B FP8 the same, then the fp8:lm_head plan's
-#    1000/1000. Nothing on another card (step 1 is the test call there).
+#    1000/1000. Nothing on another card (step 1 is the test call there). Predicted (estimates from the H100
+#    same-call gains since 12-06 10:10, not measurements): 1000/1000 FP8 17.5k-17.8k (17,369 x 1.014-1.019 x
+#    1.002-1.003); bf16 batch 1 4.48-4.55 ms (78-79%: on H100s bf16 moved only -1.2% since); fp8:lm_head
+#    2.83-2.95 ms (1.53-1.60x; -1.5..-5.5% from the CTA fit, the merge ticket, the cluster merge and RoPE
+#    in the attention); staging off vs 96 KB within +-2.5% either way (H100: off -2.2%; H200 12-03 at 4 CTAs
+#    per SM: 96 KB -2%); 70B FP8 20.0-20.7 ms (80-83%).
 if step 40; then
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
     WORKLOADS=1000x1000/1000 VARIANTS="fp8:" bash "$(dirname "$0")/offline_ab.sh"
