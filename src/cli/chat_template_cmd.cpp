@@ -81,17 +81,16 @@ void run_chat_template(const ChatTemplateArgs& a) {
   if (msgs.is_object()) {  // {"messages": [...], "tools": [...], ...extra variables}
     INFERX_CHECK(msgs.contains("messages"), "--messages: {} is an object without a \"messages\" array",
                  a.messages);
-    nlohmann::ordered_json rest = nlohmann::ordered_json::object();
+    // in.extra is still empty and one parsed object's keys are unique: appended as they come.
+    JsonMembers& own_extra = in.extra.get_ref<nlohmann::ordered_json::object_t&>();
     for (auto it = msgs.begin(); it != msgs.end(); ++it) {
       if (it.key() == "messages")
         in.messages = it.value();
       else if (it.key() == "tools")
         in.tools = it.value();
       else
-        static_cast<JsonMembers&>(rest.get_ref<nlohmann::ordered_json::object_t&>())
-            .emplace_back(it.key(), it.value());  // the keys of one parsed object: unique
+        own_extra.emplace_back(it.key(), it.value());
     }
-    merge_object(in.extra, rest);
   } else {
     in.messages = std::move(msgs);
   }

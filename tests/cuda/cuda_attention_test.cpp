@@ -190,6 +190,7 @@ class CudaAttentionTest : public ::testing::Test {
 struct Cache {
   KvCacheLayer layer;
   std::vector<double> k, v;
+  std::vector<uint8_t> k_codes, v_codes;  // the uploaded bytes (for copies of the same cache)
 };
 
 // nan_unused: every slot outside the sequences (the rest of their last blocks, blocks no table holds) holds
@@ -220,6 +221,8 @@ Cache random_cache(CudaAttentionTest& f, const Case& c, const Layout& d, DType d
       out.v[i] = double(fp8_e4m3_to_f32(vc[i])) * v_scale;
     }
     out.layer = {tensor(f.upload(kc)), tensor(f.upload(vc))};
+    out.k_codes = std::move(kc);
+    out.v_codes = std::move(vc);
   } else {
     std::vector<uint16_t> kc(n), vc(n);
     for (size_t i = 0; i < n; ++i) {
@@ -229,6 +232,13 @@ Cache random_cache(CudaAttentionTest& f, const Case& c, const Layout& d, DType d
       out.v[i] = bf16_to_f32(vc[i]);
     }
     out.layer = {tensor(f.upload(kc)), tensor(f.upload(vc))};
+    const auto bytes = [](const std::vector<uint16_t>& codes) {
+      std::vector<uint8_t> b(codes.size() * sizeof(uint16_t));
+      std::memcpy(b.data(), codes.data(), b.size());
+      return b;
+    };
+    out.k_codes = bytes(kc);
+    out.v_codes = bytes(vc);
   }
   return out;
 }
@@ -481,9 +491,7 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
       SCOPED_TRACE(describe(c, dt));
       const Layout d = make_layout(c, rng_);
       const Cache base = random_cache(*this, c, d, dt, ks, vs, rng_);
-      const size_t bytes = base.layer.k.nbytes();
-      const auto k_codes = download<uint8_t>(base.layer.k.data, bytes);
-      const auto v_codes = download<uint8_t>(base.layer.v.data, bytes);
+      const size_t bytes = base.k_codes.size();
       const int64_t T = static_cast<int64_t>(d.positions.size());
       const auto qv = uniform(static_cast<size_t>(T * c.hq * c.hd), rng_, -1.0f, 1.0f);
       const auto kv = uniform(static_cast<size_t>(T * c.hkv * c.hd), rng_, -2.0f, 2.0f);
@@ -503,8 +511,8 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelMatchesTheRopeKernel) {
             const DecodeRopeScope scope(fused);
             release_scoped();
             KvCacheLayer layer = base.layer;  // the same shapes over copies of the same codes
-            layer.k.data = upload_scoped(k_codes);
-            layer.v.data = upload_scoped(v_codes);
+            layer.k.data = upload_scoped(base.k_codes);
+            layer.v.data = upload_scoped(base.v_codes);
             Tensor q(DType::F32, {T, c.hq * c.hd}, upload_scoped(qv), Device::CUDA);
             Tensor k(DType::F32, {T, c.hkv * c.hd}, upload_scoped(kv), Device::CUDA);
             Tensor v(DType::F32, {T, c.hkv * c.hd}, upload_scoped(vv), Device::CUDA);
@@ -558,9 +566,7 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
         SCOPED_TRACE(describe(c, dt));
         const Layout d = make_layout(c, rng_);
         const Cache base = random_cache(*this, c, d, dt, ks, vs, rng_);
-        const size_t bytes = base.layer.k.nbytes();
-        const auto k_codes = download<uint8_t>(base.layer.k.data, bytes);
-        const auto v_codes = download<uint8_t>(base.layer.v.data, bytes);
+        const size_t bytes = base.k_codes.size();
         const int64_t T = tokens, n = (c.hq + 2 * c.hkv) * c.hd;
         std::vector<uint16_t> sums(static_cast<size_t>(T * n));
         for (uint16_t& x : sums) x = f32_to_bf16(uniform(1, rng_, -60.0f, 60.0f)[0]);
@@ -595,8 +601,8 @@ TEST_F(CudaAttentionTest, RopeInTheDecodeKernelReadsTheDeferredProduct) {
                 return std::vector<float>(static_cast<size_t>(t * heads * hd), std::nanf(""));
               };
               for (int fused : {0, 1}) {
-                void* kc = upload_scoped(k_codes);
-                void* vc = upload_scoped(v_codes);
+                void* kc = upload_scoped(base.k_codes);
+                void* vc = upload_scoped(base.v_codes);
                 auto* q = static_cast<float*>(upload_scoped(rows(T, c.hq, c.hd)));
                 auto* k = static_cast<float*>(upload_scoped(rows(T, c.hkv, c.hd)));
                 auto* v = static_cast<float*>(upload_scoped(rows(T, c.hkv, c.hd)));

@@ -323,3 +323,22 @@ def test_bad_files_are_named(tmp_path):
     deep.write_text("[" * 100000 + "]" * 100000, encoding="utf-8")
     r = render("--template", str(template), "--messages", str(deep))
     assert r.returncode != 0 and "JSON nested deeper than 128 levels" in r.stderr, r.stderr
+
+
+def test_messages_object_and_extra_variables(tmp_path):
+    """--messages as an object: its keys besides messages / tools are template variables, --extra's replace
+    them key by key, and either replaces a fixed variable of the same name (bos_token)."""
+    if not os.access(INFERX_BIN, os.X_OK):
+        pytest.skip(f"inferx binary not built: {INFERX_BIN} (set INFERX_BIN)")
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ a }},{{ b }},{{ c }},{{ bos_token }},{{ tools | length }},{{ messages[0].content }}",
+                        encoding="utf-8")
+    messages = tmp_path / "messages.json"
+    messages.write_text(json.dumps({"a": 1, "messages": [{"role": "user", "content": "hi"}], "b": "x",
+                                    "tools": [WEATHER_TOOL], "bos_token": "<M>"}), encoding="utf-8")
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"b": "y", "c": 3}), encoding="utf-8")
+    r = subprocess.run([INFERX_BIN, "chat-template", "--template", str(template), "--messages", str(messages),
+                        "--extra", str(extra), "--bos", "<s>"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("1,y,3,<M>,1,hi"), r.stdout

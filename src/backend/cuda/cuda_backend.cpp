@@ -522,8 +522,7 @@ void CudaBackend::rope_attention(Tensor& q, Tensor& k, const Tensor& v, const Ba
   if (!candidate ||
       !cuda::decode_attention_takes_rope(paged(cache, options_), p.num_heads, p.num_kv_heads, p.head_dim,
                                          q.ptr<float>(), out.ptr<float>(), nullptr)) {
-    rope_and_write_kv(q, k, v, batch, rope, cache);
-    attention(q, cache, batch, p, out);
+    Backend::rope_attention(q, k, v, batch, rope, cache, p, out);  // the two calls
     return;
   }
   // The checks the two calls make (shapes are whole heads already).

@@ -89,9 +89,6 @@ TEST(JinjaStatements, CyclesAreFreedAfterTheRender) {
   EXPECT_EQ(t.render(in), "3");
 }
 
-}  // namespace
-}  // namespace inferx
-
 // Thousands of caller variables (a root scope past Scope::kIndexFrom names, searched through its index):
 // every one readable, assignable at the root, shadowed and restored by a loop's scope, and a fixed variable
 // (bos_token) replaced by an extra one of the same name.
@@ -110,3 +107,6 @@ TEST(JinjaStatements, ManyVariablesKeepJinjaScoping) {
       vars);
   EXPECT_EQ(out, "0,4999,<B>|new|innerinner|1|5|fFalse");
 }
+
+}  // namespace
+}  // namespace inferx
