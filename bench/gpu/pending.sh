@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # 18:40 on 12-07 (H100): step 1 passed on the review commit 6d697e9 (backend 75/75, qgemm 20/20, engine 55/55,
 # TP 5/5); 18:55 step 42's racecheck found the newest-key overwrite's missing __syncwarp, fixed in f6ce7af (not
-# GPU-run: no device time was left). First, on any card: SAN_TIMEOUT=90 STEPS=42 (attention tests, memcheck,
+# GPU-run: no device time was left; the carry is staged from the review commit da89efc). First, on any card: SAN_TIMEOUT=90 STEPS=42 (attention tests, memcheck,
 # racecheck - expect 0 hazards; ~2.5 min), with STEPS="42 40" on an H200. Still owed, on an H200 only, carry
 # ["gpu-carry-z"]:
 #   tar -xzf gpu-carry-z/carry.tgz && STEPS=40 bash bench/gpu/pending.sh (records + v4 staging, ~6.5 min),
