@@ -37,14 +37,20 @@ void check(const inferx::server::ParsedRequest& r) {
   for (const std::string& s : p.stop) require(!s.empty());
   for (const auto& [id, bias] : p.logit_bias) require(id >= 0 && std::fabs(bias) <= 100.0f);
   for (int32_t id : p.stop_token_ids) require(id >= 0);
-  for (int32_t id : r.prompt_ids) require(id >= 0);
+  require(r.prompts.size() <= inferx::server::kMaxPrompts);
+  require(static_cast<int64_t>(r.prompts.size()) * p.n <= inferx::server::kMaxChoices);
+  for (const auto& prompt : r.prompts) {
+    for (int32_t id : prompt.ids) require(id >= 0);
+    require(prompt.text.has_value() != !prompt.ids.empty());
+  }
   require(r.priority >= -1000000 && r.priority <= 1000000);
   if (r.chat) {
     require(r.messages.is_array() && !r.messages.empty());
     for (const auto& m : r.messages) require(m.is_object() && m.contains("role") && m["role"].is_string());
     require(r.top_logprobs >= 0 && r.top_logprobs <= inferx::server::kMaxLogprobs);
   } else {
-    require(r.prompt_text.has_value() != !r.prompt_ids.empty());
+    require(!r.prompts.empty());
+    require(!r.echo || p.logprobs < 0);
   }
   g_sink = g_sink + r.model.size() + p.stop.size() + r.messages.size();
 }

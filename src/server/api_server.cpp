@@ -17,6 +17,41 @@ namespace inferx::server {
 
 using nlohmann::json;
 
+namespace {
+
+// "%2F" -> "/", "+" kept (a path, not a form); a malformed escape stays as written.
+std::string url_decode(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The route label of inferx_http_responses_total: the served routes by name, anything else as "other", so
+// clients probing arbitrary paths cannot grow the metric's label set without bound.
+std::string route_label(const std::string& path) {
+  for (const char* r :
+       {"/health", "/ready", "/version", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"})
+    if (path == r) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
+  return "other";
+}
+
+}  // namespace
+
 ApiServer::ApiServer(ApiServerOptions options)
     : options_(std::move(options)),
       metrics_(options_.model_version.empty() ? options_.served_model_name : options_.model_version) {
@@ -47,7 +82,7 @@ void ApiServer::reply_json(const std::shared_ptr<ResponseSink>& sink, const std:
   sink->send(status, "application/json", body, std::move(headers));
 }
 
-void ApiServer::handle_models(const std::shared_ptr<ResponseSink>& sink) {
+json ApiServer::model_json() const {
   json m = {{"id", options_.served_model_name},
             {"object", "model"},
             {"created", created_},
@@ -59,7 +94,11 @@ void ApiServer::handle_models(const std::shared_ptr<ResponseSink>& sink) {
     m["max_model_len"] = model_.engine->max_model_len();
     m["vocab_size"] = model_.vocab_size;
   }
-  reply_json(sink, "/v1/models", 200, dump_json({{"object", "list"}, {"data", json::array({m})}}));
+  return m;
+}
+
+void ApiServer::handle_models(const std::shared_ptr<ResponseSink>& sink) {
+  reply_json(sink, "/v1/models", 200, dump_json({{"object", "list"}, {"data", json::array({model_json()})}}));
 }
 
 void ApiServer::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
@@ -95,6 +134,17 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
       if (!get) throw ApiError(405, "use GET /v1/models");
       return handle_models(sink);
     }
+    // GET /v1/models/{model} (OpenAI "Retrieve model"); served names may hold '/' ("org/name").
+    if (path.rfind("/v1/models/", 0) == 0) {
+      if (!get) throw ApiError(405, "use GET /v1/models/{model}");
+      const std::string name = url_decode(path.substr(std::string("/v1/models/").size()));
+      if (name != options_.served_model_name)
+        throw ApiError(404,
+                       fmt::format("The model `{}` does not exist (this server serves `{}`)", name,
+                                   options_.served_model_name),
+                       "model", "model_not_found");
+      return reply_json(sink, "/v1/models/{model}", 200, dump_json(model_json()));
+    }
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (!post) throw ApiError(405, fmt::format("use POST {}", path));
       if (!ready_)
@@ -108,9 +158,10 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
     HttpHeaders headers;
     if (e.status == 429) headers.emplace_back("Retry-After", std::to_string(options_.retry_after_seconds));
     if (e.status == 401) headers.emplace_back("WWW-Authenticate", "Bearer");
-    reply_json(sink, path, e.status, dump_json(e.body()), std::move(headers));
+    reply_json(sink, route_label(path), e.status, dump_json(e.body()), std::move(headers));
   } catch (const std::exception& e) {
-    reply_json(sink, path, 500, dump_json(ApiError(500, e.what(), "", "", "internal_error").body()));
+    reply_json(sink, route_label(path), 500,
+               dump_json(ApiError(500, e.what(), "", "", "internal_error").body()));
   }
 }
 

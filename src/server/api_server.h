@@ -2,12 +2,13 @@
 // The OpenAI-compatible API on top of HttpServer and an Engine: routing, auth, admission (queue limit,
 // drain), and the completions / chat completions flow (parse -> tokenize -> submit -> stream back).
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health (process alive),
-// GET /ready (model loaded and not draining), GET /metrics (Prometheus text), GET /version.
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{model}], GET /health (process
+// alive), GET /ready (model loaded and not draining), GET /metrics (Prometheus text), GET /version.
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -60,8 +61,10 @@ class ApiServer {
 
  private:
   struct Live;
+  struct Response;
   void handle_generate(HttpRequest&& request, std::shared_ptr<ResponseSink> sink, bool chat);
   void handle_models(const std::shared_ptr<ResponseSink>& sink);
+  nlohmann::json model_json() const;  // the model object of GET /v1/models and /v1/models/{model}
   void reply_json(const std::shared_ptr<ResponseSink>& sink, const std::string& route, int status,
                   const std::string& body, HttpHeaders headers = {});
   std::vector<int32_t> tokenize_chat(const struct ParsedRequest& r) const;

@@ -2,7 +2,10 @@
 // the engine -> stream or accumulate the outputs -> respond. Engine callbacks run on the engine thread and
 // only record metrics and hand the output to the connection's strand, where the JSON is built.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -25,14 +28,26 @@ double now_s() {
 }
 }  // namespace
 
-// The state of one admitted request. Engine-thread fields and strand fields are disjoint.
+// What one HTTP request answers with, on the connection's strand: a completions request with several prompts
+// runs one engine request per prompt, and their outputs meet here (choice index = prompt * n + j).
+struct ApiServer::Response {
+  std::shared_ptr<ResponseSink> sink;
+  std::atomic<bool> refused{false};  // an engine request was refused at submission: the client got a 400
+  bool stream = false;
+  std::optional<StreamEncoder> encoder;
+  std::optional<ResponseAccumulator> accumulator;
+  size_t unfinished = 0;  // engine requests without their final output yet
+  UsageCounts usage;      // summed over the finished ones
+  std::string error;      // the first engine request's error
+  void on_output(const RequestOutput& o);
+};
+
+// The engine-thread state of one engine request (one prompt).
 struct ApiServer::Live {
   std::string id;
+  int32_t index_offset = 0;            // its choices' first index in the response
+  std::shared_ptr<Response> response;  // touched on the strand only (through sink->post)
   std::shared_ptr<ResponseSink> sink;
-  bool stream = false;
-  std::optional<StreamEncoder> encoder;            // strand
-  std::optional<ResponseAccumulator> accumulator;  // strand
-  // Engine thread:
   double arrival = 0, last_output = -1;
   bool counted_queued = true;
   FinishReason reason = FinishReason::None;
@@ -80,175 +95,233 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
                                options_.served_model_name),
                    "model", "model_not_found");
 
-  // Prompt tokens.
-  std::vector<int32_t> prompt;
+  // Prompt tokens, one list per engine request (chat: one; completions: one per prompt).
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> echo_texts;  // completions with echo: each prompt's text
   const char* prompt_param = chat ? "messages" : "prompt";
   if (chat) {
-    prompt = tokenize_chat(r);
-  } else if (r.prompt_text) {
-    if (!model_.tokenizer)
-      bad_request("prompt", "this model has no tokenizer: send the prompt as an array of token ids");
-    prompt = model_.tokenizer->encode(*r.prompt_text, model_.add_bos);
+    prompts.push_back(tokenize_chat(r));
   } else {
-    prompt = r.prompt_ids;
+    for (const PromptInput& p : r.prompts) {
+      if (p.text) {
+        if (!model_.tokenizer)
+          bad_request("prompt", "this model has no tokenizer: send the prompt as an array of token ids");
+        prompts.push_back(model_.tokenizer->encode(*p.text, model_.add_bos));
+      } else {
+        prompts.push_back(p.ids);
+      }
+      if (r.echo) {
+        if (p.text)
+          echo_texts.push_back(*p.text);
+        else if (model_.tokenizer)
+          echo_texts.push_back(model_.tokenizer->decode(p.ids));
+        else
+          echo_texts.push_back(fmt::format("{}", fmt::join(p.ids, " ")));
+      }
+    }
   }
-  if (prompt.empty()) bad_request(prompt_param, fmt::format("'{}' is empty", prompt_param));
-  for (int32_t t : prompt)
-    if (t < 0 || t >= model_.vocab_size)
+  const int64_t max_len = model_.engine->max_model_len();
+  for (const auto& prompt : prompts) {
+    if (prompt.empty()) bad_request(prompt_param, fmt::format("'{}' is empty", prompt_param));
+    for (int32_t t : prompt)
+      if (t < 0 || t >= model_.vocab_size)
+        bad_request(prompt_param,
+                    fmt::format("token id {} is outside the vocabulary (size {})", t, model_.vocab_size));
+    // Context length (the OpenAI error is a 400 with code context_length_exceeded).
+    const int64_t room = max_len - static_cast<int64_t>(prompt.size());
+    if (room < 1)
       bad_request(prompt_param,
-                  fmt::format("token id {} is outside the vocabulary (size {})", t, model_.vocab_size));
+                  fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} "
+                              "tokens.",
+                              max_len, prompt.size()),
+                  "context_length_exceeded");
+    if (r.max_tokens_given && r.params.max_tokens > room)
+      bad_request(
+          "max_tokens",
+          fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                      "({} in the prompt, {} for the completion).",
+                      max_len, static_cast<int64_t>(prompt.size()) + r.params.max_tokens, prompt.size(),
+                      r.params.max_tokens),
+          "context_length_exceeded");
+  }
   for (const auto& [t, b] : r.params.logit_bias)
     if (t >= model_.vocab_size)
       bad_request("logit_bias",
                   fmt::format("token id {} is outside the vocabulary (size {})", t, model_.vocab_size));
+  // Without max_tokens: completions 16 (fewer where a prompt leaves less room), chat the rest of the context.
+  std::vector<int32_t> max_tokens(prompts.size(), r.params.max_tokens);
+  if (!r.max_tokens_given)
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const int64_t room = max_len - static_cast<int64_t>(prompts[i].size());
+      max_tokens[i] = static_cast<int32_t>(chat ? room : std::min<int64_t>(r.params.max_tokens, room));
+    }
 
-  // Context length (the OpenAI error is a 400 with code context_length_exceeded).
-  const int64_t max_len = model_.engine->max_model_len();
-  const int64_t room = max_len - static_cast<int64_t>(prompt.size());
-  if (room < 1)
-    bad_request(
-        prompt_param,
-        fmt::format("This model's maximum context length is {} tokens. However, your prompt has {} tokens.",
-                    max_len, prompt.size()),
-        "context_length_exceeded");
-  if (r.max_tokens_given && r.params.max_tokens > room)
-    bad_request(
-        "max_tokens",
-        fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
-                    "({} in the prompt, {} for the completion).",
-                    max_len, static_cast<int64_t>(prompt.size()) + r.params.max_tokens, prompt.size(),
-                    r.params.max_tokens),
-        "context_length_exceeded");
-  if (!r.max_tokens_given)  // completions default 16, chat: the rest of the context
-    r.params.max_tokens = static_cast<int32_t>(chat ? room : std::min<int64_t>(r.params.max_tokens, room));
-
-  // Admission: bounded queue (429), counted before submit so concurrent handlers cannot overshoot.
+  // Admission: bounded queue (429), counted before submit so concurrent handlers cannot overshoot; a
+  // request's prompts are admitted together or not at all.
+  const auto count = static_cast<int64_t>(prompts.size());
+  if (options_.max_queue > 0 && count > options_.max_queue)  // could never be admitted: not a retryable 429
+    bad_request("prompt", fmt::format("'prompt' holds {} prompts, more than this server ever queues at once "
+                                      "(--max-queue {}); send fewer per request",
+                                      count, options_.max_queue));
   if (options_.max_queue > 0) {
-    if (queued_.fetch_add(1) >= options_.max_queue) {
-      queued_ -= 1;
+    if (queued_.fetch_add(count) + count > options_.max_queue) {
+      queued_ -= count;
       throw ApiError(
           429,
           fmt::format("the server's queue is full ({} requests waiting); retry later", options_.max_queue),
           "", "queue_full", "rate_limit_error");
     }
   } else {
-    queued_ += 1;
+    queued_ += count;
   }
 
-  auto live = std::make_shared<Live>();
-  live->id = make_response_id(chat ? "chatcmpl-" : "cmpl-");
-  live->sink = sink;
-  live->stream = r.stream;
-  live->arrival = now_s();
+  auto response = std::make_shared<Response>();
+  response->sink = sink;
+  response->stream = r.stream;
+  response->unfinished = prompts.size();
   ResponseContext ctx;
   ctx.chat = chat;
-  ctx.id = live->id;
+  ctx.id = make_response_id(chat ? "chatcmpl-" : "cmpl-");
   ctx.created =
       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
   ctx.model = options_.served_model_name;
-  ctx.n = r.params.n;
+  ctx.n = static_cast<int32_t>(count) * r.params.n;
+  for (const std::string& text : echo_texts)
+    for (int32_t j = 0; j < r.params.n; ++j) ctx.echo.push_back(text);
   ctx.include_usage = r.include_usage;
   ctx.logprobs = r.params.logprobs;
   ctx.tokenizer = model_.tokenizer;
+  const std::string response_id = ctx.id;
   if (r.stream)
-    live->encoder.emplace(ctx);
+    response->encoder.emplace(std::move(ctx));
   else
-    live->accumulator.emplace(ctx);
+    response->accumulator.emplace(std::move(ctx));
 
-  EngineRequest er;
-  er.id = live->id;
-  er.prompt = std::move(prompt);
-  er.params = r.params;
-  er.priority = r.priority;
-  er.tenant = r.user;
+  std::vector<EngineRequest> requests;
   const bool ids_as_text = model_.tokenizer == nullptr;
-  er.on_output = [this, live, ids_as_text](RequestOutput&& out) {
-    // Engine thread: metrics, then hand over to the connection's strand.
-    const double t = now_s();
-    bool has_tokens = false;
-    for (auto& d : out.deltas) {
-      has_tokens = has_tokens || !d.token_ids.empty();
-      if (d.finish_reason != FinishReason::None) live->reason = d.finish_reason;
-      if (ids_as_text)  // no tokenizer: the text is the token ids, so clients still see what came out
-        for (int32_t id : d.token_ids) d.text += fmt::format(" {}", id);
-    }
-    if (live->counted_queued && (has_tokens || out.finished)) {
-      live->counted_queued = false;
-      queued_ -= 1;
-    }
-    if (has_tokens) {
-      if (live->last_output < 0)
-        metrics_.first_token(t - live->arrival);
-      else
-        metrics_.inter_token(t - live->last_output);
-      live->last_output = t;
-    }
-    if (out.finished) {
-      FinishReason reason = out.error.empty() ? live->reason : FinishReason::Abort;
-      if (reason == FinishReason::None) reason = FinishReason::Abort;
-      const double queue_s =
-          out.times.scheduled > 0 && out.times.arrival > 0 ? out.times.scheduled - out.times.arrival : -1.0;
-      metrics_.request_finished(reason, out.prompt_tokens, out.completion_tokens, t - live->arrival, queue_s);
-      {
-        std::lock_guard lock(ids_mu_);
-        live_ids_.erase(live->id);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    auto live = std::make_shared<Live>();
+    // Engine ids are unique among live requests: one prompt keeps the response id, several get a suffix.
+    live->id = count == 1 ? response_id : fmt::format("{}-{}", response_id, p);
+    live->index_offset = static_cast<int32_t>(p) * r.params.n;
+    live->response = response;
+    live->sink = sink;
+    live->arrival = now_s();
+    EngineRequest er;
+    er.id = live->id;
+    er.prompt = std::move(prompts[p]);
+    er.params = r.params;
+    er.params.max_tokens = max_tokens[p];
+    er.priority = r.priority;
+    er.tenant = r.user;
+    er.on_output = [this, live, ids_as_text](RequestOutput&& out) {
+      // Engine thread: metrics, then hand over to the connection's strand.
+      const double t = now_s();
+      bool has_tokens = false;
+      for (auto& d : out.deltas) {
+        has_tokens = has_tokens || !d.token_ids.empty();
+        if (d.finish_reason != FinishReason::None) live->reason = d.finish_reason;
+        if (ids_as_text)  // no tokenizer: the text is the token ids, so clients still see what came out
+          for (int32_t id : d.token_ids) d.text += fmt::format(" {}", id);
+        d.index += live->index_offset;
       }
-      live_ -= 1;
-    }
-    auto shared = std::make_shared<RequestOutput>(std::move(out));
-    live->sink->post([live, shared] {
-      const RequestOutput& o = *shared;
-      if (live->stream) {
-        if (!o.error.empty()) {
-          ApiError e(500, o.error, "", "", "internal_error");
-          live->sink->write(sse_event(dump_json(e.body())));
-        } else {
-          live->sink->write(live->encoder->on_output(o));
+      if (live->counted_queued && (has_tokens || out.finished)) {
+        live->counted_queued = false;
+        queued_ -= 1;
+      }
+      if (has_tokens) {
+        if (live->last_output < 0)
+          metrics_.first_token(t - live->arrival);
+        else
+          metrics_.inter_token(t - live->last_output);
+        live->last_output = t;
+      }
+      if (out.finished) {
+        FinishReason reason = out.error.empty() ? live->reason : FinishReason::Abort;
+        if (reason == FinishReason::None) reason = FinishReason::Abort;
+        const double queue_s =
+            out.times.scheduled > 0 && out.times.arrival > 0 ? out.times.scheduled - out.times.arrival : -1.0;
+        metrics_.request_finished(reason, out.prompt_tokens, out.completion_tokens, t - live->arrival,
+                                  queue_s);
+        {
+          std::lock_guard lock(ids_mu_);
+          live_ids_.erase(live->id);
         }
-        if (o.finished) {
-          live->sink->write(live->encoder->end(o));
-          live->sink->end();
-        }
-        return;
+        live_ -= 1;
       }
-      live->accumulator->on_output(o);
-      if (!o.finished) return;
-      if (!o.error.empty()) {
-        ApiError e(500, o.error, "", "", "internal_error");
-        live->sink->send(500, "application/json", dump_json(e.body()));
-        return;
-      }
-      live->sink->send(200, "application/json", dump_json(live->accumulator->finish(o)));
-    });
-  };
+      auto shared = std::make_shared<RequestOutput>(std::move(out));
+      live->sink->post([resp = live->response, shared] { resp->on_output(*shared); });
+    };
+    requests.push_back(std::move(er));
+  }
 
-  live_ += 1;
+  std::vector<std::string> ids;
+  for (const EngineRequest& er : requests) ids.push_back(er.id);
+  live_ += count;
   {
     std::lock_guard lock(ids_mu_);
-    live_ids_.insert(live->id);
+    live_ids_.insert(ids.begin(), ids.end());
   }
+  // A request is submitted whole or refused whole: a prompt the engine refuses aborts the ones before it,
+  // and those never reach the client (the 400 below is its answer).
+  size_t submitted = 0;
   try {
-    model_.engine->submit(std::move(er));
+    for (EngineRequest& er : requests) {
+      model_.engine->submit(std::move(er));
+      ++submitted;
+    }
   } catch (const Error& e) {
+    response->refused = true;  // the aborted prompts' final outputs must not answer the client
+    for (size_t i = 0; i < submitted; ++i) model_.engine->abort(ids[i]);
     {
       std::lock_guard lock(ids_mu_);
-      live_ids_.erase(live->id);
+      for (size_t i = submitted; i < ids.size(); ++i) live_ids_.erase(ids[i]);
     }
-    live_ -= 1;
-    queued_ -= 1;
+    live_ -= count - static_cast<int64_t>(submitted);
+    queued_ -= count - static_cast<int64_t>(submitted);
     throw ApiError(400, e.what(), "", "invalid_request");
   }
   metrics_.http_response(route, 200);
   // Ordering: the engine may already have posted outputs to the strand, but each of those posts its
   // writes again, so they land after the stream start posted below (the strand is FIFO).
-  // A client that goes away aborts its request: the engine frees its blocks and sends a final output.
+  // A client that goes away aborts its requests: the engine frees their blocks and sends final outputs.
   Engine* engine = model_.engine;
-  sink->on_disconnect([engine, id = live->id] { engine->abort(id); });
+  sink->on_disconnect([engine, ids] {
+    for (const auto& id : ids) engine->abort(id);
+  });
   if (r.stream) {
     sink->start_stream(200, "text/event-stream; charset=utf-8");
-    std::string role = live->encoder->begin();
-    if (!role.empty()) sink->write(std::move(role));
+    std::string first = response->encoder->begin();
+    if (!first.empty()) sink->write(std::move(first));
+  }
+}
+
+// Strand: one engine request's output (its choice indices already offset into the response's).
+void ApiServer::Response::on_output(const RequestOutput& o) {
+  if (refused) return;
+  if (!o.error.empty() && error.empty()) error = o.error;
+  if (stream) {
+    if (!o.error.empty()) {
+      ApiError e(500, o.error, "", "", "internal_error");
+      sink->write(sse_event(dump_json(e.body())));
+    } else {
+      sink->write(encoder->on_output(o));
+    }
+  } else {
+    accumulator->on_output(o);
+  }
+  if (!o.finished) return;
+  usage.add(o);
+  if (--unfinished > 0) return;
+  if (stream) {
+    sink->write(encoder->end(usage));
+    sink->end();
+  } else if (!error.empty()) {
+    ApiError e(500, error, "", "", "internal_error");
+    sink->send(500, "application/json", dump_json(e.body()));
+  } else {
+    sink->send(200, "application/json", dump_json(accumulator->finish(usage)));
   }
 }
 

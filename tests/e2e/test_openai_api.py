@@ -141,7 +141,8 @@ def test_seed_reproducible(client):
 
 @pytest.mark.parametrize("field,value", [
     ("temperature", -1), ("temperature", "hot"), ("top_p", 1.5), ("max_tokens", 0), ("n", 0),
-    ("logprobs", 99), ("stop", 5), ("presence_penalty", 3), ("logit_bias", {"x": 1}), ("prompt", ["a", "b"]),
+    ("logprobs", 99), ("stop", 5), ("presence_penalty", 3), ("logit_bias", {"x": 1}), ("prompt", []),
+    ("echo", "yes"),
     ("stream_options", {"include_usage": True}), ("max_tokens", 100000),
 ])
 def test_invalid_field_is_400_naming_it(stories_server, field, value):

@@ -6,6 +6,7 @@ import time
 import json
 
 import openai
+import pytest
 import requests
 
 from conftest import run_server
@@ -64,19 +65,28 @@ def test_queue_full_is_429_with_retry_after(tmp_path):
             if code == 429:
                 assert retry is not None and int(retry) >= 1
                 assert body["error"]["type"] == "rate_limit_error"
+        # A batch of more prompts than the queue ever holds is a 400 (retrying could never help), not a 429.
+        batch = long_body(4)
+        batch["prompt"] = [[5, 6], [7, 8]]
+        r = requests.post(s.url + "/v1/completions", json=batch, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
 
 
-def test_disconnect_aborts_and_frees_blocks(tmp_path):
+@pytest.mark.parametrize("prompts", [1, 3])
+def test_disconnect_aborts_and_frees_blocks(tmp_path, prompts):
     with run_server(tmp_path, model=DUMMY) as s:
         assert s.metrics()["inferx_kv_cache_blocks_used"] == 0
         sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
-        body = json.dumps(long_body(2000, stream=True)).encode()
+        body = long_body(2000, stream=True)
+        if prompts > 1:  # a batch of prompts runs as one engine request each: all of them are aborted
+            body["prompt"] = [[5, 6, 7, 8 + i] for i in range(prompts)]
+        body = json.dumps(body).encode()
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # streaming has begun
         wait_for(lambda: s.metrics()["inferx_kv_cache_blocks_used"] > 0, what="blocks in use")
         sock.close()
-        wait_for(lambda: s.metrics().get('inferx_requests_total{finish_reason="abort"}', 0) == 1,
+        wait_for(lambda: s.metrics().get('inferx_requests_total{finish_reason="abort"}', 0) == prompts,
                  what="the request to be aborted")
         m = s.metrics()
         assert m["inferx_kv_cache_blocks_used"] == 0 and m["inferx_num_requests_running"] == 0

@@ -97,32 +97,40 @@ void parse_prompt(const json& body, ParsedRequest& r) {
   const json* p = field(body, "prompt");
   if (!p) bad_request("prompt", "'prompt' is required", "missing_required_parameter");
   if (p->is_string()) {
-    r.prompt_text = p->get<std::string>();
+    r.prompts.push_back({p->get<std::string>(), {}});
     return;
   }
   if (!p->is_array())
     bad_request("prompt",
-                fmt::format("'prompt' must be a string, an array of strings or an array of token ids, "
-                            "got {}",
+                fmt::format("'prompt' must be a string, an array of strings, an array of token ids or an "
+                            "array of token-id arrays, got {}",
                             type_name(*p)),
                 "invalid_type");
   if (p->empty()) bad_request("prompt", "'prompt' must not be empty");
-  const json& first = p->front();
-  if (first.is_number()) {
-    r.prompt_ids = token_ids(*p, "prompt");
+  if (p->front().is_number()) {
+    r.prompts.push_back({std::nullopt, token_ids(*p, "prompt")});
     return;
   }
-  // A list of prompts: batching several prompts in one request is not supported; one is unwrapped.
-  if (p->size() > 1)
-    bad_request("prompt", fmt::format("'prompt' holds {} prompts; this server takes one prompt per request "
-                                      "(send them as separate requests)",
-                                      p->size()));
-  if (first.is_string())
-    r.prompt_text = first.get<std::string>();
-  else if (first.is_array() && !first.empty())
-    r.prompt_ids = token_ids(first, "prompt");
-  else
-    bad_request("prompt", "'prompt' array must hold strings or token ids", "invalid_type");
+  // A batch of prompts: all strings or all token-id arrays (the OpenAI reference's two list forms).
+  if (p->size() > kMaxPrompts)
+    bad_request("prompt",
+                fmt::format("'prompt' holds {} prompts; at most {} are allowed", p->size(), kMaxPrompts));
+  const bool texts = p->front().is_string();
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& x = (*p)[i];
+    const std::string param = fmt::format("prompt[{}]", i);
+    if (texts && x.is_string()) {
+      r.prompts.push_back({x.get<std::string>(), {}});
+    } else if (!texts && x.is_array()) {
+      if (x.empty()) bad_request(param, fmt::format("'{}' must not be empty", param));
+      r.prompts.push_back({std::nullopt, token_ids(x, param)});
+    } else {
+      bad_request(param,
+                  "'prompt' as an array must hold only strings, or only arrays of token ids, or be one "
+                  "array of token ids",
+                  "invalid_type");
+    }
+  }
 }
 
 void parse_stop(const json& body, ParsedRequest& r) {
@@ -262,7 +270,16 @@ ParsedRequest parse_completion_request(const json& body) {
   const int32_t mt = parse_max_tokens(body, r, "max_tokens");
   r.params.max_tokens = mt > 0 ? mt : 16;  // OpenAI's default for completions
   r.params.logprobs = static_cast<int32_t>(get_int(body, "logprobs", 0, kMaxLogprobs, -1));
-  if (get_bool(body, "echo", false)) bad_request("echo", "'echo' is not supported");
+  if (static_cast<int64_t>(r.prompts.size()) * r.params.n > kMaxChoices)
+    bad_request(
+        "n", fmt::format("{} prompts x n = {} asks for {} choices; at most {} are allowed", r.prompts.size(),
+                         r.params.n, static_cast<int64_t>(r.prompts.size()) * r.params.n, kMaxChoices));
+  r.echo = get_bool(body, "echo", false);
+  // The prompt's own logprobs are not computed (only sampled positions produce logits), so echo cannot
+  // come with logprobs: refuse rather than answer with logprobs that leave the prompt out.
+  if (r.echo && r.params.logprobs >= 0)
+    bad_request("echo",
+                "'echo' together with 'logprobs' is not supported (prompt logprobs are not computed)");
   if (field(body, "suffix")) bad_request("suffix", "'suffix' is not supported");
   return r;
 }

@@ -12,12 +12,19 @@
 
 namespace inferx::server {
 
+// One prompt of a completions request: text (tokenized by the server) or token ids.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> ids;  // when text is empty
+};
+
 struct ParsedRequest {
   bool chat = false;
   std::string model;
-  // Completions: exactly one prompt, as text or token ids.
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_ids;
+  // Completions: one or more prompts ("prompt" as a string, token ids, or an array of either, as the OpenAI
+  // reference allows); each runs as its own engine request with n choices, choice index = prompt * n + j.
+  std::vector<PromptInput> prompts;
+  bool echo = false;  // completions: each choice's text starts with its prompt
   // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
   nlohmann::ordered_json messages;  // key order kept: templates print tool schemas as given
   nlohmann::ordered_json tools;     // null or array, passed to the chat template
@@ -34,6 +41,8 @@ struct ParsedRequest {
 
 // Upper bounds the server enforces (a request asking for more is rejected, not clamped).
 inline constexpr int32_t kMaxN = 128;
+inline constexpr size_t kMaxPrompts = 1024;
+inline constexpr int64_t kMaxChoices = 4096;  // prompts x n
 inline constexpr int32_t kMaxLogprobs = 20;
 inline constexpr size_t kMaxStopStrings = 16;
 // JSON nesting of a body (tool schemas nest a few levels; the chat template's conversion recurses per level).

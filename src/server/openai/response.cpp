@@ -27,6 +27,12 @@ json usage_json(int32_t prompt_tokens, int32_t completion_tokens, int32_t cached
           {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
+void UsageCounts::add(const RequestOutput& final_output) {
+  prompt_tokens += final_output.prompt_tokens;
+  completion_tokens += final_output.completion_tokens;
+  cached_prompt_tokens += final_output.cached_prompt_tokens;
+}
+
 namespace {
 
 json finish_json(FinishReason r) {
@@ -99,8 +105,18 @@ json StreamEncoder::chunk(json choices) const {
 }
 
 std::string StreamEncoder::begin() {
-  if (!ctx_.chat) return {};
   std::string out;
+  if (!ctx_.chat) {
+    for (size_t i = 0; i < ctx_.echo.size(); ++i) {
+      if (ctx_.echo[i].empty()) continue;
+      json choice = {{"index", static_cast<int>(i)},
+                     {"text", ctx_.echo[i]},
+                     {"logprobs", nullptr},
+                     {"finish_reason", nullptr}};
+      out += sse_event(dump_json(chunk(json::array({choice}))));
+    }
+    return out;
+  }
   for (int32_t i = 0; i < ctx_.n; ++i) {
     json choice = {{"index", i},
                    {"delta", {{"role", "assistant"}, {"content", ""}}},
@@ -145,11 +161,11 @@ std::string StreamEncoder::on_output(const RequestOutput& out) {
   return s;
 }
 
-std::string StreamEncoder::end(const RequestOutput& last) {
+std::string StreamEncoder::end(const UsageCounts& usage) {
   std::string s;
   if (ctx_.include_usage) {
     json c = chunk(json::array());
-    c["usage"] = usage_json(last.prompt_tokens, last.completion_tokens, last.cached_prompt_tokens);
+    c["usage"] = usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens);
     s += sse_event(dump_json(c));
   }
   s += sse_done();
@@ -157,7 +173,9 @@ std::string StreamEncoder::end(const RequestOutput& last) {
 }
 
 ResponseAccumulator::ResponseAccumulator(ResponseContext ctx)
-    : ctx_(std::move(ctx)), choices_(static_cast<size_t>(ctx_.n)) {}
+    : ctx_(std::move(ctx)), choices_(static_cast<size_t>(ctx_.n)) {
+  for (size_t i = 0; i < ctx_.echo.size() && i < choices_.size(); ++i) choices_[i].text = ctx_.echo[i];
+}
 
 void ResponseAccumulator::on_output(const RequestOutput& out) {
   for (const auto& d : out.deltas) {
@@ -169,7 +187,7 @@ void ResponseAccumulator::on_output(const RequestOutput& out) {
   }
 }
 
-json ResponseAccumulator::finish(const RequestOutput& last) const {
+json ResponseAccumulator::finish(const UsageCounts& usage) const {
   json choices = json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const auto& c = choices_[i];
@@ -194,7 +212,7 @@ json ResponseAccumulator::finish(const RequestOutput& last) const {
           {"model", ctx_.model},
           {"system_fingerprint", nullptr},
           {"choices", choices},
-          {"usage", usage_json(last.prompt_tokens, last.completion_tokens, last.cached_prompt_tokens)}};
+          {"usage", usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens)}};
 }
 
 }  // namespace inferx::server

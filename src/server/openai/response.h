@@ -25,7 +25,9 @@ struct ResponseContext {
   std::string id;  // "cmpl-..." / "chatcmpl-..."
   int64_t created = 0;
   std::string model;
-  int32_t n = 1;
+  int32_t n = 1;  // choices in the response (completions: prompts x n)
+  // Completions with echo: each choice's prompt text, written before its completion (empty: no echo).
+  std::vector<std::string> echo;
   bool include_usage = false;
   int32_t logprobs = -1;  // completions: -1 none, k: top-k; chat: -1 unless logprobs=true (then top_logprobs)
   const Tokenizer* tokenizer = nullptr;  // token strings in logprobs (null: "token_ID")
@@ -38,14 +40,22 @@ std::string dump_json(const nlohmann::json& j);
 
 nlohmann::json usage_json(int32_t prompt_tokens, int32_t completion_tokens, int32_t cached_tokens);
 
+// A response's usage: the sum over its engine requests (one per prompt) of their final outputs' counts.
+struct UsageCounts {
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;
+  void add(const RequestOutput& final_output);
+};
+
 // stream: true. Chunks in order; call begin() once, then on_output() for each engine output, then
 // end() after the final output.
 class StreamEncoder {
  public:
   explicit StreamEncoder(ResponseContext ctx);
-  std::string begin();  // chat: one role chunk per choice; completions: nothing
+  std::string begin();  // chat: one role chunk per choice; completions: each choice's echoed prompt
   std::string on_output(const RequestOutput& out);
-  std::string end(const RequestOutput& last);  // usage chunk (when asked) + "data: [DONE]"
+  std::string end(const UsageCounts& usage);  // usage chunk (when asked) + "data: [DONE]"
 
  private:
   nlohmann::json chunk(nlohmann::json choices) const;
@@ -58,7 +68,7 @@ class ResponseAccumulator {
  public:
   explicit ResponseAccumulator(ResponseContext ctx);
   void on_output(const RequestOutput& out);
-  nlohmann::json finish(const RequestOutput& last) const;
+  nlohmann::json finish(const UsageCounts& usage) const;
 
  private:
   struct Choice {

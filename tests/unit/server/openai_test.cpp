@@ -28,7 +28,8 @@ TEST(OpenAIRequest, CompletionFields) {
       "logprobs": 2, "presence_penalty": 1, "frequency_penalty": -1, "repetition_penalty": 1.1,
       "logit_bias": {"17": -100}, "ignore_eos": true, "user": "u", "stream": true,
       "stream_options": {"include_usage": true}})"));
-  EXPECT_EQ(*r.prompt_text, "hi");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(*r.prompts[0].text, "hi");
   EXPECT_EQ(r.params.max_tokens, 5);
   EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
   EXPECT_EQ(r.params.top_k, 7);
@@ -43,16 +44,53 @@ TEST(OpenAIRequest, CompletionFields) {
 }
 
 TEST(OpenAIRequest, PromptForms) {
-  EXPECT_EQ(parse_completion_request(json::parse(R"({"model": "m", "prompt": [1, 2, 3]})")).prompt_ids,
-            (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(*parse_completion_request(json::parse(R"({"model": "m", "prompt": ["one"]})")).prompt_text,
-            "one");
-  EXPECT_EQ(parse_completion_request(json::parse(R"({"model": "m", "prompt": [[4, 5]]})")).prompt_ids,
-            (std::vector<int32_t>{4, 5}));
-  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": ["a", "b"]})")), "prompt");
+  auto prompts = [](const char* body) { return parse_completion_request(json::parse(body)).prompts; };
+  auto one = prompts(R"({"model": "m", "prompt": [1, 2, 3]})");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_FALSE(one[0].text);
+  EXPECT_EQ(one[0].ids, (std::vector<int32_t>{1, 2, 3}));
+  one = prompts(R"({"model": "m", "prompt": ["one"]})");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(*one[0].text, "one");
+  one = prompts(R"({"model": "m", "prompt": [[4, 5]]})");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].ids, (std::vector<int32_t>{4, 5}));
+  // Batches of prompts, in order.
+  auto many = prompts(R"({"model": "m", "prompt": ["a", "", "c"]})");
+  ASSERT_EQ(many.size(), 3u);
+  EXPECT_EQ(*many[0].text, "a");
+  EXPECT_EQ(*many[1].text, "");
+  EXPECT_EQ(*many[2].text, "c");
+  many = prompts(R"({"model": "m", "prompt": [[1], [2, 3]]})");
+  ASSERT_EQ(many.size(), 2u);
+  EXPECT_EQ(many[1].ids, (std::vector<int32_t>{2, 3}));
+  // Mixed or malformed batches name the element.
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": ["a", [1]]})")), "prompt[1]");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": [[1], "a"]})")), "prompt[1]");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": [[1], []]})")), "prompt[1]");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": [[1], [-1]]})")), "prompt[1]");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": [{"a": 1}]})")), "prompt[0]");
   EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": [-1]})")), "prompt");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": []})")), "prompt");
   EXPECT_EQ(param_of(json::parse(R"({"model": "m"})")), "prompt");
   EXPECT_EQ(param_of(json::parse(R"({"prompt": "x"})")), "model");
+  // Bounds: prompts, and prompts x n choices.
+  json big = {{"model", "m"}, {"prompt", json::array()}};
+  for (size_t i = 0; i <= kMaxPrompts; ++i) big["prompt"].push_back("x");
+  EXPECT_EQ(param_of(big), "prompt");
+  json wide = {{"model", "m"}, {"prompt", json::array({"a", "b", "c", "d", "e"})}, {"n", kMaxN}};
+  EXPECT_EQ(param_of(wide), "<accepted>");  // 640 choices
+  wide["prompt"] = json::array();
+  for (int64_t i = 0; i <= kMaxChoices / kMaxN; ++i) wide["prompt"].push_back("x");
+  EXPECT_EQ(param_of(wide), "n");
+}
+
+TEST(OpenAIRequest, Echo) {
+  EXPECT_FALSE(parse_completion_request(json::parse(R"({"model": "m", "prompt": "a"})")).echo);
+  EXPECT_TRUE(parse_completion_request(json::parse(R"({"model": "m", "prompt": "a", "echo": true})")).echo);
+  // Echo with logprobs would need the prompt's logprobs, which are not computed: refused, not half-answered.
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": "a", "echo": true, "logprobs": 1})")), "echo");
+  EXPECT_EQ(param_of(json::parse(R"({"model": "m", "prompt": "a", "echo": 1})")), "echo");
 }
 
 TEST(OpenAIRequest, InvalidFieldsNamed) {
@@ -78,7 +116,8 @@ TEST(OpenAIRequest, InvalidFieldsNamed) {
                                                          {"ignore_eos", 1},
                                                          {"stream_options", {{"include_usage", true}}},
                                                          {"best_of", 3},
-                                                         {"echo", true}};
+                                                         {"echo", "yes"},
+                                                         {"suffix", "s"}};
   for (const auto& [k, v] : bad) {
     json b = base;
     b[k] = v;
@@ -154,7 +193,9 @@ TEST(OpenAIResponse, ChatStreamSequence) {
   last.finished = true;
   last.prompt_tokens = 3;
   last.completion_tokens = 2;
-  const std::string s = enc.begin() + enc.on_output(o) + enc.on_output(last) + enc.end(last);
+  UsageCounts usage;
+  usage.add(last);
+  const std::string s = enc.begin() + enc.on_output(o) + enc.on_output(last) + enc.end(usage);
   const std::string common = R"("created":42,"id":"chatcmpl-1","model":"m","object":"chat.completion.chunk",)"
                              R"("system_fingerprint":null,)";
   EXPECT_EQ(
@@ -200,13 +241,73 @@ TEST(OpenAIResponse, CompletionAccumulates) {
   b.completion_tokens = 3;
   acc.on_output(a);
   acc.on_output(b);
-  json r = acc.finish(b);
+  UsageCounts usage;
+  usage.add(b);
+  json r = acc.finish(usage);
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["choices"][0]["text"], "a");
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(r["choices"][1]["text"], "bc");
   EXPECT_EQ(r["choices"][1]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["total_tokens"], 7);
+}
+
+// Several prompts in one completions response: choices indexed prompt * n + j, each with its echo, usage
+// summed over the prompts' engine requests.
+TEST(OpenAIResponse, SeveralPromptsWithEcho) {
+  ResponseContext ctx;
+  ctx.id = "cmpl-2";
+  ctx.model = "m";
+  ctx.n = 4;  // 2 prompts x n = 2
+  ctx.echo = {"A", "A", "B", "B"};
+  ResponseAccumulator acc(ctx);
+  RequestOutput p0;  // prompt 0's request, indices already offset (0, 1)
+  p0.deltas.push_back({0, {1}, "x", {}, FinishReason::Length, ""});
+  p0.deltas.push_back({1, {2}, "y", {}, FinishReason::Stop, ""});
+  p0.finished = true;
+  p0.prompt_tokens = 2;
+  p0.completion_tokens = 2;
+  p0.cached_prompt_tokens = 1;
+  RequestOutput p1;  // prompt 1's (2, 3)
+  p1.deltas.push_back({3, {3}, "w", {}, FinishReason::Length, ""});
+  p1.deltas.push_back({2, {4}, "z", {}, FinishReason::Length, ""});
+  p1.finished = true;
+  p1.prompt_tokens = 5;
+  p1.completion_tokens = 2;
+  acc.on_output(p1);
+  acc.on_output(p0);
+  UsageCounts usage;
+  usage.add(p0);
+  usage.add(p1);
+  const json r = acc.finish(usage);
+  ASSERT_EQ(r["choices"].size(), 4u);
+  const std::vector<std::string> texts = {"Ax", "Ay", "Bz", "Bw"};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r["choices"][i]["index"], i);
+    EXPECT_EQ(r["choices"][i]["text"], texts[i]);
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 7);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(r["usage"]["total_tokens"], 11);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+
+  // Streaming: begin() writes each choice's echo as its first chunk; chat writes role chunks instead.
+  ctx.include_usage = true;
+  StreamEncoder enc(ctx);
+  std::vector<json> chunks;
+  const std::string s = enc.begin() + enc.on_output(p0) + enc.end(usage);
+  for (size_t at = 0; (at = s.find("data: ", at)) != std::string::npos;) {
+    const size_t stop = s.find("\n\n", at);
+    const std::string data = s.substr(at + 6, stop - at - 6);
+    if (data != "[DONE]") chunks.push_back(json::parse(data));
+    at = stop;
+  }
+  ASSERT_GE(chunks.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(chunks[i]["choices"][0]["index"], i);
+    EXPECT_EQ(chunks[i]["choices"][0]["text"], ctx.echo[i]);
+  }
+  EXPECT_EQ(chunks.back()["usage"]["total_tokens"], 11);
 }
 
 TEST(Sse, Framing) {
