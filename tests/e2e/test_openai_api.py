@@ -187,3 +187,17 @@ def test_64_concurrent_streams_match_sequential(client):
     with ThreadPoolExecutor(max_workers=64) as pool:
         concurrent = list(pool.map(one, prompts))
     assert concurrent == sequential
+
+
+def test_unhonourable_requests_are_refused_not_ignored(client):
+    # No constrained decoding and no tool-call parsing: a client asking for JSON output or a forced tool call
+    # must learn it at once, not receive free text it takes for the answer.
+    msgs = [{"role": "user", "content": "Hi"}]
+    for kw, param in ((dict(response_format={"type": "json_object"}), "response_format"),
+                      (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                            tool_choice="required"), "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, **kw)
+        assert e.value.body["param"] == param
+    r = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, response_format={"type": "text"})
+    assert r.usage.completion_tokens == 2

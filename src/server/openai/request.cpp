@@ -220,6 +220,18 @@ void parse_common(const json& body, ParsedRequest& r) {
   r.priority = static_cast<int32_t>(get_int(body, "priority", -1000000, 1000000, 0));
 
   // Fields we do not implement: refuse them rather than silently ignore what the client asked for.
+  // Structured output: the text is sampled unconstrained, so a JSON object or schema is not guaranteed.
+  if (const json* f = field(body, "response_format")) {
+    const json* type = f->is_object() ? field(*f, "type") : nullptr;
+    if (!type || !type->is_string())
+      bad_request("response_format", "'response_format' must be an object with a string 'type'",
+                  "invalid_type");
+    if (*type != "text")
+      bad_request("response_format",
+                  fmt::format("'response_format' type '{}' is not supported (no constrained decoding); only "
+                              "'text'",
+                              type->get<std::string>()));
+  }
   if (get_int(body, "best_of", 1, kMaxN, p.n) != p.n)
     bad_request("best_of", "'best_of' other than n is not supported");
 }
@@ -322,6 +334,16 @@ ParsedRequest parse_chat_request(const json& body) {
     if (!t->is_array()) bad_request("tools", "'tools' must be an array", "invalid_type");
     r.tools = *t;
   }
+  // The tools reach the chat template, and the model's reply comes back as text: nothing parses it into
+  // tool_calls or forces a call, so asking for a forced call is refused rather than silently not honoured.
+  if (const json* c = field(body, "tool_choice")) {
+    if (!c->is_string() || (*c != "auto" && *c != "none"))
+      bad_request("tool_choice",
+                  "'tool_choice' other than \"auto\" or \"none\" is not supported (calls are not forced)");
+  }
+  for (const char* legacy : {"functions", "function_call"})
+    if (field(body, legacy))
+      bad_request(legacy, fmt::format("'{}' (deprecated) is not supported; send 'tools'", legacy));
   // max_completion_tokens replaces the deprecated max_tokens (OpenAI chat reference); it wins when both.
   const int32_t mct = parse_max_tokens(body, r, "max_completion_tokens");
   const int32_t mt = mct > 0 ? mct : parse_max_tokens(body, r, "max_tokens");

@@ -178,6 +178,32 @@ TEST(OpenAIRequest, ChatFields) {
             "top_logprobs");
 }
 
+// What the server cannot honour is refused, naming the field, never silently ignored: structured output
+// (no constrained decoding), forced tool calls, the deprecated functions API.
+TEST(OpenAIRequest, UnhonourableFieldsRefused) {
+  const json chat = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}};
+  auto with = [&](const char* k, const json& v) {
+    json b = chat;
+    b[k] = v;
+    return param_of(b, true);
+  };
+  EXPECT_EQ(with("response_format", {{"type", "text"}}), "<accepted>");
+  EXPECT_EQ(with("response_format", nullptr), "<accepted>");
+  EXPECT_EQ(with("response_format", {{"type", "json_object"}}), "response_format");
+  EXPECT_EQ(with("response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}),
+            "response_format");
+  EXPECT_EQ(with("response_format", "json"), "response_format");
+  EXPECT_EQ(with("tool_choice", "auto"), "<accepted>");
+  EXPECT_EQ(with("tool_choice", "none"), "<accepted>");
+  EXPECT_EQ(with("tool_choice", "required"), "tool_choice");
+  EXPECT_EQ(with("tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}), "tool_choice");
+  EXPECT_EQ(with("functions", json::array()), "functions");
+  EXPECT_EQ(with("function_call", "auto"), "function_call");
+  EXPECT_EQ(
+      param_of(json::parse(R"({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}})")),
+      "response_format");
+}
+
 TEST(OpenAIResponse, ChatStreamSequence) {
   ResponseContext ctx;
   ctx.chat = true;
