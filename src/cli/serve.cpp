@@ -38,6 +38,8 @@ struct ServeArgs {
   double drain_timeout = 30.0;
   std::string served_model_name;
   std::string chat_template;
+  std::string tool_call_parser;
+  bool enable_auto_tool_choice = false;
   int io_threads = 2;
 };
 
@@ -68,6 +70,14 @@ void run_serve(ServeArgs a) {
   api_opts.model_version = a.served_model_name;
   api_opts.api_key = a.api_key;
   api_opts.max_queue = a.max_queue;
+  if (!a.tool_call_parser.empty()) {
+    const auto format = server::tool_call_format_from_name(a.tool_call_parser);
+    if (!format)
+      fail("--tool-call-parser '{}' is not one of {}", a.tool_call_parser, server::tool_call_format_names());
+    api_opts.tool_call_format = *format;
+  } else if (a.enable_auto_tool_choice) {
+    fail("--enable-auto-tool-choice needs --tool-call-parser ({})", server::tool_call_format_names());
+  }
   server::ApiServer api(api_opts);
 
   server::HttpServerOptions http_opts;
@@ -163,6 +173,11 @@ void register_serve(CLI::App& app, std::vector<std::pair<CLI::App*, Action>>& ou
   sub->add_option("--served-model-name", args->served_model_name,
                   "The model name clients send (default: the model file's name without extension)");
   sub->add_option("--chat-template", args->chat_template, "Jinja chat template file (overrides the model's)");
+  sub->add_option("--tool-call-parser", args->tool_call_parser,
+                  "Parse chat replies to requests with tools into tool_calls: hermes (Qwen2.5/3, Hermes), "
+                  "llama3_json (Llama 3.1+), mistral");
+  sub->add_flag("--enable-auto-tool-choice", args->enable_auto_tool_choice,
+                "Accepted for vLLM compatibility (tool calls are parsed whenever --tool-call-parser is set)");
   sub->add_option("--io-threads", args->io_threads, "HTTP I/O threads")->check(CLI::Range(1, 64));
   out.emplace_back(sub, [args] { run_serve(*args); });
 }

@@ -15,6 +15,7 @@
 
 #include "inferx/engine.h"
 #include "server/http_server.h"
+#include "server/openai/tool_calls.h"
 #include "server/server_metrics.h"
 
 namespace inferx {
@@ -30,6 +31,8 @@ struct ApiServerOptions {
   std::string api_key;            // empty: no auth
   int64_t max_queue = 0;          // requests admitted but not yet generating; 0: unlimited. Over: 429
   int retry_after_seconds = 1;
+  // --tool-call-parser: chat replies to requests with tools are parsed into tool_calls in this format.
+  ToolCallFormat tool_call_format = ToolCallFormat::None;
 };
 
 // What the server needs of a loaded model (set once it is ready).

@@ -189,6 +189,11 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
   ctx.n = static_cast<int32_t>(count) * r.params.n;
   for (const std::string& text : echo_texts)
     for (int32_t j = 0; j < r.params.n; ++j) ctx.echo.push_back(text);
+  if (chat && options_.tool_call_format != ToolCallFormat::None && r.tools.is_array() && !r.tools.empty() &&
+      r.tool_choice != "none")
+    ctx.tool_format = options_.tool_call_format;
+  // Mistral's [TOOL_CALLS] is a control token: decoding must keep it for the parser to see the call.
+  if (ctx.tool_format == ToolCallFormat::Mistral) r.params.skip_special_tokens = false;
   ctx.include_usage = r.include_usage;
   ctx.logprobs = r.params.logprobs;
   ctx.tokenizer = model_.tokenizer;

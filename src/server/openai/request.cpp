@@ -340,6 +340,7 @@ ParsedRequest parse_chat_request(const json& body) {
     if (!c->is_string() || (*c != "auto" && *c != "none"))
       bad_request("tool_choice",
                   "'tool_choice' other than \"auto\" or \"none\" is not supported (calls are not forced)");
+    r.tool_choice = c->get<std::string>();
   }
   for (const char* legacy : {"functions", "function_call"})
     if (field(body, legacy))

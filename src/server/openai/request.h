@@ -26,8 +26,9 @@ struct ParsedRequest {
   std::vector<PromptInput> prompts;
   bool echo = false;  // completions: each choice's text starts with its prompt
   // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
-  nlohmann::ordered_json messages;  // key order kept: templates print tool schemas as given
-  nlohmann::ordered_json tools;     // null or array, passed to the chat template
+  nlohmann::ordered_json messages;   // key order kept: templates print tool schemas as given
+  nlohmann::ordered_json tools;      // null or array, passed to the chat template
+  std::string tool_choice = "auto";  // "auto" or "none" (others are refused)
   GenerationParams params;
   bool max_tokens_given = false;  // else the default (completions 16, chat: the rest of the context)
   bool stream = false;

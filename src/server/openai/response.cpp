@@ -89,9 +89,25 @@ json completion_logprobs(const ResponseContext& ctx, const std::vector<TokenLogp
       {"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+// The OpenAI tool_calls array of a message (or, with stream indices, of a delta).
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = static_cast<int>(i);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
 
-StreamEncoder::StreamEncoder(ResponseContext ctx) : ctx_(std::move(ctx)), text_offset_(ctx_.n, 0) {}
+StreamEncoder::StreamEncoder(ResponseContext ctx) : ctx_(std::move(ctx)), text_offset_(ctx_.n, 0) {
+  if (ctx_.chat && ctx_.tool_format != ToolCallFormat::None)
+    tool_calls_.assign(static_cast<size_t>(ctx_.n), ToolCallStream(ctx_.tool_format));
+}
 
 json StreamEncoder::chunk(json choices) const {
   json c = {{"id", ctx_.id},
@@ -131,7 +147,20 @@ std::string StreamEncoder::on_output(const RequestOutput& out) {
   std::string s;
   for (const auto& d : out.deltas) {
     const bool has_lp = ctx_.logprobs >= 0 && !d.logprobs.empty();
-    if (!d.text.empty() || has_lp) {
+    ToolCallStream* calls = tool_calls_.empty() ? nullptr : &tool_calls_.at(static_cast<size_t>(d.index));
+    // With a tool-call format, text that may be a call is held back until the reply ends.
+    const std::string text = calls ? calls->feed(d.text) : d.text;
+    std::vector<ToolCall> found;
+    if (calls && d.finish_reason != FinishReason::None) {
+      ParsedReply reply = calls->finish();
+      found = std::move(reply.calls);
+      if (!reply.content.empty())
+        s += sse_event(dump_json(chunk(json::array({{{"index", d.index},
+                                                     {"delta", {{"content", reply.content}}},
+                                                     {"logprobs", nullptr},
+                                                     {"finish_reason", nullptr}}}))));
+    }
+    if (!text.empty() || has_lp) {
       json choice = {{"index", d.index}};
       json lp = nullptr;
       if (has_lp) {
@@ -139,13 +168,18 @@ std::string StreamEncoder::on_output(const RequestOutput& out) {
                        : completion_logprobs(ctx_, d.logprobs, text_offset_.at(static_cast<size_t>(d.index)));
       }
       if (ctx_.chat)
-        choice["delta"] = {{"content", d.text}};
+        choice["delta"] = {{"content", text}};
       else
-        choice["text"] = d.text;
+        choice["text"] = text;
       choice["logprobs"] = lp;
       choice["finish_reason"] = nullptr;
       s += sse_event(dump_json(chunk(json::array({choice}))));
     }
+    if (!found.empty())
+      s += sse_event(dump_json(chunk(json::array({{{"index", d.index},
+                                                   {"delta", {{"tool_calls", tool_calls_json(found, true)}}},
+                                                   {"logprobs", nullptr},
+                                                   {"finish_reason", nullptr}}}))));
     if (d.finish_reason != FinishReason::None) {
       json choice = {{"index", d.index}};
       if (ctx_.chat)
@@ -153,7 +187,7 @@ std::string StreamEncoder::on_output(const RequestOutput& out) {
       else
         choice["text"] = "";
       choice["logprobs"] = nullptr;
-      choice["finish_reason"] = finish_json(d.finish_reason);
+      choice["finish_reason"] = found.empty() ? finish_json(d.finish_reason) : json("tool_calls");
       if (!d.stop_reason.empty()) choice["stop_reason"] = d.stop_reason;  // vLLM extension
       s += sse_event(dump_json(chunk(json::array({choice}))));
     }
@@ -197,13 +231,22 @@ json ResponseAccumulator::finish(const UsageCounts& usage) const {
       int64_t offset = 0;
       lp = ctx_.chat ? chat_logprobs(ctx_, c.logprobs) : completion_logprobs(ctx_, c.logprobs, offset);
     }
+    json finish = finish_json(c.finish == FinishReason::None ? FinishReason::Abort : c.finish);
     if (ctx_.chat) {
+      ParsedReply reply = ctx_.tool_format == ToolCallFormat::None
+                              ? ParsedReply{c.text, {}}
+                              : parse_tool_calls(ctx_.tool_format, c.text);
       choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+      if (!reply.calls.empty()) {  // OpenAI: content null when the reply is only calls
+        choice["message"]["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);
+        choice["message"]["tool_calls"] = tool_calls_json(reply.calls, false);
+        finish = "tool_calls";
+      }
     } else {
       choice["text"] = c.text;
     }
     choice["logprobs"] = lp;
-    choice["finish_reason"] = finish_json(c.finish == FinishReason::None ? FinishReason::Abort : c.finish);
+    choice["finish_reason"] = finish;
     choices.push_back(std::move(choice));
   }
   return {{"id", ctx_.id},

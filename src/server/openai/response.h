@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "inferx/engine.h"
+#include "server/openai/tool_calls.h"
 
 namespace inferx {
 class Tokenizer;
@@ -31,6 +32,9 @@ struct ResponseContext {
   bool include_usage = false;
   int32_t logprobs = -1;  // completions: -1 none, k: top-k; chat: -1 unless logprobs=true (then top_logprobs)
   const Tokenizer* tokenizer = nullptr;  // token strings in logprobs (null: "token_ID")
+  // Chat with tools and a --tool-call-parser: replies are parsed into tool_calls (finish_reason
+  // "tool_calls" when one is found).
+  ToolCallFormat tool_format = ToolCallFormat::None;
 };
 
 // Random id with the OpenAI prefix: prefix + 24 hex digits.
@@ -60,7 +64,8 @@ class StreamEncoder {
  private:
   nlohmann::json chunk(nlohmann::json choices) const;
   ResponseContext ctx_;
-  std::vector<int64_t> text_offset_;  // completions logprobs text_offset, per choice
+  std::vector<int64_t> text_offset_;        // completions logprobs text_offset, per choice
+  std::vector<ToolCallStream> tool_calls_;  // chat with a tool-call format: per choice
 };
 
 // stream: false. Accumulates every output and renders the one response object at the end.
