@@ -44,6 +44,7 @@ void check(const inferx::server::ParsedRequest& r) {
     require(prompt.text.has_value() != !prompt.ids.empty());
   }
   require(r.priority >= -1000000 && r.priority <= 1000000);
+  require(!r.json_object || !p.ignore_eos || !p.stop_token_ids.empty());  // something can end a JSON reply
   if (r.chat) {
     require(r.messages.is_array() && !r.messages.empty());
     for (const auto& m : r.messages) require(m.is_object() && m.contains("role") && m["role"].is_string());

@@ -17,6 +17,22 @@ namespace inferx {
 class Model;
 class Tokenizer;
 
+// Structured output: which tokens a sequence may generate next (e.g. JSON mode, text/json_constraint.h).
+// A request carries a prototype; each of its n sequences gets its own state from start(). The engine
+// calls mask() on a sampler thread and accept() on its own thread, never at once for one sequence. A
+// constrained sequence is sampled on the host (its mask needs the row there).
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // A fresh state; `end_ids` (the tokens that end generation: EOS unless ignore_eos, stop_token_ids) are
+  // allowed only where the constrained text is complete.
+  virtual std::unique_ptr<TokenConstraint> start(const std::vector<int32_t>& end_ids) const = 0;
+  // Sets the logits of every token that may not come next to -inf.
+  virtual void mask(float* logits, int64_t vocab) = 0;
+  // `token` was generated.
+  virtual void accept(int32_t token) = 0;
+};
+
 // Per-request generation parameters (OpenAI completions/chat semantics).
 struct GenerationParams {
   float temperature = 1.0f;  // 0: greedy
@@ -35,6 +51,7 @@ struct GenerationParams {
   int32_t n = 1;          // sequences per request; they share the prompt's KV blocks
   int32_t logprobs = -1;  // -1: none; 0: the sampled token's; k > 0: plus the top k
   bool skip_special_tokens = true;
+  std::shared_ptr<const TokenConstraint> constraint;  // null: unconstrained
 };
 
 enum class FinishReason : uint8_t { None, Stop, Length, Abort };

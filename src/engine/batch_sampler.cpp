@@ -18,7 +18,7 @@ constexpr int64_t kLogitsPerChunk = 32768;
 SampledToken sample_row(Sequence& seq, float* row, int64_t vocab) {
   const GenerationParams& p = seq.request->req.params;
   INFERX_CHECK(seq.sampler.has_value(), "batch sampler: sequence {} has no sampler", seq.index);
-  const bool processed = !p.logit_bias.empty() || seq.penalties.active();
+  const bool processed = !p.logit_bias.empty() || seq.penalties.active() || seq.constraint;
   // Logprobs describe the model's own distribution (vLLM's default: raw logprobs), so the raw row is
   // kept when processing is about to change it in place.
   thread_local std::vector<float> raw_copy;
@@ -30,6 +30,7 @@ SampledToken sample_row(Sequence& seq, float* row, int64_t vocab) {
   }
   if (!p.logit_bias.empty()) apply_logit_bias(row, vocab, p.logit_bias);
   seq.penalties.apply(row, vocab);
+  if (seq.constraint) seq.constraint->mask(row, vocab);  // structured output: after the processors (vLLM)
   SampledToken r;
   r.seq = &seq;
   if (p.temperature > 0.0f) {

@@ -266,6 +266,11 @@ std::unique_ptr<Sequence> Engine::Impl::make_sequence(RequestState& r, int32_t i
   s->seed = sp.seed;
   s->sampler.emplace(sp);
   s->penalties = PenaltyState(p, r.req.prompt);
+  if (p.constraint) {
+    std::vector<int32_t> ends = p.stop_token_ids;
+    if (!p.ignore_eos) ends.insert(ends.end(), eos_ids.begin(), eos_ids.end());
+    s->constraint = p.constraint->start(ends);
+  }
   if (tokenizer) s->detokenizer.emplace(*tokenizer, p.skip_special_tokens);
   s->stop = StopChecker(p.stop);
   s->pending.index = index;
@@ -328,6 +333,7 @@ void Engine::Impl::handle_token(SampledToken& t, double now) {
   if (r.times.first_token == 0) r.times.first_token = now;
   seq.tokens.push_back(t.token);
   seq.penalties.add_generated(t.token);
+  if (seq.constraint) seq.constraint->accept(t.token);
   ++generation_tokens;
   // The prompt is computed: fork the other n - 1 sequences off its blocks.
   if (seq.index == 0 && !r.forked) {

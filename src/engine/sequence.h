@@ -47,6 +47,7 @@ struct Sequence {
   std::optional<Sampler> sampler;
   uint64_t seed = 0;
   PenaltyState penalties;
+  std::unique_ptr<TokenConstraint> constraint;  // structured output (params.constraint's state): host-sampled
   std::optional<IncrementalDetokenizer> detokenizer;
   StopChecker stop;
   int32_t num_generated() const { return static_cast<int32_t>(tokens.size()) - num_prompt; }

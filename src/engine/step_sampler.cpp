@@ -7,7 +7,9 @@
 
 namespace inferx {
 
-bool samples_on_device(const Sequence& seq) { return seq.request->req.params.logprobs < 0; }
+bool samples_on_device(const Sequence& seq) {
+  return seq.request->req.params.logprobs < 0 && !seq.constraint;
+}
 
 bool needs_logit_edits(const Sequence& seq) {
   return !seq.request->req.params.logit_bias.empty() || seq.penalties.active();

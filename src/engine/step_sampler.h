@@ -22,7 +22,8 @@
 namespace inferx {
 
 // True when `seq`'s token can be chosen on the device: everything but logprobs (computed on the host from
-// the raw row); its logit_bias and penalties are then applied there as edits (needs_logit_edits).
+// the raw row) and structured output (its mask is built on the host); its logit_bias and penalties are
+// then applied there as edits (needs_logit_edits).
 bool samples_on_device(const Sequence& seq);
 bool needs_logit_edits(const Sequence& seq);
 // The draw in [0, 1) for the token at generated index `token_index` of a sequence seeded `seed`

@@ -21,6 +21,7 @@
 namespace inferx {
 class ChatTemplate;
 class Tokenizer;
+class TokenTrie;
 }  // namespace inferx
 
 namespace inferx::server {
@@ -71,6 +72,8 @@ class ApiServer {
   void reply_json(const std::shared_ptr<ResponseSink>& sink, const std::string& route, int status,
                   const std::string& body, HttpHeaders headers = {});
   std::vector<int32_t> tokenize_chat(const struct ParsedRequest& r) const;
+  // The tokenizer's vocabulary as a byte trie for JSON mode, built on first use and kept.
+  std::shared_ptr<const TokenTrie> token_trie();
 
   ApiServerOptions options_;
   ServerMetrics metrics_;
@@ -81,6 +84,8 @@ class ApiServer {
   std::mutex ids_mu_;
   std::unordered_set<std::string> live_ids_;
   std::atomic<int64_t> queued_{0};  // admitted, no output yet (the --max-queue count)
+  std::mutex trie_mu_;
+  std::shared_ptr<const TokenTrie> trie_;
   int64_t created_ = 0;
 };
 

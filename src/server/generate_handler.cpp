@@ -16,6 +16,7 @@
 #include "server/openai/response.h"
 #include "server/sse.h"
 #include "text/chat_template.h"
+#include "text/json_constraint.h"
 #include "text/tokenizer.h"
 
 namespace inferx::server {
@@ -52,6 +53,12 @@ struct ApiServer::Live {
   bool counted_queued = true;
   FinishReason reason = FinishReason::None;
 };
+
+std::shared_ptr<const TokenTrie> ApiServer::token_trie() {
+  std::lock_guard lock(trie_mu_);
+  if (!trie_) trie_ = std::make_shared<const TokenTrie>(*model_.tokenizer);
+  return trie_;
+}
 
 std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r) const {
   if (!model_.chat_template)
@@ -192,6 +199,12 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
   if (chat && options_.tool_call_format != ToolCallFormat::None && r.tools.is_array() && !r.tools.empty() &&
       r.tool_choice != "none")
     ctx.tool_format = options_.tool_call_format;
+  if (r.json_object) {
+    if (!model_.tokenizer)
+      bad_request("response_format",
+                  "a json_object response_format needs the model's tokenizer; this model has none");
+    r.params.constraint = make_json_object_constraint(token_trie());
+  }
   // Mistral's [TOOL_CALLS] is a control token: decoding must keep it for the parser to see the call.
   if (ctx.tool_format == ToolCallFormat::Mistral) r.params.skip_special_tokens = false;
   ctx.include_usage = r.include_usage;

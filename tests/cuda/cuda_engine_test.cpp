@@ -25,6 +25,7 @@
 #include "engine/logits_processors.h"
 #include "inferx/engine.h"
 #include "model/model.h"
+#include "text/json_constraint.h"
 
 namespace inferx {
 namespace {
@@ -83,6 +84,33 @@ TEST_F(CudaEngine, DeviceSamplingGreedyEqualsTheHostPath) {
   EXPECT_EQ(dev_stats.device_sampled_tokens, 9 * 16);
   EXPECT_EQ(host_stats.device_sampled_tokens, 0);
   EXPECT_EQ(dev_stats.decode_graph_steps, 0);
+}
+
+// Structured output (JSON mode) beside device-sampled rows: the constrained rows go to the host with their
+// mask, the others stay on the device, and the text is the all-host run's exactly.
+TEST_F(CudaEngine, ConstrainedRowsSampleOnTheHostBesideDeviceRows) {
+  const int64_t V = model_->config().vocab_size;
+  const std::vector<std::string> bytes = testing::json_pieces_vocab(V);
+  auto json_mode = make_json_object_constraint(std::make_shared<TokenTrie>(bytes));
+  std::vector<GenerationParams> ps(8, greedy(24));
+  for (size_t i = 0; i < ps.size(); i += 2) {
+    ps[i].constraint = json_mode;
+    ps[i].stop_token_ids = {static_cast<int32_t>(V - 1)};
+  }
+  EngineStats dev_stats;
+  const auto dev = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}}), &dev_stats);
+  const auto host = run(ps, Env(Vars{{"INFERX_GRAPHS", "0"}, {"INFERX_DEVICE_SAMPLING", "0"}}));
+  EXPECT_EQ(dev, host);
+  EXPECT_EQ(dev_stats.device_sampled_tokens, 4 * 24);  // the four unconstrained rows only
+  for (size_t i = 0; i < ps.size(); i += 2) {
+    JsonCursor cursor;
+    bool prefix = true;
+    for (int32_t t : dev[i])
+      for (unsigned char c : bytes[static_cast<size_t>(t)]) prefix = prefix && cursor.step(c);
+    EXPECT_TRUE(prefix) << i;
+  }
+  // With graphs and overlapped steps on (the defaults), the same text.
+  EXPECT_EQ(run(ps, Env(Vars{})), host);
 }
 
 // logit_bias and the penalties as edits on the GPU (Backend::edit_logits) leave each row exactly as the host

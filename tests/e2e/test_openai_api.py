@@ -190,10 +190,11 @@ def test_64_concurrent_streams_match_sequential(client):
 
 
 def test_unhonourable_requests_are_refused_not_ignored(client):
-    # No constrained decoding and no tool-call parsing: a client asking for JSON output or a forced tool call
-    # must learn it at once, not receive free text it takes for the answer.
+    # No schema enforcement (JSON mode only) and no forced tool calls: a client asking for them must learn it
+    # at once, not receive free text it takes for the answer.
     msgs = [{"role": "user", "content": "Hi"}]
-    for kw, param in ((dict(response_format={"type": "json_object"}), "response_format"),
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    for kw, param in ((dict(response_format=schema), "response_format"),
                       (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
                             tool_choice="required"), "tool_choice")):
         with pytest.raises(openai.BadRequestError) as e:

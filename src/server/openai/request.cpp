@@ -220,18 +220,27 @@ void parse_common(const json& body, ParsedRequest& r) {
   r.priority = static_cast<int32_t>(get_int(body, "priority", -1000000, 1000000, 0));
 
   // Fields we do not implement: refuse them rather than silently ignore what the client asked for.
-  // Structured output: the text is sampled unconstrained, so a JSON object or schema is not guaranteed.
+  // Structured output: JSON mode is enforced by a token constraint (text/json_constraint.h); a schema is
+  // not, so it is refused rather than answered with JSON that may not follow it.
   if (const json* f = field(body, "response_format")) {
     const json* type = f->is_object() ? field(*f, "type") : nullptr;
     if (!type || !type->is_string())
       bad_request("response_format", "'response_format' must be an object with a string 'type'",
                   "invalid_type");
-    if (*type != "text")
+    if (*type == "json_object")
+      r.json_object = true;
+    else if (*type != "text")
       bad_request("response_format",
-                  fmt::format("'response_format' type '{}' is not supported (no constrained decoding); only "
-                              "'text'",
+                  fmt::format("'response_format' type '{}' is not supported; 'text' and 'json_object' are "
+                              "(JSON schemas are not enforced)",
                               type->get<std::string>()));
   }
+
+  if (r.json_object && p.ignore_eos && p.stop_token_ids.empty())
+    bad_request("ignore_eos",
+                "'ignore_eos' with a json_object response_format leaves nothing to end the reply once the "
+                "object is complete (give 'stop_token_ids')");
+
   if (get_int(body, "best_of", 1, kMaxN, p.n) != p.n)
     bad_request("best_of", "'best_of' other than n is not supported");
 }

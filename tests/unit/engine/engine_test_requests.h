@@ -5,11 +5,24 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "inferx/engine.h"
 
 namespace inferx::testing {
+
+// Bytes for dummy:tiny's ids (it has no tokenizer), for structured-output tests: JSON-ish pieces in turn;
+// the last id has none (the tests' end token).
+inline std::vector<std::string> json_pieces_vocab(int64_t vocab) {
+  const std::vector<std::string> pieces = {
+      "{", "}",  "\"",  "\"a", "b",   ":", ",", " ", "1", "-", "true", "[", "]", "\"k\":", "\n  ", "\\",
+      "n", "},", "\"}", "x",   "0.5", "e", "u", "l", "r", "s", "f",    "E", "+", "2",      "\"\"", "null"};
+  std::vector<std::string> v(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i + 1 < vocab; ++i)
+    v[static_cast<size_t>(i)] = pieces[static_cast<size_t>(i) % pieces.size()];
+  return v;
+}
 
 // `len` ids, a different sequence per `salt`.
 inline std::vector<int32_t> test_prompt(int32_t len, int32_t salt) {

@@ -178,8 +178,8 @@ TEST(OpenAIRequest, ChatFields) {
             "top_logprobs");
 }
 
-// What the server cannot honour is refused, naming the field, never silently ignored: structured output
-// (no constrained decoding), forced tool calls, the deprecated functions API.
+// What the server cannot honour is refused, naming the field, never silently ignored: JSON schemas (only
+// JSON mode is enforced), forced tool calls, the deprecated functions API.
 TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   const json chat = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}};
   auto with = [&](const char* k, const json& v) {
@@ -189,7 +189,13 @@ TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   };
   EXPECT_EQ(with("response_format", {{"type", "text"}}), "<accepted>");
   EXPECT_EQ(with("response_format", nullptr), "<accepted>");
-  EXPECT_EQ(with("response_format", {{"type", "json_object"}}), "response_format");
+  EXPECT_EQ(with("response_format", {{"type", "json_object"}}), "<accepted>");  // JSON mode is enforced
+  json json_mode = chat;
+  json_mode["response_format"] = {{"type", "json_object"}};
+  EXPECT_TRUE(parse_chat_request(json_mode).json_object);
+  EXPECT_FALSE(parse_chat_request(chat).json_object);
+  json_mode["ignore_eos"] = true;  // nothing could end the reply after its object
+  EXPECT_EQ(param_of(json_mode, true), "ignore_eos");
   EXPECT_EQ(with("response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}),
             "response_format");
   EXPECT_EQ(with("response_format", "json"), "response_format");
@@ -200,7 +206,7 @@ TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   EXPECT_EQ(with("functions", json::array()), "functions");
   EXPECT_EQ(with("function_call", "auto"), "function_call");
   EXPECT_EQ(
-      param_of(json::parse(R"({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}})")),
+      param_of(json::parse(R"({"model": "m", "prompt": "x", "response_format": {"type": "json_schema"}})")),
       "response_format");
 }
 

@@ -1,0 +1,97 @@
+#pragma once
+// Structured output, JSON mode (OpenAI `response_format: {"type": "json_object"}`): a TokenConstraint that
+// lets a sequence generate only a prefix of one JSON object, and end only once the object is complete.
+//
+// How: the vocabulary is a byte trie (TokenTrie, built once per tokenizer from Tokenizer::token_bytes and
+// shared), and the JSON grammar a byte-level pushdown automaton (JsonCursor: container stack as bits,
+// lexical mode). For the next token, a depth-first walk of the trie steps the automaton through each
+// token's bytes and prunes at the first byte that cannot continue, so every token whose bytes keep the text
+// a valid JSON prefix is allowed - also tokens that span several JSON tokens (`"},`). Masks are cached per
+// automaton state (a long string repeats one state). Whitespace between JSON tokens is one space, or one
+// newline and an indentation (kMaxIndent), so a model cannot stall in blank space; after the object only an
+// end token may come.
+// Strings may hold any bytes but '"', '\\' and control characters (tokens can split UTF-8 characters).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "inferx/engine.h"
+
+namespace inferx {
+
+class Tokenizer;
+
+// The vocabulary's byte strings as a trie (children of a node contiguous). Tokens with no bytes (control
+// tokens) are not in it: a constraint never allows them, except end tokens where the text is complete.
+class TokenTrie {
+ public:
+  explicit TokenTrie(const Tokenizer& tokenizer);
+  // From explicit byte strings (tests): token id i has bytes[i].
+  explicit TokenTrie(const std::vector<std::string>& bytes);
+  int32_t vocab_size() const { return vocab_size_; }
+  uint32_t num_nodes() const { return static_cast<uint32_t>(child_begin_.size()) - 1; }
+
+  // Node 0 is the root. Children of n: [child_begin(n), child_begin(n + 1)).
+  uint32_t child_begin(uint32_t n) const { return child_begin_[n]; }
+  uint8_t child_byte(uint32_t c) const { return child_byte_[c]; }
+  uint32_t child_node(uint32_t c) const { return child_node_[c]; }
+  // Tokens whose bytes end at node n.
+  const int32_t* tokens_begin(uint32_t n) const { return token_ids_.data() + token_begin_[n]; }
+  const int32_t* tokens_end(uint32_t n) const { return token_ids_.data() + token_begin_[n + 1]; }
+  // Token t's bytes ("" for control tokens and ids outside the vocabulary).
+  const std::string& bytes(int32_t t) const;
+
+ private:
+  void build(const std::vector<std::string>& bytes);
+  int32_t vocab_size_ = 0;
+  std::vector<uint32_t> child_begin_, child_node_, token_begin_;
+  std::vector<uint8_t> child_byte_;
+  std::vector<int32_t> token_ids_;
+  std::vector<std::string> bytes_;
+};
+
+inline constexpr int kMaxJsonDepth = 64;
+inline constexpr int kMaxIndent = 20;
+
+// Where a JSON text is, byte by byte. step() is false for a byte that cannot continue a valid JSON text
+// (the cursor is then unspecified). `object_only`: the top-level value must be an object (JSON mode).
+struct JsonCursor {
+  enum Mode : uint8_t {
+    Start,
+    Value,
+    ArrayFirst,
+    ObjectFirst,
+    ObjectKey,
+    Colon,
+    After,
+    String,
+    Number,
+    Literal,
+    Done
+  };
+  uint64_t stack = 0;  // bit d: 1 if the container at depth d + 1 is an object
+  uint8_t depth = 0;
+  uint8_t mode = Start;
+  uint8_t sub =
+      0;  // String: 0 plain, 1 after '\', 2.. hex digits of \u left + 1; Number: its state; Literal: which
+  uint8_t pos = 0;  // Literal: bytes matched
+  uint8_t whitespace = 0;
+  uint8_t key = 0;  // String: it is an object key
+
+  bool step(uint8_t byte);
+  bool complete() const { return mode == Done; }
+  // The state as a cache key (every field).
+  std::pair<uint64_t, uint64_t> key_bits() const;
+
+ private:
+  bool value_start(uint8_t byte, bool allow_close_array);
+  bool after_value();
+  bool space(uint8_t c);
+};
+
+// The request's prototype; start() gives each sequence its own state.
+std::shared_ptr<const TokenConstraint> make_json_object_constraint(std::shared_ptr<const TokenTrie> trie);
+
+}  // namespace inferx
