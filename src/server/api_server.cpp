@@ -43,8 +43,8 @@ std::string url_decode(const std::string& s) {
 // The route label of inferx_http_responses_total: the served routes by name, anything else as "other", so
 // clients probing arbitrary paths cannot grow the metric's label set without bound.
 std::string route_label(const std::string& path) {
-  for (const char* r :
-       {"/health", "/ready", "/version", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"})
+  for (const char* r : {"/health", "/ready", "/version", "/metrics", "/v1/models", "/v1/completions",
+                        "/v1/chat/completions", "/tokenize", "/detokenize"})
     if (path == r) return path;
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
   return "other";
@@ -126,8 +126,9 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
       metrics_.http_response(path, 200);
       return sink->send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render());
     }
+    const bool tokenizer_route = path == "/tokenize" || path == "/detokenize";
     const bool v1 = path.rfind("/v1/", 0) == 0;
-    if (v1 && !is_authorized(req, options_.api_key))
+    if ((v1 || tokenizer_route) && !is_authorized(req, options_.api_key))
       throw ApiError(401, "Incorrect API key provided (send it as 'Authorization: Bearer <key>')", "",
                      "invalid_api_key");
     if (path == "/v1/models") {
@@ -144,6 +145,13 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
                                    options_.served_model_name),
                        "model", "model_not_found");
       return reply_json(sink, "/v1/models/{model}", 200, dump_json(model_json()));
+    }
+    if (tokenizer_route) {
+      if (!post) throw ApiError(405, fmt::format("use POST {}", path));
+      if (!ready_)
+        throw ApiError(503, "the model is still loading; retry when GET /ready answers 200", "", "",
+                       "unavailable");
+      return handle_tokenize(std::move(req), sink, path == "/detokenize");
     }
     if (path == "/v1/completions" || path == "/v1/chat/completions") {
       if (!post) throw ApiError(405, fmt::format("use POST {}", path));

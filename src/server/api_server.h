@@ -3,7 +3,8 @@
 // drain), and the completions / chat completions flow (parse -> tokenize -> submit -> stream back).
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{model}], GET /health (process
-// alive), GET /ready (model loaded and not draining), GET /metrics (Prometheus text), GET /version.
+// alive), GET /ready (model loaded and not draining), GET /metrics (Prometheus text), GET /version, and
+// vLLM's POST /tokenize and /detokenize (tokenize_handler.cpp).
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -71,7 +72,8 @@ class ApiServer {
   nlohmann::json model_json() const;  // the model object of GET /v1/models and /v1/models/{model}
   void reply_json(const std::shared_ptr<ResponseSink>& sink, const std::string& route, int status,
                   const std::string& body, HttpHeaders headers = {});
-  std::vector<int32_t> tokenize_chat(const struct ParsedRequest& r) const;
+  void handle_tokenize(HttpRequest&& request, const std::shared_ptr<ResponseSink>& sink, bool detokenize);
+  std::vector<int32_t> tokenize_chat(const struct ParsedRequest& r, bool add_generation_prompt = true) const;
   // The tokenizer's vocabulary as a byte trie for JSON mode, built on first use and kept.
   std::shared_ptr<const TokenTrie> token_trie();
 

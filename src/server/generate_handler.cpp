@@ -60,7 +60,7 @@ std::shared_ptr<const TokenTrie> ApiServer::token_trie() {
   return trie_;
 }
 
-std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r) const {
+std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r, bool add_generation_prompt) const {
   if (!model_.chat_template)
     bad_request("messages",
                 fmt::format("model '{}' has no chat template; start the server with "
@@ -73,7 +73,7 @@ std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r) const {
   ChatTemplateInputs in;
   in.messages = r.messages;
   if (r.tools.is_array()) in.tools = r.tools;
-  in.add_generation_prompt = true;
+  in.add_generation_prompt = add_generation_prompt;
   if (tok.bos_id() >= 0) in.bos_token = tok.piece(tok.bos_id());
   if (tok.eos_id() >= 0) in.eos_token = tok.piece(tok.eos_id());
   std::string text;

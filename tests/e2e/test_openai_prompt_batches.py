@@ -91,3 +91,26 @@ def test_retrieve_model(client, stories_server):
     labels = [k for k in stories_server.metrics() if k.startswith("inferx_http_responses_total{")]
     assert not any("/no/such/path" in k for k in labels)
     assert any('route="other"' in k and 'status="404"' in k for k in labels), labels
+
+
+def test_tokenize_and_detokenize(client, stories_server):
+    url = stories_server.url
+    r = requests.post(url + "/tokenize", json={"model": MODEL, "prompt": PROMPTS[0]}, timeout=10).json()
+    single = greedy(client, PROMPTS[0], 1)
+    assert r["count"] == len(r["tokens"]) == single.usage.prompt_tokens and r["max_model_len"] == 128
+    assert r["token_strs"] is None
+    plain = requests.post(url + "/tokenize", json={"prompt": PROMPTS[0], "add_special_tokens": False,
+                                                   "return_token_strs": True}, timeout=10).json()
+    assert plain["tokens"] == r["tokens"][1:] and len(plain["token_strs"]) == plain["count"]  # no BOS
+    assert requests.post(url + "/detokenize", json={"tokens": plain["tokens"]}, timeout=10).json() == {
+        "prompt": PROMPTS[0]}
+    chat = requests.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]},
+                         timeout=10).json()
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    assert chat["count"] == reply.usage.prompt_tokens  # the same template and tokens as chat completions
+    for path, body, param in (("/detokenize", {"tokens": [99999]}, "tokens"), ("/tokenize", {}, "prompt"),
+                              ("/tokenize", {"messages": []}, "messages")):
+        bad = requests.post(url + path, json=body, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    assert requests.post(url + "/tokenize", json={"model": "x", "prompt": "a"}, timeout=10).status_code == 404
+    assert requests.get(url + "/tokenize", timeout=10).status_code == 405

@@ -41,6 +41,11 @@ def test_api_key(tmp_path):
         good = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0)
         assert good.completions.create(model="stories260K", prompt="Hi", max_tokens=2).usage.completion_tokens == 2
         assert requests.get(s.url + "/health", timeout=5).status_code == 200  # probes need no key
+        # The tokenizer routes sit outside /v1 but expose the model: they need the key too.
+        assert requests.post(s.url + "/tokenize", json={"prompt": "Hi"}, timeout=5).status_code == 401
+        ok = requests.post(s.url + "/tokenize", json={"prompt": "Hi"}, timeout=5,
+                           headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200 and ok.json()["count"] >= 1
 
 
 def test_queue_full_is_429_with_retry_after(tmp_path):
