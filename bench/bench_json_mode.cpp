@@ -1,7 +1,9 @@
 // What JSON mode (text/json_constraint.h) costs per generated token on the host: the trie's build, then the
 // mask of each step while a constrained reply writes a given JSON document token by token (each step takes
 // the longest allowed token that continues the document, as a model copying it would). Prints one JSON line.
-// Usage: bench_json_mode MODEL [JSON_FILE]   (MODEL: a .gguf, a Hugging Face folder or a tokenizer.json)
+// Usage: bench_json_mode MODEL [JSON_FILE [SCHEMA_FILE]]   (MODEL: a .gguf, a Hugging Face folder or a
+// tokenizer.json). With a schema (or "default": bench/json_mode_schema.json's for the default document) the
+// constraint is the schema's (text/json_schema_constraint.h), else JSON mode's.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +17,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "text/json_constraint.h"
+#include "text/json_schema_constraint.h"
 #include "text/tokenizer_loader.h"
 
 namespace {
@@ -48,19 +51,29 @@ int main(int argc, char** argv) {
     const inferx::ModelText mt = inferx::load_model_text(model, gguf.get());
     INFERX_CHECK(mt.tokenizer != nullptr, "{}: no tokenizer", model);
     std::string doc = kDefaultDocument;
-    if (argc > 2) {
-      std::ifstream in(argv[2], std::ios::binary);
-      INFERX_CHECK(in.good(), "{}: cannot open", argv[2]);
+    auto read = [](const std::string& path) {
+      std::ifstream in(path, std::ios::binary);
+      INFERX_CHECK(in.good(), "{}: cannot open", path);
       std::stringstream ss;
       ss << in.rdbuf();
-      doc = ss.str();
-    }
+      return ss.str();
+    };
+    if (argc > 2 && std::string(argv[2]) != "default") doc = read(argv[2]);
+    std::shared_ptr<inferx::CompiledSchema> schema;
+    if (argc > 3)
+      schema = std::make_shared<inferx::CompiledSchema>(
+          inferx::CompiledSchema::compile(nlohmann::ordered_json::parse(
+              read(std::string(argv[3]) == "default"
+                       ? std::string(INFERX_SOURCE_DIR) + "/bench/json_mode_schema.json"
+                       : std::string(argv[3])))));
     const auto t0 = std::chrono::steady_clock::now();
     auto trie = std::make_shared<inferx::TokenTrie>(*mt.tokenizer);
     const double build_s = seconds_since(t0);
     const int64_t vocab = trie->vocab_size();
     const int32_t end = mt.tokenizer->eos_id();
-    auto c = inferx::make_json_object_constraint(trie)->start({end});
+    auto c = (schema ? inferx::make_json_schema_constraint(trie, schema)
+                     : inferx::make_json_object_constraint(trie))
+                 ->start({end});
     std::vector<float> row(static_cast<size_t>(vocab));
     std::vector<double> mask_us;
     size_t at = 0;
@@ -92,11 +105,13 @@ int main(int argc, char** argv) {
     double sum = 0;
     for (double x : mask_us) sum += x;
     std::printf(
-        "{\"vocab\": %lld, \"trie_nodes\": %u, \"trie_build_ms\": %.1f, \"tokens\": %zu, \"mask_us_mean\": "
+        "{\"constraint\": \"%s\", \"vocab\": %lld, \"trie_nodes\": %u, \"trie_build_ms\": %.1f, \"tokens\": "
+        "%zu, \"mask_us_mean\": "
         "%.1f, "
         "\"mask_us_p50\": %.1f, \"mask_us_p90\": %.1f, \"mask_us_max\": %.1f}\n",
-        static_cast<long long>(vocab), trie->num_nodes(), build_s * 1e3, mask_us.size(), sum / mask_us.size(),
-        sorted[sorted.size() / 2], sorted[sorted.size() * 9 / 10], sorted.back());
+        schema ? "json_schema" : "json_object", static_cast<long long>(vocab), trie->num_nodes(),
+        build_s * 1e3, mask_us.size(), sum / mask_us.size(), sorted[sorted.size() / 2],
+        sorted[sorted.size() * 9 / 10], sorted.back());
   } catch (const inferx::Error& e) {
     std::fprintf(stderr, "bench_json_mode: %s\n", e.what());
     return 1;

@@ -17,6 +17,7 @@
 #include "server/sse.h"
 #include "text/chat_template.h"
 #include "text/json_constraint.h"
+#include "text/json_schema_constraint.h"
 #include "text/tokenizer.h"
 
 namespace inferx::server {
@@ -201,9 +202,20 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
     ctx.tool_format = options_.tool_call_format;
   if (r.json_object) {
     if (!model_.tokenizer)
-      bad_request("response_format",
-                  "a json_object response_format needs the model's tokenizer; this model has none");
-    r.params.constraint = make_json_object_constraint(token_trie());
+      bad_request(
+          "response_format",
+          "a json_object or json_schema response_format needs the model's tokenizer; this model has none");
+    if (r.json_schema.is_null()) {
+      r.params.constraint = make_json_object_constraint(token_trie());
+    } else {
+      std::shared_ptr<CompiledSchema> schema;
+      try {
+        schema = std::make_shared<CompiledSchema>(CompiledSchema::compile(r.json_schema));
+      } catch (const SchemaError& e) {
+        bad_request("response_format", fmt::format("the JSON schema cannot be enforced: {}", e.what()));
+      }
+      r.params.constraint = make_json_schema_constraint(token_trie(), std::move(schema));
+    }
   }
   // Mistral's [TOOL_CALLS] is a control token: decoding must keep it for the parser to see the call.
   if (ctx.tool_format == ToolCallFormat::Mistral) r.params.skip_special_tokens = false;

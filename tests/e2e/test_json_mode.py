@@ -40,7 +40,10 @@ def test_chat_streamed_reply_is_a_json_object(client):
 
 
 @pytest.mark.parametrize("extra,param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string",
+                                                                                         "minLength": 2}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"response_format": JSON_MODE, "ignore_eos": True}, "ignore_eos"),
 ])
 def test_what_cannot_be_enforced_is_refused(stories_server, extra, param):
@@ -54,3 +57,23 @@ def test_json_mode_needs_a_tokenizer(tmp_path):
         r = requests.post(s.url + "/v1/completions", json={"model": "dummy:tiny", "prompt": [1, 2], "max_tokens": 2,
                                                            "response_format": JSON_MODE}, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
+def test_json_schema_replies_follow_the_schema(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "pet": {"enum": ["cat", "dog"]}},
+              "required": ["name", "age", "pet"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+    ended = 0
+    for seed in range(6):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Who?"}],
+                                           max_tokens=80, temperature=0.8, seed=seed, logit_bias=CLOSERS,
+                                           response_format=fmt)
+        text = r.choices[0].message.content
+        assert text.lstrip('{ \n').startswith('"name"'), text  # the schema's first property, its exact key
+        if r.choices[0].finish_reason == "stop":
+            v = json.loads(text)
+            assert list(v) == ["name", "age", "pet"] and isinstance(v["name"], str), text
+            assert isinstance(v["age"], int) and v["pet"] in ("cat", "dog"), text
+            ended += 1
+    assert ended >= 2

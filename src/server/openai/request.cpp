@@ -227,13 +227,24 @@ void parse_common(const json& body, ParsedRequest& r) {
     if (!type || !type->is_string())
       bad_request("response_format", "'response_format' must be an object with a string 'type'",
                   "invalid_type");
-    if (*type == "json_object")
+    if (*type == "json_object") {
       r.json_object = true;
-    else if (*type != "text")
+    } else if (*type == "json_schema") {
+      // {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: compiled by the handler
+      // (text/json_schema_constraint.h), which refuses what it cannot enforce.
+      const json* js = field(*f, "json_schema");
+      const json* schema = js && js->is_object() ? field(*js, "schema") : nullptr;
+      if (!schema)
+        bad_request("response_format", "'response_format.json_schema.schema' is required",
+                    "missing_required_parameter");
+      r.json_object = true;
+      r.json_schema = *schema;
+    } else if (*type != "text") {
       bad_request("response_format",
-                  fmt::format("'response_format' type '{}' is not supported; 'text' and 'json_object' are "
-                              "(JSON schemas are not enforced)",
+                  fmt::format("'response_format' type '{}' is not supported; 'text', 'json_object' and "
+                              "'json_schema' are",
                               type->get<std::string>()));
+    }
   }
 
   if (r.json_object && p.ignore_eos && p.stop_token_ids.empty())

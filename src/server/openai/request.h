@@ -25,7 +25,8 @@ struct ParsedRequest {
   // reference allows); each runs as its own engine request with n choices, choice index = prompt * n + j.
   std::vector<PromptInput> prompts;
   bool echo = false;         // completions: each choice's text starts with its prompt
-  bool json_object = false;  // response_format json_object: the reply is constrained to one JSON object
+  bool json_object = false;  // response_format json_object or json_schema: the reply is constrained
+  nlohmann::ordered_json json_schema;  // json_schema's "schema" (null: JSON mode, any object)
   // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
   nlohmann::ordered_json messages;   // key order kept: templates print tool schemas as given
   nlohmann::ordered_json tools;      // null or array, passed to the chat template

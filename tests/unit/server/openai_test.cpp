@@ -199,6 +199,12 @@ TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   EXPECT_EQ(with("response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}),
             "response_format");
   EXPECT_EQ(with("response_format", "json"), "response_format");
+  json schema_mode = chat;  // the schema is compiled (and refused if it cannot be enforced) by the handler
+  schema_mode["response_format"] = {{"type", "json_schema"},
+                                    {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}};
+  const ParsedRequest with_schema = parse_chat_request(schema_mode);
+  EXPECT_TRUE(with_schema.json_object);
+  EXPECT_EQ(with_schema.json_schema, json({{"type", "object"}}));
   EXPECT_EQ(with("tool_choice", "auto"), "<accepted>");
   EXPECT_EQ(with("tool_choice", "none"), "<accepted>");
   EXPECT_EQ(with("tool_choice", "required"), "tool_choice");

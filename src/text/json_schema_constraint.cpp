@@ -1,0 +1,710 @@
+#include "text/json_schema_constraint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace inferx {
+
+using ojson = nlohmann::ordered_json;
+
+// ---- Compiling the schema ----
+
+namespace {
+
+struct Compiler {
+  const ojson& root;
+  CompiledSchema out;
+  std::map<std::string, int32_t> refs;  // "$ref" string -> node (allocated before its target compiles)
+
+  int32_t add(SchemaNode n) {
+    out.nodes.push_back(std::move(n));
+    return static_cast<int32_t>(out.nodes.size()) - 1;
+  }
+
+  static std::string text(const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::strict); }
+
+  int32_t ref(const std::string& r) {
+    auto it = refs.find(r);
+    if (it != refs.end()) return it->second;
+    const ojson* target = nullptr;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string p = prefix;
+      if (r.rfind(p, 0) != 0) continue;
+      const std::string container = p.substr(2, p.size() - 3);
+      const std::string name = r.substr(p.size());
+      auto defs = root.find(container);
+      if (defs != root.end() && defs->is_object() && defs->contains(name)) target = &(*defs)[name];
+    }
+    if (r == "#") target = &root;
+    if (!target)
+      throw SchemaError(fmt::format("'$ref' {} does not name a schema under #/$defs or #/definitions", r));
+    // Allocate first, so a recursive reference finds it: an AnyOf of one option, filled in below.
+    const int32_t slot = add({});
+    refs[r] = slot;
+    const int32_t target_node = node(*target);
+    out.nodes[static_cast<size_t>(slot)].kind = SchemaNode::AnyOf;
+    out.nodes[static_cast<size_t>(slot)].options = {target_node};
+    return slot;
+  }
+
+  int32_t typed(const ojson& s, const std::string& type) {
+    SchemaNode n;
+    if (type == "string") {
+      n.kind = SchemaNode::String;
+    } else if (type == "number") {
+      n.kind = SchemaNode::Number;
+    } else if (type == "integer") {
+      n.kind = SchemaNode::Integer;
+    } else if (type == "boolean") {
+      n.kind = SchemaNode::Literals;
+      n.literals = {"true", "false"};
+    } else if (type == "null") {
+      n.kind = SchemaNode::Literals;
+      n.literals = {"null"};
+    } else if (type == "array") {
+      auto items = s.find("items");
+      n.items = items == s.end() ? -1 : node(*items);  // compiled first: node() may grow out.nodes
+      n.kind = SchemaNode::Array;
+    } else if (type == "object") {
+      auto props = s.find("properties");
+      if (props == s.end()) {
+        n.kind = SchemaNode::Any;  // an object without properties: any object (JSON mode's automaton)
+        n.literals = {"{"};        // marks "object only"
+        return add(std::move(n));
+      }
+      if (!props->is_object()) throw SchemaError("'properties' must be an object");
+      if (props->size() > std::numeric_limits<uint16_t>::max()) throw SchemaError("too many 'properties'");
+      std::vector<std::string> required;
+      if (auto req = s.find("required"); req != s.end()) {
+        if (!req->is_array()) throw SchemaError("'required' must be an array of property names");
+        for (const auto& r : *req) {
+          if (!r.is_string() || !props->contains(r.get<std::string>()))
+            throw SchemaError(fmt::format("'required' names {}, which is not in 'properties'", r.dump()));
+          required.push_back(r.get<std::string>());
+        }
+      }
+      std::vector<std::pair<std::string, const ojson*>> members;
+      for (const auto& [k, v] : props->items()) members.emplace_back(k, &v);
+      SchemaNode o;
+      o.kind = SchemaNode::Object;
+      for (const auto& [k, v] : members) {
+        o.keys.push_back(text(ojson(k)));
+        o.required.push_back(std::find(required.begin(), required.end(), k) != required.end() ? 1 : 0);
+        o.values.push_back(-1);
+      }
+      const int32_t id = add(std::move(o));
+      for (size_t i = 0; i < members.size(); ++i) {
+        const int32_t v = node(*members[i].second);
+        out.nodes[static_cast<size_t>(id)].values[i] = v;
+      }
+      return id;
+    } else {
+      throw SchemaError(fmt::format("'type' {} is not a JSON Schema type", ojson(type).dump()));
+    }
+    return add(std::move(n));
+  }
+
+  int32_t node(const ojson& s) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) throw SchemaError("the schema 'false' allows no value");
+      return add({});
+    }
+    if (!s.is_object()) throw SchemaError(fmt::format("a schema must be an object, got {}", s.dump()));
+    static const char* const kKnown[] = {"type",    "properties",  "required", "additionalProperties",
+                                         "items",   "enum",        "const",    "anyOf",
+                                         "oneOf",   "$ref",        "$defs",    "definitions",
+                                         "title",   "description", "default",  "examples",
+                                         "$schema", "$id",         "$comment", "strict"};
+    for (const auto& item : s.items()) {
+      const std::string& k = item.key();  // (clang 14 cannot capture a structured binding)
+      if (std::find_if(std::begin(kKnown), std::end(kKnown), [&](const char* x) { return k == x; }) ==
+          std::end(kKnown))
+        throw SchemaError(fmt::format("the schema keyword '{}' is not enforced by this server", k));
+    }
+    if (auto r = s.find("$ref"); r != s.end()) {
+      if (!r->is_string()) throw SchemaError("'$ref' must be a string");
+      for (const char* k : {"type", "properties", "items", "enum", "const", "anyOf", "oneOf"})
+        if (s.contains(k)) throw SchemaError(fmt::format("'$ref' beside '{}' is not enforced", k));
+      return ref(r->get<std::string>());
+    }
+    if (auto e = s.find("enum"); e != s.end()) {
+      if (!e->is_array() || e->empty()) throw SchemaError("'enum' must be a non-empty array");
+      if (e->size() > std::numeric_limits<uint16_t>::max()) throw SchemaError("too many 'enum' values");
+      SchemaNode n;
+      n.kind = SchemaNode::Literals;
+      for (const auto& v : *e) n.literals.push_back(text(v));
+      return add(std::move(n));
+    }
+    if (auto c = s.find("const"); c != s.end()) {
+      SchemaNode n;
+      n.kind = SchemaNode::Literals;
+      n.literals = {text(*c)};
+      return add(std::move(n));
+    }
+    for (const char* k : {"anyOf", "oneOf"}) {
+      auto a = s.find(k);
+      if (a == s.end()) continue;
+      if (!a->is_array() || a->empty()) throw SchemaError(fmt::format("'{}' must be a non-empty array", k));
+      if (s.contains("type")) throw SchemaError(fmt::format("'{}' beside 'type' is not enforced", k));
+      std::vector<int32_t> options;
+      for (const auto& o : *a) options.push_back(node(o));
+      SchemaNode n;
+      n.kind = SchemaNode::AnyOf;
+      n.options = std::move(options);
+      return add(std::move(n));
+    }
+    auto type = s.find("type");
+    if (type == s.end()) {
+      if (s.contains("properties") || s.contains("items"))
+        throw SchemaError("'properties' or 'items' without a 'type' is not enforced");
+      return add({});  // any value
+    }
+    if (type->is_string()) return typed(s, type->get<std::string>());
+    if (!type->is_array() || type->empty()) throw SchemaError("'type' must be a type name or a list of them");
+    std::vector<int32_t> options;
+    for (const auto& t : *type) {
+      if (!t.is_string()) throw SchemaError("'type' must be a type name or a list of them");
+      options.push_back(typed(s, t.get<std::string>()));
+    }
+    SchemaNode n;
+    n.kind = SchemaNode::AnyOf;
+    n.options = std::move(options);
+    return add(std::move(n));
+  }
+};
+
+}  // namespace
+
+CompiledSchema CompiledSchema::compile(const ojson& schema) {
+  Compiler c{schema, {}, {}};
+  try {
+    c.out.root = c.node(schema);
+  } catch (const ojson::exception& e) {
+    throw SchemaError(fmt::format("the schema cannot be compiled: {}", e.what()));
+  }
+  return std::move(c.out);
+}
+
+// ---- The automaton: a set of deterministic threads, each a stack of frames ----
+
+namespace {
+
+enum FrameKind : uint8_t { FValue, FLiteral, FKey, FString, FNumber, FObject, FArray, FAny };
+enum ObjectState : uint8_t { OOpen, OKey, OColon, OValue, OAfter, OComma };
+enum ArrayState : uint8_t { AOpen, AValue, AAfter, AComma };
+// The same numbering as JsonCursor's number states (json_constraint.cpp): FAny reads its cursor's `sub`.
+enum NumberState : uint8_t { Minus = 1, Zero, Int, Dot, Frac, Exp, ExpSign, ExpDigits };
+
+struct Frame {
+  uint8_t kind = FValue;
+  uint8_t state = 0;    // object / array / string / number state
+  uint8_t integer = 0;  // FNumber: an integer (no fraction or exponent)
+  uint8_t pad = 0;
+  uint16_t index = 0;  // FObject: the property being written or the next one; FLiteral / FKey: which literal
+  uint16_t pos = 0;    // FLiteral / FKey: bytes matched
+  int32_t node = -1;
+  bool operator==(const Frame& o) const {
+    return kind == o.kind && state == o.state && integer == o.integer && index == o.index && pos == o.pos &&
+           node == o.node;
+  }
+};
+
+struct Thread {
+  std::vector<Frame> frames;
+  JsonCursor any;  // the FAny frame's cursor (an FAny frame is always on top)
+  uint8_t whitespace = 0;
+  bool operator==(const Thread& o) const {
+    return frames == o.frames && whitespace == o.whitespace && any.key_bits() == o.any.key_bits();
+  }
+};
+
+constexpr size_t kMaxThreads = 64;  // more are dropped: fewer continuations allowed, never a wrong one
+
+bool is_space(uint8_t c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool number_complete(uint8_t s) { return s == Zero || s == Int || s == Frac || s == ExpDigits; }
+
+class Automaton {
+ public:
+  explicit Automaton(const CompiledSchema& s) : s_(s) {}
+
+  Thread start() const {
+    Thread t;
+    Frame f;
+    f.kind = FValue;
+    f.node = s_.root;
+    t.frames.push_back(f);
+    return t;
+  }
+
+  // Every successor of `t` on byte b, appended to out.
+  void step(Thread t, uint8_t b, std::vector<Thread>& out) const {
+    if (t.frames.empty()) return;  // complete: only an end token may follow
+    Frame& f = t.frames.back();
+    const bool structural = f.kind == FValue || (f.kind == FObject && f.state != OValue && f.state != OKey) ||
+                            (f.kind == FArray && f.state != AValue);
+    if (structural && is_space(b)) {
+      if (!space(t.whitespace, b)) return;
+      out.push_back(std::move(t));
+      return;
+    }
+    if (f.kind != FAny) t.whitespace = 0;
+    switch (f.kind) {
+      case FValue:
+        return value_start(std::move(t), b, out);
+      case FLiteral:
+      case FKey: {
+        const std::string& lit = literal(f);
+        if (f.pos >= lit.size() || static_cast<uint8_t>(lit[f.pos]) != b) return;
+        if (++f.pos < lit.size()) {
+          out.push_back(std::move(t));
+          return;
+        }
+        if (f.kind == FKey) {
+          t.frames.pop_back();
+          t.frames.back().state = OColon;
+          out.push_back(std::move(t));
+          return;
+        }
+        return value_done(std::move(t), out);
+      }
+      case FString:
+        if (f.state == 0) {
+          if (b == '"') return value_done(std::move(t), out);
+          if (b == '\\')
+            f.state = 1;
+          else if (b < 0x20)
+            return;
+        } else if (f.state == 1) {
+          if (b == 'u')
+            f.state = 5;
+          else if (b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' || b == 'r' ||
+                   b == 't')
+            f.state = 0;
+          else
+            return;
+        } else {
+          if (!is_hex(b)) return;
+          f.state = f.state == 2 ? 0 : f.state - 1;
+        }
+        out.push_back(std::move(t));
+        return;
+      case FNumber:
+        return number(std::move(t), b, out);
+      case FObject:
+        return object(std::move(t), b, out);
+      case FArray:
+        return array(std::move(t), b, out);
+      case FAny: {
+        JsonCursor next = t.any;
+        if (next.step(b)) {
+          t.any = next;
+          if (t.any.complete()) {
+            t.any = JsonCursor{};
+            return value_done(std::move(t), out);
+          }
+          out.push_back(std::move(t));
+          return;
+        }
+        // A number at the value's top level ends at the first byte that is not part of it.
+        if (t.any.mode == JsonCursor::Number && t.any.depth == 0 && number_complete(t.any.sub)) {
+          t.any = JsonCursor{};
+          t.frames.pop_back();
+          finish_child(t);
+          return step(std::move(t), b, out);
+        }
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  static bool complete(const Thread& t) {
+    if (t.frames.empty()) return true;
+    if (t.frames.size() != 1) return false;
+    const Frame& f = t.frames.back();
+    if (f.kind == FNumber) return number_complete(f.state);
+    if (f.kind == FAny)
+      return t.any.mode == JsonCursor::Number && t.any.depth == 0 && number_complete(t.any.sub);
+    return false;
+  }
+
+ private:
+  const std::string& literal(const Frame& f) const {
+    const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
+    return f.kind == FKey ? n.keys[f.index] : n.literals[f.index];
+  }
+
+  // JSON mode's whitespace rule (JsonCursor::space): one space or tab, or a newline and an indentation.
+  static bool space(uint8_t& w, uint8_t c) {
+    if (w == 0) {
+      w = c == '\n' ? 2 : 1;
+      return c == ' ' || c == '\t' || c == '\n';
+    }
+    if (w == 1 || c == '\n' || c == '\r' || w >= 2 + kMaxIndent) return false;
+    ++w;
+    return true;
+  }
+
+  // The parent of a finished value moves on.
+  static void finish_child(Thread& t) {
+    if (t.frames.empty()) return;
+    Frame& p = t.frames.back();
+    if (p.kind == FObject) {
+      p.state = OAfter;
+      ++p.index;
+    } else if (p.kind == FArray) {
+      p.state = AAfter;
+    }
+  }
+
+  void value_done(Thread t, std::vector<Thread>& out) const {
+    t.frames.pop_back();
+    finish_child(t);
+    out.push_back(std::move(t));
+  }
+
+  void value_start(Thread t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.frames.back();
+    const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
+    switch (n.kind) {
+      case SchemaNode::Any: {
+        JsonCursor c;
+        c.mode = n.literals.empty() ? JsonCursor::Value : JsonCursor::Start;  // "{": an object only
+        f.kind = FAny;
+        t.any = c;
+        return step(std::move(t), b, out);
+      }
+      case SchemaNode::Object:
+        if (b != '{') return;
+        f.kind = FObject;
+        f.state = OOpen;
+        f.index = 0;
+        out.push_back(std::move(t));
+        return;
+      case SchemaNode::Array:
+        if (b != '[') return;
+        f.kind = FArray;
+        f.state = AOpen;
+        out.push_back(std::move(t));
+        return;
+      case SchemaNode::String:
+        if (b != '"') return;
+        f.kind = FString;
+        f.state = 0;
+        out.push_back(std::move(t));
+        return;
+      case SchemaNode::Number:
+      case SchemaNode::Integer:
+        f.kind = FNumber;
+        f.integer = n.kind == SchemaNode::Integer;
+        if (b == '-')
+          f.state = Minus;
+        else if (b == '0')
+          f.state = Zero;
+        else if (is_digit(b))
+          f.state = Int;
+        else
+          return;
+        out.push_back(std::move(t));
+        return;
+      case SchemaNode::Literals:
+        for (size_t i = 0; i < n.literals.size(); ++i) {
+          Thread u = t;
+          Frame& g = u.frames.back();
+          g.kind = FLiteral;
+          g.index = static_cast<uint16_t>(i);
+          g.pos = 0;
+          step(std::move(u), b, out);
+        }
+        return;
+      case SchemaNode::AnyOf:
+        for (int32_t o : n.options) {
+          Thread u = t;
+          u.frames.back().node = o;
+          value_start(std::move(u), b, out);
+        }
+        return;
+    }
+  }
+
+  void number(Thread t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.frames.back();
+    auto to = [&](uint8_t s) {
+      f.state = s;
+      out.push_back(std::move(t));
+    };
+    switch (f.state) {
+      case Minus:
+        if (b == '0') return to(Zero);
+        if (is_digit(b)) return to(Int);
+        return;
+      case Zero:
+      case Int:
+        if (f.state == Int && is_digit(b)) return to(Int);
+        if (!f.integer && b == '.') return to(Dot);
+        if (!f.integer && (b == 'e' || b == 'E')) return to(Exp);
+        break;
+      case Dot:
+        if (is_digit(b)) return to(Frac);
+        return;
+      case Frac:
+        if (is_digit(b)) return to(Frac);
+        if (b == 'e' || b == 'E') return to(Exp);
+        break;
+      case Exp:
+        if (b == '+' || b == '-') return to(ExpSign);
+        if (is_digit(b)) return to(ExpDigits);
+        return;
+      case ExpSign:
+        if (is_digit(b)) return to(ExpDigits);
+        return;
+      case ExpDigits:
+        if (is_digit(b)) return to(ExpDigits);
+        break;
+      default:
+        return;
+    }
+    if (!number_complete(f.state)) return;
+    // The byte ends the number and belongs to what follows it.
+    t.frames.pop_back();
+    if (t.frames.empty()) return;  // a top-level number has nothing after it
+    finish_child(t);
+    step(std::move(t), b, out);
+  }
+
+  // The properties that may come next from index i: each optional one up to the first required one.
+  void keys_from(const Thread& t, size_t i, std::vector<Thread>& out) const {
+    const Frame& f = t.frames.back();
+    const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
+    for (size_t j = i; j < n.keys.size(); ++j) {
+      Thread u = t;
+      Frame& o = u.frames.back();
+      o.state = OKey;
+      o.index = static_cast<uint16_t>(j);
+      Frame k;
+      k.kind = FKey;
+      k.node = f.node;
+      k.index = static_cast<uint16_t>(j);
+      k.pos = 1;  // the opening quote
+      u.frames.push_back(k);
+      out.push_back(std::move(u));
+      if (n.required[j]) break;
+    }
+  }
+
+  bool none_required_from(const Frame& f) const {
+    const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
+    for (size_t j = f.index; j < n.required.size(); ++j)
+      if (n.required[j]) return false;
+    return true;
+  }
+
+  void object(Thread t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.frames.back();
+    const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
+    switch (f.state) {
+      case OOpen:
+      case OAfter:
+        if (b == '}') {
+          if (!none_required_from(f)) return;
+          return value_done(std::move(t), out);
+        }
+        if (f.state == OAfter) {
+          if (b != ',' || f.index >= n.keys.size()) return;
+          f.state = OComma;
+          out.push_back(std::move(t));
+          return;
+        }
+        [[fallthrough]];
+      case OComma:
+        if (b != '"') return;
+        return keys_from(t, f.index, out);
+      case OColon: {
+        if (b != ':') return;
+        f.state = OValue;
+        Frame v;
+        v.kind = FValue;
+        v.node = n.values[f.index];
+        t.frames.push_back(v);
+        out.push_back(std::move(t));
+        return;
+      }
+      default:
+        return;
+    }
+  }
+
+  void array(Thread t, uint8_t b, std::vector<Thread>& out) const {
+    Frame& f = t.frames.back();
+    const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
+    if ((f.state == AOpen || f.state == AAfter) && b == ']') return value_done(std::move(t), out);
+    if (f.state == AAfter) {
+      if (b != ',') return;
+      f.state = AComma;
+      out.push_back(std::move(t));
+      return;
+    }
+    if (f.state != AOpen && f.state != AComma) return;
+    f.state = AValue;
+    Frame v;
+    v.kind = FValue;
+    v.node = n.items;
+    if (v.node < 0) {  // items unconstrained: any value
+      v.kind = FAny;
+      t.any = JsonCursor{};
+      t.any.mode = JsonCursor::Value;
+    }
+    t.frames.push_back(v);
+    step(std::move(t), b, out);
+  }
+
+  const CompiledSchema& s_;
+};
+
+// Steps every thread; duplicates merged, the set capped.
+void step_all(const Automaton& a, const std::vector<Thread>& in, uint8_t b, std::vector<Thread>& out) {
+  out.clear();
+  for (const Thread& t : in) a.step(t, b, out);
+  std::vector<Thread> unique;
+  for (Thread& t : out)
+    if (unique.size() < kMaxThreads && std::find(unique.begin(), unique.end(), t) == unique.end())
+      unique.push_back(std::move(t));
+  out.swap(unique);
+}
+
+std::string state_key(const std::vector<Thread>& threads) {
+  std::string k;
+  for (const Thread& t : threads) {
+    for (const Frame& f : t.frames) {
+      const Frame g = f;
+      k.append(reinterpret_cast<const char*>(&g.kind), 4);
+      k.append(reinterpret_cast<const char*>(&g.index), 4);
+      k.append(reinterpret_cast<const char*>(&g.node), 4);
+    }
+    const auto bits = t.any.key_bits();
+    k.append(reinterpret_cast<const char*>(&bits.first), 8);
+    k.append(reinterpret_cast<const char*>(&bits.second), 8);
+    k.push_back(static_cast<char>(t.whitespace));
+    k.push_back('|');
+  }
+  return k;
+}
+
+bool run(const CompiledSchema& s, const std::string& text, bool need_complete) {
+  Automaton a(s);
+  std::vector<Thread> threads = {a.start()}, next;
+  for (unsigned char c : text) {
+    step_all(a, threads, c, next);
+    threads.swap(next);
+    if (threads.empty()) return false;
+  }
+  if (!need_complete) return true;
+  return std::any_of(threads.begin(), threads.end(), [](const Thread& t) { return Automaton::complete(t); });
+}
+
+class JsonSchemaConstraint final : public TokenConstraint {
+ public:
+  JsonSchemaConstraint(std::shared_ptr<const TokenTrie> trie, std::shared_ptr<const CompiledSchema> schema)
+      : trie_(std::move(trie)), schema_(std::move(schema)), automaton_(*schema_) {
+    threads_ = {automaton_.start()};
+  }
+
+  std::unique_ptr<TokenConstraint> start(const std::vector<int32_t>& end_ids) const override {
+    auto s = std::make_unique<JsonSchemaConstraint>(trie_, schema_);
+    s->end_ids_ = end_ids;
+    return s;
+  }
+
+  void mask(float* logits, int64_t vocab) override {
+    const bool may_end =
+        threads_.empty() ||
+        std::any_of(threads_.begin(), threads_.end(), [](const Thread& t) { return Automaton::complete(t); });
+    const std::vector<uint64_t>& allowed = allowed_now();
+    kept_.clear();
+    if (may_end)
+      for (int32_t e : end_ids_)
+        if (e >= 0 && e < vocab) kept_.emplace_back(e, logits[e]);
+    constexpr float kNo = -std::numeric_limits<float>::infinity();
+    const int64_t in_trie = std::min<int64_t>(vocab, trie_->vocab_size());
+    for (int64_t t = 0; t < in_trie; ++t)
+      if (!((allowed[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1)) logits[t] = kNo;
+    std::fill(logits + in_trie, logits + vocab, kNo);
+    for (int32_t e : end_ids_)
+      if (e >= 0 && e < vocab) logits[e] = kNo;
+    for (const auto& [e, v] : kept_) logits[e] = v;
+  }
+
+  void accept(int32_t token) override {
+    if (std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end()) return;
+    const std::string& bytes = trie_->bytes(token);
+    if (bytes.empty()) threads_.clear();  // not a token the mask allowed: only the end is left
+    for (unsigned char c : bytes) {
+      step_all(automaton_, threads_, c, next_);
+      threads_.swap(next_);
+    }
+  }
+
+ private:
+  const std::vector<uint64_t>& allowed_now() {
+    const std::string key = state_key(threads_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    if (cache_.size() >= kCacheEntries) cache_.clear();
+    std::vector<uint64_t>& bits = cache_[key];
+    bits.assign((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
+    struct Item {
+      uint32_t node;
+      std::vector<Thread> threads;
+    };
+    std::vector<Item> stack;
+    if (!threads_.empty()) stack.push_back({0, threads_});
+    std::vector<Thread> next;
+    while (!stack.empty()) {
+      Item item = std::move(stack.back());
+      stack.pop_back();
+      for (uint32_t c = trie_->child_begin(item.node); c < trie_->child_begin(item.node + 1); ++c) {
+        step_all(automaton_, item.threads, trie_->child_byte(c), next);
+        if (next.empty()) continue;
+        const uint32_t child = trie_->child_node(c);
+        for (const int32_t* t = trie_->tokens_begin(child); t != trie_->tokens_end(child); ++t)
+          bits[static_cast<size_t>(*t) >> 6] |= uint64_t{1} << (*t & 63);
+        stack.push_back({child, std::move(next)});
+        next = {};
+      }
+    }
+    return bits;
+  }
+
+  static constexpr size_t kCacheEntries = 32;
+  std::shared_ptr<const TokenTrie> trie_;
+  std::shared_ptr<const CompiledSchema> schema_;
+  Automaton automaton_;
+  std::vector<Thread> threads_, next_;
+  std::vector<int32_t> end_ids_;
+  std::unordered_map<std::string, std::vector<uint64_t>> cache_;
+  std::vector<std::pair<int32_t, float>> kept_;
+};
+
+}  // namespace
+
+bool schema_accepts(const CompiledSchema& schema, const std::string& text) { return run(schema, text, true); }
+bool schema_accepts_prefix(const CompiledSchema& schema, const std::string& text) {
+  return run(schema, text, false);
+}
+
+std::shared_ptr<const TokenConstraint> make_json_schema_constraint(
+    std::shared_ptr<const TokenTrie> trie, std::shared_ptr<const CompiledSchema> schema) {
+  INFERX_CHECK(trie != nullptr && schema != nullptr, "json schema constraint: no trie or schema");
+  return std::make_shared<JsonSchemaConstraint>(std::move(trie), std::move(schema));
+}
+
+}  // namespace inferx
