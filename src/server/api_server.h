@@ -74,8 +74,10 @@ class ApiServer {
                   const std::string& body, HttpHeaders headers = {});
   void handle_tokenize(HttpRequest&& request, const std::shared_ptr<ResponseSink>& sink, bool detokenize);
   std::vector<int32_t> tokenize_chat(const struct ParsedRequest& r, bool add_generation_prompt = true) const;
-  // The tokenizer's vocabulary as a byte trie for JSON mode, built on first use and kept.
+  // The tokenizer's vocabulary as a byte trie for structured output, built on first use and kept, and JSON
+  // mode's constraint over it: one prototype for every request, so they share its cache of masks.
   std::shared_ptr<const TokenTrie> token_trie();
+  std::shared_ptr<const TokenConstraint> json_mode();
 
   ApiServerOptions options_;
   ServerMetrics metrics_;
@@ -88,6 +90,7 @@ class ApiServer {
   std::atomic<int64_t> queued_{0};  // admitted, no output yet (the --max-queue count)
   std::mutex trie_mu_;
   std::shared_ptr<const TokenTrie> trie_;
+  std::shared_ptr<const TokenConstraint> json_mode_;
   int64_t created_ = 0;
 };
 

@@ -61,6 +61,13 @@ std::shared_ptr<const TokenTrie> ApiServer::token_trie() {
   return trie_;
 }
 
+std::shared_ptr<const TokenConstraint> ApiServer::json_mode() {
+  std::shared_ptr<const TokenTrie> trie = token_trie();
+  std::lock_guard lock(trie_mu_);
+  if (!json_mode_) json_mode_ = make_json_object_constraint(std::move(trie));
+  return json_mode_;
+}
+
 std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r, bool add_generation_prompt) const {
   if (!model_.chat_template)
     bad_request("messages",
@@ -206,7 +213,7 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
           "response_format",
           "a json_object or json_schema response_format needs the model's tokenizer; this model has none");
     if (r.json_schema.is_null()) {
-      r.params.constraint = make_json_object_constraint(token_trie());
+      r.params.constraint = json_mode();
     } else {
       std::shared_ptr<CompiledSchema> schema;
       try {

@@ -73,6 +73,21 @@ void TokenTrie::build(const std::vector<std::string>& bytes) {
                "token trie: inconsistent build ({} nodes)", next_node);
 }
 
+// ---- MaskCache ----
+
+MaskCache::Mask MaskCache::find(const std::string& key) {
+  std::lock_guard lock(mu_);
+  auto it = map_.find(key);
+  return it == map_.end() ? nullptr : it->second;
+}
+
+MaskCache::Mask MaskCache::insert(const std::string& key, std::vector<uint64_t> bits) {
+  auto mask = std::make_shared<const std::vector<uint64_t>>(std::move(bits));
+  std::lock_guard lock(mu_);
+  if (map_.size() >= kEntries) map_.clear();
+  return map_.emplace(key, std::move(mask)).first->second;
+}
+
 // ---- JsonCursor ----
 
 namespace {
@@ -275,25 +290,27 @@ namespace {
 
 class JsonObjectConstraint final : public TokenConstraint {
  public:
-  explicit JsonObjectConstraint(std::shared_ptr<const TokenTrie> trie) : trie_(std::move(trie)) {}
+  JsonObjectConstraint(std::shared_ptr<const TokenTrie> trie, std::shared_ptr<MaskCache> cache)
+      : trie_(std::move(trie)), cache_(std::move(cache)) {}
 
   std::unique_ptr<TokenConstraint> start(const std::vector<int32_t>& end_ids) const override {
-    auto s = std::make_unique<JsonObjectConstraint>(trie_);
+    auto s = std::make_unique<JsonObjectConstraint>(trie_, cache_);
     s->end_ids_ = end_ids;
     return s;
   }
 
   void mask(float* logits, int64_t vocab) override {
-    const std::vector<uint64_t>& allowed = allowed_now();
     const bool may_end = cursor_.complete() || broken_;
+    const MaskCache::Mask allowed = allowed_now();
     kept_.clear();
     if (may_end)
       for (int32_t e : end_ids_)
         if (e >= 0 && e < vocab) kept_.emplace_back(e, logits[e]);
     constexpr float kNo = -std::numeric_limits<float>::infinity();
     const int64_t in_trie = std::min<int64_t>(vocab, trie_->vocab_size());
+    const uint64_t* bits = allowed->data();
     for (int64_t t = 0; t < in_trie; ++t)
-      if (!((allowed[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1)) logits[t] = kNo;
+      if (!((bits[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1)) logits[t] = kNo;
     std::fill(logits + in_trie, logits + vocab, kNo);  // rows past the tokenizer's vocabulary (padding)
     // End tokens end the text: only once it is complete (a stop token with bytes could fit mid-object).
     if (!may_end)
@@ -316,50 +333,49 @@ class JsonObjectConstraint final : public TokenConstraint {
   }
 
  private:
-  // Bit t set: token t's bytes continue the text. Empty once the text is complete.
-  const std::vector<uint64_t>& allowed_now() {
-    const auto key = cursor_.key_bits();
-    auto it = cache_.find(key);
-    if (it != cache_.end() && !broken_) return it->second;
-    if (cache_.size() >= kCacheEntries) cache_.clear();
-    std::vector<uint64_t>& bits = cache_[key];
-    bits.assign((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
-    if (cursor_.complete() || broken_) return bits;
-    // Depth first over the trie, with the cursor after each node's bytes: a subtree is skipped at the
-    // first byte that cannot continue the text.
-    walk_.clear();
-    walk_.push_back({0, cursor_});
-    while (!walk_.empty()) {
-      const Frame f = walk_.back();
-      walk_.pop_back();
-      for (uint32_t c = trie_->child_begin(f.node); c < trie_->child_begin(f.node + 1); ++c) {
-        JsonCursor next = f.cursor;
-        if (!next.step(trie_->child_byte(c))) continue;
-        const uint32_t child = trie_->child_node(c);
-        for (const int32_t* t = trie_->tokens_begin(child); t != trie_->tokens_end(child); ++t)
-          bits[static_cast<size_t>(*t) >> 6] |= uint64_t{1} << (*t & 63);
-        walk_.push_back({child, next});
+  // Bit t set: token t's bytes continue the text. None once the text is complete.
+  MaskCache::Mask allowed_now() {
+    std::string key;
+    if (broken_ || cursor_.complete()) {
+      key = "end";
+    } else {
+      const auto bits = cursor_.key_bits();
+      key.assign(reinterpret_cast<const char*>(&bits.first), 8);
+      key.append(reinterpret_cast<const char*>(&bits.second), 8);
+    }
+    if (MaskCache::Mask m = cache_->find(key)) return m;
+    std::vector<uint64_t> bits((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
+    if (key != "end") {
+      // Depth first over the trie, with the cursor after each node's bytes: a subtree is skipped at the
+      // first byte that cannot continue the text.
+      walk_.clear();
+      walk_.push_back({0, cursor_});
+      while (!walk_.empty()) {
+        const Frame f = walk_.back();
+        walk_.pop_back();
+        for (uint32_t c = trie_->child_begin(f.node); c < trie_->child_begin(f.node + 1); ++c) {
+          JsonCursor next = f.cursor;
+          if (!next.step(trie_->child_byte(c))) continue;
+          const uint32_t child = trie_->child_node(c);
+          for (const int32_t* t = trie_->tokens_begin(child); t != trie_->tokens_end(child); ++t)
+            bits[static_cast<size_t>(*t) >> 6] |= uint64_t{1} << (*t & 63);
+          walk_.push_back({child, next});
+        }
       }
     }
-    return bits;
+    return cache_->insert(key, std::move(bits));
   }
 
   struct Frame {
     uint32_t node;
     JsonCursor cursor;
   };
-  struct KeyHash {
-    size_t operator()(const std::pair<uint64_t, uint64_t>& k) const {
-      return std::hash<uint64_t>()(k.first * 0x9e3779b97f4a7c15ull ^ k.second);
-    }
-  };
-  static constexpr size_t kCacheEntries = 32;  // masks of recent cursor states (~16 KB each at 128k tokens)
 
   std::shared_ptr<const TokenTrie> trie_;
+  std::shared_ptr<MaskCache> cache_;
   std::vector<int32_t> end_ids_;
   JsonCursor cursor_;
   bool broken_ = false;
-  std::unordered_map<std::pair<uint64_t, uint64_t>, std::vector<uint64_t>, KeyHash> cache_;
   std::vector<Frame> walk_;
   std::vector<std::pair<int32_t, float>> kept_;
 };
@@ -368,7 +384,7 @@ class JsonObjectConstraint final : public TokenConstraint {
 
 std::shared_ptr<const TokenConstraint> make_json_object_constraint(std::shared_ptr<const TokenTrie> trie) {
   INFERX_CHECK(trie != nullptr, "json constraint: no token trie");
-  return std::make_shared<JsonObjectConstraint>(std::move(trie));
+  return std::make_shared<JsonObjectConstraint>(std::move(trie), std::make_shared<MaskCache>());
 }
 
 }  // namespace inferx

@@ -13,6 +13,7 @@
 // Strings may hold any bytes but '"', '\\' and control characters (tokens can split UTF-8 characters).
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -50,6 +51,21 @@ class TokenTrie {
   std::vector<uint8_t> child_byte_;
   std::vector<int32_t> token_ids_;
   std::vector<std::string> bytes_;
+};
+
+// Token masks by automaton state (bit t: token t may come next), shared by every sequence started from one
+// prototype, so a state's mask is computed once for all of them (JSON mode's prototype serves every request
+// of a server). Sampler threads use it at once; a mask stays valid while a sequence holds it.
+class MaskCache {
+ public:
+  using Mask = std::shared_ptr<const std::vector<uint64_t>>;
+  Mask find(const std::string& key);
+  Mask insert(const std::string& key, std::vector<uint64_t> bits);  // the stored mask (the first if raced)
+
+ private:
+  static constexpr size_t kEntries = 512;  // ~8 MB at a 128k-token vocabulary; emptied when full
+  std::mutex mu_;
+  std::unordered_map<std::string, Mask> map_;
 };
 
 inline constexpr int kMaxJsonDepth = 64;

@@ -613,13 +613,14 @@ bool run(const CompiledSchema& s, const std::string& text, bool need_complete) {
 
 class JsonSchemaConstraint final : public TokenConstraint {
  public:
-  JsonSchemaConstraint(std::shared_ptr<const TokenTrie> trie, std::shared_ptr<const CompiledSchema> schema)
-      : trie_(std::move(trie)), schema_(std::move(schema)), automaton_(*schema_) {
+  JsonSchemaConstraint(std::shared_ptr<const TokenTrie> trie, std::shared_ptr<const CompiledSchema> schema,
+                       std::shared_ptr<MaskCache> cache)
+      : trie_(std::move(trie)), schema_(std::move(schema)), cache_(std::move(cache)), automaton_(*schema_) {
     threads_ = {automaton_.start()};
   }
 
   std::unique_ptr<TokenConstraint> start(const std::vector<int32_t>& end_ids) const override {
-    auto s = std::make_unique<JsonSchemaConstraint>(trie_, schema_);
+    auto s = std::make_unique<JsonSchemaConstraint>(trie_, schema_, cache_);
     s->end_ids_ = end_ids;
     return s;
   }
@@ -628,7 +629,8 @@ class JsonSchemaConstraint final : public TokenConstraint {
     const bool may_end =
         threads_.empty() ||
         std::any_of(threads_.begin(), threads_.end(), [](const Thread& t) { return Automaton::complete(t); });
-    const std::vector<uint64_t>& allowed = allowed_now();
+    const MaskCache::Mask mask = allowed_now();
+    const std::vector<uint64_t>& allowed = *mask;
     kept_.clear();
     if (may_end)
       for (int32_t e : end_ids_)
@@ -654,13 +656,10 @@ class JsonSchemaConstraint final : public TokenConstraint {
   }
 
  private:
-  const std::vector<uint64_t>& allowed_now() {
+  MaskCache::Mask allowed_now() {
     const std::string key = state_key(threads_);
-    auto it = cache_.find(key);
-    if (it != cache_.end()) return it->second;
-    if (cache_.size() >= kCacheEntries) cache_.clear();
-    std::vector<uint64_t>& bits = cache_[key];
-    bits.assign((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
+    if (MaskCache::Mask m = cache_->find(key)) return m;
+    std::vector<uint64_t> bits((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
     struct Item {
       uint32_t node;
       std::vector<Thread> threads;
@@ -681,16 +680,15 @@ class JsonSchemaConstraint final : public TokenConstraint {
         next = {};
       }
     }
-    return bits;
+    return cache_->insert(key, std::move(bits));
   }
 
-  static constexpr size_t kCacheEntries = 32;
   std::shared_ptr<const TokenTrie> trie_;
   std::shared_ptr<const CompiledSchema> schema_;
+  std::shared_ptr<MaskCache> cache_;
   Automaton automaton_;
   std::vector<Thread> threads_, next_;
   std::vector<int32_t> end_ids_;
-  std::unordered_map<std::string, std::vector<uint64_t>> cache_;
   std::vector<std::pair<int32_t, float>> kept_;
 };
 
@@ -704,7 +702,8 @@ bool schema_accepts_prefix(const CompiledSchema& schema, const std::string& text
 std::shared_ptr<const TokenConstraint> make_json_schema_constraint(
     std::shared_ptr<const TokenTrie> trie, std::shared_ptr<const CompiledSchema> schema) {
   INFERX_CHECK(trie != nullptr && schema != nullptr, "json schema constraint: no trie or schema");
-  return std::make_shared<JsonSchemaConstraint>(std::move(trie), std::move(schema));
+  return std::make_shared<JsonSchemaConstraint>(std::move(trie), std::move(schema),
+                                                std::make_shared<MaskCache>());
 }
 
 }  // namespace inferx

@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 namespace inferx {
 namespace {
@@ -201,6 +202,56 @@ TEST(JsonConstraint, RowsPastTheVocabularyAndStrayTokens) {
   d->accept(1);  // "}" first
   row = masked(*d, V);
   for (int64_t t = 0; t < V - 1; ++t) EXPECT_FALSE(std::isfinite(row[static_cast<size_t>(t)])) << t;
+}
+
+// Sequences of one prototype share its masks (the engine samples rows on several threads at once): walks
+// on four threads at the same time all end as JSON objects, whatever the other threads put in the cache.
+TEST(JsonConstraint, SequencesShareMasksAcrossThreads) {
+  const std::vector<std::string> vocab = test_vocab();
+  const auto V = static_cast<int64_t>(vocab.size());
+  const int32_t end = static_cast<int32_t>(V - 1);
+  auto proto = make_json_object_constraint(std::make_shared<TokenTrie>(vocab));
+  std::vector<int> completed(4, 0), invalid(4, 0);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      std::mt19937 rng(100 + w);
+      for (int run = 0; run < 60; ++run) {
+        auto c = proto->start({end});
+        std::string text;
+        for (int step = 0; step < 80; ++step) {
+          const std::vector<float> row = masked(*c, V);
+          std::vector<int32_t> allowed, closing;
+          for (int32_t t = 0; t < V; ++t) {
+            if (!std::isfinite(row[static_cast<size_t>(t)])) continue;
+            allowed.push_back(t);
+            const std::string& b = vocab[static_cast<size_t>(t)];
+            if (t == end || b == "}" || b == "\"" || b == "]") closing.push_back(t);
+          }
+          if (allowed.empty()) break;
+          const int32_t pick = !closing.empty() && rng() % 2 ? closing[rng() % closing.size()]
+                                                             : allowed[rng() % allowed.size()];
+          c->accept(pick);
+          if (pick == end) {
+            if (json::accept(text) && json::parse(text).is_object())
+              ++completed[static_cast<size_t>(w)];
+            else
+              ++invalid[static_cast<size_t>(w)];
+            break;
+          }
+          text += vocab[static_cast<size_t>(pick)];
+          if (!accepts(text)) {
+            ++invalid[static_cast<size_t>(w)];
+            break;
+          }
+        }
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_EQ(invalid[static_cast<size_t>(w)], 0) << w;
+    EXPECT_GT(completed[static_cast<size_t>(w)], 10) << w;
+  }
 }
 
 }  // namespace
