@@ -45,6 +45,8 @@ void check(const inferx::server::ParsedRequest& r) {
   }
   require(r.priority >= -1000000 && r.priority <= 1000000);
   require(!r.json_object || !p.ignore_eos || !p.stop_token_ids.empty());  // something can end a JSON reply
+  require(r.tool_choice == "auto" || r.tool_choice == "none" || r.tool_choice == "required" ||
+          (r.tool_choice == "function" && !r.tool_choice_name.empty()));
   if (r.chat) {
     require(r.messages.is_array() && !r.messages.empty());
     for (const auto& m : r.messages) require(m.is_object() && m.contains("role") && m["role"].is_string());

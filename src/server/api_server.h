@@ -78,6 +78,7 @@ class ApiServer {
   // mode's constraint over it: one prototype for every request, so they share its cache of masks.
   std::shared_ptr<const TokenTrie> token_trie();
   std::shared_ptr<const TokenConstraint> json_mode();
+  std::shared_ptr<const TokenConstraint> forced_tool_call(const struct ParsedRequest& r);
 
   ApiServerOptions options_;
   ServerMetrics metrics_;

@@ -68,6 +68,62 @@ std::shared_ptr<const TokenConstraint> ApiServer::json_mode() {
   return json_mode_;
 }
 
+// tool_choice "required" or a named function: the reply is constrained to one call in the parser's format,
+// {"name": one of the tools, "arguments" (llama3_json: "parameters"): that tool's parameter schema}, between
+// hermes' markers. The tools' $defs are hoisted to the call schema's root, where their $refs point.
+std::shared_ptr<const TokenConstraint> ApiServer::forced_tool_call(const ParsedRequest& r) {
+  const ToolCallFormat format = options_.tool_call_format;
+  if (format != ToolCallFormat::Hermes && format != ToolCallFormat::Llama3Json)
+    bad_request("tool_choice",
+                "forcing a tool call needs the server started with --tool-call-parser hermes or llama3_json");
+  if (r.json_object)
+    bad_request("tool_choice", "a forced tool call and 'response_format' cannot both constrain the reply");
+  if (!model_.tokenizer) bad_request("tool_choice", "forcing a tool call needs the model's tokenizer");
+  const char* args_key = format == ToolCallFormat::Hermes ? "arguments" : "parameters";
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array(), defs = nlohmann::ordered_json::object();
+  for (const auto& tool : r.tools) {
+    const auto fn = tool.find("function");
+    if (fn == tool.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) continue;
+    const std::string name = (*fn)["name"].get<std::string>();
+    if (r.tool_choice == "function" && name != r.tool_choice_name) continue;
+    nlohmann::ordered_json params =
+        fn->contains("parameters") ? (*fn)["parameters"] : nlohmann::ordered_json::object();
+    if (params.is_object())
+      for (const char* container : {"$defs", "definitions"}) {
+        auto d = params.find(container);
+        if (d == params.end() || !d->is_object()) continue;
+        for (const auto& [k, v] : d->items()) {
+          if (defs.contains(k) && defs[k] != v)
+            bad_request(
+                "tools",
+                fmt::format("two tools define '{}' differently; a forced call cannot tell them apart", k));
+          defs[k] = v;
+        }
+        params.erase(container);
+      }
+    calls.push_back({{"type", "object"},
+                     {"properties", {{"name", {{"const", name}}}, {args_key, params}}},
+                     {"required", {"name", args_key}}});
+  }
+  nlohmann::ordered_json schema = {{"anyOf", calls}};
+  // Refs to "#/definitions/X" and "#/$defs/X" both resolve against the hoisted table.
+  if (!defs.empty()) {
+    schema["$defs"] = defs;
+    schema["definitions"] = defs;
+  }
+  std::shared_ptr<CompiledSchema> compiled;
+  try {
+    CompiledSchema c = CompiledSchema::compile(schema);
+    if (format == ToolCallFormat::Hermes)
+      c = CompiledSchema::wrap(std::move(c), "<tool_call>\n", "\n</tool_call>");
+    compiled = std::make_shared<CompiledSchema>(std::move(c));
+  } catch (const SchemaError& e) {
+    bad_request("tools",
+                fmt::format("a tool's parameters cannot be enforced for a forced call: {}", e.what()));
+  }
+  return make_json_schema_constraint(token_trie(), std::move(compiled));
+}
+
 std::vector<int32_t> ApiServer::tokenize_chat(const ParsedRequest& r, bool add_generation_prompt) const {
   if (!model_.chat_template)
     bad_request("messages",
@@ -110,6 +166,26 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
                                options_.served_model_name),
                    "model", "model_not_found");
 
+  // Structured output, checked before any tokenizing so that what cannot be enforced is refused first.
+  if (r.json_object) {
+    if (!model_.tokenizer)
+      bad_request(
+          "response_format",
+          "a json_object or json_schema response_format needs the model's tokenizer; this model has none");
+    if (r.json_schema.is_null()) {
+      r.params.constraint = json_mode();
+    } else {
+      std::shared_ptr<CompiledSchema> schema;
+      try {
+        schema = std::make_shared<CompiledSchema>(CompiledSchema::compile(r.json_schema));
+      } catch (const SchemaError& e) {
+        bad_request("response_format", fmt::format("the JSON schema cannot be enforced: {}", e.what()));
+      }
+      r.params.constraint = make_json_schema_constraint(token_trie(), std::move(schema));
+    }
+  }
+  if (chat && (r.tool_choice == "required" || r.tool_choice == "function"))
+    r.params.constraint = forced_tool_call(r);
   // Prompt tokens, one list per engine request (chat: one; completions: one per prompt).
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echo_texts;  // completions with echo: each prompt's text
@@ -207,23 +283,6 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
   if (chat && options_.tool_call_format != ToolCallFormat::None && r.tools.is_array() && !r.tools.empty() &&
       r.tool_choice != "none")
     ctx.tool_format = options_.tool_call_format;
-  if (r.json_object) {
-    if (!model_.tokenizer)
-      bad_request(
-          "response_format",
-          "a json_object or json_schema response_format needs the model's tokenizer; this model has none");
-    if (r.json_schema.is_null()) {
-      r.params.constraint = json_mode();
-    } else {
-      std::shared_ptr<CompiledSchema> schema;
-      try {
-        schema = std::make_shared<CompiledSchema>(CompiledSchema::compile(r.json_schema));
-      } catch (const SchemaError& e) {
-        bad_request("response_format", fmt::format("the JSON schema cannot be enforced: {}", e.what()));
-      }
-      r.params.constraint = make_json_schema_constraint(token_trie(), std::move(schema));
-    }
-  }
   // Mistral's [TOOL_CALLS] is a control token: decoding must keep it for the parser to see the call.
   if (ctx.tool_format == ToolCallFormat::Mistral) r.params.skip_special_tokens = false;
   ctx.include_usage = r.include_usage;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <unordered_map>
@@ -181,6 +182,48 @@ struct Compiler {
 
 }  // namespace
 
+namespace {
+
+// A value must consume input before its schema refers to itself again: {"$ref": "#"} alone, or anyOf
+// options that lead back to the same node, would send the automaton round forever.
+void check_no_empty_cycles(const CompiledSchema& s) {
+  std::vector<uint8_t> mark(s.nodes.size(), 0);  // 0 new, 1 on the path, 2 done
+  std::function<void(int32_t)> visit = [&](int32_t i) {
+    if (mark[static_cast<size_t>(i)] == 2) return;
+    if (mark[static_cast<size_t>(i)] == 1)
+      throw SchemaError("the schema refers to itself before any value is written ($ref or anyOf cycle)");
+    mark[static_cast<size_t>(i)] = 1;
+    const SchemaNode& n = s.nodes[static_cast<size_t>(i)];
+    if (n.kind == SchemaNode::AnyOf)
+      for (int32_t o : n.options) visit(o);
+    if (n.kind == SchemaNode::Sequence) visit(n.options[0]);
+    mark[static_cast<size_t>(i)] = 2;
+  };
+  for (size_t i = 0; i < s.nodes.size(); ++i) visit(static_cast<int32_t>(i));
+}
+
+}  // namespace
+
+CompiledSchema CompiledSchema::wrap(CompiledSchema inner, const std::string& prefix,
+                                    const std::string& suffix) {
+  auto literal = [&](const std::string& text) {
+    SchemaNode lit;
+    lit.kind = SchemaNode::Literals;
+    lit.literals = {text};
+    inner.nodes.push_back(std::move(lit));
+    return static_cast<int32_t>(inner.nodes.size()) - 1;
+  };
+  SchemaNode seq;
+  seq.kind = SchemaNode::Sequence;
+  if (!prefix.empty()) seq.options.push_back(literal(prefix));
+  seq.options.push_back(inner.root);
+  if (!suffix.empty()) seq.options.push_back(literal(suffix));
+  inner.nodes.push_back(std::move(seq));
+  inner.root = static_cast<int32_t>(inner.nodes.size()) - 1;
+  check_no_empty_cycles(inner);
+  return inner;
+}
+
 CompiledSchema CompiledSchema::compile(const ojson& schema) {
   Compiler c{schema, {}, {}};
   try {
@@ -188,6 +231,7 @@ CompiledSchema CompiledSchema::compile(const ojson& schema) {
   } catch (const ojson::exception& e) {
     throw SchemaError(fmt::format("the schema cannot be compiled: {}", e.what()));
   }
+  check_no_empty_cycles(c.out);
   return std::move(c.out);
 }
 
@@ -195,7 +239,7 @@ CompiledSchema CompiledSchema::compile(const ojson& schema) {
 
 namespace {
 
-enum FrameKind : uint8_t { FValue, FLiteral, FKey, FString, FNumber, FObject, FArray, FAny };
+enum FrameKind : uint8_t { FValue, FLiteral, FKey, FString, FNumber, FObject, FArray, FAny, FSeq };
 enum ObjectState : uint8_t { OOpen, OKey, OColon, OValue, OAfter, OComma };
 enum ArrayState : uint8_t { AOpen, AValue, AAfter, AComma };
 // The same numbering as JsonCursor's number states (json_constraint.cpp): FAny reads its cursor's `sub`.
@@ -251,6 +295,9 @@ class Automaton {
     const bool structural = f.kind == FValue || (f.kind == FObject && f.state != OValue && f.state != OKey) ||
                             (f.kind == FArray && f.state != AValue);
     if (structural && is_space(b)) {
+      // A fixed text may begin with whitespace (wrap's "\n</tool_call>"): try it as the value's first byte
+      // too.
+      if (f.kind == FValue && starts_with_space(f.node)) value_start(t, b, out);
       if (!space(t.whitespace, b)) return;
       out.push_back(std::move(t));
       return;
@@ -338,6 +385,26 @@ class Automaton {
   }
 
  private:
+  // Whether a value of `node` may begin with a whitespace byte: only a fixed text can. AnyOf and Sequence
+  // edges are followed (compile() refuses cycles along them).
+  bool starts_with_space(int32_t node) const {
+    const SchemaNode& n = s_.nodes[static_cast<size_t>(node)];
+    switch (n.kind) {
+      case SchemaNode::Literals:
+        for (const std::string& l : n.literals)
+          if (!l.empty() && is_space(static_cast<uint8_t>(l[0]))) return true;
+        return false;
+      case SchemaNode::AnyOf:
+        for (int32_t o : n.options)
+          if (starts_with_space(o)) return true;
+        return false;
+      case SchemaNode::Sequence:
+        return starts_with_space(n.options[0]);
+      default:
+        return false;
+    }
+  }
+
   const std::string& literal(const Frame& f) const {
     const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
     return f.kind == FKey ? n.keys[f.index] : n.literals[f.index];
@@ -354,8 +421,8 @@ class Automaton {
     return true;
   }
 
-  // The parent of a finished value moves on.
-  static void finish_child(Thread& t) {
+  // The parent of a finished value moves on (a sequence to its next value, or it is finished too).
+  void finish_child(Thread& t) const {
     if (t.frames.empty()) return;
     Frame& p = t.frames.back();
     if (p.kind == FObject) {
@@ -363,6 +430,17 @@ class Automaton {
       ++p.index;
     } else if (p.kind == FArray) {
       p.state = AAfter;
+    } else if (p.kind == FSeq) {
+      const SchemaNode& n = s_.nodes[static_cast<size_t>(p.node)];
+      if (++p.index < n.options.size()) {
+        Frame v;
+        v.kind = FValue;
+        v.node = n.options[p.index];
+        t.frames.push_back(v);
+      } else {
+        t.frames.pop_back();
+        finish_child(t);
+      }
     }
   }
 
@@ -433,6 +511,15 @@ class Automaton {
           value_start(std::move(u), b, out);
         }
         return;
+      case SchemaNode::Sequence: {
+        f.kind = FSeq;
+        f.index = 0;
+        Frame v;
+        v.kind = FValue;
+        v.node = n.options[0];
+        t.frames.push_back(v);
+        return step(std::move(t), b, out);
+      }
     }
   }
 

@@ -30,14 +30,14 @@ class SchemaError : public std::runtime_error {
 };
 
 struct SchemaNode {
-  enum Kind : uint8_t { Any, Object, Array, String, Number, Integer, Literals, AnyOf };
+  enum Kind : uint8_t { Any, Object, Array, String, Number, Integer, Literals, AnyOf, Sequence };
   Kind kind = Any;
   std::vector<std::string> keys;      // Object: each property's key as JSON text ("\"name\""), schema order
   std::vector<int32_t> values;        // Object: each property's node
   std::vector<uint8_t> required;      // Object: 1 if the property must be written
   int32_t items = -1;                 // Array: the items' node (-1: any value)
   std::vector<std::string> literals;  // Literals: the JSON texts allowed (enum, const, true/false, null)
-  std::vector<int32_t> options;       // AnyOf
+  std::vector<int32_t> options;       // AnyOf; Sequence: values written one after the other
 };
 
 // A schema as a graph of nodes ($ref makes it cyclic). Throws SchemaError for what it cannot enforce.
@@ -45,6 +45,9 @@ struct CompiledSchema {
   std::vector<SchemaNode> nodes;
   int32_t root = 0;
   static CompiledSchema compile(const nlohmann::ordered_json& schema);
+  // The same value written between two fixed texts (a tool call's markers: "<tool_call>\n" ...
+  // "\n</tool_call>").
+  static CompiledSchema wrap(CompiledSchema inner, const std::string& prefix, const std::string& suffix);
 };
 
 // Whether `text` is a complete value of the schema (tests and the fuzzer: the automaton alone, no trie).

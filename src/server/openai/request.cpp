@@ -354,13 +354,38 @@ ParsedRequest parse_chat_request(const json& body) {
     if (!t->is_array()) bad_request("tools", "'tools' must be an array", "invalid_type");
     r.tools = *t;
   }
-  // The tools reach the chat template, and the model's reply comes back as text: nothing parses it into
-  // tool_calls or forces a call, so asking for a forced call is refused rather than silently not honoured.
+  // The tools reach the chat template and the reply is parsed for calls (--tool-call-parser); "required" or
+  // a named function constrains the reply to such a call (the handler, with the tools' parameter schemas).
+  // A string member of an object, or "" (tools and tool_choice come in many shapes; none may throw here).
+  auto name_of = [](const json& holder, const char* key) -> std::string {
+    if (!holder.is_object()) return "";
+    auto f = holder.find(key);
+    if (f == holder.end() || !f->is_object()) return "";
+    auto n = f->find("name");
+    return n != f->end() && n->is_string() ? n->get<std::string>() : "";
+  };
   if (const json* c = field(body, "tool_choice")) {
-    if (!c->is_string() || (*c != "auto" && *c != "none"))
+    if (c->is_string() && (*c == "auto" || *c == "none" || *c == "required")) {
+      r.tool_choice = c->get<std::string>();
+    } else if (c->is_object() && c->contains("type") && (*c)["type"] == "function" &&
+               !name_of(*c, "function").empty()) {
+      r.tool_choice = "function";
+      r.tool_choice_name = name_of(*c, "function");
+    } else {
       bad_request("tool_choice",
-                  "'tool_choice' other than \"auto\" or \"none\" is not supported (calls are not forced)");
-    r.tool_choice = c->get<std::string>();
+                  "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                  "\"function\": {\"name\": ...}}",
+                  "invalid_type");
+    }
+    if (r.tool_choice == "required" || r.tool_choice == "function") {
+      if (!r.tools.is_array() || r.tools.empty())
+        bad_request("tool_choice", "'tool_choice' asks for a call but 'tools' is empty");
+      bool found = r.tool_choice == "required";
+      for (const auto& t : r.tools) found = found || name_of(t, "function") == r.tool_choice_name;
+      if (!found)
+        bad_request("tool_choice",
+                    fmt::format("'tool_choice' names '{}', which is not in 'tools'", r.tool_choice_name));
+    }
   }
   for (const char* legacy : {"functions", "function_call"})
     if (field(body, legacy))

@@ -30,7 +30,8 @@ struct ParsedRequest {
   // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
   nlohmann::ordered_json messages;   // key order kept: templates print tool schemas as given
   nlohmann::ordered_json tools;      // null or array, passed to the chat template
-  std::string tool_choice = "auto";  // "auto" or "none" (others are refused)
+  std::string tool_choice = "auto";  // "auto", "none", "required", or "function" (tool_choice_name's)
+  std::string tool_choice_name;      // tool_choice {"type": "function", "function": {"name"}}
   GenerationParams params;
   bool max_tokens_given = false;  // else the default (completions 16, chat: the rest of the context)
   bool stream = false;

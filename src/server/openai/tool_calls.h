@@ -9,6 +9,8 @@
 //  - mistral: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`; text before it is
 //  content.
 // A reply that looks like a call but does not parse is returned as plain content, as vLLM does.
+// tool_choice "required" / a named function constrains the reply to one call in the hermes or llama3_json
+// format (generate_handler.cpp, forced_tool_call), so these parsers then always find it.
 #include <optional>
 #include <string>
 #include <string_view>

@@ -178,8 +178,8 @@ TEST(OpenAIRequest, ChatFields) {
             "top_logprobs");
 }
 
-// What the server cannot honour is refused, naming the field, never silently ignored: JSON schemas (only
-// JSON mode is enforced), forced tool calls, the deprecated functions API.
+// What the server cannot honour is refused, naming the field, never silently ignored: schema keywords it
+// does not enforce, forced calls with nothing to call, the deprecated functions API.
 TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   const json chat = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}};
   auto with = [&](const char* k, const json& v) {
@@ -207,7 +207,19 @@ TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   EXPECT_EQ(with_schema.json_schema, json({{"type", "object"}}));
   EXPECT_EQ(with("tool_choice", "auto"), "<accepted>");
   EXPECT_EQ(with("tool_choice", "none"), "<accepted>");
-  EXPECT_EQ(with("tool_choice", "required"), "tool_choice");
+  EXPECT_EQ(with("tool_choice", "required"), "tool_choice");  // no tools to call
+  json with_tools = chat;
+  with_tools["tools"] = json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  with_tools["tool_choice"] = "required";
+  EXPECT_EQ(parse_chat_request(with_tools).tool_choice, "required");
+  with_tools["tool_choice"] = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  const ParsedRequest named = parse_chat_request(with_tools);
+  EXPECT_EQ(named.tool_choice, "function");
+  EXPECT_EQ(named.tool_choice_name, "f");
+  with_tools["tool_choice"] = {{"type", "function"}, {"function", {{"name", "g"}}}};
+  EXPECT_EQ(param_of(with_tools, true), "tool_choice");  // not among the tools
+  with_tools["tool_choice"] = {{"type", "function"}, {"function", {{"name", 3}}}};
+  EXPECT_EQ(param_of(with_tools, true), "tool_choice");
   EXPECT_EQ(with("tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}), "tool_choice");
   EXPECT_EQ(with("functions", json::array()), "functions");
   EXPECT_EQ(with("function_call", "auto"), "function_call");

@@ -83,12 +83,14 @@ bool validates(const ojson& schema, const ojson& v, const ojson& root) {
 }
 
 TEST(JsonSchema, RefusesWhatItCannotEnforce) {
-  for (const char* bad : {R"({"type": "string", "pattern": "^a"})", R"({"type": "string", "format": "date"})",
-                          R"({"type": "integer", "minimum": 0})", R"({"type": "array", "minItems": 1})",
-                          R"({"$ref": "#/$defs/Missing"})", R"({"type": "object", "properties": {"a": {}},
+  for (const char* bad :
+       {R"({"type": "string", "pattern": "^a"})", R"({"type": "string", "format": "date"})",
+        R"({"type": "integer", "minimum": 0})", R"({"type": "array", "minItems": 1})",
+        R"({"$ref": "#/$defs/Missing"})", R"({"type": "object", "properties": {"a": {}},
                               "required": ["b"]})",
-                          R"({"type": "thing"})", R"({"not": {}})", R"(false)",
-                          R"({"$ref": "#/x", "type": "string"})", R"({"properties": {"a": {}}})", R"(3)"}) {
+        R"({"type": "thing"})", R"({"not": {}})", R"(false)", R"({"$ref": "#/x", "type": "string"})",
+        R"({"properties": {"a": {}}})", R"(3)", R"({"$ref": "#"})",
+        R"({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}}, "$ref": "#/$defs/A"})"}) {
     EXPECT_THROW(CompiledSchema::compile(ojson::parse(bad)), SchemaError) << bad;
   }
   EXPECT_NO_THROW(CompiledSchema::compile(kPerson));
@@ -133,6 +135,24 @@ TEST(JsonSchema, AcceptsInstancesAndRejectsTheRest) {
   EXPECT_FALSE(schema_accepts(CompiledSchema::compile(tree), R"({"v": 1, "kids": [{"v": 2}]})"));
 }
 
+// A value between fixed texts (a forced tool call's markers).
+TEST(JsonSchema, WrappedBetweenFixedTexts) {
+  const ojson call = ojson::parse(R"({"type": "object", "properties": {"name": {"const": "f"},
+      "arguments": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}},
+      "required": ["name", "arguments"]})");
+  const CompiledSchema s =
+      CompiledSchema::wrap(CompiledSchema::compile(call), "<tool_call>\n", "\n</tool_call>");
+  EXPECT_TRUE(schema_accepts(s, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 12}}\n</tool_call>"));
+  EXPECT_FALSE(schema_accepts(s, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 12}}"));
+  EXPECT_FALSE(schema_accepts(s, "{\"name\": \"f\", \"arguments\": {\"n\": 12}}\n</tool_call>"));
+  EXPECT_FALSE(schema_accepts(s, "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"n\": 1}}\n</tool_call>"));
+  // A top-level number ends at the suffix's first byte.
+  const CompiledSchema n =
+      CompiledSchema::wrap(CompiledSchema::compile(ojson::parse(R"({"type": "number"})")), "<", ">");
+  EXPECT_TRUE(schema_accepts(n, "<-1.5e3>"));
+  EXPECT_FALSE(schema_accepts(n, "<-1.5e>"));
+}
+
 // Random instances of the schema, written in its property order (compact and indented): all accepted.
 TEST(JsonSchema, AcceptsRandomInstances) {
   const CompiledSchema s = CompiledSchema::compile(kPerson);
@@ -155,17 +175,19 @@ TEST(JsonSchema, AcceptsRandomInstances) {
   }
 }
 
-// Random walks through the constraint over a byte-complete vocabulary: every finished value validates.
-TEST(JsonSchema, ConstrainedWalksFinishAsValidInstances) {
-  std::vector<std::string> vocab = {"{\"", "\":", "\", \"", "true",         "false", "null", "\"cat\"",
-                                    "[]",  "[{",  "}]",     "\"name\": \"", "\": ",  ", \""};
+// Random walks through the constraint over a byte-complete vocabulary: never a dead end, and every
+// finished text passes `check`.
+int constrained_walks(std::shared_ptr<const CompiledSchema> schema,
+                      const std::function<void(const std::string&)>& check) {
+  std::vector<std::string> vocab = {"{\"",          "\":",     "\", \"", "true",        "false",
+                                    "null",         "\"cat\"", "[]",     "[{",          "}]",
+                                    "\"name\": \"", "\": ",    ", \"",   "<tool_call>", "</tool_call>"};
   for (char c = 0x20; c < 0x7f; ++c) vocab.emplace_back(1, c);
   vocab.emplace_back("\n  ");
+  vocab.emplace_back("\n");
   vocab.emplace_back("");  // the end token
   const auto end = static_cast<int32_t>(vocab.size() - 1);
-  auto trie = std::make_shared<TokenTrie>(vocab);
-  auto schema = std::make_shared<CompiledSchema>(CompiledSchema::compile(kPerson));
-  auto proto = make_json_schema_constraint(trie, schema);
+  auto proto = make_json_schema_constraint(std::make_shared<TokenTrie>(vocab), schema);
   std::mt19937 rng(11);
   int finished = 0;
   for (int run = 0; run < 300; ++run) {
@@ -180,25 +202,74 @@ TEST(JsonSchema, ConstrainedWalksFinishAsValidInstances) {
         allowed.push_back(t);
         const std::string& b = vocab[static_cast<size_t>(t)];
         if (t == end || b == "\"" || b == "}" || b == "]" || b == "}]" || b == "," || b == ":" || b == "0" ||
-            b == "true" || b == "null" || b == "\"cat\"" || b == "[]" || b == "\": " || b == ", \"")
+            b == "true" || b == "null" || b == "\"cat\"" || b == "[]" || b == "\": " || b == ", \"" ||
+            b == "\n")
           closing.push_back(t);
       }
-      ASSERT_FALSE(allowed.empty()) << "dead end after " << text;
+      if (allowed.empty()) {
+        ADD_FAILURE() << "dead end after " << text;
+        return finished;
+      }
       const int32_t pick = !closing.empty() && rng() % 10 < 8 ? closing[rng() % closing.size()]
                                                               : allowed[rng() % allowed.size()];
       c->accept(pick);
       if (pick == end) {
-        const ojson v = ojson::parse(text);
-        EXPECT_TRUE(validates(kPerson, v, kPerson)) << text;
+        check(text);
         EXPECT_TRUE(schema_accepts(*schema, text)) << text;
         ++finished;
         break;
       }
       text += vocab[static_cast<size_t>(pick)];
-      ASSERT_TRUE(schema_accepts_prefix(*schema, text)) << text;
+      if (!schema_accepts_prefix(*schema, text)) {
+        ADD_FAILURE() << "not a prefix: " << text;
+        return finished;
+      }
     }
   }
-  EXPECT_GT(finished, 30);
+  return finished;
+}
+
+// The value in `text` as nlohmann reads it; null for a number past double's range (JSON, but not one
+// nlohmann can hold).
+ojson parsed(const std::string& text) {
+  try {
+    return ojson::parse(text);
+  } catch (const ojson::out_of_range&) {
+    return nullptr;
+  }
+}
+
+TEST(JsonSchema, ConstrainedWalksFinishAsValidInstances) {
+  auto schema = std::make_shared<CompiledSchema>(CompiledSchema::compile(kPerson));
+  auto check = [](const std::string& text) {
+    const ojson v = parsed(text);
+    EXPECT_TRUE(v.is_null() || validates(kPerson, v, kPerson)) << text;
+  };
+  EXPECT_GT(constrained_walks(schema, check), 30);
+}
+
+// A forced tool call's shape: markers around {"name": ..., "arguments": ...}; the closing marker begins with
+// a newline, which the walk must be able to write after the object (not take as whitespace and stall).
+TEST(JsonSchema, ConstrainedWalksOfAWrappedCall) {
+  const ojson call = ojson::parse(R"({"anyOf": [
+      {"type": "object", "properties": {"name": {"const": "f"}, "arguments": {"type": "object",
+       "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "integer"}}, "required": ["unit", "days"]}},
+       "required": ["name", "arguments"]},
+      {"type": "object", "properties": {"name": {"const": "now"}, "arguments": {}}, "required": ["name", "arguments"]}]})");
+  auto schema = std::make_shared<CompiledSchema>(
+      CompiledSchema::wrap(CompiledSchema::compile(call), "<tool_call>\n", "\n</tool_call>"));
+  auto check = [&](const std::string& text) {
+    const std::string open = "<tool_call>\n", close = "\n</tool_call>";
+    const size_t at = text.find(open);
+    ASSERT_NE(at, std::string::npos) << text;
+    EXPECT_EQ(text.find_first_not_of(" \n\t"), at) << text;  // only whitespace before the marker
+    ASSERT_TRUE(text.size() >= at + open.size() + close.size() &&
+                text.compare(text.size() - close.size(), close.size(), close) == 0)
+        << text;
+    const ojson v = parsed(text.substr(at + open.size(), text.size() - at - open.size() - close.size()));
+    EXPECT_TRUE(v.is_null() || validates(call, v, call)) << text;
+  };
+  EXPECT_GT(constrained_walks(schema, check), 30);
 }
 
 }  // namespace
