@@ -68,9 +68,16 @@ ParsedReply parse_hermes(const std::string& text) {
     const size_t body = open + kHermesOpen.size();
     const size_t close = text.find(kHermesClose, body);
     // An unclosed last call (the reply hit max_tokens or a stop string inside it) still parses if its JSON
-    // is complete.
-    const std::optional<json> j =
-        parse_json(text.substr(body, close == std::string::npos ? close : close - body));
+    // is complete, a cut-off closing tag ("...}\n</tool_") left out.
+    std::string_view body_text =
+        std::string_view(text).substr(body, close == std::string::npos ? close : close - body);
+    if (close == std::string::npos) {
+      const size_t lt = body_text.rfind('<');
+      if (lt != std::string_view::npos &&
+          kHermesClose.substr(0, body_text.size() - lt) == body_text.substr(lt))
+        body_text = body_text.substr(0, lt);
+    }
+    const std::optional<json> j = parse_json(body_text);
     std::optional<ToolCall> call = j ? call_from_json(*j) : std::nullopt;
     if (!call) return plain(text);
     out.calls.push_back(std::move(*call));

@@ -39,7 +39,13 @@ TEST(ToolCalls, Hermes) {
   ASSERT_EQ(s.calls.size(), 1u);
   EXPECT_EQ(s.calls[0].arguments, R"({"a":1})");
   EXPECT_EQ(s.content, "");
-  // A call cut off after its JSON (max_tokens inside the closing tag) still counts.
+  // A call cut off after its JSON (max_tokens inside the closing tag) still counts, not other trailing text.
+  EXPECT_EQ(
+      parse_tool_calls(ToolCallFormat::Hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_")
+          .calls.size(),
+      1u);
+  EXPECT_TRUE(parse_tool_calls(ToolCallFormat::Hermes, "<tool_call>{\"name\": \"f\", \"arguments\": {}} <b>")
+                  .calls.empty());
   EXPECT_EQ(
       parse_tool_calls(ToolCallFormat::Hermes, R"(<tool_call>{"name": "f", "arguments": {}})").calls.size(),
       1u);
