@@ -55,7 +55,7 @@ def test_forced_calls_are_constrained_and_parsed(tmp_path):
         for choice, names in (("required", {"f", "now"}), ({"type": "function", "function": {"name": "f"}}, {"f"})):
             for seed in range(2):
                 r = client.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice=choice,
-                                                   max_tokens=100, temperature=0.8, seed=seed, logit_bias={"128": 3})
+                                                   max_tokens=110, temperature=0.8, seed=seed, logit_bias={"128": 3})
                 c = r.choices[0]
                 assert c.finish_reason == "tool_calls" and c.message.content is None, c
                 call = c.message.tool_calls[0]
