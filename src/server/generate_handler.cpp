@@ -285,6 +285,7 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
     ctx.tool_format = options_.tool_call_format;
   // Mistral's [TOOL_CALLS] is a control token: decoding must keep it for the parser to see the call.
   if (ctx.tool_format == ToolCallFormat::Mistral) r.params.skip_special_tokens = false;
+  ctx.parallel_tool_calls = r.parallel_tool_calls;
   ctx.include_usage = r.include_usage;
   ctx.logprobs = r.params.logprobs;
   ctx.tokenizer = model_.tokenizer;

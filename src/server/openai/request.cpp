@@ -390,6 +390,17 @@ ParsedRequest parse_chat_request(const json& body) {
   for (const char* legacy : {"functions", "function_call"})
     if (field(body, legacy))
       bad_request(legacy, fmt::format("'{}' (deprecated) is not supported; send 'tools'", legacy));
+  r.parallel_tool_calls = get_bool(body, "parallel_tool_calls", true);
+  // Outputs this server cannot produce: audio, and web search's grounded answers.
+  if (const json* m = field(body, "modalities")) {
+    if (!m->is_array()) bad_request("modalities", "'modalities' must be an array", "invalid_type");
+    for (const auto& x : *m)
+      if (x != "text")
+        bad_request("modalities", fmt::format("only the text modality is served, not {}", x.dump()));
+  }
+  for (const char* unsupported : {"audio", "web_search_options"})
+    if (field(body, unsupported))
+      bad_request(unsupported, fmt::format("'{}' is not supported by this server", unsupported));
   // max_completion_tokens replaces the deprecated max_tokens (OpenAI chat reference); it wins when both.
   const int32_t mct = parse_max_tokens(body, r, "max_completion_tokens");
   const int32_t mt = mct > 0 ? mct : parse_max_tokens(body, r, "max_tokens");

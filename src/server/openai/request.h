@@ -24,14 +24,15 @@ struct ParsedRequest {
   // Completions: one or more prompts ("prompt" as a string, token ids, or an array of either, as the OpenAI
   // reference allows); each runs as its own engine request with n choices, choice index = prompt * n + j.
   std::vector<PromptInput> prompts;
-  bool echo = false;         // completions: each choice's text starts with its prompt
-  bool json_object = false;  // response_format json_object or json_schema: the reply is constrained
+  bool echo = false;                   // completions: each choice's text starts with its prompt
+  bool json_object = false;            // response_format json_object or json_schema: the reply is constrained
   nlohmann::ordered_json json_schema;  // json_schema's "schema" (null: JSON mode, any object)
   // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
   nlohmann::ordered_json messages;   // key order kept: templates print tool schemas as given
   nlohmann::ordered_json tools;      // null or array, passed to the chat template
   std::string tool_choice = "auto";  // "auto", "none", "required", or "function" (tool_choice_name's)
   std::string tool_choice_name;      // tool_choice {"type": "function", "function": {"name"}}
+  bool parallel_tool_calls = true;   // false: at most one call per reply
   GenerationParams params;
   bool max_tokens_given = false;  // else the default (completions 16, chat: the rest of the context)
   bool stream = false;

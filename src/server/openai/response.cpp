@@ -154,6 +154,7 @@ std::string StreamEncoder::on_output(const RequestOutput& out) {
     if (calls && d.finish_reason != FinishReason::None) {
       ParsedReply reply = calls->finish();
       found = std::move(reply.calls);
+      if (!ctx_.parallel_tool_calls && found.size() > 1) found.resize(1);
       if (!reply.content.empty())
         s += sse_event(dump_json(chunk(json::array({{{"index", d.index},
                                                      {"delta", {{"content", reply.content}}},
@@ -236,6 +237,7 @@ json ResponseAccumulator::finish(const UsageCounts& usage) const {
       ParsedReply reply = ctx_.tool_format == ToolCallFormat::None
                               ? ParsedReply{c.text, {}}
                               : parse_tool_calls(ctx_.tool_format, c.text);
+      if (!ctx_.parallel_tool_calls && reply.calls.size() > 1) reply.calls.resize(1);
       choice["message"] = {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
       if (!reply.calls.empty()) {  // OpenAI: content null when the reply is only calls
         choice["message"]["content"] = reply.content.empty() ? json(nullptr) : json(reply.content);

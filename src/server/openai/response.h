@@ -35,6 +35,7 @@ struct ResponseContext {
   // Chat with tools and a --tool-call-parser: replies are parsed into tool_calls (finish_reason
   // "tool_calls" when one is found).
   ToolCallFormat tool_format = ToolCallFormat::None;
+  bool parallel_tool_calls = true;  // false: only a reply's first call is kept
 };
 
 // Random id with the OpenAI prefix: prefix + 24 hex digits.

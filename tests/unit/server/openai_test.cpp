@@ -222,6 +222,14 @@ TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   EXPECT_EQ(param_of(with_tools, true), "tool_choice");
   EXPECT_EQ(with("tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}), "tool_choice");
   EXPECT_EQ(with("functions", json::array()), "functions");
+  EXPECT_EQ(with("modalities", json::array({"text"})), "<accepted>");
+  EXPECT_EQ(with("modalities", json::array({"text", "audio"})), "modalities");
+  EXPECT_EQ(with("audio", {{"voice", "alloy"}, {"format", "wav"}}), "audio");
+  EXPECT_EQ(with("web_search_options", json::object()), "web_search_options");
+  EXPECT_TRUE(parse_chat_request(chat).parallel_tool_calls);
+  json one_call = chat;
+  one_call["parallel_tool_calls"] = false;
+  EXPECT_FALSE(parse_chat_request(one_call).parallel_tool_calls);
   EXPECT_EQ(with("function_call", "auto"), "function_call");
   EXPECT_EQ(
       param_of(json::parse(R"({"model": "m", "prompt": "x", "response_format": {"type": "json_schema"}})")),

@@ -171,6 +171,25 @@ TEST(ToolCalls, ChatResponseCarriesThem) {
   EXPECT_TRUE(saw_call);
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
 
+  // parallel_tool_calls false: only the reply's first call, streamed or not.
+  const RequestOutput two = final_output(
+      "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"
+      "<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>");
+  ResponseAccumulator both(ctx);
+  both.on_output(two);
+  EXPECT_EQ(both.finish(usage)["choices"][0]["message"]["tool_calls"].size(), 2u);
+  ctx.parallel_tool_calls = false;
+  ResponseAccumulator first(ctx);
+  first.on_output(two);
+  const json one = first.finish(usage)["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["function"]["name"], "f");
+  StreamEncoder first_streamed(ctx);
+  const std::string streamed = first_streamed.on_output(two);
+  EXPECT_NE(streamed.find("\"name\":\"f\""), std::string::npos);
+  EXPECT_EQ(streamed.find("\"name\":\"g\""), std::string::npos);
+  ctx.parallel_tool_calls = true;
+
   // Without a format (no --tool-call-parser, or no tools in the request) the reply is content.
   ctx.tool_format = ToolCallFormat::None;
   ResponseAccumulator plain(ctx);
