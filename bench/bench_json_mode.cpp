@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "formats/gguf.h"
 #include "text/json_constraint.h"
 #include "text/json_schema_constraint.h"
 #include "text/tokenizer_loader.h"
@@ -46,9 +45,7 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string model = argv[1];
-    std::unique_ptr<inferx::GgufFile> gguf;
-    if (model.ends_with(".gguf")) gguf = std::make_unique<inferx::GgufFile>(model);
-    const inferx::ModelText mt = inferx::load_model_text(model, gguf.get());
+    const inferx::ModelText mt = inferx::load_model_text(model);
     INFERX_CHECK(mt.tokenizer != nullptr, "{}: no tokenizer", model);
     std::string doc = kDefaultDocument;
     auto read = [](const std::string& path) {

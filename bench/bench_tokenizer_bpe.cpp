@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "formats/gguf.h"
 #include "text/tokenizer_loader.h"
 
 int main(int argc, char** argv) {
@@ -24,9 +23,7 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string model = argv[1];
-    std::unique_ptr<inferx::GgufFile> gguf;
-    if (model.ends_with(".gguf")) gguf = std::make_unique<inferx::GgufFile>(model);
-    const inferx::ModelText mt = inferx::load_model_text(model, gguf.get());
+    const inferx::ModelText mt = inferx::load_model_text(model);
     INFERX_CHECK(mt.tokenizer != nullptr, "{}: no tokenizer", model);
     std::ifstream in(argv[2], std::ios::binary);
     INFERX_CHECK(in.good(), "{}: cannot open", argv[2]);

@@ -44,7 +44,8 @@ void check(const inferx::server::ParsedRequest& r) {
     require(prompt.text.has_value() != !prompt.ids.empty());
   }
   require(r.priority >= -1000000 && r.priority <= 1000000);
-  require(!r.json_object || !p.ignore_eos || !p.stop_token_ids.empty());  // something can end a JSON reply
+  require(r.response_format == inferx::server::ResponseFormat::Text || !p.ignore_eos ||
+          !p.stop_token_ids.empty());  // something can end a JSON reply
   require(r.tool_choice == "auto" || r.tool_choice == "none" || r.tool_choice == "required" ||
           (r.tool_choice == "function" && !r.tool_choice_name.empty()));
   if (r.chat) {

@@ -39,4 +39,14 @@ inline bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// True when JSON text `s` is Unicode as nlohmann's parser wants it: well-formed UTF-8, and no \uD800-\uDFFF
+// escape (JSON's grammar allows a lone surrogate, nlohmann refuses it).
+inline bool json_text_is_unicode(const std::string& s) {
+  for (size_t i = 0; i + 3 < s.size(); ++i)
+    if (s[i] == '\\' && s[i + 1] == 'u' && (s[i + 2] == 'd' || s[i + 2] == 'D') &&
+        std::string("89abcdefABCDEF").find(s[i + 3]) != std::string::npos)
+      return false;
+  return valid_utf8(s);
+}
+
 }  // namespace fuzz

@@ -10,7 +10,6 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/text_file.h"
-#include "formats/gguf.h"
 #include "formats/json_text.h"
 #include "text/chat_template.h"
 #include "text/tokenizer_loader.h"
@@ -106,10 +105,7 @@ void run_chat_template(const ChatTemplateArgs& a) {
 
   std::string source, name;
   if (!a.model.empty()) {
-    std::unique_ptr<GgufFile> gguf;
-    if (a.model.size() > 5 && a.model.compare(a.model.size() - 5, 5, ".gguf") == 0)
-      gguf = std::make_unique<GgufFile>(a.model);
-    ModelText text = load_model_text(a.model, gguf.get());
+    ModelText text = load_model_text(a.model);
     if (text.chat_template) {
       source = *text.chat_template;
       name = a.model + ":chat_template";

@@ -10,7 +10,6 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/text_file.h"
-#include "formats/gguf.h"
 #include "text/bpe_tokenizer.h"
 #include "text/tokenizer_loader.h"
 
@@ -36,9 +35,7 @@ struct DetokenizeArgs {
 
 // The tokenizer of a .gguf file, a Hugging Face folder or a tokenizer.json.
 ModelText open_model_text(const std::string& model) {
-  std::unique_ptr<GgufFile> gguf;
-  if (model.size() > 5 && model.ends_with(".gguf")) gguf = std::make_unique<GgufFile>(model);
-  ModelText text = load_model_text(model, gguf.get());
+  ModelText text = load_model_text(model);
   INFERX_CHECK(
       text.tokenizer != nullptr,
       "{}: no tokenizer found (give a .gguf with tokenizer.ggml.* metadata, a Hugging Face folder with "

@@ -97,6 +97,14 @@ json ApiServer::model_json() const {
   return m;
 }
 
+void ApiServer::require_served_model(const std::string& name) const {
+  if (name != options_.served_model_name)
+    throw ApiError(404,
+                   fmt::format("The model `{}` does not exist (this server serves `{}`)", name,
+                               options_.served_model_name),
+                   "model", "model_not_found");
+}
+
 void ApiServer::handle_models(const std::shared_ptr<ResponseSink>& sink) {
   reply_json(sink, "/v1/models", 200, dump_json({{"object", "list"}, {"data", json::array({model_json()})}}));
 }
@@ -138,26 +146,15 @@ void ApiServer::handle(HttpRequest&& req, std::shared_ptr<ResponseSink> sink) {
     // GET /v1/models/{model} (OpenAI "Retrieve model"); served names may hold '/' ("org/name").
     if (path.rfind("/v1/models/", 0) == 0) {
       if (!get) throw ApiError(405, "use GET /v1/models/{model}");
-      const std::string name = url_decode(path.substr(std::string("/v1/models/").size()));
-      if (name != options_.served_model_name)
-        throw ApiError(404,
-                       fmt::format("The model `{}` does not exist (this server serves `{}`)", name,
-                                   options_.served_model_name),
-                       "model", "model_not_found");
+      require_served_model(url_decode(path.substr(std::string("/v1/models/").size())));
       return reply_json(sink, "/v1/models/{model}", 200, dump_json(model_json()));
     }
-    if (tokenizer_route) {
+    if (tokenizer_route || path == "/v1/completions" || path == "/v1/chat/completions") {
       if (!post) throw ApiError(405, fmt::format("use POST {}", path));
       if (!ready_)
         throw ApiError(503, "the model is still loading; retry when GET /ready answers 200", "", "",
                        "unavailable");
-      return handle_tokenize(std::move(req), sink, path == "/detokenize");
-    }
-    if (path == "/v1/completions" || path == "/v1/chat/completions") {
-      if (!post) throw ApiError(405, fmt::format("use POST {}", path));
-      if (!ready_)
-        throw ApiError(503, "the model is still loading; retry when GET /ready answers 200", "", "",
-                       "unavailable");
+      if (tokenizer_route) return handle_tokenize(std::move(req), sink, path == "/detokenize");
       if (draining_) throw ApiError(503, "the server is shutting down", "", "", "unavailable");
       return handle_generate(std::move(req), sink, path == "/v1/chat/completions");
     }

@@ -69,7 +69,10 @@ class ApiServer {
   struct Response;
   void handle_generate(HttpRequest&& request, std::shared_ptr<ResponseSink> sink, bool chat);
   void handle_models(const std::shared_ptr<ResponseSink>& sink);
-  nlohmann::json model_json() const;  // the model object of GET /v1/models and /v1/models/{model}
+  nlohmann::json model_json() const;
+  // ApiError 404 model_not_found unless `name` is the served model's name.
+  void require_served_model(
+      const std::string& name) const;  // the model object of GET /v1/models and /v1/models/{model}
   void reply_json(const std::shared_ptr<ResponseSink>& sink, const std::string& route, int status,
                   const std::string& body, HttpHeaders headers = {});
   void handle_tokenize(HttpRequest&& request, const std::shared_ptr<ResponseSink>& sink, bool detokenize);

@@ -76,7 +76,7 @@ std::shared_ptr<const TokenConstraint> ApiServer::forced_tool_call(const ParsedR
   if (format != ToolCallFormat::Hermes && format != ToolCallFormat::Llama3Json)
     bad_request("tool_choice",
                 "forcing a tool call needs the server started with --tool-call-parser hermes or llama3_json");
-  if (r.json_object)
+  if (r.response_format != ResponseFormat::Text)
     bad_request("tool_choice", "a forced tool call and 'response_format' cannot both constrain the reply");
   if (!model_.tokenizer) bad_request("tool_choice", "forcing a tool call needs the model's tokenizer");
   const char* args_key = format == ToolCallFormat::Hermes ? "arguments" : "parameters";
@@ -160,19 +160,15 @@ void ApiServer::handle_generate(HttpRequest&& req, std::shared_ptr<ResponseSink>
   const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
   const nlohmann::ordered_json body = parse_request_body(req.body);
   ParsedRequest r = chat ? parse_chat_request(body) : parse_completion_request(body);
-  if (r.model != options_.served_model_name)
-    throw ApiError(404,
-                   fmt::format("The model `{}` does not exist (this server serves `{}`)", r.model,
-                               options_.served_model_name),
-                   "model", "model_not_found");
+  require_served_model(r.model);
 
   // Structured output, checked before any tokenizing so that what cannot be enforced is refused first.
-  if (r.json_object) {
+  if (r.response_format != ResponseFormat::Text) {
     if (!model_.tokenizer)
       bad_request(
           "response_format",
           "a json_object or json_schema response_format needs the model's tokenizer; this model has none");
-    if (r.json_schema.is_null()) {
+    if (r.response_format == ResponseFormat::JsonObject) {
       r.params.constraint = json_mode();
     } else {
       std::shared_ptr<CompiledSchema> schema;

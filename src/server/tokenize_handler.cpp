@@ -19,30 +19,14 @@ namespace inferx::server {
 
 using nlohmann::json;
 
-namespace {
-
-bool bool_field(const nlohmann::ordered_json& body, const char* name, bool def) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return def;
-  if (!it->is_boolean()) bad_request(name, fmt::format("'{}' must be a boolean", name), "invalid_type");
-  return it->get<bool>();
-}
-
-}  // namespace
-
 void ApiServer::handle_tokenize(HttpRequest&& req, const std::shared_ptr<ResponseSink>& sink,
                                 bool detokenize) {
   const std::string route = detokenize ? "/detokenize" : "/tokenize";
   const nlohmann::ordered_json body = parse_request_body(req.body);
   if (!body.is_object()) bad_request("", "the request body must be a JSON object", "invalid_type");
-  auto model = body.find("model");
-  if (model != body.end() && !model->is_null() &&
-      (!model->is_string() || model->get<std::string>() != options_.served_model_name))
-    throw ApiError(404,
-                   fmt::format("The model `{}` does not exist (this server serves `{}`)",
-                               model->is_string() ? model->get<std::string>() : model->dump(),
-                               options_.served_model_name),
-                   "model", "model_not_found");
+  auto model = body.find("model");  // optional here
+  if (model != body.end() && !model->is_null())
+    require_served_model(model->is_string() ? model->get<std::string>() : model->dump());
   if (!model_.tokenizer) bad_request("", "this model has no tokenizer");
   const Tokenizer& tok = *model_.tokenizer;
 
@@ -66,16 +50,16 @@ void ApiServer::handle_tokenize(HttpRequest&& req, const std::shared_ptr<Respons
     with_model["model"] = options_.served_model_name;
     ParsedRequest chat =
         parse_chat_request(with_model);  // the same validation and template as chat completions
-    ids = tokenize_chat(chat, bool_field(body, "add_generation_prompt", true));
+    ids = tokenize_chat(chat, get_bool(body, "add_generation_prompt", true));
   } else {
     auto prompt = body.find("prompt");
     if (prompt == body.end() || !prompt->is_string())
       bad_request("prompt", "'prompt' (a string) or 'messages' is required", "missing_required_parameter");
-    const bool special = bool_field(body, "add_special_tokens", true);
+    const bool special = get_bool(body, "add_special_tokens", true);
     ids = tok.encode(prompt->get<std::string>(), special && model_.add_bos);
   }
   json out = {{"count", ids.size()}, {"max_model_len", model_.engine->max_model_len()}, {"tokens", ids}};
-  if (bool_field(body, "return_token_strs", false)) {
+  if (get_bool(body, "return_token_strs", false)) {
     json strs = json::array();
     for (int32_t id : ids) strs.push_back(tok.piece(id));
     out["token_strs"] = strs;

@@ -90,37 +90,15 @@ MaskCache::Mask MaskCache::insert(const std::string& key, std::vector<uint64_t> 
 
 // ---- JsonCursor ----
 
+using namespace json_lexer;
+
 namespace {
-
-enum NumberState : uint8_t { Minus = 1, Zero, Int, Dot, Frac, Exp, ExpSign, ExpDigits };
 constexpr const char* kLiterals[] = {"true", "false", "null"};
-
-bool is_space(uint8_t c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-
 }  // namespace
 
 std::pair<uint64_t, uint64_t> JsonCursor::key_bits() const {
   return {stack, uint64_t{depth} | uint64_t{mode} << 8 | uint64_t{sub} << 16 | uint64_t{pos} << 24 |
                      uint64_t{whitespace} << 32 | uint64_t{key} << 40};
-}
-
-// Whitespace between JSON tokens as llama.cpp's JSON grammar allows it: nothing, one space (or tab), or a
-// newline and up to kMaxIndent spaces or tabs - enough for pretty-printed JSON, and a model cannot run on in
-// blank lines. `whitespace`: 0 none yet, 1 after a space, 2 + n after a newline and n indentation bytes.
-bool JsonCursor::space(uint8_t c) {
-  if (whitespace == 0) {
-    if (c == '\n') {
-      whitespace = 2;
-      return true;
-    }
-    whitespace = 1;
-    return c == ' ' || c == '\t';
-  }
-  if (whitespace == 1 || c == '\n' || c == '\r' || whitespace >= 2 + kMaxIndent) return false;
-  ++whitespace;
-  return true;
 }
 
 bool JsonCursor::after_value() {
@@ -146,10 +124,6 @@ bool JsonCursor::value_start(uint8_t c, bool allow_close_array) {
       sub = 0;
       key = 0;
       return true;
-    case '-':
-      mode = Number;
-      sub = Minus;
-      return true;
     case 't':
     case 'f':
     case 'n':
@@ -162,16 +136,15 @@ bool JsonCursor::value_start(uint8_t c, bool allow_close_array) {
       --depth;
       return after_value();
     default:
-      if (!is_digit(c)) return false;
+      if (!start_number(sub, c)) return false;
       mode = Number;
-      sub = c == '0' ? Zero : Int;
       return true;
   }
 }
 
 bool JsonCursor::step(uint8_t c) {
   if (mode != String && mode != Number && mode != Literal) {
-    if (is_space(c)) return mode != Done && space(c);
+    if (is_space(c)) return mode != Done && step_space(whitespace, c);
     whitespace = 0;
   }
   switch (mode) {
@@ -211,67 +184,28 @@ bool JsonCursor::step(uint8_t c) {
       return false;
     }
     case String:
-      if (sub == 0) {
-        if (c == '"') {
-          if (key) {
-            mode = Colon;
-            return true;
-          }
-          return after_value();
-        }
-        if (c == '\\') {
-          sub = 1;
+      switch (step_string(sub, c)) {
+        case StringStep::More:
           return true;
-        }
-        return c >= 0x20;
-      }
-      if (sub == 1) {
-        if (c == 'u') {
-          sub = 5;  // four hex digits to come
+        case StringStep::Closed:
+          if (!key) return after_value();
+          mode = Colon;
           return true;
-        }
-        const bool simple =
-            c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' || c == 't';
-        sub = 0;
-        return simple;
-      }
-      if (!is_hex(c)) return false;
-      sub = sub == 2 ? 0 : sub - 1;
-      return true;
-    case Number: {
-      auto to = [&](uint8_t s) {
-        sub = s;
-        return true;
-      };
-      switch (sub) {
-        case Minus:
-          return c == '0' ? to(Zero) : is_digit(c) ? to(Int) : false;
-        case Zero:
-        case Int:
-          if (c == '.') return to(Dot);
-          if (c == 'e' || c == 'E') return to(Exp);
-          if (sub == Int && is_digit(c)) return true;
-          break;
-        case Dot:
-          return is_digit(c) && to(Frac);
-        case Frac:
-          if (is_digit(c)) return true;
-          if (c == 'e' || c == 'E') return to(Exp);
-          break;
-        case Exp:
-          return (c == '+' || c == '-') ? to(ExpSign) : is_digit(c) ? to(ExpDigits) : false;
-        case ExpSign:
-          return is_digit(c) && to(ExpDigits);
-        case ExpDigits:
-          if (is_digit(c)) return true;
-          break;
-        default:
+        case StringStep::Invalid:
           return false;
       }
-      // A byte that ends a complete number (Zero, Int, Frac, ExpDigits) belongs to what follows it.
-      after_value();
-      return step(c);
-    }
+      return false;
+    case Number:
+      switch (step_number(sub, c)) {
+        case NumberStep::More:
+          return true;
+        case NumberStep::Ended:  // the byte belongs to what follows the number
+          after_value();
+          return step(c);
+        case NumberStep::Invalid:
+          return false;
+      }
+      return false;
     case Literal: {
       const char* lit = kLiterals[sub];
       if (c != static_cast<uint8_t>(lit[pos])) return false;
@@ -285,6 +219,23 @@ bool JsonCursor::step(uint8_t c) {
 }
 
 // ---- The constraint ----
+
+void apply_token_mask(float* logits, int64_t vocab, const uint64_t* allowed, int64_t trie_vocab,
+                      const std::vector<int32_t>& end_ids, bool may_end,
+                      std::vector<std::pair<int32_t, float>>& scratch) {
+  scratch.clear();
+  if (may_end)
+    for (int32_t e : end_ids)
+      if (e >= 0 && e < vocab) scratch.emplace_back(e, logits[e]);
+  constexpr float kNo = -std::numeric_limits<float>::infinity();
+  const int64_t in_trie = std::min(vocab, trie_vocab);
+  for (int64_t t = 0; t < in_trie; ++t)
+    if (!allowed || !((allowed[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1)) logits[t] = kNo;
+  std::fill(logits + in_trie, logits + vocab, kNo);
+  for (int32_t e : end_ids)
+    if (e >= 0 && e < vocab) logits[e] = kNo;
+  for (const auto& [e, v] : scratch) logits[e] = v;
+}
 
 namespace {
 
@@ -300,23 +251,11 @@ class JsonObjectConstraint final : public TokenConstraint {
   }
 
   void mask(float* logits, int64_t vocab) override {
+    // Complete (or broken by a token the mask did not allow): no token continues, only an end token.
     const bool may_end = cursor_.complete() || broken_;
-    const MaskCache::Mask allowed = allowed_now();
-    kept_.clear();
-    if (may_end)
-      for (int32_t e : end_ids_)
-        if (e >= 0 && e < vocab) kept_.emplace_back(e, logits[e]);
-    constexpr float kNo = -std::numeric_limits<float>::infinity();
-    const int64_t in_trie = std::min<int64_t>(vocab, trie_->vocab_size());
-    const uint64_t* bits = allowed->data();
-    for (int64_t t = 0; t < in_trie; ++t)
-      if (!((bits[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1)) logits[t] = kNo;
-    std::fill(logits + in_trie, logits + vocab, kNo);  // rows past the tokenizer's vocabulary (padding)
-    // End tokens end the text: only once it is complete (a stop token with bytes could fit mid-object).
-    if (!may_end)
-      for (int32_t e : end_ids_)
-        if (e >= 0 && e < vocab) logits[e] = kNo;
-    for (const auto& [e, v] : kept_) logits[e] = v;
+    const MaskCache::Mask allowed = may_end ? nullptr : allowed_now();
+    apply_token_mask(logits, vocab, allowed ? allowed->data() : nullptr, trie_->vocab_size(), end_ids_,
+                     may_end, kept_);
   }
 
   void accept(int32_t token) override {
@@ -333,50 +272,24 @@ class JsonObjectConstraint final : public TokenConstraint {
   }
 
  private:
-  // Bit t set: token t's bytes continue the text. None once the text is complete.
-  MaskCache::Mask allowed_now() {
-    std::string key;
-    if (broken_ || cursor_.complete()) {
-      key = "end";
-    } else {
-      const auto bits = cursor_.key_bits();
-      key.assign(reinterpret_cast<const char*>(&bits.first), 8);
-      key.append(reinterpret_cast<const char*>(&bits.second), 8);
-    }
-    if (MaskCache::Mask m = cache_->find(key)) return m;
-    std::vector<uint64_t> bits((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
-    if (key != "end") {
-      // Depth first over the trie, with the cursor after each node's bytes: a subtree is skipped at the
-      // first byte that cannot continue the text.
-      walk_.clear();
-      walk_.push_back({0, cursor_});
-      while (!walk_.empty()) {
-        const Frame f = walk_.back();
-        walk_.pop_back();
-        for (uint32_t c = trie_->child_begin(f.node); c < trie_->child_begin(f.node + 1); ++c) {
-          JsonCursor next = f.cursor;
-          if (!next.step(trie_->child_byte(c))) continue;
-          const uint32_t child = trie_->child_node(c);
-          for (const int32_t* t = trie_->tokens_begin(child); t != trie_->tokens_end(child); ++t)
-            bits[static_cast<size_t>(*t) >> 6] |= uint64_t{1} << (*t & 63);
-          walk_.push_back({child, next});
-        }
-      }
-    }
-    return cache_->insert(key, std::move(bits));
+  // Bit t set: token t's bytes continue the text.
+  MaskCache::Mask allowed_now() const {
+    const auto bits = cursor_.key_bits();
+    std::string key(reinterpret_cast<const char*>(&bits.first), 8);
+    key.append(reinterpret_cast<const char*>(&bits.second), 8);
+    return cache_->get(key, [&] {
+      return continuing_tokens(*trie_, cursor_, [](const JsonCursor& from, uint8_t b, JsonCursor& to) {
+        to = from;
+        return to.step(b);
+      });
+    });
   }
-
-  struct Frame {
-    uint32_t node;
-    JsonCursor cursor;
-  };
 
   std::shared_ptr<const TokenTrie> trie_;
   std::shared_ptr<MaskCache> cache_;
   std::vector<int32_t> end_ids_;
   JsonCursor cursor_;
   bool broken_ = false;
-  std::vector<Frame> walk_;
   std::vector<std::pair<int32_t, float>> kept_;
 };
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "inferx/engine.h"
+#include "text/json_lexer.h"
 
 namespace inferx {
 
@@ -59,6 +60,13 @@ class TokenTrie {
 class MaskCache {
  public:
   using Mask = std::shared_ptr<const std::vector<uint64_t>>;
+  // The mask of `key`, computed by `compute()` (returning std::vector<uint64_t>) when not cached; two
+  // threads missing at once both compute, and the first stored one is kept.
+  template <class Compute>
+  Mask get(const std::string& key, Compute&& compute) {
+    if (Mask m = find(key)) return m;
+    return insert(key, compute());
+  }
   Mask find(const std::string& key);
   Mask insert(const std::string& key, std::vector<uint64_t> bits);  // the stored mask (the first if raced)
 
@@ -68,11 +76,41 @@ class MaskCache {
   std::unordered_map<std::string, Mask> map_;
 };
 
+// The tokens (bit t) whose bytes `step` takes from `start`: a depth-first walk of the trie that drops a
+// subtree at the first byte `step` refuses. step(const State& from, uint8_t byte, State& to) -> bool.
+template <class State, class Step>
+std::vector<uint64_t> continuing_tokens(const TokenTrie& trie, const State& start, Step&& step) {
+  std::vector<uint64_t> bits((static_cast<size_t>(trie.vocab_size()) + 63) / 64, 0);
+  std::vector<std::pair<uint32_t, State>> stack;
+  stack.emplace_back(0, start);
+  State next;
+  while (!stack.empty()) {
+    auto [node, state] = std::move(stack.back());
+    stack.pop_back();
+    for (uint32_t c = trie.child_begin(node); c < trie.child_begin(node + 1); ++c) {
+      if (!step(state, trie.child_byte(c), next)) continue;
+      const uint32_t child = trie.child_node(c);
+      for (const int32_t* t = trie.tokens_begin(child); t != trie.tokens_end(child); ++t)
+        bits[static_cast<size_t>(*t) >> 6] |= uint64_t{1} << (*t & 63);
+      stack.emplace_back(child, std::move(next));
+      next = State{};
+    }
+  }
+  return bits;
+}
+
+// A constrained row: every token not in `allowed` (bit t; null: none) is set to -inf, and so is every row
+// past the trie's vocabulary (padding). The end tokens keep their logits only when `may_end` (the text is
+// complete): a stop token with bytes could otherwise fit mid-value. `scratch` holds their values meanwhile.
+void apply_token_mask(float* logits, int64_t vocab, const uint64_t* allowed, int64_t trie_vocab,
+                      const std::vector<int32_t>& end_ids, bool may_end,
+                      std::vector<std::pair<int32_t, float>>& scratch);
+
 inline constexpr int kMaxJsonDepth = 64;
-inline constexpr int kMaxIndent = 20;
+using json_lexer::kMaxIndent;
 
 // Where a JSON text is, byte by byte. step() is false for a byte that cannot continue a valid JSON text
-// (the cursor is then unspecified). `object_only`: the top-level value must be an object (JSON mode).
+// (the cursor is then unspecified). A default cursor takes one object (JSON mode); any_value() any value.
 struct JsonCursor {
   enum Mode : uint8_t {
     Start,
@@ -96,15 +134,26 @@ struct JsonCursor {
   uint8_t whitespace = 0;
   uint8_t key = 0;  // String: it is an object key
 
+  // A cursor for any one JSON value (the default one, mode Start, takes an object only).
+  static JsonCursor any_value() {
+    JsonCursor c;
+    c.mode = Value;
+    return c;
+  }
+
   bool step(uint8_t byte);
   bool complete() const { return mode == Done; }
+  // A number at the top level is complete, so the value ends at the first byte that is not part of it
+  // (step() refuses that byte: nothing follows a top-level value).
+  bool top_level_number_complete() const {
+    return mode == Number && depth == 0 && json_lexer::number_complete(sub);
+  }
   // The state as a cache key (every field).
   std::pair<uint64_t, uint64_t> key_bits() const;
 
  private:
   bool value_start(uint8_t byte, bool allow_close_array);
   bool after_value();
-  bool space(uint8_t c);
 };
 
 // The request's prototype; start() gives each sequence its own state.

@@ -13,6 +13,7 @@
 namespace inferx {
 
 using ojson = nlohmann::ordered_json;
+using namespace json_lexer;
 
 // ---- Compiling the schema ----
 
@@ -75,8 +76,7 @@ struct Compiler {
     } else if (type == "object") {
       auto props = s.find("properties");
       if (props == s.end()) {
-        n.kind = SchemaNode::Any;  // an object without properties: any object (JSON mode's automaton)
-        n.literals = {"{"};        // marks "object only"
+        n.kind = SchemaNode::AnyObject;  // an object without properties: any object (JSON mode's automaton)
         return add(std::move(n));
       }
       if (!props->is_object()) throw SchemaError("'properties' must be an object");
@@ -242,8 +242,6 @@ namespace {
 enum FrameKind : uint8_t { FValue, FLiteral, FKey, FString, FNumber, FObject, FArray, FAny, FSeq };
 enum ObjectState : uint8_t { OOpen, OKey, OColon, OValue, OAfter, OComma };
 enum ArrayState : uint8_t { AOpen, AValue, AAfter, AComma };
-// The same numbering as JsonCursor's number states (json_constraint.cpp): FAny reads its cursor's `sub`.
-enum NumberState : uint8_t { Minus = 1, Zero, Int, Dot, Frac, Exp, ExpSign, ExpDigits };
 
 struct Frame {
   uint8_t kind = FValue;
@@ -270,11 +268,6 @@ struct Thread {
 
 constexpr size_t kMaxThreads = 64;  // more are dropped: fewer continuations allowed, never a wrong one
 
-bool is_space(uint8_t c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-bool number_complete(uint8_t s) { return s == Zero || s == Int || s == Frac || s == ExpDigits; }
-
 class Automaton {
  public:
   explicit Automaton(const CompiledSchema& s) : s_(s) {}
@@ -298,7 +291,7 @@ class Automaton {
       // A fixed text may begin with whitespace (wrap's "\n</tool_call>"): try it as the value's first byte
       // too.
       if (f.kind == FValue && starts_with_space(f.node)) value_start(t, b, out);
-      if (!space(t.whitespace, b)) return;
+      if (!step_space(t.whitespace, b)) return;
       out.push_back(std::move(t));
       return;
     }
@@ -323,25 +316,15 @@ class Automaton {
         return value_done(std::move(t), out);
       }
       case FString:
-        if (f.state == 0) {
-          if (b == '"') return value_done(std::move(t), out);
-          if (b == '\\')
-            f.state = 1;
-          else if (b < 0x20)
+        switch (step_string(f.state, b)) {
+          case StringStep::More:
+            out.push_back(std::move(t));
             return;
-        } else if (f.state == 1) {
-          if (b == 'u')
-            f.state = 5;
-          else if (b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' || b == 'r' ||
-                   b == 't')
-            f.state = 0;
-          else
+          case StringStep::Closed:
+            return value_done(std::move(t), out);
+          case StringStep::Invalid:
             return;
-        } else {
-          if (!is_hex(b)) return;
-          f.state = f.state == 2 ? 0 : f.state - 1;
         }
-        out.push_back(std::move(t));
         return;
       case FNumber:
         return number(std::move(t), b, out);
@@ -361,7 +344,7 @@ class Automaton {
           return;
         }
         // A number at the value's top level ends at the first byte that is not part of it.
-        if (t.any.mode == JsonCursor::Number && t.any.depth == 0 && number_complete(t.any.sub)) {
+        if (t.any.top_level_number_complete()) {
           t.any = JsonCursor{};
           t.frames.pop_back();
           finish_child(t);
@@ -379,8 +362,7 @@ class Automaton {
     if (t.frames.size() != 1) return false;
     const Frame& f = t.frames.back();
     if (f.kind == FNumber) return number_complete(f.state);
-    if (f.kind == FAny)
-      return t.any.mode == JsonCursor::Number && t.any.depth == 0 && number_complete(t.any.sub);
+    if (f.kind == FAny) return t.any.top_level_number_complete();
     return false;
   }
 
@@ -408,17 +390,6 @@ class Automaton {
   const std::string& literal(const Frame& f) const {
     const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
     return f.kind == FKey ? n.keys[f.index] : n.literals[f.index];
-  }
-
-  // JSON mode's whitespace rule (JsonCursor::space): one space or tab, or a newline and an indentation.
-  static bool space(uint8_t& w, uint8_t c) {
-    if (w == 0) {
-      w = c == '\n' ? 2 : 1;
-      return c == ' ' || c == '\t' || c == '\n';
-    }
-    if (w == 1 || c == '\n' || c == '\r' || w >= 2 + kMaxIndent) return false;
-    ++w;
-    return true;
   }
 
   // The parent of a finished value moves on (a sequence to its next value, or it is finished too).
@@ -454,13 +425,11 @@ class Automaton {
     Frame& f = t.frames.back();
     const SchemaNode& n = s_.nodes[static_cast<size_t>(f.node)];
     switch (n.kind) {
-      case SchemaNode::Any: {
-        JsonCursor c;
-        c.mode = n.literals.empty() ? JsonCursor::Value : JsonCursor::Start;  // "{": an object only
+      case SchemaNode::Any:
+      case SchemaNode::AnyObject:
         f.kind = FAny;
-        t.any = c;
+        t.any = n.kind == SchemaNode::Any ? JsonCursor::any_value() : JsonCursor{};  // the default: objects
         return step(std::move(t), b, out);
-      }
       case SchemaNode::Object:
         if (b != '{') return;
         f.kind = FObject;
@@ -484,14 +453,7 @@ class Automaton {
       case SchemaNode::Integer:
         f.kind = FNumber;
         f.integer = n.kind == SchemaNode::Integer;
-        if (b == '-')
-          f.state = Minus;
-        else if (b == '0')
-          f.state = Zero;
-        else if (is_digit(b))
-          f.state = Int;
-        else
-          return;
+        if (!start_number(f.state, b)) return;
         out.push_back(std::move(t));
         return;
       case SchemaNode::Literals:
@@ -525,47 +487,19 @@ class Automaton {
 
   void number(Thread t, uint8_t b, std::vector<Thread>& out) const {
     Frame& f = t.frames.back();
-    auto to = [&](uint8_t s) {
-      f.state = s;
-      out.push_back(std::move(t));
-    };
-    switch (f.state) {
-      case Minus:
-        if (b == '0') return to(Zero);
-        if (is_digit(b)) return to(Int);
+    switch (step_number(f.state, b, f.integer)) {
+      case NumberStep::More:
+        out.push_back(std::move(t));
         return;
-      case Zero:
-      case Int:
-        if (f.state == Int && is_digit(b)) return to(Int);
-        if (!f.integer && b == '.') return to(Dot);
-        if (!f.integer && (b == 'e' || b == 'E')) return to(Exp);
-        break;
-      case Dot:
-        if (is_digit(b)) return to(Frac);
+      case NumberStep::Invalid:
         return;
-      case Frac:
-        if (is_digit(b)) return to(Frac);
-        if (b == 'e' || b == 'E') return to(Exp);
-        break;
-      case Exp:
-        if (b == '+' || b == '-') return to(ExpSign);
-        if (is_digit(b)) return to(ExpDigits);
-        return;
-      case ExpSign:
-        if (is_digit(b)) return to(ExpDigits);
-        return;
-      case ExpDigits:
-        if (is_digit(b)) return to(ExpDigits);
-        break;
-      default:
+      case NumberStep::Ended:  // the byte belongs to what follows the number
+        t.frames.pop_back();
+        if (t.frames.empty()) return;  // a top-level number has nothing after it
+        finish_child(t);
+        step(std::move(t), b, out);
         return;
     }
-    if (!number_complete(f.state)) return;
-    // The byte ends the number and belongs to what follows it.
-    t.frames.pop_back();
-    if (t.frames.empty()) return;  // a top-level number has nothing after it
-    finish_child(t);
-    step(std::move(t), b, out);
   }
 
   // The properties that may come next from index i: each optional one up to the first required one.
@@ -647,8 +581,7 @@ class Automaton {
     v.node = n.items;
     if (v.node < 0) {  // items unconstrained: any value
       v.kind = FAny;
-      t.any = JsonCursor{};
-      t.any.mode = JsonCursor::Value;
+      t.any = JsonCursor::any_value();
     }
     t.frames.push_back(v);
     step(std::move(t), b, out);
@@ -657,15 +590,18 @@ class Automaton {
   const CompiledSchema& s_;
 };
 
-// Steps every thread; duplicates merged, the set capped.
+// Steps every thread; duplicates merged in place, the set capped.
 void step_all(const Automaton& a, const std::vector<Thread>& in, uint8_t b, std::vector<Thread>& out) {
   out.clear();
   for (const Thread& t : in) a.step(t, b, out);
-  std::vector<Thread> unique;
-  for (Thread& t : out)
-    if (unique.size() < kMaxThreads && std::find(unique.begin(), unique.end(), t) == unique.end())
-      unique.push_back(std::move(t));
-  out.swap(unique);
+  size_t kept = 0;
+  for (size_t i = 0; i < out.size() && kept < kMaxThreads; ++i)
+    if (std::find(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(kept), out[i]) ==
+        out.begin() + static_cast<std::ptrdiff_t>(kept)) {
+      if (i != kept) out[kept] = std::move(out[i]);
+      ++kept;
+    }
+  out.resize(kept);
 }
 
 std::string state_key(const std::vector<Thread>& threads) {
@@ -713,23 +649,12 @@ class JsonSchemaConstraint final : public TokenConstraint {
   }
 
   void mask(float* logits, int64_t vocab) override {
+    // A value may be complete in one thread while others go on (a number, an enum's prefix of another).
     const bool may_end =
         threads_.empty() ||
         std::any_of(threads_.begin(), threads_.end(), [](const Thread& t) { return Automaton::complete(t); });
-    const MaskCache::Mask mask = allowed_now();
-    const std::vector<uint64_t>& allowed = *mask;
-    kept_.clear();
-    if (may_end)
-      for (int32_t e : end_ids_)
-        if (e >= 0 && e < vocab) kept_.emplace_back(e, logits[e]);
-    constexpr float kNo = -std::numeric_limits<float>::infinity();
-    const int64_t in_trie = std::min<int64_t>(vocab, trie_->vocab_size());
-    for (int64_t t = 0; t < in_trie; ++t)
-      if (!((allowed[static_cast<size_t>(t) >> 6] >> (t & 63)) & 1)) logits[t] = kNo;
-    std::fill(logits + in_trie, logits + vocab, kNo);
-    for (int32_t e : end_ids_)
-      if (e >= 0 && e < vocab) logits[e] = kNo;
-    for (const auto& [e, v] : kept_) logits[e] = v;
+    const MaskCache::Mask allowed = allowed_now();
+    apply_token_mask(logits, vocab, allowed->data(), trie_->vocab_size(), end_ids_, may_end, kept_);
   }
 
   void accept(int32_t token) override {
@@ -743,31 +668,15 @@ class JsonSchemaConstraint final : public TokenConstraint {
   }
 
  private:
-  MaskCache::Mask allowed_now() {
-    const std::string key = state_key(threads_);
-    if (MaskCache::Mask m = cache_->find(key)) return m;
-    std::vector<uint64_t> bits((static_cast<size_t>(trie_->vocab_size()) + 63) / 64, 0);
-    struct Item {
-      uint32_t node;
-      std::vector<Thread> threads;
-    };
-    std::vector<Item> stack;
-    if (!threads_.empty()) stack.push_back({0, threads_});
-    std::vector<Thread> next;
-    while (!stack.empty()) {
-      Item item = std::move(stack.back());
-      stack.pop_back();
-      for (uint32_t c = trie_->child_begin(item.node); c < trie_->child_begin(item.node + 1); ++c) {
-        step_all(automaton_, item.threads, trie_->child_byte(c), next);
-        if (next.empty()) continue;
-        const uint32_t child = trie_->child_node(c);
-        for (const int32_t* t = trie_->tokens_begin(child); t != trie_->tokens_end(child); ++t)
-          bits[static_cast<size_t>(*t) >> 6] |= uint64_t{1} << (*t & 63);
-        stack.push_back({child, std::move(next)});
-        next = {};
-      }
-    }
-    return cache_->insert(key, std::move(bits));
+  // Bit t set: token t's bytes continue the text in some thread.
+  MaskCache::Mask allowed_now() const {
+    return cache_->get(state_key(threads_), [&] {
+      return continuing_tokens(*trie_, threads_,
+                               [this](const std::vector<Thread>& from, uint8_t b, std::vector<Thread>& to) {
+                                 step_all(automaton_, from, b, to);
+                                 return !to.empty();
+                               });
+    });
   }
 
   std::shared_ptr<const TokenTrie> trie_;

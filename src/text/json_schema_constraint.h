@@ -30,7 +30,7 @@ class SchemaError : public std::runtime_error {
 };
 
 struct SchemaNode {
-  enum Kind : uint8_t { Any, Object, Array, String, Number, Integer, Literals, AnyOf, Sequence };
+  enum Kind : uint8_t { Any, AnyObject, Object, Array, String, Number, Integer, Literals, AnyOf, Sequence };
   Kind kind = Any;
   std::vector<std::string> keys;      // Object: each property's key as JSON text ("\"name\""), schema order
   std::vector<int32_t> values;        // Object: each property's node

@@ -42,4 +42,10 @@ ModelText load_model_text(const std::string& model_spec, const TensorSource* sou
   return out;
 }
 
+ModelText load_model_text(const std::string& model_spec) {
+  std::unique_ptr<GgufFile> gguf;
+  if (model_spec.size() > 5 && model_spec.ends_with(".gguf")) gguf = std::make_unique<GgufFile>(model_spec);
+  return load_model_text(model_spec, gguf.get());
+}
+
 }  // namespace inferx

@@ -19,5 +19,8 @@ struct ModelText {
 
 // model_spec: as given to Model::load; source: the model's tensor source (GGUF metadata lives there).
 ModelText load_model_text(const std::string& model_spec, const TensorSource* source);
+// The same for a model given by path alone (a .gguf file, a Hugging Face folder or a tokenizer.json), as the
+// text-only commands and benches open it: a .gguf is read for its metadata and closed again.
+ModelText load_model_text(const std::string& model_spec);
 
 }  // namespace inferx

@@ -64,14 +64,6 @@ int64_t get_int(const json& body, const char* name, int64_t lo, int64_t hi, int6
   return v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
 }
 
-bool get_bool(const json& body, const char* name, bool def) {
-  const json* v = field(body, name);
-  if (!v) return def;
-  if (!v->is_boolean())
-    bad_request(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)), "invalid_type");
-  return v->get<bool>();
-}
-
 std::string get_string(const json& body, const char* name, const std::string& def) {
   const json* v = field(body, name);
   if (!v) return def;
@@ -228,7 +220,7 @@ void parse_common(const json& body, ParsedRequest& r) {
       bad_request("response_format", "'response_format' must be an object with a string 'type'",
                   "invalid_type");
     if (*type == "json_object") {
-      r.json_object = true;
+      r.response_format = ResponseFormat::JsonObject;
     } else if (*type == "json_schema") {
       // {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}: compiled by the handler
       // (text/json_schema_constraint.h), which refuses what it cannot enforce.
@@ -237,7 +229,7 @@ void parse_common(const json& body, ParsedRequest& r) {
       if (!schema)
         bad_request("response_format", "'response_format.json_schema.schema' is required",
                     "missing_required_parameter");
-      r.json_object = true;
+      r.response_format = ResponseFormat::JsonSchema;
       r.json_schema = *schema;
     } else if (*type != "text") {
       bad_request("response_format",
@@ -247,9 +239,9 @@ void parse_common(const json& body, ParsedRequest& r) {
     }
   }
 
-  if (r.json_object && p.ignore_eos && p.stop_token_ids.empty())
+  if (r.response_format != ResponseFormat::Text && p.ignore_eos && p.stop_token_ids.empty())
     bad_request("ignore_eos",
-                "'ignore_eos' with a json_object response_format leaves nothing to end the reply once the "
+                "'ignore_eos' with a JSON response_format leaves nothing to end the reply once the "
                 "object is complete (give 'stop_token_ids')");
 
   if (get_int(body, "best_of", 1, kMaxN, p.n) != p.n)
@@ -283,6 +275,14 @@ std::string message_content(const json& content, size_t i) {
 }
 
 }  // namespace
+
+bool get_bool(const json& body, const char* name, bool def) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_boolean())
+    bad_request(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)), "invalid_type");
+  return v->get<bool>();
+}
 
 json parse_request_body(const std::string& text) {
   try {

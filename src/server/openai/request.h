@@ -18,15 +18,18 @@ struct PromptInput {
   std::vector<int32_t> ids;  // when text is empty
 };
 
+// response_format's type: free text, one JSON object (JSON mode), or a value of json_schema's schema.
+enum class ResponseFormat : uint8_t { Text, JsonObject, JsonSchema };
+
 struct ParsedRequest {
   bool chat = false;
   std::string model;
   // Completions: one or more prompts ("prompt" as a string, token ids, or an array of either, as the OpenAI
   // reference allows); each runs as its own engine request with n choices, choice index = prompt * n + j.
   std::vector<PromptInput> prompts;
-  bool echo = false;                   // completions: each choice's text starts with its prompt
-  bool json_object = false;            // response_format json_object or json_schema: the reply is constrained
-  nlohmann::ordered_json json_schema;  // json_schema's "schema" (null: JSON mode, any object)
+  bool echo = false;  // completions: each choice's text starts with its prompt
+  ResponseFormat response_format = ResponseFormat::Text;  // JSON ones: the reply is constrained
+  nlohmann::ordered_json json_schema;                     // ResponseFormat::JsonSchema's "schema"
   // Chat: the messages, normalised to {"role", "content": string, ...other keys kept}.
   nlohmann::ordered_json messages;   // key order kept: templates print tool schemas as given
   nlohmann::ordered_json tools;      // null or array, passed to the chat template
@@ -57,6 +60,9 @@ inline constexpr int kMaxJsonDepth = 128;
 // past double's range ("1e999": out_of_range, not parse_error) - and nesting past kMaxJsonDepth throw
 // ApiError 400 invalid_json.
 nlohmann::ordered_json parse_request_body(const std::string& text);
+
+// A boolean member (absent or null: `def`); anything but a boolean throws ApiError 400 naming it.
+bool get_bool(const nlohmann::ordered_json& body, const char* name, bool def);
 
 ParsedRequest parse_completion_request(const nlohmann::ordered_json& body);
 ParsedRequest parse_chat_request(const nlohmann::ordered_json& body);

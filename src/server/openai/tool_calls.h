@@ -10,7 +10,7 @@
 //  content.
 // A reply that looks like a call but does not parse is returned as plain content, as vLLM does.
 // tool_choice "required" / a named function constrains the reply to one call in the hermes or llama3_json
-// format (generate_handler.cpp, forced_tool_call), so these parsers then always find it.
+// format (generate_handler.cpp, forced_tool_call), so these parsers find it unless max_tokens cut it short.
 #include <optional>
 #include <string>
 #include <string_view>

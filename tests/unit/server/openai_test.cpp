@@ -192,8 +192,8 @@ TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   EXPECT_EQ(with("response_format", {{"type", "json_object"}}), "<accepted>");  // JSON mode is enforced
   json json_mode = chat;
   json_mode["response_format"] = {{"type", "json_object"}};
-  EXPECT_TRUE(parse_chat_request(json_mode).json_object);
-  EXPECT_FALSE(parse_chat_request(chat).json_object);
+  EXPECT_EQ(parse_chat_request(json_mode).response_format, ResponseFormat::JsonObject);
+  EXPECT_EQ(parse_chat_request(chat).response_format, ResponseFormat::Text);
   json_mode["ignore_eos"] = true;  // nothing could end the reply after its object
   EXPECT_EQ(param_of(json_mode, true), "ignore_eos");
   EXPECT_EQ(with("response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}),
@@ -203,7 +203,7 @@ TEST(OpenAIRequest, UnhonourableFieldsRefused) {
   schema_mode["response_format"] = {{"type", "json_schema"},
                                     {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}}}}}};
   const ParsedRequest with_schema = parse_chat_request(schema_mode);
-  EXPECT_TRUE(with_schema.json_object);
+  EXPECT_EQ(with_schema.response_format, ResponseFormat::JsonSchema);
   EXPECT_EQ(with_schema.json_schema, json({{"type", "object"}}));
   EXPECT_EQ(with("tool_choice", "auto"), "<accepted>");
   EXPECT_EQ(with("tool_choice", "none"), "<accepted>");
